@@ -1,0 +1,38 @@
+# The README's two commands: `make demo` and `make test`. Both install what is missing first.
+BUILD_DIR ?= build
+JOBS ?= 2
+CMAKE_FLAGS ?=
+ifeq ($(CI),true)
+CMAKE_FLAGS += -DFLARE_WERROR=ON
+endif
+PYTHON ?= python3
+
+.PHONY: all deps configure build test unit-test py-test demo format clean
+
+all: build
+
+deps:
+	@bash deploy/install-deps.sh
+
+configure: deps
+	@cmake -S . -B $(BUILD_DIR) -DCMAKE_BUILD_TYPE=RelWithDebInfo $(CMAKE_FLAGS) >/dev/null
+
+build: configure
+	@cmake --build $(BUILD_DIR) -j $(JOBS)
+
+unit-test: build
+	cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS) --timeout 300
+
+py-test: build
+	FLARE_BUILD_DIR=$(abspath $(BUILD_DIR)) $(PYTHON) -m pytest -q tests/python
+
+test: unit-test py-test
+
+demo: build
+	@bash tools/demo.sh $(BUILD_DIR)
+
+format:
+	@git ls-files '*.cc' '*.h' | xargs clang-format -i
+
+clean:
+	rm -rf $(BUILD_DIR)

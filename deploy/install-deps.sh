@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# Installs what Flare needs to build and test, from Debian's packages and PyPI.
+# Idempotent: packages already present are not touched, and the script does nothing
+# (and needs no network) when everything is there. Run as root or with sudo.
+set -euo pipefail
+
+DEB_PACKAGES=(
+  build-essential cmake ninja-build ccache pkg-config git
+  libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
+  libabsl-dev libspdlog-dev libfmt-dev pybind11-dev
+  libgtest-dev libgmock-dev googletest libbenchmark-dev
+  libsqlite3-dev sqlite3 zlib1g-dev libssl-dev
+)
+
+missing=()
+for p in "${DEB_PACKAGES[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+
+SUDO=""
+if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
+
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "install-deps: installing Debian packages: ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -qq
+  $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+else
+  echo "install-deps: Debian packages present"
+fi
+
+# Python test dependencies, for every interpreter the tests run on.
+# FLARE_PYTHONS may list interpreters; by default the first python3 on PATH.
+PY_PACKAGES=(pytest)
+for py in ${FLARE_PYTHONS:-$(command -v python3)}; do
+  for pkg in "${PY_PACKAGES[@]}"; do
+    if ! "$py" -c "import $pkg" 2>/dev/null; then
+      echo "install-deps: pip install $pkg for $py"
+      "$py" -m pip install -q "$pkg"
+    fi
+  done
+done
+
+# CUDA toolkit: headers and libraries are needed to build (not a GPU).
+CUDA_HOME="${CUDA_HOME:-/usr/local/cuda}"
+if [ ! -f "$CUDA_HOME/include/cuda_runtime_api.h" ] || [ ! -f "$CUDA_HOME/include/nccl.h" ]; then
+  echo "install-deps: CUDA toolkit headers not found under $CUDA_HOME (set CUDA_HOME);" \
+       "Flare builds against the real CUDA/cuBLAS/NCCL headers" >&2
+  exit 1
+fi
+echo "install-deps: done"

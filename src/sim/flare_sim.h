@@ -1,0 +1,67 @@
+// The simulator's private C API, exported by the simulated libcuda.so.1 next to the real
+// driver API. The other simulated libraries (cudart, cuBLAS, cuBLASLt, NCCL) and the sim
+// workloads use it; nothing outside src/sim, the sim workloads and their tests may.
+//
+// The real libraries have no such symbols, so a program that calls them runs only on the
+// simulated stack. Names start with `flareSim` so that the hook never interposes them.
+#pragma once
+
+#include <cuda.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+// How the cost model turns a kernel launch into a duration (see src/sim/README.md).
+enum FlareSimCostKind {
+  FLARE_SIM_COST_DEFAULT = 0,  // from the launch size: threads x 8 bytes over memory bandwidth
+  FLARE_SIM_COST_FLOPS = 1,    // kernel parameter `arg_index` is a uint64 FLOP count (tensor peak)
+  FLARE_SIM_COST_BYTES = 2,    // kernel parameter `arg_index` is a uint64 byte count (memory bw)
+  FLARE_SIM_COST_NANOS = 3,    // kernel parameter `arg_index` is a uint64 duration in ns
+};
+
+// Declares how kernels named `name` (the mangled device name) are costed. Thread-safe;
+// applies to launches after the call. Returns 0, or -1 on a bad argument.
+int flareSimRegisterKernelCost(const char* name, int kind, int arg_index);
+
+// A custom stream operation, run on the stream's worker thread when the stream reaches it.
+// `start_ns` is the simulated GPU start time (CLOCK_MONOTONIC ns). Returns the end time;
+// the worker sleeps until then before the next operation. May block (collectives do) but
+// must return promptly once flareSimShuttingDown() is true.
+typedef int64_t (*FlareSimOpFn)(void* ctx, int64_t start_ns);
+
+// Enqueues a custom operation on `stream` (0 = the legacy default stream). `free_ctx` (may be
+// null) is called on `ctx` after the op ran or when it is dropped. Not allowed while the
+// stream is capturing (returns CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED).
+CUresult flareSimEnqueueOp(CUstream stream, const char* name, FlareSimOpFn fn, void* ctx,
+                           void (*free_ctx)(void*));
+
+// CLOCK_MONOTONIC in ns: the clock every simulated timestamp is on.
+int64_t flareSimNowNs(void);
+// This process's rank (RANK, else SLURM_PROCID, else 0).
+int flareSimRank(void);
+// The training step the workload is in (set by the workload; faults are keyed by it).
+void flareSimSetStep(int64_t step);
+int64_t flareSimStep(void);
+// This rank's fault factors (1.0 when not configured).
+double flareSimClockFactor(void);
+double flareSimLinkFactor(void);
+// Cost-model settings: "peak_tflops", "mem_bw_gbps", "busbw_gbps", "time_scale",
+// "launch_latency_us". Returns 0 for an unknown name.
+double flareSimSetting(const char* name);
+// The step at which this rank hangs with `kind` ("collective", "compute", "skip"), or -1.
+int64_t flareSimHangStep(const char* kind);
+// True once the process is exiting: blocking operations must return.
+int flareSimShuttingDown(void);
+// Blocks until *word != expected, a wake, or the timeout (ns, <0 = 100 ms). Works on words in
+// memory shared between processes (a futex without FUTEX_PRIVATE_FLAG).
+void flareSimWaitWord(const volatile uint32_t* word, uint32_t expected, int64_t timeout_ns);
+// Wakes every waiter on `word` in any process.
+void flareSimWakeWord(const volatile uint32_t* word);
+// Sleeps until `deadline_ns` on the monotonic clock, or until shutdown.
+void flareSimSleepUntil(int64_t deadline_ns);
+
+#ifdef __cplusplus
+}
+#endif

@@ -1,0 +1,591 @@
+// The simulated GPU (see sim_core.h for the model).
+#include "src/sim/sim_core.h"
+
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <set>
+#include <unordered_map>
+
+#include "src/common/config.h"
+
+namespace flare::sim {
+namespace {
+
+std::atomic<bool> g_shutdown{false};
+std::atomic<int64_t> g_step{0};
+
+int rankFromEnv() {
+  for (const char* var : {"RANK", "SLURM_PROCID"}) {
+    if (auto v = common::getEnv(var)) {
+      if (auto r = common::parseInt(*v); r && *r >= 0 && *r < (1 << 24)) return static_cast<int>(*r);
+    }
+  }
+  return 0;
+}
+
+// The entry of a rank list that applies to `rank` (an exact rank wins over '*').
+const common::RankEntry* entryFor(const std::vector<common::RankEntry>& list, int rank) {
+  const common::RankEntry* any = nullptr;
+  for (const auto& e : list) {
+    if (e.rank == rank) return &e;
+    if (e.rank == -1) any = &e;
+  }
+  return any;
+}
+
+double factorFor(const char* var, int rank) {
+  auto raw = common::getEnv(var);
+  if (!raw) return 1.0;
+  auto list = common::parseRankList(var, *raw, 1, 1);
+  const auto* e = entryFor(list, rank);
+  if (!e) return 1.0;
+  auto f = common::parseDouble(e->fields[0]);
+  if (!f || !(*f > 0.0) || *f > 100.0) {
+    common::configWarning(std::string("flare: ") + var + " entry factor '" + e->fields[0] +
+                          "' is not a number in (0, 100]; using 1.0");
+    return 1.0;
+  }
+  return *f;
+}
+
+Settings loadSettings() {
+  Settings s;
+  s.rank = rankFromEnv();
+  s.devices = static_cast<int>(common::envInt("FLARE_SIM_DEVICES", 8, 1, 1024));
+  s.device_name = common::envString("FLARE_SIM_DEVICE_NAME", "NVIDIA H100 80GB HBM3");
+  s.peak_tflops = common::envDouble("FLARE_SIM_PEAK_TFLOPS", 400, 0.001, 1e6);
+  s.mem_bw_gbps = common::envDouble("FLARE_SIM_MEM_BW_GBPS", 2000, 0.001, 1e6);
+  s.busbw_gbps = common::envDouble("FLARE_SIM_BUSBW_GBPS", 100, 0.001, 1e6);
+  s.launch_latency_us = common::envDouble("FLARE_SIM_LAUNCH_LATENCY_US", 4, 0, 1e6);
+  s.time_scale = common::envDouble("FLARE_SIM_TIME_SCALE", 1.0, 1e-6, 1e6);
+  s.clock_factor = factorFor("FLARE_SIM_CLOCK_FACTOR", s.rank);
+  s.link_factor = factorFor("FLARE_SIM_LINK_FACTOR", s.rank);
+  if (auto raw = common::getEnv("FLARE_SIM_HANG")) {
+    auto list = common::parseRankList("FLARE_SIM_HANG", *raw, 2, 2);
+    for (const auto& e : list) {
+      if (e.rank != s.rank && e.rank != -1) continue;
+      auto step = common::parseInt(e.fields[1]);
+      if (!step || *step < 0) {
+        common::configWarning("flare: FLARE_SIM_HANG entry step '" + e.fields[1] +
+                              "' is not a non-negative integer; entry ignored");
+        continue;
+      }
+      if (e.fields[0] == "collective") {
+        s.hang_collective_step = *step;
+      } else if (e.fields[0] == "compute") {
+        s.hang_compute_step = *step;
+      } else if (e.fields[0] == "skip") {
+        s.hang_skip_step = *step;
+      } else {
+        common::configWarning("flare: FLARE_SIM_HANG kind '" + e.fields[0] +
+                              "' is not collective|compute|skip; entry ignored");
+      }
+    }
+  }
+  return s;
+}
+
+// ---- devices, streams ----
+
+struct DeviceState {
+  std::mutex mu;
+  std::set<CUstream_st*> streams;  // guarded by mu: live streams of every device
+  std::vector<CUstream_st*> legacy;  // guarded by mu: per-device legacy stream (lazy)
+  std::atomic<uint64_t> next_stream_id{1};
+};
+
+DeviceState& devState() {
+  static DeviceState* d = new DeviceState();  // never destroyed: worker threads outlive exit
+  return *d;
+}
+
+thread_local int t_device = 0;
+thread_local CUstream_st* t_per_thread_stream = nullptr;
+
+void completeOp(CUstream_st* s) {
+  std::lock_guard<std::mutex> lock(s->mu);
+  s->completed++;
+  s->done_cv.notify_all();
+}
+
+void runOp(CUstream_st* s, Op& op) {
+  const Settings& cfg = settings();
+  Ns start = std::max(s->last_end, op.issue_ns);
+  switch (op.kind) {
+    case Op::Kind::kKernel: {
+      start = std::max(s->last_end,
+                       op.issue_ns + static_cast<Ns>(cfg.launch_latency_us * 1000 * cfg.time_scale));
+      if (op.hang) {
+        // Injected fault: this kernel never finishes. Leave only when the process exits.
+        while (!shuttingDown()) flareSimSleepUntil(nowNs() + 100'000'000);
+        return;
+      }
+      Ns end = start + op.duration_ns;
+      flareSimSleepUntil(end);
+      s->last_end = end;
+      break;
+    }
+    case Op::Kind::kCopy: {
+      if (op.host) op.host();
+      Ns end = start + op.duration_ns;
+      flareSimSleepUntil(end);
+      s->last_end = end;
+      break;
+    }
+    case Op::Kind::kRecord: {
+      std::lock_guard<std::mutex> lock(op.event->mu);
+      if (op.event_seq > op.event->completed) {
+        op.event->completed = op.event_seq;
+        op.event->timestamp = start;
+      }
+      op.event->cv.notify_all();
+      s->last_end = start;
+      break;
+    }
+    case Op::Kind::kWait: {
+      std::unique_lock<std::mutex> lock(op.event->mu);
+      while (op.event->completed < op.event_seq && !shuttingDown()) {
+        op.event->cv.wait_for(lock, std::chrono::milliseconds(100));
+      }
+      s->last_end = std::max(start, op.event->timestamp);
+      break;
+    }
+    case Op::Kind::kCustom: {
+      Ns end = op.custom(op.ctx.get(), start);
+      flareSimSleepUntil(end);
+      s->last_end = std::max(start, end);
+      break;
+    }
+    case Op::Kind::kHostFn: {
+      flareSimSleepUntil(start);
+      if (op.host) op.host();
+      s->last_end = std::max(start, nowNs());
+      break;
+    }
+  }
+}
+
+void workerLoop(CUstream_st* s) {
+  for (;;) {
+    Op op;
+    {
+      std::unique_lock<std::mutex> lock(s->mu);
+      s->work_cv.wait(lock, [s] { return !s->queue.empty() || s->destroyed; });
+      if (s->queue.empty()) break;  // destroyed and drained
+      op = std::move(s->queue.front());
+      s->queue.pop_front();
+    }
+    runOp(s, op);
+    if (shuttingDown() && op.kind == Op::Kind::kKernel && op.hang) return;
+    completeOp(s);
+  }
+  {
+    std::lock_guard<std::mutex> lock(devState().mu);
+    devState().streams.erase(s);
+  }
+  delete s;
+}
+
+CUstream_st* newStream(int device, unsigned flags, int priority) {
+  auto* s = new CUstream_st();
+  s->device = device;
+  s->flags = flags;
+  s->priority = priority;
+  s->id = devState().next_stream_id.fetch_add(1);
+  {
+    std::lock_guard<std::mutex> lock(devState().mu);
+    devState().streams.insert(s);
+  }
+  std::thread(workerLoop, s).detach();
+  return s;
+}
+
+// ---- cost registry ----
+
+struct CostRegistry {
+  std::mutex mu;
+  std::unordered_map<std::string, std::pair<int, int>> by_name;  // guarded by mu
+};
+CostRegistry& costs() {
+  static CostRegistry* r = new CostRegistry();
+  return *r;
+}
+
+Ns scaled(double seconds) {
+  return static_cast<Ns>(seconds * 1e9 * settings().time_scale);
+}
+
+}  // namespace
+
+const Settings& settings() {
+  static const Settings* s = new Settings(loadSettings());
+  return *s;
+}
+
+Ns nowNs() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<Ns>(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
+}
+
+bool shuttingDown() { return g_shutdown.load(std::memory_order_relaxed); }
+
+int currentDevice() { return t_device; }
+void setCurrentDevice(int device) { t_device = device; }
+
+CUstream_st* resolveStream(CUstream stream) {
+  if (stream == CU_STREAM_PER_THREAD) {
+    if (!t_per_thread_stream) t_per_thread_stream = newStream(t_device, 0, 0);
+    return t_per_thread_stream;
+  }
+  if (stream == nullptr || stream == CU_STREAM_LEGACY) {
+    auto& d = devState();
+    std::lock_guard<std::mutex> lock(d.mu);
+    if (d.legacy.size() <= static_cast<size_t>(t_device)) d.legacy.resize(t_device + 1, nullptr);
+    if (!d.legacy[t_device]) {
+      auto* s = new CUstream_st();
+      s->device = t_device;
+      s->id = 0;
+      d.streams.insert(s);
+      std::thread(workerLoop, s).detach();
+      d.legacy[t_device] = s;
+    }
+    return d.legacy[t_device];
+  }
+  return stream;
+}
+
+CUstream_st* createStream(unsigned flags, int priority) {
+  return newStream(t_device, flags, priority);
+}
+
+void destroyStream(CUstream_st* s) {
+  std::lock_guard<std::mutex> lock(s->mu);
+  s->destroyed = true;
+  s->work_cv.notify_all();
+}
+
+CUresult enqueue(CUstream_st* s, Op op) {
+  if (op.issue_ns == 0) op.issue_ns = nowNs();
+  std::lock_guard<std::mutex> lock(s->mu);
+  if (s->destroyed) return CUDA_ERROR_INVALID_HANDLE;
+  if (s->capturing) {
+    s->captured.push_back(std::move(op));
+    return CUDA_SUCCESS;
+  }
+  if (op.kind == Op::Kind::kRecord) {
+    std::lock_guard<std::mutex> elock(op.event->mu);
+    op.event_seq = ++op.event->recorded;
+  } else if (op.kind == Op::Kind::kWait) {
+    std::lock_guard<std::mutex> elock(op.event->mu);
+    op.event_seq = op.event->recorded;
+  }
+  s->queue.push_back(std::move(op));
+  s->enqueued++;
+  s->work_cv.notify_one();
+  return CUDA_SUCCESS;
+}
+
+CUresult synchronizeStream(CUstream_st* s) {
+  std::unique_lock<std::mutex> lock(s->mu);
+  if (s->capturing) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+  const uint64_t target = s->enqueued;
+  while (s->completed < target) {
+    if (shuttingDown()) return CUDA_ERROR_DEINITIALIZED;
+    s->done_cv.wait_for(lock, std::chrono::milliseconds(100));
+  }
+  return CUDA_SUCCESS;
+}
+
+bool streamIdle(CUstream_st* s) {
+  std::lock_guard<std::mutex> lock(s->mu);
+  return s->completed == s->enqueued;
+}
+
+CUresult synchronizeDevice() {
+  std::vector<CUstream_st*> streams;
+  {
+    auto& d = devState();
+    std::lock_guard<std::mutex> lock(d.mu);
+    for (auto* s : d.streams) {
+      if (s->device == t_device) streams.push_back(s);
+    }
+  }
+  // A stream may be destroyed (and freed by its worker) while we wait on another; only
+  // wait on streams still registered.
+  for (auto* s : streams) {
+    {
+      std::lock_guard<std::mutex> lock(devState().mu);
+      if (!devState().streams.count(s)) continue;
+    }
+    CUresult r = synchronizeStream(s);
+    if (r != CUDA_SUCCESS) return r;
+  }
+  return CUDA_SUCCESS;
+}
+
+CUresult recordEvent(CUevent_st* e, CUstream_st* s) {
+  Op op;
+  op.kind = Op::Kind::kRecord;
+  op.name = "event_record";
+  op.event = e->state;
+  return enqueue(s, std::move(op));
+}
+
+CUresult waitEvent(CUstream_st* s, CUevent_st* e) {
+  Op op;
+  op.kind = Op::Kind::kWait;
+  op.name = "event_wait";
+  op.event = e->state;
+  return enqueue(s, std::move(op));
+}
+
+CUresult queryEvent(CUevent_st* e) {
+  std::lock_guard<std::mutex> lock(e->state->mu);
+  return e->state->completed >= e->state->recorded ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
+}
+
+CUresult synchronizeEvent(CUevent_st* e) {
+  std::unique_lock<std::mutex> lock(e->state->mu);
+  const uint64_t target = e->state->recorded;
+  while (e->state->completed < target) {
+    if (shuttingDown()) return CUDA_ERROR_DEINITIALIZED;
+    e->state->cv.wait_for(lock, std::chrono::milliseconds(100));
+  }
+  return CUDA_SUCCESS;
+}
+
+CUresult elapsedMs(float* ms, CUevent_st* start, CUevent_st* end) {
+  if (!ms || !start || !end) return CUDA_ERROR_INVALID_VALUE;
+  if (!start->state->timing || !end->state->timing) return CUDA_ERROR_INVALID_HANDLE;
+  Ns t0, t1;
+  {
+    std::lock_guard<std::mutex> lock(start->state->mu);
+    if (start->state->recorded == 0) return CUDA_ERROR_INVALID_HANDLE;
+    if (start->state->completed < start->state->recorded) return CUDA_ERROR_NOT_READY;
+    t0 = start->state->timestamp;
+  }
+  {
+    std::lock_guard<std::mutex> lock(end->state->mu);
+    if (end->state->recorded == 0) return CUDA_ERROR_INVALID_HANDLE;
+    if (end->state->completed < end->state->recorded) return CUDA_ERROR_NOT_READY;
+    t1 = end->state->timestamp;
+  }
+  *ms = static_cast<float>(static_cast<double>(t1 - t0) / 1e6);
+  return CUDA_SUCCESS;
+}
+
+void registerKernelCost(const std::string& name, int kind, int arg_index) {
+  std::lock_guard<std::mutex> lock(costs().mu);
+  costs().by_name[name] = {kind, arg_index};
+}
+
+Ns kernelDuration(CUfunc_st* f, uint64_t threads, void** params) {
+  const Settings& cfg = settings();
+  int kind = f->cost_kind.load(std::memory_order_acquire);
+  if (kind < 0) {
+    std::lock_guard<std::mutex> lock(costs().mu);
+    auto it = costs().by_name.find(f->name);
+    int k = FLARE_SIM_COST_DEFAULT, a = 0;
+    if (it != costs().by_name.end()) std::tie(k, a) = it->second;
+    f->cost_arg.store(a);
+    f->cost_kind.store(k, std::memory_order_release);
+    kind = k;
+  }
+  const int arg = f->cost_arg.load();
+  uint64_t amount = 0;
+  if (kind != FLARE_SIM_COST_DEFAULT) {
+    if (!params || !params[arg]) {
+      kind = FLARE_SIM_COST_DEFAULT;
+    } else {
+      std::memcpy(&amount, params[arg], sizeof(amount));
+    }
+  }
+  double seconds;
+  switch (kind) {
+    case FLARE_SIM_COST_FLOPS:
+      seconds = static_cast<double>(amount) / (cfg.peak_tflops * 1e12);
+      break;
+    case FLARE_SIM_COST_BYTES:
+      seconds = static_cast<double>(amount) / (cfg.mem_bw_gbps * 1e9);
+      break;
+    case FLARE_SIM_COST_NANOS:
+      seconds = static_cast<double>(amount) / 1e9;
+      break;
+    default:
+      seconds = 2e-6 + static_cast<double>(threads) * 8.0 / (cfg.mem_bw_gbps * 1e9);
+      break;
+  }
+  // An underclocked GPU (FLARE_SIM_CLOCK_FACTOR) runs every kernel slower.
+  return scaled(seconds / cfg.clock_factor);
+}
+
+CUresult launchKernel(CUfunc_st* f, uint64_t threads, CUstream stream, void** params) {
+  if (!f) return CUDA_ERROR_INVALID_HANDLE;
+  Op op;
+  op.kind = Op::Kind::kKernel;
+  op.name = f->name.c_str();
+  op.issue_ns = nowNs();
+  op.duration_ns = kernelDuration(f, threads, params);
+  const Settings& cfg = settings();
+  if (cfg.hang_compute_step >= 0 && flareSimStep() >= cfg.hang_compute_step) {
+    static std::atomic<bool> fired{false};
+    if (!fired.exchange(true)) op.hang = true;
+  }
+  return enqueue(resolveStream(stream), std::move(op));
+}
+
+CUresult beginCapture(CUstream_st* s, CUstreamCaptureMode mode) {
+  std::lock_guard<std::mutex> lock(s->mu);
+  if (s->capturing) return CUDA_ERROR_ILLEGAL_STATE;
+  if (s->id == 0) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;  // legacy stream
+  s->capturing = true;
+  s->capture_mode = mode;
+  s->captured.clear();
+  return CUDA_SUCCESS;
+}
+
+CUresult endCapture(CUstream_st* s, CUgraph_st** graph) {
+  std::lock_guard<std::mutex> lock(s->mu);
+  if (!s->capturing) return CUDA_ERROR_ILLEGAL_STATE;
+  s->capturing = false;
+  auto* g = new CUgraph_st();
+  g->ops = std::move(s->captured);
+  s->captured.clear();
+  *graph = g;
+  return CUDA_SUCCESS;
+}
+
+bool isCapturing(CUstream_st* s) {
+  std::lock_guard<std::mutex> lock(s->mu);
+  return s->capturing;
+}
+
+CUresult launchGraph(CUgraphExec_st* exec, CUstream_st* s) {
+  const Ns issue = nowNs();
+  for (const Op& captured : exec->ops) {
+    Op op = captured;
+    op.issue_ns = issue;
+    CUresult r = enqueue(s, std::move(op));
+    if (r != CUDA_SUCCESS) return r;
+  }
+  return CUDA_SUCCESS;
+}
+
+}  // namespace flare::sim
+
+using flare::sim::nowNs;
+
+namespace {
+// Blocking operations (hung kernels, collectives) must let the process exit.
+struct ShutdownFlag {
+  ShutdownFlag() {
+    std::atexit([] { flare::sim::g_shutdown.store(true); });
+  }
+};
+ShutdownFlag g_shutdown_flag;
+}  // namespace
+
+extern "C" {
+
+__attribute__((visibility("default"))) int flareSimRegisterKernelCost(const char* name, int kind,
+                                                                      int arg_index) {
+  if (!name || kind < FLARE_SIM_COST_DEFAULT || kind > FLARE_SIM_COST_NANOS || arg_index < 0 ||
+      arg_index > 64) {
+    return -1;
+  }
+  flare::sim::registerKernelCost(name, kind, arg_index);
+  return 0;
+}
+
+__attribute__((visibility("default"))) CUresult flareSimEnqueueOp(CUstream stream,
+                                                                  const char* name,
+                                                                  FlareSimOpFn fn, void* ctx,
+                                                                  void (*free_ctx)(void*)) {
+  using flare::sim::Op;
+  if (!fn) return CUDA_ERROR_INVALID_VALUE;
+  CUstream_st* s = flare::sim::resolveStream(stream);
+  if (flare::sim::isCapturing(s)) {
+    if (free_ctx) free_ctx(ctx);
+    return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+  }
+  Op op;
+  op.kind = Op::Kind::kCustom;
+  op.name = name ? name : "custom";
+  op.custom = fn;
+  op.ctx = std::shared_ptr<void>(ctx, [free_ctx](void* p) {
+    if (free_ctx) free_ctx(p);
+  });
+  return flare::sim::enqueue(s, std::move(op));
+}
+
+__attribute__((visibility("default"))) int64_t flareSimNowNs(void) { return nowNs(); }
+__attribute__((visibility("default"))) int flareSimRank(void) {
+  return flare::sim::settings().rank;
+}
+__attribute__((visibility("default"))) void flareSimSetStep(int64_t step) {
+  flare::sim::g_step.store(step);
+}
+__attribute__((visibility("default"))) int64_t flareSimStep(void) {
+  return flare::sim::g_step.load();
+}
+__attribute__((visibility("default"))) double flareSimClockFactor(void) {
+  return flare::sim::settings().clock_factor;
+}
+__attribute__((visibility("default"))) double flareSimLinkFactor(void) {
+  return flare::sim::settings().link_factor;
+}
+__attribute__((visibility("default"))) double flareSimSetting(const char* name) {
+  const auto& s = flare::sim::settings();
+  if (!name) return 0;
+  std::string n(name);
+  if (n == "peak_tflops") return s.peak_tflops;
+  if (n == "mem_bw_gbps") return s.mem_bw_gbps;
+  if (n == "busbw_gbps") return s.busbw_gbps;
+  if (n == "time_scale") return s.time_scale;
+  if (n == "launch_latency_us") return s.launch_latency_us;
+  return 0;
+}
+__attribute__((visibility("default"))) int64_t flareSimHangStep(const char* kind) {
+  const auto& s = flare::sim::settings();
+  if (!kind) return -1;
+  std::string k(kind);
+  if (k == "collective") return s.hang_collective_step;
+  if (k == "compute") return s.hang_compute_step;
+  if (k == "skip") return s.hang_skip_step;
+  return -1;
+}
+__attribute__((visibility("default"))) int flareSimShuttingDown(void) {
+  return flare::sim::shuttingDown() ? 1 : 0;
+}
+__attribute__((visibility("default"))) void flareSimWaitWord(const volatile uint32_t* word,
+                                                            uint32_t expected,
+                                                            int64_t timeout_ns) {
+  if (timeout_ns < 0) timeout_ns = 100'000'000;
+  timespec ts{static_cast<time_t>(timeout_ns / 1'000'000'000),
+              static_cast<long>(timeout_ns % 1'000'000'000)};
+  syscall(SYS_futex, const_cast<uint32_t*>(word), FUTEX_WAIT, expected, &ts, nullptr, 0);
+}
+__attribute__((visibility("default"))) void flareSimWakeWord(const volatile uint32_t* word) {
+  syscall(SYS_futex, const_cast<uint32_t*>(word), FUTEX_WAKE, INT32_MAX, nullptr, nullptr, 0);
+}
+__attribute__((visibility("default"))) void flareSimSleepUntil(int64_t deadline_ns) {
+  // Sleep in slices so that a process exit is noticed; never spin.
+  for (;;) {
+    if (flare::sim::shuttingDown()) return;
+    int64_t now = nowNs();
+    if (now >= deadline_ns) return;
+    int64_t target = std::min<int64_t>(deadline_ns, now + 100'000'000);
+    timespec ts{static_cast<time_t>(target / 1'000'000'000),
+                static_cast<long>(target % 1'000'000'000)};
+    clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, nullptr);
+  }
+}
+
+}  // extern "C"

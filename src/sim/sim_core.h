@@ -1,0 +1,173 @@
+// The simulated GPU: devices, streams, events, kernels, graphs and the cost model.
+//
+// Compiled into the simulated libcuda.so.1 only; the driver API in cuda_driver.cc is a thin
+// C layer over these types. Every other simulated library reaches them through the driver
+// API or flare_sim.h.
+//
+// Model: each stream is a worker thread that executes queued operations in order. Each
+// operation has a simulated GPU start time, start = max(end of the previous operation,
+// host issue time + launch latency), and an end time from the cost model; the worker sleeps
+// (never spins) until the end time, then marks the operation complete. Events take the time
+// the stream reaches them. Because times are computed, not measured, a loaded machine delays
+// only when results become visible, not the timestamps themselves.
+//
+// Threads: API calls come from any application thread; each stream's worker runs the ops.
+// All shared state is guarded by the mutexes noted on each member.
+#pragma once
+
+#include <cuda.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "src/sim/flare_sim.h"
+
+namespace flare::sim {
+
+using Ns = int64_t;
+
+// Process-wide settings from FLARE_SIM_* (read once).
+struct Settings {
+  int rank = 0;
+  int devices = 8;
+  std::string device_name;
+  double peak_tflops = 400;
+  double mem_bw_gbps = 2000;
+  double busbw_gbps = 100;
+  double launch_latency_us = 4;
+  double time_scale = 1.0;
+  double clock_factor = 1.0;  // this rank
+  double link_factor = 1.0;   // this rank
+  int64_t hang_collective_step = -1;
+  int64_t hang_compute_step = -1;
+  int64_t hang_skip_step = -1;
+};
+const Settings& settings();
+
+// State of one event, shared with the operations that record or wait on it (an event may be
+// destroyed while a record is still queued, as in CUDA).
+struct EventState {
+  std::mutex mu;
+  std::condition_variable cv;
+  uint64_t recorded = 0;   // guarded by mu: records issued
+  uint64_t completed = 0;  // guarded by mu: records the stream has reached
+  Ns timestamp = 0;        // guarded by mu: time of the last completed record
+  bool timing = true;
+};
+
+// One queued operation.
+struct Op {
+  enum class Kind { kKernel, kRecord, kWait, kCustom, kHostFn, kCopy };
+  Kind kind = Kind::kKernel;
+  const char* name = "";  // static or owned by a Function: valid for the process lifetime
+  Ns issue_ns = 0;        // host time the API call issued it
+  Ns duration_ns = 0;     // kKernel, kCopy
+  bool hang = false;      // kKernel: never completes (injected fault)
+  std::shared_ptr<EventState> event;  // kRecord, kWait
+  uint64_t event_seq = 0;             // kRecord: which record; kWait: the record waited for
+  std::shared_ptr<void> ctx;          // kCustom (freed through its deleter)
+  FlareSimOpFn custom = nullptr;      // kCustom
+  std::function<void()> host;         // kHostFn, kCopy (the copy itself)
+};
+
+}  // namespace flare::sim
+
+// The driver's opaque handle types are defined here: the sim owns their layout.
+struct CUstream_st {
+  int device = 0;
+  unsigned flags = 0;
+  int priority = 0;
+  uint64_t id = 0;
+  std::mutex mu;
+  std::condition_variable work_cv;  // worker waits for ops
+  std::condition_variable done_cv;  // synchronize waits for completions
+  std::deque<flare::sim::Op> queue;          // guarded by mu
+  uint64_t enqueued = 0;                     // guarded by mu
+  uint64_t completed = 0;                    // guarded by mu
+  bool destroyed = false;                    // guarded by mu
+  bool capturing = false;                    // guarded by mu
+  CUstreamCaptureMode capture_mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
+  std::vector<flare::sim::Op> captured;      // guarded by mu
+  flare::sim::Ns last_end = 0;               // worker thread only
+};
+
+struct CUevent_st {
+  std::shared_ptr<flare::sim::EventState> state;
+  unsigned flags = 0;
+};
+
+struct CUfunc_st {
+  std::string name;
+  CUmod_st* module = nullptr;
+  std::atomic<int> cost_kind{-1};  // resolved on first launch from the cost registry
+  std::atomic<int> cost_arg{0};
+};
+
+struct CUmod_st {
+  std::mutex mu;
+  std::map<std::string, std::unique_ptr<CUfunc_st>> functions;  // guarded by mu
+};
+
+struct CUgraph_st {
+  std::vector<flare::sim::Op> ops;
+};
+
+struct CUgraphExec_st {
+  std::vector<flare::sim::Op> ops;
+};
+
+struct CUctx_st {
+  int device = 0;
+};
+
+namespace flare::sim {
+
+Ns nowNs();
+bool shuttingDown();
+
+// Streams. `nullptr`/CU_STREAM_LEGACY map to the device's legacy stream and
+// CU_STREAM_PER_THREAD to the calling thread's stream. Never returns null.
+CUstream_st* resolveStream(CUstream stream);
+CUstream_st* createStream(unsigned flags, int priority);
+void destroyStream(CUstream_st* s);
+// Enqueues `op` (or appends it to the capture). Returns CUDA_SUCCESS.
+CUresult enqueue(CUstream_st* s, Op op);
+// Blocks until every op enqueued before the call completed.
+CUresult synchronizeStream(CUstream_st* s);
+bool streamIdle(CUstream_st* s);
+CUresult synchronizeDevice();
+
+// Events.
+CUresult recordEvent(CUevent_st* e, CUstream_st* s);
+CUresult waitEvent(CUstream_st* s, CUevent_st* e);
+CUresult queryEvent(CUevent_st* e);
+CUresult synchronizeEvent(CUevent_st* e);
+CUresult elapsedMs(float* ms, CUevent_st* start, CUevent_st* end);
+
+// Kernels: duration from the cost model for `f` launched with this geometry and params.
+Ns kernelDuration(CUfunc_st* f, uint64_t threads, void** params);
+CUresult launchKernel(CUfunc_st* f, uint64_t threads, CUstream stream, void** params);
+void registerKernelCost(const std::string& name, int kind, int arg_index);
+
+// Current device of the calling thread.
+int currentDevice();
+void setCurrentDevice(int device);
+
+// Capture and graphs.
+CUresult beginCapture(CUstream_st* s, CUstreamCaptureMode mode);
+CUresult endCapture(CUstream_st* s, CUgraph_st** graph);
+bool isCapturing(CUstream_st* s);
+CUresult launchGraph(CUgraphExec_st* exec, CUstream_st* s);
+
+// The sticky per-thread last error is a runtime concept (cudart); the driver has none.
+
+}  // namespace flare::sim

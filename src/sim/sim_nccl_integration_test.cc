@@ -1,0 +1,185 @@
+// The simulated NCCL across real processes: a late rank delays everyone, a slow link slows the
+// ring, grouped send/recv complete together, an injected collective hang never completes.
+//
+// Each test forks its ranks before any CUDA call in the parent (the simulator's stream threads
+// do not survive fork, exactly like a real CUDA context), and collects one number per rank
+// through a pipe.
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+#include <nccl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <functional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "src/sim/flare_sim.h"
+
+namespace {
+
+constexpr int kRanks = 4;
+
+// Runs body(rank, id) in kRanks child processes with RANK set; returns each rank's result.
+std::vector<double> runRanks(const std::vector<std::pair<std::string, std::string>>& env,
+                             const std::function<double(int, ncclUniqueId)>& body) {
+  ncclUniqueId id;
+  EXPECT_EQ(ncclGetUniqueId(&id), ncclSuccess);
+  std::vector<int> fds;
+  std::vector<pid_t> pids;
+  for (int r = 0; r < kRanks; ++r) {
+    int p[2];
+    EXPECT_EQ(pipe(p), 0);
+    pid_t pid = fork();
+    if (pid == 0) {
+      close(p[0]);
+      setenv("RANK", std::to_string(r).c_str(), 1);
+      for (const auto& [k, v] : env) setenv(k.c_str(), v.c_str(), 1);
+      double v = body(r, id);
+      if (write(p[1], &v, sizeof(v)) != sizeof(v)) _exit(2);
+      _exit(0);  // skip exit handlers: hung stream threads may still be blocked
+    }
+    close(p[1]);
+    fds.push_back(p[0]);
+    pids.push_back(pid);
+  }
+  std::vector<double> out(kRanks, -1);
+  for (int r = 0; r < kRanks; ++r) {
+    if (read(fds[r], &out[r], sizeof(double)) != sizeof(double)) out[r] = -1;
+    close(fds[r]);
+    int status = 0;
+    waitpid(pids[r], &status, 0);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "rank " << r;
+  }
+  return out;
+}
+
+// Time (ms) between events around one all-reduce of `bytes`, issued after `delay_ms`.
+double timedAllReduce(int rank, ncclUniqueId id, size_t bytes, int delay_ms) {
+  cudaSetDevice(rank);
+  ncclComm_t comm;
+  if (ncclCommInitRank(&comm, kRanks, id, rank) != ncclSuccess) return -2;
+  cudaStream_t s;
+  cudaStreamCreate(&s);
+  cudaEvent_t a, b;
+  cudaEventCreate(&a);
+  cudaEventCreate(&b);
+  // A first all-reduce so that every rank has joined before timing starts.
+  ncclAllReduce(nullptr, nullptr, 1, ncclFloat32, ncclSum, comm, s);
+  cudaStreamSynchronize(s);
+  std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
+  cudaEventRecord(a, s);
+  ncclAllReduce(nullptr, nullptr, bytes / 2, ncclBfloat16, ncclSum, comm, s);
+  cudaEventRecord(b, s);
+  if (cudaEventSynchronize(b) != cudaSuccess) return -3;
+  float ms = 0;
+  cudaEventElapsedTime(&ms, a, b);
+  return ms;
+}
+
+// all-reduce time at 100 GB/s bus bandwidth: 8 µs + S·2(n-1)/n / busbw.
+double modelMs(double bytes, double link) {
+  return 0.008 + bytes * 2.0 * (kRanks - 1) / kRanks / (100e9 * link) * 1e3;
+}
+
+TEST(SimNccl, LateRankDelaysEveryRankButWaitsLeast) {
+  const size_t bytes = 64 << 20;
+  auto ms = runRanks({}, [&](int rank, ncclUniqueId id) {
+    return timedAllReduce(rank, id, bytes, rank == 2 ? 150 : 0);
+  });
+  for (int r = 0; r < kRanks; ++r) {
+    if (r == 2) {
+      // The culprit arrives last and waits least: its kernel only transfers.
+      EXPECT_NEAR(ms[r], modelMs(bytes, 1.0) + 0.004, 0.2) << "rank " << r;
+    } else {
+      EXPECT_GT(ms[r], 130.0) << "rank " << r;  // waited for rank 2
+      EXPECT_LT(ms[r], 400.0) << "rank " << r;
+    }
+  }
+}
+
+TEST(SimNccl, SlowLinkSlowsTheWholeRing) {
+  const size_t bytes = 256 << 20;
+  auto ms = runRanks({{"FLARE_SIM_LINK_FACTOR", "3:0.25"}}, [&](int rank, ncclUniqueId id) {
+    return timedAllReduce(rank, id, bytes, 0);
+  });
+  for (int r = 0; r < kRanks; ++r) {
+    EXPECT_GT(ms[r], modelMs(bytes, 0.25) * 0.95) << "rank " << r;
+    EXPECT_LT(ms[r], modelMs(bytes, 0.25) + 60) << "rank " << r;
+  }
+}
+
+TEST(SimNccl, GroupedSendRecvIsOneKernel) {
+  const size_t bytes = 32 << 20;
+  auto ms = runRanks({}, [&](int rank, ncclUniqueId id) -> double {
+    ncclComm_t comm;
+    if (ncclCommInitRank(&comm, kRanks, id, rank) != ncclSuccess) return -2;
+    cudaStream_t s;
+    cudaStreamCreate(&s);
+    cudaEvent_t a, b;
+    cudaEventCreate(&a);
+    cudaEventCreate(&b);
+    cudaEventRecord(a, s);
+    // All-to-all as one group of sends and receives.
+    if (ncclGroupStart() != ncclSuccess) return -4;
+    for (int peer = 0; peer < kRanks; ++peer) {
+      if (peer == rank) continue;
+      ncclSend(nullptr, bytes, ncclUint8, peer, comm, s);
+      ncclRecv(nullptr, bytes, ncclUint8, peer, comm, s);
+    }
+    if (ncclGroupEnd() != ncclSuccess) return -5;
+    cudaEventRecord(b, s);
+    if (cudaEventSynchronize(b) != cudaSuccess) return -3;
+    float t = 0;
+    cudaEventElapsedTime(&t, a, b);
+    return t;
+  });
+  const double one_transfer = 0.008 + bytes / 100e9 * 1e3;
+  for (int r = 0; r < kRanks; ++r) {
+    EXPECT_GT(ms[r], one_transfer * 0.95) << "rank " << r;
+    EXPECT_LT(ms[r], one_transfer + 60) << "rank " << r;
+  }
+}
+
+TEST(SimNccl, InjectedCollectiveHangNeverCompletesOnAnyRank) {
+  auto pending = runRanks({{"FLARE_SIM_HANG", "1:collective:5"}}, [&](int rank, ncclUniqueId id) {
+    ncclComm_t comm;
+    if (ncclCommInitRank(&comm, kRanks, id, rank) != ncclSuccess) return -2.0;
+    cudaStream_t s;
+    cudaStreamCreate(&s);
+    cudaEvent_t done;
+    cudaEventCreate(&done);
+    for (int step = 0; step < 7; ++step) {
+      flareSimSetStep(step);
+      ncclAllReduce(nullptr, nullptr, 1024, ncclFloat32, ncclSum, comm, s);
+    }
+    cudaEventRecord(done, s);
+    // Keep asking for 400 ms: the event never completes, on every rank.
+    int not_ready = 0;
+    for (int i = 0; i < 40; ++i) {
+      if (cudaEventQuery(done) == cudaErrorNotReady) not_ready++;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return double(not_ready);
+  });
+  for (int r = 0; r < kRanks; ++r) EXPECT_EQ(pending[r], 40.0) << "rank " << r;
+}
+
+TEST(SimNccl, BadArgumentsAreRejected) {
+  ncclComm_t comm;
+  ncclUniqueId junk{};
+  EXPECT_EQ(ncclCommInitRank(&comm, 4, junk, 0), ncclInvalidArgument);
+  ncclUniqueId id;
+  ncclGetUniqueId(&id);
+  EXPECT_EQ(ncclCommInitRank(&comm, 4, id, 4), ncclInvalidArgument);
+  EXPECT_EQ(ncclAllReduce(nullptr, nullptr, 1, ncclFloat32, ncclSum, nullptr, nullptr),
+            ncclInvalidArgument);
+  EXPECT_EQ(ncclGroupEnd(), ncclInvalidUsage);
+  int v = 0;
+  EXPECT_EQ(ncclGetVersion(&v), ncclSuccess);
+  EXPECT_EQ(v, NCCL_VERSION_CODE);
+}
+
+}  // namespace

@@ -1,0 +1,79 @@
+// flare-sim-rank: one rank of the simulated training job (started by flare-sim-train).
+//
+// Reads its identity from torchrun's variables (RANK, WORLD_SIZE) and prints one line per
+// step on stdout:  FLARE_SIM_STEP {"rank":R,"step":S,"step_ms":X,"gemm_ms":Y}
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <string>
+
+#include "src/sim/workload/workload.h"
+
+namespace {
+
+int envInt(const char* name, int def) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) return def;
+  char* end = nullptr;
+  long x = std::strtol(v, &end, 10);
+  if (*end || x < 0 || x > (1 << 24)) {
+    std::fprintf(stderr, "flare-sim-rank: %s='%s' is not a valid rank number; using %d\n", name,
+                 v, def);
+    return def;
+  }
+  return static_cast<int>(x);
+}
+
+int usage() {
+  std::fprintf(stderr,
+               "usage: flare-sim-rank [--steps N] [--layers L] [--hidden H] [--seq S] "
+               "[--micro-batch B] [--tp T] [--data-ms MS]\n"
+               "Identity from RANK/WORLD_SIZE; communicator ids through FLARE_SIM_RDZV_DIR.\n");
+  return 2;
+}
+
+int g_rank = 0;
+void printStep(const flare::sim::workload::StepResult& r) {
+  std::printf("FLARE_SIM_STEP {\"rank\":%d,\"step\":%d,\"step_ms\":%.3f,\"gemm_ms\":%.4f}\n",
+              g_rank, r.step, r.step_ms, r.gemm_ms);
+  std::fflush(stdout);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  flare::sim::workload::Options o;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if (i + 1 >= argc) return usage();
+    const char* v = argv[++i];
+    char* end = nullptr;
+    double x = std::strtod(v, &end);
+    if (*end || x < 0) return usage();
+    if (a == "--steps") o.steps = static_cast<int>(x);
+    else if (a == "--layers") o.layers = static_cast<int>(x);
+    else if (a == "--hidden") o.hidden = static_cast<int64_t>(x);
+    else if (a == "--seq") o.seq = static_cast<int64_t>(x);
+    else if (a == "--micro-batch") o.micro_batch = static_cast<int64_t>(x);
+    else if (a == "--tp") o.tp = static_cast<int>(x);
+    else if (a == "--data-ms") o.data_ms = x;
+    else return usage();
+  }
+  o.rank = envInt("RANK", 0);
+  o.world_size = envInt("WORLD_SIZE", 1);
+  if (o.rank >= o.world_size) {
+    std::fprintf(stderr, "flare-sim-rank: RANK %d >= WORLD_SIZE %d\n", o.rank, o.world_size);
+    return 2;
+  }
+  const char* dir = std::getenv("FLARE_SIM_RDZV_DIR");
+  o.rdzv_dir = dir && *dir ? dir : "/tmp";
+  g_rank = o.rank;
+  try {
+    flare::sim::workload::run(o, printStep);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "flare-sim-rank %d: %s\n", o.rank, e.what());
+    return 1;
+  }
+  return 0;
+}
