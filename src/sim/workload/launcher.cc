@@ -317,8 +317,16 @@ int main(int argc, char** argv) {
       if (!k.exited) kill(k.pid, sig);
     }
   };
+  auto open_fds = [&] {
+    int n = 0;
+    for (auto& k : ranks) n += (k.out_fd >= 0) + (k.err_fd >= 0);
+    return n;
+  };
   auto kill_deadline = std::chrono::steady_clock::time_point::max();
-  while (live() > 0) {
+  auto drain_deadline = std::chrono::steady_clock::time_point::max();
+  // Until every rank exited and its output is read to the end (a rank's own children could
+  // keep a pipe open: give them 2 s after the last rank exited).
+  while (live() > 0 || (open_fds() > 0 && std::chrono::steady_clock::now() < drain_deadline)) {
     std::vector<pollfd> fds;
     std::vector<std::pair<int, bool>> who;
     for (int r = 0; r < a.ranks; ++r) {
@@ -356,6 +364,9 @@ int main(int argc, char** argv) {
       }
     }
     const auto now = std::chrono::steady_clock::now();
+    if (live() == 0 && drain_deadline == std::chrono::steady_clock::time_point::max()) {
+      drain_deadline = now + std::chrono::seconds(2);
+    }
     if (!timed_out && a.timeout_s > 0 &&
         now - start > std::chrono::duration<double>(a.timeout_s)) {
       timed_out = true;

@@ -1,0 +1,409 @@
+// Implementation of config.h: the declaration table of every setting, the strict parsers and the
+// once-per-(variable, value) warnings.
+#include "src/common/config.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <cctype>
+#include <charconv>
+#include <cmath>
+#include <cstdlib>
+#include <limits>
+#include <mutex>
+#include <set>
+#include <string>
+
+#include "src/common/log.h"
+
+namespace flare::common {
+namespace {
+
+// The one declaration point of every setting (conventions.md #8). Keep each help text to one
+// sentence: docs/configuration.md is generated from, or checked against, this table.
+// Types: "int", "double", "bool", "string", "duration" (seconds, or a number with a unit
+// suffix ns|us|ms|s|m|h), "rank-list" (RANK:FIELD[:FIELD...],..., RANK may be '*').
+constexpr ParamInfo kParams[] = {
+    // --- log ---
+    {"FLARE_LOG_LEVEL", "string", "info", "log",
+     "Minimum level of Flare's own log lines: trace|debug|info|warn|error|off."},
+    {"FLARE_LOG_SUBSYSTEMS", "string", "", "log",
+     "Comma list of subsystems whose info/debug/trace lines are shown (empty = all, a leading ^ "
+     "excludes the listed ones); warnings and errors are always shown."},
+    // --- identity ---
+    {"FLARE_JOB_ID", "string", "", "identity",
+     "Overrides the job id taken from torchrun (TORCHELASTIC_RUN_ID) or Slurm (SLURM_JOB_ID)."},
+    // --- exporter ---
+    {"FLARE_OUTPUT_DIR", "string", "", "exporter",
+     "Directory of the local spool, used when no daemon is configured or it is unreachable."},
+    {"FLARE_DAEMON", "string", "", "exporter",
+     "Address of the flared daemon as host:port; empty means write to FLARE_OUTPUT_DIR only."},
+    {"FLARE_TOKEN", "string", "", "exporter",
+     "Shared secret sent in the hello so that the daemon accepts this job's streams."},
+    // --- hang ---
+    {"FLARE_HANG_TIMEOUT", "duration", "300", "hang",
+     "A rank reports a hang when a GPU event has not completed within this many seconds."},
+    // --- pyprof ---
+    {"TRACED_PYTHON_API", "string", "", "pyprof",
+     "Extra Python APIs to trace, as a comma list of module.path@function or "
+     "module.path.Class@method."},
+    {"FLARE_PYTHON_DEFAULTS", "bool", "1", "pyprof",
+     "Also trace the built-in list of Python APIs (DataLoader, GC, torch.cuda.synchronize, ...)."},
+    // --- sim (the simulated CUDA/cuBLAS/NCCL stack, src/sim) ---
+    {"FLARE_SIM_CLOCK_FACTOR", "rank-list", "", "sim",
+     "RANK:FACTOR entries: that rank's simulated GPU runs at FACTOR of nominal speed."},
+    {"FLARE_SIM_LINK_FACTOR", "rank-list", "", "sim",
+     "RANK:FACTOR entries: that rank's links run at FACTOR of nominal bandwidth."},
+    {"FLARE_SIM_HOST_STALL", "rank-list", "", "sim",
+     "RANK:MS[:EVERY_N_STEPS] entries: that rank's host thread stalls MS milliseconds (a GC-like "
+     "pause) every N steps (default every step)."},
+    {"FLARE_SIM_HANG", "rank-list", "", "sim",
+     "RANK:KIND:STEP entries with KIND collective|compute|skip: that rank hangs at that step."},
+    {"FLARE_SIM_CRASH", "rank-list", "", "sim",
+     "RANK:STEP entries: that rank aborts at that step."},
+    {"FLARE_SIM_PEAK_TFLOPS", "double", "400", "sim",
+     "Dense bf16/fp16 tensor-core TFLOPS the simulated cost model uses."},
+    {"FLARE_SIM_MEM_BW_GBPS", "double", "2000", "sim",
+     "Device memory bandwidth in GB/s the simulated cost model uses."},
+    {"FLARE_SIM_BUSBW_GBPS", "double", "100", "sim",
+     "Bus bandwidth in GB/s of simulated collectives within one communicator."},
+    {"FLARE_SIM_LAUNCH_LATENCY_US", "double", "4", "sim",
+     "Host-side cost in microseconds of one simulated kernel launch."},
+    {"FLARE_SIM_DEVICES", "int", "8", "sim", "Number of simulated GPUs per host."},
+    {"FLARE_SIM_DEVICE_NAME", "string", "NVIDIA H100 80GB HBM3", "sim",
+     "Device name the simulated runtime reports."},
+    {"FLARE_SIM_TIME_SCALE", "double", "1.0", "sim",
+     "Multiplies every simulated duration (use < 1 to make tests faster)."},
+    {"FLARE_SIM_SEED", "int", "0", "sim", "Seed of the simulated cost model's random jitter."},
+};
+
+// Identity of a warning already given, so that each (variable, value) warns once per process.
+// Guarded by warnedMutex(). Both are heap objects that are never destroyed, so that a warning
+// from another thread during exit does not touch a destroyed set.
+std::mutex& warnedMutex() {
+  static auto* m = new std::mutex;
+  return *m;
+}
+std::set<std::string, std::less<>>& warnedKeys() {
+  static auto* s = new std::set<std::string, std::less<>>;
+  return *s;
+}
+
+std::atomic<WarningSink> g_sink{nullptr};
+
+void defaultSink(const std::string& line) {
+  // The logger adds its own "[flare ...]" prefix; drop the "flare: " that the line carries for
+  // sinks that print it bare.
+  std::string_view msg = line;
+  if (msg.starts_with("flare: ")) msg.remove_prefix(7);
+  logMessage(LogLevel::kWarn, "config", msg);
+}
+
+std::string_view trim(std::string_view s) {
+  auto is_space = [](char c) { return std::isspace(static_cast<unsigned char>(c)) != 0; };
+  while (!s.empty() && is_space(s.front())) s.remove_prefix(1);
+  while (!s.empty() && is_space(s.back())) s.remove_suffix(1);
+  return s;
+}
+
+bool equalsIgnoreCase(std::string_view a, std::string_view b) {
+  return a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin(), [](char x, char y) {
+           return std::tolower(static_cast<unsigned char>(x)) ==
+                  std::tolower(static_cast<unsigned char>(y));
+         });
+}
+
+// Warns once per (name, value). The key holds both, separated by a byte no env value contains.
+void warnOnce(const char* name, std::string_view value, const std::string& line) {
+  std::string key;
+  key.reserve(std::char_traits<char>::length(name) + 1 + value.size());
+  key.append(name).push_back('\0');
+  key.append(value);
+  configWarningOnce(key, line);
+}
+
+std::string formatDouble(double v) {
+  return fmt::format("{}", v);
+}
+
+// getenv() without allocation; empty counts as unset. Returns nullptr when unset.
+const char* rawEnv(const char* name) {
+  const char* v = std::getenv(name);
+  return (v != nullptr && v[0] != '\0') ? v : nullptr;
+}
+
+}  // namespace
+
+std::span<const ParamInfo> allParams() {
+  return {kParams, std::size(kParams)};
+}
+
+const ParamInfo* findParam(std::string_view name) {
+  for (const ParamInfo& p : kParams) {
+    if (name == p.name) return &p;
+  }
+  return nullptr;
+}
+
+std::optional<std::string> getEnv(const char* name) {
+  const char* v = rawEnv(name);
+  if (v == nullptr) return std::nullopt;
+  try {
+    return std::string(v);
+  } catch (...) {
+    return std::nullopt;
+  }
+}
+
+void setWarningSink(WarningSink sink) {
+  g_sink.store(sink, std::memory_order_release);
+}
+
+void configWarning(const std::string& line) {
+  try {
+    WarningSink sink = g_sink.load(std::memory_order_acquire);
+    if (sink != nullptr) {
+      sink(line);
+    } else {
+      defaultSink(line);
+    }
+  } catch (...) {
+    // A failing sink must not take the caller down; there is nowhere left to report it.
+  }
+}
+
+bool configWarningOnce(std::string_view key, const std::string& line) {
+  try {
+    {
+      std::lock_guard<std::mutex> lock(warnedMutex());
+      auto& keys = warnedKeys();
+      if (keys.find(key) != keys.end()) return false;
+      keys.emplace(key);
+    }
+    configWarning(line);
+    return true;
+  } catch (...) {
+    return false;
+  }
+}
+
+std::optional<int64_t> parseInt(std::string_view s) {
+  s = trim(s);
+  if (!s.empty() && s.front() == '+') {
+    s.remove_prefix(1);
+    if (!s.empty() && s.front() == '-') return std::nullopt;  // "+-5"
+  }
+  if (s.empty()) return std::nullopt;
+  int64_t v = 0;
+  auto [ptr, ec] = std::from_chars(s.data(), s.data() + s.size(), v, 10);
+  if (ec != std::errc() || ptr != s.data() + s.size()) return std::nullopt;
+  return v;
+}
+
+std::optional<double> parseDouble(std::string_view s) {
+  s = trim(s);
+  if (!s.empty() && s.front() == '+') {
+    s.remove_prefix(1);
+    if (!s.empty() && s.front() == '-') return std::nullopt;
+  }
+  if (s.empty()) return std::nullopt;
+  double v = 0;
+  auto [ptr, ec] = std::from_chars(s.data(), s.data() + s.size(), v, std::chars_format::general);
+  // from_chars reports overflow ("1e999") as result_out_of_range and accepts "inf"/"nan";
+  // neither is a usable setting.
+  if (ec != std::errc() || ptr != s.data() + s.size() || !std::isfinite(v)) return std::nullopt;
+  return v;
+}
+
+std::optional<bool> parseBool(std::string_view s) {
+  s = trim(s);
+  for (std::string_view t : {"1", "true", "yes", "on"}) {
+    if (equalsIgnoreCase(s, t)) return true;
+  }
+  for (std::string_view f : {"0", "false", "no", "off"}) {
+    if (equalsIgnoreCase(s, f)) return false;
+  }
+  return std::nullopt;
+}
+
+std::optional<double> parseDurationSeconds(std::string_view s) {
+  s = trim(s);
+  struct Unit {
+    std::string_view suffix;
+    double seconds;
+  };
+  // Longer suffixes first so that "ms" is not read as "m" + "s".
+  static constexpr Unit kUnits[] = {{"ns", 1e-9}, {"us", 1e-6}, {"ms", 1e-3},
+                                    {"s", 1.0},   {"m", 60.0},  {"h", 3600.0}};
+  double scale = 1.0;
+  for (const Unit& u : kUnits) {
+    if (s.size() > u.suffix.size() && s.ends_with(u.suffix)) {
+      s.remove_suffix(u.suffix.size());
+      scale = u.seconds;
+      break;
+    }
+  }
+  auto v = parseDouble(s);
+  if (!v) return std::nullopt;
+  double r = *v * scale;
+  if (!std::isfinite(r)) return std::nullopt;
+  return r;
+}
+
+int64_t envInt(const char* name, int64_t def, int64_t min_value, int64_t max_value) {
+  const char* raw = rawEnv(name);
+  if (raw == nullptr) return def;
+  auto v = parseInt(raw);
+  try {
+    if (!v) {
+      warnOnce(name, raw,
+               fmt::format("flare: {}='{}' is not an integer; using {}", name, raw, def));
+      return def;
+    }
+    if (*v < min_value || *v > max_value) {
+      warnOnce(name, raw,
+               fmt::format("flare: {}='{}' is out of range [{}, {}]; using {}", name, raw,
+                           min_value, max_value, def));
+      return def;
+    }
+  } catch (...) {
+    return def;
+  }
+  return *v;
+}
+
+double envDouble(const char* name, double def, double min_value, double max_value) {
+  const char* raw = rawEnv(name);
+  if (raw == nullptr) return def;
+  auto v = parseDouble(raw);
+  try {
+    if (!v) {
+      warnOnce(
+          name, raw,
+          fmt::format("flare: {}='{}' is not a number; using {}", name, raw, formatDouble(def)));
+      return def;
+    }
+    if (*v < min_value || *v > max_value) {
+      warnOnce(name, raw,
+               fmt::format("flare: {}='{}' is out of range [{}, {}]; using {}", name, raw,
+                           formatDouble(min_value), formatDouble(max_value), formatDouble(def)));
+      return def;
+    }
+  } catch (...) {
+    return def;
+  }
+  return *v;
+}
+
+double envDurationSeconds(const char* name, double def, double min_value, double max_value) {
+  const char* raw = rawEnv(name);
+  if (raw == nullptr) return def;
+  auto v = parseDurationSeconds(raw);
+  try {
+    if (!v) {
+      warnOnce(name, raw,
+               fmt::format("flare: {}='{}' is not a duration (seconds, or a number with a unit "
+                           "ns|us|ms|s|m|h); using {}s",
+                           name, raw, formatDouble(def)));
+      return def;
+    }
+    if (*v < min_value || *v > max_value) {
+      warnOnce(name, raw,
+               fmt::format("flare: {}='{}' is out of range [{}s, {}s]; using {}s", name, raw,
+                           formatDouble(min_value), formatDouble(max_value), formatDouble(def)));
+      return def;
+    }
+  } catch (...) {
+    return def;
+  }
+  return *v;
+}
+
+bool envBool(const char* name, bool def) {
+  const char* raw = rawEnv(name);
+  if (raw == nullptr) return def;
+  auto v = parseBool(raw);
+  if (!v) {
+    try {
+      warnOnce(name, raw,
+               fmt::format("flare: {}='{}' is not a boolean (1/0, true/false, yes/no, on/off); "
+                           "using {}",
+                           name, raw, def ? 1 : 0));
+    } catch (...) {
+    }
+    return def;
+  }
+  return *v;
+}
+
+std::string envString(const char* name, const std::string& def) {
+  const char* raw = rawEnv(name);
+  try {
+    return raw == nullptr ? def : std::string(raw);
+  } catch (...) {
+    return {};
+  }
+}
+
+std::vector<RankEntry> parseRankList(const char* name, std::string_view value, size_t min_fields,
+                                     size_t max_fields) {
+  std::vector<RankEntry> out;
+  try {
+    size_t pos = 0;
+    while (pos <= value.size()) {
+      size_t comma = value.find(',', pos);
+      if (comma == std::string_view::npos) comma = value.size();
+      std::string_view entry = trim(value.substr(pos, comma - pos));
+      pos = comma + 1;
+      if (entry.empty()) continue;  // "a,,b" and a trailing comma are harmless
+
+      RankEntry e;
+      size_t colon = entry.find(':');
+      std::string_view rank_text = trim(entry.substr(0, colon));
+      if (colon != std::string_view::npos) {
+        std::string_view rest = entry.substr(colon + 1);
+        size_t p = 0;
+        while (true) {
+          size_t c = rest.find(':', p);
+          std::string_view f = trim(rest.substr(p, c == std::string_view::npos ? c : c - p));
+          e.fields.emplace_back(f);
+          if (c == std::string_view::npos) break;
+          p = c + 1;
+        }
+      }
+
+      if (rank_text == "*") {
+        e.rank = -1;
+      } else {
+        auto r = parseInt(rank_text);
+        if (!r || *r < 0 || *r > std::numeric_limits<int>::max()) {
+          warnOnce(name, entry,
+                   fmt::format("flare: {} entry '{}' has a bad rank '{}' (expected a "
+                               "non-negative integer or '*'); ignoring the entry",
+                               name, entry, rank_text));
+          continue;
+        }
+        e.rank = static_cast<int>(*r);
+      }
+
+      if (e.fields.size() < min_fields || e.fields.size() > max_fields) {
+        std::string expected = min_fields == max_fields
+                                   ? fmt::format("{}", min_fields)
+                                   : fmt::format("{} to {}", min_fields, max_fields);
+        warnOnce(name, entry,
+                 fmt::format("flare: {} entry '{}' has {} field(s) after the rank, expected {}; "
+                             "ignoring the entry",
+                             name, entry, e.fields.size(), expected));
+        continue;
+      }
+      out.push_back(std::move(e));
+    }
+  } catch (...) {
+    // Out of memory while parsing a setting: keep what was parsed.
+  }
+  return out;
+}
+
+}  // namespace flare::common

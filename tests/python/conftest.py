@@ -1,0 +1,59 @@
+"""Shared fixtures: where the build is, and how to run flare-sim-train."""
+import glob
+import json
+import os
+import subprocess
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+BUILD = os.environ.get("FLARE_BUILD_DIR", os.path.join(ROOT, "build"))
+
+
+@pytest.fixture(scope="session")
+def build_dir():
+    if not os.path.exists(os.path.join(BUILD, "bin", "flare-sim-train")):
+        pytest.fail("build not found at %s (run `make build` or set FLARE_BUILD_DIR)" % BUILD)
+    return BUILD
+
+
+def python_interpreters():
+    """Every pyenv CPython from 3.9 to 3.13 on this machine (the CI machine has each)."""
+    found = {}
+    roots = [os.path.expanduser("~/.pyenv/versions"), "/root/.pyenv/versions"]
+    for root in roots:
+        for path in sorted(glob.glob(os.path.join(root, "3.*", "bin", "python3"))):
+            version = os.path.basename(os.path.dirname(os.path.dirname(path)))
+            minor = tuple(int(x) for x in version.split(".")[:2])
+            if (3, 9) <= minor <= (3, 13):
+                found.setdefault("%d.%d" % minor, path)
+    return found
+
+
+class SimRun:
+    def __init__(self, proc, result):
+        self.returncode = proc.returncode
+        self.stdout = proc.stdout
+        self.stderr = proc.stderr
+        self.ranks = result.get("ranks", []) if result else []
+
+    def median(self, rank, key):
+        values = sorted(self.ranks[rank][key])
+        n = len(values)
+        return values[n // 2] if n % 2 else (values[n // 2 - 1] + values[n // 2]) / 2
+
+
+@pytest.fixture
+def sim_train(build_dir, tmp_path):
+    """Runs flare-sim-train with extra environment; returns a SimRun."""
+    def run(*args, env=None, timeout=120):
+        out = tmp_path / ("run%d.json" % len(list(tmp_path.iterdir())))
+        full_env = {k: v for k, v in os.environ.items()
+                    if not k.startswith("FLARE_SIM_") and k != "LD_PRELOAD"}
+        full_env.update(env or {})
+        cmd = [os.path.join(build_dir, "bin", "flare-sim-train"), *map(str, args),
+               "--json", str(out), "--quiet"]
+        proc = subprocess.run(cmd, env=full_env, capture_output=True, text=True, timeout=timeout)
+        result = json.loads(out.read_text()) if out.exists() else None
+        return SimRun(proc, result)
+    return run
