@@ -76,7 +76,13 @@ constexpr ParamInfo kParams[] = {
      "Device name the simulated runtime reports."},
     {"FLARE_SIM_TIME_SCALE", "double", "1.0", "sim",
      "Multiplies every simulated duration (use < 1 to make tests faster)."},
-    {"FLARE_SIM_SEED", "int", "0", "sim", "Seed of the simulated cost model's random jitter."},
+    {"FLARE_SIM_RUN_ID", "string", "", "sim",
+     "Set by flare-sim-train: names this run's shared-memory communicator segments."},
+    {"FLARE_SIM_RDZV_DIR", "string", "/tmp", "sim",
+     "Set by flare-sim-train: directory where the sim workload exchanges NCCL unique ids."},
+    {"FLARE_SIM_LIB_DIR", "string", "", "sim",
+     "Set by flare-sim-train: directory of the simulated libraries (the Python workload loads "
+     "them from there)."},
 };
 
 // Identity of a warning already given, so that each (variable, value) warns once per process.

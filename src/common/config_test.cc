@@ -346,7 +346,7 @@ TEST(ParamTableTest, DeclaresTheRequiredSettings) {
       {"FLARE_SIM_DEVICES", "int", "8", "sim"},
       {"FLARE_SIM_DEVICE_NAME", "string", "NVIDIA H100 80GB HBM3", "sim"},
       {"FLARE_SIM_TIME_SCALE", "double", "1.0", "sim"},
-      {"FLARE_SIM_SEED", "int", "0", "sim"},
+      {"FLARE_SIM_RDZV_DIR", "string", "/tmp", "sim"},
   };
   for (const Want& w : wants) {
     const ParamInfo* p = findParam(w.name);
