@@ -35,9 +35,13 @@ constexpr ParamInfo kParams[] = {
     // --- identity ---
     {"FLARE_JOB_ID", "string", "", "identity",
      "Overrides the job id taken from torchrun (TORCHELASTIC_RUN_ID) or Slurm (SLURM_JOB_ID)."},
+    // --- hook ---
+    {"FLARE_DISABLE", "bool", "0", "hook",
+     "Turns tracing off in libflare_hook.so: every wrapper forwards untouched."},
     // --- exporter ---
     {"FLARE_OUTPUT_DIR", "string", "", "exporter",
-     "Directory of the local spool, used when no daemon is configured or it is unreachable."},
+     "Directory of the local spool (DIR/<job>/<rank>/records-<pid>.pb), used when no daemon is "
+     "configured or it is unreachable; /tmp/flare when unset."},
     {"FLARE_DAEMON", "string", "", "exporter",
      "Address of the flared daemon as host:port; empty means write to FLARE_OUTPUT_DIR only."},
     {"FLARE_TOKEN", "string", "", "exporter",

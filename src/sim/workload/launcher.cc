@@ -101,7 +101,9 @@ Args parse(int argc, char** argv) {
   return a;
 }
 
-fs::path selfDir() { return fs::read_symlink("/proc/self/exe").parent_path(); }
+fs::path selfDir() {
+  return fs::read_symlink("/proc/self/exe").parent_path();
+}
 
 struct Rank {
   pid_t pid = -1;
@@ -163,8 +165,8 @@ double median(std::vector<double> v) {
 void printTable(const Args& a, const std::vector<Rank>& ranks) {
   std::printf("\nflare-sim-train: %d ranks, %d steps (%s workload)\n", a.ranks, a.steps,
               a.python ? "Python" : "C++");
-  for (const char* var : {"FLARE_SIM_CLOCK_FACTOR", "FLARE_SIM_LINK_FACTOR",
-                          "FLARE_SIM_HOST_STALL", "FLARE_SIM_HANG", "FLARE_SIM_CRASH"}) {
+  for (const char* var : {"FLARE_SIM_CLOCK_FACTOR", "FLARE_SIM_LINK_FACTOR", "FLARE_SIM_HOST_STALL",
+                          "FLARE_SIM_HANG", "FLARE_SIM_CRASH"}) {
     if (const char* v = std::getenv(var)) std::printf("  fault: %s=%s\n", var, v);
   }
   int slow = -1;
@@ -198,8 +200,8 @@ void printTable(const Args& a, const std::vector<Rank>& ranks) {
       steps += b;
     }
     const bool flag = static_cast<int>(r) == slow && slowest > median_gemm * 1.1;
-    std::printf("%-5zu %10.2f %12.4f %s%s\n", r, median(k.step_ms), median(k.gemm_ms), steps.c_str(),
-                flag ? "   <- slowest GEMMs" : "");
+    std::printf("%-5zu %10.2f %12.4f %s%s\n", r, median(k.step_ms), median(k.gemm_ms),
+                steps.c_str(), flag ? "   <- slowest GEMMs" : "");
   }
 }
 
@@ -238,8 +240,7 @@ int main(int argc, char** argv) {
   const fs::path script = bin.parent_path() / "share" / "flare" / "sim_train.py";
   const fs::path rank_exe = bin / "flare-sim-rank";
   if (!fs::exists(lib_dir / "libcudart.so.13")) {
-    std::fprintf(stderr, "flare-sim-train: simulated libraries not found in %s\n",
-                 lib_dir.c_str());
+    std::fprintf(stderr, "flare-sim-train: simulated libraries not found in %s\n", lib_dir.c_str());
     return 2;
   }
 
@@ -252,7 +253,8 @@ int main(int argc, char** argv) {
   const std::string run_id = "sim" + std::to_string(getpid());
 
   std::string ld_path = lib_dir.string();
-  if (const char* old = std::getenv("LD_LIBRARY_PATH"); old && *old) ld_path += ":" + std::string(old);
+  if (const char* old = std::getenv("LD_LIBRARY_PATH"); old && *old)
+    ld_path += ":" + std::string(old);
   setenv("LD_LIBRARY_PATH", ld_path.c_str(), 1);
   setenv("FLARE_SIM_LIB_DIR", lib_dir.c_str(), 1);
   setenv("FLARE_SIM_RDZV_DIR", rdzv.c_str(), 1);
@@ -344,8 +346,7 @@ int main(int argc, char** argv) {
       if (fds[i].revents & (POLLIN | POLLHUP | POLLERR)) {
         auto [r, is_err] = who[i];
         Rank& k = ranks[r];
-        drain(r, k, is_err ? k.err_fd : k.out_fd, is_err ? k.err_buf : k.out_buf, is_err,
-              a.quiet);
+        drain(r, k, is_err ? k.err_fd : k.out_fd, is_err ? k.err_buf : k.out_buf, is_err, a.quiet);
       }
     }
     for (int r = 0; r < a.ranks; ++r) {
@@ -367,8 +368,7 @@ int main(int argc, char** argv) {
     if (live() == 0 && drain_deadline == std::chrono::steady_clock::time_point::max()) {
       drain_deadline = now + std::chrono::seconds(2);
     }
-    if (!timed_out && a.timeout_s > 0 &&
-        now - start > std::chrono::duration<double>(a.timeout_s)) {
+    if (!timed_out && a.timeout_s > 0 && now - start > std::chrono::duration<double>(a.timeout_s)) {
       timed_out = true;
       std::fprintf(stderr, "flare-sim-train: timed out after %.0f s; stopping the ranks\n",
                    a.timeout_s);

@@ -171,15 +171,15 @@ class Model:
         check(cudaMalloc(ctypes.byref(self.dev_batch), args.seq * args.micro_batch * 8),
               "cudaMalloc")
         k = Kernel
-        self.layer_norm = k("_ZN4flare3sim17layer_norm_kernelEPKvPvm", COST_BYTES)
-        self.flash_fwd = k("_ZN5flash15flash_fwd_kernelEm", COST_FLOPS)
-        self.flash_bwd = k("_ZN5flash15flash_bwd_kernelEm", COST_FLOPS)
-        self.gelu = k("_ZN4flare3sim11gelu_kernelEm", COST_BYTES)
-        self.gelu_bwd = k("_ZN4flare3sim15gelu_bwd_kernelEm", COST_BYTES)
-        self.residual = k("_ZN4flare3sim19residual_add_kernelEm", COST_BYTES)
-        self.ln_bwd = k("_ZN4flare3sim21layer_norm_bwd_kernelEm", COST_BYTES)
-        self.loss_kernel = k("_ZN4flare3sim18cross_entropy_lossEm", COST_BYTES)
-        self.adam = k("_ZN4flare3sim23multi_tensor_apply_adamEm", COST_BYTES)
+        self.layer_norm = k("_ZN5flare3sim17layer_norm_kernelEPKvPvm", COST_BYTES)
+        self.flash_fwd = k("_ZN5flash16flash_fwd_kernelEm", COST_FLOPS)
+        self.flash_bwd = k("_ZN5flash16flash_bwd_kernelEm", COST_FLOPS)
+        self.gelu = k("_ZN5flare3sim11gelu_kernelEm", COST_BYTES)
+        self.gelu_bwd = k("_ZN5flare3sim15gelu_bwd_kernelEm", COST_BYTES)
+        self.residual = k("_ZN5flare3sim19residual_add_kernelEm", COST_BYTES)
+        self.ln_bwd = k("_ZN5flare3sim21layer_norm_bwd_kernelEm", COST_BYTES)
+        self.loss_kernel = k("_ZN5flare3sim18cross_entropy_lossEm", COST_BYTES)
+        self.adam = k("_ZN5flare3sim23multi_tensor_apply_adamEm", COST_BYTES)
         h, T = args.hidden, args.seq * args.micro_batch
         self.h, self.T, self.h_tp, self.ffn_tp = h, T, h // tp, 4 * h // tp
         self.act_bytes = T * h * 2

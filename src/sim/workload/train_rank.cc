@@ -18,8 +18,8 @@ int envInt(const char* name, int def) {
   char* end = nullptr;
   long x = std::strtol(v, &end, 10);
   if (*end || x < 0 || x > (1 << 24)) {
-    std::fprintf(stderr, "flare-sim-rank: %s='%s' is not a valid rank number; using %d\n", name,
-                 v, def);
+    std::fprintf(stderr, "flare-sim-rank: %s='%s' is not a valid rank number; using %d\n", name, v,
+                 def);
     return def;
   }
   return static_cast<int>(x);
@@ -51,14 +51,22 @@ int main(int argc, char** argv) {
     char* end = nullptr;
     double x = std::strtod(v, &end);
     if (*end || x < 0) return usage();
-    if (a == "--steps") o.steps = static_cast<int>(x);
-    else if (a == "--layers") o.layers = static_cast<int>(x);
-    else if (a == "--hidden") o.hidden = static_cast<int64_t>(x);
-    else if (a == "--seq") o.seq = static_cast<int64_t>(x);
-    else if (a == "--micro-batch") o.micro_batch = static_cast<int64_t>(x);
-    else if (a == "--tp") o.tp = static_cast<int>(x);
-    else if (a == "--data-ms") o.data_ms = x;
-    else return usage();
+    if (a == "--steps")
+      o.steps = static_cast<int>(x);
+    else if (a == "--layers")
+      o.layers = static_cast<int>(x);
+    else if (a == "--hidden")
+      o.hidden = static_cast<int64_t>(x);
+    else if (a == "--seq")
+      o.seq = static_cast<int64_t>(x);
+    else if (a == "--micro-batch")
+      o.micro_batch = static_cast<int64_t>(x);
+    else if (a == "--tp")
+      o.tp = static_cast<int>(x);
+    else if (a == "--data-ms")
+      o.data_ms = x;
+    else
+      return usage();
   }
   o.rank = envInt("RANK", 0);
   o.world_size = envInt("WORLD_SIZE", 1);

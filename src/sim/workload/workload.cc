@@ -1,10 +1,11 @@
 #include "src/sim/workload/workload.h"
 
+#include <unistd.h>
+
 #include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 #include <nccl.h>
-#include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
@@ -45,15 +46,15 @@ struct Kernel {
   int cost;
   char stub = 0;
 };
-Kernel k_layer_norm{"_ZN4flare3sim17layer_norm_kernelEPKvPvm", FLARE_SIM_COST_BYTES};
-Kernel k_flash_fwd{"_ZN5flash15flash_fwd_kernelEm", FLARE_SIM_COST_FLOPS};
-Kernel k_flash_bwd{"_ZN5flash15flash_bwd_kernelEm", FLARE_SIM_COST_FLOPS};
-Kernel k_gelu{"_ZN4flare3sim11gelu_kernelEm", FLARE_SIM_COST_BYTES};
-Kernel k_gelu_bwd{"_ZN4flare3sim15gelu_bwd_kernelEm", FLARE_SIM_COST_BYTES};
-Kernel k_residual{"_ZN4flare3sim19residual_add_kernelEm", FLARE_SIM_COST_BYTES};
-Kernel k_ln_bwd{"_ZN4flare3sim21layer_norm_bwd_kernelEm", FLARE_SIM_COST_BYTES};
-Kernel k_loss{"_ZN4flare3sim18cross_entropy_lossEm", FLARE_SIM_COST_BYTES};
-Kernel k_adam{"_ZN4flare3sim23multi_tensor_apply_adamEm", FLARE_SIM_COST_BYTES};
+Kernel k_layer_norm{"_ZN5flare3sim17layer_norm_kernelEPKvPvm", FLARE_SIM_COST_BYTES};
+Kernel k_flash_fwd{"_ZN5flash16flash_fwd_kernelEm", FLARE_SIM_COST_FLOPS};
+Kernel k_flash_bwd{"_ZN5flash16flash_bwd_kernelEm", FLARE_SIM_COST_FLOPS};
+Kernel k_gelu{"_ZN5flare3sim11gelu_kernelEm", FLARE_SIM_COST_BYTES};
+Kernel k_gelu_bwd{"_ZN5flare3sim15gelu_bwd_kernelEm", FLARE_SIM_COST_BYTES};
+Kernel k_residual{"_ZN5flare3sim19residual_add_kernelEm", FLARE_SIM_COST_BYTES};
+Kernel k_ln_bwd{"_ZN5flare3sim21layer_norm_bwd_kernelEm", FLARE_SIM_COST_BYTES};
+Kernel k_loss{"_ZN5flare3sim18cross_entropy_lossEm", FLARE_SIM_COST_BYTES};
+Kernel k_adam{"_ZN5flare3sim23multi_tensor_apply_adamEm", FLARE_SIM_COST_BYTES};
 
 void registerKernels() {
   static char image[] = "flare-sim-workload";
@@ -69,8 +70,8 @@ void registerKernels() {
 
 void launch(Kernel& k, uint64_t amount, cudaStream_t s) {
   void* args[] = {&amount};
-  check(cudaLaunchKernel(&k.stub, dim3(static_cast<unsigned>(amount / 4096 % 65535 + 1)),
-                         dim3(256), args, 0, s),
+  check(cudaLaunchKernel(&k.stub, dim3(static_cast<unsigned>(amount / 4096 % 65535 + 1)), dim3(256),
+                         args, 0, s),
         k.name);
 }
 
@@ -122,8 +123,10 @@ Stall hostStallFor(int rank) {
       s.ms = ms;
       s.every = every;
     } else if (n < 2 || ms <= 0 || every <= 0) {
-      std::fprintf(stderr, "flare-sim: FLARE_SIM_HOST_STALL entry '%s' is not RANK:MS[:EVERY]; "
-                           "ignored\n", e.c_str());
+      std::fprintf(stderr,
+                   "flare-sim: FLARE_SIM_HOST_STALL entry '%s' is not RANK:MS[:EVERY]; "
+                   "ignored\n",
+                   e.c_str());
     }
     if (end == std::string::npos) break;
     pos = end + 1;
@@ -208,8 +211,8 @@ std::vector<StepResult> run(const Options& o, void (*on_step)(const StepResult&)
     cublasLtMatrixLayoutCreate(&a, CUDA_R_16BF, m, k, m);
     cublasLtMatrixLayoutCreate(&b, CUDA_R_16BF, n, k, n);
     cublasLtMatrixLayoutCreate(&c, CUDA_R_16BF, m, n, m);
-    check(cublasLtMatmul(lt, lt_desc, &alpha, nullptr, a, nullptr, b, &beta, nullptr, c, nullptr,
-                         c, nullptr, nullptr, 0, compute),
+    check(cublasLtMatmul(lt, lt_desc, &alpha, nullptr, a, nullptr, b, &beta, nullptr, c, nullptr, c,
+                         nullptr, nullptr, 0, compute),
           "cublasLtMatmul");
     cublasLtMatrixLayoutDestroy(a);
     cublasLtMatrixLayoutDestroy(b);
@@ -228,8 +231,7 @@ std::vector<StepResult> run(const Options& o, void (*on_step)(const StepResult&)
     if (!tp_comm) return;
     check(cudaEventRecord(ev_fwd, compute), "record");
     check(cudaStreamWaitEvent(tp_stream, ev_fwd, 0), "wait");
-    check(ncclAllReduce(nullptr, nullptr, act_bytes / 2, ncclBfloat16, ncclSum, tp_comm,
-                        tp_stream),
+    check(ncclAllReduce(nullptr, nullptr, act_bytes / 2, ncclBfloat16, ncclSum, tp_comm, tp_stream),
           "ncclAllReduce(tp)");
     check(cudaEventRecord(ev_tp, tp_stream), "record");
     check(cudaStreamWaitEvent(compute, ev_tp, 0), "wait");
@@ -252,8 +254,10 @@ std::vector<StepResult> run(const Options& o, void (*on_step)(const StepResult&)
     std::this_thread::sleep_for(std::chrono::microseconds(static_cast<int64_t>(o.data_ms * 1000)));
     if (step == skip_step) {
       // Injected: this rank never reaches the step's collectives (stuck on the host).
-      std::fprintf(stderr, "flare-sim: rank %d stuck before step %d's collectives "
-                           "(FLARE_SIM_HANG skip)\n", o.rank, step);
+      std::fprintf(stderr,
+                   "flare-sim: rank %d stuck before step %d's collectives "
+                   "(FLARE_SIM_HANG skip)\n",
+                   o.rank, step);
       while (!flareSimShuttingDown()) std::this_thread::sleep_for(std::chrono::seconds(1));
     }
 
@@ -299,8 +303,8 @@ std::vector<StepResult> run(const Options& o, void (*on_step)(const StepResult&)
       if (dp_comm) {
         check(cudaEventRecord(ev_fwd, compute), "record");
         check(cudaStreamWaitEvent(dp_stream, ev_fwd, 0), "wait");
-        check(ncclAllReduce(nullptr, nullptr, layer_param_bytes / 2, ncclBfloat16, ncclSum,
-                            dp_comm, dp_stream),
+        check(ncclAllReduce(nullptr, nullptr, layer_param_bytes / 2, ncclBfloat16, ncclSum, dp_comm,
+                            dp_stream),
               "ncclAllReduce(dp)");
       }
     }

@@ -1,0 +1,136 @@
+// Interposed CUDA driver calls: cuLaunchKernel, cuLaunchKernelEx, and cuGetProcAddress, which
+// hands out these wrappers so that launches through entry points resolved at run time
+// (Triton, cuBLAS, JIT-compiled code) are still seen. Launches made while another intercepted
+// call is in progress (cuBLAS inside cublasGemmEx) are forwarded untouched (runtime.h).
+#include <cuda.h>
+
+#include <atomic>
+#include <cstring>
+
+#include "src/hook/real.h"
+#include "src/hook/runtime.h"
+#include "src/hook/timed.h"
+
+#define FLARE_EXPORT extern "C" __attribute__((visibility("default")))
+
+namespace flare::hook {
+namespace {
+
+constexpr const char* kLib = "libcuda.so";
+
+using LaunchFn = CUresult (*)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned,
+                              unsigned, unsigned, CUstream, void**, void**);
+using LaunchExFn = CUresult (*)(const CUlaunchConfig*, CUfunction, void**, void**);
+using ProcFn = CUresult (*)(const char*, void**, int, cuuint64_t, CUdriverProcAddressQueryResult*);
+
+struct DriverFns {
+  RealFn<LaunchFn> launchKernel{"cuLaunchKernel", kLib};
+  RealFn<LaunchFn> launchKernelPtsz{"cuLaunchKernel_ptsz", kLib};
+  RealFn<LaunchExFn> launchKernelEx{"cuLaunchKernelEx", kLib};
+  RealFn<LaunchExFn> launchKernelExPtsz{"cuLaunchKernelEx_ptsz", kLib};
+  RealFn<ProcFn> getProcAddress{"cuGetProcAddress_v2", kLib};
+  RealFn<CUresult (*)(const char**, CUfunction)> funcGetName{"cuFuncGetName", kLib};
+};
+DriverFns g_fns;
+
+bool ok(CUresult r) {
+  return r == CUDA_SUCCESS;
+}
+
+std::string driverKernelName(const void* f) {
+  const char* name = nullptr;
+  auto fn = g_fns.funcGetName.get();
+  if (!fn || fn(&name, static_cast<CUfunction>(const_cast<void*>(f))) != CUDA_SUCCESS || !name) {
+    return "kernel@unknown";
+  }
+  return demangle(name);
+}
+
+timing::OpInfo kernelInfo(CUfunction f) {
+  KernelSig ks = kernelSignature(f, driverKernelName);
+  timing::OpInfo op;
+  op.signature_id = ks.id;
+  op.kind = ks.kind;
+  return op;
+}
+
+CUresult launch(LaunchFn real, CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+                unsigned by, unsigned bz, unsigned shmem, CUstream stream, void** params,
+                void** extra) {
+  if (!real) return CUDA_ERROR_NOT_INITIALIZED;
+  return timedCall(
+      stream, [&] { return kernelInfo(f); }, ok,
+      [&] { return real(f, gx, gy, gz, bx, by, bz, shmem, stream, params, extra); });
+}
+
+CUresult launchEx(LaunchExFn real, const CUlaunchConfig* config, CUfunction f, void** params,
+                  void** extra) {
+  if (!real) return CUDA_ERROR_NOT_INITIALIZED;
+  return timedCall(
+      config ? config->hStream : nullptr, [&] { return kernelInfo(f); }, ok,
+      [&] { return real(config, f, params, extra); });
+}
+
+}  // namespace
+}  // namespace flare::hook
+
+using namespace flare::hook;  // NOLINT: the exported wrappers below
+
+FLARE_EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz,
+                                     unsigned bx, unsigned by, unsigned bz, unsigned shmem,
+                                     CUstream stream, void** params, void** extra) {
+  return launch(g_fns.launchKernel.get(), f, gx, gy, gz, bx, by, bz, shmem, stream, params, extra);
+}
+
+FLARE_EXPORT CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, unsigned gz,
+                                          unsigned bx, unsigned by, unsigned bz, unsigned shmem,
+                                          CUstream stream, void** params, void** extra) {
+  return launch(g_fns.launchKernelPtsz.get(), f, gx, gy, gz, bx, by, bz, shmem, stream, params,
+                extra);
+}
+
+FLARE_EXPORT CUresult cuLaunchKernelEx(const CUlaunchConfig* config, CUfunction f, void** params,
+                                       void** extra) {
+  return launchEx(g_fns.launchKernelEx.get(), config, f, params, extra);
+}
+
+FLARE_EXPORT CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig* config, CUfunction f,
+                                            void** params, void** extra) {
+  return launchEx(g_fns.launchKernelExPtsz.get(), config, f, params, extra);
+}
+
+// Entry points resolved at run time come back as our wrappers. The real pointer the driver
+// returned is remembered per variant (default or per-thread default stream) so that each
+// wrapper forwards to exactly what the caller asked for.
+FLARE_EXPORT CUresult cuGetProcAddress_v2(const char* symbol, void** pfn, int version,
+                                          cuuint64_t flags,
+                                          CUdriverProcAddressQueryResult* status) {
+  auto real = g_fns.getProcAddress.get();
+  if (!real) return CUDA_ERROR_NOT_INITIALIZED;
+  CUresult r = real(symbol, pfn, version, flags, status);
+  if (r != CUDA_SUCCESS || !symbol || !pfn || !*pfn) return r;
+  const bool ptsz = (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) != 0;
+  if (std::strcmp(symbol, "cuLaunchKernel") == 0) {
+    auto& slot = ptsz ? g_fns.launchKernelPtsz : g_fns.launchKernel;
+    if (*pfn != reinterpret_cast<void*>(ptsz ? &cuLaunchKernel_ptsz : &cuLaunchKernel)) {
+      slot.set(*pfn);
+    }
+    *pfn = reinterpret_cast<void*>(ptsz ? &cuLaunchKernel_ptsz : &cuLaunchKernel);
+  } else if (std::strcmp(symbol, "cuLaunchKernelEx") == 0) {
+    auto& slot = ptsz ? g_fns.launchKernelExPtsz : g_fns.launchKernelEx;
+    if (*pfn != reinterpret_cast<void*>(ptsz ? &cuLaunchKernelEx_ptsz : &cuLaunchKernelEx)) {
+      slot.set(*pfn);
+    }
+    *pfn = reinterpret_cast<void*>(ptsz ? &cuLaunchKernelEx_ptsz : &cuLaunchKernelEx);
+  } else if (std::strcmp(symbol, "cuGetProcAddress") == 0) {
+    *pfn = reinterpret_cast<void*>(&cuGetProcAddress_v2);
+  }
+  return r;
+}
+
+#undef cuGetProcAddress
+// The pre-12.0 entry point (no status argument).
+FLARE_EXPORT CUresult cuGetProcAddress(const char* symbol, void** pfn, int version,
+                                       cuuint64_t flags) {
+  return cuGetProcAddress_v2(symbol, pfn, version, flags, nullptr);
+}

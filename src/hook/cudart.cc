@@ -1,0 +1,183 @@
+// Interposed CUDA runtime calls: kernel launches, graph launches, async copies/sets (timed on
+// the GPU), and the synchronization calls (recorded as host spans: they are what kernel-issue
+// stalls are made of).
+#include <cuda_runtime_api.h>
+
+#include <cstring>
+
+#include "src/common/clock.h"
+#include "src/hook/real.h"
+#include "src/hook/runtime.h"
+#include "src/hook/timed.h"
+
+#define FLARE_EXPORT extern "C" __attribute__((visibility("default")))
+
+namespace flare::hook {
+namespace {
+
+constexpr const char* kLib = "libcudart.so";
+
+// The real runtime entry points, resolved on first use.
+struct CudartFns {
+  RealFn<cudaError_t (*)(const void*, dim3, dim3, void**, size_t, cudaStream_t)> launchKernel{
+      "cudaLaunchKernel", kLib};
+  RealFn<cudaError_t (*)(const cudaLaunchConfig_t*, const void*, void**)> launchKernelExC{
+      "cudaLaunchKernelExC", kLib};
+  RealFn<cudaError_t (*)(const void*, dim3, dim3, void**, size_t, cudaStream_t)>
+      launchCooperativeKernel{"cudaLaunchCooperativeKernel", kLib};
+  RealFn<cudaError_t (*)(cudaGraphExec_t, cudaStream_t)> graphLaunch{"cudaGraphLaunch", kLib};
+  RealFn<cudaError_t (*)(void*, const void*, size_t, cudaMemcpyKind, cudaStream_t)> memcpyAsync{
+      "cudaMemcpyAsync", kLib};
+  RealFn<cudaError_t (*)(void*, int, size_t, cudaStream_t)> memsetAsync{"cudaMemsetAsync", kLib};
+  RealFn<cudaError_t (*)()> deviceSynchronize{"cudaDeviceSynchronize", kLib};
+  RealFn<cudaError_t (*)(cudaStream_t)> streamSynchronize{"cudaStreamSynchronize", kLib};
+  RealFn<cudaError_t (*)(cudaEvent_t)> eventSynchronize{"cudaEventSynchronize", kLib};
+  RealFn<cudaError_t (*)(cudaStream_t, cudaEvent_t, unsigned)> streamWaitEvent{
+      "cudaStreamWaitEvent", kLib};
+  RealFn<cudaError_t (*)(const char**, const void*)> funcGetName{"cudaFuncGetName", kLib};
+};
+CudartFns g_fns;
+
+bool ok(cudaError_t e) {
+  return e == cudaSuccess;
+}
+
+std::string runtimeKernelName(const void* func) {
+  const char* name = nullptr;
+  auto fn = g_fns.funcGetName.get();
+  if (!fn || fn(&name, func) != cudaSuccess || !name) return "kernel@unknown";
+  return demangle(name);
+}
+
+timing::OpInfo kernelInfo(const void* func) {
+  KernelSig ks = kernelSignature(func, runtimeKernelName);
+  timing::OpInfo op;
+  op.signature_id = ks.id;
+  op.kind = ks.kind;
+  return op;
+}
+
+timing::OpInfo namedInfo(const char* name, timing::OpKind kind, uint64_t bytes) {
+  timing::OpInfo op;
+  op.signature_id = signatureFor(hashBytes(name, std::strlen(name)), [&] {
+    timing::Signature s;
+    s.name = name;
+    s.kind = kind;
+    return s;
+  });
+  op.kind = kind;
+  op.bytes = bytes;
+  return op;
+}
+
+const char* copyName(cudaMemcpyKind kind) {
+  switch (kind) {
+    case cudaMemcpyHostToDevice:
+      return "Memcpy HtoD";
+    case cudaMemcpyDeviceToHost:
+      return "Memcpy DtoH";
+    case cudaMemcpyDeviceToDevice:
+      return "Memcpy DtoD";
+    case cudaMemcpyHostToHost:
+      return "Memcpy HtoH";
+    default:
+      return "Memcpy Default";
+  }
+}
+
+// A synchronization call: a host span from entry to return.
+template <typename Call>
+cudaError_t hostSpan(const char* name, Call&& call) {
+  Guard guard;
+  timing::Tracer* t = guard.outer ? tracer() : nullptr;
+  if (!t) return call();
+  const int64_t start = common::monotonicNs();
+  cudaError_t r = call();
+  const int64_t end = common::monotonicNs();
+  timing::OpInfo op = namedInfo(name, timing::OpKind::kSync, 0);
+  if (op.signature_id) t->hostSpan(op, start, end);
+  return r;
+}
+
+}  // namespace
+}  // namespace flare::hook
+
+using namespace flare::hook;  // NOLINT: the exported wrappers below
+
+FLARE_EXPORT cudaError_t cudaLaunchKernel(const void* func, dim3 grid, dim3 block, void** args,
+                                          size_t shmem, cudaStream_t stream) {
+  auto real = g_fns.launchKernel.get();
+  if (!real) return cudaErrorInsufficientDriver;
+  return timedCall(
+      stream, [&] { return kernelInfo(func); }, ok,
+      [&] { return real(func, grid, block, args, shmem, stream); });
+}
+
+FLARE_EXPORT cudaError_t cudaLaunchKernelExC(const cudaLaunchConfig_t* config, const void* func,
+                                             void** args) {
+  auto real = g_fns.launchKernelExC.get();
+  if (!real) return cudaErrorInsufficientDriver;
+  return timedCall(
+      config ? config->stream : nullptr, [&] { return kernelInfo(func); }, ok,
+      [&] { return real(config, func, args); });
+}
+
+FLARE_EXPORT cudaError_t cudaLaunchCooperativeKernel(const void* func, dim3 grid, dim3 block,
+                                                     void** args, size_t shmem,
+                                                     cudaStream_t stream) {
+  auto real = g_fns.launchCooperativeKernel.get();
+  if (!real) return cudaErrorInsufficientDriver;
+  return timedCall(
+      stream, [&] { return kernelInfo(func); }, ok,
+      [&] { return real(func, grid, block, args, shmem, stream); });
+}
+
+FLARE_EXPORT cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t stream) {
+  auto real = g_fns.graphLaunch.get();
+  if (!real) return cudaErrorInsufficientDriver;
+  return timedCall(
+      stream, [&] { return namedInfo("cudaGraphLaunch", flare::timing::OpKind::kGraph, 0); }, ok,
+      [&] { return real(exec, stream); });
+}
+
+FLARE_EXPORT cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t count,
+                                         cudaMemcpyKind kind, cudaStream_t stream) {
+  auto real = g_fns.memcpyAsync.get();
+  if (!real) return cudaErrorInsufficientDriver;
+  return timedCall(
+      stream, [&] { return namedInfo(copyName(kind), flare::timing::OpKind::kMemcpy, count); }, ok,
+      [&] { return real(dst, src, count, kind, stream); });
+}
+
+FLARE_EXPORT cudaError_t cudaMemsetAsync(void* ptr, int value, size_t count, cudaStream_t stream) {
+  auto real = g_fns.memsetAsync.get();
+  if (!real) return cudaErrorInsufficientDriver;
+  return timedCall(
+      stream, [&] { return namedInfo("Memset", flare::timing::OpKind::kMemset, count); }, ok,
+      [&] { return real(ptr, value, count, stream); });
+}
+
+FLARE_EXPORT cudaError_t cudaDeviceSynchronize(void) {
+  auto real = g_fns.deviceSynchronize.get();
+  if (!real) return cudaErrorInsufficientDriver;
+  return hostSpan("cudaDeviceSynchronize", [&] { return real(); });
+}
+
+FLARE_EXPORT cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
+  auto real = g_fns.streamSynchronize.get();
+  if (!real) return cudaErrorInsufficientDriver;
+  return hostSpan("cudaStreamSynchronize", [&] { return real(stream); });
+}
+
+FLARE_EXPORT cudaError_t cudaEventSynchronize(cudaEvent_t event) {
+  auto real = g_fns.eventSynchronize.get();
+  if (!real) return cudaErrorInsufficientDriver;
+  return hostSpan("cudaEventSynchronize", [&] { return real(event); });
+}
+
+FLARE_EXPORT cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event,
+                                             unsigned int flags) {
+  auto real = g_fns.streamWaitEvent.get();
+  if (!real) return cudaErrorInsufficientDriver;
+  return hostSpan("cudaStreamWaitEvent", [&] { return real(stream, event, flags); });
+}

@@ -1,0 +1,268 @@
+#include "src/hook/runtime.h"
+
+#include <cxxabi.h>
+#include <pthread.h>
+#include <unistd.h>
+
+#include <cuda_runtime_api.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <unordered_map>
+
+#include "src/common/clock.h"
+#include "src/common/config.h"
+#include "src/common/identity.h"
+#include "src/common/log.h"
+#include "src/hook/real.h"
+#include "src/timing/spool_sink.h"
+
+namespace flare::hook {
+
+thread_local int t_depth = 0;
+
+namespace {
+
+constexpr const char* kCudart = "libcudart.so";
+
+// The runtime's entry points the timing layer needs: never interposed by the hook.
+struct CudartFns {
+  RealFn<cudaError_t (*)(cudaEvent_t*, unsigned)> eventCreateWithFlags{"cudaEventCreateWithFlags",
+                                                                       kCudart};
+  RealFn<cudaError_t (*)(cudaEvent_t)> eventDestroy{"cudaEventDestroy", kCudart};
+  RealFn<cudaError_t (*)(cudaEvent_t, cudaStream_t)> eventRecord{"cudaEventRecord", kCudart};
+  RealFn<cudaError_t (*)(cudaEvent_t)> eventQuery{"cudaEventQuery", kCudart};
+  RealFn<cudaError_t (*)(float*, cudaEvent_t, cudaEvent_t)> eventElapsed{"cudaEventElapsedTime",
+                                                                         kCudart};
+  RealFn<cudaError_t (*)(cudaStream_t, cudaStreamCaptureStatus*)> isCapturing{
+      "cudaStreamIsCapturing", kCudart};
+  RealFn<cudaError_t (*)(int*)> getDevice{"cudaGetDevice", kCudart};
+  RealFn<cudaError_t (*)()> getLastError{"cudaGetLastError", kCudart};
+  RealFn<cudaError_t (*)(int)> setDevice{"cudaSetDevice", kCudart};
+  RealFn<cudaError_t (*)(cudaStream_t*, unsigned)> streamCreateWithFlags{
+      "cudaStreamCreateWithFlags", kCudart};
+};
+CudartFns g_cudart;
+
+// DeviceTimer on the real CUDA runtime.
+class CudaDeviceTimer final : public timing::DeviceTimer {
+ public:
+  bool ready() {
+    return g_cudart.eventCreateWithFlags.get() && g_cudart.eventDestroy.get() &&
+           g_cudart.eventRecord.get() && g_cudart.eventQuery.get() && g_cudart.eventElapsed.get() &&
+           g_cudart.isCapturing.get() && g_cudart.getDevice.get();
+  }
+  bool createEvent(void** event) override {
+    cudaEvent_t e = nullptr;
+    if (g_cudart.eventCreateWithFlags.get()(&e, cudaEventDefault) != cudaSuccess) return false;
+    *event = e;
+    return true;
+  }
+  void destroyEvent(void* event) override {
+    g_cudart.eventDestroy.get()(static_cast<cudaEvent_t>(event));
+  }
+  bool recordEvent(void* event, void* stream) override {
+    return g_cudart.eventRecord.get()(static_cast<cudaEvent_t>(event),
+                                      static_cast<cudaStream_t>(stream)) == cudaSuccess;
+  }
+  Status queryEvent(void* event) override {
+    cudaError_t e = g_cudart.eventQuery.get()(static_cast<cudaEvent_t>(event));
+    if (e == cudaSuccess) return Status::kReady;
+    if (e == cudaErrorNotReady) return Status::kNotReady;
+    return Status::kError;
+  }
+  bool elapsedNs(void* from, void* to, int64_t* ns) override {
+    float ms = 0;
+    if (g_cudart.eventElapsed.get()(&ms, static_cast<cudaEvent_t>(from),
+                                    static_cast<cudaEvent_t>(to)) != cudaSuccess) {
+      return false;
+    }
+    *ns = static_cast<int64_t>(static_cast<double>(ms) * 1e6);
+    return true;
+  }
+  bool isCapturing(void* stream) override {
+    cudaStreamCaptureStatus s = cudaStreamCaptureStatusNone;
+    if (g_cudart.isCapturing.get()(static_cast<cudaStream_t>(stream), &s) != cudaSuccess) {
+      // Querying a legacy-stream capture state while another stream captures in global mode
+      // is itself an error: treat as capturing, record nothing.
+      return true;
+    }
+    return s != cudaStreamCaptureStatusNone;
+  }
+  uint64_t streamId(void* stream) override {
+    auto v = reinterpret_cast<uintptr_t>(stream);
+    return v == reinterpret_cast<uintptr_t>(cudaStreamLegacy) ? 0 : v;
+  }
+  int currentDevice() override {
+    int d = 0;
+    g_cudart.getDevice.get()(&d);
+    return d;
+  }
+  // Poller thread only: a private non-blocking stream per device carries the reference.
+  bool recordReference(int device, void** event) override {
+    auto set = g_cudart.setDevice.get();
+    auto create = g_cudart.streamCreateWithFlags.get();
+    if (!set || !create || device < 0 || device >= kMaxDevices) return false;
+    int previous = currentDevice();
+    if (previous != device && set(device) != cudaSuccess) return false;
+    bool ok = true;
+    if (!ref_streams_[device]) {
+      ok = create(&ref_streams_[device], cudaStreamNonBlocking) == cudaSuccess;
+    }
+    ok = ok && createEvent(event);
+    if (ok && !recordEvent(*event, ref_streams_[device])) {
+      destroyEvent(*event);
+      ok = false;
+    }
+    if (previous != device) set(previous);
+    return ok;
+  }
+
+ private:
+  static constexpr int kMaxDevices = 64;
+  cudaStream_t ref_streams_[kMaxDevices] = {};
+};
+
+struct State {
+  std::unique_ptr<CudaDeviceTimer> timer;
+  std::unique_ptr<timing::SpoolSink> sink;
+  std::unique_ptr<timing::Tracer> tracer;
+};
+
+std::atomic<timing::Tracer*> g_tracer{nullptr};
+std::atomic<bool> g_off{false};
+std::once_flag g_init_once;
+pid_t g_init_pid = 0;
+
+void turnOff(const char* why) {
+  g_off.store(true);
+  common::logOnce(common::LogLevel::kWarn, "hook", "hook-off",
+                  "flare: tracing turned off: {}; the job continues untraced", why);
+}
+
+void atForkChild() {
+  // The poller thread does not exist in the child: stop tracing there, quietly.
+  g_off.store(true);
+  if (timing::Tracer* t = g_tracer.load()) t->disableAfterFork();
+}
+
+void atExit() {
+  timing::Tracer* t = g_tracer.load();
+  if (!t || getpid() != g_init_pid) return;
+  // Write out what completed; never hold the exit up for long (a hung stream stays hung).
+  if (!t->drain(1'000'000'000)) {
+    common::logOnce(common::LogLevel::kInfo, "hook", "exit-undrained",
+                    "flare: exiting with GPU work still in flight; unfinished ops not recorded");
+  }
+  g_tracer.store(nullptr);
+}
+
+void init() {
+  if (common::envBool("FLARE_DISABLE", false)) {
+    g_off.store(true);
+    return;
+  }
+  auto* state = new State();  // lives until exit; never destroyed (threads may still run)
+  state->timer = std::make_unique<CudaDeviceTimer>();
+  if (!state->timer->ready()) {
+    turnOff("the CUDA runtime's event functions were not found");
+    return;
+  }
+  const common::Identity id = common::identityFromEnv();
+  common::initLogging(id);
+  std::string dir = common::envString("FLARE_OUTPUT_DIR", "");
+  if (dir.empty()) dir = "/tmp/flare";
+  state->sink = std::make_unique<timing::SpoolSink>(dir, id.job_id, id.rank, id.pid);
+  timing::TracerOptions opts;
+  state->tracer = std::make_unique<timing::Tracer>(state->timer.get(), &common::systemClock(),
+                                                   state->sink.get(), opts);
+  g_init_pid = getpid();
+  pthread_atfork(nullptr, nullptr, atForkChild);
+  std::atexit(atExit);
+  g_tracer.store(state->tracer.get());
+  FLARE_LOG_INFO("hook", "flare: tracing rank {} of job {} into {}/{}/{}", id.rank, id.job_id, dir,
+                 id.job_id, id.rank);
+}
+
+}  // namespace
+
+timing::Tracer* tracer() {
+  if (g_off.load(std::memory_order_relaxed)) return nullptr;
+  if (timing::Tracer* t = g_tracer.load(std::memory_order_acquire)) return t;
+  std::call_once(g_init_once, [] {
+    try {
+      init();
+    } catch (const std::exception& e) {
+      turnOff(e.what());
+    } catch (...) {
+      turnOff("initialization failed");
+    }
+  });
+  return g_off.load() ? nullptr : g_tracer.load(std::memory_order_acquire);
+}
+
+KernelSig kernelSignature(const void* key, std::string (*name_fn)(const void* key)) {
+  thread_local std::unordered_map<const void*, KernelSig> cache;
+  auto it = cache.find(key);
+  if (it != cache.end()) return it->second;
+  timing::Tracer* t = tracer();
+  if (!t) return {};
+  timing::Signature sig;
+  sig.name = name_fn(key);
+  sig.kind = looksLikeAttention(sig.name) ? timing::OpKind::kAttention : timing::OpKind::kKernel;
+  KernelSig ks{t->intern(sig), sig.kind};
+  cache.emplace(key, ks);
+  return ks;
+}
+
+namespace {
+std::unordered_map<uint64_t, uint32_t>& sigCache() {
+  thread_local std::unordered_map<uint64_t, uint32_t> cache;
+  return cache;
+}
+}  // namespace
+
+bool cachedSignature(uint64_t key, uint32_t* id) {
+  auto& c = sigCache();
+  auto it = c.find(key);
+  if (it == c.end()) return false;
+  *id = it->second;
+  return true;
+}
+
+uint32_t internSignature(uint64_t key, const timing::Signature& sig) {
+  timing::Tracer* t = tracer();
+  if (!t) return 0;
+  uint32_t id = t->intern(sig);
+  sigCache().emplace(key, id);
+  return id;
+}
+
+std::string demangle(const char* name) {
+  if (!name) return "?";
+  int status = 0;
+  char* d = abi::__cxa_demangle(name, nullptr, nullptr, &status);
+  if (status != 0 || !d) return name;
+  std::string out(d);
+  std::free(d);
+  return out;
+}
+
+uint64_t hashBytes(const void* data, size_t n, uint64_t seed) {
+  auto* p = static_cast<const unsigned char*>(data);
+  uint64_t h = seed;
+  for (size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 1099511628211ull;
+  return h;
+}
+
+bool looksLikeAttention(const std::string& name) {
+  for (const char* s : {"flash", "fmha", "attention", "sdpa", "Attention"}) {
+    if (name.find(s) != std::string::npos) return true;
+  }
+  return false;
+}
+
+}  // namespace flare::hook

@@ -1,0 +1,157 @@
+// hook_probe: small programs that exercise one behaviour of libflare_hook.so on the simulated
+// stack; tests/python/test_hook.py runs them under LD_PRELOAD and checks the spooled records.
+//
+//   hook_probe alltoall N      N forked ranks, one grouped send/recv all-to-all each, twice
+//   hook_probe procaddress     launches through a cuLaunchKernel pointer from cuGetProcAddress
+//   hook_probe capture         kernels captured into a graph, the graph launched twice
+//   hook_probe hung            a kernel that never finishes on one stream, work on another
+//   hook_probe fork            a child forked between launches (a DataLoader worker)
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cuda.h>
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "src/sim/testing/sim_kernels.h"
+
+namespace {
+
+using flare::sim::testing::launch;
+using flare::sim::testing::SimKernel;
+
+SimKernel& kernel() {
+  static SimKernel k;
+  static bool once =
+      (flare::sim::testing::registerKernel(k, "_Z12probe_kernely", FLARE_SIM_COST_NANOS), true);
+  (void)once;
+  return k;
+}
+
+int allToAll(int n) {
+  ncclUniqueId id;
+  ncclGetUniqueId(&id);
+  std::vector<pid_t> kids;
+  for (int r = 0; r < n; ++r) {
+    pid_t pid = fork();
+    if (pid == 0) {
+      setenv("RANK", std::to_string(r).c_str(), 1);
+      setenv("WORLD_SIZE", std::to_string(n).c_str(), 1);
+      ncclComm_t comm;
+      if (ncclCommInitRank(&comm, n, id, r) != ncclSuccess) _exit(3);
+      cudaStream_t s;
+      cudaStreamCreate(&s);
+      for (int iter = 0; iter < 2; ++iter) {
+        ncclGroupStart();
+        for (int p = 0; p < n; ++p) {
+          if (p == r) continue;
+          ncclSend(nullptr, 1 << 20, ncclFloat32, p, comm, s);
+          ncclRecv(nullptr, 1 << 20, ncclFloat32, p, comm, s);
+        }
+        if (ncclGroupEnd() != ncclSuccess) _exit(4);
+      }
+      cudaStreamSynchronize(s);
+      std::exit(0);
+    }
+    kids.push_back(pid);
+  }
+  int bad = 0;
+  for (pid_t k : kids) {
+    int st = 0;
+    waitpid(k, &st, 0);
+    bad += !(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+  }
+  return bad ? 1 : 0;
+}
+
+int procAddress() {
+  void* p = nullptr;
+  if (cuGetProcAddress("cuLaunchKernel", &p, 12000, CU_GET_PROC_ADDRESS_DEFAULT, nullptr) !=
+      CUDA_SUCCESS) {
+    return 2;
+  }
+  auto launch_fn = reinterpret_cast<decltype(&cuLaunchKernel)>(p);
+  CUmodule mod;
+  cuModuleLoadData(&mod, "jit-image");
+  CUfunction f;
+  cuModuleGetFunction(&f, mod, "triton_poi_fused_add_0");
+  flareSimRegisterKernelCost("triton_poi_fused_add_0", FLARE_SIM_COST_NANOS, 0);
+  for (int i = 0; i < 5; ++i) {
+    uint64_t ns = 100'000;
+    void* params[] = {&ns};
+    if (launch_fn(f, 1, 1, 1, 128, 1, 1, 0, nullptr, params, nullptr) != CUDA_SUCCESS) return 3;
+  }
+  cuCtxSynchronize();
+  return 0;
+}
+
+int capture() {
+  cudaStream_t s;
+  cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+  cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal);
+  for (int i = 0; i < 3; ++i) launch(kernel(), 200'000, s);
+  cudaGraph_t g;
+  if (cudaStreamEndCapture(s, &g) != cudaSuccess) return 2;
+  cudaGraphExec_t e;
+  cudaGraphInstantiate(&e, g, 0);
+  cudaGraphLaunch(e, s);
+  cudaGraphLaunch(e, s);
+  launch(kernel(), 100'000, s);  // one ordinary kernel after the graphs
+  cudaStreamSynchronize(s);
+  return 0;
+}
+
+int hung() {
+  // FLARE_SIM_HANG=0:compute:0 makes the first compute kernel of this process never finish.
+  cudaStream_t stuck, healthy;
+  cudaStreamCreateWithFlags(&stuck, cudaStreamNonBlocking);
+  cudaStreamCreateWithFlags(&healthy, cudaStreamNonBlocking);
+  flareSimSetStep(0);
+  launch(kernel(), 100'000, stuck);
+  for (int i = 0; i < 5; ++i) launch(kernel(), 100'000, healthy);
+  cudaEvent_t done;
+  cudaEventCreate(&done);
+  cudaEventRecord(done, healthy);
+  cudaEventSynchronize(done);
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  return 0;  // exits with the stuck kernel still in flight
+}
+
+int forked() {
+  cudaStream_t s;
+  cudaStreamCreate(&s);
+  for (int i = 0; i < 3; ++i) launch(kernel(), 100'000, s);
+  pid_t pid = fork();
+  if (pid == 0) {
+    // A DataLoader worker: Python/CPU work only, then a normal exit (atexit handlers run).
+    std::printf("child ok\n");
+    std::exit(0);
+  }
+  int st = 0;
+  waitpid(pid, &st, 0);
+  for (int i = 0; i < 3; ++i) launch(kernel(), 100'000, s);
+  cudaStreamSynchronize(s);
+  return WIFEXITED(st) && WEXITSTATUS(st) == 0 ? 0 : 5;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2) return 2;
+  std::string mode = argv[1];
+  if (mode == "alltoall") return allToAll(argc > 2 ? std::atoi(argv[2]) : 4);
+  if (mode == "procaddress") return procAddress();
+  if (mode == "capture") return capture();
+  if (mode == "hung") return hung();
+  if (mode == "fork") return forked();
+  std::fprintf(stderr, "unknown mode %s\n", mode.c_str());
+  return 2;
+}

@@ -1,0 +1,163 @@
+// Timing of GPU work in the background: the interface the hook calls on the launching thread.
+//
+// A wrapper in src/hook calls Tracer::begin() before forwarding a launch (start event recorded
+// on the op's stream), then Tracer::end() after it (end event recorded, the pending op pushed
+// into the calling thread's ring). One background thread (the poller) drains the rings, keeps a
+// FIFO per stream (ops on one stream complete in order; a stuck stream never delays another),
+// queries end events, converts GPU times to the host monotonic clock through a calibration
+// against a reference event, and hands completed ops to a Sink in batches.
+//
+// Hot path contract (begin/end/hostSpan): no heap allocation in steady state, no contended lock,
+// no syscall beyond the two event records, never blocks. When something runs out (event pool,
+// ring), the op is dropped and counted, never waited for.
+//
+// Vendor seam: all CUDA calls go through DeviceTimer, so unit tests replay synthetic times
+// (conventions.md #5). Clock: through common::Clock.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "src/common/clock.h"
+
+namespace flare::timing {
+
+enum class OpKind : uint8_t {
+  kKernel = 1,      // any kernel launch (cudaLaunchKernel, cuLaunchKernel, ...)
+  kGemm = 2,        // cuBLAS / cuBLASLt matmul
+  kAttention = 3,   // attention kernels (registered or recognized by name)
+  kCollective = 4,  // NCCL collective (one record per call, or per group)
+  kP2P = 5,         // NCCL send/recv (a group of them is one record)
+  kMemcpy = 6,
+  kMemset = 7,
+  kGraph = 8,  // cudaGraphLaunch, timed as one unit
+  kSync = 9,   // host span: cudaDeviceSynchronize, cudaStreamSynchronize, ...
+};
+
+// What a record is an instance of; interned to a small integer, sent once per stream.
+struct Signature {
+  std::string name;  // demangled kernel name, "cublasGemmEx", "ncclAllReduce", ...
+  OpKind kind = OpKind::kKernel;
+  std::string dtype;           // "bf16", "f16", "f32", ... ("" when not applicable)
+  std::vector<int64_t> shape;  // GEMM: {m, n, k, batch}; collective: {count}; else empty
+  std::string layout;          // GEMM: "tn lda=.. ldb=.. ldc=.."; collective: op/root; else ""
+};
+
+// Per-op facts the wrapper knows; fixed size, copied into the ring.
+struct OpInfo {
+  uint32_t signature_id = 0;
+  OpKind kind = OpKind::kKernel;
+  uint64_t flops = 0;
+  uint64_t bytes = 0;      // collectives: S of the nccl-tests definitions
+  uint64_t comm_hash = 0;  // collectives: stable communicator identity
+  uint64_t seq = 0;        // collectives: per-communicator sequence number
+  uint32_t nranks = 0;     // collectives: communicator size
+  int32_t peer = -1;       // p2p: peer rank (-1 for groups with several peers)
+};
+
+// A completed op, in host monotonic nanoseconds.
+struct CompletedOp {
+  OpInfo info;
+  uint64_t stream_id = 0;  // stable id of the stream within the process (0 = legacy default)
+  int32_t device = 0;
+  uint32_t thread_id = 0;  // launching thread (gettid)
+  int64_t issue_ns = 0;    // host time of the API call
+  int64_t start_ns = 0;    // GPU start, mapped to host time (kSync: host start)
+  int64_t end_ns = 0;      // GPU end, mapped to host time (kSync: host end)
+};
+
+struct DropCounters {
+  uint64_t ring_full = 0;         // a thread's ring had no room
+  uint64_t events_exhausted = 0;  // the event pool was empty and at its bound
+  uint64_t event_errors = 0;      // an event call failed (that op is lost)
+  uint64_t capturing = 0;         // ops skipped because their stream was being captured
+  uint64_t unfinished = 0;        // ops still pending when the Tracer was destroyed (stuck stream)
+};
+
+// The vendor seam: everything the timing layer asks of the GPU.
+class DeviceTimer {
+ public:
+  enum class Status { kReady, kNotReady, kError };
+  virtual ~DeviceTimer() = default;
+  virtual bool createEvent(void** event) = 0;
+  virtual void destroyEvent(void* event) = 0;
+  virtual bool recordEvent(void* event, void* stream) = 0;
+  virtual Status queryEvent(void* event) = 0;
+  // GPU time from `from` to `to` in ns (both completed).
+  virtual bool elapsedNs(void* from, void* to, int64_t* ns) = 0;
+  virtual bool isCapturing(void* stream) = 0;
+  virtual uint64_t streamId(void* stream) = 0;
+  virtual int currentDevice() = 0;
+  // Clock calibration, called on the poller thread: creates an event on `device` and records it
+  // at once on a stream of that device with no queued work, so that the GPU timestamps it as
+  // soon as it reaches it (its GPU time is then the host time of the call plus launch latency).
+  // The real implementation keeps a private non-blocking stream per device and makes `device`
+  // current around the two calls. Not the legacy stream: work there waits for everything
+  // queued on blocking streams, which would put the reference off by the GPU's queue depth.
+  // The event is released with destroyEvent.
+  virtual bool recordReference(int device, void** event) = 0;
+};
+
+// Where completed ops go (the spool writer, later the gRPC exporter). Called on the poller
+// thread only.
+class Sink {
+ public:
+  virtual ~Sink() = default;
+  virtual void onSignature(uint32_t id, const Signature& sig) = 0;
+  virtual void onOps(std::span<const CompletedOp> ops) = 0;
+  virtual void onDrops(const DropCounters& totals) = 0;
+  virtual void flush() = 0;
+};
+
+struct TracerOptions {
+  size_t ring_capacity = 4096;  // pending ops per launching thread
+  size_t max_events = 65536;    // bound of the event pool (2 per in-flight op)
+  int64_t poll_interval_ns = 1'000'000;
+  int64_t recalibrate_ns = 10'000'000'000;
+};
+
+// Owns the event pool, the rings, the poller thread. Thread-safe as documented per method.
+class Tracer {
+ public:
+  Tracer(DeviceTimer* timer, const common::Clock* clock, Sink* sink, TracerOptions opts);
+  ~Tracer();  // stops the poller, flushes
+  Tracer(const Tracer&) = delete;
+  Tracer& operator=(const Tracer&) = delete;
+
+  // Launching thread. Returns false (and counts why) when the op cannot be timed: the
+  // wrapper then just forwards. `ticket` is opaque storage owned by the caller.
+  // start/end are the Tracer's own event handles (not CUDA events): pass the ticket back
+  // untouched, to end() or cancel() on the thread that called begin().
+  struct Ticket {
+    void* start = nullptr;
+    void* end = nullptr;
+    void* stream = nullptr;
+    int64_t issue_ns = 0;
+  };
+  bool begin(void* stream, Ticket* ticket);
+  void end(Ticket* ticket, const OpInfo& info);
+  // Called instead of end() when the forwarded call failed: returns the events, records nothing.
+  void cancel(Ticket* ticket);
+  // A host-side span (synchronization calls).
+  void hostSpan(const OpInfo& info, int64_t start_ns, int64_t end_ns);
+
+  // Any thread, cold path (locks, allocates): returns the signature's id, assigning one the
+  // first time. Identical signatures get the same id.
+  uint32_t intern(const Signature& sig);
+
+  // Any thread: waits until every op pushed before the call is completed or dropped (or
+  // `timeout_ns` passes), then flushes the sink. Returns true when everything was drained.
+  bool drain(int64_t timeout_ns);
+  DropCounters drops() const;
+  // Called in a forked child: the poller thread does not exist there; disables tracing.
+  void disableAfterFork();
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace flare::timing

@@ -1,0 +1,575 @@
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <map>
+#include <mutex>
+#include <set>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "src/common/clock.h"
+#include "src/timing/fake_device_timer.h"
+#include "src/timing/timing.h"
+
+namespace flare::timing {
+namespace {
+
+using testing::FakeDeviceTimer;
+
+constexpr int64_t kHour = 3'600'000'000'000;
+constexpr int64_t kLongWait = 10'000'000'000;  // drains that must succeed: 10 s of slack
+
+// Streams are opaque pointers; these are never dereferenced.
+void* const kStreamA = reinterpret_cast<void*>(0xA000);
+void* const kStreamB = reinterpret_cast<void*>(0xB000);
+
+// Records what the Tracer hands over, and checks that a signature is announced before the
+// first op that uses it.
+class RecordingSink : public Sink {
+ public:
+  void onSignature(uint32_t id, const Signature& sig) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!sigs_.emplace(id, sig).second) ++violations_;  // announced twice
+  }
+  void onOps(std::span<const CompletedOp> ops) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const CompletedOp& op : ops) {
+      if (op.info.signature_id != 0 && sigs_.count(op.info.signature_id) == 0) ++violations_;
+      ops_.push_back(op);
+    }
+    ++batches_;
+    cv_.notify_all();
+  }
+  void onDrops(const DropCounters& totals) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    drops_.push_back(totals);
+  }
+  void flush() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++flushes_;
+  }
+
+  // Waits (on a condition variable, not a sleep) until `count` ops arrived.
+  bool waitForOps(size_t count, std::chrono::milliseconds timeout = std::chrono::seconds(10)) {
+    std::unique_lock<std::mutex> lock(mu_);
+    return cv_.wait_for(lock, timeout, [&] { return ops_.size() >= count; });
+  }
+  std::vector<CompletedOp> ops() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return ops_;
+  }
+  std::map<uint32_t, Signature> sigs() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return sigs_;
+  }
+  std::vector<DropCounters> drops() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return drops_;
+  }
+  int flushes() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return flushes_;
+  }
+  int violations() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return violations_;
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<CompletedOp> ops_;
+  std::map<uint32_t, Signature> sigs_;
+  std::vector<DropCounters> drops_;
+  int flushes_ = 0;
+  int batches_ = 0;
+  int violations_ = 0;
+};
+
+Signature makeSignature(std::string name, OpKind kind = OpKind::kKernel) {
+  Signature sig;
+  sig.name = std::move(name);
+  sig.kind = kind;
+  return sig;
+}
+
+OpInfo opInfo(uint64_t seq, uint32_t sig = 0, uint64_t flops = 0) {
+  OpInfo info;
+  info.signature_id = sig;
+  info.seq = seq;
+  info.flops = flops;
+  return info;
+}
+
+// Options for tests that drive the poller through drain(): it never polls on its own.
+TracerOptions quietOptions() {
+  TracerOptions opts;
+  opts.poll_interval_ns = kHour;
+  opts.recalibrate_ns = kHour;
+  return opts;
+}
+
+class TracerTest : public ::testing::Test {
+ protected:
+  void TearDown() override { FakeDeviceTimer::setThreadDevice(0); }
+
+  // begin + end on `stream`; returns whether the op was taken.
+  static bool launch(Tracer& tracer, void* stream, const OpInfo& info) {
+    Tracer::Ticket ticket;
+    if (!tracer.begin(stream, &ticket)) return false;
+    tracer.end(&ticket, info);
+    return true;
+  }
+
+  common::FakeClock clock_{1'000'000'000};
+  FakeDeviceTimer timer_{&clock_};
+  RecordingSink sink_;
+};
+
+TEST_F(TracerTest, OpsOfOneStreamComeOutInOrderWithMappedTimes) {
+  const int64_t offset = 5'000'000'000'000;
+  timer_.setGpuOffset(0, offset);
+  Tracer tracer(&timer_, &clock_, &sink_, quietOptions());
+  const uint32_t sig = tracer.intern(makeSignature("gemm", OpKind::kGemm));
+  for (uint64_t i = 0; i < 5; ++i) {
+    clock_.advanceNs(100);
+    ASSERT_TRUE(launch(tracer, kStreamA, opInfo(i, sig)));
+  }
+  for (int64_t i = 0; i < 5; ++i) {
+    ASSERT_TRUE(timer_.completeOp(kStreamA, offset + 2'000'000'000 + i * 1000,
+                                  offset + 2'000'000'000 + i * 1000 + 500));
+  }
+  ASSERT_TRUE(tracer.drain(kLongWait));
+
+  const std::vector<CompletedOp> ops = sink_.ops();
+  ASSERT_EQ(ops.size(), 5u);
+  for (size_t i = 0; i < ops.size(); ++i) {
+    EXPECT_EQ(ops[i].info.seq, i);
+    EXPECT_EQ(ops[i].info.signature_id, sig);
+    EXPECT_EQ(ops[i].stream_id, reinterpret_cast<uintptr_t>(kStreamA));
+    EXPECT_EQ(ops[i].device, 0);
+    EXPECT_EQ(ops[i].thread_id, static_cast<uint32_t>(::gettid()));
+    EXPECT_EQ(ops[i].issue_ns, 1'000'000'000 + 100 * static_cast<int64_t>(i + 1));
+    EXPECT_EQ(ops[i].start_ns, 2'000'000'000 + 1000 * static_cast<int64_t>(i));
+    EXPECT_EQ(ops[i].end_ns, ops[i].start_ns + 500);
+  }
+  EXPECT_EQ(sink_.violations(), 0);
+  EXPECT_THAT(sink_.sigs(), ::testing::SizeIs(1));
+  EXPECT_GE(sink_.flushes(), 1);  // drain flushes
+  EXPECT_EQ(timer_.misuse(), 0);
+}
+
+TEST_F(TracerTest, StuckStreamDoesNotDelayAnotherStream) {
+  TracerOptions opts;
+  opts.poll_interval_ns = 1'000'000;  // the poller runs on its own here
+  Tracer tracer(&timer_, &clock_, &sink_, opts);
+  ASSERT_TRUE(launch(tracer, kStreamA, opInfo(1)));  // A's op never completes (yet)
+  ASSERT_TRUE(launch(tracer, kStreamB, opInfo(2)));
+  ASSERT_TRUE(timer_.completeOp(kStreamB, 10'000, 20'000));
+
+  ASSERT_TRUE(sink_.waitForOps(1));
+  std::vector<CompletedOp> ops = sink_.ops();
+  ASSERT_EQ(ops.size(), 1u);
+  EXPECT_EQ(ops[0].info.seq, 2u);
+  EXPECT_FALSE(tracer.drain(20'000'000));  // A is stuck: drain gives up
+
+  ASSERT_TRUE(timer_.completeOp(kStreamA, 30'000, 40'000));
+  ASSERT_TRUE(tracer.drain(kLongWait));
+  ops = sink_.ops();
+  ASSERT_EQ(ops.size(), 2u);
+  EXPECT_EQ(ops[1].info.seq, 1u);
+}
+
+TEST_F(TracerTest, ClockMappingFollowsRecalibrationAndDevices) {
+  int64_t offset = 7'000'000'000'000;
+  timer_.setGpuOffset(0, offset);
+  timer_.setGpuOffset(1, -400'000'000);  // device 1's clock is behind the host's
+  TracerOptions opts = quietOptions();
+  opts.recalibrate_ns = 10'000'000'000;
+  Tracer tracer(&timer_, &clock_, &sink_, opts);
+
+  // Device 0, first calibration.
+  ASSERT_TRUE(launch(tracer, kStreamA, opInfo(1)));
+  ASSERT_TRUE(timer_.completeOp(kStreamA, offset + 1'500'000'000, offset + 1'500'001'000));
+  ASSERT_TRUE(tracer.drain(kLongWait));
+  EXPECT_EQ(timer_.references(), 1);
+
+  // Device 1 (its own events, its own reference).
+  std::thread other([&] {
+    FakeDeviceTimer::setThreadDevice(1);
+    ASSERT_TRUE(launch(tracer, kStreamB, opInfo(2)));
+  });
+  other.join();
+  ASSERT_TRUE(
+      timer_.completeOp(kStreamB, 1'600'000'000 - 400'000'000, 1'600'002'000 - 400'000'000));
+  ASSERT_TRUE(tracer.drain(kLongWait));
+  EXPECT_EQ(timer_.references(), 2);
+
+  // The GPU clock of device 0 moves against the host's; past recalibrate_ns a new reference
+  // is taken and the old one released.
+  offset += 777'777;
+  timer_.setGpuOffset(0, offset);
+  clock_.advanceNs(opts.recalibrate_ns + 1);
+  ASSERT_TRUE(tracer.drain(kLongWait));  // one pass: records and adopts the new reference
+  EXPECT_GE(timer_.references(), 3);
+  EXPECT_EQ(timer_.liveReferences(), 2);  // one per device
+  ASSERT_TRUE(launch(tracer, kStreamA, opInfo(3)));
+  const int64_t host = clock_.nowNs() + 5'000;
+  ASSERT_TRUE(timer_.completeOp(kStreamA, offset + host, offset + host + 3'000));
+  ASSERT_TRUE(tracer.drain(kLongWait));
+
+  const std::vector<CompletedOp> ops = sink_.ops();
+  ASSERT_EQ(ops.size(), 3u);
+  EXPECT_EQ(ops[0].start_ns, 1'500'000'000);
+  EXPECT_EQ(ops[0].end_ns, 1'500'001'000);
+  EXPECT_EQ(ops[1].device, 1);
+  EXPECT_EQ(ops[1].start_ns, 1'600'000'000);
+  EXPECT_EQ(ops[1].end_ns, 1'600'002'000);
+  EXPECT_EQ(ops[2].start_ns, host);
+  EXPECT_EQ(ops[2].end_ns, host + 3'000);
+  EXPECT_EQ(timer_.misuse(), 0);  // no elapsedNs across devices, no event of the wrong device
+}
+
+TEST_F(TracerTest, OpsWaitForTheFirstReferenceAndOldReferenceServesUntilTheNewCompletes) {
+  int64_t offset = 1'000'000;
+  timer_.setGpuOffset(0, offset);
+  timer_.setHoldReferences(true);
+  TracerOptions opts = quietOptions();
+  opts.recalibrate_ns = 1'000'000'000;
+  Tracer tracer(&timer_, &clock_, &sink_, opts);
+  ASSERT_TRUE(launch(tracer, kStreamA, opInfo(1)));
+  ASSERT_TRUE(timer_.completeOp(kStreamA, offset + 2'000'000'000, offset + 2'000'000'100));
+  EXPECT_FALSE(tracer.drain(30'000'000));  // no completed reference yet: the op waits
+  EXPECT_THAT(sink_.ops(), ::testing::IsEmpty());
+  timer_.releaseReferences();
+  ASSERT_TRUE(tracer.drain(kLongWait));
+  ASSERT_EQ(sink_.ops().size(), 1u);
+  EXPECT_EQ(sink_.ops()[0].start_ns, 2'000'000'000);
+
+  // A recalibration whose reference is still pending: ops keep being mapped with the old one.
+  clock_.advanceNs(opts.recalibrate_ns + 1);
+  ASSERT_TRUE(tracer.drain(kLongWait));
+  EXPECT_EQ(timer_.references(), 2);
+  ASSERT_TRUE(launch(tracer, kStreamA, opInfo(2)));
+  ASSERT_TRUE(timer_.completeOp(kStreamA, offset + 3'000'000'000, offset + 3'000'000'100));
+  ASSERT_TRUE(tracer.drain(kLongWait));
+  ASSERT_EQ(sink_.ops().size(), 2u);
+  EXPECT_EQ(sink_.ops()[1].start_ns, 3'000'000'000);
+  timer_.releaseReferences();
+  EXPECT_EQ(timer_.misuse(), 0);
+}
+
+TEST_F(TracerTest, PoolExhaustionIsCountedNotBlockingAndEventsAreRecycled) {
+  TracerOptions opts = quietOptions();
+  opts.max_events = 4;
+  Tracer tracer(&timer_, &clock_, &sink_, opts);
+  ASSERT_TRUE(launch(tracer, kStreamA, opInfo(1)));
+  ASSERT_TRUE(launch(tracer, kStreamA, opInfo(2)));
+  Tracer::Ticket ticket;
+  EXPECT_FALSE(tracer.begin(kStreamA, &ticket));
+  EXPECT_EQ(tracer.drops().events_exhausted, 1u);
+  EXPECT_EQ(timer_.created(), 4);
+
+  ASSERT_TRUE(timer_.completeOp(kStreamA, 100, 200));
+  ASSERT_TRUE(timer_.completeOp(kStreamA, 300, 400));
+  ASSERT_TRUE(tracer.drain(kLongWait));
+  EXPECT_EQ(sink_.ops().size(), 2u);
+  ASSERT_TRUE(launch(tracer, kStreamA, opInfo(3)));  // events came back
+  ASSERT_TRUE(launch(tracer, kStreamA, opInfo(4)));
+  EXPECT_EQ(timer_.created(), 4);
+  ASSERT_FALSE(sink_.drops().empty());
+  EXPECT_EQ(sink_.drops().back().events_exhausted, 1u);
+}
+
+TEST_F(TracerTest, RingFullIsCountedAndEventsGoBack) {
+  TracerOptions opts = quietOptions();
+  opts.ring_capacity = 4;
+  Tracer tracer(&timer_, &clock_, &sink_, opts);
+  for (uint64_t i = 0; i < 6; ++i) {
+    EXPECT_TRUE(launch(tracer, kStreamA, opInfo(i)));  // never blocks
+  }
+  EXPECT_EQ(tracer.drops().ring_full, 2u);
+  for (int64_t i = 0; i < 4; ++i) ASSERT_TRUE(timer_.completeOp(kStreamA, 100 * i, 100 * i + 50));
+  ASSERT_TRUE(tracer.drain(kLongWait));
+  const std::vector<CompletedOp> ops = sink_.ops();
+  ASSERT_EQ(ops.size(), 4u);
+  for (size_t i = 0; i < ops.size(); ++i) EXPECT_EQ(ops[i].info.seq, i);
+  ASSERT_FALSE(sink_.drops().empty());
+  EXPECT_EQ(sink_.drops().back().ring_full, 2u);
+  // The dropped ops' events were reused: 6 more launches need no new events beyond the chunk.
+  const int64_t created = timer_.created();
+  for (uint64_t i = 0; i < 4; ++i) EXPECT_TRUE(launch(tracer, kStreamA, opInfo(10 + i)));
+  EXPECT_EQ(timer_.created(), created);
+}
+
+TEST_F(TracerTest, CaptureIsSkippedAndCounted) {
+  Tracer tracer(&timer_, &clock_, &sink_, quietOptions());
+  timer_.setCapturing(kStreamA, true);
+  Tracer::Ticket ticket;
+  EXPECT_FALSE(tracer.begin(kStreamA, &ticket));
+  EXPECT_EQ(tracer.drops().capturing, 1u);
+  EXPECT_EQ(timer_.recorded(), 0);  // nothing recorded into the graph being captured
+  EXPECT_EQ(timer_.created(), 0);
+  EXPECT_TRUE(launch(tracer, kStreamB, opInfo(1)));  // other streams are timed
+}
+
+TEST_F(TracerTest, CancelReturnsTheEvents) {
+  TracerOptions opts = quietOptions();
+  opts.max_events = 2;
+  Tracer tracer(&timer_, &clock_, &sink_, opts);
+  for (int i = 0; i < 100; ++i) {
+    Tracer::Ticket ticket;
+    ASSERT_TRUE(tracer.begin(kStreamA, &ticket)) << i;
+    tracer.cancel(&ticket);
+    EXPECT_EQ(ticket.start, nullptr);
+  }
+  EXPECT_EQ(timer_.created(), 2);
+  EXPECT_EQ(tracer.drops().events_exhausted, 0u);
+  ASSERT_TRUE(tracer.drain(kLongWait));
+  EXPECT_THAT(sink_.ops(), ::testing::IsEmpty());
+}
+
+TEST_F(TracerTest, EventErrorsDropOnlyTheirOp) {
+  Tracer tracer(&timer_, &clock_, &sink_, quietOptions());
+  timer_.setFailRecord(true);
+  Tracer::Ticket ticket;
+  EXPECT_FALSE(tracer.begin(kStreamA, &ticket));
+  EXPECT_EQ(tracer.drops().event_errors, 1u);
+  timer_.setFailRecord(false);
+
+  ASSERT_TRUE(launch(tracer, kStreamA, opInfo(1)));
+  ASSERT_TRUE(launch(tracer, kStreamA, opInfo(2)));
+  ASSERT_TRUE(timer_.completeNext(kStreamA, 100));
+  ASSERT_TRUE(timer_.completeNext(kStreamA, 0, /*error=*/true));  // op 1's end event fails
+  ASSERT_TRUE(timer_.completeOp(kStreamA, 300, 400));
+  ASSERT_TRUE(tracer.drain(kLongWait));
+  const std::vector<CompletedOp> ops = sink_.ops();
+  ASSERT_EQ(ops.size(), 1u);
+  EXPECT_EQ(ops[0].info.seq, 2u);
+  EXPECT_EQ(tracer.drops().event_errors, 2u);
+}
+
+TEST_F(TracerTest, CalibrationThatKeepsFailingDropsTheDevicesOps) {
+  timer_.setFailReference(true);
+  Tracer tracer(&timer_, &clock_, &sink_, quietOptions());
+  ASSERT_TRUE(launch(tracer, kStreamA, opInfo(1)));
+  ASSERT_TRUE(timer_.completeOp(kStreamA, 100, 200));
+  // Each drain is at least one pass; the device is given up on after a few failed attempts.
+  bool drained = false;
+  for (int i = 0; i < 10 && !drained; ++i) drained = tracer.drain(50'000'000);
+  EXPECT_TRUE(drained);
+  EXPECT_THAT(sink_.ops(), ::testing::IsEmpty());
+  EXPECT_EQ(tracer.drops().event_errors, 1u);
+}
+
+TEST_F(TracerTest, HostSpansCompleteAtOnce) {
+  Tracer tracer(&timer_, &clock_, &sink_, quietOptions());
+  OpInfo info = opInfo(9);
+  info.kind = OpKind::kSync;
+  tracer.hostSpan(info, 1'000, 5'000);
+  ASSERT_TRUE(tracer.drain(kLongWait));
+  const std::vector<CompletedOp> ops = sink_.ops();
+  ASSERT_EQ(ops.size(), 1u);
+  EXPECT_EQ(ops[0].info.kind, OpKind::kSync);
+  EXPECT_EQ(ops[0].issue_ns, 1'000);
+  EXPECT_EQ(ops[0].start_ns, 1'000);
+  EXPECT_EQ(ops[0].end_ns, 5'000);
+  EXPECT_EQ(ops[0].stream_id, 0u);
+  EXPECT_EQ(timer_.created(), 0);
+}
+
+TEST_F(TracerTest, DrainWaitsForLaterCompletions) {
+  Tracer tracer(&timer_, &clock_, &sink_, quietOptions());
+  EXPECT_TRUE(tracer.drain(kLongWait));  // nothing pending
+  ASSERT_TRUE(launch(tracer, kStreamA, opInfo(1)));
+  EXPECT_FALSE(tracer.drain(0));
+  const int flushes = sink_.flushes();
+
+  std::atomic<bool> result{false};
+  std::thread waiter([&] { result = tracer.drain(kLongWait); });
+  ASSERT_TRUE(timer_.completeOp(kStreamA, 100, 200));
+  waiter.join();
+  EXPECT_TRUE(result.load());
+  EXPECT_EQ(sink_.ops().size(), 1u);
+  EXPECT_GT(sink_.flushes(), flushes);
+}
+
+TEST_F(TracerTest, ThreadThatExitsBeforeItsOpsCompleteIsDrainedAndReleased) {
+  TracerOptions opts = quietOptions();
+  opts.max_events = 4;
+  Tracer tracer(&timer_, &clock_, &sink_, opts);
+  uint32_t worker_tid = 0;
+  std::thread worker([&] {
+    worker_tid = static_cast<uint32_t>(::gettid());
+    ASSERT_TRUE(launch(tracer, kStreamA, opInfo(1)));  // takes all 4 events into its cache
+  });
+  worker.join();
+  ASSERT_TRUE(timer_.completeOp(kStreamA, 100, 200));
+  ASSERT_TRUE(tracer.drain(kLongWait));
+  const std::vector<CompletedOp> ops = sink_.ops();
+  ASSERT_EQ(ops.size(), 1u);
+  EXPECT_EQ(ops[0].thread_id, worker_tid);
+  // The op's two events and the two the dead thread had cached are all back in the pool.
+  Tracer::Ticket first;
+  Tracer::Ticket second;
+  ASSERT_TRUE(tracer.begin(kStreamB, &first));
+  ASSERT_TRUE(tracer.begin(kStreamB, &second));
+  tracer.cancel(&first);
+  tracer.cancel(&second);
+  EXPECT_EQ(timer_.created(), 4);
+  EXPECT_EQ(tracer.drops().events_exhausted, 0u);
+}
+
+TEST_F(TracerTest, DestructorDoesNotWaitForAStuckStream) {
+  {
+    Tracer tracer(&timer_, &clock_, &sink_, quietOptions());
+    ASSERT_TRUE(launch(tracer, kStreamA, opInfo(1)));
+    ASSERT_TRUE(launch(tracer, kStreamB, opInfo(2)));
+    ASSERT_TRUE(timer_.completeOp(kStreamB, 100, 200));
+  }                                   // A never completes
+  ASSERT_EQ(sink_.ops().size(), 1u);  // what was ready went out
+  ASSERT_FALSE(sink_.drops().empty());
+  EXPECT_EQ(sink_.drops().back().unfinished, 1u);
+  EXPECT_GE(sink_.flushes(), 1);
+  EXPECT_EQ(timer_.live(), 0);  // every event and reference destroyed
+  EXPECT_EQ(timer_.misuse(), 0);
+}
+
+TEST_F(TracerTest, InternGivesStableIdsFromOne) {
+  Tracer tracer(&timer_, &clock_, &sink_, quietOptions());
+  const Signature gemm{.name = "gemm",
+                       .kind = OpKind::kGemm,
+                       .dtype = "bf16",
+                       .shape = {128, 256, 64, 1},
+                       .layout = "tn"};
+  Signature other = gemm;
+  other.shape = {128, 256, 64, 2};
+  Signature tricky = gemm;
+  tricky.shape = {};
+  EXPECT_EQ(tracer.intern(gemm), 1u);
+  EXPECT_EQ(tracer.intern(other), 2u);
+  EXPECT_EQ(tracer.intern(gemm), 1u);
+  EXPECT_EQ(tracer.intern(tricky), 3u);
+  ASSERT_TRUE(tracer.drain(kLongWait));
+  const auto sigs = sink_.sigs();
+  ASSERT_EQ(sigs.size(), 3u);
+  EXPECT_EQ(sigs.at(2).shape, other.shape);
+}
+
+TEST_F(TracerTest, ManyThreadsLoseNothingAndAgreeOnIds) {
+  constexpr int kThreads = 8;
+  constexpr int kOpsPerThread = 10'000;
+  constexpr int kSignatures = 50;
+  void* const streams[] = {kStreamA, kStreamB, reinterpret_cast<void*>(0xC000),
+                           reinterpret_cast<void*>(0xD000)};
+  timer_.setAutoComplete(true);
+  TracerOptions opts;
+  opts.poll_interval_ns = 200'000;
+  opts.ring_capacity = kOpsPerThread;  // no ring_full by construction
+  // No exhaustion by construction, even if no event were ever recycled: two per op plus what
+  // each thread may hold in its cache.
+  opts.max_events = size_t{kThreads} * (2 * kOpsPerThread + 64);
+  Tracer tracer(&timer_, &clock_, &sink_, opts);
+
+  std::vector<std::vector<uint32_t>> ids(kThreads, std::vector<uint32_t>(kSignatures));
+  std::vector<std::thread> threads;
+  threads.reserve(kThreads);
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (int k = 0; k < kSignatures; ++k) {
+        const int s = (k + 7 * t) % kSignatures;  // each thread interns in its own order
+        ids[t][s] = tracer.intern(makeSignature("kernel" + std::to_string(s)));
+      }
+      for (int i = 0; i < kOpsPerThread; ++i) {
+        ASSERT_TRUE(launch(tracer, streams[(i / 3) % 4],
+                           opInfo(i, ids[t][i % kSignatures], static_cast<uint64_t>(t))));
+      }
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  ASSERT_TRUE(tracer.drain(60'000'000'000));
+
+  for (int t = 1; t < kThreads; ++t) EXPECT_EQ(ids[t], ids[0]);
+  std::set<uint32_t> distinct(ids[0].begin(), ids[0].end());
+  EXPECT_EQ(distinct.size(), static_cast<size_t>(kSignatures));
+  EXPECT_EQ(*distinct.begin(), 1u);
+  EXPECT_EQ(*distinct.rbegin(), static_cast<uint32_t>(kSignatures));
+
+  const std::vector<CompletedOp> ops = sink_.ops();
+  ASSERT_EQ(ops.size(), static_cast<size_t>(kThreads * kOpsPerThread));
+  std::vector<std::vector<int>> seen(kThreads, std::vector<int>(kOpsPerThread, 0));
+  std::map<std::pair<uint64_t, uint64_t>, int64_t> last_seq;  // (thread, stream) → seq
+  for (const CompletedOp& op : ops) {
+    const auto t = op.info.flops;
+    ASSERT_LT(t, static_cast<uint64_t>(kThreads));
+    ASSERT_LT(op.info.seq, static_cast<uint64_t>(kOpsPerThread));
+    ++seen[t][op.info.seq];
+    EXPECT_EQ(op.info.signature_id, ids[0][op.info.seq % kSignatures]);
+    auto [it, fresh] = last_seq.try_emplace({t, op.stream_id}, -1);
+    EXPECT_LT(it->second, static_cast<int64_t>(op.info.seq)) << "out of order on a stream";
+    it->second = static_cast<int64_t>(op.info.seq);
+    EXPECT_LE(op.start_ns, op.end_ns);
+  }
+  for (int t = 0; t < kThreads; ++t) {
+    for (int i = 0; i < kOpsPerThread; ++i) ASSERT_EQ(seen[t][i], 1) << t << "/" << i;
+  }
+  const DropCounters drops = tracer.drops();
+  EXPECT_EQ(drops.ring_full + drops.events_exhausted + drops.event_errors, 0u);
+  EXPECT_EQ(sink_.violations(), 0);
+  EXPECT_EQ(sink_.sigs().size(), static_cast<size_t>(kSignatures));
+  EXPECT_EQ(timer_.misuse(), 0);
+}
+
+TEST_F(TracerTest, ForkedChildIsDisabled) {
+  Tracer tracer(&timer_, &clock_, &sink_, quietOptions());
+  ASSERT_TRUE(launch(tracer, kStreamA, opInfo(1)));
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    tracer.disableAfterFork();
+    Tracer::Ticket ticket;
+    const bool ok = !tracer.begin(kStreamA, &ticket) &&
+                    tracer.intern(makeSignature("child")) == 0 && !tracer.drain(0);
+    tracer.hostSpan(opInfo(2), 1, 2);
+    _exit(ok ? 0 : 1);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+  // The parent goes on.
+  ASSERT_TRUE(timer_.completeOp(kStreamA, 100, 200));
+  ASSERT_TRUE(tracer.drain(kLongWait));
+  EXPECT_EQ(sink_.ops().size(), 1u);
+}
+
+TEST_F(TracerTest, SeveralTracersOnOneThread) {
+  RecordingSink other_sink;
+  for (int round = 0; round < 6; ++round) {  // more Tracers than a thread keeps slots for
+    Tracer first(&timer_, &clock_, &sink_, quietOptions());
+    Tracer second(&timer_, &clock_, &other_sink, quietOptions());
+    ASSERT_TRUE(launch(first, kStreamA, opInfo(1)));
+    ASSERT_TRUE(launch(second, kStreamB, opInfo(2)));
+    ASSERT_TRUE(launch(first, kStreamA, opInfo(3)));
+    ASSERT_TRUE(timer_.completeOp(kStreamA, 1, 2));
+    ASSERT_TRUE(timer_.completeOp(kStreamA, 3, 4));
+    ASSERT_TRUE(timer_.completeOp(kStreamB, 5, 6));
+    ASSERT_TRUE(first.drain(kLongWait));
+    ASSERT_TRUE(second.drain(kLongWait));
+  }
+  EXPECT_EQ(sink_.ops().size(), 12u);
+  EXPECT_EQ(other_sink.ops().size(), 6u);
+  EXPECT_EQ(timer_.live(), 0);
+  EXPECT_EQ(timer_.misuse(), 0);
+}
+
+}  // namespace
+}  // namespace flare::timing

@@ -1,0 +1,174 @@
+"""libflare_hook.so on the simulated stack: the records match what the workload did."""
+import collections
+import json
+import os
+import subprocess
+
+import pytest
+
+LAYERS, STEPS, HIDDEN, SEQ, TP = 2, 3, 4096, 2048, 2
+
+
+@pytest.fixture
+def traced(sim_train, build_dir, tmp_path):
+    hook = os.path.join(build_dir, "lib", "libflare_hook.so")
+    if not os.path.exists(hook):
+        pytest.fail("libflare_hook.so not built")
+
+    def run(*extra, ranks=4, env=None):
+        out = tmp_path / "spool"
+        full_env = {"LD_PRELOAD": hook, "FLARE_OUTPUT_DIR": str(out), "FLARE_JOB_ID": "hooktest"}
+        full_env.update(env or {})
+        res = sim_train("--ranks", ranks, "--steps", STEPS, "--layers", LAYERS, "--hidden", HIDDEN,
+                        "--seq", SEQ, "--tp", TP, *extra, env=full_env)
+        assert res.returncode == 0, res.stderr
+        exp = subprocess.run([os.path.join(build_dir, "bin", "flare-export"), "--input", str(out)],
+                             capture_output=True, text=True, timeout=60)
+        assert exp.returncode == 0, exp.stderr
+        return [json.loads(line) for line in exp.stdout.splitlines()], res
+    return run
+
+
+def by_rank(records):
+    out = collections.defaultdict(list)
+    for r in records:
+        out[r["rank"]].append(r)
+    return out
+
+
+@pytest.mark.parametrize("python", [False, True])
+def test_records_match_the_workload(traced, python):
+    records, _ = traced(*(["--python"] if python else []))
+    ranks = by_rank(records)
+    assert sorted(ranks) == [0, 1, 2, 3]
+    for rank, recs in ranks.items():
+        names = collections.Counter(r["name"] for r in recs)
+        # Forward: 4 cublasGemmEx per layer; backward: 4 cublasGemmEx (dgrad) + 4 wgrad, which go
+        # through cuBLASLt in the C++ workload and cublasGemmEx in the Python one.
+        lt = 0 if python else 4
+        assert names["cublasGemmEx"] == (8 + 4 - lt) * LAYERS * STEPS, rank
+        assert names["cublasLtMatmul"] == lt * LAYERS * STEPS, rank
+        # Tensor-parallel all-reduces: 2 forward + 2 backward per layer; data-parallel: 1 per layer.
+        coll = [r for r in recs if r["name"] == "ncclAllReduce"]
+        assert len(coll) == 5 * LAYERS * STEPS, rank
+        # cuBLAS's own kernel launches are not recorded a second time.
+        assert not any(r["name"].startswith("sm90_xmma") for r in recs), rank
+        # Kernel names are demangled.
+        assert names["flare::sim::layer_norm_kernel(void const*, void*, unsigned long)"] == \
+            2 * LAYERS * STEPS
+        flash = [r for r in recs if r["name"] == "flash::flash_fwd_kernel(unsigned long)"]
+        assert len(flash) == LAYERS * STEPS and all(r["kind"] == "attention" for r in flash)
+        assert names["cudaEventSynchronize"] == STEPS  # the per-step loss.item()
+        for r in recs:
+            assert r["end_ns"] >= r["start_ns"] >= r["issue_ns"] - 50_000, r
+
+
+def test_gemm_shapes_flops_and_durations(traced):
+    records, _ = traced()
+    h_tp = HIDDEN // TP
+    qkv = [r for r in records if r["name"] == "cublasGemmEx" and r["shape"] == [3 * h_tp, SEQ, HIDDEN, 1]]
+    assert len(qkv) == 4 * LAYERS * STEPS  # every rank, every layer, every step
+    # The simulator's cost model (gemm_model.h): 3 us + flops / (400 TF * 0.75 * waves).
+    flops = 2 * 3 * h_tp * SEQ * HIDDEN
+    tiles = -(-3 * h_tp // 128) * -(-SEQ // 128)
+    waves = -(-tiles // 132)
+    expected = 3e3 + flops / (400e12 * 0.75 * tiles / (waves * 132)) * 1e9
+    for r in qkv:
+        assert r["kind"] == "gemm" and r["dtype"] == "bf16" and r["layout"].startswith("tn")
+        assert r["flops"] == flops
+        # Events bracket the GEMM: never shorter than the kernel; longer only when the GPU was
+        # idle and waited for the host between the start event and the launch.
+        assert r["duration_ns"] >= expected * 0.999
+    exact = [r for r in qkv if r["duration_ns"] == pytest.approx(expected, rel=0.001)]
+    assert len(exact) >= len(qkv) // 2
+
+
+def test_collectives_carry_communicator_identity_and_sequence(traced):
+    records, _ = traced()
+    coll = [r for r in records if r["kind"] == "collective"]
+    comms = collections.defaultdict(lambda: collections.defaultdict(list))
+    for r in coll:
+        comms[r["comm_hash"]][r["rank"]].append(r)
+    # Two TP communicators {0,1},{2,3} and two DP communicators {0,2},{1,3}.
+    assert len(comms) == 4
+    for members in comms.values():
+        assert len(members) == 2
+        seqs = [sorted(x["seq"] for x in recs) for recs in members.values()]
+        assert seqs[0] == seqs[1] == list(range(1, len(seqs[0]) + 1))
+        for recs in members.values():
+            assert all(x["nranks"] == 2 for x in recs)
+    tp_bytes = SEQ * HIDDEN * 2
+    assert any(r["bytes"] == tp_bytes for r in coll)
+
+
+@pytest.fixture
+def probe(build_dir, tmp_path):
+    """Runs hook_probe MODE under the hook; returns (process, records)."""
+    hook = os.path.join(build_dir, "lib", "libflare_hook.so")
+
+    def run(*args, env=None):
+        spool = tmp_path / ("spool-" + args[0])
+        full_env = {k: v for k, v in os.environ.items() if not k.startswith("FLARE_")}
+        full_env.update({"LD_PRELOAD": hook, "FLARE_OUTPUT_DIR": str(spool),
+                         "FLARE_JOB_ID": "probe"}, **(env or {}))
+        proc = subprocess.run([os.path.join(build_dir, "bin", "hook_probe"), *map(str, args)],
+                              env=full_env, capture_output=True, text=True, timeout=60)
+        records = []
+        if spool.exists():
+            exp = subprocess.run([os.path.join(build_dir, "bin", "flare-export"), "--input",
+                                  str(spool)], capture_output=True, text=True, timeout=60)
+            assert exp.returncode == 0, exp.stderr
+            records = [json.loads(line) for line in exp.stdout.splitlines()]
+        return proc, records
+    return run
+
+
+def test_grouped_all_to_all_is_one_record_with_all_its_bytes(probe):
+    proc, records = probe("alltoall", 4)
+    assert proc.returncode == 0, proc.stderr
+    groups = [r for r in records if r["name"] == "ncclGroup"]
+    assert len(groups) == 4 * 2  # one per rank per iteration, never one per send/recv
+    for r in groups:
+        assert r["kind"] == "p2p"
+        assert r["bytes"] == 2 * 3 * (1 << 20) * 4  # 3 sends + 3 receives of 4 MiB
+        assert r["layout"].startswith("send=3 recv=3")
+        assert r["nranks"] == 4
+    assert not any(r["name"] in ("ncclSend", "ncclRecv") for r in records)
+    for rank in range(4):
+        assert sorted(r["seq"] for r in groups if r["rank"] == rank) == [1, 2]
+    assert len({r["comm_hash"] for r in groups}) == 1
+
+
+def test_launches_through_cuGetProcAddress_are_seen(probe):
+    proc, records = probe("procaddress")
+    assert proc.returncode == 0, proc.stderr
+    triton = [r for r in records if r["name"] == "triton_poi_fused_add_0"]
+    assert len(triton) == 5
+    for r in triton:
+        assert r["duration_ns"] >= 99_000  # float ms from cudaEventElapsedTime
+
+
+def test_nothing_is_recorded_inside_a_capture(probe):
+    proc, records = probe("capture")
+    assert proc.returncode == 0, proc.stderr
+    kernels = [r for r in records if r["name"].startswith("probe_kernel(")]
+    graphs = [r for r in records if r["kind"] == "graph"]
+    assert len(kernels) == 1  # only the ordinary launch after the graphs
+    assert len(graphs) == 2
+    for g in graphs:
+        assert g["duration_ns"] >= 3 * 199_000  # the whole graph, timed as one unit
+
+
+def test_a_hung_stream_does_not_hold_back_other_streams(probe):
+    proc, records = probe("hung", env={"FLARE_SIM_HANG": "0:compute:0", "RANK": "0"})
+    assert proc.returncode == 0, proc.stderr
+    kernels = [r for r in records if r["name"].startswith("probe_kernel(")]
+    assert len(kernels) == 5  # the healthy stream's five; the stuck one never completed
+
+
+def test_forked_children_stay_quiet_and_healthy(probe):
+    proc, records = probe("fork")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.count("child ok") == 1
+    assert len([r for r in records if r["name"].startswith("probe_kernel(")]) == 6
+    assert len({r["thread"] for r in records}) == 1  # nothing from the child

@@ -1,0 +1,152 @@
+// flare-export: prints the records of an offline spool (FLARE_OUTPUT_DIR) as JSON lines.
+//
+//   flare-export --input DIR [--format jsonl]
+//
+// DIR is the spool root (DIR/<job>/<rank>/records-<pid>.pb) or any folder below it. One JSON
+// object per record: job, rank, kind, name, dtype, shape, layout, stream, device, thread,
+// issue/start/end/duration/issue-latency in ns, flops, bytes, and for collectives the
+// communicator hash, sequence number, rank count and peer. Exit 1 when a file is unreadable
+// (the others are still printed), 2 on bad arguments.
+#include <algorithm>
+#include <cctype>
+#include <cstdio>
+#include <filesystem>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "flare/v1/records.pb.h"
+#include "src/timing/spool_sink.h"
+
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string jsonString(const std::string& s) {
+  std::string out = "\"";
+  for (unsigned char c : s) {
+    switch (c) {
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
+      default:
+        if (c < 0x20) {
+          char buf[8];
+          std::snprintf(buf, sizeof(buf), "\\u%04x", c);
+          out += buf;
+        } else {
+          out += static_cast<char>(c);
+        }
+    }
+  }
+  return out + "\"";
+}
+
+const char* kindName(flare::v1::OpKind k) {
+  std::string n = flare::v1::OpKind_Name(k);
+  static std::map<std::string, std::string> cache;
+  auto& v = cache[n];
+  if (v.empty()) {
+    v = n.rfind("OP_KIND_", 0) == 0 ? n.substr(8) : n;
+    for (auto& ch : v) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  }
+  return v.c_str();
+}
+
+const char* dtypeName(flare::v1::DType d) {
+  static std::map<int, std::string> cache;
+  auto& v = cache[d];
+  if (v.empty()) {
+    std::string n = flare::v1::DType_Name(d);
+    v = n.rfind("DTYPE_", 0) == 0 ? n.substr(6) : n;
+    for (auto& ch : v) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  }
+  return v.c_str();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string input, format = "jsonl";
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if ((a == "--input" || a == "--format") && i + 1 < argc) {
+      (a == "--input" ? input : format) = argv[++i];
+    } else {
+      std::fprintf(stderr, "usage: flare-export --input DIR [--format jsonl]\n");
+      return 2;
+    }
+  }
+  if (input.empty() || format != "jsonl") {
+    std::fprintf(stderr, "flare-export: --input DIR is required and --format must be jsonl\n");
+    return 2;
+  }
+  std::error_code ec;
+  if (!fs::is_directory(input, ec)) {
+    std::fprintf(stderr, "flare-export: %s is not a directory\n", input.c_str());
+    return 2;
+  }
+  std::vector<fs::path> files;
+  for (auto it = fs::recursive_directory_iterator(input, ec);
+       it != fs::recursive_directory_iterator(); it.increment(ec)) {
+    if (it->is_regular_file(ec) && it->path().extension() == ".pb") files.push_back(it->path());
+  }
+  std::sort(files.begin(), files.end());
+  int status = 0;
+  for (const auto& path : files) {
+    // DIR/<job>/<rank>/records-<pid>.pb
+    const std::string rank_dir = path.parent_path().filename().string();
+    const std::string job = path.parent_path().parent_path().filename().string();
+    std::vector<flare::v1::RecordBatch> batches;
+    std::string error;
+    if (!flare::timing::readSpoolFile(path.string(), &batches, &error)) {
+      std::fprintf(stderr, "flare-export: %s: %s\n", path.c_str(), error.c_str());
+      status = 1;
+    }
+    std::map<uint32_t, flare::v1::Signature> sigs;
+    for (const auto& b : batches) {
+      for (const auto& s : b.signatures()) sigs[s.id()] = s;
+      for (const auto& k : b.kernels()) {
+        const auto it = sigs.find(k.signature_id());
+        const flare::v1::Signature empty;
+        const auto& s = it == sigs.end() ? empty : it->second;
+        std::string shape = "[";
+        for (int i = 0; i < s.shape_size(); ++i)
+          shape += (i ? "," : "") + std::to_string(s.shape(i));
+        shape += "]";
+        std::printf(
+            "{\"job\":%s,\"rank\":%d,\"kind\":\"%s\",\"name\":%s,\"dtype\":\"%s\",\"shape\":%s,"
+            "\"layout\":%s,\"stream\":%llu,\"device\":%d,\"thread\":%llu,\"issue_ns\":%lld,"
+            "\"start_ns\":%lld,\"end_ns\":%lld,\"duration_ns\":%lld,\"issue_latency_ns\":%lld,"
+            "\"flops\":%llu,\"bytes\":%llu",
+            jsonString(job).c_str(), b.rank(), kindName(s.kind()), jsonString(s.name()).c_str(),
+            dtypeName(s.dtype()), shape.c_str(), jsonString(s.layout()).c_str(),
+            static_cast<unsigned long long>(k.stream_id()), k.device(),
+            static_cast<unsigned long long>(k.thread_id()), static_cast<long long>(k.issue_ns()),
+            static_cast<long long>(k.start_ns()), static_cast<long long>(k.end_ns()),
+            static_cast<long long>(k.end_ns() - k.start_ns()),
+            static_cast<long long>(k.issue_latency_ns()),
+            static_cast<unsigned long long>(k.flops()), static_cast<unsigned long long>(k.bytes()));
+        if (k.has_collective()) {
+          const auto& c = k.collective();
+          std::printf(",\"comm_hash\":\"%016llx\",\"seq\":%llu,\"nranks\":%d",
+                      static_cast<unsigned long long>(c.comm_hash()),
+                      static_cast<unsigned long long>(c.seq()), c.nranks());
+          if (c.has_peer()) std::printf(",\"peer\":%d", c.peer());
+        }
+        std::printf("}\n");
+      }
+    }
+    (void)rank_dir;
+  }
+  return status;
+}
