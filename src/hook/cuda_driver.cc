@@ -46,12 +46,9 @@ std::string driverKernelName(const void* f) {
   return demangle(name);
 }
 
-timing::OpInfo kernelInfo(CUfunction f) {
-  KernelSig ks = kernelSignature(f, driverKernelName);
-  timing::OpInfo op;
-  op.signature_id = ks.id;
-  op.kind = ks.kind;
-  return op;
+timing::OpInfo kernelInfo(CUfunction f, void** params, unsigned gx, unsigned gy, unsigned gz,
+                          unsigned bx, unsigned by, unsigned bz) {
+  return kernelLaunchInfo(kernelSignature(f, driverKernelName), params, gx, gy, gz, bx, by, bz);
 }
 
 CUresult launch(LaunchFn real, CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
@@ -59,7 +56,7 @@ CUresult launch(LaunchFn real, CUfunction f, unsigned gx, unsigned gy, unsigned 
                 void** extra) {
   if (!real) return CUDA_ERROR_NOT_INITIALIZED;
   return timedCall(
-      stream, [&] { return kernelInfo(f); }, ok,
+      stream, [&] { return kernelInfo(f, params, gx, gy, gz, bx, by, bz); }, ok,
       [&] { return real(f, gx, gy, gz, bx, by, bz, shmem, stream, params, extra); });
 }
 
@@ -67,8 +64,13 @@ CUresult launchEx(LaunchExFn real, const CUlaunchConfig* config, CUfunction f, v
                   void** extra) {
   if (!real) return CUDA_ERROR_NOT_INITIALIZED;
   return timedCall(
-      config ? config->hStream : nullptr, [&] { return kernelInfo(f); }, ok,
-      [&] { return real(config, f, params, extra); });
+      config ? config->hStream : nullptr,
+      [&] {
+        return config ? kernelInfo(f, params, config->gridDimX, config->gridDimY, config->gridDimZ,
+                                   config->blockDimX, config->blockDimY, config->blockDimZ)
+                      : kernelInfo(f, params, 0, 0, 0, 0, 0, 0);
+      },
+      ok, [&] { return real(config, f, params, extra); });
 }
 
 }  // namespace

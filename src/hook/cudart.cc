@@ -49,12 +49,9 @@ std::string runtimeKernelName(const void* func) {
   return demangle(name);
 }
 
-timing::OpInfo kernelInfo(const void* func) {
-  KernelSig ks = kernelSignature(func, runtimeKernelName);
-  timing::OpInfo op;
-  op.signature_id = ks.id;
-  op.kind = ks.kind;
-  return op;
+timing::OpInfo kernelInfo(const void* func, void** args, dim3 grid, dim3 block) {
+  return kernelLaunchInfo(kernelSignature(func, runtimeKernelName), args, grid.x, grid.y, grid.z,
+                          block.x, block.y, block.z);
 }
 
 timing::OpInfo namedInfo(const char* name, timing::OpKind kind, uint64_t bytes) {
@@ -109,7 +106,7 @@ FLARE_EXPORT cudaError_t cudaLaunchKernel(const void* func, dim3 grid, dim3 bloc
   auto real = g_fns.launchKernel.get();
   if (!real) return cudaErrorInsufficientDriver;
   return timedCall(
-      stream, [&] { return kernelInfo(func); }, ok,
+      stream, [&] { return kernelInfo(func, args, grid, block); }, ok,
       [&] { return real(func, grid, block, args, shmem, stream); });
 }
 
@@ -118,8 +115,12 @@ FLARE_EXPORT cudaError_t cudaLaunchKernelExC(const cudaLaunchConfig_t* config, c
   auto real = g_fns.launchKernelExC.get();
   if (!real) return cudaErrorInsufficientDriver;
   return timedCall(
-      config ? config->stream : nullptr, [&] { return kernelInfo(func); }, ok,
-      [&] { return real(config, func, args); });
+      config ? config->stream : nullptr,
+      [&] {
+        return config ? kernelInfo(func, args, config->gridDim, config->blockDim)
+                      : kernelInfo(func, args, dim3(), dim3());
+      },
+      ok, [&] { return real(config, func, args); });
 }
 
 FLARE_EXPORT cudaError_t cudaLaunchCooperativeKernel(const void* func, dim3 grid, dim3 block,
@@ -128,7 +129,7 @@ FLARE_EXPORT cudaError_t cudaLaunchCooperativeKernel(const void* func, dim3 grid
   auto real = g_fns.launchCooperativeKernel.get();
   if (!real) return cudaErrorInsufficientDriver;
   return timedCall(
-      stream, [&] { return kernelInfo(func); }, ok,
+      stream, [&] { return kernelInfo(func, args, grid, block); }, ok,
       [&] { return real(func, grid, block, args, shmem, stream); });
 }
 

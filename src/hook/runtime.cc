@@ -12,7 +12,9 @@
 #include <memory>
 #include <mutex>
 #include <unordered_map>
+#include <vector>
 
+#include "flare/kernels.h"
 #include "src/common/clock.h"
 #include "src/common/config.h"
 #include "src/common/identity.h"
@@ -204,18 +206,71 @@ timing::Tracer* tracer() {
   return g_off.load() ? nullptr : g_tracer.load(std::memory_order_acquire);
 }
 
+namespace {
+
+// Custom kernels declared through flare_register_kernel (include/flare/kernels.h).
+struct Registration {
+  std::string prefix;
+  timing::OpKind kind;
+  flare_amount_fn flops;
+  flare_amount_fn bytes;
+};
+struct Registry {
+  std::mutex mu;
+  std::vector<Registration> entries;  // guarded by mu
+  std::atomic<uint64_t> generation{1};
+};
+Registry& registry() {
+  static Registry* r = new Registry();
+  return *r;
+}
+
+// Applies the longest matching registration to `ks` (cold path).
+void applyRegistration(const std::string& name, timing::Signature* sig, KernelSig* ks) {
+  std::lock_guard<std::mutex> lock(registry().mu);
+  const Registration* best = nullptr;
+  for (const auto& r : registry().entries) {
+    if (name.compare(0, r.prefix.size(), r.prefix) == 0 &&
+        (!best || r.prefix.size() > best->prefix.size())) {
+      best = &r;
+    }
+  }
+  if (!best) return;
+  sig->kind = best->kind;
+  ks->kind = best->kind;
+  ks->flops = best->flops;
+  ks->bytes = best->bytes;
+}
+
+}  // namespace
+
 KernelSig kernelSignature(const void* key, std::string (*name_fn)(const void* key)) {
   thread_local std::unordered_map<const void*, KernelSig> cache;
+  const uint64_t gen = registry().generation.load(std::memory_order_acquire);
   auto it = cache.find(key);
-  if (it != cache.end()) return it->second;
+  if (it != cache.end() && it->second.generation == gen) return it->second;
   timing::Tracer* t = tracer();
   if (!t) return {};
   timing::Signature sig;
   sig.name = name_fn(key);
   sig.kind = looksLikeAttention(sig.name) ? timing::OpKind::kAttention : timing::OpKind::kKernel;
-  KernelSig ks{t->intern(sig), sig.kind};
-  cache.emplace(key, ks);
+  KernelSig ks;
+  ks.kind = sig.kind;
+  applyRegistration(sig.name, &sig, &ks);
+  ks.id = t->intern(sig);
+  ks.generation = gen;
+  cache[key] = ks;
   return ks;
+}
+
+timing::OpInfo kernelLaunchInfo(const KernelSig& ks, void** args, unsigned gx, unsigned gy,
+                                unsigned gz, unsigned bx, unsigned by, unsigned bz) {
+  timing::OpInfo op;
+  op.signature_id = ks.id;
+  op.kind = ks.kind;
+  if (ks.flops) op.flops = ks.flops(args, gx, gy, gz, bx, by, bz);
+  if (ks.bytes) op.bytes = ks.bytes(args, gx, gy, gz, bx, by, bz);
+  return op;
 }
 
 namespace {
@@ -266,3 +321,38 @@ bool looksLikeAttention(const std::string& name) {
 }
 
 }  // namespace flare::hook
+
+extern "C" __attribute__((visibility("default"))) int flare_register_kernel(const char* name_prefix,
+                                                                            int kind,
+                                                                            flare_amount_fn flops,
+                                                                            flare_amount_fn bytes) {
+  using flare::timing::OpKind;
+  if (!name_prefix || !*name_prefix) return -1;
+  OpKind k;
+  switch (kind) {
+    case FLARE_KIND_KERNEL:
+      k = OpKind::kKernel;
+      break;
+    case FLARE_KIND_GEMM:
+      k = OpKind::kGemm;
+      break;
+    case FLARE_KIND_ATTENTION:
+      k = OpKind::kAttention;
+      break;
+    default:
+      return -1;
+  }
+  auto& reg = flare::hook::registry();
+  std::lock_guard<std::mutex> lock(reg.mu);
+  for (auto& r : reg.entries) {
+    if (r.prefix == name_prefix) {
+      r = {name_prefix, k, flops, bytes};
+      reg.generation.fetch_add(1, std::memory_order_acq_rel);
+      return 0;
+    }
+  }
+  if (reg.entries.size() >= 256) return -2;
+  reg.entries.push_back({name_prefix, k, flops, bytes});
+  reg.generation.fetch_add(1, std::memory_order_acq_rel);
+  return 0;
+}

@@ -36,8 +36,16 @@ timing::Tracer* tracer();
 struct KernelSig {
   uint32_t id = 0;
   timing::OpKind kind = timing::OpKind::kKernel;
+  // From flare_register_kernel (include/flare/kernels.h), or null.
+  uint64_t (*flops)(void**, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned) = nullptr;
+  uint64_t (*bytes)(void**, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned) = nullptr;
+  uint64_t generation = 0;  // of the registry when resolved
 };
 KernelSig kernelSignature(const void* key, std::string (*name_fn)(const void* key));
+
+// The OpInfo of one launch of `ks` with these launch parameters (runs registered callbacks).
+timing::OpInfo kernelLaunchInfo(const KernelSig& ks, void** args, unsigned gx, unsigned gy,
+                                unsigned gz, unsigned bx, unsigned by, unsigned bz);
 
 // Per-thread cache of signature ids by a 64-bit key (GEMM shapes, collectives, ...).
 bool cachedSignature(uint64_t key, uint32_t* id);

@@ -172,3 +172,23 @@ def test_forked_children_stay_quiet_and_healthy(probe):
     assert proc.stdout.count("child ok") == 1
     assert len([r for r in records if r["name"].startswith("probe_kernel(")]) == 6
     assert len({r["thread"] for r in records}) == 1  # nothing from the child
+
+
+def test_custom_kernel_registration_sets_kind_and_flops(probe):
+    proc, records = probe("custom")
+    assert proc.returncode == 0, proc.stderr
+    kernels = [r for r in records if r["name"].startswith("probe_kernel(")]
+    assert len(kernels) == 3
+    for r in kernels:
+        assert r["kind"] == "attention"
+        assert r["flops"] == 100_000 * 1000 * 1  # the registered formula, grid of 1 block
+
+
+@pytest.mark.parametrize("cmd", [["/bin/true"], ["python3", "-c", "print('hello')"]])
+def test_processes_without_cuda_stay_quiet(build_dir, tmp_path, cmd):
+    env = dict(os.environ, LD_PRELOAD=os.path.join(build_dir, "lib", "libflare_hook.so"),
+               FLARE_OUTPUT_DIR=str(tmp_path / "spool"))
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0
+    assert proc.stderr == ""
+    assert not (tmp_path / "spool").exists()

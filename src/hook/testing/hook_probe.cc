@@ -6,6 +6,8 @@
 //   hook_probe capture         kernels captured into a graph, the graph launched twice
 //   hook_probe hung            a kernel that never finishes on one stream, work on another
 //   hook_probe fork            a child forked between launches (a DataLoader worker)
+//   hook_probe custom          a kernel declared through flare_register_kernel
+#include <dlfcn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -21,6 +23,7 @@
 #include <thread>
 #include <vector>
 
+#include "flare/kernels.h"
 #include "src/sim/testing/sim_kernels.h"
 
 namespace {
@@ -142,6 +145,28 @@ int forked() {
   return WIFEXITED(st) && WEXITSTATUS(st) == 0 ? 0 : 5;
 }
 
+// FLOPs of one probe_kernel launch: its first parameter (ns) times 1000, times the grid.
+uint64_t probeFlops(void** args, unsigned gx, unsigned, unsigned, unsigned, unsigned, unsigned) {
+  uint64_t ns = 0;
+  std::memcpy(&ns, args[0], sizeof(ns));
+  return ns * 1000 * gx;
+}
+
+int custom() {
+  // Looked up at run time, as a program that must also run without Flare would.
+  auto reg = reinterpret_cast<decltype(&flare_register_kernel)>(
+      dlsym(RTLD_DEFAULT, "flare_register_kernel"));
+  if (!reg) return 6;
+  if (reg("", FLARE_KIND_GEMM, probeFlops, nullptr) != -1) return 7;
+  if (reg("probe_kernel", 99, probeFlops, nullptr) != -1) return 8;
+  if (reg("probe_kernel", FLARE_KIND_ATTENTION, probeFlops, nullptr) != 0) return 9;
+  cudaStream_t s;
+  cudaStreamCreate(&s);
+  for (int i = 0; i < 3; ++i) launch(kernel(), 100'000, s);
+  cudaStreamSynchronize(s);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -152,6 +177,7 @@ int main(int argc, char** argv) {
   if (mode == "capture") return capture();
   if (mode == "hung") return hung();
   if (mode == "fork") return forked();
+  if (mode == "custom") return custom();
   std::fprintf(stderr, "unknown mode %s\n", mode.c_str());
   return 2;
 }
