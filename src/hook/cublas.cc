@@ -27,29 +27,6 @@ bool ok(cublasStatus_t s) {
   return s == CUBLAS_STATUS_SUCCESS;
 }
 
-const char* dtypeName(cudaDataType t) {
-  switch (t) {
-    case CUDA_R_64F:
-      return "f64";
-    case CUDA_R_32F:
-      return "f32";
-    case CUDA_R_16F:
-      return "f16";
-    case CUDA_R_16BF:
-      return "bf16";
-    case CUDA_R_8F_E4M3:
-      return "e4m3";
-    case CUDA_R_8F_E5M2:
-      return "e5m2";
-    case CUDA_R_8I:
-      return "i8";
-    case CUDA_R_32I:
-      return "i32";
-    default:
-      return "other";
-  }
-}
-
 struct Gemm {
   const char* api;
   cublasOperation_t ta, tb;
@@ -68,11 +45,11 @@ timing::OpInfo gemmInfo(const Gemm& g) {
     timing::Signature s;
     s.name = g.api;
     s.kind = timing::OpKind::kGemm;
-    s.dtype = dtypeName(g.a_type);
+    s.dtype = cudaDataTypeName(g.a_type);
     s.shape = {g.m, g.n, g.k, g.batch};
     s.layout = std::string(g.ta == CUBLAS_OP_N ? "n" : "t") + (g.tb == CUBLAS_OP_N ? "n" : "t") +
                " lda=" + std::to_string(g.lda) + " ldb=" + std::to_string(g.ldb) +
-               " ldc=" + std::to_string(g.ldc) + " out=" + dtypeName(g.c_type);
+               " ldc=" + std::to_string(g.ldc) + " out=" + cudaDataTypeName(g.c_type);
     return s;
   });
   op.flops = static_cast<uint64_t>(2.0 * g.m * g.n * g.k * g.batch);

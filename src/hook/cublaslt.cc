@@ -48,27 +48,6 @@ T layoutAttr(cublasLtMatrixLayout_t l, cublasLtMatrixLayoutAttribute_t a, T def)
   return v;
 }
 
-const char* dtypeName(int32_t t) {
-  switch (t) {
-    case CUDA_R_32F:
-      return "f32";
-    case CUDA_R_16F:
-      return "f16";
-    case CUDA_R_16BF:
-      return "bf16";
-    case CUDA_R_8F_E4M3:
-      return "e4m3";
-    case CUDA_R_8F_E5M2:
-      return "e5m2";
-    case CUDA_R_8I:
-      return "i8";
-    case CUDA_R_64F:
-      return "f64";
-    default:
-      return "other";
-  }
-}
-
 timing::OpInfo describe(cublasLtMatmulDesc_t op, cublasLtMatrixLayout_t a, cublasLtMatrixLayout_t b,
                         cublasLtMatrixLayout_t d) {
   timing::OpInfo info;
@@ -95,11 +74,11 @@ timing::OpInfo describe(cublasLtMatmulDesc_t op, cublasLtMatrixLayout_t a, cubla
     timing::Signature s;
     s.name = "cublasLtMatmul";
     s.kind = timing::OpKind::kGemm;
-    s.dtype = dtypeName(a_type);
+    s.dtype = cudaDataTypeName(a_type);
     s.shape = {m, n, k, batch};
     s.layout = std::string(ta == CUBLAS_OP_N ? "n" : "t") + (tb == CUBLAS_OP_N ? "n" : "t") +
                " lda=" + std::to_string(lda) + " ldb=" + std::to_string(ldb) +
-               " ldc=" + std::to_string(ldd) + " out=" + dtypeName(d_type);
+               " ldc=" + std::to_string(ldd) + " out=" + cudaDataTypeName(d_type);
     return s;
   });
   info.flops = static_cast<uint64_t>(2.0 * m * n * k * batch);

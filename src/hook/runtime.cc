@@ -1,6 +1,7 @@
 #include "src/hook/runtime.h"
 
 #include <cxxabi.h>
+#include <library_types.h>
 #include <pthread.h>
 #include <unistd.h>
 
@@ -311,6 +312,29 @@ uint64_t hashBytes(const void* data, size_t n, uint64_t seed) {
   uint64_t h = seed;
   for (size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 1099511628211ull;
   return h;
+}
+
+const char* cudaDataTypeName(int type) {
+  switch (static_cast<cudaDataType>(type)) {
+    case CUDA_R_64F:
+      return "f64";
+    case CUDA_R_32F:
+      return "f32";
+    case CUDA_R_16F:
+      return "f16";
+    case CUDA_R_16BF:
+      return "bf16";
+    case CUDA_R_8F_E4M3:
+      return "e4m3";
+    case CUDA_R_8F_E5M2:
+      return "e5m2";
+    case CUDA_R_8I:
+      return "i8";
+    case CUDA_R_32I:
+      return "i32";
+    default:
+      return "other";
+  }
 }
 
 bool looksLikeAttention(const std::string& name) {

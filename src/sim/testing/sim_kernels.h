@@ -6,13 +6,8 @@
 
 #include <cstdint>
 
+#include "src/sim/cuda_registration.h"
 #include "src/sim/flare_sim.h"
-
-extern "C" void** __cudaRegisterFatBinary(void* fat_cubin);
-extern "C" void __cudaRegisterFatBinaryEnd(void** handle);
-extern "C" void __cudaRegisterFunction(void** handle, const char* host_fun, char* device_fun,
-                                       const char* device_name, int thread_limit, uint3* tid,
-                                       uint3* bid, dim3* bdim, dim3* gdim, int* wsize);
 
 namespace flare::sim::testing {
 
