@@ -257,14 +257,12 @@ void SpoolSink::closeBatch() {
   batch_open_ = false;
   batch_.set_rank(rank_);
   batch_.set_batch_seq(++batch_seq_);
-  // The wire DropCounters has no event_errors/capturing/unfinished fields yet: an op lost to
-  // an event failure or never completed is reported as unmatched (a start without an end),
-  // a launch skipped during stream capture as a disabled call.
   flare::v1::DropCounters* drops = batch_.mutable_drops();
   drops->set_ring_full(drops_.ring_full);
   drops->set_events_exhausted(drops_.events_exhausted);
-  drops->set_unmatched(drops_.event_errors + drops_.unfinished);
-  drops->set_disabled_calls(drops_.capturing);
+  drops->set_event_errors(drops_.event_errors);
+  drops->set_capturing(drops_.capturing);
+  drops->set_unfinished(drops_.unfinished);
   drops->set_log_once_suppressed(common::logCounters().once_suppressed);
   batch_.set_created_ns(common::realtimeNs());
   const uint64_t kernels = static_cast<uint64_t>(batch_.kernels_size());

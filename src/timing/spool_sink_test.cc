@@ -156,8 +156,9 @@ TEST_F(SpoolSinkTest, RoundTrip) {
 
   EXPECT_EQ(batch.drops().ring_full(), 1u);
   EXPECT_EQ(batch.drops().events_exhausted(), 2u);
-  EXPECT_EQ(batch.drops().unmatched(), 8u);  // event_errors + unfinished
-  EXPECT_EQ(batch.drops().disabled_calls(), 4u);
+  EXPECT_EQ(batch.drops().event_errors(), 3u);
+  EXPECT_EQ(batch.drops().capturing(), 4u);
+  EXPECT_EQ(batch.drops().unfinished(), 5u);
   EXPECT_THAT(warnings(), ::testing::IsEmpty());
 }
 
