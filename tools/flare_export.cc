@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <map>
 #include <string>
@@ -51,26 +52,12 @@ std::string jsonString(const std::string& s) {
   return out + "\"";
 }
 
-const char* kindName(flare::v1::OpKind k) {
-  std::string n = flare::v1::OpKind_Name(k);
-  static std::map<std::string, std::string> cache;
-  auto& v = cache[n];
-  if (v.empty()) {
-    v = n.rfind("OP_KIND_", 0) == 0 ? n.substr(8) : n;
-    for (auto& ch : v) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
-  }
-  return v.c_str();
-}
-
-const char* dtypeName(flare::v1::DType d) {
-  static std::map<int, std::string> cache;
-  auto& v = cache[d];
-  if (v.empty()) {
-    std::string n = flare::v1::DType_Name(d);
-    v = n.rfind("DTYPE_", 0) == 0 ? n.substr(6) : n;
-    for (auto& ch : v) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
-  }
-  return v.c_str();
+// "OP_KIND_GEMM" -> "gemm": an enum value's name without its prefix, in lower case.
+std::string label(const std::string& enum_name, const char* prefix) {
+  std::string v =
+      enum_name.rfind(prefix, 0) == 0 ? enum_name.substr(std::strlen(prefix)) : enum_name;
+  for (auto& ch : v) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  return v;
 }
 
 }  // namespace
@@ -104,7 +91,6 @@ int main(int argc, char** argv) {
   int status = 0;
   for (const auto& path : files) {
     // DIR/<job>/<rank>/records-<pid>.pb
-    const std::string rank_dir = path.parent_path().filename().string();
     const std::string job = path.parent_path().parent_path().filename().string();
     std::vector<flare::v1::RecordBatch> batches;
     std::string error;
@@ -128,8 +114,10 @@ int main(int argc, char** argv) {
             "\"layout\":%s,\"stream\":%llu,\"device\":%d,\"thread\":%llu,\"issue_ns\":%lld,"
             "\"start_ns\":%lld,\"end_ns\":%lld,\"duration_ns\":%lld,\"issue_latency_ns\":%lld,"
             "\"flops\":%llu,\"bytes\":%llu",
-            jsonString(job).c_str(), b.rank(), kindName(s.kind()), jsonString(s.name()).c_str(),
-            dtypeName(s.dtype()), shape.c_str(), jsonString(s.layout()).c_str(),
+            jsonString(job).c_str(), b.rank(),
+            label(flare::v1::OpKind_Name(s.kind()), "OP_KIND_").c_str(),
+            jsonString(s.name()).c_str(), label(flare::v1::DType_Name(s.dtype()), "DTYPE_").c_str(),
+            shape.c_str(), jsonString(s.layout()).c_str(),
             static_cast<unsigned long long>(k.stream_id()), k.device(),
             static_cast<unsigned long long>(k.thread_id()), static_cast<long long>(k.issue_ns()),
             static_cast<long long>(k.start_ns()), static_cast<long long>(k.end_ns()),
@@ -146,7 +134,6 @@ int main(int argc, char** argv) {
         std::printf("}\n");
       }
     }
-    (void)rank_dir;
   }
   return status;
 }

@@ -357,6 +357,15 @@ std::string envString(const char* name, const std::string& def) {
   }
 }
 
+const RankEntry* entryForRank(const std::vector<RankEntry>& list, int rank) {
+  const RankEntry* any = nullptr;
+  for (const auto& e : list) {
+    if (e.rank == rank) return &e;
+    if (e.rank == -1) any = &e;
+  }
+  return any;
+}
+
 std::vector<RankEntry> parseRankList(const char* name, std::string_view value, size_t min_fields,
                                      size_t max_fields) {
   std::vector<RankEntry> out;

@@ -73,6 +73,9 @@ struct RankEntry {
 std::vector<RankEntry> parseRankList(const char* name, std::string_view value, size_t min_fields,
                                      size_t max_fields);
 
+// The entry of `list` that applies to `rank`: its own entry, else a '*' entry, else nullptr.
+const RankEntry* entryForRank(const std::vector<RankEntry>& list, int rank);
+
 // Emits a warning line through the sink (used by other modules for validation messages).
 void configWarning(const std::string& line);
 // As configWarning, but only the first time `key` is seen in this process; returns whether the

@@ -18,8 +18,34 @@ namespace {
 
 constexpr const char* kLib = "libcublas.so";
 
+// cublas_api.h overloads these three with C++ inline wrappers: name the C signatures.
+using GemmExFn = cublasStatus_t (*)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int,
+                                    int, const void*, const void*, cudaDataType, int, const void*,
+                                    cudaDataType, int, const void*, void*, cudaDataType, int,
+                                    cublasComputeType_t, cublasGemmAlgo_t);
+using GemmStridedBatchedExFn = cublasStatus_t (*)(
+    cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int, int, const void*, const void*,
+    cudaDataType, int, long long int, const void*, cudaDataType, int, long long int, const void*,
+    void*, cudaDataType, int, long long int, int, cublasComputeType_t, cublasGemmAlgo_t);
+using GemmBatchedExFn = cublasStatus_t (*)(cublasHandle_t, cublasOperation_t, cublasOperation_t,
+                                           int, int, int, const void*, const void* const[],
+                                           cudaDataType, int, const void* const[], cudaDataType,
+                                           int, const void*, void* const[], cudaDataType, int, int,
+                                           cublasComputeType_t, cublasGemmAlgo_t);
+
 struct CublasFns {
   RealFn<cublasStatus_t (*)(cublasHandle_t, cudaStream_t*)> getStream{"cublasGetStream_v2", kLib};
+  RealFn<GemmExFn> gemmEx{"cublasGemmEx", kLib};
+  RealFn<decltype(&cublasGemmEx_64)> gemmEx64{"cublasGemmEx_64", kLib};
+  RealFn<decltype(&cublasSgemm_v2)> sgemm{"cublasSgemm_v2", kLib};
+  RealFn<decltype(&cublasSgemm_v2_64)> sgemm64{"cublasSgemm_v2_64", kLib};
+  RealFn<decltype(&cublasHgemm)> hgemm{"cublasHgemm", kLib};
+  RealFn<decltype(&cublasHgemm_64)> hgemm64{"cublasHgemm_64", kLib};
+  RealFn<GemmStridedBatchedExFn> gemmStridedBatchedEx{"cublasGemmStridedBatchedEx", kLib};
+  RealFn<decltype(&cublasGemmStridedBatchedEx_64)> gemmStridedBatchedEx64{
+      "cublasGemmStridedBatchedEx_64", kLib};
+  RealFn<GemmBatchedExFn> gemmBatchedEx{"cublasGemmBatchedEx", kLib};
+  RealFn<decltype(&cublasGemmBatchedEx_64)> gemmBatchedEx64{"cublasGemmBatchedEx_64", kLib};
 };
 CublasFns g_fns;
 
@@ -74,24 +100,8 @@ cublasStatus_t timedGemm(cublasHandle_t h, const Gemm& g, Call&& call) {
 
 using namespace flare::hook;  // NOLINT: the exported wrappers below
 
-// cublas_api.h overloads these three with C++ inline wrappers: name the C signatures.
-using GemmExFn = cublasStatus_t (*)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int,
-                                    int, const void*, const void*, cudaDataType, int, const void*,
-                                    cudaDataType, int, const void*, void*, cudaDataType, int,
-                                    cublasComputeType_t, cublasGemmAlgo_t);
-using GemmStridedBatchedExFn = cublasStatus_t (*)(
-    cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int, int, const void*, const void*,
-    cudaDataType, int, long long int, const void*, cudaDataType, int, long long int, const void*,
-    void*, cudaDataType, int, long long int, int, cublasComputeType_t, cublasGemmAlgo_t);
-using GemmBatchedExFn = cublasStatus_t (*)(cublasHandle_t, cublasOperation_t, cublasOperation_t,
-                                           int, int, int, const void*, const void* const[],
-                                           cudaDataType, int, const void* const[], cudaDataType,
-                                           int, const void*, void* const[], cudaDataType, int, int,
-                                           cublasComputeType_t, cublasGemmAlgo_t);
-
-#define REAL(name, type)                                  \
-  static RealFn<type> real_##name{#name, "libcublas.so"}; \
-  auto real = real_##name.get();                          \
+#define REAL(slot)              \
+  auto real = g_fns.slot.get(); \
   if (!real) return CUBLAS_STATUS_NOT_INITIALIZED
 
 FLARE_EXPORT cublasStatus_t cublasGemmEx(cublasHandle_t h, cublasOperation_t ta,
@@ -100,7 +110,7 @@ FLARE_EXPORT cublasStatus_t cublasGemmEx(cublasHandle_t h, cublasOperation_t ta,
                                          const void* B, cudaDataType bt, int ldb, const void* beta,
                                          void* C, cudaDataType ct, int ldc,
                                          cublasComputeType_t compute, cublasGemmAlgo_t algo) {
-  REAL(cublasGemmEx, GemmExFn);
+  REAL(gemmEx);
   return timedGemm(h, {"cublasGemmEx", ta, tb, m, n, k, 1, at, ct, lda, ldb, ldc}, [&] {
     return real(h, ta, tb, m, n, k, alpha, A, at, lda, B, bt, ldb, beta, C, ct, ldc, compute, algo);
   });
@@ -113,7 +123,7 @@ FLARE_EXPORT cublasStatus_t cublasGemmEx_64(cublasHandle_t h, cublasOperation_t 
                                             int64_t ldb, const void* beta, void* C, cudaDataType ct,
                                             int64_t ldc, cublasComputeType_t compute,
                                             cublasGemmAlgo_t algo) {
-  REAL(cublasGemmEx_64, decltype(&cublasGemmEx_64));
+  REAL(gemmEx64);
   return timedGemm(h, {"cublasGemmEx", ta, tb, m, n, k, 1, at, ct, lda, ldb, ldc}, [&] {
     return real(h, ta, tb, m, n, k, alpha, A, at, lda, B, bt, ldb, beta, C, ct, ldc, compute, algo);
   });
@@ -124,7 +134,7 @@ FLARE_EXPORT cublasStatus_t cublasSgemm_v2(cublasHandle_t h, cublasOperation_t t
                                            const float* alpha, const float* A, int lda,
                                            const float* B, int ldb, const float* beta, float* C,
                                            int ldc) {
-  REAL(cublasSgemm_v2, decltype(&cublasSgemm_v2));
+  REAL(sgemm);
   return timedGemm(h, {"cublasSgemm", ta, tb, m, n, k, 1, CUDA_R_32F, CUDA_R_32F, lda, ldb, ldc},
                    [&] { return real(h, ta, tb, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc); });
 }
@@ -134,7 +144,7 @@ FLARE_EXPORT cublasStatus_t cublasSgemm_v2_64(cublasHandle_t h, cublasOperation_
                                               const float* alpha, const float* A, int64_t lda,
                                               const float* B, int64_t ldb, const float* beta,
                                               float* C, int64_t ldc) {
-  REAL(cublasSgemm_v2_64, decltype(&cublasSgemm_v2_64));
+  REAL(sgemm64);
   return timedGemm(h, {"cublasSgemm", ta, tb, m, n, k, 1, CUDA_R_32F, CUDA_R_32F, lda, ldb, ldc},
                    [&] { return real(h, ta, tb, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc); });
 }
@@ -144,7 +154,7 @@ FLARE_EXPORT cublasStatus_t cublasHgemm(cublasHandle_t h, cublasOperation_t ta,
                                         const __half* alpha, const __half* A, int lda,
                                         const __half* B, int ldb, const __half* beta, __half* C,
                                         int ldc) {
-  REAL(cublasHgemm, decltype(&cublasHgemm));
+  REAL(hgemm);
   return timedGemm(h, {"cublasHgemm", ta, tb, m, n, k, 1, CUDA_R_16F, CUDA_R_16F, lda, ldb, ldc},
                    [&] { return real(h, ta, tb, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc); });
 }
@@ -154,7 +164,7 @@ FLARE_EXPORT cublasStatus_t cublasHgemm_64(cublasHandle_t h, cublasOperation_t t
                                            const __half* alpha, const __half* A, int64_t lda,
                                            const __half* B, int64_t ldb, const __half* beta,
                                            __half* C, int64_t ldc) {
-  REAL(cublasHgemm_64, decltype(&cublasHgemm_64));
+  REAL(hgemm64);
   return timedGemm(h, {"cublasHgemm", ta, tb, m, n, k, 1, CUDA_R_16F, CUDA_R_16F, lda, ldb, ldc},
                    [&] { return real(h, ta, tb, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc); });
 }
@@ -164,7 +174,7 @@ FLARE_EXPORT cublasStatus_t cublasGemmStridedBatchedEx(
     const void* alpha, const void* A, cudaDataType at, int lda, long long int sa, const void* B,
     cudaDataType bt, int ldb, long long int sb, const void* beta, void* C, cudaDataType ct, int ldc,
     long long int sc, int batch, cublasComputeType_t compute, cublasGemmAlgo_t algo) {
-  REAL(cublasGemmStridedBatchedEx, GemmStridedBatchedExFn);
+  REAL(gemmStridedBatchedEx);
   return timedGemm(h, {"cublasGemmStridedBatchedEx", ta, tb, m, n, k, batch, at, ct, lda, ldb, ldc},
                    [&] {
                      return real(h, ta, tb, m, n, k, alpha, A, at, lda, sa, B, bt, ldb, sb, beta, C,
@@ -178,7 +188,7 @@ FLARE_EXPORT cublasStatus_t cublasGemmStridedBatchedEx_64(
     cudaDataType bt, int64_t ldb, long long int sb, const void* beta, void* C, cudaDataType ct,
     int64_t ldc, long long int sc, int64_t batch, cublasComputeType_t compute,
     cublasGemmAlgo_t algo) {
-  REAL(cublasGemmStridedBatchedEx_64, decltype(&cublasGemmStridedBatchedEx_64));
+  REAL(gemmStridedBatchedEx64);
   return timedGemm(h, {"cublasGemmStridedBatchedEx", ta, tb, m, n, k, batch, at, ct, lda, ldb, ldc},
                    [&] {
                      return real(h, ta, tb, m, n, k, alpha, A, at, lda, sa, B, bt, ldb, sb, beta, C,
@@ -191,7 +201,7 @@ FLARE_EXPORT cublasStatus_t cublasGemmBatchedEx(
     const void* alpha, const void* const A[], cudaDataType at, int lda, const void* const B[],
     cudaDataType bt, int ldb, const void* beta, void* const C[], cudaDataType ct, int ldc,
     int batch, cublasComputeType_t compute, cublasGemmAlgo_t algo) {
-  REAL(cublasGemmBatchedEx, GemmBatchedExFn);
+  REAL(gemmBatchedEx);
   return timedGemm(h, {"cublasGemmBatchedEx", ta, tb, m, n, k, batch, at, ct, lda, ldb, ldc}, [&] {
     return real(h, ta, tb, m, n, k, alpha, A, at, lda, B, bt, ldb, beta, C, ct, ldc, batch, compute,
                 algo);
@@ -203,7 +213,7 @@ FLARE_EXPORT cublasStatus_t cublasGemmBatchedEx_64(
     const void* alpha, const void* const A[], cudaDataType at, int64_t lda, const void* const B[],
     cudaDataType bt, int64_t ldb, const void* beta, void* const C[], cudaDataType ct, int64_t ldc,
     int64_t batch, cublasComputeType_t compute, cublasGemmAlgo_t algo) {
-  REAL(cublasGemmBatchedEx_64, decltype(&cublasGemmBatchedEx_64));
+  REAL(gemmBatchedEx64);
   return timedGemm(h, {"cublasGemmBatchedEx", ta, tb, m, n, k, batch, at, ct, lda, ldb, ldc}, [&] {
     return real(h, ta, tb, m, n, k, alpha, A, at, lda, B, bt, ldb, beta, C, ct, ldc, batch, compute,
                 algo);

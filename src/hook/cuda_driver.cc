@@ -73,6 +73,14 @@ CUresult launchEx(LaunchExFn real, const CUlaunchConfig* config, CUfunction f, v
       ok, [&] { return real(config, f, params, extra); });
 }
 
+// Hands out `wrapper` instead of the driver's entry point `*pfn`, which the wrapper's table
+// slot remembers (unless the caller got the wrapper itself, e.g. through our own table).
+template <typename Fn>
+void substitute(void** pfn, RealFn<Fn>& slot, Fn wrapper) {
+  if (*pfn != reinterpret_cast<void*>(wrapper)) slot.set(*pfn);
+  *pfn = reinterpret_cast<void*>(wrapper);
+}
+
 }  // namespace
 }  // namespace flare::hook
 
@@ -113,17 +121,11 @@ FLARE_EXPORT CUresult cuGetProcAddress_v2(const char* symbol, void** pfn, int ve
   if (r != CUDA_SUCCESS || !symbol || !pfn || !*pfn) return r;
   const bool ptsz = (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) != 0;
   if (std::strcmp(symbol, "cuLaunchKernel") == 0) {
-    auto& slot = ptsz ? g_fns.launchKernelPtsz : g_fns.launchKernel;
-    if (*pfn != reinterpret_cast<void*>(ptsz ? &cuLaunchKernel_ptsz : &cuLaunchKernel)) {
-      slot.set(*pfn);
-    }
-    *pfn = reinterpret_cast<void*>(ptsz ? &cuLaunchKernel_ptsz : &cuLaunchKernel);
+    substitute(pfn, ptsz ? g_fns.launchKernelPtsz : g_fns.launchKernel,
+               ptsz ? &cuLaunchKernel_ptsz : &cuLaunchKernel);
   } else if (std::strcmp(symbol, "cuLaunchKernelEx") == 0) {
-    auto& slot = ptsz ? g_fns.launchKernelExPtsz : g_fns.launchKernelEx;
-    if (*pfn != reinterpret_cast<void*>(ptsz ? &cuLaunchKernelEx_ptsz : &cuLaunchKernelEx)) {
-      slot.set(*pfn);
-    }
-    *pfn = reinterpret_cast<void*>(ptsz ? &cuLaunchKernelEx_ptsz : &cuLaunchKernelEx);
+    substitute(pfn, ptsz ? g_fns.launchKernelExPtsz : g_fns.launchKernelEx,
+               ptsz ? &cuLaunchKernelEx_ptsz : &cuLaunchKernelEx);
   } else if (std::strcmp(symbol, "cuGetProcAddress") == 0) {
     *pfn = reinterpret_cast<void*>(&cuGetProcAddress_v2);
   }

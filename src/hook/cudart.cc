@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "src/common/clock.h"
+#include "src/hook/cudart_fns.h"
 #include "src/hook/real.h"
 #include "src/hook/runtime.h"
 #include "src/hook/timed.h"
@@ -13,30 +14,10 @@
 #define FLARE_EXPORT extern "C" __attribute__((visibility("default")))
 
 namespace flare::hook {
+
+CudartFns g_cudart;
+
 namespace {
-
-constexpr const char* kLib = "libcudart.so";
-
-// The real runtime entry points, resolved on first use.
-struct CudartFns {
-  RealFn<cudaError_t (*)(const void*, dim3, dim3, void**, size_t, cudaStream_t)> launchKernel{
-      "cudaLaunchKernel", kLib};
-  RealFn<cudaError_t (*)(const cudaLaunchConfig_t*, const void*, void**)> launchKernelExC{
-      "cudaLaunchKernelExC", kLib};
-  RealFn<cudaError_t (*)(const void*, dim3, dim3, void**, size_t, cudaStream_t)>
-      launchCooperativeKernel{"cudaLaunchCooperativeKernel", kLib};
-  RealFn<cudaError_t (*)(cudaGraphExec_t, cudaStream_t)> graphLaunch{"cudaGraphLaunch", kLib};
-  RealFn<cudaError_t (*)(void*, const void*, size_t, cudaMemcpyKind, cudaStream_t)> memcpyAsync{
-      "cudaMemcpyAsync", kLib};
-  RealFn<cudaError_t (*)(void*, int, size_t, cudaStream_t)> memsetAsync{"cudaMemsetAsync", kLib};
-  RealFn<cudaError_t (*)()> deviceSynchronize{"cudaDeviceSynchronize", kLib};
-  RealFn<cudaError_t (*)(cudaStream_t)> streamSynchronize{"cudaStreamSynchronize", kLib};
-  RealFn<cudaError_t (*)(cudaEvent_t)> eventSynchronize{"cudaEventSynchronize", kLib};
-  RealFn<cudaError_t (*)(cudaStream_t, cudaEvent_t, unsigned)> streamWaitEvent{
-      "cudaStreamWaitEvent", kLib};
-  RealFn<cudaError_t (*)(const char**, const void*)> funcGetName{"cudaFuncGetName", kLib};
-};
-CudartFns g_fns;
 
 bool ok(cudaError_t e) {
   return e == cudaSuccess;
@@ -44,7 +25,7 @@ bool ok(cudaError_t e) {
 
 std::string runtimeKernelName(const void* func) {
   const char* name = nullptr;
-  auto fn = g_fns.funcGetName.get();
+  auto fn = g_cudart.funcGetName.get();
   if (!fn || fn(&name, func) != cudaSuccess || !name) return "kernel@unknown";
   return demangle(name);
 }
@@ -54,9 +35,12 @@ timing::OpInfo kernelInfo(const void* func, void** args, dim3 grid, dim3 block) 
                           block.x, block.y, block.z);
 }
 
+// `name` is a string literal: its address identifies it, so the per-call key costs no hashing
+// of the text.
 timing::OpInfo namedInfo(const char* name, timing::OpKind kind, uint64_t bytes) {
   timing::OpInfo op;
-  op.signature_id = signatureFor(hashBytes(name, std::strlen(name)), [&] {
+  const uintptr_t key = reinterpret_cast<uintptr_t>(name);
+  op.signature_id = signatureFor(hashBytes(&key, sizeof(key)), [&] {
     timing::Signature s;
     s.name = name;
     s.kind = kind;
@@ -103,7 +87,7 @@ using namespace flare::hook;  // NOLINT: the exported wrappers below
 
 FLARE_EXPORT cudaError_t cudaLaunchKernel(const void* func, dim3 grid, dim3 block, void** args,
                                           size_t shmem, cudaStream_t stream) {
-  auto real = g_fns.launchKernel.get();
+  auto real = g_cudart.launchKernel.get();
   if (!real) return cudaErrorInsufficientDriver;
   return timedCall(
       stream, [&] { return kernelInfo(func, args, grid, block); }, ok,
@@ -112,7 +96,7 @@ FLARE_EXPORT cudaError_t cudaLaunchKernel(const void* func, dim3 grid, dim3 bloc
 
 FLARE_EXPORT cudaError_t cudaLaunchKernelExC(const cudaLaunchConfig_t* config, const void* func,
                                              void** args) {
-  auto real = g_fns.launchKernelExC.get();
+  auto real = g_cudart.launchKernelExC.get();
   if (!real) return cudaErrorInsufficientDriver;
   return timedCall(
       config ? config->stream : nullptr,
@@ -126,7 +110,7 @@ FLARE_EXPORT cudaError_t cudaLaunchKernelExC(const cudaLaunchConfig_t* config, c
 FLARE_EXPORT cudaError_t cudaLaunchCooperativeKernel(const void* func, dim3 grid, dim3 block,
                                                      void** args, size_t shmem,
                                                      cudaStream_t stream) {
-  auto real = g_fns.launchCooperativeKernel.get();
+  auto real = g_cudart.launchCooperativeKernel.get();
   if (!real) return cudaErrorInsufficientDriver;
   return timedCall(
       stream, [&] { return kernelInfo(func, args, grid, block); }, ok,
@@ -134,7 +118,7 @@ FLARE_EXPORT cudaError_t cudaLaunchCooperativeKernel(const void* func, dim3 grid
 }
 
 FLARE_EXPORT cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t stream) {
-  auto real = g_fns.graphLaunch.get();
+  auto real = g_cudart.graphLaunch.get();
   if (!real) return cudaErrorInsufficientDriver;
   return timedCall(
       stream, [&] { return namedInfo("cudaGraphLaunch", flare::timing::OpKind::kGraph, 0); }, ok,
@@ -143,7 +127,7 @@ FLARE_EXPORT cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t stre
 
 FLARE_EXPORT cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t count,
                                          cudaMemcpyKind kind, cudaStream_t stream) {
-  auto real = g_fns.memcpyAsync.get();
+  auto real = g_cudart.memcpyAsync.get();
   if (!real) return cudaErrorInsufficientDriver;
   return timedCall(
       stream, [&] { return namedInfo(copyName(kind), flare::timing::OpKind::kMemcpy, count); }, ok,
@@ -151,7 +135,7 @@ FLARE_EXPORT cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t coun
 }
 
 FLARE_EXPORT cudaError_t cudaMemsetAsync(void* ptr, int value, size_t count, cudaStream_t stream) {
-  auto real = g_fns.memsetAsync.get();
+  auto real = g_cudart.memsetAsync.get();
   if (!real) return cudaErrorInsufficientDriver;
   return timedCall(
       stream, [&] { return namedInfo("Memset", flare::timing::OpKind::kMemset, count); }, ok,
@@ -159,26 +143,26 @@ FLARE_EXPORT cudaError_t cudaMemsetAsync(void* ptr, int value, size_t count, cud
 }
 
 FLARE_EXPORT cudaError_t cudaDeviceSynchronize(void) {
-  auto real = g_fns.deviceSynchronize.get();
+  auto real = g_cudart.deviceSynchronize.get();
   if (!real) return cudaErrorInsufficientDriver;
   return hostSpan("cudaDeviceSynchronize", [&] { return real(); });
 }
 
 FLARE_EXPORT cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
-  auto real = g_fns.streamSynchronize.get();
+  auto real = g_cudart.streamSynchronize.get();
   if (!real) return cudaErrorInsufficientDriver;
   return hostSpan("cudaStreamSynchronize", [&] { return real(stream); });
 }
 
 FLARE_EXPORT cudaError_t cudaEventSynchronize(cudaEvent_t event) {
-  auto real = g_fns.eventSynchronize.get();
+  auto real = g_cudart.eventSynchronize.get();
   if (!real) return cudaErrorInsufficientDriver;
   return hostSpan("cudaEventSynchronize", [&] { return real(event); });
 }
 
 FLARE_EXPORT cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event,
                                              unsigned int flags) {
-  auto real = g_fns.streamWaitEvent.get();
+  auto real = g_cudart.streamWaitEvent.get();
   if (!real) return cudaErrorInsufficientDriver;
   return hostSpan("cudaStreamWaitEvent", [&] { return real(stream, event, flags); });
 }

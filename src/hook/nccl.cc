@@ -8,13 +8,13 @@
 // drift.
 #include <nccl.h>
 
-#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <iterator>
 #include <mutex>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "src/hook/real.h"
@@ -166,32 +166,27 @@ timing::OpInfo infoFor(const Part* parts, int n) {
     op.nranks = static_cast<uint32_t>(c->nranks);
     op.seq = (all_p2p ? c->p2p_seq : c->coll_seq).fetch_add(1) + 1;
   }
-  // Signature: the API (or the group's composition), dtype, and the element count.
-  std::string name = n == 1 ? parts[0].api : "ncclGroup";
-  std::string layout;
-  if (n > 1) {
-    int sends = 0, recvs = 0, colls = 0;
-    for (int i = 0; i < n; ++i) {
-      if (std::strcmp(parts[i].api, "ncclSend") == 0)
-        sends++;
-      else if (std::strcmp(parts[i].api, "ncclRecv") == 0)
-        recvs++;
-      else
-        colls++;
-    }
-    layout = "send=" + std::to_string(sends) + " recv=" + std::to_string(recvs) +
-             " coll=" + std::to_string(colls);
-  }
+  // Signature: the API (or "ncclGroup"), dtype, size and communicator size. The key is built
+  // from the API's name literal and numbers only; strings are made on a first sighting alone.
+  const char* name = n == 1 ? parts[0].api : "ncclGroup";
   const int64_t fields[] = {n, static_cast<int64_t>(parts[0].type), static_cast<int64_t>(bytes),
-                            op.nranks};
-  const uint64_t key = hashBytes(name.data(), name.size(), hashBytes(fields, sizeof(fields)));
-  op.signature_id = signatureFor(key, [&] {
+                            op.nranks, static_cast<int64_t>(reinterpret_cast<uintptr_t>(name))};
+  op.signature_id = signatureFor(hashBytes(fields, sizeof(fields)), [&] {
     timing::Signature s;
     s.name = name;
     s.kind = op.kind;
     s.dtype = typeName(parts[0].type);
     s.shape = {static_cast<int64_t>(n == 1 ? parts[0].count : bytes)};
-    s.layout = layout + (layout.empty() ? "" : " ") + "nranks=" + std::to_string(op.nranks);
+    if (n > 1) {
+      int sends = 0, recvs = 0;
+      for (int i = 0; i < n; ++i) {
+        sends += parts[i].p2p && std::strcmp(parts[i].api, "ncclSend") == 0;
+        recvs += parts[i].p2p && std::strcmp(parts[i].api, "ncclRecv") == 0;
+      }
+      s.layout = "send=" + std::to_string(sends) + " recv=" + std::to_string(recvs) +
+                 " coll=" + std::to_string(n - sends - recvs) + " ";
+    }
+    s.layout += "nranks=" + std::to_string(op.nranks);
     return s;
   });
   return op;
@@ -285,9 +280,8 @@ FLARE_EXPORT ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncc
     static std::atomic<uint64_t> splits{0};
     uint64_t salt =
         (parent ? parent->hash : 0) ^ (uint64_t(uint32_t(color)) << 20) ^ splits.fetch_add(1);
-    int n = 1, me = 0;
+    int n = 1;
     if (auto f = g_fns.count.get()) f(*out, &n);
-    (void)me;
     registerComm(*out, nullptr, salt, n, key);
   }
   return r;
@@ -387,10 +381,15 @@ FLARE_EXPORT ncclResult_t ncclGroupEnd() {
   };
   Pending pending[16];
   int np = 0;
-  // Parts of one communicator are contiguous after a stable partition by communicator.
+  // Parts of one communicator are made contiguous, in call order, by a stable insertion sort
+  // in place (std::stable_sort may allocate; groups are short and nearly always one
+  // communicator, which this leaves untouched in one pass).
   Part* parts = t_group.parts;
   const int n = t_group.n;
-  std::stable_sort(parts, parts + n, [](const Part& a, const Part& b) { return a.comm < b.comm; });
+  for (int i = 1; i < n; ++i) {
+    for (int j = i; j > 0 && parts[j].comm < parts[j - 1].comm; --j)
+      std::swap(parts[j], parts[j - 1]);
+  }
   for (int i = 0; i < n && np < 16;) {
     int j = i;
     while (j < n && parts[j].comm == parts[i].comm) ++j;

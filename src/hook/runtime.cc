@@ -20,6 +20,7 @@
 #include "src/common/config.h"
 #include "src/common/identity.h"
 #include "src/common/log.h"
+#include "src/hook/cudart_fns.h"
 #include "src/hook/real.h"
 #include "src/timing/spool_sink.h"
 
@@ -28,27 +29,6 @@ namespace flare::hook {
 thread_local int t_depth = 0;
 
 namespace {
-
-constexpr const char* kCudart = "libcudart.so";
-
-// The runtime's entry points the timing layer needs: never interposed by the hook.
-struct CudartFns {
-  RealFn<cudaError_t (*)(cudaEvent_t*, unsigned)> eventCreateWithFlags{"cudaEventCreateWithFlags",
-                                                                       kCudart};
-  RealFn<cudaError_t (*)(cudaEvent_t)> eventDestroy{"cudaEventDestroy", kCudart};
-  RealFn<cudaError_t (*)(cudaEvent_t, cudaStream_t)> eventRecord{"cudaEventRecord", kCudart};
-  RealFn<cudaError_t (*)(cudaEvent_t)> eventQuery{"cudaEventQuery", kCudart};
-  RealFn<cudaError_t (*)(float*, cudaEvent_t, cudaEvent_t)> eventElapsed{"cudaEventElapsedTime",
-                                                                         kCudart};
-  RealFn<cudaError_t (*)(cudaStream_t, cudaStreamCaptureStatus*)> isCapturing{
-      "cudaStreamIsCapturing", kCudart};
-  RealFn<cudaError_t (*)(int*)> getDevice{"cudaGetDevice", kCudart};
-  RealFn<cudaError_t (*)()> getLastError{"cudaGetLastError", kCudart};
-  RealFn<cudaError_t (*)(int)> setDevice{"cudaSetDevice", kCudart};
-  RealFn<cudaError_t (*)(cudaStream_t*, unsigned)> streamCreateWithFlags{
-      "cudaStreamCreateWithFlags", kCudart};
-};
-CudartFns g_cudart;
 
 // DeviceTimer on the real CUDA runtime.
 class CudaDeviceTimer final : public timing::DeviceTimer {

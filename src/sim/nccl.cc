@@ -14,12 +14,13 @@
 //
 // Segment layout (sizes depend on nranks; all fields are naturally aligned atomics):
 //   Header | RankSlot[nranks] | PairSlot[nranks * nranks] (index sender*nranks + receiver)
-#include <cuda_runtime_api.h>
 #include <fcntl.h>
-#include <nccl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
+
+#include <cuda_runtime_api.h>
+#include <nccl.h>
 
 #include <algorithm>
 #include <atomic>
@@ -76,11 +77,24 @@ thread_local ncclResult_t t_last_result = ncclSuccess;
 
 size_t typeBytes(ncclDataType_t t) {
   switch (t) {
-    case ncclInt8: case ncclUint8: case ncclFloat8e4m3: case ncclFloat8e5m2: return 1;
-    case ncclFloat16: case ncclBfloat16: return 2;
-    case ncclInt32: case ncclUint32: case ncclFloat32: return 4;
-    case ncclInt64: case ncclUint64: case ncclFloat64: return 8;
-    default: return 0;
+    case ncclInt8:
+    case ncclUint8:
+    case ncclFloat8e4m3:
+    case ncclFloat8e5m2:
+      return 1;
+    case ncclFloat16:
+    case ncclBfloat16:
+      return 2;
+    case ncclInt32:
+    case ncclUint32:
+    case ncclFloat32:
+      return 4;
+    case ncclInt64:
+    case ncclUint64:
+    case ncclFloat64:
+      return 8;
+    default:
+      return 0;
   }
 }
 
@@ -95,9 +109,9 @@ struct ncclComm {
   std::string shm_name;
   std::atomic<bool> aborted{false};
   std::mutex mu;
-  uint64_t next_seq = 0;                 // guarded by mu: collectives called so far
-  std::vector<uint64_t> next_send_seq;   // guarded by mu: per peer
-  std::vector<uint64_t> next_recv_seq;   // guarded by mu: per peer
+  uint64_t next_seq = 0;                // guarded by mu: collectives called so far
+  std::vector<uint64_t> next_send_seq;  // guarded by mu: per peer
+  std::vector<uint64_t> next_recv_seq;  // guarded by mu: per peer
 
   RankSlot* slot(int r) {
     return reinterpret_cast<RankSlot*>(reinterpret_cast<char*>(header) + sizeof(Header)) + r;
@@ -119,11 +133,11 @@ namespace {
 // One part of a (possibly grouped) NCCL call.
 struct Part {
   enum Kind { kCollective, kSend, kRecv } kind;
-  double factor = 1.0;   // nccl-tests bus factor
-  size_t bytes = 0;      // S
+  double factor = 1.0;  // nccl-tests bus factor
+  size_t bytes = 0;     // S
   int peer = -1;
-  uint64_t seq = 0;      // collective seq, or per-pair seq for p2p
-  bool hang = false;     // injected: this collective never completes
+  uint64_t seq = 0;   // collective seq, or per-pair seq for p2p
+  bool hang = false;  // injected: this collective never completes
 };
 
 struct GroupOp {
@@ -131,7 +145,9 @@ struct GroupOp {
   std::vector<Part> parts;
 };
 
-bool stop(ncclComm* c) { return flareSimShuttingDown() || c->aborted.load(); }
+bool stop(ncclComm* c) {
+  return flareSimShuttingDown() || c->aborted.load();
+}
 
 // Waits until pred() holds, sleeping on the communicator's generation word.
 template <typename Pred>
@@ -224,9 +240,15 @@ ncclResult_t submit(GroupOp* op, cudaStream_t stream) {
   const char* name = "ncclDevKernel_Generic_sim";
   if (op->parts.size() == 1) {
     switch (op->parts[0].kind) {
-      case Part::kSend: name = "ncclDevKernel_SendRecv_sim"; break;
-      case Part::kRecv: name = "ncclDevKernel_SendRecv_sim"; break;
-      default: name = "ncclDevKernel_Collective_sim"; break;
+      case Part::kSend:
+        name = "ncclDevKernel_SendRecv_sim";
+        break;
+      case Part::kRecv:
+        name = "ncclDevKernel_SendRecv_sim";
+        break;
+      default:
+        name = "ncclDevKernel_Collective_sim";
+        break;
     }
   }
   CUresult r = flareSimEnqueueOp(reinterpret_cast<CUstream>(stream), name, runGroup, op,
@@ -281,6 +303,15 @@ Part collective(size_t bytes, double factor) {
 ncclResult_t setLast(ncclResult_t r) {
   if (r != ncclSuccess) t_last_result = r;
   return r;
+}
+
+// All-gather, reduce-scatter and all-to-all: `count` elements per rank, S = count·n, f = (n-1)/n.
+ncclResult_t perRankCollective(size_t count, ncclDataType_t type, ncclComm_t comm,
+                               cudaStream_t stream) {
+  if (!comm || !typeBytes(type)) return setLast(ncclInvalidArgument);
+  const double n = comm->nranks;
+  return setLast(
+      add(comm, collective(count * typeBytes(type) * comm->nranks, (n - 1) / n), stream));
 }
 
 }  // namespace
@@ -440,15 +471,24 @@ SIM_API ncclResult_t pncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* error
 
 SIM_API const char* pncclGetErrorString(ncclResult_t r) {
   switch (r) {
-    case ncclSuccess: return "no error";
-    case ncclUnhandledCudaError: return "unhandled cuda error";
-    case ncclSystemError: return "unhandled system error";
-    case ncclInternalError: return "internal error";
-    case ncclInvalidArgument: return "invalid argument";
-    case ncclInvalidUsage: return "invalid usage";
-    case ncclRemoteError: return "remote process exited or there was a network error";
-    case ncclInProgress: return "NCCL operation in progress";
-    default: return "unknown result code";
+    case ncclSuccess:
+      return "no error";
+    case ncclUnhandledCudaError:
+      return "unhandled cuda error";
+    case ncclSystemError:
+      return "unhandled system error";
+    case ncclInternalError:
+      return "internal error";
+    case ncclInvalidArgument:
+      return "invalid argument";
+    case ncclInvalidUsage:
+      return "invalid usage";
+    case ncclRemoteError:
+      return "remote process exited or there was a network error";
+    case ncclInProgress:
+      return "NCCL operation in progress";
+    default:
+      return "unknown result code";
   }
 }
 
@@ -474,9 +514,8 @@ SIM_API ncclResult_t pncclGroupEnd() {
   return setLast(result);
 }
 
-SIM_API ncclResult_t pncclAllReduce(const void* send, void* recv, size_t count,
-                                    ncclDataType_t type, ncclRedOp_t op, ncclComm_t comm,
-                                    cudaStream_t stream) {
+SIM_API ncclResult_t pncclAllReduce(const void* send, void* recv, size_t count, ncclDataType_t type,
+                                    ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream) {
   if (!comm || !typeBytes(type)) return setLast(ncclInvalidArgument);
   const double n = comm->nranks;
   return setLast(add(comm, collective(count * typeBytes(type), 2 * (n - 1) / n), stream));
@@ -484,32 +523,22 @@ SIM_API ncclResult_t pncclAllReduce(const void* send, void* recv, size_t count,
 
 SIM_API ncclResult_t pncclAllGather(const void* send, void* recv, size_t sendcount,
                                     ncclDataType_t type, ncclComm_t comm, cudaStream_t stream) {
-  if (!comm || !typeBytes(type)) return setLast(ncclInvalidArgument);
-  const double n = comm->nranks;
-  return setLast(
-      add(comm, collective(sendcount * typeBytes(type) * comm->nranks, (n - 1) / n), stream));
+  return perRankCollective(sendcount, type, comm, stream);
 }
 
 SIM_API ncclResult_t pncclReduceScatter(const void* send, void* recv, size_t recvcount,
                                         ncclDataType_t type, ncclRedOp_t op, ncclComm_t comm,
                                         cudaStream_t stream) {
-  if (!comm || !typeBytes(type)) return setLast(ncclInvalidArgument);
-  const double n = comm->nranks;
-  return setLast(
-      add(comm, collective(recvcount * typeBytes(type) * comm->nranks, (n - 1) / n), stream));
+  return perRankCollective(recvcount, type, comm, stream);
 }
 
 SIM_API ncclResult_t pncclAlltoAll(const void* send, void* recv, size_t count, ncclDataType_t type,
                                    ncclComm_t comm, cudaStream_t stream) {
-  if (!comm || !typeBytes(type)) return setLast(ncclInvalidArgument);
-  const double n = comm->nranks;
-  return setLast(
-      add(comm, collective(count * typeBytes(type) * comm->nranks, (n - 1) / n), stream));
+  return perRankCollective(count, type, comm, stream);
 }
 
-SIM_API ncclResult_t pncclBroadcast(const void* send, void* recv, size_t count,
-                                    ncclDataType_t type, int root, ncclComm_t comm,
-                                    cudaStream_t stream) {
+SIM_API ncclResult_t pncclBroadcast(const void* send, void* recv, size_t count, ncclDataType_t type,
+                                    int root, ncclComm_t comm, cudaStream_t stream) {
   if (!comm || !typeBytes(type) || root < 0 || root >= comm->nranks) {
     return setLast(ncclInvalidArgument);
   }

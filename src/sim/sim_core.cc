@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <set>
+#include <string_view>
 #include <unordered_map>
 
 #include "src/common/config.h"
@@ -23,27 +24,18 @@ std::atomic<int64_t> g_step{0};
 int rankFromEnv() {
   for (const char* var : {"RANK", "SLURM_PROCID"}) {
     if (auto v = common::getEnv(var)) {
-      if (auto r = common::parseInt(*v); r && *r >= 0 && *r < (1 << 24)) return static_cast<int>(*r);
+      if (auto r = common::parseInt(*v); r && *r >= 0 && *r < (1 << 24))
+        return static_cast<int>(*r);
     }
   }
   return 0;
-}
-
-// The entry of a rank list that applies to `rank` (an exact rank wins over '*').
-const common::RankEntry* entryFor(const std::vector<common::RankEntry>& list, int rank) {
-  const common::RankEntry* any = nullptr;
-  for (const auto& e : list) {
-    if (e.rank == rank) return &e;
-    if (e.rank == -1) any = &e;
-  }
-  return any;
 }
 
 double factorFor(const char* var, int rank) {
   auto raw = common::getEnv(var);
   if (!raw) return 1.0;
   auto list = common::parseRankList(var, *raw, 1, 1);
-  const auto* e = entryFor(list, rank);
+  const auto* e = common::entryForRank(list, rank);
   if (!e) return 1.0;
   auto f = common::parseDouble(e->fields[0]);
   if (!f || !(*f > 0.0) || *f > 100.0) {
@@ -95,7 +87,7 @@ Settings loadSettings() {
 
 struct DeviceState {
   std::mutex mu;
-  std::set<CUstream_st*> streams;  // guarded by mu: live streams of every device
+  std::set<CUstream_st*> streams;    // guarded by mu: live streams of every device
   std::vector<CUstream_st*> legacy;  // guarded by mu: per-device legacy stream (lazy)
   std::atomic<uint64_t> next_stream_id{1};
 };
@@ -119,8 +111,8 @@ void runOp(CUstream_st* s, Op& op) {
   Ns start = std::max(s->last_end, op.issue_ns);
   switch (op.kind) {
     case Op::Kind::kKernel: {
-      start = std::max(s->last_end,
-                       op.issue_ns + static_cast<Ns>(cfg.launch_latency_us * 1000 * cfg.time_scale));
+      start = std::max(s->last_end, op.issue_ns + static_cast<Ns>(cfg.launch_latency_us * 1000 *
+                                                                  cfg.time_scale));
       if (op.hang) {
         // Injected fault: this kernel never finishes. Leave only when the process exits.
         while (!shuttingDown()) flareSimSleepUntil(nowNs() + 100'000'000);
@@ -234,10 +226,16 @@ Ns nowNs() {
   return static_cast<Ns>(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
 }
 
-bool shuttingDown() { return g_shutdown.load(std::memory_order_relaxed); }
+bool shuttingDown() {
+  return g_shutdown.load(std::memory_order_relaxed);
+}
 
-int currentDevice() { return t_device; }
-void setCurrentDevice(int device) { t_device = device; }
+int currentDevice() {
+  return t_device;
+}
+void setCurrentDevice(int device) {
+  t_device = device;
+}
 
 CUstream_st* resolveStream(CUstream stream) {
   if (stream == CU_STREAM_PER_THREAD) {
@@ -504,8 +502,7 @@ __attribute__((visibility("default"))) int flareSimRegisterKernelCost(const char
   return 0;
 }
 
-__attribute__((visibility("default"))) CUresult flareSimEnqueueOp(CUstream stream,
-                                                                  const char* name,
+__attribute__((visibility("default"))) CUresult flareSimEnqueueOp(CUstream stream, const char* name,
                                                                   FlareSimOpFn fn, void* ctx,
                                                                   void (*free_ctx)(void*)) {
   using flare::sim::Op;
@@ -525,7 +522,9 @@ __attribute__((visibility("default"))) CUresult flareSimEnqueueOp(CUstream strea
   return flare::sim::enqueue(s, std::move(op));
 }
 
-__attribute__((visibility("default"))) int64_t flareSimNowNs(void) { return nowNs(); }
+__attribute__((visibility("default"))) int64_t flareSimNowNs(void) {
+  return nowNs();
+}
 __attribute__((visibility("default"))) int flareSimRank(void) {
   return flare::sim::settings().rank;
 }
@@ -544,7 +543,7 @@ __attribute__((visibility("default"))) double flareSimLinkFactor(void) {
 __attribute__((visibility("default"))) double flareSimSetting(const char* name) {
   const auto& s = flare::sim::settings();
   if (!name) return 0;
-  std::string n(name);
+  const std::string_view n(name);
   if (n == "peak_tflops") return s.peak_tflops;
   if (n == "mem_bw_gbps") return s.mem_bw_gbps;
   if (n == "busbw_gbps") return s.busbw_gbps;
@@ -555,7 +554,7 @@ __attribute__((visibility("default"))) double flareSimSetting(const char* name) 
 __attribute__((visibility("default"))) int64_t flareSimHangStep(const char* kind) {
   const auto& s = flare::sim::settings();
   if (!kind) return -1;
-  std::string k(kind);
+  const std::string_view k(kind);
   if (k == "collective") return s.hang_collective_step;
   if (k == "compute") return s.hang_compute_step;
   if (k == "skip") return s.hang_skip_step;
@@ -565,8 +564,8 @@ __attribute__((visibility("default"))) int flareSimShuttingDown(void) {
   return flare::sim::shuttingDown() ? 1 : 0;
 }
 __attribute__((visibility("default"))) void flareSimWaitWord(const volatile uint32_t* word,
-                                                            uint32_t expected,
-                                                            int64_t timeout_ns) {
+                                                             uint32_t expected,
+                                                             int64_t timeout_ns) {
   if (timeout_ns < 0) timeout_ns = 100'000'000;
   timespec ts{static_cast<time_t>(timeout_ns / 1'000'000'000),
               static_cast<long>(timeout_ns % 1'000'000'000)};

@@ -27,6 +27,8 @@
 #include <string>
 #include <vector>
 
+#include "src/common/config.h"
+
 namespace fs = std::filesystem;
 
 namespace {
@@ -53,10 +55,9 @@ struct Args {
 }
 
 bool positiveNumber(const char* s, double* out) {
-  char* end = nullptr;
-  double v = std::strtod(s, &end);
-  if (!*s || *end || !(v >= 0) || v > 1e9) return false;
-  *out = v;
+  auto v = flare::common::parseDouble(s);
+  if (!v || !(*v >= 0) || *v > 1e9) return false;
+  *out = *v;
   return true;
 }
 

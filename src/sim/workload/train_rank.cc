@@ -8,22 +8,10 @@
 #include <exception>
 #include <string>
 
+#include "src/common/config.h"
 #include "src/sim/workload/workload.h"
 
 namespace {
-
-int envInt(const char* name, int def) {
-  const char* v = std::getenv(name);
-  if (!v || !*v) return def;
-  char* end = nullptr;
-  long x = std::strtol(v, &end, 10);
-  if (*end || x < 0 || x > (1 << 24)) {
-    std::fprintf(stderr, "flare-sim-rank: %s='%s' is not a valid rank number; using %d\n", name, v,
-                 def);
-    return def;
-  }
-  return static_cast<int>(x);
-}
 
 int usage() {
   std::fprintf(stderr,
@@ -68,8 +56,8 @@ int main(int argc, char** argv) {
     else
       return usage();
   }
-  o.rank = envInt("RANK", 0);
-  o.world_size = envInt("WORLD_SIZE", 1);
+  o.rank = static_cast<int>(flare::common::envInt("RANK", 0, 0, 1 << 24));
+  o.world_size = static_cast<int>(flare::common::envInt("WORLD_SIZE", 1, 1, 1 << 24));
   if (o.rank >= o.world_size) {
     std::fprintf(stderr, "flare-sim-rank: RANK %d >= WORLD_SIZE %d\n", o.rank, o.world_size);
     return 2;

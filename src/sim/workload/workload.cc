@@ -11,10 +11,12 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <thread>
 
+#include "src/common/config.h"
 #include "src/sim/cuda_registration.h"
 #include "src/sim/flare_sim.h"
 
@@ -97,53 +99,40 @@ struct Stall {
   int every = 1;
 };
 
+// The entry of a FLARE_SIM_* rank list for `rank` (an exact rank wins over '*'), parsed and
+// validated by the shared reader (bad entries warn once and are skipped).
+std::optional<common::RankEntry> entryFor(const char* var, int rank, size_t min_fields,
+                                          size_t max_fields) {
+  auto raw = common::getEnv(var);
+  if (!raw) return std::nullopt;
+  const auto list = common::parseRankList(var, *raw, min_fields, max_fields);
+  const common::RankEntry* e = common::entryForRank(list, rank);
+  return e ? std::optional<common::RankEntry>(*e) : std::nullopt;
+}
+
+// FLARE_SIM_HOST_STALL=RANK:MS[:EVERY_N_STEPS]
 Stall hostStallFor(int rank) {
   Stall s;
-  const char* v = std::getenv("FLARE_SIM_HOST_STALL");
-  if (!v) return s;
-  // RANK:MS[:EVERY_N_STEPS],... (validated the same way by the simulator's settings)
-  std::string all(v);
-  size_t pos = 0;
-  while (pos <= all.size()) {
-    size_t end = all.find(',', pos);
-    std::string e = all.substr(pos, end == std::string::npos ? std::string::npos : end - pos);
-    int r = -2, every = 1;
-    double ms = 0;
-    int n = std::sscanf(e.c_str(), "%d:%lf:%d", &r, &ms, &every);
-    if (n < 2 && e.size() > 1 && e[0] == '*') {
-      r = -1;
-      n = 1 + std::sscanf(e.c_str() + 1, ":%lf:%d", &ms, &every);
-    }
-    if (n >= 2 && (r == rank || r == -1) && ms > 0 && every > 0) {
-      s.ms = ms;
-      s.every = every;
-    } else if (n < 2 || ms <= 0 || every <= 0) {
-      std::fprintf(stderr,
-                   "flare-sim: FLARE_SIM_HOST_STALL entry '%s' is not RANK:MS[:EVERY]; "
-                   "ignored\n",
-                   e.c_str());
-    }
-    if (end == std::string::npos) break;
-    pos = end + 1;
+  auto e = entryFor("FLARE_SIM_HOST_STALL", rank, 1, 2);
+  if (!e) return s;
+  auto ms = common::parseDouble(e->fields[0]);
+  auto every = e->fields.size() > 1 ? common::parseInt(e->fields[1]) : std::optional<int64_t>(1);
+  if (!ms || *ms <= 0 || !every || *every <= 0) {
+    common::configWarning("flare-sim: FLARE_SIM_HOST_STALL entry for rank " + std::to_string(rank) +
+                          " is not RANK:MS[:EVERY]; ignored");
+    return s;
   }
+  s.ms = *ms;
+  s.every = static_cast<int>(*every);
   return s;
 }
 
+// FLARE_SIM_CRASH=RANK:STEP
 int64_t crashStepFor(int rank) {
-  const char* v = std::getenv("FLARE_SIM_CRASH");
-  if (!v) return -1;
-  int r = -2;
-  long long step = -1;
-  std::string all(v);
-  size_t pos = 0;
-  while (pos <= all.size()) {
-    size_t end = all.find(',', pos);
-    std::string e = all.substr(pos, end == std::string::npos ? std::string::npos : end - pos);
-    if (std::sscanf(e.c_str(), "%d:%lld", &r, &step) == 2 && r == rank && step >= 0) return step;
-    if (end == std::string::npos) break;
-    pos = end + 1;
-  }
-  return -1;
+  auto e = entryFor("FLARE_SIM_CRASH", rank, 1, 1);
+  if (!e) return -1;
+  auto step = common::parseInt(e->fields[0]);
+  return step && *step >= 0 ? *step : -1;
 }
 
 double msSince(std::chrono::steady_clock::time_point t) {
