@@ -4,6 +4,14 @@ find_package(Protobuf REQUIRED)
 find_package(spdlog REQUIRED)
 find_package(fmt REQUIRED)
 find_package(GTest REQUIRED)
+# gRPC and SQLite through pkg-config: Debian's gRPC ships no complete CMake package.
+find_package(PkgConfig REQUIRED)
+pkg_check_modules(FLARE_GRPCPP REQUIRED IMPORTED_TARGET grpc++)
+pkg_check_modules(FLARE_SQLITE REQUIRED IMPORTED_TARGET sqlite3)
+add_library(flare_grpc INTERFACE)
+target_link_libraries(flare_grpc INTERFACE PkgConfig::FLARE_GRPCPP protobuf::libprotobuf)
+add_library(flare_sqlite INTERFACE)
+target_link_libraries(flare_sqlite INTERFACE PkgConfig::FLARE_SQLITE)
 
 # The CUDA toolkit: only headers and (for real-GPU builds) the libraries. No GPU is needed.
 set(FLARE_CUDA_INCLUDE_DIR ${FLARE_CUDA_HOME}/include)
