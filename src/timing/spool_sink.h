@@ -8,11 +8,9 @@
 //   │ varint │ RecordBatch (≤ ~64K) │ varint │ RecordBatch          │ ...
 //   └────────┴──────────────────────┴────────┴──────────────────────┴───
 //
-// Each batch carries the signatures first seen since the previous batch (a signature is
-// written once, in the batch that holds the first op using it or an earlier one), the kernel
-// records, the cumulative drop counters and batch_seq (1, 2, ... without gaps). Times are
-// converted from CLOCK_MONOTONIC to Unix-epoch nanoseconds with a ClockMap sampled when each
-// batch is opened. A batch is cut at about batch_bytes or at flush(). A crash loses at most the
+// The batches come from a BatchBuilder (batch_builder.h: tables before records, epoch times,
+// cumulative drop counters, batch_seq 1, 2, ... without gaps), cut at about batch_bytes or at
+// flush(). A crash loses at most the
 // open batch; a crash during a write leaves a truncated last batch, which readSpoolFile()
 // reports (returning the complete batches before it).
 //
@@ -35,6 +33,7 @@
 
 #include "flare/v1/records.pb.h"
 #include "src/common/clock.h"
+#include "src/timing/batch_builder.h"
 #include "src/timing/timing.h"
 
 namespace flare::timing {
@@ -59,6 +58,8 @@ class SpoolSink final : public Sink {
   void onOps(std::span<const CompletedOp> ops) override;
   void onDrops(const DropCounters& totals) override;
   void flush() override;
+  void onApiName(uint32_t id, const std::string& qualified_name) override;
+  void onSpans(std::span<const CompletedSpan> spans) override;
 
   const std::string& path() const { return path_; }
   bool disabled() const { return disabled_.load(std::memory_order_acquire); }
@@ -67,27 +68,16 @@ class SpoolSink final : public Sink {
   uint64_t recordsDropped() const { return dropped_.load(std::memory_order_relaxed); }
 
  private:
-  void openBatch();
-  void closeBatch();
+  void write(const flare::v1::RecordBatch& batch);  // the builder's emit
   void disable(const std::string& what, int err);
   bool writeAll(const std::string& bytes);
 
-  const int rank_;
+  BatchBuilder builder_;
   std::string path_;
-  SpoolSinkOptions options_;
   int fd_ = -1;
   std::atomic<bool> disabled_{false};
   std::atomic<uint64_t> written_{0};
   std::atomic<uint64_t> dropped_{0};
-
-  flare::v1::RecordBatch batch_;
-  size_t batch_size_ = 0;  // estimate of batch_'s encoded size
-  bool batch_open_ = false;
-  uint64_t batch_seq_ = 0;
-  common::ClockMap clock_map_;
-  DropCounters drops_;
-  bool drops_dirty_ = false;
-  std::unordered_map<uint32_t, uint64_t> collective_counts_;  // signature id → count (shape[0])
 };
 
 // Reads a spool file. On success returns true with every batch in `out` (appended). On a
@@ -95,9 +85,5 @@ class SpoolSink final : public Sink {
 // `out` then holds the complete batches before the bad one. An empty file is valid.
 bool readSpoolFile(const std::string& path, std::vector<flare::v1::RecordBatch>* out,
                    std::string* error);
-
-// The wire enum of an OpKind and of a dtype string ("bf16", "fp16", "float32", ...).
-flare::v1::OpKind toProtoKind(OpKind kind);
-flare::v1::DType toProtoDType(const std::string& dtype);
 
 }  // namespace flare::timing

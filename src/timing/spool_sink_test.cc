@@ -194,6 +194,54 @@ TEST_F(SpoolSinkTest, BatchesAreCutBySizeAndSignaturesSentOnce) {
   EXPECT_EQ(kernels, 1000);
 }
 
+TEST_F(SpoolSinkTest, SpansAndApiNamesRoundTripWithGcDetails) {
+  std::string path;
+  {
+    SpoolSink sink(dir_, "job", 3, 1, fixedOptions());
+    path = sink.path();
+    sink.onApiName(1, "torch.cuda@synchronize");
+    sink.onApiName(2, "gc@collect");
+    std::vector<CompletedSpan> spans(2);
+    spans[0] = CompletedSpan{.id = 1, .api_id = 1, .thread_id = 77, .start_ns = 100, .end_ns = 250};
+    spans[1] = CompletedSpan{.id = 2,
+                             .api_id = 2,
+                             .thread_id = 77,
+                             .parent_id = 1,
+                             .start_ns = 120,
+                             .end_ns = 200,
+                             .gc_generation = 2,
+                             .gc_collected = 31,
+                             .gc_uncollectable = 1};
+    sink.onSpans(spans);
+    CompletedOp op = kernelOp(1, 0, 300);
+    op.parent_span_id = 1;
+    op.correlation_id = 5;
+    sink.onSignature(1, makeSignature("k1"));
+    sink.onOps(std::span<const CompletedOp>(&op, 1));
+    DropCounters drops;
+    drops.spans_dropped = 4;
+    sink.onDrops(drops);
+  }
+  const auto batches = readBack(path);
+  ASSERT_EQ(batches.size(), 1u);
+  const auto& b = batches[0];
+  ASSERT_EQ(b.api_names_size(), 2);
+  EXPECT_EQ(b.api_names(0).qualified_name(), "torch.cuda@synchronize");
+  ASSERT_EQ(b.spans_size(), 2);
+  EXPECT_EQ(b.spans(0).start_ns(), kEpochOffset + 100);
+  EXPECT_EQ(b.spans(0).end_ns(), kEpochOffset + 250);
+  EXPECT_FALSE(b.spans(0).has_gc());
+  EXPECT_EQ(b.spans(1).parent_span_id(), 1u);
+  ASSERT_TRUE(b.spans(1).has_gc());
+  EXPECT_EQ(b.spans(1).gc().generation(), 2);
+  EXPECT_EQ(b.spans(1).gc().collected(), 31);
+  EXPECT_EQ(b.spans(1).gc().uncollectable(), 1);
+  ASSERT_EQ(b.kernels_size(), 1);
+  EXPECT_EQ(b.kernels(0).parent_span_id(), 1u);
+  EXPECT_EQ(b.kernels(0).correlation_id(), 5u);
+  EXPECT_EQ(b.drops().spans_dropped(), 4u);
+}
+
 TEST_F(SpoolSinkTest, DropsAloneMakeABatch) {
   std::string path;
   {

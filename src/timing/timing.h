@@ -63,10 +63,26 @@ struct CompletedOp {
   OpInfo info;
   uint64_t stream_id = 0;  // stable id of the stream within the process (0 = legacy default)
   int32_t device = 0;
-  uint32_t thread_id = 0;  // launching thread (gettid)
-  int64_t issue_ns = 0;    // host time of the API call
-  int64_t start_ns = 0;    // GPU start, mapped to host time (kSync: host start)
-  int64_t end_ns = 0;      // GPU end, mapped to host time (kSync: host end)
+  uint32_t thread_id = 0;       // launching thread (gettid)
+  int64_t issue_ns = 0;         // host time of the API call
+  int64_t start_ns = 0;         // GPU start, mapped to host time (kSync: host start)
+  int64_t end_ns = 0;           // GPU end, mapped to host time (kSync: host end)
+  uint64_t parent_span_id = 0;  // innermost traced Python span open on the launching thread
+  uint64_t correlation_id = 0;  // per-process launch counter; 0: not assigned
+};
+
+// A completed call of a traced Python API (src/pyprof), in host monotonic nanoseconds. Spans of
+// one thread nest: parent_id is the span that was open when this one began (0: none).
+struct CompletedSpan {
+  uint64_t id = 0;      // per process, from 1
+  uint32_t api_id = 0;  // interned API name (see Sink::onApiName)
+  uint32_t thread_id = 0;
+  uint64_t parent_id = 0;
+  int64_t start_ns = 0;
+  int64_t end_ns = 0;
+  int32_t gc_generation = -1;  // GC spans: the collected generation; -1 otherwise
+  int64_t gc_collected = 0;
+  int64_t gc_uncollectable = 0;
 };
 
 struct DropCounters {
@@ -75,6 +91,7 @@ struct DropCounters {
   uint64_t event_errors = 0;      // an event call failed (that op is lost)
   uint64_t capturing = 0;         // ops skipped because their stream was being captured
   uint64_t unfinished = 0;        // ops still pending when the Tracer was destroyed (stuck stream)
+  uint64_t spans_dropped = 0;     // traced Python spans dropped (span ring full)
 };
 
 // The vendor seam: everything the timing layer asks of the GPU.
@@ -110,6 +127,9 @@ class Sink {
   virtual void onOps(std::span<const CompletedOp> ops) = 0;
   virtual void onDrops(const DropCounters& totals) = 0;
   virtual void flush() = 0;
+  // Traced Python APIs: a name is announced once, before the first span that uses its id.
+  virtual void onApiName(uint32_t /*id*/, const std::string& /*qualified_name*/) {}
+  virtual void onSpans(std::span<const CompletedSpan> /*spans*/) {}
 };
 
 struct TracerOptions {

@@ -1,0 +1,74 @@
+// Turns what a Sink receives (signatures, ops, API names, spans, drop counters) into
+// flare.v1.RecordBatch messages: the one encoder of the rank's output, shared by the local spool
+// (spool_sink.h) and the stream to flared.
+//
+// A batch holds the tables first seen since the previous batch (signatures and API names come
+// before the records that use them), the kernel records and spans, and the cumulative drop
+// counters. Times are converted from CLOCK_MONOTONIC to Unix-epoch nanoseconds with a ClockMap
+// sampled when each batch is opened. A batch is closed at about `batch_bytes` of encoded records
+// or at flush(), numbered (batch_seq 1, 2, ... without gaps) and handed to the owner's `emit`.
+//
+// Not thread-safe: called on the Tracer's poller thread only (like the Sink methods).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <string>
+#include <unordered_map>
+
+#include "flare/v1/records.pb.h"
+#include "src/common/clock.h"
+#include "src/timing/timing.h"
+
+namespace flare::timing {
+
+struct BatchBuilderOptions {
+  size_t batch_bytes = 64 * 1024;  // a batch is closed once its records reach about this size
+  // Monotonic → epoch map, taken each time a batch is opened. Default: ClockMap::sample().
+  std::function<common::ClockMap()> clock_map;
+  // Called when a batch is closed, to add counters only the owner knows (spool or send drops).
+  std::function<void(flare::v1::DropCounters*)> extra_drops;
+};
+
+class BatchBuilder {
+ public:
+  // `emit` receives each closed batch; it may keep it (moved from). It is called from inside
+  // the add*/flush calls.
+  using Emit = std::function<void(flare::v1::RecordBatch&& batch)>;
+  BatchBuilder(int rank, BatchBuilderOptions options, Emit emit);
+
+  void addSignature(uint32_t id, const Signature& sig);
+  void addOps(std::span<const CompletedOp> ops);
+  void addApiName(uint32_t id, const std::string& qualified_name);
+  void addSpans(std::span<const CompletedSpan> spans);
+  void setDrops(const DropCounters& totals);  // cumulative; goes out with the next batch
+  // Closes the open batch if it holds anything (or the drop counters changed).
+  void flush();
+
+  uint64_t batchesClosed() const { return batch_seq_; }
+
+ private:
+  void openBatch();
+  void account(size_t bytes);  // closes the batch once it is full
+  void closeBatch();
+
+  const int rank_;
+  BatchBuilderOptions options_;
+  Emit emit_;
+  flare::v1::RecordBatch batch_;
+  size_t batch_size_ = 0;  // estimate of batch_'s encoded size
+  bool batch_open_ = false;
+  uint64_t batch_seq_ = 0;
+  common::ClockMap clock_map_;
+  DropCounters drops_;
+  bool drops_dirty_ = false;
+  std::unordered_map<uint32_t, uint64_t> collective_counts_;  // signature id → count (shape[0])
+};
+
+// The wire enum of an OpKind and of a dtype string ("bf16", "fp16", "float32", ...).
+flare::v1::OpKind toProtoKind(OpKind kind);
+flare::v1::DType toProtoDType(const std::string& dtype);
+
+}  // namespace flare::timing
