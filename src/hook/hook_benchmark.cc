@@ -7,6 +7,7 @@
 // exactly as LD_PRELOAD would.
 #include <benchmark/benchmark.h>
 
+#include <cublasLt.h>
 #include <cuda_runtime_api.h>
 
 #include "src/sim/testing/sim_kernels.h"
@@ -29,6 +30,38 @@ void BM_InterceptedLaunch(benchmark::State& state) {
   state.SetItemsProcessed(n);
 }
 BENCHMARK(BM_InterceptedLaunch)->MinTime(1.0);
+
+// PyTorch's cuBLASLt pattern: layouts created, used once and destroyed around every matmul (the
+// hook reads the shape from its shadow of the Create/Set calls, not with attribute queries).
+void BM_LtMatmulLayoutsPerCall(benchmark::State& state) {
+  cublasLtHandle_t lt;
+  cublasLtCreate(&lt);
+  cudaStream_t s;
+  cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+  cublasLtMatmulDesc_t desc;
+  cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F);
+  const cublasOperation_t trans_b = CUBLAS_OP_T;
+  cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &trans_b, sizeof(trans_b));
+  const float alpha = 1, beta = 0;
+  int64_t n = 0;
+  for (auto _ : state) {
+    cublasLtMatrixLayout_t a, b, c;
+    cublasLtMatrixLayoutCreate(&a, CUDA_R_16BF, 64, 64, 64);
+    cublasLtMatrixLayoutCreate(&b, CUDA_R_16BF, 64, 64, 64);
+    cublasLtMatrixLayoutCreate(&c, CUDA_R_16BF, 64, 64, 64);
+    cublasLtMatmul(lt, desc, &alpha, nullptr, a, nullptr, b, &beta, nullptr, c, nullptr, c, nullptr,
+                   nullptr, 0, s);
+    cublasLtMatrixLayoutDestroy(a);
+    cublasLtMatrixLayoutDestroy(b);
+    cublasLtMatrixLayoutDestroy(c);
+    if (++n % 512 == 0) cudaStreamSynchronize(s);
+  }
+  cudaStreamSynchronize(s);
+  cublasLtMatmulDescDestroy(desc);
+  cublasLtDestroy(lt);
+  state.SetItemsProcessed(n);
+}
+BENCHMARK(BM_LtMatmulLayoutsPerCall)->MinTime(1.0);
 
 }  // namespace
 

@@ -83,6 +83,25 @@ def test_gemm_shapes_flops_and_durations(traced):
     assert len(exact) >= len(qkv) // 2
 
 
+def test_cublaslt_shapes_come_from_descriptors_created_per_call(traced):
+    # The C++ workload creates and destroys its cuBLASLt layouts around every matmul, as PyTorch
+    # does; the hook reads them from its shadow of the Create/Set calls.
+    records, _ = traced()
+    h, T = HIDDEN, SEQ  # micro-batch 1
+    h_tp, ffn_tp = h // TP, 4 * h // TP
+    expected = {(h, ffn_tp, T), (ffn_tp, h, T), (h, h_tp, T), (3 * h_tp, h, T)}
+    lt = [r for r in records if r["name"] == "cublasLtMatmul"]
+    assert lt
+    seen = set()
+    for r in lt:
+        m, n, k, batch = r["shape"]
+        seen.add((m, n, k))
+        assert batch == 1 and r["dtype"] == "bf16" and r["kind"] == "gemm"
+        assert r["layout"] == f"nt lda={m} ldb={n} ldc={m} out=bf16", r["layout"]
+        assert r["flops"] == 2 * m * n * k
+    assert seen == expected
+
+
 def test_collectives_carry_communicator_identity_and_sequence(traced):
     records, _ = traced()
     coll = [r for r in records if r["kind"] == "collective"]
