@@ -7,7 +7,7 @@ CMAKE_FLAGS += -DFLARE_WERROR=ON
 endif
 PYTHON ?= python3
 
-.PHONY: all deps configure build test unit-test py-test demo format clean
+.PHONY: all deps configure build test unit-test py-test demo bench format clean
 
 all: build
 
@@ -30,6 +30,10 @@ test: unit-test py-test
 
 demo: build
 	@bash tools/demo.sh $(BUILD_DIR)
+
+# The evaluation (overhead, hot path, volume; more sections as parts land): tools/bench/run.py.
+bench: build
+	$(PYTHON) tools/bench/run.py --build $(BUILD_DIR)
 
 format:
 	@git ls-files '*.cc' '*.h' | xargs clang-format -i

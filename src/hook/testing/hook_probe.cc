@@ -7,6 +7,7 @@
 //   hook_probe hung            a kernel that never finishes on one stream, work on another
 //   hook_probe fork            a child forked between launches (a DataLoader worker)
 //   hook_probe custom          a kernel declared through flare_register_kernel
+//   hook_probe launches N      N kernel launches on one stream (instruction counts, make bench)
 #include <dlfcn.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -167,6 +168,17 @@ int custom() {
   return 0;
 }
 
+int launches(long n) {
+  cudaStream_t s;
+  cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+  for (long i = 0; i < n; ++i) {
+    launch(kernel(), 1'000, s);
+    if ((i + 1) % 512 == 0) cudaStreamSynchronize(s);  // keep the simulated queue short
+  }
+  cudaStreamSynchronize(s);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -178,6 +190,7 @@ int main(int argc, char** argv) {
   if (mode == "hung") return hung();
   if (mode == "fork") return forked();
   if (mode == "custom") return custom();
+  if (mode == "launches") return launches(argc > 2 ? std::atol(argv[2]) : 1000);
   std::fprintf(stderr, "unknown mode %s\n", mode.c_str());
   return 2;
 }
