@@ -34,10 +34,14 @@ fi
 
 # Python test dependencies, for every interpreter the tests run on.
 # FLARE_PYTHONS may list interpreters; by default the first python3 on PATH.
-PY_PACKAGES=(pytest)
+# Each entry is IMPORT_NAME or IMPORT_NAME:PIP_NAME. HolisticTraceAnalysis (hta) checks that
+# the timeline export loads in HTA (tests/python/test_timeline.py).
+PY_PACKAGES=(pytest psutil hta:HolisticTraceAnalysis)
 for py in ${FLARE_PYTHONS:-$(command -v python3)}; do
-  for pkg in "${PY_PACKAGES[@]}"; do
-    if ! "$py" -c "import $pkg" 2>/dev/null; then
+  for entry in "${PY_PACKAGES[@]}"; do
+    mod="${entry%%:*}"
+    pkg="${entry#*:}"
+    if ! "$py" -c "import $mod" 2>/dev/null; then
       echo "install-deps: pip install $pkg for $py"
       "$py" -m pip install -q "$pkg"
     fi

@@ -1,0 +1,128 @@
+"""flare-timeline on a traced 8-rank sim job: a well-formed Perfetto/Kineto trace."""
+
+import collections
+import json
+import os
+import subprocess
+
+import pytest
+
+import trace_rules
+
+RANKS, STEPS, LAYERS = 8, 3, 2
+
+
+@pytest.fixture(scope="module")
+def spool(build_dir, tmp_path_factory):
+    out = tmp_path_factory.mktemp("spool")
+    env = dict(os.environ, LD_PRELOAD=os.path.join(build_dir, "lib", "libflare_hook.so"),
+               FLARE_OUTPUT_DIR=str(out), FLARE_JOB_ID="timeline")
+    res = subprocess.run([os.path.join(build_dir, "bin", "flare-sim-train"), "--ranks", str(RANKS),
+                          "--steps", str(STEPS), "--layers", str(LAYERS), "--hidden", "1024",
+                          "--seq", "512", "--tp", "2", "--quiet"],
+                         env=env, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    exp = subprocess.run([os.path.join(build_dir, "bin", "flare-export"), "--input", str(out)],
+                         capture_output=True, text=True, timeout=60)
+    assert exp.returncode == 0, exp.stderr
+    return out, [json.loads(line) for line in exp.stdout.splitlines()]
+
+
+def timeline(build_dir, *args):
+    return subprocess.run([os.path.join(build_dir, "bin", "flare-timeline"), *args],
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_combined_trace_is_well_formed_and_complete(build_dir, spool, tmp_path):
+    out, records = spool
+    path = tmp_path / "trace.json"
+    res = timeline(build_dir, "--input", str(out), "-o", str(path))
+    assert res.returncode == 0, res.stderr
+    trace = json.loads(path.read_text())
+    assert trace_rules.check(trace) == []
+    events = trace["traceEvents"]
+    gpu = [e for e in events if e["ph"] == "X" and e["cat"] in ("kernel", "gpu_memcpy", "gpu_memset")]
+    gpu_records = [r for r in records if r["kind"] != "sync"]
+    assert len(gpu) == len(gpu_records)
+    # Every GPU op has its launch slice and an ac2g arrow.
+    assert sum(1 for e in events if e["ph"] == "s" and e["cat"] == "ac2g") == len(gpu_records)
+    # One process per rank for the CPU and one per GPU, named.
+    names = {e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "process_name"}
+    assert {f"rank {r} GPU {r}" for r in range(RANKS)} <= names
+    # Collective links: every instance of a collective joined across its ranks in rank order.
+    coll = collections.Counter((r["comm_hash"], r["seq"]) for r in records if r["kind"] == "collective")
+    links = sum(n - 1 for n in coll.values())
+    assert sum(1 for e in events if e["ph"] == "s" and e["cat"] == "collective") == links
+    # GEMM args carry shape, dtype and TFLOPS.
+    gemm = next(e for e in gpu if e["args"].get("kind") == "gemm")
+    assert len(gemm["args"]["shape"]) == 4 and gemm["args"]["dtype"] == "bf16"
+    assert gemm["args"]["TFLOPS"] > 0
+    allreduce = next(e for e in gpu if e["name"] == "ncclAllReduce")
+    assert allreduce["args"]["busbw GB/s"] == pytest.approx(allreduce["args"]["algbw GB/s"], rel=1e-3)  # 2 ranks: 2(n-1)/n = 1
+    # All ranks share one host clock here: the estimated offsets are tiny.
+    offsets = trace["flare"]["clockOffsetsNs"]
+    assert len(offsets) == RANKS and all(abs(v) < 2_000_000 for v in offsets.values())
+
+
+def test_rank_selection_and_per_rank_files(build_dir, spool, tmp_path):
+    out, records = spool
+    res = timeline(build_dir, "--input", str(out), "--ranks", "0-1,5", "--per-rank", str(tmp_path))
+    assert res.returncode == 0, res.stderr
+    files = sorted(os.listdir(tmp_path))
+    assert files == ["rank0.trace.json", "rank1.trace.json", "rank5.trace.json"]
+    for name in files:
+        trace = json.loads((tmp_path / name).read_text())
+        assert trace_rules.check(trace) == []
+        rank = int(name[4:-len(".trace.json")])
+        assert trace["distributedInfo"]["rank"] == rank
+        # Kineto's ids: the GPU process is the device, the CPU process the OS pid.
+        gpu_pids = {e["pid"] for e in trace["traceEvents"] if e.get("cat") == "kernel"}
+        assert gpu_pids == {rank}
+        n = sum(1 for e in trace["traceEvents"] if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset"))
+        assert n == sum(1 for r in records if r["rank"] == rank and r["kind"] != "sync")
+
+
+def test_errors_are_clear(build_dir, spool, tmp_path):
+    out, _ = spool
+    res = timeline(build_dir, "--input", str(tmp_path / "missing"), "-o", str(tmp_path / "t.json"))
+    assert res.returncode == 1 and "is not a directory" in res.stderr
+    res = timeline(build_dir, "--input", str(out), "--ranks", "x", "-o", str(tmp_path / "t.json"))
+    assert res.returncode == 2 and "bad --ranks" in res.stderr
+    res = timeline(build_dir, "--input", str(out), "--steps", "1-2", "-o", str(tmp_path / "t.json"))
+    assert res.returncode == 1 and "__next__" in res.stderr  # the C++ sim job has no DataLoader spans
+    assert not (tmp_path / "t.json").exists() and not (tmp_path / "t.json.partial").exists()
+    res = timeline(build_dir, "--input", str(out))
+    assert res.returncode == 2
+
+
+def test_checker_catches_violations():
+    bad = {"traceEvents": [
+        {"ph": "X", "pid": 1, "tid": 1, "ts": 0, "dur": 10, "name": "a"},
+        {"ph": "X", "pid": 1, "tid": 1, "ts": 5, "dur": 10, "name": "b"},
+        {"ph": "s", "pid": 1, "tid": 1, "ts": 50, "id": 1, "cat": "c", "name": "c"},
+    ]}
+    errors = trace_rules.check(bad)
+    assert any("partially overlaps" in e for e in errors)
+    assert any("no process_name" in e for e in errors)
+    assert any("no thread_name" in e for e in errors)
+    assert any("1 starts and 0 ends" in e for e in errors)
+
+
+def test_holistic_trace_analysis_loads_the_rank_files(build_dir, spool, tmp_path):
+    hta = pytest.importorskip("hta.trace_analysis", reason="HolisticTraceAnalysis not installed")
+    out, records = spool
+    res = timeline(build_dir, "--input", str(out), "--ranks", "2-3", "--per-rank", str(tmp_path))
+    assert res.returncode == 0, res.stderr
+    analysis = hta.TraceAnalysis(trace_dir=str(tmp_path))
+    assert sorted(analysis.t.traces) == [2, 3]
+    for rank in (2, 3):
+        df = analysis.t.get_trace(rank)
+        names = analysis.t.symbol_table.get_sym_table()
+        kernels = df[df["stream"] > 0]
+        expected = collections.Counter(r["name"] for r in records
+                                       if r["rank"] == rank and r["kind"] != "sync")
+        got = collections.Counter(names[i] for i in kernels["name"])
+        assert got == expected
+    breakdown = analysis.get_temporal_breakdown(visualize=False)
+    assert sorted(breakdown["rank"]) == [2, 3]
+    assert (breakdown["compute_time_pctg"] > 0).all()
