@@ -185,7 +185,56 @@ def volume(build, args):
         shutil.rmtree(spool, ignore_errors=True)
 
 
-SECTIONS = {"overhead": overhead, "hotpath": hotpath, "volume": volume}
+# The scenario matrix on the sim: (name, env, expected kind, expected culprit ranks).
+SCENARIOS = [
+    ("healthy", {}, None, None),
+    ("gpu-20%", {"FLARE_SIM_CLOCK_FACTOR": "3:0.8"}, "gpu_slow", [3]),
+    ("gpu-10%", {"FLARE_SIM_CLOCK_FACTOR": "2:0.9"}, "gpu_slow", [2]),
+    ("link-50%", {"FLARE_SIM_LINK_FACTOR": "5:0.5"}, "link_slow", [5]),
+    ("link-25%", {"FLARE_SIM_LINK_FACTOR": "1:0.75"}, "link_slow", [1]),
+    ("stall-5ms", {"FLARE_SIM_HOST_STALL": "6:5"}, "issue_stall", [6]),
+    ("stall-2ms", {"FLARE_SIM_HOST_STALL": "4:2"}, "issue_stall", [4]),
+]
+
+
+def diagnosis(build, args):
+    """Detection rate, false alarms and culprit accuracy of flare-diagnose over repeated runs of
+    each scenario (different shapes per repetition stand in for seeds)."""
+    hook = os.path.join(build, "lib", "libflare_hook.so")
+    shapes = [(4096, 4), (8192, 2), (2048, 6), (4096, 3), (6144, 2)]
+    out = {}
+    for name, env, kind, ranks in SCENARIOS:
+        detected = culprit_right = false_alarms = 0
+        alarm_kinds = {}
+        for rep in range(args.diag_reps):
+            hidden, layers = shapes[rep % len(shapes)]
+            spool = tempfile.mkdtemp(prefix="flare-diag-")
+            try:
+                full = dict(env, LD_PRELOAD=hook, FLARE_OUTPUT_DIR=spool, FLARE_JOB_ID=name)
+                res = sh([os.path.join(build, "bin", "flare-sim-train"), "--ranks", "8", "--steps",
+                          "6", "--layers", str(layers), "--hidden", str(hidden), "--tp", "2",
+                          "--quiet"], env=full)
+                if res.returncode != 0:
+                    raise RuntimeError(f"{name}: sim job failed: {res.stderr[-1000:]}")
+                d = sh([os.path.join(build, "bin", "flare-diagnose"), "--input", spool, "--json"])
+                found = json.loads(d.stdout)["diagnoses"]
+            finally:
+                shutil.rmtree(spool, ignore_errors=True)
+            hits = [x for x in found if x["kind"] == kind]
+            for x in found:
+                if x["kind"] != kind:
+                    false_alarms += 1
+                    alarm_kinds[x["kind"]] = alarm_kinds.get(x["kind"], 0) + 1
+            if hits:
+                detected += 1
+                culprit_right += int(hits[0]["ranks"] == ranks)
+        out[name] = {"runs": args.diag_reps, "detected": detected if kind else None,
+                     "culprit_right": culprit_right if kind else None,
+                     "false_alarms": false_alarms, "false_alarm_kinds": alarm_kinds}
+    return out
+
+
+SECTIONS = {"overhead": overhead, "hotpath": hotpath, "volume": volume, "diagnosis": diagnosis}
 
 
 def main():
@@ -196,6 +245,7 @@ def main():
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--reps", type=int, default=6, help="interleaved pairs for the overhead")
     p.add_argument("--no-callgrind", dest="callgrind", action="store_false")
+    p.add_argument("--diag-reps", type=int, default=10, help="runs per diagnosis scenario")
     p.add_argument("-o", "--output", default=None)
     args = p.parse_args()
     build = os.path.abspath(args.build)

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <cublasLt.h>
+#include <dlfcn.h>
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 #include <nccl.h>
@@ -226,9 +227,13 @@ std::vector<StepResult> run(const Options& o, void (*on_step)(const StepResult&)
   const int64_t skip_step = flareSimHangStep("skip");
   std::vector<StepResult> results;
 
+  // Flare's explicit step marker (include/flare/step.h), when the hook is loaded.
+  using StepFn = int (*)();
+  const auto mark_step = reinterpret_cast<StepFn>(dlsym(RTLD_DEFAULT, "flare_step"));
   for (int step = 0; step < o.steps; ++step) {
     auto t0 = std::chrono::steady_clock::now();
     flareSimSetStep(step);
+    if (mark_step != nullptr) mark_step();
     if (step == crash_step) {
       std::fprintf(stderr, "flare-sim: rank %d crashing at step %d (FLARE_SIM_CRASH)\n", o.rank,
                    step);

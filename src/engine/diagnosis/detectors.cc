@@ -1,0 +1,943 @@
+#include "src/engine/diagnosis/detectors.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <numeric>
+#include <set>
+#include <utility>
+
+namespace flare::engine {
+namespace {
+
+using flare::v1::OpKind;
+
+double quantile(std::vector<double>& sorted, double q) {
+  if (sorted.empty()) return 0;
+  const double pos = q * static_cast<double>(sorted.size() - 1);
+  const size_t lo = static_cast<size_t>(std::floor(pos));
+  const size_t hi = std::min(lo + 1, sorted.size() - 1);
+  return sorted[lo] + (sorted[hi] - sorted[lo]) * (pos - static_cast<double>(lo));
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return quantile(v, 0.5);
+}
+
+bool isCompute(OpKind kind) {
+  return kind == flare::v1::OP_KIND_GEMM || kind == flare::v1::OP_KIND_ATTENTION;
+}
+
+bool isGpuOp(OpKind kind) {
+  return kind != flare::v1::OP_KIND_SYNC;
+}
+
+std::string fmtMs(double ns) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.3f ms", ns / 1e6);
+  return buf;
+}
+
+std::string fmtPct(double ratio) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.1f%%", ratio * 100);
+  return buf;
+}
+
+std::string fmtNum(double v, const char* unit) {
+  char buf[48];
+  std::snprintf(buf, sizeof(buf), "%.1f %s", v, unit);
+  return buf;
+}
+
+std::string shapeText(const flare::v1::Signature& sig) {
+  std::string out = "[";
+  for (int i = 0; i < sig.shape_size(); ++i) out += (i ? "," : "") + std::to_string(sig.shape(i));
+  out += "]";
+  const std::string dtype = flare::v1::DType_Name(sig.dtype());
+  if (sig.dtype() != flare::v1::DTYPE_UNSPECIFIED) out += " " + dtype.substr(6);  // DTYPE_
+  return out;
+}
+
+std::string rankList(const std::vector<int>& ranks) {
+  std::string out;
+  for (size_t i = 0; i < ranks.size(); ++i) out += (i ? "," : "") + std::to_string(ranks[i]);
+  return out;
+}
+
+int dtypeBytes(flare::v1::DType t) {
+  switch (t) {
+    case flare::v1::DTYPE_F32:
+    case flare::v1::DTYPE_I32:
+    case flare::v1::DTYPE_U32:
+    case flare::v1::DTYPE_C32:
+      return 4;
+    case flare::v1::DTYPE_F64:
+    case flare::v1::DTYPE_I64:
+    case flare::v1::DTYPE_U64:
+    case flare::v1::DTYPE_C64:
+      return 8;
+    case flare::v1::DTYPE_F16:
+    case flare::v1::DTYPE_BF16:
+      return 2;
+    default:
+      return 1;
+  }
+}
+
+// Intervals of collectives per rank and stream, to exclude compute that overlapped one on
+// another stream (its slowness is contention, not the GPU).
+struct CollectiveIntervals {
+  std::vector<std::pair<int64_t, int64_t>> spans;  // sorted by start
+  std::vector<uint64_t> streams;
+  bool overlapsOtherStream(const Op& op) const {
+    auto it = std::upper_bound(spans.begin(), spans.end(), std::make_pair(op.end, INT64_MAX));
+    for (auto i = it - spans.begin() - 1; i >= 0; --i) {
+      const auto& s = spans[static_cast<size_t>(i)];
+      if (s.second <= op.start) {
+        // Sorted by start only: earlier ones may still be long; scan a bounded window.
+        if (it - spans.begin() - i > 64) break;
+        continue;
+      }
+      if (streams[static_cast<size_t>(i)] != op.stream) return true;
+    }
+    return false;
+  }
+};
+
+CollectiveIntervals collectiveIntervals(const JobModel& job, const RankData& r) {
+  std::vector<std::pair<std::pair<int64_t, int64_t>, uint64_t>> all;
+  for (const Op& op : r.ops) {
+    const OpKind kind = job.signatures()[op.sig].kind();
+    if (kind == flare::v1::OP_KIND_COLLECTIVE || kind == flare::v1::OP_KIND_P2P)
+      all.push_back({{op.start, op.end}, op.stream});
+  }
+  std::sort(all.begin(), all.end());
+  CollectiveIntervals out;
+  for (const auto& [span, stream] : all) {
+    out.spans.push_back(span);
+    out.streams.push_back(stream);
+  }
+  return out;
+}
+
+int64_t warmupEnd(const JobModel& job, int rank);
+double unionLength(std::vector<std::pair<int64_t, int64_t>> v);
+
+// ---- A. slow GPU ------------------------------------------------------------------------
+
+void detectSlowGpu(const JobModel& job, const DiagnoseOptions& opt,
+                   const std::map<int, ArrivalStats>& arrivals, std::vector<Diagnosis>* out) {
+  std::map<int, CollectiveIntervals> intervals;
+  for (const auto& [rank, r] : job.ranks()) intervals[rank] = collectiveIntervals(job, r);
+  // signature -> rank -> durations (compute not overlapping a collective on another stream)
+  std::map<uint32_t, std::map<int, std::vector<double>>> durations;
+  std::map<uint32_t, double> flops_of;
+  for (const auto& [rank, r] : job.ranks()) {
+    const int64_t after = warmupEnd(job, rank);
+    for (const Op& op : r.ops) {
+      if (op.issue < after || !isCompute(job.signatures()[op.sig].kind())) continue;
+      if (intervals[rank].overlapsOtherStream(op)) continue;
+      durations[op.sig][rank].push_back(static_cast<double>(op.duration()));
+      flops_of[op.sig] = static_cast<double>(op.flops);
+    }
+  }
+  struct RankScore {
+    double flagged_weight = 0;
+    double total_weight = 0;
+    double weighted_ratio = 0;
+    uint32_t top_sig = 0;
+    double top_flops = 0;
+    double top_weight = -1;
+    double top_median = 0;
+    double top_reference = 0;
+  };
+  std::map<int, RankScore> scores;
+  for (const auto& [sig, per_rank] : durations) {
+    std::map<int, double> medians;
+    double weight = 0;
+    for (const auto& [rank, d] : per_rank) {
+      if (static_cast<int>(d.size()) < opt.min_samples) continue;
+      medians[rank] = median(d);
+      weight += std::accumulate(d.begin(), d.end(), 0.0);
+    }
+    if (medians.size() < 3) continue;  // two ranks cannot say which one is different
+    std::vector<double> meds;
+    for (const auto& [rank, m] : medians) meds.push_back(m);
+    const double reference = median(meds);
+    if (reference <= 0) continue;
+    std::vector<double> ratios;
+    for (double m : meds) ratios.push_back(m / reference);
+    const double fence =
+        std::max(1.0 + opt.gpu_min_effect, tukeyUpperFence(ratios, opt.tukey_alpha));
+    for (const auto& [rank, m] : medians) {
+      RankScore& s = scores[rank];
+      const double ratio = m / reference;
+      s.total_weight += weight;
+      s.weighted_ratio += weight * ratio;
+      if (ratio > fence) {
+        s.flagged_weight += weight;
+        if (weight > s.top_weight) {
+          s.top_weight = weight;
+          s.top_sig = sig;
+          s.top_flops = flops_of[sig];
+          s.top_median = m;
+          s.top_reference = reference;
+        }
+      }
+    }
+  }
+  for (const auto& [rank, s] : scores) {
+    if (s.total_weight <= 0 || s.flagged_weight < 0.5 * s.total_weight) continue;
+    const double slowdown = s.weighted_ratio / s.total_weight - 1.0;
+    const auto& sig = job.signatures()[s.top_sig];
+    Diagnosis d;
+    d.kind = "gpu_slow";
+    d.team = Team::kOperations;
+    d.cause = "GPU";
+    d.ranks = {rank};
+    d.severity = slowdown;
+    const double flops = s.top_flops;
+    Evidence e;
+    e.metric = "compute_duration";
+    e.value = s.top_median;
+    e.reference = s.top_reference;
+    e.text = sig.name() + " " + shapeText(sig) + ": median " + fmtMs(s.top_median) + " on rank " +
+             std::to_string(rank) + " vs " + fmtMs(s.top_reference) + " on the other ranks";
+    if (flops > 0) {
+      e.text += " (" + fmtNum(flops / s.top_median / 1e3, "TFLOPS") + " vs " +
+                fmtNum(flops / s.top_reference / 1e3, "TFLOPS") + ")";
+    }
+    d.evidence.push_back(e);
+    auto a = arrivals.find(rank);
+    if (a != arrivals.end() && a->second.instances > 0) {
+      const double share = static_cast<double>(a->second.last) / a->second.instances;
+      d.evidence.push_back({"collective_arrival",
+                            "arrives last at " + fmtPct(share) + " of its collectives (" +
+                                std::to_string(a->second.last) + " of " +
+                                std::to_string(a->second.instances) + ")",
+                            share, 0});
+    }
+    d.summary = "rank " + std::to_string(rank) + ": GPU slow — its GEMM/attention kernels run " +
+                fmtPct(slowdown) + " slower than the same kernels on the other ranks; the " +
+                "other ranks only wait for it";
+    out->push_back(std::move(d));
+  }
+}
+
+// ---- B. slow link --------------------------------------------------------------------------
+
+struct Instance {
+  std::vector<std::pair<int, const Op*>> members;
+};
+
+void detectSlowLink(const JobModel& job, const DiagnoseOptions& opt, std::vector<Diagnosis>* out) {
+  std::map<std::pair<uint64_t, uint64_t>, Instance> instances;
+  for (const auto& [rank, r] : job.ranks()) {
+    for (const Op& op : r.ops) {
+      if (job.signatures()[op.sig].kind() != flare::v1::OP_KIND_COLLECTIVE || op.comm == 0)
+        continue;
+      instances[{op.comm, op.seq}].members.push_back({rank, &op});
+    }
+  }
+  // Per communicator and signature: busbw of complete instances, from the last arrival.
+  struct CommStats {
+    std::vector<double> busbw;
+    std::set<int> ranks;
+    uint32_t sig = 0;
+    double bytes = 0;
+  };
+  std::map<std::pair<uint64_t, uint32_t>, CommStats> comms;
+  for (const auto& [key, inst] : instances) {
+    const Op* first = inst.members.front().second;
+    if (first->nranks <= 1 || static_cast<int>(inst.members.size()) != first->nranks) continue;
+    int64_t last_start = INT64_MIN, last_end = INT64_MIN;
+    for (const auto& [rank, op] : inst.members) {
+      last_start = std::max(last_start, op->start);
+      last_end = std::max(last_end, op->end);
+    }
+    const double t = static_cast<double>(last_end - last_start);
+    if (t <= 0 || first->bytes == 0) continue;
+    const auto& sig = job.signatures()[first->sig];
+    CommStats& cs = comms[{key.first, first->sig}];
+    cs.busbw.push_back(static_cast<double>(first->bytes) / t *
+                       busBandwidthFactor(sig.collective(), first->nranks));  // GB/s
+    for (const auto& [rank, op] : inst.members) cs.ranks.insert(rank);
+    cs.sig = first->sig;
+    cs.bytes = static_cast<double>(first->bytes);
+  }
+  // Peer groups: communicators doing the same collective of the same size over as many ranks.
+  std::map<std::tuple<int, size_t, uint64_t>, std::vector<std::pair<uint64_t, double>>> groups;
+  std::map<uint64_t, const CommStats*> by_comm;
+  for (const auto& [key, cs] : comms) {
+    if (static_cast<int>(cs.busbw.size()) < opt.min_samples) continue;
+    const auto& sig = job.signatures()[cs.sig];
+    groups[{sig.collective(), cs.ranks.size(), static_cast<uint64_t>(cs.bytes)}].push_back(
+        {key.first, median(cs.busbw)});
+    by_comm[key.first] = &cs;
+  }
+  std::map<uint64_t, std::pair<double, double>> slow;  // comm -> (busbw, reference)
+  std::set<uint64_t> evaluated;
+  for (const auto& [gkey, members] : groups) {
+    if (members.size() < 2) continue;
+    std::vector<double> values;
+    for (const auto& [comm, bw] : members) values.push_back(bw);
+    const double reference =
+        members.size() >= 3 ? median(values) : *std::max_element(values.begin(), values.end());
+    for (const auto& [comm, bw] : members) {
+      evaluated.insert(comm);
+      if (bw < reference * (1.0 - opt.link_min_effect)) {
+        auto& s = slow[comm];
+        if (s.second == 0 || bw / reference < s.first / s.second) s = {bw, reference};
+      }
+    }
+  }
+  if (slow.empty()) return;
+  // The culprit is in every slow communicator and in no healthy one that was compared.
+  std::map<int, int> slow_count, healthy_count;
+  for (uint64_t comm : evaluated) {
+    for (int rank : by_comm[comm]->ranks) (slow.count(comm) ? slow_count : healthy_count)[rank]++;
+  }
+  std::vector<int> culprits;
+  for (const auto& [rank, n] : slow_count) {
+    if (n == static_cast<int>(slow.size()) && healthy_count[rank] == 0) culprits.push_back(rank);
+  }
+  if (culprits.empty()) {  // e.g. one slow communicator: name its members (the link between them)
+    std::set<int> members;
+    for (const auto& [comm, unused] : slow) {
+      for (int rank : by_comm[comm]->ranks) members.insert(rank);
+    }
+    culprits.assign(members.begin(), members.end());
+  }
+  Diagnosis d;
+  d.kind = "link_slow";
+  d.team = Team::kOperations;
+  d.cause = "network";
+  d.ranks = culprits;
+  double worst = 0;
+  for (const auto& [comm, v] : slow) {
+    const CommStats& cs = *by_comm[comm];
+    const auto& sig = job.signatures()[cs.sig];
+    std::vector<int> ranks(cs.ranks.begin(), cs.ranks.end());
+    char hash[24];
+    std::snprintf(hash, sizeof(hash), "%016llx", static_cast<unsigned long long>(comm));
+    d.evidence.push_back({"busbw",
+                          sig.name() + " of " + fmtNum(cs.bytes / (1 << 20), "MiB") +
+                              " on communicator " + hash + " (ranks " + rankList(ranks) +
+                              "): busbw " + fmtNum(v.first, "GB/s") + " vs " +
+                              fmtNum(v.second, "GB/s") + " on peer communicators",
+                          v.first, v.second});
+    worst = std::max(worst, 1.0 - v.first / v.second);
+  }
+  d.severity = worst;
+  d.summary = "rank" + std::string(culprits.size() > 1 ? "s " : " ") + rankList(culprits) +
+              ": slow network link — bus bandwidth " + fmtPct(worst) +
+              " below peer communicators on every communicator " +
+              (culprits.size() > 1 ? "they share" : "it is in");
+  out->push_back(std::move(d));
+}
+
+// ---- C. host-side issue stall ---------------------------------------------------------------
+
+// The end of a rank's warm-up: the start of its second step (first sightings, communicator set-up
+// and pool growth make the first step unlike the others); INT64_MIN without step boundaries.
+int64_t warmupEnd(const JobModel& job, int rank) {
+  const auto starts = job.stepStarts(rank);
+  return starts.size() >= 2 ? starts[1] : INT64_MIN;
+}
+
+std::vector<double> issueLatencies(const JobModel& job, const RankData& r) {
+  const int64_t after = warmupEnd(job, r.rank);
+  std::vector<double> v;
+  for (const Op& op : r.ops) {
+    if (op.issue >= after && isGpuOp(job.signatures()[op.sig].kind()))
+      v.push_back(static_cast<double>(op.issueLatency()));
+  }
+  return v;
+}
+
+// What held the host just before the kernels a stall starved: for each starved kernel, the
+// host gap since the previous launch on its thread; a traced Python span or host
+// synchronization call that ended inside that gap and covers at least half of it is named.
+// (An untraced stall — a sleep, an untraced API — names nothing, rather than a bystander.)
+std::vector<std::pair<std::string, int>> causesBefore(const JobModel& job, const RankData& r,
+                                                      const std::vector<const Op*>& starved) {
+  struct HostEvent {
+    int64_t start, end;
+    uint64_t thread;
+    std::string name;
+  };
+  std::vector<HostEvent> host;
+  for (const Span& s : r.spans) host.push_back({s.start, s.end, s.thread, job.apis()[s.api]});
+  std::map<uint64_t, std::vector<int64_t>> issues;  // thread -> launch times
+  for (const Op& op : r.ops) {
+    const auto& sig = job.signatures()[op.sig];
+    if (sig.kind() == flare::v1::OP_KIND_SYNC) {
+      if (sig.name() != "flare_step") host.push_back({op.start, op.end, op.thread, sig.name()});
+    } else {
+      issues[op.thread].push_back(op.issue);
+    }
+  }
+  for (auto& [thread, v] : issues) std::sort(v.begin(), v.end());
+  std::sort(host.begin(), host.end(),
+            [](const HostEvent& a, const HostEvent& b) { return a.end < b.end; });
+  std::map<std::string, int> counts;
+  for (const Op* op : starved) {
+    const auto& v = issues[op->thread];
+    auto it = std::lower_bound(v.begin(), v.end(), op->issue);
+    if (it == v.begin()) continue;
+    const int64_t prev = *(it - 1);
+    const int64_t gap = op->issue - prev;
+    auto h = std::lower_bound(host.begin(), host.end(), prev,
+                              [](const HostEvent& e, int64_t t) { return e.end < t; });
+    std::set<std::string> seen;
+    for (; h != host.end() && h->end <= op->issue; ++h) {
+      if (h->thread != op->thread || 2 * (h->end - h->start) < gap) continue;
+      if (seen.insert(h->name).second) counts[h->name]++;
+    }
+  }
+  std::vector<std::pair<std::string, int>> out(counts.begin(), counts.end());
+  std::sort(out.begin(), out.end(),
+            [](const auto& a, const auto& b) { return a.second > b.second; });
+  return out;
+}
+
+// Per rank: median over steps (the first skipped) of the time no GPU op ran, and the median step
+// time. Needs step boundaries; ranks without them are absent.
+std::map<int, std::pair<double, double>> idlePerStep(const JobModel& job) {
+  std::map<int, std::pair<double, double>> out;
+  for (const auto& [rank, r] : job.ranks()) {
+    const auto starts = job.stepStarts(rank);
+    if (starts.size() < 3) continue;
+    std::vector<std::pair<int64_t, int64_t>> gpu;
+    for (const Op& op : r.ops) {
+      if (isGpuOp(job.signatures()[op.sig].kind())) gpu.push_back({op.start, op.end});
+    }
+    std::vector<double> idle, steps;
+    for (size_t i = 1; i + 1 < starts.size(); ++i) {
+      std::vector<std::pair<int64_t, int64_t>> in;
+      for (const auto& [a, b] : gpu) {
+        const int64_t x = std::max(a, starts[i]), y = std::min(b, starts[i + 1]);
+        if (y > x) in.push_back({x, y});
+      }
+      const double step = static_cast<double>(starts[i + 1] - starts[i]);
+      idle.push_back(step - unionLength(in));
+      steps.push_back(step);
+    }
+    out[rank] = {median(idle), median(steps)};
+  }
+  return out;
+}
+
+void detectIssueStall(const JobModel& job, const DiagnoseOptions& opt,
+                      const std::map<int, ArrivalStats>& arrivals, std::vector<Diagnosis>* out) {
+  std::map<int, std::vector<double>> lat;
+  for (const auto& [rank, r] : job.ranks()) {
+    auto v = issueLatencies(job, r);
+    if (static_cast<int>(v.size()) >= opt.min_samples * 10) lat[rank] = std::move(v);
+  }
+  if (lat.size() < 3) return;
+  std::map<int, double> score;
+  std::map<int, double> others_median;
+  for (const auto& [rank, v] : lat) {
+    std::vector<double> others;
+    for (const auto& [o, w] : lat) {
+      if (o != rank) others.insert(others.end(), w.begin(), w.end());
+    }
+    others_median[rank] = median(others);
+    score[rank] = wasserstein1(v, others);
+  }
+  std::vector<double> scores;
+  for (const auto& [rank, s] : score) scores.push_back(s);
+  const double fence = tukeyUpperFence(scores, opt.tukey_alpha);
+  // Second signal: GPU idle time per step. The stalled rank's GPU has nothing to run while its
+  // host is stuck; its peers' GPUs are not idle but waiting inside a collective kernel.
+  const auto idle = idlePerStep(job);
+  double idle_fence = 0, idle_floor = 0;
+  {
+    std::vector<double> values, steps;
+    for (const auto& [rank, v] : idle) {
+      values.push_back(v.first);
+      steps.push_back(v.second);
+    }
+    idle_fence = values.size() >= 3 ? tukeyUpperFence(values, opt.tukey_alpha) : 0;
+    idle_floor = steps.empty() ? 0 : opt.idle_min_share * median(steps);
+  }
+  for (const auto& [rank, s] : score) {
+    const double floor = std::max(opt.issue_w1_floor_ns, 0.2 * std::abs(others_median[rank]));
+    const double own_median = median(lat[rank]);
+    const bool latency_outlier = s > fence && s > floor && own_median < others_median[rank];
+    double idle_excess = 0;
+    bool idle_outlier = false;
+    if (auto it = idle.find(rank); it != idle.end() && idle.size() >= 3) {
+      std::vector<double> others;
+      for (const auto& [o, v] : idle) {
+        if (o != rank) others.push_back(v.first);
+      }
+      idle_excess = it->second.first - median(others);
+      idle_outlier = it->second.first > idle_fence && idle_excess > idle_floor;
+    }
+    if (!latency_outlier && !idle_outlier) continue;
+    // The starved kernels: issued when the GPU had nothing queued (issue latency below the
+    // other ranks' 5th percentile).
+    std::vector<double> others_sorted;
+    for (const auto& [o, w] : lat) {
+      if (o != rank) others_sorted.insert(others_sorted.end(), w.begin(), w.end());
+    }
+    std::sort(others_sorted.begin(), others_sorted.end());
+    const double low = quantile(others_sorted, 0.05);
+    const RankData& r = job.ranks().at(rank);
+    std::vector<const Op*> starved;
+    const int64_t after = warmupEnd(job, rank);
+    for (const Op& op : r.ops) {
+      if (op.issue >= after && isGpuOp(job.signatures()[op.sig].kind()) && op.issueLatency() < low)
+        starved.push_back(&op);
+    }
+    Diagnosis d;
+    d.kind = "issue_stall";
+    d.team = Team::kAlgorithm;
+    d.cause = "host stall";
+    d.ranks = {rank};
+    d.severity = s / std::max(1.0, std::abs(others_median[rank]));
+    d.evidence.push_back({"issue_latency_w1",
+                          "issue-latency distribution W1 " + fmtMs(s) +
+                              " from the other ranks (fence " + fmtMs(fence) + "); median " +
+                              fmtMs(own_median) + " vs " + fmtMs(others_median[rank]),
+                          s, fence});
+    if (idle_excess > 0) {
+      d.evidence.push_back({"gpu_idle",
+                            "GPU idle " + fmtMs(idle.at(rank).first) + " per step, " +
+                                fmtMs(idle_excess) + " more than the other ranks' median",
+                            idle.at(rank).first, idle.at(rank).first - idle_excess});
+    }
+    d.evidence.push_back({"starved_kernels",
+                          std::to_string(starved.size()) +
+                              " kernels issued to an idle GPU (issue "
+                              "latency below the other ranks' 5th percentile, " +
+                              fmtMs(low) + ")",
+                          static_cast<double>(starved.size()), 0});
+    auto a = arrivals.find(rank);
+    if (a != arrivals.end() && a->second.instances > 0) {
+      const double share = static_cast<double>(a->second.last) / a->second.instances;
+      d.evidence.push_back({"collective_arrival",
+                            "arrives last at " + fmtPct(share) + " of its collectives", share, 0});
+    }
+    // A cause is named when it precedes this rank's starved kernels clearly more often than
+    // it precedes the other ranks' low-latency kernels (a per-step loss.item() drains every
+    // rank's GPU alike and is not this rank's problem).
+    const auto causes = causesBefore(job, r, starved);
+    std::map<std::string, int> other_counts;
+    size_t other_starved = 0;
+    for (const auto& [o, ro] : job.ranks()) {
+      if (o == rank) continue;
+      std::vector<const Op*> low_ops;
+      const int64_t o_after = warmupEnd(job, o);
+      for (const Op& op : ro.ops) {
+        if (op.issue >= o_after && isGpuOp(job.signatures()[op.sig].kind()) &&
+            op.issueLatency() < low)
+          low_ops.push_back(&op);
+      }
+      other_starved += low_ops.size();
+      for (const auto& [name, n] : causesBefore(job, ro, low_ops)) other_counts[name] += n;
+    }
+    std::string named;
+    for (const auto& [name, n] : causes) {
+      const double share = starved.empty() ? 0 : static_cast<double>(n) / starved.size();
+      const double other_share =
+          other_starved ? static_cast<double>(other_counts[name]) / other_starved : 0;
+      if (share >= 0.25 && share >= 2 * other_share) {
+        named = name;
+        d.evidence.push_back({"api_before",
+                              named + " held the host just before " + std::to_string(n) + " of " +
+                                  std::to_string(starved.size()) + " starved kernels (" +
+                                  fmtPct(other_share) + " on the other ranks)",
+                              share, other_share});
+        break;
+      }
+    }
+    d.summary = "rank " + std::to_string(rank) +
+                ": kernel-issue stall on the host — its GPU runs dry while the host is busy" +
+                (named.empty() ? std::string(" (no traced API ran just before; trace GC and "
+                                             "suspects with TRACED_PYTHON_API)")
+                               : " (likely cause: " + named + ")");
+    out->push_back(std::move(d));
+  }
+}
+
+// ---- issue-latency regression against a healthy baseline -----------------------------------
+
+void detectRegression(const JobModel& job, const JobModel& baseline, const DiagnoseOptions& opt,
+                      std::vector<Diagnosis>* out) {
+  std::vector<double> all, base_all;
+  std::map<int, std::vector<double>> base_ranks;
+  for (const auto& [rank, r] : job.ranks()) {
+    auto v = issueLatencies(job, r);
+    all.insert(all.end(), v.begin(), v.end());
+  }
+  for (const auto& [rank, r] : baseline.ranks()) {
+    base_ranks[rank] = issueLatencies(baseline, r);
+    base_all.insert(base_all.end(), base_ranks[rank].begin(), base_ranks[rank].end());
+  }
+  if (all.size() < 30 || base_all.size() < 30) return;
+  // Healthy spread: the largest W1 of a baseline rank to the baseline as a whole.
+  double threshold = opt.regression_w1_floor_ns;
+  for (const auto& [rank, v] : base_ranks) {
+    if (v.size() >= 30) threshold = std::max(threshold, wasserstein1(v, base_all));
+  }
+  const double w1 = wasserstein1(all, base_all);
+  if (w1 <= threshold) return;
+  Diagnosis d;
+  d.kind = "issue_latency_regression";
+  d.team = Team::kAlgorithm;
+  d.cause = "issue latency";
+  d.severity = w1 / threshold - 1.0;
+  d.evidence.push_back({"issue_latency_w1",
+                        "job issue-latency distribution W1 " + fmtMs(w1) +
+                            " from the healthy baseline (threshold " + fmtMs(threshold) +
+                            "); median " + fmtMs(median(all)) + " vs " + fmtMs(median(base_all)),
+                        w1, threshold});
+  // Name the traced APIs that appear in this job before kernels but not (as often) in the
+  // baseline.
+  std::map<std::string, double> job_rate, base_rate;
+  auto rates = [](const JobModel& m, std::map<std::string, double>* out_rates) {
+    uint64_t ops = 0;
+    for (const auto& [rank, r] : m.ranks()) {
+      ops += r.ops.size();
+      for (const Span& s : r.spans) (*out_rates)[m.apis()[s.api]] += 1;
+      for (const Op& op : r.ops) {
+        if (m.signatures()[op.sig].kind() == flare::v1::OP_KIND_SYNC)
+          (*out_rates)[m.signatures()[op.sig].name()] += 1;
+      }
+    }
+    for (auto& [name, n] : *out_rates) n /= std::max<uint64_t>(ops, 1);
+  };
+  rates(job, &job_rate);
+  rates(baseline, &base_rate);
+  std::string named;
+  double best = 0;
+  for (const auto& [name, rate] : job_rate) {
+    const double extra = rate - base_rate[name];
+    if (extra > best * 1.0 && extra > 0.2 * rate) {
+      best = extra;
+      named = name;
+    }
+  }
+  if (!named.empty()) {
+    d.evidence.push_back({"api_rate",
+                          named + " runs " + fmtNum(job_rate[named] * 1000, "") +
+                              "per 1000 GPU ops vs " + fmtNum(base_rate[named] * 1000, "") +
+                              "in the baseline",
+                          job_rate[named], base_rate[named]});
+  }
+  d.summary = "job: issue-latency regression against healthy history" +
+              (named.empty() ? std::string() : " (likely cause: " + named + ")");
+  out->push_back(std::move(d));
+}
+
+// ---- D. void percentages --------------------------------------------------------------------
+
+double unionLength(std::vector<std::pair<int64_t, int64_t>> v) {
+  std::sort(v.begin(), v.end());
+  double total = 0;
+  int64_t cur_s = 0, cur_e = INT64_MIN;
+  for (const auto& [s, e] : v) {
+    if (s > cur_e) {
+      if (cur_e > INT64_MIN) total += static_cast<double>(cur_e - cur_s);
+      cur_s = s;
+      cur_e = e;
+    } else {
+      cur_e = std::max(cur_e, e);
+    }
+  }
+  if (cur_e > INT64_MIN) total += static_cast<double>(cur_e - cur_s);
+  return total;
+}
+
+void detectVoid(const JobModel& job, const DiagnoseOptions& opt, std::vector<Diagnosis>* out) {
+  std::vector<int> inter_ranks, minority_ranks;
+  std::vector<double> inter_values, minority_values;
+  for (const auto& [rank, r] : job.ranks()) {
+    const auto starts = job.stepStarts(rank);
+    if (starts.size() < 3) continue;
+    // DataLoader spans by start, to find each step's input wait.
+    std::vector<std::pair<int64_t, int64_t>> loader;
+    for (const Span& s : r.spans) {
+      const std::string& name = job.apis()[s.api];
+      if (name.size() >= 8 && name.compare(name.size() - 8, 8, "__next__") == 0)
+        loader.push_back({s.start, s.end});
+    }
+    std::sort(loader.begin(), loader.end());
+    std::vector<std::pair<int64_t, int64_t>> gpu;
+    for (const Op& op : r.ops) {
+      if (isGpuOp(job.signatures()[op.sig].kind())) gpu.push_back({op.start, op.end});
+    }
+    std::sort(gpu.begin(), gpu.end());
+    std::vector<double> v_inter, v_minority;
+    for (size_t i = 1; i + 1 < starts.size(); ++i) {  // skip the first step (warm-up)
+      const int64_t s0 = starts[i], s1 = starts[i + 1];
+      const double t_step = static_cast<double>(s1 - s0);
+      if (t_step <= 0) continue;
+      double t_inter = 0;
+      auto l = std::lower_bound(loader.begin(), loader.end(), std::make_pair(s0, INT64_MIN));
+      if (l != loader.end() && l->first < s1) {
+        // Last GPU work ending before the loader call, first starting after it.
+        int64_t last_end = INT64_MIN;
+        for (const auto& [gs, ge] : gpu) {
+          if (gs >= l->first) break;
+          last_end = std::max(last_end, ge);
+        }
+        auto first = std::lower_bound(gpu.begin(), gpu.end(), std::make_pair(l->second, INT64_MIN));
+        if (last_end > INT64_MIN && first != gpu.end())
+          t_inter = static_cast<double>(std::max<int64_t>(0, first->first - last_end));
+      }
+      std::vector<std::pair<int64_t, int64_t>> minority;
+      for (const Op& op : r.ops) {
+        if (job.signatures()[op.sig].kind() != flare::v1::OP_KIND_KERNEL) continue;
+        const int64_t a = std::max(op.start, s0), b = std::min(op.end, s1);
+        if (b > a) minority.push_back({a, b});
+      }
+      v_inter.push_back(std::min(1.0, t_inter / t_step));
+      const double rest = t_step - t_inter;
+      if (rest > 0) v_minority.push_back(std::min(1.0, unionLength(minority) / rest));
+    }
+    if (v_inter.empty()) continue;
+    const double vi = median(v_inter);
+    const double vm = v_minority.empty() ? 0 : median(v_minority);
+    if (vi > opt.v_inter_threshold) {
+      inter_ranks.push_back(rank);
+      inter_values.push_back(vi);
+    }
+    if (vm > opt.v_minority_threshold) {
+      minority_ranks.push_back(rank);
+      minority_values.push_back(vm);
+    }
+  }
+  if (!inter_ranks.empty()) {
+    Diagnosis d;
+    d.kind = "void_inter";
+    d.team = Team::kAlgorithm;
+    d.cause = "input pipeline";
+    d.ranks = inter_ranks;
+    const double v = median(inter_values);
+    d.severity = v;
+    d.evidence.push_back({"v_inter",
+                          "V_inter (GPU idle around the DataLoader call) " + fmtPct(v) +
+                              " of the step, median over steps and ranks (threshold " +
+                              fmtPct(opt.v_inter_threshold) + ")",
+                          v, opt.v_inter_threshold});
+    d.summary = "ranks " + rankList(inter_ranks) + ": the GPU waits for input — " + fmtPct(v) +
+                " of each step is spent around the DataLoader's __next__";
+    out->push_back(std::move(d));
+  }
+  if (!minority_ranks.empty()) {
+    Diagnosis d;
+    d.kind = "void_minority";
+    d.team = Team::kAlgorithm;
+    d.cause = "minority kernels";
+    d.ranks = minority_ranks;
+    const double v = median(minority_values);
+    d.severity = v;
+    d.evidence.push_back({"v_minority",
+                          "V_minority (time in kernels other than GEMM, attention and "
+                          "communication) " +
+                              fmtPct(v) + " of the busy step (threshold " +
+                              fmtPct(opt.v_minority_threshold) + ")",
+                          v, opt.v_minority_threshold});
+    d.summary = "ranks " + rankList(minority_ranks) + ": minority kernels take " + fmtPct(v) +
+                " of the step (elementwise/normalization work that fusion could remove)";
+    out->push_back(std::move(d));
+  }
+}
+
+// ---- E. un-optimized GEMM ---------------------------------------------------------------------
+
+void detectUnoptimized(const JobModel& job, const DiagnoseOptions& opt,
+                       std::vector<Diagnosis>* out) {
+  struct Stat {
+    double tflops = 0;
+    double time = 0;
+  };
+  std::map<uint32_t, Stat> stats;
+  std::map<uint32_t, std::vector<double>> durations;
+  for (const auto& [rank, r] : job.ranks()) {
+    for (const Op& op : r.ops) {
+      const auto& sig = job.signatures()[op.sig];
+      if (sig.kind() != flare::v1::OP_KIND_GEMM || op.flops < opt.unoptimized_min_flops) continue;
+      durations[op.sig].push_back(static_cast<double>(op.duration()));
+    }
+  }
+  std::map<flare::v1::DType, double> best;
+  for (const auto& [sig_id, d] : durations) {
+    if (static_cast<int>(d.size()) < opt.min_samples) continue;
+    const auto& sig = job.signatures()[sig_id];
+    const double flops = static_cast<double>(sig.flops_per_call() ? sig.flops_per_call() : 0);
+    uint64_t f = 0;
+    for (const auto& [rank, r] : job.ranks()) {
+      for (const Op& op : r.ops) {
+        if (op.sig == sig_id) {
+          f = op.flops;
+          break;
+        }
+      }
+      if (f) break;
+    }
+    const double m = median(d);
+    if (m <= 0) continue;
+    stats[sig_id] = {static_cast<double>(flops > 0 ? flops : static_cast<double>(f)) / m / 1e3,
+                     std::accumulate(d.begin(), d.end(), 0.0)};
+    best[sig.dtype()] = std::max(best[sig.dtype()], stats[sig_id].tflops);
+  }
+  for (const auto& [sig_id, st] : stats) {
+    const auto& sig = job.signatures()[sig_id];
+    const double ref = best[sig.dtype()];
+    if (ref <= 0 || st.tflops >= opt.unoptimized_ratio * ref) continue;
+    // Alignment hint: a dimension or leading dimension whose bytes are not a multiple of 128.
+    const int bytes = dtypeBytes(sig.dtype());
+    const int64_t align = 128 / std::max(1, bytes);
+    std::string hint;
+    const char* names[] = {"m", "n", "k"};
+    for (int i = 0; i < 3 && i < sig.shape_size(); ++i) {
+      const int64_t v = sig.shape(i);
+      if (v % align != 0) {
+        hint = std::string(names[i]) + "=" + std::to_string(v) + " (" + std::to_string(v * bytes) +
+               " bytes) is not a multiple of 128 bytes; padding it to " +
+               std::to_string((v + align - 1) / align * align) +
+               " lets the tensor cores run "
+               "full tiles";
+        break;
+      }
+    }
+    if (hint.empty()) {
+      for (const char* ld : {"lda=", "ldb=", "ldc="}) {
+        const auto pos = sig.layout().find(ld);
+        if (pos == std::string::npos) continue;
+        const int64_t v = std::atoll(sig.layout().c_str() + pos + 4);
+        if (v > 0 && v % align != 0) {
+          hint = std::string(ld, 3) + "=" + std::to_string(v) + " is not a multiple of 128 bytes";
+          break;
+        }
+      }
+    }
+    Diagnosis d;
+    d.kind = "unoptimized_gemm";
+    d.team = Team::kInfrastructure;
+    d.cause = "kernel shape";
+    d.severity = 1.0 - st.tflops / ref;
+    d.evidence.push_back({"tflops",
+                          sig.name() + " " + shapeText(sig) + " " + sig.layout() + ": " +
+                              fmtNum(st.tflops, "TFLOPS") + " vs " + fmtNum(ref, "TFLOPS") +
+                              " for the job's best GEMM of the same type",
+                          st.tflops, ref});
+    if (!hint.empty()) d.evidence.push_back({"alignment", hint, 0, 0});
+    d.summary = "GEMM " + shapeText(sig) + " runs at " + fmtPct(st.tflops / ref) +
+                " of the job's best GEMM efficiency" + (hint.empty() ? "" : " — " + hint);
+    out->push_back(std::move(d));
+  }
+}
+
+}  // namespace
+
+const char* teamName(Team team) {
+  switch (team) {
+    case Team::kOperations:
+      return "operations";
+    case Team::kAlgorithm:
+      return "algorithm";
+    case Team::kInfrastructure:
+      return "infrastructure";
+  }
+  return "infrastructure";
+}
+
+double busBandwidthFactor(flare::v1::CollectiveKind kind, int n) {
+  if (n <= 1) return 1.0;
+  switch (kind) {
+    case flare::v1::COLLECTIVE_KIND_ALL_REDUCE:
+      return 2.0 * (n - 1) / n;
+    case flare::v1::COLLECTIVE_KIND_ALL_GATHER:
+    case flare::v1::COLLECTIVE_KIND_REDUCE_SCATTER:
+    case flare::v1::COLLECTIVE_KIND_ALL_TO_ALL:
+      return static_cast<double>(n - 1) / n;
+    default:
+      return 1.0;
+  }
+}
+
+double wasserstein1(std::vector<double> a, std::vector<double> b) {
+  if (a.empty() || b.empty()) return 0;
+  std::sort(a.begin(), a.end());
+  std::sort(b.begin(), b.end());
+  // Integrate |F_a - F_b| over the merged support.
+  const double na = static_cast<double>(a.size()), nb = static_cast<double>(b.size());
+  size_t i = 0, j = 0;
+  double total = 0, prev = std::min(a[0], b[0]);
+  while (i < a.size() || j < b.size()) {
+    const double x = (j >= b.size() || (i < a.size() && a[i] <= b[j])) ? a[i] : b[j];
+    total += std::abs(static_cast<double>(i) / na - static_cast<double>(j) / nb) * (x - prev);
+    prev = x;
+    while (i < a.size() && a[i] == x) ++i;
+    while (j < b.size() && b[j] == x) ++j;
+  }
+  return total;
+}
+
+double tukeyUpperFence(std::vector<double> values, double alpha) {
+  if (values.empty()) return 0;
+  std::sort(values.begin(), values.end());
+  const double q1 = quantile(values, 0.25), q3 = quantile(values, 0.75);
+  return q3 + alpha * (q3 - q1);
+}
+
+std::map<int, ArrivalStats> collectiveArrivals(const JobModel& job) {
+  std::map<std::pair<uint64_t, uint64_t>, std::vector<std::pair<int, const Op*>>> instances;
+  for (const auto& [rank, r] : job.ranks()) {
+    for (const Op& op : r.ops) {
+      if (job.signatures()[op.sig].kind() == flare::v1::OP_KIND_COLLECTIVE && op.comm != 0)
+        instances[{op.comm, op.seq}].push_back({rank, &op});
+    }
+  }
+  std::map<int, ArrivalStats> out;
+  std::map<int, double> wait_sum;
+  for (const auto& [key, members] : instances) {
+    if (members.size() < 2 || static_cast<int>(members.size()) != members[0].second->nranks)
+      continue;
+    const auto last = std::max_element(
+        members.begin(), members.end(),
+        [](const auto& a, const auto& b) { return a.second->start < b.second->start; });
+    for (const auto& [rank, op] : members) {
+      ArrivalStats& s = out[rank];
+      ++s.instances;
+      wait_sum[rank] += static_cast<double>(op->duration());
+    }
+    ++out[last->first].last;
+  }
+  for (auto& [rank, s] : out) s.mean_wait_ns = s.instances ? wait_sum[rank] / s.instances : 0;
+  return out;
+}
+
+std::vector<Diagnosis> diagnose(const JobModel& job, const DiagnoseOptions& options,
+                                const JobModel* baseline) {
+  std::vector<Diagnosis> out;
+  const auto arrivals = collectiveArrivals(job);
+  detectSlowGpu(job, options, arrivals, &out);
+  detectSlowLink(job, options, &out);
+  detectIssueStall(job, options, arrivals, &out);
+  if (baseline != nullptr) detectRegression(job, *baseline, options, &out);
+  detectVoid(job, options, &out);
+  detectUnoptimized(job, options, &out);
+  std::stable_sort(out.begin(), out.end(),
+                   [](const Diagnosis& a, const Diagnosis& b) { return a.severity > b.severity; });
+  return out;
+}
+
+std::string formatDiagnoses(const std::vector<Diagnosis>& diagnoses) {
+  std::string out;
+  for (const Diagnosis& d : diagnoses) {
+    out += "[" + std::string(teamName(d.team)) + "] " + d.summary + "\n";
+    for (const Evidence& e : d.evidence) out += "    - " + e.text + "\n";
+  }
+  return out;
+}
+
+}  // namespace flare::engine

@@ -1,0 +1,87 @@
+// Detectors: from a job's records (job_model.h) to diagnoses a team can act on — which rank,
+// which kernel or API, which metric proved it, and who should fix it.
+//
+// Every detector compares like with like, inside the job: the same GEMM signature across ranks
+// (a slow GPU), communicators doing the same collective of the same size (a slow link), each
+// rank's issue-latency distribution against the other ranks' (a host-side stall), the job's
+// best GEMM efficiency (an un-optimized shape), and per-step void percentages against
+// thresholds. Comparisons with healthy history (baselines) use the same functions with the
+// baseline's model as the reference. Definitions and thresholds: docs/metrics.md.
+//
+// Culprits, not victims: in a synchronous job every rank waits for the slowest, so step time
+// alone names no one. A slow GPU shows as slower kernels on that rank only, and that rank
+// arrives last at collectives; a slow link shows as low bus bandwidth measured from the last
+// arrival (so waiting is not counted) on exactly the communicators that contain it.
+//
+// Plain functions over an immutable model: thread-compatible, no state.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "src/engine/diagnosis/job_model.h"
+
+namespace flare::engine {
+
+enum class Team { kOperations, kAlgorithm, kInfrastructure };
+const char* teamName(Team team);
+
+struct Evidence {
+  std::string metric;  // "gemm_duration", "busbw", "issue_latency_w1", "v_inter", ...
+  std::string text;    // readable: what was measured against what
+  double value = 0;
+  double reference = 0;
+};
+
+struct Diagnosis {
+  std::string kind;  // gpu_slow, link_slow, issue_stall, void_inter, void_minority,
+                     // unoptimized_gemm, issue_latency_regression
+  Team team = Team::kInfrastructure;
+  std::string cause;  // "GPU", "network", "host stall", "input pipeline", ...
+  std::vector<int> ranks;
+  std::string summary;  // one line a person can read
+  std::vector<Evidence> evidence;
+  double severity = 0;  // relative effect (0.25 = 25% slower / lower)
+};
+
+struct DiagnoseOptions {
+  int min_samples = 3;            // per rank and signature
+  double tukey_alpha = 1.5;       // fence Q3 + alpha·IQR
+  double gpu_min_effect = 0.05;   // a GPU must be at least this much slower
+  double link_min_effect = 0.15;  // a communicator's busbw at least this much lower
+  double issue_w1_floor_ns = 20'000;
+  double idle_min_share = 0.03;  // a stalled rank's extra GPU idle time, share of the step
+  double v_inter_threshold = 0.15;
+  double v_minority_threshold = 0.40;
+  double unoptimized_ratio = 0.6;  // achieved < ratio × the job's best GEMM efficiency
+  uint64_t unoptimized_min_flops = 1'000'000'000;
+  // Issue-latency regression against a baseline: alarm above max(floor, the largest W1 between
+  // a baseline rank and the baseline's other ranks).
+  double regression_w1_floor_ns = 20'000;
+};
+
+// Per-rank arrival statistics at collectives (complete instances only).
+struct ArrivalStats {
+  uint64_t instances = 0;
+  uint64_t last = 0;        // instances where this rank's collective kernel started last
+  double mean_wait_ns = 0;  // mean (this rank's duration) over its instances
+};
+std::map<int, ArrivalStats> collectiveArrivals(const JobModel& job);
+
+// nccl-tests bus-bandwidth factor of a collective kind over n ranks.
+double busBandwidthFactor(flare::v1::CollectiveKind kind, int n);
+
+// 1-Wasserstein distance between two empirical samples (exact for sorted inputs of any sizes).
+double wasserstein1(std::vector<double> a, std::vector<double> b);
+// Tukey's upper fence Q3 + alpha·IQR (linear-interpolated quartiles).
+double tukeyUpperFence(std::vector<double> values, double alpha);
+
+std::vector<Diagnosis> diagnose(const JobModel& job, const DiagnoseOptions& options,
+                                const JobModel* baseline = nullptr);
+
+// "[operations] rank 3: GPU slow — ..." lines, one per diagnosis (and its evidence indented).
+std::string formatDiagnoses(const std::vector<Diagnosis>& diagnoses);
+
+}  // namespace flare::engine

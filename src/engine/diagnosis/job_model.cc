@@ -1,0 +1,114 @@
+#include "src/engine/diagnosis/job_model.h"
+
+#include <algorithm>
+
+namespace flare::engine {
+namespace {
+
+std::string signatureKey(const flare::v1::Signature& sig) {
+  std::string key = sig.name();
+  key += '\x1f';
+  key += std::to_string(sig.kind()) + '\x1f' + std::to_string(sig.dtype()) + '\x1f';
+  for (int64_t d : sig.shape()) key += std::to_string(d) + ',';
+  key += '\x1f';
+  key += sig.layout();
+  return key;
+}
+
+constexpr char kStepMarkerName[] = "flare_step";
+
+bool isStepApi(const std::string& name) {
+  return name.size() >= 8 && name.compare(name.size() - 8, 8, "__next__") == 0;
+}
+
+}  // namespace
+
+uint32_t JobModel::internSignature(const flare::v1::Signature& sig) {
+  const std::string key = signatureKey(sig);
+  auto it = signature_index_.find(key);
+  if (it != signature_index_.end()) return it->second;
+  const auto id = static_cast<uint32_t>(signatures_.size());
+  signatures_.push_back(sig);
+  signatures_.back().set_id(id);
+  signature_index_.emplace(key, id);
+  return id;
+}
+
+uint32_t JobModel::internApi(const std::string& name) {
+  auto it = api_index_.find(name);
+  if (it != api_index_.end()) return it->second;
+  const auto id = static_cast<uint32_t>(apis_.size());
+  apis_.push_back(name);
+  api_index_.emplace(name, id);
+  return id;
+}
+
+void JobModel::setRankInfo(int rank, const std::string& host, const std::string& device_name) {
+  RankData& r = ranks_[rank];
+  r.rank = rank;
+  r.host = host;
+  r.device_name = device_name;
+}
+
+void JobModel::addBatch(int rank, const flare::v1::RecordBatch& batch) {
+  RankData& r = ranks_[rank];
+  r.rank = rank;
+  for (const auto& s : batch.signatures()) r.sig_ids[s.id()] = internSignature(s);
+  for (const auto& a : batch.api_names()) r.api_ids[a.id()] = internApi(a.qualified_name());
+  for (const auto& k : batch.kernels()) {
+    auto sig = r.sig_ids.find(k.signature_id());
+    if (sig == r.sig_ids.end()) {
+      ++r.unknown_signature_records;
+      continue;
+    }
+    if (signatures_[sig->second].name() == kStepMarkerName) {  // flare_step (include/flare/step.h)
+      r.step_starts.push_back(k.start_ns());
+      continue;
+    }
+    Op op;
+    op.sig = sig->second;
+    op.issue = k.issue_ns();
+    op.start = k.start_ns();
+    op.end = std::max(k.end_ns(), k.start_ns());
+    op.stream = k.stream_id();
+    op.flops = k.flops() ? k.flops() : signatures_[op.sig].flops_per_call();
+    op.bytes = k.bytes() ? k.bytes() : signatures_[op.sig].bytes_per_call();
+    op.parent_span = k.parent_span_id();
+    op.thread = k.thread_id();
+    if (k.has_collective()) {
+      op.comm = k.collective().comm_hash();
+      op.seq = k.collective().seq();
+      op.nranks = k.collective().nranks();
+    }
+    r.ops.push_back(op);
+  }
+  for (const auto& s : batch.spans()) {
+    auto api = r.api_ids.find(s.api_id());
+    Span span;
+    span.api =
+        api == r.api_ids.end() ? internApi("api#" + std::to_string(s.api_id())) : api->second;
+    span.id = s.id();
+    span.start = s.start_ns();
+    span.end = std::max(s.end_ns(), s.start_ns());
+    span.thread = s.thread_id();
+    if (s.has_gc()) span.gc_generation = s.gc().generation();
+    r.spans.push_back(span);
+  }
+  for (const auto& st : batch.steps()) r.step_starts.push_back(st.start_ns());
+  if (batch.has_drops()) r.drops = batch.drops();
+}
+
+std::vector<int64_t> JobModel::stepStarts(int rank) const {
+  auto it = ranks_.find(rank);
+  if (it == ranks_.end()) return {};
+  std::vector<int64_t> starts = it->second.step_starts;
+  if (starts.empty()) {
+    for (const Span& s : it->second.spans) {
+      if (isStepApi(apis_[s.api])) starts.push_back(s.start);
+    }
+  }
+  std::sort(starts.begin(), starts.end());
+  return starts;
+}
+
+}  // namespace flare::engine

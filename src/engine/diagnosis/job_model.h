@@ -1,0 +1,88 @@
+// A job's records, joined across ranks for diagnosis: what the detectors (detectors.h) read.
+//
+// Ranks intern signatures and API names with their own ids; the model maps them to job-wide ids
+// so that "the same GEMM shape" or "the same traced API" can be compared across ranks. Signatures
+// are equal when name, kind, dtype, shape and layout are equal.
+//
+// The model keeps every op and span it is given: it is built for a window of a job (the daemon
+// feeds it the window it analyses; the offline tool feeds it a whole spool). Not thread-safe:
+// one owner.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "flare/v1/records.pb.h"
+
+namespace flare::engine {
+
+// One GPU op (or host synchronization span) of one rank, in the rank's epoch nanoseconds.
+struct Op {
+  uint32_t sig = 0;  // job-wide signature id (index into JobModel::signatures())
+  int64_t issue = 0;
+  int64_t start = 0;
+  int64_t end = 0;
+  uint64_t stream = 0;
+  uint64_t comm = 0;  // collectives: communicator hash
+  uint64_t seq = 0;
+  int32_t nranks = 0;
+  uint64_t flops = 0;
+  uint64_t bytes = 0;
+  uint64_t parent_span = 0;
+  uint64_t thread = 0;
+  int64_t duration() const { return end - start; }
+  int64_t issueLatency() const { return start - issue; }
+};
+
+// One traced Python call.
+struct Span {
+  uint32_t api = 0;  // job-wide API id (index into JobModel::apis())
+  uint64_t id = 0;
+  int64_t start = 0;
+  int64_t end = 0;
+  uint64_t thread = 0;
+  int32_t gc_generation = -1;
+};
+
+struct RankData {
+  int rank = 0;
+  std::string host;
+  std::string device_name;
+  std::vector<Op> ops;
+  std::vector<Span> spans;
+  std::vector<int64_t> step_starts;                // explicit step markers, if the rank sent any
+  flare::v1::DropCounters drops;                   // the latest cumulative counters
+  std::unordered_map<uint32_t, uint32_t> sig_ids;  // rank's signature id -> job id
+  std::unordered_map<uint32_t, uint32_t> api_ids;  // rank's API id -> job id
+  uint64_t unknown_signature_records = 0;          // records whose table entry never came
+};
+
+class JobModel {
+ public:
+  // Adds one batch of `rank` (tables first, then records, as the batch orders them).
+  void addBatch(int rank, const flare::v1::RecordBatch& batch);
+  void setRankInfo(int rank, const std::string& host, const std::string& device_name);
+
+  const std::map<int, RankData>& ranks() const { return ranks_; }
+  const std::vector<flare::v1::Signature>& signatures() const { return signatures_; }
+  const std::vector<std::string>& apis() const { return apis_; }
+
+  // Step boundaries of a rank: explicit markers, else the starts of its DataLoader `__next__`
+  // spans (the issue's definition). Empty when neither was recorded.
+  std::vector<int64_t> stepStarts(int rank) const;
+
+ private:
+  uint32_t internSignature(const flare::v1::Signature& sig);
+  uint32_t internApi(const std::string& name);
+
+  std::map<int, RankData> ranks_;
+  std::vector<flare::v1::Signature> signatures_;
+  std::unordered_map<std::string, uint32_t> signature_index_;
+  std::vector<std::string> apis_;
+  std::unordered_map<std::string, uint32_t> api_index_;
+};
+
+}  // namespace flare::engine

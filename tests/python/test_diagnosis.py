@@ -1,0 +1,78 @@
+"""Scenario tests of the detectors: a traced 8-rank sim job, healthy or with one injected fault,
+diagnosed from its spool by flare-diagnose. The sim knows the truth (which rank, which fault)."""
+
+import json
+import os
+import subprocess
+
+import pytest
+
+RANKS = 8
+
+
+def run_job(build_dir, out, job, env=None, steps=6, layers=4, hidden=4096):
+    full = dict(os.environ, LD_PRELOAD=os.path.join(build_dir, "lib", "libflare_hook.so"),
+                FLARE_OUTPUT_DIR=str(out), FLARE_JOB_ID=job)
+    full.update(env or {})
+    res = subprocess.run([os.path.join(build_dir, "bin", "flare-sim-train"), "--ranks", str(RANKS),
+                          "--steps", str(steps), "--layers", str(layers), "--hidden", str(hidden),
+                          "--tp", "2", "--quiet"], env=full, capture_output=True, text=True,
+                         timeout=300)
+    assert res.returncode == 0, res.stderr
+
+
+def diagnose(build_dir, out, *extra):
+    res = subprocess.run([os.path.join(build_dir, "bin", "flare-diagnose"), "--input", str(out),
+                          "--json", *extra], capture_output=True, text=True, timeout=120)
+    assert res.returncode in (0, 3), res.stderr
+    found = json.loads(res.stdout)["diagnoses"]
+    assert (res.returncode == 3) == bool(found)
+    return found
+
+
+@pytest.mark.parametrize("hidden,layers", [(4096, 4), (8192, 2), (2048, 6)])
+def test_healthy_jobs_raise_nothing(build_dir, tmp_path, hidden, layers):
+    run_job(build_dir, tmp_path, "healthy", hidden=hidden, layers=layers)
+    assert diagnose(build_dir, tmp_path) == []
+
+
+def test_underclocked_gpu_names_that_rank_and_operations(build_dir, tmp_path):
+    run_job(build_dir, tmp_path, "gpu", {"FLARE_SIM_CLOCK_FACTOR": "3:0.8"})
+    found = diagnose(build_dir, tmp_path)
+    assert [d["kind"] for d in found] == ["gpu_slow"], found
+    d = found[0]
+    assert d["ranks"] == [3] and d["team"] == "operations" and d["cause"] == "GPU"
+    assert d["severity"] == pytest.approx(0.25, abs=0.03)  # 80% clock: kernels take 1/0.8
+    arrival = next(e for e in d["evidence"] if e["metric"] == "collective_arrival")
+    assert arrival["value"] > 0.8  # the culprit arrives last; the victims wait
+
+
+def test_slow_link_names_the_rank_in_every_slow_communicator(build_dir, tmp_path):
+    run_job(build_dir, tmp_path, "link", {"FLARE_SIM_LINK_FACTOR": "5:0.5"})
+    found = diagnose(build_dir, tmp_path)
+    assert [d["kind"] for d in found] == ["link_slow"], found
+    d = found[0]
+    assert d["ranks"] == [5] and d["team"] == "operations" and d["cause"] == "network"
+    # Both communicators of rank 5 (tensor-parallel pair, data-parallel group) at half speed.
+    assert len(d["evidence"]) == 2
+    for e in d["evidence"]:
+        assert e["value"] / e["reference"] == pytest.approx(0.5, abs=0.05)
+
+
+def test_host_stall_names_the_rank_and_the_algorithm_team(build_dir, tmp_path):
+    run_job(build_dir, tmp_path, "stall", {"FLARE_SIM_HOST_STALL": "6:5"})
+    found = diagnose(build_dir, tmp_path)
+    assert [d["kind"] for d in found] == ["issue_stall"], found
+    d = found[0]
+    assert d["ranks"] == [6] and d["team"] == "algorithm"
+    # The stall is an untraced sleep: nothing may be named as its cause.
+    assert "likely cause" not in d["summary"]
+
+
+def test_bad_input_is_a_clear_error(build_dir, tmp_path):
+    res = subprocess.run([os.path.join(build_dir, "bin", "flare-diagnose"), "--input",
+                          str(tmp_path / "nope")], capture_output=True, text=True)
+    assert res.returncode == 1 and "not a directory" in res.stderr
+    res = subprocess.run([os.path.join(build_dir, "bin", "flare-diagnose")], capture_output=True,
+                         text=True)
+    assert res.returncode == 2 and "--input" in res.stderr
