@@ -33,7 +33,7 @@ fi
 
 # Python test dependencies, for every interpreter the tests run on.
 # FLARE_PYTHONS may list interpreters; by default the first python3 on PATH.
-PY_PACKAGES=(pytest)
+PY_PACKAGES=(pytest scipy numpy)
 for py in ${FLARE_PYTHONS:-$(command -v python3)}; do
   for pkg in "${PY_PACKAGES[@]}"; do
     if ! "$py" -c "import $pkg" 2>/dev/null; then
