@@ -44,11 +44,15 @@ double kdeAt(std::span<const double> x, double h, double at) {
 KdeGrid kdeGrid(std::span<const double> x, double h, const KdeOptions& options) {
   KdeGrid grid;
   if (x.empty() || !(h > 0)) return grid;
-  const size_t g = std::max<size_t>(options.gridSize, 16);
   const auto [mn, mx] = std::minmax_element(x.begin(), x.end());
   grid.bandwidth = h;
   grid.lo = *mn - options.cutBandwidths * h;
   const double hi = *mx + options.cutBandwidths * h;
+  size_t g = std::max<size_t>(options.gridSize, 16);
+  if (options.pointsPerBandwidth > 0) {
+    const double wanted = std::ceil((hi - grid.lo) / h * options.pointsPerBandwidth) + 1;
+    if (wanted < static_cast<double>(g)) g = std::max<size_t>(16, static_cast<size_t>(wanted));
+  }
   grid.step = (hi - grid.lo) / static_cast<double>(g - 1);
   grid.density.assign(g, 0.0);
   const double n = static_cast<double>(x.size());

@@ -6,7 +6,7 @@
 // and its modes (cache-hot/cold, different code paths, a slow rank) are separated by ratios, so
 // one bandwidth fits every mode in log space.
 //
-// Cost: the density is evaluated on a fixed grid (KdeOptions::gridSize points). Up to
+// Cost: the density is evaluated on a grid (at most KdeOptions::gridSize points). Up to
 // exactMaxN values it is summed exactly; above, the values are linearly binned onto the grid
 // and the bin counts convolved with a Gaussian truncated at `truncate` bandwidths (O(n + G·L)).
 // Clustering then costs O(n) (log, bin, one pass to assign, nth_element per cluster).
@@ -29,7 +29,11 @@ enum class BandwidthRule {
 
 struct KdeOptions {
   BandwidthRule rule = BandwidthRule::kSilverman;
-  size_t gridSize = 512;     // grid points (≥ 16)
+  size_t gridSize = 512;  // grid points at most (≥ 16)
+  // Fewer points when the data span few bandwidths: the grid step need not be finer than
+  // h/pointsPerBandwidth (linear-binning error ≤ step²/(8h²) of the peak, 0.05% at 16).
+  // 0: always gridSize points.
+  double pointsPerBandwidth = 16;
   double cutBandwidths = 3;  // the grid spans [min − cut·h, max + cut·h]
   size_t exactMaxN = 64;     // above this, binned KDE
   double truncate = 5;       // binned kernel truncated at this many bandwidths
@@ -59,8 +63,9 @@ struct KdeGrid {
   double x(size_t i) const { return lo + step * static_cast<double>(i); }
 };
 
-// Evaluates the KDE of finite values `x` with bandwidth h > 0 on options.gridSize points over
-// [min − cut·h, max + cut·h]; exact or binned per options.exactMaxN. Empty grid when x is empty
+// Evaluates the KDE of finite values `x` with bandwidth h > 0 on an even grid over
+// [min − cut·h, max + cut·h] of min(gridSize, max(16, span/h · pointsPerBandwidth)) points;
+// exact or binned per options.exactMaxN. Empty grid when x is empty
 // or h ≤ 0.
 KdeGrid kdeGrid(std::span<const double> x, double h, const KdeOptions& options = {});
 
