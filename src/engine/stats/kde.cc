@@ -161,19 +161,62 @@ Clustering clusterDurations(std::span<const double> durationsNs, const KdeOption
   }
   if (logs.empty()) return out;
   out.bandwidth = kdeBandwidth(logs, options.rule);
+  std::vector<double> valley_height;
   if (out.bandwidth > 0) {
     const KdeGrid grid = kdeGrid(logs, out.bandwidth, options);
-    for (size_t v : kdeValleys(grid, options)) out.cutsLog.push_back(grid.x(v));
+    for (size_t v : kdeValleys(grid, options)) {
+      out.cutsLog.push_back(grid.x(v));
+      valley_height.push_back(grid.density[v]);
+    }
   }
-  // Counting sort of the finite durations by cluster, then per-cluster order statistics.
-  const size_t k = out.cutsLog.size() + 1;
+  // Cluster of each value, and the counts.
   std::vector<uint32_t> which(logs.size());
-  std::vector<size_t> offset(k + 1, 0);
+  std::vector<size_t> counts(out.cutsLog.size() + 1, 0);
   for (size_t i = 0; i < logs.size(); ++i) {
     const auto c = static_cast<uint32_t>(
         std::upper_bound(out.cutsLog.begin(), out.cutsLog.end(), logs[i]) - out.cutsLog.begin());
     which[i] = c;
-    ++offset[c + 1];
+    ++counts[c];
+  }
+  // Clusters below minClusterFraction (isolated tail values) join the neighbour across the
+  // shallower valley, smallest first.
+  std::vector<uint32_t> remap(counts.size());
+  {
+    struct Group {
+      size_t count;
+      uint32_t last;  // last original cluster in the group
+    };
+    std::vector<Group> groups;
+    for (size_t c = 0; c < counts.size(); ++c)
+      groups.push_back({counts[c], static_cast<uint32_t>(c)});
+    std::vector<double> cuts = out.cutsLog, heights = valley_height;
+    const double min_count = options.minClusterFraction * static_cast<double>(logs.size());
+    while (groups.size() > 1) {
+      size_t g = 0;
+      for (size_t i = 1; i < groups.size(); ++i)
+        if (groups[i].count < groups[g].count) g = i;
+      if (static_cast<double>(groups[g].count) >= min_count) break;
+      // Merge g with g−1 (cut g−1) or g+1 (cut g), whichever valley is higher.
+      const bool left = g > 0 && (g + 1 == groups.size() || heights[g - 1] >= heights[g]);
+      const size_t keep = left ? g - 1 : g;  // the group that absorbs the other
+      const size_t cut = left ? g - 1 : g;
+      groups[keep].count += groups[keep + 1].count;
+      groups[keep].last = groups[keep + 1].last;
+      groups.erase(groups.begin() + static_cast<std::ptrdiff_t>(keep) + 1);
+      cuts.erase(cuts.begin() + static_cast<std::ptrdiff_t>(cut));
+      heights.erase(heights.begin() + static_cast<std::ptrdiff_t>(cut));
+    }
+    uint32_t c = 0;
+    for (size_t gi = 0; gi < groups.size(); ++gi)
+      for (; c <= groups[gi].last; ++c) remap[c] = static_cast<uint32_t>(gi);
+    out.cutsLog = std::move(cuts);
+  }
+  // Counting sort of the finite durations by cluster, then per-cluster order statistics.
+  const size_t k = out.cutsLog.size() + 1;
+  std::vector<size_t> offset(k + 1, 0);
+  for (uint32_t& w : which) {
+    w = remap[w];
+    ++offset[w + 1];
   }
   for (size_t c = 0; c < k; ++c) offset[c + 1] += offset[c];
   std::vector<double> sorted_by_cluster(logs.size());

@@ -40,6 +40,9 @@ struct KdeOptions {
   // A valley splits two modes only when its density is below valleyRatio × the lower of the
   // two peaks beside it (a dip of at least 1 − valleyRatio); shallower valleys are noise.
   double valleyRatio = 0.9;
+  // A cluster holding less than this fraction of the values (isolated tail values, a few
+  // points beyond a valley) joins its neighbour across the shallower valley. 0: keep all.
+  double minClusterFraction = 0.001;
   size_t maxClusters = 8;    // the shallowest valleys are merged beyond this
   double minDurationNs = 1;  // durations below this (incl. ≤ 0) are taken as this before the log
 };

@@ -134,6 +134,23 @@ TEST(Kde, OneModeStaysOneCluster) {
   }
 }
 
+TEST(Kde, IsolatedTailValuesJoinTheirNeighbour) {
+  std::vector<double> x;
+  for (int i = 0; i < 2000; ++i) x.push_back(1e4 + (i % 100));
+  x.push_back(1e6);  // one stall: 1/2001 < 0.1%
+  const Clustering merged = clusterDurations(x);
+  ASSERT_EQ(merged.clusters.size(), 1u);
+  EXPECT_EQ(merged.clusters[0].count, 2001u);
+  EXPECT_EQ(merged.clusters[0].max, 1e6);
+  EXPECT_DOUBLE_EQ(merged.clusters[0].sum, 2000 * 1e4 + 20 * (99 * 100 / 2) + 1e6);
+  KdeOptions keep_all;
+  keep_all.minClusterFraction = 0;
+  const Clustering split = clusterDurations(x, keep_all);
+  ASSERT_EQ(split.clusters.size(), 2u);
+  EXPECT_EQ(split.clusters[1].count, 1u);
+  EXPECT_EQ(split.clusters[1].p50, 1e6);
+}
+
 TEST(Kde, DegenerateAndBadInput) {
   EXPECT_TRUE(clusterDurations(std::vector<double>{}).clusters.empty());
   const Clustering one = clusterDurations(std::vector<double>{42});
