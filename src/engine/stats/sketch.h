@@ -14,7 +14,7 @@
 // exact min and max. Count, sum, min and max are exact. Each store keeps at most maxBuckets
 // contiguous buckets (memory ≤ 2·maxBuckets·8 bytes); past that the buckets nearest zero are
 // collapsed into one (their values lose the accuracy guarantee; collapsed() says so). With the
-// defaults 1 ns .. 1e11 ns fits in 1268 buckets, far below 2048.
+// defaults 1 ns .. 1e11 ns fits in 1267 buckets, far below 2048.
 //
 // Serialized form (version 1, little-endian): see sketch.cc. deserialize() validates every field
 // of untrusted input and returns an error rather than a sketch it cannot vouch for.
