@@ -46,7 +46,8 @@ struct SegmentationOptions {
 // then the SD of the differences when the MAD is 0. 0 for n < 3.
 double robustNoiseSigma(std::span<const double> x);
 
-// Mean-shift change points of x (finite values), ascending index.
+// Mean-shift change points of x, ascending index. x must be finite: a series with a non-finite
+// value yields none (filter missing steps out first).
 std::vector<ChangePoint> detectMeanShifts(std::span<const double> x,
                                           const SegmentationOptions& options = {});
 
