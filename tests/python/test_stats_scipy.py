@@ -123,6 +123,21 @@ def test_sketch_and_summary_w1_close_to_exact(stats):
     assert got == pytest.approx(scipy_stats.wasserstein_distance(fast, slow), rel=0.05)
 
 
+def test_outlier_scores_and_fences_match_scipy(stats):
+    rng = np.random.default_rng(6)
+    members = [rng.lognormal(np.log(1e5), 0.05, 200) for _ in range(15)]
+    members[11] = members[11] * 1.2  # one slow rank
+    out = stats({"op": "outliers", "members": [m.tolist() for m in members], "alpha": 1.5})
+    n = len(members)
+    scores = np.array([np.mean([scipy_stats.wasserstein_distance(members[i], members[j])
+                                for j in range(n) if j != i]) for i in range(n)])
+    assert np.allclose(out["scores"], scores, rtol=1e-9)
+    q1, q3 = np.quantile(scores, [0.25, 0.75])
+    assert out["fences"]["upper"] == pytest.approx(q3 + 1.5 * (q3 - q1), rel=1e-12)
+    assert out["fences"]["lower"] == pytest.approx(q1 - 1.5 * (q3 - q1), rel=1e-12)
+    assert out["high"] == [int(i) for i in np.nonzero(scores > q3 + 1.5 * (q3 - q1))[0]] == [11]
+
+
 def test_tool_reports_bad_input(stats):
     proc = subprocess.run([TOOL], input="{not json", capture_output=True, text=True, timeout=10)
     assert proc.returncode == 2 and "offset" in json.loads(proc.stdout)["error"]
