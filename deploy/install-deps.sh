@@ -34,9 +34,10 @@ fi
 
 # Python test dependencies, for every interpreter the tests run on.
 # FLARE_PYTHONS may list interpreters; by default the first python3 on PATH.
-# Each entry is IMPORT_NAME or IMPORT_NAME:PIP_NAME. HolisticTraceAnalysis (hta) checks that
-# the timeline export loads in HTA (tests/python/test_timeline.py).
-PY_PACKAGES=(pytest psutil hta:HolisticTraceAnalysis)
+# Each entry is IMPORT_NAME or IMPORT_NAME:PIP_NAME. scipy/numpy check the statistics
+# (tests/python/test_stats_scipy.py); HolisticTraceAnalysis (hta) checks that the timeline
+# export loads in HTA (tests/python/test_timeline.py).
+PY_PACKAGES=(pytest scipy numpy psutil hta:HolisticTraceAnalysis)
 for py in ${FLARE_PYTHONS:-$(command -v python3)}; do
   for entry in "${PY_PACKAGES[@]}"; do
     mod="${entry%%:*}"

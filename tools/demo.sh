@@ -1,22 +1,38 @@
 #!/usr/bin/env bash
-# The main job (`make demo`): an 8-rank simulated training job, healthy and then with one
-# underclocked GPU, printing every rank's step times and its GEMM times.
+# The main job (`make demo`): an 8-rank simulated training job traced by Flare, healthy and then
+# with one fault at a time, each followed by Flare's diagnosis.
 #
-# On a machine without a GPU this runs on the simulated GPU stack (src/sim). Later parts of
-# Flare trace the same job through flared and print diagnoses.
+# On a machine without a GPU this runs on the simulated GPU stack (src/sim): libflare_hook.so is
+# preloaded into every rank exactly as on a real cluster, records go to a spool, and
+# flare-diagnose runs the detectors the daemon runs.
 set -euo pipefail
 BUILD_DIR="${1:-build}"
 TRAIN="$BUILD_DIR/bin/flare-sim-train"
+DIAGNOSE="$BUILD_DIR/bin/flare-diagnose"
+HOOK="$BUILD_DIR/lib/libflare_hook.so"
 RANKS="${FLARE_DEMO_RANKS:-8}"
-STEPS="${FLARE_DEMO_STEPS:-10}"
-ARGS=(--ranks "$RANKS" --steps "$STEPS" --tp 2 --hidden 8192 --timeout 300 --quiet)
+STEPS="${FLARE_DEMO_STEPS:-8}"
+ARGS=(--ranks "$RANKS" --steps "$STEPS" --tp 2 --layers 4 --hidden 4096 --timeout 300 --quiet)
+SPOOL="$(mktemp -d /tmp/flare-demo-XXXXXX)"
+trap 'rm -rf "$SPOOL"' EXIT
+
+scenario() {  # NAME TITLE [ENV=VALUE ...]
+  local name="$1" title="$2"
+  shift 2
+  echo
+  echo "-- $title"
+  env "$@" LD_PRELOAD="$HOOK" FLARE_OUTPUT_DIR="$SPOOL" FLARE_JOB_ID="demo-$name" \
+    "$TRAIN" "${ARGS[@]}" 2>/dev/null
+  echo
+  echo "   Flare's diagnosis:"
+  "$DIAGNOSE" --input "$SPOOL" --job "demo-$name" | sed 's/^/   /' || true
+}
 
 echo "== Flare demo: $RANKS-rank transformer job on the simulated GPU stack =="
-echo
-echo "-- 1. healthy job"
-env -u FLARE_SIM_CLOCK_FACTOR "$TRAIN" "${ARGS[@]}"
-echo
-echo "-- 2. the same job with GPU 3 underclocked to 80% (FLARE_SIM_CLOCK_FACTOR=3:0.8)"
-echo "      every rank waits for rank 3 at each collective, so every step slows;"
-echo "      only rank 3's own GEMMs are slower:"
-FLARE_SIM_CLOCK_FACTOR=3:0.8 "$TRAIN" "${ARGS[@]}"
+scenario healthy "1. healthy job"
+scenario gpu "2. GPU 3 underclocked to 80% (FLARE_SIM_CLOCK_FACTOR=3:0.8): every step slows, \
+only rank 3's kernels are slower" FLARE_SIM_CLOCK_FACTOR=3:0.8
+scenario link "3. rank 5's network link at half bandwidth (FLARE_SIM_LINK_FACTOR=5:0.5)" \
+  FLARE_SIM_LINK_FACTOR=5:0.5
+scenario stall "4. rank 6's host stalls 5 ms in every forward pass, like a GC pause \
+(FLARE_SIM_HOST_STALL=6:5)" FLARE_SIM_HOST_STALL=6:5

@@ -1,0 +1,162 @@
+#include "src/engine/stats/wasserstein.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+namespace flare::stats {
+
+namespace {
+
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+
+// ∫_0^w |d0 + (d1 − d0)·t/w| dt.
+double absLinearIntegral(double d0, double d1, double w) {
+  if (w <= 0) return 0;
+  if ((d0 >= 0 && d1 >= 0) || (d0 <= 0 && d1 <= 0))
+    return 0.5 * (std::fabs(d0) + std::fabs(d1)) * w;
+  return 0.5 * (d0 * d0 + d1 * d1) / (std::fabs(d0) + std::fabs(d1)) * w;
+}
+
+struct Event {
+  double x;
+  double jump;
+  double dslope;
+};
+
+void addEvents(const PiecewiseDistribution& p, double sign, std::vector<Event>& ev) {
+  const double total = p.totalMass();
+  for (const Piece& piece : p.pieces) {
+    if (!(piece.mass > 0) || !std::isfinite(piece.lo) || !std::isfinite(piece.hi)) continue;
+    const double m = sign * piece.mass / total;
+    const double lo = std::min(piece.lo, piece.hi), hi = std::max(piece.lo, piece.hi);
+    if (hi - lo <= 0) {
+      ev.push_back({lo, m, 0});
+    } else {
+      const double s = m / (hi - lo);
+      ev.push_back({lo, 0, s});
+      ev.push_back({hi, 0, -s});
+    }
+  }
+}
+
+}  // namespace
+
+double wasserstein1(std::span<const double> a, std::span<const double> b) {
+  std::vector<double> x, y;
+  x.reserve(a.size());
+  y.reserve(b.size());
+  for (double v : a)
+    if (std::isfinite(v)) x.push_back(v);
+  for (double v : b)
+    if (std::isfinite(v)) y.push_back(v);
+  if (x.empty() || y.empty()) return kNaN;
+  std::sort(x.begin(), x.end());
+  std::sort(y.begin(), y.end());
+  const double nx = static_cast<double>(x.size()), ny = static_cast<double>(y.size());
+  size_t i = 0, j = 0;
+  double cur = std::min(x[0], y[0]);
+  double total = 0;
+  while (i < x.size() || j < y.size()) {
+    // Advance past every value equal to the current point, then integrate to the next one.
+    while (i < x.size() && x[i] <= cur) ++i;
+    while (j < y.size() && y[j] <= cur) ++j;
+    if (i == x.size() && j == y.size()) break;
+    const double next = std::min(i < x.size() ? x[i] : std::numeric_limits<double>::infinity(),
+                                 j < y.size() ? y[j] : std::numeric_limits<double>::infinity());
+    total += std::fabs(static_cast<double>(i) / nx - static_cast<double>(j) / ny) * (next - cur);
+    cur = next;
+  }
+  return total;
+}
+
+double PiecewiseDistribution::totalMass() const {
+  double m = 0;
+  for (const Piece& p : pieces)
+    if (p.mass > 0 && std::isfinite(p.lo) && std::isfinite(p.hi)) m += p.mass;
+  return m;
+}
+
+double PiecewiseDistribution::mean() const {
+  double m = 0, s = 0;
+  for (const Piece& p : pieces) {
+    if (!(p.mass > 0) || !std::isfinite(p.lo) || !std::isfinite(p.hi)) continue;
+    m += p.mass;
+    s += p.mass * 0.5 * (p.lo + p.hi);
+  }
+  return m > 0 ? s / m : kNaN;
+}
+
+double wasserstein1(const PiecewiseDistribution& p, const PiecewiseDistribution& q) {
+  if (!(p.totalMass() > 0) || !(q.totalMass() > 0)) return kNaN;
+  std::vector<Event> ev;
+  ev.reserve(2 * (p.pieces.size() + q.pieces.size()));
+  addEvents(p, +1, ev);
+  addEvents(q, -1, ev);
+  std::sort(ev.begin(), ev.end(), [](const Event& l, const Event& r) { return l.x < r.x; });
+  // D(x) = F_p(x) − F_q(x) is piecewise linear between events; integrate |D| exactly.
+  double d = 0, slope = 0, x = ev.front().x, total = 0;
+  size_t i = 0;
+  while (i < ev.size()) {
+    const double x0 = ev[i].x;
+    const double w = x0 - x;
+    const double d1 = d + slope * w;
+    total += absLinearIntegral(d, d1, w);
+    d = d1;
+    for (; i < ev.size() && ev[i].x == x0; ++i) {
+      d += ev[i].jump;
+      slope += ev[i].dslope;
+    }
+    x = x0;
+  }
+  return total;
+}
+
+PiecewiseDistribution rebuildMixture(std::span<const DurationCluster> clusters) {
+  PiecewiseDistribution out;
+  for (const DurationCluster& c : clusters) {
+    if (c.count == 0 || !std::isfinite(c.p50) || !std::isfinite(c.p99)) continue;
+    const double w = static_cast<double>(c.count);
+    const double p50 = c.p50;
+    const double p99 = std::max(c.p99, c.p50);
+    double a = (p50 > 0) ? p50 * std::pow(p50 / p99, 0.5 / 0.49) : p50 - (p99 - p50) * (0.5 / 0.49);
+    double b;
+    const double m = c.sum / w;
+    if (c.sum > 0 && std::isfinite(m)) {
+      // mean of the quantile function = 0.25(a+p50) + 0.245(p50+p99) + 0.005(p99+b)
+      b = (m - 0.25 * (a + p50) - 0.245 * (p50 + p99)) / 0.005 - p99;
+      if (!(b >= p99)) {
+        b = p99;
+        a = (m - 0.245 * (p50 + p99) - 0.01 * p99) / 0.25 - p50;
+        a = std::min(a, p50);
+        if (p50 > 0) a = std::max(a, 0.0);
+      }
+    } else {
+      b = p99 + (p99 - p50) * (0.01 / 0.49);
+    }
+    if (!std::isfinite(a) || !std::isfinite(b)) continue;
+    out.pieces.push_back({a, p50, 0.50 * w});
+    out.pieces.push_back({p50, p99, 0.49 * w});
+    out.pieces.push_back({p99, b, 0.01 * w});
+  }
+  return out;
+}
+
+double wasserstein1(std::span<const DurationCluster> a, std::span<const DurationCluster> b) {
+  return wasserstein1(rebuildMixture(a), rebuildMixture(b));
+}
+
+double wasserstein1(const LatencySketch& a, const LatencySketch& b) {
+  if (a.count() == 0 || b.count() == 0) return kNaN;
+  auto rebuild = [](const LatencySketch& s) {
+    PiecewiseDistribution d;
+    d.pieces.reserve(s.bucketCount());
+    s.forEachBucket([&](double lo, double hi, uint64_t c) {
+      d.pieces.push_back({lo, hi, static_cast<double>(c)});
+    });
+    return d;
+  };
+  return wasserstein1(rebuild(a), rebuild(b));
+}
+
+}  // namespace flare::stats
