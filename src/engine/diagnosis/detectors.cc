@@ -4,8 +4,15 @@
 #include <cmath>
 #include <cstdio>
 #include <numeric>
+#include <optional>
 #include <set>
+#include <span>
 #include <utility>
+
+#include "src/engine/stats/outliers.h"
+#include "src/engine/stats/perf_model.h"
+#include "src/engine/stats/quantile.h"
+#include "src/engine/stats/wasserstein.h"
 
 namespace flare::engine {
 namespace {
@@ -13,16 +20,19 @@ namespace {
 using flare::v1::OpKind;
 
 double quantile(std::vector<double>& sorted, double q) {
-  if (sorted.empty()) return 0;
-  const double pos = q * static_cast<double>(sorted.size() - 1);
-  const size_t lo = static_cast<size_t>(std::floor(pos));
-  const size_t hi = std::min(lo + 1, sorted.size() - 1);
-  return sorted[lo] + (sorted[hi] - sorted[lo]) * (pos - static_cast<double>(lo));
+  return stats::quantileSorted(sorted, q);
 }
 
 double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return quantile(v, 0.5);
+  return stats::quantileInPlace(v, 0.5);
+}
+
+double wasserstein1(const std::vector<double>& a, const std::vector<double>& b) {
+  return stats::wasserstein1(std::span<const double>(a), std::span<const double>(b));
+}
+
+double tukeyUpperFence(const std::vector<double>& values, double alpha) {
+  return stats::tukeyFences(values, alpha).upper;
 }
 
 bool isCompute(OpKind kind) {
@@ -66,23 +76,19 @@ std::string rankList(const std::vector<int>& ranks) {
   return out;
 }
 
-int dtypeBytes(flare::v1::DType t) {
+std::optional<stats::Dtype> statsDtype(flare::v1::DType t) {
   switch (t) {
     case flare::v1::DTYPE_F32:
-    case flare::v1::DTYPE_I32:
-    case flare::v1::DTYPE_U32:
-    case flare::v1::DTYPE_C32:
-      return 4;
-    case flare::v1::DTYPE_F64:
-    case flare::v1::DTYPE_I64:
-    case flare::v1::DTYPE_U64:
-    case flare::v1::DTYPE_C64:
-      return 8;
+      return stats::Dtype::kFp32;
     case flare::v1::DTYPE_F16:
+      return stats::Dtype::kFp16;
     case flare::v1::DTYPE_BF16:
-      return 2;
+      return stats::Dtype::kBf16;
+    case flare::v1::DTYPE_F8E4M3:
+    case flare::v1::DTYPE_F8E5M2:
+      return stats::Dtype::kFp8;
     default:
-      return 1;
+      return std::nullopt;
   }
 }
 
@@ -792,33 +798,11 @@ void detectUnoptimized(const JobModel& job, const DiagnoseOptions& opt,
     const auto& sig = job.signatures()[sig_id];
     const double ref = best[sig.dtype()];
     if (ref <= 0 || st.tflops >= opt.unoptimized_ratio * ref) continue;
-    // Alignment hint: a dimension or leading dimension whose bytes are not a multiple of 128.
-    const int bytes = dtypeBytes(sig.dtype());
-    const int64_t align = 128 / std::max(1, bytes);
+    // Alignment hint: a dimension whose bytes are not a multiple of 128.
     std::string hint;
-    const char* names[] = {"m", "n", "k"};
-    for (int i = 0; i < 3 && i < sig.shape_size(); ++i) {
-      const int64_t v = sig.shape(i);
-      if (v % align != 0) {
-        hint = std::string(names[i]) + "=" + std::to_string(v) + " (" + std::to_string(v * bytes) +
-               " bytes) is not a multiple of 128 bytes; padding it to " +
-               std::to_string((v + align - 1) / align * align) +
-               " lets the tensor cores run "
-               "full tiles";
-        break;
-      }
-    }
-    if (hint.empty()) {
-      for (const char* ld : {"lda=", "ldb=", "ldc="}) {
-        const auto pos = sig.layout().find(ld);
-        if (pos == std::string::npos) continue;
-        const int64_t v = std::atoll(sig.layout().c_str() + pos + 4);
-        if (v > 0 && v % align != 0) {
-          hint = std::string(ld, 3) + "=" + std::to_string(v) + " is not a multiple of 128 bytes";
-          break;
-        }
-      }
-    }
+    const auto dtype = statsDtype(sig.dtype());
+    if (dtype && sig.shape_size() >= 3)
+      hint = stats::gemmAlignmentHint(sig.shape(0), sig.shape(1), sig.shape(2), *dtype);
     Diagnosis d;
     d.kind = "unoptimized_gemm";
     d.team = Team::kInfrastructure;
@@ -851,42 +835,25 @@ const char* teamName(Team team) {
 }
 
 double busBandwidthFactor(flare::v1::CollectiveKind kind, int n) {
-  if (n <= 1) return 1.0;
+  using stats::Collective;
+  Collective c = Collective::kSendRecv;  // broadcast, reduce, send/recv: 1
   switch (kind) {
     case flare::v1::COLLECTIVE_KIND_ALL_REDUCE:
-      return 2.0 * (n - 1) / n;
+      c = Collective::kAllReduce;
+      break;
     case flare::v1::COLLECTIVE_KIND_ALL_GATHER:
+      c = Collective::kAllGather;
+      break;
     case flare::v1::COLLECTIVE_KIND_REDUCE_SCATTER:
+      c = Collective::kReduceScatter;
+      break;
     case flare::v1::COLLECTIVE_KIND_ALL_TO_ALL:
-      return static_cast<double>(n - 1) / n;
+      c = Collective::kAllToAll;
+      break;
     default:
-      return 1.0;
+      break;
   }
-}
-
-double wasserstein1(std::vector<double> a, std::vector<double> b) {
-  if (a.empty() || b.empty()) return 0;
-  std::sort(a.begin(), a.end());
-  std::sort(b.begin(), b.end());
-  // Integrate |F_a - F_b| over the merged support.
-  const double na = static_cast<double>(a.size()), nb = static_cast<double>(b.size());
-  size_t i = 0, j = 0;
-  double total = 0, prev = std::min(a[0], b[0]);
-  while (i < a.size() || j < b.size()) {
-    const double x = (j >= b.size() || (i < a.size() && a[i] <= b[j])) ? a[i] : b[j];
-    total += std::abs(static_cast<double>(i) / na - static_cast<double>(j) / nb) * (x - prev);
-    prev = x;
-    while (i < a.size() && a[i] == x) ++i;
-    while (j < b.size() && b[j] == x) ++j;
-  }
-  return total;
-}
-
-double tukeyUpperFence(std::vector<double> values, double alpha) {
-  if (values.empty()) return 0;
-  std::sort(values.begin(), values.end());
-  const double q1 = quantile(values, 0.25), q3 = quantile(values, 0.75);
-  return q3 + alpha * (q3 - q1);
+  return n <= 1 ? 1.0 : stats::busBandwidthFactor(c, n);
 }
 
 std::map<int, ArrivalStats> collectiveArrivals(const JobModel& job) {
