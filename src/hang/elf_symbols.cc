@@ -48,7 +48,8 @@ ElfSymbolTable::ElfSymbolTable(const std::string& path) {
   const auto* eh = reinterpret_cast<const Elf64_Ehdr*>(bytes);
   const bool ok = std::memcmp(eh->e_ident, ELFMAG, SELFMAG) == 0 &&
                   eh->e_ident[EI_CLASS] == ELFCLASS64 && eh->e_shentsize == sizeof(Elf64_Shdr) &&
-                  eh->e_shoff > 0 && eh->e_shoff + uint64_t(eh->e_shnum) * sizeof(Elf64_Shdr) <= size;
+                  eh->e_shoff > 0 &&
+                  eh->e_shoff + uint64_t(eh->e_shnum) * sizeof(Elf64_Shdr) <= size;
   if (ok) {
     const auto* sh = reinterpret_cast<const Elf64_Shdr*>(bytes + eh->e_shoff);
     // Prefer .symtab (all functions); fall back to .dynsym (exported ones).
@@ -79,7 +80,8 @@ ElfSymbolTable::ElfSymbolTable(const std::string& path) {
     }
   }
   munmap(map, size);
-  std::sort(syms_.begin(), syms_.end(), [](const Sym& a, const Sym& b) { return a.value < b.value; });
+  std::sort(syms_.begin(), syms_.end(),
+            [](const Sym& a, const Sym& b) { return a.value < b.value; });
 }
 
 std::string_view ElfSymbolTable::lookup(uint64_t addr) const {

@@ -56,7 +56,9 @@ int64_t nowNs() {
   return int64_t(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
 }
 
-pid_t gettid_() { return static_cast<pid_t>(syscall(SYS_gettid)); }
+pid_t gettid_() {
+  return static_cast<pid_t>(syscall(SYS_gettid));
+}
 
 uintptr_t contextPc(void* ucv) {
   auto* uc = static_cast<ucontext_t*>(ucv);
@@ -178,9 +180,9 @@ void symbolize(uintptr_t pc, bool exact, ElfSymbolCache& cache, flare::v1::Nativ
   if (info.dli_sname) {
     f->set_symbol(demangle(info.dli_sname));
   } else {
-    const std::string path =
-        (module.empty() || lm->l_name == nullptr || lm->l_name[0] == '\0') ? "/proc/self/exe"
-                                                                           : module;
+    const std::string path = (module.empty() || lm->l_name == nullptr || lm->l_name[0] == '\0')
+                                 ? "/proc/self/exe"
+                                 : module;
     std::string_view name = cache.get(path).lookup(lookup - bias);
     if (!name.empty()) f->set_symbol(demangle(std::string(name).c_str()));
   }

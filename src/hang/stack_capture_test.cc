@@ -61,8 +61,8 @@ __attribute__((noinline)) void blockedSignalsWorker() {
 // The main thread parks here in a raw futex wait until the capture is done.
 __attribute__((noinline)) void mainStuckInFutex() {
   while (g_futex_word.load() == 0) {
-    syscall(SYS_futex, reinterpret_cast<uint32_t*>(&g_futex_word), FUTEX_WAIT_PRIVATE, 0,
-            nullptr, nullptr, 0);
+    syscall(SYS_futex, reinterpret_cast<uint32_t*>(&g_futex_word), FUTEX_WAIT_PRIVATE, 0, nullptr,
+            nullptr, 0);
   }
   asm volatile("" ::: "memory");
 }
@@ -103,8 +103,8 @@ TEST(StackCapture, AllThreadsWhileTheMainThreadIsStuckInAFutex) {
     opts.python = false;
     ok = captureStacks(opts, &dump, &stats, &error);
     g_futex_word = 1;
-    syscall(SYS_futex, reinterpret_cast<uint32_t*>(&g_futex_word), FUTEX_WAKE_PRIVATE, 1,
-            nullptr, nullptr, 0);
+    syscall(SYS_futex, reinterpret_cast<uint32_t*>(&g_futex_word), FUTEX_WAKE_PRIVATE, 1, nullptr,
+            nullptr, 0);
   });
   mainStuckInFutex();
   helper.join();
@@ -150,7 +150,9 @@ TEST(StackCapture, AllThreadsWhileTheMainThreadIsStuckInAFutex) {
 }
 
 std::atomic<int> g_app_handler_calls{0};
-void appHandler(int) { g_app_handler_calls++; }
+void appHandler(int) {
+  g_app_handler_calls++;
+}
 
 TEST(StackCapture, NeverReplacesAnApplicationHandler) {
   flare::v1::StackDump dump;
@@ -161,7 +163,8 @@ TEST(StackCapture, NeverReplacesAnApplicationHandler) {
   ASSERT_TRUE(captureStacks(opts, &dump, &first, &error)) << error;
   ASSERT_GT(first.signal, 0);
   // The application now takes the signal Flare used.
-  struct sigaction sa {}, old{};
+  struct sigaction sa {
+  }, old{};
   sa.sa_handler = appHandler;
   sigemptyset(&sa.sa_mask);
   ASSERT_EQ(sigaction(first.signal, &sa, &old), 0);
