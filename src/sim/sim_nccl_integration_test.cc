@@ -4,12 +4,11 @@
 // Each test forks its ranks before any CUDA call in the parent (the simulator's stream threads
 // do not survive fork, exactly like a real CUDA context), and collects one number per rank
 // through a pipe.
+#include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
+#include <nccl.h>
 #include <sys/wait.h>
 #include <unistd.h>
-
-#include <cuda_runtime_api.h>
-#include <nccl.h>
 
 #include <chrono>
 #include <functional>
@@ -104,8 +103,9 @@ TEST(SimNccl, LateRankDelaysEveryRankButWaitsLeast) {
 
 TEST(SimNccl, SlowLinkSlowsTheWholeRing) {
   const size_t bytes = 256 << 20;
-  auto ms = runRanks({{"FLARE_SIM_LINK_FACTOR", "3:0.25"}},
-                     [&](int rank, ncclUniqueId id) { return timedAllReduce(rank, id, bytes, 0); });
+  auto ms = runRanks({{"FLARE_SIM_LINK_FACTOR", "3:0.25"}}, [&](int rank, ncclUniqueId id) {
+    return timedAllReduce(rank, id, bytes, 0);
+  });
   for (int r = 0; r < kRanks; ++r) {
     EXPECT_GT(ms[r], modelMs(bytes, 0.25) * 0.95) << "rank " << r;
     EXPECT_LT(ms[r], modelMs(bytes, 0.25) + 60) << "rank " << r;
