@@ -2,7 +2,12 @@
 //   build/bin/hang_analysis_benchmark
 #include <benchmark/benchmark.h>
 
+#include <atomic>
+#include <thread>
+#include <vector>
+
 #include "src/hang/analysis.h"
+#include "src/hang/stack_capture.h"
 #include "src/hang/synthetic.h"
 
 namespace flare::hang {
@@ -28,6 +33,31 @@ void BM_StalledLink(benchmark::State& state) {
 
 BENCHMARK(BM_ComputeHang)->Arg(1024)->Arg(8192)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_StalledLink)->Arg(1024)->Arg(8192)->Unit(benchmark::kMillisecond);
+
+// Native stack capture (signal + unwind + symbolize) of this process with `range(0)` extra
+// threads sleeping in nanosleep.
+void BM_CaptureNativeStacks(benchmark::State& state) {
+  std::atomic<bool> stop{false};
+  std::vector<std::thread> threads;
+  for (int i = 0; i < state.range(0); ++i) {
+    threads.emplace_back([&] {
+      while (!stop.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    });
+  }
+  CaptureOptions opts;
+  opts.python = false;
+  for (auto _ : state) {
+    flare::v1::StackDump dump;
+    CaptureStats stats;
+    std::string error;
+    if (!captureStacks(opts, &dump, &stats, &error) || stats.timed_out) {
+      state.SkipWithError("capture failed");
+    }
+  }
+  stop = true;
+  for (auto& t : threads) t.join();
+}
+BENCHMARK(BM_CaptureNativeStacks)->Arg(8)->Arg(64)->Unit(benchmark::kMillisecond);
 
 }  // namespace
 }  // namespace flare::hang

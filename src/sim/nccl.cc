@@ -10,7 +10,8 @@
 // with S and f the nccl-tests definitions, so a late rank delays all the others and a slow
 // link slows the whole ring. Send/recv rendezvous pairwise. A group (ncclGroupStart/End) is
 // one kernel per communicator that completes when all its parts have. No data moves: the
-// simulator models time, not values.
+// simulator models time, not values. flareSimNcclConnectionSteps (flare_sim_nccl.h) models the
+// per-connection ring step counters of the in-flight collective for the hang tests.
 //
 // Segment layout (sizes depend on nranks; all fields are naturally aligned atomics):
 //   Header | RankSlot[nranks] | PairSlot[nranks * nranks] (index sender*nranks + receiver)
