@@ -19,6 +19,7 @@ namespace {
 std::atomic<bool> g_stop{false};
 std::atomic<int> g_ready{0};
 std::atomic<uint32_t> g_futex_word{0};
+std::atomic<bool> g_main_parked{false};
 
 // The functions the capture must name. noinline + a side effect keep them as frames.
 __attribute__((noinline)) void spinningWorker() {
@@ -60,6 +61,7 @@ __attribute__((noinline)) void blockedSignalsWorker() {
 
 // The main thread parks here in a raw futex wait until the capture is done.
 __attribute__((noinline)) void mainStuckInFutex() {
+  g_main_parked = true;
   while (g_futex_word.load() == 0) {
     syscall(SYS_futex, reinterpret_cast<uint32_t*>(&g_futex_word), FUTEX_WAIT_PRIVATE, 0, nullptr,
             nullptr, 0);
@@ -97,9 +99,10 @@ TEST(StackCapture, AllThreadsWhileTheMainThreadIsStuckInAFutex) {
   bool ok = false;
   const pid_t main_tid = getpid();
   std::thread helper([&] {
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));  // main is in the futex by now
+    while (!g_main_parked.load()) std::this_thread::yield();
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));  // into the futex wait
     CaptureOptions opts;
-    opts.thread_timeout_ms = 300;
+    opts.thread_timeout_ms = 1000;  // generous on a loaded machine; costs the blocked thread
     opts.python = false;
     ok = captureStacks(opts, &dump, &stats, &error);
     g_futex_word = 1;
