@@ -418,6 +418,29 @@ Diagnosis analyze(std::span<const RankEvidence> input) {
           {e->rank, c.last_issued_seq(), c.last_completed_seq(), &c.last_issued_op()});
     }
   }
+  for (const auto& [name, progress] : comms) {
+    std::map<std::pair<uint64_t, uint64_t>, size_t> index;
+    const size_t first = d.progress.size();
+    for (const Progress& p : progress) {  // ranks ascending
+      auto [it, added] = index.try_emplace({p.issued, p.completed}, d.progress.size());
+      if (added) {
+        ProgressGroup g;
+        g.communicator = name;
+        g.last_issued_seq = p.issued;
+        g.last_completed_seq = p.completed;
+        g.last_issued_op = *p.op;
+        d.progress.push_back(std::move(g));
+      }
+      d.progress[it->second].ranks.push_back(p.rank);
+    }
+    std::sort(d.progress.begin() + first, d.progress.end(),
+              [](const ProgressGroup& a, const ProgressGroup& b) {
+                return a.last_issued_seq != b.last_issued_seq
+                           ? a.last_issued_seq < b.last_issued_seq
+                           : a.last_completed_seq < b.last_completed_seq;
+              });
+  }
+  for (ProgressGroup& g : d.progress) g.ranges = compactRanges(g.ranks);
   std::vector<int> not_issued;
   for (const auto& [name, progress] : comms) {
     uint64_t min_completed = UINT64_MAX, max_issued = 0;
@@ -547,8 +570,16 @@ std::string formatDiagnosis(const Diagnosis& d, size_t max_frames) {
     }
   }
   out += '\n';
+  for (const Suspect& s : d.suspects) {
+    out += "  rank " + std::to_string(s.rank) + ": " + s.reason + '\n';
+  }
   if (d.needs_inspection) out += "  needs inspection of the NCCL kernels (cuda-gdb)\n";
   for (const std::string& e : d.evidence) out += "  " + e + '\n';
+  for (const ProgressGroup& g : d.progress) {
+    out += "  " + g.communicator + ": issued #" + std::to_string(g.last_issued_seq) +
+           (g.last_issued_op.empty() ? "" : " (" + g.last_issued_op + ")") + ", completed #" +
+           std::to_string(g.last_completed_seq) + ": ranks " + g.ranges + '\n';
+  }
   for (const StackGroup& g : d.groups) {
     out += "  ranks " + g.ranges + (g.in_communication ? " [communication]" : "") + ":\n";
     for (size_t i = 0; i < g.frames.size() && i < max_frames; ++i) {

@@ -112,6 +112,17 @@ struct LaggingCollective {
   std::vector<int> waiting;     // ranks that issued it and did not complete it
 };
 
+// Ranks that report the same (communicator, last issued, last completed): the per-rank list of
+// "last collective issued and completed", compacted.
+struct ProgressGroup {
+  std::string communicator;
+  uint64_t last_issued_seq = 0;
+  uint64_t last_completed_seq = 0;
+  std::string last_issued_op;  // as the first rank of the group reported it
+  std::vector<int> ranks;      // ascending
+  std::string ranges;
+};
+
 struct SuspectLink {
   int channel = -1;  // the channel where it was found first (lowest)
   int sender = -1;
@@ -126,6 +137,7 @@ struct Diagnosis {
   std::vector<Suspect> suspects;           // ascending rank
   std::vector<StackGroup> groups;          // largest first
   std::vector<LaggingCollective> lagging;  // per communicator with an incomplete collective
+  std::vector<ProgressGroup> progress;     // by communicator, then issued, then completed
   std::optional<SuspectLink> link;
   bool needs_inspection = false;  // communication hang without connection steps
   std::vector<int> unresponsive;

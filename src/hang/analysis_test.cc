@@ -90,6 +90,17 @@ TEST(Analyze, RankThatNeverIssuedTheCollectiveIsTheCulprit) {
   EXPECT_EQ(d.lagging[0].seq, kSeq);
   EXPECT_EQ(d.lagging[0].not_issued, std::vector<int>{5});
   EXPECT_EQ(compactRanges(d.lagging[0].waiting), "0-4,6-7");
+  // Per-rank progress, compacted: the culprit alone one collective behind.
+  ASSERT_EQ(d.progress.size(), 2u);
+  EXPECT_EQ(d.progress[0].ranges, "5");
+  EXPECT_EQ(d.progress[0].last_issued_seq, kSeq - 1);
+  EXPECT_EQ(d.progress[0].last_completed_seq, kSeq - 1);
+  EXPECT_EQ(d.progress[1].ranges, "0-4,6-7");
+  EXPECT_EQ(d.progress[1].last_issued_seq, kSeq);
+  EXPECT_EQ(d.progress[1].last_issued_op, "ncclAllReduce");
+  EXPECT_NE(formatDiagnosis(d).find("dp: issued #41 (ncclReduceScatter), completed #41: ranks 5"),
+            std::string::npos)
+      << formatDiagnosis(d);
 }
 
 TEST(Analyze, CounterAloneNamesTheRankWhenItsStackLooksLikeCommunication) {
@@ -228,11 +239,15 @@ TEST(Analyze, NoRankAnsweringIsInconclusiveAndDuplicatesAreCounted) {
 TEST(Analyze, FormatIsCompact) {
   auto ranks = makeJob(JobShape{64, 2, 8}, Scenario::kComputeHang, 9);
   std::string text = formatDiagnosis(analyze(ranks), 3);
+  if (getenv("FLARE_HANG_TEST_VERBOSE")) std::printf("%s", text.c_str());
   EXPECT_NE(text.find("non-communication hang: suspects rank 9 on node1 GPU 1"), std::string::npos)
       << text;
   EXPECT_NE(text.find("ranks 0-8,10-63 [communication]:"), std::string::npos) << text;
   EXPECT_NE(text.find("more"), std::string::npos);
   EXPECT_LT(std::count(text.begin(), text.end(), '\n'), 20);
+  EXPECT_NE(text.find("dp: issued #42 (ncclAllReduce), completed #41: ranks 0-63"),
+            std::string::npos)
+      << text;
 }
 
 // Scale: the diagnosis at 8,192 ranks is the injected truth, for every scenario.
