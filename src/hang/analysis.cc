@@ -388,7 +388,13 @@ Diagnosis analyze(std::span<const RankEvidence> input) {
     }
     const ThreadStack* t = mainThread(e->stacks);
     const bool comm = t && classifyThread(*t) == kComm;
-    (comm ? in_comm : outside).push_back(e->rank);
+    if (!t || (t->python_frames_size() == 0 && t->native_frames_size() == 0)) {
+      // The rank answered but its main thread's stack is unknown (it did not answer the
+      // signal): neither inside nor outside communication.
+      d.unknown_stack.push_back(e->rank);
+    } else {
+      (comm ? in_comm : outside).push_back(e->rank);
+    }
     const uint64_t sig = signature(t);
     auto [it, added] = group_of.try_emplace(sig, d.groups.size());
     if (added) {
@@ -495,6 +501,10 @@ Diagnosis analyze(std::span<const RankEvidence> input) {
     return d;
   }
 
+  if (!d.unknown_stack.empty()) {
+    d.evidence.push_back("ranks " + compactRanges(d.unknown_stack) +
+                         ": main thread stack unknown (did not answer the capture)");
+  }
   if (!in_comm.empty()) {
     d.evidence.push_back("ranks " + compactRanges(in_comm) + " wait inside communication");
   }
@@ -502,6 +512,11 @@ Diagnosis analyze(std::span<const RankEvidence> input) {
     d.evidence.push_back("ranks " + compactRanges(outside) + " are outside communication");
   }
 
+  if (in_comm.empty() && outside.empty() && not_issued.empty()) {
+    d.kind = HangKind::kInconclusive;
+    d.evidence.push_back("no main thread stack was captured");
+    return d;
+  }
   if (outside.empty() && not_issued.empty()) {
     d.kind = HangKind::kCommunication;
     joinConnections(ranks, d);

@@ -19,6 +19,8 @@
 //      with the smallest progress in the most channels is the suspect link, its two ends the
 //      suspects. Without steps: needs_inspection.
 //   5. No rank inside communication and nothing else pointing at a rank: kInconclusive.
+// A rank that answered but whose main thread has no frame (it did not answer the capture
+// signal) counts neither as inside nor as outside communication (unknown_stack).
 //
 // Frame classification ("in communication") is table-driven (frameRules(), analysis.cc), applied
 // to the rank's main thread (ThreadStack.main_thread, else the first thread). A frame's class is
@@ -141,6 +143,7 @@ struct Diagnosis {
   std::optional<SuspectLink> link;
   bool needs_inspection = false;  // communication hang without connection steps
   std::vector<int> unresponsive;
+  std::vector<int> unknown_stack;     // answered, but the main thread's stack is empty (timed out)
   std::vector<std::string> evidence;  // one line per fact used
   // Counters of input problems (bad input is counted, never fatal).
   uint64_t duplicate_ranks = 0;

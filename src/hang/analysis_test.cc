@@ -206,6 +206,21 @@ TEST(Analyze, TiedConnectionsNameNoLink) {
   EXPECT_FALSE(d.needs_inspection);  // inspected, but the steps do not decide
 }
 
+TEST(Analyze, MainThreadThatDidNotAnswerIsNeitherInsideNorOutside) {
+  auto ranks = makeJob(JobShape{4, 2, 8}, Scenario::kComputeHang, -1);
+  auto* main = ranks[3].stacks.mutable_threads(0);
+  main->clear_python_frames();
+  main->clear_native_frames();
+  main->set_timed_out(true);
+  Diagnosis d = analyze(ranks);
+  EXPECT_EQ(d.kind, HangKind::kCommunication) << formatDiagnosis(d);
+  EXPECT_TRUE(d.suspects.empty());
+  EXPECT_EQ(d.unknown_stack, std::vector<int>{3});
+  // Every rank without a main-thread stack: nothing to go on.
+  for (auto& e : ranks) *e.stacks.mutable_threads(0) = *main;
+  EXPECT_EQ(analyze(ranks).kind, HangKind::kInconclusive);
+}
+
 TEST(Analyze, ContradictingEvidenceIsInconclusive) {
   // The stacks point at rank 1 (compute), the counters at rank 6 (never issued #42).
   auto ranks = makeJob(JobShape{8, 2, 8}, Scenario::kComputeHang, 1);
