@@ -39,7 +39,7 @@ void rankMain(int rank, ncclUniqueId id, int fd) {
   ncclAllReduce(nullptr, nullptr, 256, ncclFloat32, ncclSum, comm, s);
   FlareSimConnStep c[kMaxConn];
   int n = 0;
-  for (int i = 0; i < 300; ++i) {  // until every rank has arrived at #2
+  for (int i = 0; i < 1000; ++i) {  // until every rank has arrived at #2 (10 s at most)
     uint64_t seq = 0;
     n = flareSimNcclConnectionSteps(comm, c, kMaxConn, &seq);
     if (n == kMaxConn && seq == 2 && c[0].step > 8 && c[1].step > 8) break;
