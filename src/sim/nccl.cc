@@ -10,7 +10,8 @@
 // with S and f the nccl-tests definitions, so a late rank delays all the others and a slow
 // link slows the whole ring. Send/recv rendezvous pairwise. A group (ncclGroupStart/End) is
 // one kernel per communicator that completes when all its parts have. No data moves: the
-// simulator models time, not values.
+// simulator models time, not values. flareSimNcclConnectionSteps (flare_sim_nccl.h) models the
+// per-connection ring step counters of the in-flight collective for the hang tests.
 //
 // Segment layout (sizes depend on nranks; all fields are naturally aligned atomics):
 //   Header | RankSlot[nranks] | PairSlot[nranks * nranks] (index sender*nranks + receiver)
@@ -33,6 +34,7 @@
 #include <vector>
 
 #include "src/sim/flare_sim.h"
+#include "src/sim/flare_sim_nccl.h"
 
 #define SIM_API extern "C" __attribute__((visibility("default")))
 
@@ -49,6 +51,7 @@ struct Header {
   std::atomic<int32_t> joined;
   std::atomic<uint32_t> generation;  // futex word: bumped on every arrival
   std::atomic<int64_t> hang_seq;     // injected fault: the collective that never completes
+  std::atomic<int32_t> hang_rank;    // the rank that injected it (its ring link stalls)
 };
 
 struct RankSlot {
@@ -112,6 +115,11 @@ struct ncclComm {
   uint64_t next_seq = 0;                // guarded by mu: collectives called so far
   std::vector<uint64_t> next_send_seq;  // guarded by mu: per peer
   std::vector<uint64_t> next_recv_seq;  // guarded by mu: per peer
+  // The last collective the stream worker reached (0: none), for flareSimNcclConnectionSteps,
+  // which treats it as in flight until its modelled end.
+  std::atomic<uint64_t> inflight_seq{0};
+  std::atomic<uint64_t> inflight_bytes{0};
+  std::atomic<double> inflight_factor{1.0};
 
   RankSlot* slot(int r) {
     return reinterpret_cast<RankSlot*>(reinterpret_cast<char*>(header) + sizeof(Header)) + r;
@@ -195,6 +203,9 @@ int64_t runGroup(void* ctx, int64_t start) {
   int64_t end = start;
   for (const Part& p : g->parts) {
     if (p.kind == Part::kCollective) {
+      c->inflight_bytes.store(p.bytes, std::memory_order_relaxed);
+      c->inflight_factor.store(p.factor, std::memory_order_relaxed);
+      c->inflight_seq.store(p.seq, std::memory_order_release);
       if (p.hang || c->header->hang_seq.load() == static_cast<int64_t>(p.seq)) {
         waitFor(c, [] { return false; });  // never completes; returns at exit or abort
         return start;
@@ -268,6 +279,7 @@ ncclResult_t add(ncclComm* comm, Part part, cudaStream_t stream) {
         static std::atomic<bool> fired{false};
         if (!fired.exchange(true)) {
           part.hang = true;
+          comm->header->hang_rank.store(comm->rank);
           comm->header->hang_seq.store(static_cast<int64_t>(part.seq));
           bump(comm);
         }
@@ -379,6 +391,7 @@ SIM_API ncclResult_t pncclCommInitRank(ncclComm_t* out, int nranks, ncclUniqueId
   if (creator) {
     h->nranks = nranks;
     h->hang_seq.store(-1);
+    h->hang_rank.store(-1);
     h->magic.store(kMagic, std::memory_order_release);
   } else {
     for (int i = 0; i < 60000 && h->magic.load(std::memory_order_acquire) != kMagic; ++i) {
@@ -576,6 +589,57 @@ SIM_API ncclResult_t pncclRecv(void* recv, size_t count, ncclDataType_t type, in
   p.peer = peer;
   p.bytes = count * typeBytes(type);
   return setLast(add(comm, p, stream));
+}
+
+// ---- private API (flare_sim_nccl.h) ----
+
+SIM_API int flareSimNcclConnectionSteps(ncclComm_t comm, FlareSimConnStep* out, int max,
+                                        uint64_t* seq_out) {
+  if (!comm || !comm->header || max < 0 || (max > 0 && !out)) return -1;
+  const uint64_t seq = comm->inflight_seq.load(std::memory_order_acquire);
+  if (seq_out) *seq_out = seq;
+  const int n = comm->nranks;
+  if (seq == 0 || n < 2) return 0;
+  constexpr uint64_t kBuffer = 8;  // slices one connection buffers (NCCL_STEPS)
+  const uint64_t total = 16 * uint64_t(n - 1);
+  const uint64_t stall = 4 * uint64_t(n - 1);
+  bool all = true;
+  int64_t last = 0;
+  double link = 1.0;
+  auto arrived = [&](int r) {
+    return comm->slot(r)->coll_seq.load(std::memory_order_acquire) >= seq;
+  };
+  for (int r = 0; r < n; ++r) {
+    if (!arrived(r)) {
+      all = false;
+      continue;
+    }
+    last = std::max(last, comm->slot(r)->arrive_ns[seq % kRing].load());
+    link = std::min(link, comm->linkFactor(r));
+  }
+  const bool hang = comm->header->hang_seq.load() == static_cast<int64_t>(seq);
+  const int hung = comm->header->hang_rank.load();
+  uint64_t progress = total;
+  if (all && !hang) {
+    const double dur =
+        double(transferNs(double(comm->inflight_bytes.load()), comm->inflight_factor.load(), link));
+    const double frac = dur > 0 ? double(flareSimNowNs() - last) / dur : 1.0;
+    if (frac >= 1.0) return 0;  // completed
+    progress = uint64_t(double(total) * std::max(frac, 0.0));
+  }
+  auto edgeStep = [&](int sender) -> uint64_t {  // the connection sender -> sender + 1
+    if (!all) return arrived(sender) && arrived((sender + 1) % n) ? kBuffer : 0;
+    if (!hang || hung < 0 || hung >= n) return progress;
+    const int k = ((sender - hung) % n + n) % n;
+    return std::min(progress, stall + kBuffer * uint64_t(std::min(k, n - k)));
+  };
+  const int me = comm->rank, next = (me + 1) % n, prev = (me + n - 1) % n;
+  int written = 0;
+  for (int ch = 0; ch < kFlareSimNcclChannels; ++ch) {
+    if (written < max) out[written++] = FlareSimConnStep{ch, next, edgeStep(me), 1};
+    if (written < max) out[written++] = FlareSimConnStep{ch, prev, edgeStep(prev), 0};
+  }
+  return written;
 }
 
 // Weak public names, as in the real libnccl.so.2 (tools interpose them; pnccl* stay reachable).

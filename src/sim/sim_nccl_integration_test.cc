@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "src/sim/flare_sim.h"
+#include "src/sim/flare_sim_nccl.h"
 
 namespace {
 
@@ -165,6 +166,80 @@ TEST(SimNccl, InjectedCollectiveHangNeverCompletesOnAnyRank) {
     return double(not_ready);
   });
   for (int r = 0; r < kRanks; ++r) EXPECT_EQ(pending[r], 40.0) << "rank " << r;
+}
+
+// Connection steps of a hung all-reduce (rank 2 hangs): every rank reports its ring connections;
+// rank 2's outgoing connection has stopped at the stall step, the others at most one buffer per
+// hop later; each send side equals the peer's receive side.
+TEST(SimNccl, HungCollectiveStepsStopOnTheHungRanksLink) {
+  // Each rank returns send_step * 1000 + recv_step of channel 1 (checked per rank in-process).
+  auto steps = runRanks({{"FLARE_SIM_HANG", "2:collective:1"}}, [&](int rank, ncclUniqueId id) {
+    ncclComm_t comm;
+    if (ncclCommInitRank(&comm, kRanks, id, rank) != ncclSuccess) return -2.0;
+    cudaStream_t s;
+    cudaStreamCreate(&s);
+    flareSimSetStep(0);
+    ncclAllReduce(nullptr, nullptr, 1024, ncclFloat32, ncclSum, comm, s);
+    cudaStreamSynchronize(s);
+    FlareSimConnStep none[4];
+    if (flareSimNcclConnectionSteps(comm, none, 4, nullptr) != 0) return -3.0;  // completed
+    flareSimSetStep(1);
+    ncclAllReduce(nullptr, nullptr, 1024, ncclFloat32, ncclSum, comm, s);
+    FlareSimConnStep c[8];
+    uint64_t seq = 0;
+    int n = 0;
+    for (int i = 0; i < 1000; ++i) {  // until every rank has arrived (steps leave 0 and 8)
+      n = flareSimNcclConnectionSteps(comm, c, 8, &seq);
+      if (n == 4 && c[0].step != 0 && c[0].step != 8 && c[1].step != 0 && c[1].step != 8) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    if (n != 2 * kFlareSimNcclChannels || seq != 2) return -4.0;
+    for (int i = 0; i < n; ++i) {
+      const int want_peer = c[i].send ? (rank + 1) % kRanks : (rank + kRanks - 1) % kRanks;
+      if (c[i].channel != i / 2 || c[i].peer != want_peer || c[i].send != (i % 2 == 0)) return -5.0;
+    }
+    if (flareSimNcclConnectionSteps(nullptr, c, 8, nullptr) != -1) return -6.0;
+    return double(c[2].step * 1000 + c[3].step);
+  });
+  // Independently: stall = 4 (n-1) = 12, a connection k hops from 2->3 at 12 + 8 min(k, n-k).
+  auto edge = [](int sender) {
+    int k = ((sender - 2) % kRanks + kRanks) % kRanks;
+    return 12 + 8 * std::min(k, kRanks - k);
+  };
+  for (int r = 0; r < kRanks; ++r) {
+    ASSERT_GE(steps[r], 0) << "rank " << r << " failed with " << steps[r];
+    const int send = int(steps[r]) / 1000, recv = int(steps[r]) % 1000;
+    EXPECT_EQ(send, edge(r)) << "rank " << r;
+    EXPECT_EQ(recv, edge((r + kRanks - 1) % kRanks)) << "rank " << r;
+  }
+}
+
+// Without a fault, a long all-reduce's connection steps advance while it runs.
+TEST(SimNccl, ConnectionStepsAdvanceDuringACollective) {
+  auto advanced = runRanks({{"FLARE_SIM_BUSBW_GBPS", "5"}}, [&](int rank, ncclUniqueId id) {
+    ncclComm_t comm;
+    if (ncclCommInitRank(&comm, kRanks, id, rank) != ncclSuccess) return -2.0;
+    cudaStream_t s;
+    cudaStreamCreate(&s);
+    ncclAllReduce(nullptr, nullptr, 1, ncclFloat32, ncclSum, comm, s);
+    cudaStreamSynchronize(s);
+    // 4 GiB at 5 GB/s of bus bandwidth: about 1.3 s, long enough to sample it twice.
+    ncclAllReduce(nullptr, nullptr, size_t(1) << 30, ncclFloat32, ncclSum, comm, s);
+    FlareSimConnStep a[4], b[4];
+    uint64_t total = 16 * (kRanks - 1);
+    for (int i = 0; i < 500; ++i) {
+      if (flareSimNcclConnectionSteps(comm, a, 4, nullptr) == 4 && a[0].step > 8) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    int n = flareSimNcclConnectionSteps(comm, b, 4, nullptr);
+    cudaStreamSynchronize(s);
+    FlareSimConnStep done[4];
+    int after = flareSimNcclConnectionSteps(comm, done, 4, nullptr);
+    if (n != 4 || after != 0) return -3.0;
+    return (a[0].step > 0 && b[0].step > a[0].step && b[0].step < total) ? 1.0 : 0.0;
+  });
+  for (int r = 0; r < kRanks; ++r) EXPECT_EQ(advanced[r], 1.0) << "rank " << r;
 }
 
 TEST(SimNccl, BadArgumentsAreRejected) {

@@ -1,0 +1,296 @@
+#include "src/hang/analysis.h"
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+
+#include "src/hang/synthetic.h"
+
+namespace flare::hang {
+namespace {
+
+using testing::JobShape;
+using testing::kSeq;
+using testing::makeJob;
+using testing::Scenario;
+
+std::vector<int> suspectRanks(const Diagnosis& d) {
+  std::vector<int> out;
+  for (const Suspect& s : d.suspects) out.push_back(s.rank);
+  return out;
+}
+
+TEST(CompactRanges, RunsAndSingles) {
+  EXPECT_EQ(compactRanges({0, 1, 2, 3, 5, 7}), "0-3,5,7");
+  EXPECT_EQ(compactRanges({7, 5, 3, 2, 1, 0, 5}), "0-3,5,7");
+  EXPECT_EQ(compactRanges({}), "");
+  EXPECT_EQ(compactRanges({4}), "4");
+  EXPECT_EQ(compactRanges({1, 2}), "1-2");
+}
+
+TEST(FrameRules, ClassifiesCommunicationAndSkipsWaits) {
+  EXPECT_EQ(classifyThread(testing::allReduceStacks().threads(0)), FrameClass::kCommunication);
+  EXPECT_EQ(classifyThread(testing::computeStacks().threads(0)), FrameClass::kNone);
+  EXPECT_EQ(classifyThread(testing::hostStuckStacks().threads(0)), FrameClass::kNone);
+
+  flare::v1::NativeFrame f;
+  f.set_symbol("ncclGroupEnd");
+  EXPECT_EQ(classifyNative(f), FrameClass::kCommunication);
+  f.set_symbol("cudaStreamSynchronize");
+  EXPECT_EQ(classifyNative(f), FrameClass::kNeutral);
+  f.set_symbol("");
+  f.set_module("/usr/lib/libnccl.so.2");
+  EXPECT_EQ(classifyNative(f), FrameClass::kCommunication);
+  flare::v1::PythonFrame p;
+  p.set_function("barrier");
+  p.set_file("/opt/torch/distributed/distributed_c10d.py");
+  EXPECT_EQ(classifyPython(p), FrameClass::kCommunication);
+  p.set_function("forward");
+  p.set_file("/job/model.py");
+  EXPECT_EQ(classifyPython(p), FrameClass::kNone);
+
+  // A native-only thread: NCCL below a CUDA synchronization is communication; a custom op
+  // below it is not.
+  flare::v1::ThreadStack t;
+  auto* a = t.add_native_frames();
+  a->set_symbol("cudaStreamSynchronize");
+  auto* b = t.add_native_frames();
+  b->set_symbol("ncclAllReduce");
+  EXPECT_EQ(classifyThread(t), FrameClass::kCommunication);
+  b->set_symbol("myop::launch()");
+  EXPECT_EQ(classifyThread(t), FrameClass::kNone);
+}
+
+TEST(Analyze, ComputeHangNamesTheRankOutsideCommunication) {
+  auto ranks = makeJob(JobShape{16, 2, 8}, Scenario::kComputeHang, 11);
+  Diagnosis d = analyze(ranks);
+  EXPECT_EQ(d.kind, HangKind::kNonCommunication) << formatDiagnosis(d);
+  ASSERT_EQ(suspectRanks(d), std::vector<int>{11});
+  EXPECT_EQ(d.suspects[0].host, "node1");
+  EXPECT_EQ(d.suspects[0].gpu_index, 3);
+  ASSERT_EQ(d.groups.size(), 2u);
+  EXPECT_EQ(d.groups[0].ranges, "0-10,12-15");
+  EXPECT_TRUE(d.groups[0].in_communication);
+  EXPECT_EQ(d.groups[1].ranges, "11");
+  EXPECT_FALSE(d.groups[1].in_communication);
+  ASSERT_EQ(d.lagging.size(), 1u);
+  EXPECT_EQ(d.lagging[0].seq, kSeq);
+  EXPECT_TRUE(d.lagging[0].not_issued.empty());
+  EXPECT_EQ(d.lagging[0].op, "ncclAllReduce");
+  EXPECT_FALSE(d.needs_inspection);
+}
+
+TEST(Analyze, RankThatNeverIssuedTheCollectiveIsTheCulprit) {
+  auto ranks = makeJob(JobShape{8, 2, 8}, Scenario::kSkip, 5);
+  Diagnosis d = analyze(ranks);
+  EXPECT_EQ(d.kind, HangKind::kNonCommunication) << formatDiagnosis(d);
+  EXPECT_EQ(suspectRanks(d), std::vector<int>{5});
+  ASSERT_EQ(d.lagging.size(), 1u);
+  EXPECT_EQ(d.lagging[0].communicator, "dp");
+  EXPECT_EQ(d.lagging[0].seq, kSeq);
+  EXPECT_EQ(d.lagging[0].not_issued, std::vector<int>{5});
+  EXPECT_EQ(compactRanges(d.lagging[0].waiting), "0-4,6-7");
+  // Per-rank progress, compacted: the culprit alone one collective behind.
+  ASSERT_EQ(d.progress.size(), 2u);
+  EXPECT_EQ(d.progress[0].ranges, "5");
+  EXPECT_EQ(d.progress[0].last_issued_seq, kSeq - 1);
+  EXPECT_EQ(d.progress[0].last_completed_seq, kSeq - 1);
+  EXPECT_EQ(d.progress[1].ranges, "0-4,6-7");
+  EXPECT_EQ(d.progress[1].last_issued_seq, kSeq);
+  EXPECT_EQ(d.progress[1].last_issued_op, "ncclAllReduce");
+  EXPECT_NE(formatDiagnosis(d).find("dp: issued #41 (ncclReduceScatter), completed #41: ranks 5"),
+            std::string::npos)
+      << formatDiagnosis(d);
+}
+
+TEST(Analyze, CounterAloneNamesTheRankWhenItsStackLooksLikeCommunication) {
+  // Rank 2 waits in communication (say another communicator) but never issued dp #42.
+  auto ranks = makeJob(JobShape{4, 2, 8}, Scenario::kComputeHang, -1);
+  ranks[2].stacks.mutable_collectives(0)->set_last_issued_seq(kSeq - 1);
+  Diagnosis d = analyze(ranks);
+  EXPECT_EQ(d.kind, HangKind::kNonCommunication);
+  EXPECT_EQ(suspectRanks(d), std::vector<int>{2});
+}
+
+TEST(Analyze, UnresponsiveRankIsNamed) {
+  auto ranks = makeJob(JobShape{8, 2, 4}, Scenario::kUnresponsive, 6);
+  Diagnosis d = analyze(ranks);
+  EXPECT_EQ(d.kind, HangKind::kUnresponsiveRank);
+  ASSERT_EQ(suspectRanks(d), std::vector<int>{6});
+  EXPECT_EQ(d.suspects[0].host, "node1");
+  EXPECT_NE(d.suspects[0].reason.find("no answer within 30 s"), std::string::npos);
+  EXPECT_EQ(d.unresponsive, std::vector<int>{6});
+  // The answering ranks are still grouped: one group, all in the all-reduce.
+  ASSERT_EQ(d.groups.size(), 1u);
+  EXPECT_EQ(d.groups[0].ranges, "0-5,7");
+}
+
+TEST(Analyze, CrashedRankIsNamedWithItsState) {
+  auto ranks = makeJob(JobShape{4, 2, 8}, Scenario::kComputeHang, -1);
+  ranks[1].state = Responsiveness::kCrashed;
+  ranks[1].why = "exit signal 6";
+  Diagnosis d = analyze(ranks);
+  EXPECT_EQ(d.kind, HangKind::kUnresponsiveRank);
+  ASSERT_EQ(suspectRanks(d), std::vector<int>{1});
+  EXPECT_EQ(d.suspects[0].reason, "crashed: exit signal 6");
+}
+
+TEST(Analyze, AllInTheCollectiveWithoutStepsNeedsInspection) {
+  auto ranks = makeJob(JobShape{8, 2, 8}, Scenario::kComputeHang, -1);
+  Diagnosis d = analyze(ranks);
+  EXPECT_EQ(d.kind, HangKind::kCommunication);
+  EXPECT_TRUE(d.needs_inspection);
+  EXPECT_TRUE(d.suspects.empty());
+  ASSERT_EQ(d.groups.size(), 1u);
+  EXPECT_EQ(d.groups[0].ranges, "0-7");
+}
+
+TEST(Analyze, StalledRingLinkNamesItsTwoEnds) {
+  for (int stalled : {0, 3, 7}) {
+    auto ranks = makeJob(JobShape{8, 4, 4}, Scenario::kStalledLink, stalled);
+    Diagnosis d = analyze(ranks);
+    EXPECT_EQ(d.kind, HangKind::kCommunication);
+    ASSERT_TRUE(d.link.has_value()) << formatDiagnosis(d);
+    EXPECT_EQ(d.link->sender, stalled);
+    EXPECT_EQ(d.link->receiver, (stalled + 1) % 8);
+    EXPECT_EQ(d.link->step, testing::kStalledStep);
+    EXPECT_EQ(d.link->channels_agreeing, 4);
+    EXPECT_EQ(suspectRanks(d), (std::vector<int>{stalled, (stalled + 1) % 8}));
+    EXPECT_EQ(d.suspects[1].gpu_index, ((stalled + 1) % 8) % 4);
+    EXPECT_EQ(d.unmatched_connections, 0u);
+    EXPECT_EQ(d.inconsistent_connections, 0u);
+    EXPECT_FALSE(d.needs_inspection);
+  }
+}
+
+TEST(Analyze, JoinUsesTheSmallerSideOfAConnection) {
+  // Sender 2 claims step 500 on 2->3 but 3 received only 50: the edge's progress is 50.
+  auto ranks = makeJob(JobShape{4, 1, 8}, Scenario::kStalledLink, 0);
+  for (auto& c : ranks[3].connections) {
+    if (!c.send() && c.peer() == 2) c.set_step(50);
+  }
+  Diagnosis d = analyze(ranks);
+  ASSERT_TRUE(d.link.has_value());
+  EXPECT_EQ(d.link->sender, 2);
+  EXPECT_EQ(d.link->receiver, 3);
+  EXPECT_EQ(d.link->step, 50u);
+  EXPECT_EQ(d.inconsistent_connections, 0u);
+}
+
+TEST(Analyze, UnmatchedAndInvalidConnectionsAreCounted) {
+  auto ranks = makeJob(JobShape{4, 1, 8}, Scenario::kStalledLink, 1);
+  // Rank 3 does not report its receive side from 2; and one invalid entry (self peer).
+  auto& c3 = ranks[3].connections;
+  c3.erase(std::remove_if(c3.begin(), c3.end(), [](const auto& c) { return !c.send(); }), c3.end());
+  flare::v1::ConnectionStep bad;
+  bad.set_channel(0);
+  bad.set_peer(3);
+  bad.set_send(true);
+  c3.push_back(bad);
+  Diagnosis d = analyze(ranks);
+  EXPECT_EQ(d.unmatched_connections, 1u);
+  EXPECT_EQ(d.invalid_connections, 1u);
+  ASSERT_TRUE(d.link.has_value());
+  EXPECT_EQ(d.link->sender, 1);
+}
+
+TEST(Analyze, TiedConnectionsNameNoLink) {
+  auto ranks = makeJob(JobShape{4, 2, 8}, Scenario::kStalledLink, 0);
+  for (auto& e : ranks) {
+    for (auto& c : e.connections) c.set_step(7);
+  }
+  Diagnosis d = analyze(ranks);
+  EXPECT_EQ(d.kind, HangKind::kCommunication);
+  EXPECT_FALSE(d.link.has_value());
+  EXPECT_TRUE(d.suspects.empty());
+  EXPECT_FALSE(d.needs_inspection);  // inspected, but the steps do not decide
+}
+
+TEST(Analyze, MainThreadThatDidNotAnswerIsNeitherInsideNorOutside) {
+  auto ranks = makeJob(JobShape{4, 2, 8}, Scenario::kComputeHang, -1);
+  auto* main = ranks[3].stacks.mutable_threads(0);
+  main->clear_python_frames();
+  main->clear_native_frames();
+  main->set_timed_out(true);
+  Diagnosis d = analyze(ranks);
+  EXPECT_EQ(d.kind, HangKind::kCommunication) << formatDiagnosis(d);
+  EXPECT_TRUE(d.suspects.empty());
+  EXPECT_EQ(d.unknown_stack, std::vector<int>{3});
+  // Every rank without a main-thread stack: nothing to go on.
+  for (auto& e : ranks) *e.stacks.mutable_threads(0) = *main;
+  EXPECT_EQ(analyze(ranks).kind, HangKind::kInconclusive);
+}
+
+TEST(Analyze, ContradictingEvidenceIsInconclusive) {
+  // The stacks point at rank 1 (compute), the counters at rank 6 (never issued #42).
+  auto ranks = makeJob(JobShape{8, 2, 8}, Scenario::kComputeHang, 1);
+  ranks[6].stacks.mutable_collectives(0)->set_last_issued_seq(kSeq - 1);
+  Diagnosis d = analyze(ranks);
+  EXPECT_EQ(d.kind, HangKind::kInconclusive) << formatDiagnosis(d);
+  EXPECT_TRUE(d.suspects.empty());
+  EXPECT_NE(formatDiagnosis(d).find("contradiction"), std::string::npos);
+}
+
+TEST(Analyze, NobodyInCommunicationIsInconclusive) {
+  auto ranks = makeJob(JobShape{4, 2, 8}, Scenario::kComputeHang, -1);
+  for (auto& e : ranks) e.stacks = testing::computeStacks();
+  Diagnosis d = analyze(ranks);
+  EXPECT_EQ(d.kind, HangKind::kInconclusive);
+  EXPECT_TRUE(d.suspects.empty());
+}
+
+TEST(Analyze, NoRankAnsweringIsInconclusiveAndDuplicatesAreCounted) {
+  std::vector<RankEvidence> ranks(3);
+  for (int i = 0; i < 3; ++i) {
+    ranks[i].rank = i == 2 ? 0 : i;
+    ranks[i].state = Responsiveness::kNoAnswer;
+  }
+  Diagnosis d = analyze(ranks);
+  EXPECT_EQ(d.kind, HangKind::kInconclusive);
+  EXPECT_EQ(d.duplicate_ranks, 1u);
+  EXPECT_EQ(analyze({}).kind, HangKind::kInconclusive);
+}
+
+TEST(Analyze, FormatIsCompact) {
+  auto ranks = makeJob(JobShape{64, 2, 8}, Scenario::kComputeHang, 9);
+  std::string text = formatDiagnosis(analyze(ranks), 3);
+  if (getenv("FLARE_HANG_TEST_VERBOSE")) std::printf("%s", text.c_str());
+  EXPECT_NE(text.find("non-communication hang: suspects rank 9 on node1 GPU 1"), std::string::npos)
+      << text;
+  EXPECT_NE(text.find("ranks 0-8,10-63 [communication]:"), std::string::npos) << text;
+  EXPECT_NE(text.find("more"), std::string::npos);
+  EXPECT_LT(std::count(text.begin(), text.end(), '\n'), 20);
+  EXPECT_NE(text.find("dp: issued #42 (ncclAllReduce), completed #41: ranks 0-63"),
+            std::string::npos)
+      << text;
+}
+
+// Scale: the diagnosis at 8,192 ranks is the injected truth, for every scenario.
+TEST(AnalyzeScale, EightThousandRanks) {
+  const JobShape shape{8192, 8, 8};
+  struct Case {
+    Scenario s;
+    int culprit;
+    HangKind kind;
+    std::vector<int> suspects;
+  };
+  const Case cases[] = {
+      {Scenario::kComputeHang, 5000, HangKind::kNonCommunication, {5000}},
+      {Scenario::kSkip, 8191, HangKind::kNonCommunication, {8191}},
+      {Scenario::kUnresponsive, 17, HangKind::kUnresponsiveRank, {17}},
+      {Scenario::kStalledLink, 8191, HangKind::kCommunication, {8191, 0}},
+  };
+  for (const Case& c : cases) {
+    auto ranks = makeJob(shape, c.s, c.culprit);
+    auto t0 = std::chrono::steady_clock::now();
+    Diagnosis d = analyze(ranks);
+    auto ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0);
+    EXPECT_EQ(d.kind, c.kind);
+    EXPECT_EQ(suspectRanks(d), c.suspects);
+    EXPECT_LE(d.groups.size(), 2u);
+    std::printf("scenario %d: %.1f ms\n", int(c.s), ms.count());
+  }
+}
+
+}  // namespace
+}  // namespace flare::hang
