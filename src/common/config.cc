@@ -67,6 +67,9 @@ constexpr ParamInfo kParams[] = {
      "RANK:KIND:STEP entries with KIND collective|compute|skip: that rank hangs at that step."},
     {"FLARE_SIM_CRASH", "rank-list", "", "sim",
      "RANK:STEP entries: that rank aborts at that step."},
+    {"FLARE_SIM_INJECT_SYNC", "bool", "0", "sim",
+     "Python workload (--python): call sim_train.injected_sync(), a cudaDeviceSynchronize through "
+     "ctypes, at the start of each layer's forward (traced as sim_train@injected_sync)."},
     {"FLARE_SIM_PEAK_TFLOPS", "double", "400", "sim",
      "Dense bf16/fp16 tensor-core TFLOPS the simulated cost model uses."},
     {"FLARE_SIM_MEM_BW_GBPS", "double", "2000", "sim",

@@ -1,13 +1,15 @@
-// Python activation of libflare_hook.so: a load-time constructor that, in a CPython 3.9-3.13
-// process, loads the pyprof module built for that version (libflare_pyprof_cpXY.so, in
-// flare/ beside this library) and hands it the host table below (src/pyprof/pyprof_api.h).
+// Python activation of libflare_hook.so. A load-time constructor checks for a CPython 3.9-3.13
+// interpreter in the global scope (Py_GetVersion, PySys_AddAuditHook: nothing is linked) and
+// adds an audit hook (documented as callable before Py_Initialize). When the interpreter raises
+// its first "cpython.run_*" event (the main program is about to run; GIL held), that hook loads
+// the module built for this version (flare/libflare_pyprof_cpXY.so beside this library) and
+// hands it the host table below (src/pyprof/pyprof_api.h); later events go to the module.
 //
-// The constructor is the only code of the hook that runs at load time. It is inert in
-// processes that are not Python (no Py_GetVersion in the global scope), when FLARE_DISABLE is
-// set, and when no module matches the version (one log line; kernels are still traced). It
-// touches no CUDA and does not start the Tracer, which stays lazy (first intercepted call).
-// Spans closed before the Tracer is up are not recorded; the span stack is kept all along, so
-// that kernels launched later still nest under the spans open then.
+// The constructor is inert in processes that are not Python and when FLARE_DISABLE is set; it
+// allocates nothing, logs nothing and touches no C++ static (it may run before them). A version
+// with no module gives one log line at activation; kernels are still traced. The Tracer stays
+// lazy (first intercepted CUDA call): spans closed before it is up are not recorded, but the
+// span stack is kept all along, so kernels launched later still nest under the spans open then.
 #include <dlfcn.h>
 
 #include <cstdio>
@@ -58,9 +60,6 @@ void hostLog(int level, const char* message) {
   }
 }
 
-std::string g_traced_api;  // outlives the module's use of host.traced_api
-FlarePyprofHost g_host = {};
-
 // The directory of this library (dladdr on one of its own functions).
 std::string selfDir() {
   Dl_info info;
@@ -72,23 +71,22 @@ std::string selfDir() {
   return slash == std::string::npos ? "." : path.substr(0, slash);
 }
 
-void activatePython() {
-  using GetVersion = const char* (*)();
-  auto get_version = reinterpret_cast<GetVersion>(dlsym(RTLD_DEFAULT, "Py_GetVersion"));
-  if (get_version == nullptr || dlsym(RTLD_DEFAULT, "PySys_AddAuditHook") == nullptr) return;
+using AuditFn = int (*)(const char* event, void* args, void* user_data);
+
+// Load-time state: plain data only (the constructor may run before this library's C++ static
+// initializers, so nothing here has one).
+int g_major = 0;
+int g_minor = 0;
+bool g_started = false;            // activation attempted (GIL held: no race)
+AuditFn g_module_audit = nullptr;  // the module's audit hook, once it is loaded
+FlarePyprofHost g_host = {};
+
+// Runs with the GIL held when the interpreter is about to run the main program: loads the
+// module for this version and hands it the host table. Every C++ static is initialized by now.
+void loadModule() {
   if (common::envBool("FLARE_DISABLE", false)) return;
-  const char* version = get_version();  // a static string: safe before Py_Initialize
-  int major = 0, minor = 0;
-  if (version == nullptr || std::sscanf(version, "%d.%d", &major, &minor) != 2) return;
-  if (major != 3 || minor < 9 || minor > 13) {
-    FLARE_LOG_WARN("pyprof",
-                   "flare: Python {}.{} is not supported by Python tracing (3.9-3.13); "
-                   "kernels are still traced",
-                   major, minor);
-    return;
-  }
-  const std::string path = selfDir() + "/flare/libflare_pyprof_cp" + std::to_string(major) +
-                           std::to_string(minor) + ".so";
+  const std::string path = selfDir() + "/flare/libflare_pyprof_cp" + std::to_string(g_major) +
+                           std::to_string(g_minor) + ".so";
   // RTLD_LOCAL: its symbols stay private; its Py* references bind to the interpreter's.
   void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
   if (handle == nullptr) {
@@ -96,33 +94,66 @@ void activatePython() {
     FLARE_LOG_WARN("pyprof",
                    "flare: no Python tracing module for Python {}.{} ({}); Python tracing is "
                    "off, kernels are still traced",
-                   major, minor, err ? err : path);
+                   g_major, g_minor, err ? err : path);
     return;
   }
   auto install = reinterpret_cast<FlarePyprofInstallFn>(dlsym(handle, "flare_pyprof_install"));
-  g_traced_api = common::envString("TRACED_PYTHON_API", "");
+  static std::string* traced_api = new std::string(common::envString("TRACED_PYTHON_API", ""));
   g_host.abi = FLARE_PYPROF_ABI;
   g_host.size = sizeof(FlarePyprofHost);
-  g_host.traced_api = g_traced_api.c_str();
+  g_host.traced_api = traced_api->c_str();
   g_host.defaults = common::envBool("FLARE_PYTHON_DEFAULTS", true) ? 1 : 0;
   g_host.intern_api = hostInternApi;
   g_host.open_span = hostOpenSpan;
   g_host.close_span = hostCloseSpan;
   g_host.now_ns = hostNowNs;
   g_host.log = hostLog;
-  if (install == nullptr || install(&g_host) != 0) {
+  void* audit = install != nullptr ? install(&g_host) : nullptr;
+  if (audit == nullptr) {
     FLARE_LOG_WARN("pyprof",
                    "flare: Python tracing could not be installed; kernels are still "
                    "traced");
+    return;
   }
+  g_module_audit = reinterpret_cast<AuditFn>(audit);
 }
 
-__attribute__((constructor)) void flarePythonConstructor() {
+// The audit hook added before Py_Initialize. Until the main program is about to run it only
+// compares one prefix; from then on it forwards to the module's hook (or does nothing).
+int auditHook(const char* event, void* args, void* user_data) {
+  if (g_module_audit != nullptr) return g_module_audit(event, args, user_data);
+  if (g_started || std::strncmp(event, "cpython.run_", 12) != 0) return 0;
+  g_started = true;
   try {
-    activatePython();
+    loadModule();
   } catch (...) {
-    // Never take the process down at load time.
+    return 0;
   }
+  return g_module_audit != nullptr ? g_module_audit(event, args, user_data) : 0;
+}
+
+bool rawEnvTrue(const char* name) {
+  const char* v = std::getenv(name);
+  if (v == nullptr) return false;
+  for (const char* t : {"1", "true", "yes", "on", "TRUE", "True", "YES", "ON"}) {
+    if (std::strcmp(v, t) == 0) return true;
+  }
+  return false;
+}
+
+// Load time: only dlsym, getenv, sscanf and PySys_AddAuditHook (documented as callable before
+// Py_Initialize). No allocation, no logging, no C++ statics.
+__attribute__((constructor)) void flarePythonConstructor() {
+  using GetVersion = const char* (*)();
+  using AddAuditHook = int (*)(AuditFn, void*);
+  auto get_version = reinterpret_cast<GetVersion>(dlsym(RTLD_DEFAULT, "Py_GetVersion"));
+  auto add_hook = reinterpret_cast<AddAuditHook>(dlsym(RTLD_DEFAULT, "PySys_AddAuditHook"));
+  if (get_version == nullptr || add_hook == nullptr) return;  // not a Python process
+  if (rawEnvTrue("FLARE_DISABLE")) return;
+  const char* version = get_version();  // a static string
+  if (version == nullptr || std::sscanf(version, "%d.%d", &g_major, &g_minor) != 2) return;
+  if (g_major != 3 || g_minor < 9 || g_minor > 13) return;  // no module for it (README)
+  add_hook(auditHook, nullptr);
 }
 
 }  // namespace

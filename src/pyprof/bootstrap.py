@@ -308,8 +308,9 @@ def _start():
         import threading
         threading.setprofile(_c._thread_start)
         _c._install_all_threads()
-    import gc
-    gc.callbacks.append(_c._gc)
+    if _CONFIG["defaults"]:  # garbage collections are one of the defaults
+        import gc
+        gc.callbacks.append(_c._gc)
     import os
     if hasattr(os, "register_at_fork"):
         os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -1,9 +1,10 @@
 // libflare_pyprof_cpXY.so: traces the configured Python APIs of one CPython version (built once
-// per version against its headers; see CMakeLists.txt). Loaded by libflare_hook.so's load-time
-// constructor, which calls flare_pyprof_install() before the interpreter starts.
+// per version against its headers; see CMakeLists.txt). Loaded by libflare_hook.so
+// (src/hook/python.cc), whose load-time constructor adds an audit hook (PySys_AddAuditHook,
+// documented as callable before Py_Initialize) that loads this module at the first
+// "cpython.run_*" event and from then on forwards every audit event to auditHook() below.
 //
-// Activation: install() adds an audit hook (PySys_AddAuditHook, documented as callable before
-// Py_Initialize). The interpreter raises "cpython.run_file" / "run_module" / "run_command" /
+// Activation: the interpreter raises "cpython.run_file" / "run_module" / "run_command" /
 // "run_stdin" / "run_interactivehook" / "run_startup" right before the main program runs, with
 // the GIL held and the import system ready: activate() runs then, once, and executes the
 // bootstrap (bootstrap.py, embedded) that parses TRACED_PYTHON_API, resolves entries now or
@@ -345,7 +346,6 @@ fail:
 }
 
 int auditHook(const char* event, PyObject*, void*) {
-  if (event[0] != 'c' && event[0] != 's') return 0;
   if (!g_activated) {
     if (std::strncmp(event, "cpython.run_", 12) == 0) {
       PyObject *type, *value, *tb;
@@ -356,7 +356,7 @@ int auditHook(const char* event, PyObject*, void*) {
     return 0;
   }
 #if !FLARE_PY_MONITORING
-  if (!g_on || g_installing) return 0;
+  if (!g_on || g_installing || (!g_stepped_back && event[0] != 's')) return 0;
   PyThreadState* ts = PyThreadState_Get();
   if (std::strcmp(event, "sys.setprofile") == 0) {
     // Raised before the change: if our hook is the one being replaced, another tool takes the
@@ -378,10 +378,10 @@ int auditHook(const char* event, PyObject*, void*) {
 
 }  // namespace
 
-extern "C" __attribute__((visibility("default"))) int flare_pyprof_install(
+extern "C" __attribute__((visibility("default"))) void* flare_pyprof_install(
     const FlarePyprofHost* host) {
   if (host == nullptr || host->abi != FLARE_PYPROF_ABI || host->size < sizeof(FlarePyprofHost)) {
-    return -1;
+    return nullptr;
   }
   g_host = host;
   char want[16];
@@ -390,12 +390,12 @@ extern "C" __attribute__((visibility("default"))) int flare_pyprof_install(
   if (version == nullptr || std::strncmp(version, want, std::strlen(want)) != 0) {
     log(kFlarePyprofWarn, std::string("flare: Python tracing is off: module built for ") + want +
                               " loaded into " + (version ? version : "?"));
-    return -1;
+    return nullptr;
   }
 #ifdef Py_GIL_DISABLED
   log(kFlarePyprofWarn, "flare: Python tracing is off: free-threaded CPython is not supported");
-  return -1;
+  return nullptr;
 #else
-  return PySys_AddAuditHook(auditHook, nullptr) == 0 ? 0 : -1;
+  return reinterpret_cast<void*>(&auditHook);
 #endif
 }

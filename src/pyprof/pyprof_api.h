@@ -4,9 +4,9 @@
 // module links neither the timing code nor libpython (it uses the interpreter's symbols, which
 // the process already has).
 //
-// Threading: install() runs once, in the hook's load-time constructor, before the interpreter
-// is initialized. Every table function may be called from any thread; open/close act on the
-// calling thread's span stack.
+// Threading: the hook adds an audit hook at load time (before the interpreter is initialized)
+// and calls install() from it once, with the GIL held, when the main program is about to run. Every
+// table function may be called from any thread; open/close act on the calling thread's span stack.
 // Ownership: the table is static in the hook and outlives the module.
 #pragma once
 
@@ -40,8 +40,11 @@ typedef struct FlarePyprofHost {
   void (*log)(int level, const char* message);
 } FlarePyprofHost;
 
-// Exported by each libflare_pyprof_cpXY.so. Returns 0 when the activation hook is in place.
-typedef int (*FlarePyprofInstallFn)(const FlarePyprofHost* host);
+// Exported by each libflare_pyprof_cpXY.so. Called with the GIL held from the hook's audit hook,
+// at the first "cpython.run_*" event. Returns the module's audit function
+// (int (*)(const char* event, PyObject* args, void* user_data)), to which the hook forwards
+// every later audit event and this one, or null when Python tracing cannot run here.
+typedef void* (*FlarePyprofInstallFn)(const FlarePyprofHost* host);
 
 #ifdef __cplusplus
 }
