@@ -55,6 +55,8 @@ void hostLog(int level, const char* message) {
   if (message == nullptr) return;
   if (level == kFlarePyprofWarn) {
     FLARE_LOG_WARN("pyprof", "{}", message);
+  } else if (level == kFlarePyprofDebug) {
+    FLARE_LOG_DEBUG("pyprof", "{}", message);
   } else {
     FLARE_LOG_INFO("pyprof", "{}", message);
   }

@@ -7,7 +7,7 @@
 import sys
 
 _c = _CONFIG["c"]
-_INFO, _WARN = 0, 1
+_INFO, _WARN, _DEBUG = 0, 1, 2
 _MONITORING = sys.version_info >= (3, 12)
 
 # (entry, optional): optional entries are quiet when they do not resolve (Megatron, torch APIs
@@ -327,7 +327,8 @@ def _start():
         if name in sys.modules:
             _on_loaded(name)
     sys.meta_path.insert(0, _Finder())
-    _log(_INFO, "Python %d.%d: tracing %d API entries with %s" % (
+    # Debug: a Python process that never uses CUDA stays quiet (tests/python/test_hook.py).
+    _log(_DEBUG, "Python %d.%d: tracing %d API entries with %s" % (
         sys.version_info[0], sys.version_info[1], len(_entries),
         "sys.monitoring (tool %d)" % _tool if _MONITORING else "the profile hook"))
 

@@ -18,7 +18,7 @@ extern "C" {
 
 #define FLARE_PYPROF_ABI 1
 
-enum FlarePyprofLog { kFlarePyprofInfo = 0, kFlarePyprofWarn = 1 };
+enum FlarePyprofLog { kFlarePyprofInfo = 0, kFlarePyprofWarn = 1, kFlarePyprofDebug = 2 };
 
 typedef struct FlarePyprofHost {
   uint32_t abi;   // FLARE_PYPROF_ABI

@@ -433,21 +433,67 @@ def test_flare_disable_turns_python_tracing_off(traced):
     assert run.spans == [] and "bad" not in run.stderr
 
 
-def test_activation_with_run_module_and_command(traced, python):
-    # `python -c` and `python -m` raise other audit events than running a file.
-    _, exe = python
+def test_activation_in_children_started_with_dash_c_and_dash_m(traced, python):
+    # `python -c` and `python -m` raise other audit events (cpython.run_command / run_module)
+    # than running a file does.
+    body = ("import ctypes, os, sys; sys.path.insert(0, %r); "
+            "[ctypes.CDLL(os.path.join(os.environ['SIM_LIB_DIR'], n), mode=ctypes.RTLD_GLOBAL) "
+            "for n in ('libcuda.so.1', 'libcudart.so.13')]; "
+            "ctypes.CDLL(None).cudaDeviceSynchronize(); import work; work.work(0.001)")
     run = traced("""
         import subprocess
-        env = dict(os.environ)
-        code = ("import ctypes, os, sys; sys.path.insert(0, %r); "
-                "[ctypes.CDLL(os.path.join(os.environ['SIM_LIB_DIR'], n), mode=ctypes.RTLD_GLOBAL) "
-                "for n in ('libcuda.so.1', 'libcudart.so.13')]; "
-                "ctypes.CDLL(None).cudaDeviceSynchronize(); import work; work.work(0.001)"
-                % os.path.dirname(os.path.abspath(__file__)))
-        r = subprocess.run([sys.executable, "-c", code], env=env)
-        save({"rc": r.returncode})
-    """, api="work@work", modules={"work": WORK})
+        here = os.path.dirname(os.path.abspath(__file__))
+        code = %r %% here
+        with open(os.path.join(here, "runner.py"), "w") as f:
+            f.write(code.replace("; ", "\\n"))
+        rc = [subprocess.run([sys.executable, "-c", code]).returncode,
+              subprocess.run([sys.executable, "-m", "runner"], cwd=here).returncode]
+        save({"rc": rc})
+    """ % body, api="work@work", modules={"work": WORK})
     assert run.returncode == 0, run.stderr
-    assert run.result["rc"] == 0
-    # The child (a fresh interpreter under the same LD_PRELOAD) traced its call.
-    assert len(run.named("work@work")) == 1
+    assert run.result["rc"] == [0, 0]
+    # Each child (a fresh interpreter under the same LD_PRELOAD) traced its call.
+    spans = run.named("work@work")
+    assert len(spans) == 2 and spans[0]["thread"] != spans[1]["thread"]
+
+
+@pytest.mark.parametrize("version", [v for v in ("3.11", "3.12") if v in INTERPRETERS])
+def test_sim_workload_injected_synchronize_is_traced_and_kernels_nest(sim_train, build_dir,
+                                                                      tmp_path, version):
+    """flare-sim-train --python under LD_PRELOAD, with a cudaDeviceSynchronize injected at the
+    start of each layer's forward (FLARE_SIM_INJECT_SYNC) and traced by TRACED_PYTHON_API."""
+    layers, steps, ranks = 2, 3, 2
+    out = tmp_path / "spool"
+    env = {"LD_PRELOAD": os.path.join(build_dir, "lib", "libflare_hook.so"),
+           "FLARE_OUTPUT_DIR": str(out), "FLARE_JOB_ID": "pysim", "FLARE_SIM_INJECT_SYNC": "1",
+           "TRACED_PYTHON_API": "sim_train@injected_sync"}
+    res = sim_train("--python", "--python-exe", INTERPRETERS[version], "--ranks", ranks,
+                    "--steps", steps, "--layers", layers, "--tp", 2, "--hidden", 1024,
+                    "--seq", 512, env=env)
+    assert res.returncode == 0, res.stderr
+    exp = subprocess.run([os.path.join(build_dir, "bin", "flare-export"), "--input", str(out)],
+                         capture_output=True, text=True, timeout=60)
+    assert exp.returncode == 0, exp.stderr
+    records = [json.loads(line) for line in exp.stdout.splitlines()]
+    for rank in range(ranks):
+        recs = [r for r in records if r["rank"] == rank]
+        spans = sorted((r for r in recs if r["kind"] == "span"
+                        and r["name"] == "sim_train@injected_sync"), key=lambda r: r["start_ns"])
+        assert len(spans) == layers * steps, rank
+        ops = sorted((r for r in recs if r["kind"] != "span"), key=lambda r: r["issue_ns"])
+        for span in spans:
+            inside = [o for o in ops if o["parent_span"] == span["id"]]
+            # The synchronize issued by the traced function is its only op, nested in its time.
+            assert [o["name"] for o in inside] == ["cudaDeviceSynchronize"], (rank, inside)
+            assert span["start_ns"] <= inside[0]["issue_ns"] <= inside[0]["end_ns"] \
+                <= span["end_ns"]
+            assert inside[0]["thread"] == span["thread"]
+            # The kernels issued right after it on that thread (the layer's layer norm, GEMM,
+            # ...) come after the span and are not attributed to it.
+            after = [o for o in ops if o["thread"] == span["thread"]
+                     and o["issue_ns"] > span["end_ns"]][:3]
+            assert after and all(o["parent_span"] == 0 for o in after), after
+            assert after[0]["name"].startswith("flare::sim::layer_norm_kernel"), after[0]
+        # Untraced ops carry no parent; every op has a distinct correlation id.
+        assert sum(1 for o in ops if o["parent_span"]) == layers * steps
+        assert len({o["correlation"] for o in ops}) == len(ops)
