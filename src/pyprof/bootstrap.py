@@ -267,8 +267,10 @@ class _Finder:
 
 
 def _after_fork_in_child():
-    # A fork child (a DataLoader worker): the timing layer is off there; so is tracing.
+    # A fork child (a DataLoader worker): the timing layer is off there; so is tracing, and
+    # nothing more is resolved (a lock of the parent's other threads may be held forever).
     _c._off()
+    _pending.clear()
     try:
         if _MONITORING and _tool is not None:
             sys.monitoring.set_events(_tool, 0)

@@ -225,6 +225,8 @@ PyObject* registerCode(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     PyErr_SetString(PyExc_TypeError, "_register(code, name)");
     return nullptr;
   }
+  // Off (a fork child): the registry's mutex may have been held by another thread at fork.
+  if (!g_on) return PyBool_FromLong(0);
   const char* name = PyUnicode_AsUTF8(args[1]);
   if (name == nullptr) return nullptr;
   const uint32_t api = g_host->intern_api(name);

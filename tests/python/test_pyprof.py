@@ -407,12 +407,15 @@ def test_fork_children_are_not_traced(traced):
         if pid == 0:
             for _ in range(10):
                 work.work(0.0001)
+            import late   # a late import in the child resolves nothing (and does not hang)
+            late.f()
             os._exit(0)
         os.waitpid(pid, 0)
         work.work(0.0001)
-    """, api="work@work", modules={"work": WORK})
+    """, api="work@work,late@f", modules={"work": WORK, "late": "def f():\n    return 1\n"})
     assert run.returncode == 0, run.stderr
     assert len(run.named("work@work")) == 1
+    assert not run.named("late@f")
 
 
 def test_inert_in_processes_that_are_not_python(build_dir, tmp_path):
@@ -520,3 +523,21 @@ def test_late_import_of_a_package_submodule_leaves_the_import_system_as_it_was(t
     # importlib.reload makes a new code object, which is not traced (README, known gaps): the
     # two calls before the reload are.
     assert len(run.named("xml.dom.minidom@parseString")) == 2
+
+
+def test_steps_back_once_when_its_monitoring_tool_ids_are_taken(traced, python, tmp_path):
+    if tuple(map(int, python[0].split("."))) < (3, 12):
+        pytest.skip("sys.monitoring is 3.12+")
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(
+        "import sys\nsys.monitoring.use_tool_id(3, 'other')\nsys.monitoring.use_tool_id(4, 'x')\n")
+    run = traced("""
+        import work
+        work.work(0.001)
+        save({"names": [sys.monitoring.get_tool(3), sys.monitoring.get_tool(4)]})
+    """, api="work@work", modules={"work": WORK}, env={"PYTHONPATH": str(site)})
+    assert run.returncode == 0, run.stderr
+    assert run.result["names"] == ["other", "x"]  # the other tools keep their ids
+    assert not run.named("work@work")
+    assert run.stderr.count("steps back") == 1
