@@ -398,6 +398,18 @@ extern "C" __attribute__((visibility("default"))) void* flare_pyprof_install(
   log(kFlarePyprofWarn, "flare: Python tracing is off: free-threaded CPython is not supported");
   return nullptr;
 #else
+  // A free-threaded interpreter of the same version has another ABI ("t" in sys.abiflags):
+  // this module, built against the default headers, must not run in it.
+  PyObject* flags = PySys_GetObject("abiflags");  // borrowed; the interpreter is initialized
+  const char* text = flags != nullptr && PyUnicode_Check(flags) ? PyUnicode_AsUTF8(flags) : "";
+  if (text == nullptr) {
+    PyErr_Clear();
+    text = "";
+  }
+  if (std::strchr(text, 't') != nullptr) {
+    log(kFlarePyprofWarn, "flare: Python tracing is off: free-threaded CPython is not supported");
+    return nullptr;
+  }
   return reinterpret_cast<void*>(&auditHook);
 #endif
 }
