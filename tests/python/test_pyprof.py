@@ -460,7 +460,7 @@ def test_activation_in_children_started_with_dash_c_and_dash_m(traced, python):
     assert len(spans) == 2 and spans[0]["thread"] != spans[1]["thread"]
 
 
-@pytest.mark.parametrize("version", [v for v in ("3.11", "3.12") if v in INTERPRETERS])
+@pytest.mark.parametrize("version", sorted(INTERPRETERS))
 def test_sim_workload_injected_synchronize_is_traced_and_kernels_nest(sim_train, build_dir,
                                                                       tmp_path, version):
     """flare-sim-train --python under LD_PRELOAD, with a cudaDeviceSynchronize injected at the
