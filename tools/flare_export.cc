@@ -5,8 +5,10 @@
 // DIR is the spool root (DIR/<job>/<rank>/records-<pid>.pb) or any folder below it. One JSON
 // object per record: job, rank, kind, name, dtype, shape, layout, stream, device, thread,
 // issue/start/end/duration/issue-latency in ns, flops, bytes, and for collectives the
-// communicator hash, sequence number, rank count and peer. Exit 1 when a file is unreadable
-// (the others are still printed), 2 on bad arguments.
+// communicator hash, sequence number, rank count and peer; the traced Python span a kernel was
+// launched under (parent_span, 0: none) and its correlation id. Traced Python spans are lines
+// of kind "span": name (API), id, parent, thread, start/end/duration, and gc_* for collections.
+// Exit 1 when a file is unreadable (the others are still printed), 2 on bad arguments.
 #include <algorithm>
 #include <cctype>
 #include <cstdio>
@@ -99,8 +101,30 @@ int main(int argc, char** argv) {
       status = 1;
     }
     std::map<uint32_t, flare::v1::Signature> sigs;
+    std::map<uint32_t, std::string> apis;
     for (const auto& b : batches) {
       for (const auto& s : b.signatures()) sigs[s.id()] = s;
+      for (const auto& a : b.api_names()) apis[a.id()] = a.qualified_name();
+      for (const auto& sp : b.spans()) {
+        const auto it = apis.find(sp.api_id());
+        std::printf(
+            "{\"job\":%s,\"rank\":%d,\"kind\":\"span\",\"name\":%s,\"id\":%llu,"
+            "\"parent\":%llu,\"thread\":%llu,\"start_ns\":%lld,\"end_ns\":%lld,"
+            "\"duration_ns\":%lld",
+            jsonString(job).c_str(), b.rank(),
+            jsonString(it == apis.end() ? std::string("?") : it->second).c_str(),
+            static_cast<unsigned long long>(sp.id()),
+            static_cast<unsigned long long>(sp.parent_span_id()),
+            static_cast<unsigned long long>(sp.thread_id()), static_cast<long long>(sp.start_ns()),
+            static_cast<long long>(sp.end_ns()),
+            static_cast<long long>(sp.end_ns() - sp.start_ns()));
+        if (sp.has_gc()) {
+          std::printf(",\"gc_generation\":%d,\"gc_collected\":%lld,\"gc_uncollectable\":%lld",
+                      sp.gc().generation(), static_cast<long long>(sp.gc().collected()),
+                      static_cast<long long>(sp.gc().uncollectable()));
+        }
+        std::printf("}\n");
+      }
       for (const auto& k : b.kernels()) {
         const auto it = sigs.find(k.signature_id());
         const flare::v1::Signature empty;
@@ -124,6 +148,9 @@ int main(int argc, char** argv) {
             static_cast<long long>(k.end_ns() - k.start_ns()),
             static_cast<long long>(k.issue_latency_ns()),
             static_cast<unsigned long long>(k.flops()), static_cast<unsigned long long>(k.bytes()));
+        std::printf(",\"parent_span\":%llu,\"correlation\":%llu",
+                    static_cast<unsigned long long>(k.parent_span_id()),
+                    static_cast<unsigned long long>(k.correlation_id()));
         if (k.has_collective()) {
           const auto& c = k.collective();
           std::printf(",\"comm_hash\":\"%016llx\",\"seq\":%llu,\"nranks\":%d",

@@ -51,10 +51,13 @@ constexpr ParamInfo kParams[] = {
      "A rank reports a hang when a GPU event has not completed within this many seconds."},
     // --- pyprof ---
     {"TRACED_PYTHON_API", "string", "", "pyprof",
-     "Extra Python APIs to trace, as a comma list of module.path@function or "
-     "module.path.Class@method."},
+     "Extra Python APIs to trace, as a comma list of module.path@function, "
+     "module.path.Class@method or module.path@Class.method (resolved when the module is "
+     "imported; a bad entry gives one warning naming it)."},
     {"FLARE_PYTHON_DEFAULTS", "bool", "1", "pyprof",
-     "Also trace the built-in list of Python APIs (DataLoader, GC, torch.cuda.synchronize, ...)."},
+     "Also trace the built-in list of Python APIs (GC, DataLoader __next__, "
+     "torch.cuda/Event/Stream synchronize and waits, autograd backward, optimizer step, "
+     "empty_cache, torch.save, Megatron forward_step/backward_step); see src/pyprof/README.md."},
     // --- sim (the simulated CUDA/cuBLAS/NCCL stack, src/sim) ---
     {"FLARE_SIM_CLOCK_FACTOR", "rank-list", "", "sim",
      "RANK:FACTOR entries: that rank's simulated GPU runs at FACTOR of nominal speed."},
@@ -67,6 +70,9 @@ constexpr ParamInfo kParams[] = {
      "RANK:KIND:STEP entries with KIND collective|compute|skip: that rank hangs at that step."},
     {"FLARE_SIM_CRASH", "rank-list", "", "sim",
      "RANK:STEP entries: that rank aborts at that step."},
+    {"FLARE_SIM_INJECT_SYNC", "bool", "0", "sim",
+     "Python workload (--python): call sim_train.injected_sync(), a cudaDeviceSynchronize through "
+     "ctypes, at the start of each layer's forward (traced as sim_train@injected_sync)."},
     {"FLARE_SIM_PEAK_TFLOPS", "double", "400", "sim",
      "Dense bf16/fp16 tensor-core TFLOPS the simulated cost model uses."},
     {"FLARE_SIM_MEM_BW_GBPS", "double", "2000", "sim",

@@ -187,6 +187,11 @@ timing::Tracer* tracer() {
   return g_off.load() ? nullptr : g_tracer.load(std::memory_order_acquire);
 }
 
+timing::Tracer* activeTracer() {
+  if (g_off.load(std::memory_order_relaxed)) return nullptr;
+  return g_tracer.load(std::memory_order_acquire);
+}
+
 namespace {
 
 // Custom kernels declared through flare_register_kernel (include/flare/kernels.h).

@@ -31,6 +31,10 @@ struct Guard {
 // The tracer, or nullptr when tracing is off (disabled, failed, forked child, exiting).
 timing::Tracer* tracer();
 
+// The tracer if it is up already, without starting it (the Python span path, src/hook/python.cc:
+// spans must not start the Tracer before the CUDA runtime is loaded).
+timing::Tracer* activeTracer();
+
 // The signature of a kernel identified by `key` (host stub or CUfunction), named by
 // `name_fn(key)` the first time (cold path); cached per thread afterwards.
 struct KernelSig {

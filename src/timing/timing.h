@@ -19,6 +19,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "src/common/clock.h"
@@ -175,9 +176,39 @@ class Tracer {
   // Called in a forked child: the poller thread does not exist there; disables tracing.
   void disableAfterFork();
 
+  // Launching thread: hands a span closed by closeSpan() to the poller (fills thread_id). Hot
+  // path: no allocation in steady state, no lock; a full span ring drops it (spans_dropped).
+  void pushSpan(const CompletedSpan& span);
+
  private:
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };
+
+// ---------------------------------------------------------------------------------------------
+// Traced Python spans (src/pyprof). Process-wide, independent of any Tracer, so that spans can
+// open before the first CUDA call brings the Tracer up.
+
+// Any thread, cold path (lock, allocation): the id of a traced API's name
+// ("torch.cuda@synchronize", "gc@collect"), from 1, the same id for the same name. 0 when it cannot
+// be stored. A Tracer's poller announces new names to its Sink (Sink::onApiName) before the spans
+// that use them.
+uint32_t internApi(std::string_view qualified_name) noexcept;
+// Names with ids first+1, first+2, ... (the poller's view of what is new).
+std::vector<std::string> apiNamesAfter(uint32_t first);
+
+// The calling thread's stack of open spans (thread_local, fixed depth; no lock, no allocation).
+// openSpan pushes a span of `api_id` keyed by `key` (what identifies the traced function, e.g.
+// its code object) and returns its id (per process, from 1), or 0 when the stack is full (the
+// span is not recorded; counted). closeSpan closes the innermost open span if its key is `key`
+// and fills `out` (id, api_id, parent_id, start, end; gc fields -1/0). A key found deeper in
+// the stack closes it and drops the spans above it (counted); a key not on the stack (a call
+// that began before tracing did) returns false and changes nothing.
+uint64_t openSpan(uint32_t api_id, const void* key, int64_t start_ns) noexcept;
+bool closeSpan(const void* key, int64_t end_ns, CompletedSpan* out) noexcept;
+// The innermost open span of the calling thread (0: none): the parent of the ops it launches.
+uint64_t currentSpanId() noexcept;
+// Spans lost by the stacks of all threads (full stack, unbalanced closes), process total.
+uint64_t spanStackDrops() noexcept;
 
 }  // namespace flare::timing

@@ -6,7 +6,7 @@
 //   ┌──────────────────────────────────────────┐     │
 //   │ ThreadState, registered on first use     │     │
 //   │  cache: ≤ 64 free events of one device ◀─┼─┐   │
-//   │  ring:  SpscRing<PendingOp> (96 B slots) ┼─┼───┼─▶ drain every ring
+//   │  ring:  SpscRing<PendingOp> (112 B)   ┼─┼───┼─▶ drain every ring
 //   └──────────────────────────────────────────┘ │   │    ├ host spans: done at once
 //                         refill 32 at a time ───┘   │    └ GPU ops: FIFO per (device, stream)
 //   ┌──────────────────────────────────────────┐     │        head's end event Ready? map, emit
@@ -67,10 +67,11 @@ constexpr int64_t kFlushIntervalNs = 1'000'000'000;
 constexpr int64_t kDrainPollNs = 1'000'000;  // poll at least this often while drain() waits
 constexpr int64_t kMinPollNs = 10'000;
 constexpr int64_t kMaxWaitNs = 100'000'000'000'000'000;  // ~3 years: no overflow in wait_for
-constexpr int kReferenceAttempts = 3;   // before a device without calibration drops its ops
-constexpr int kMaxDevices = 1024;       // device ordinals index the pool's free lists
-constexpr int kReturnTries = 8;         // passes the poller may defer returning events
-constexpr size_t kMaxIdleQueues = 256;  // stream queues kept while empty
+constexpr int kReferenceAttempts = 3;       // before a device without calibration drops its ops
+constexpr int kMaxDevices = 1024;           // device ordinals index the pool's free lists
+constexpr int kReturnTries = 8;             // passes the poller may defer returning events
+constexpr size_t kMaxIdleQueues = 256;      // stream queues kept while empty
+constexpr size_t kSpanRingCapacity = 1024;  // closed Python spans per thread between passes
 
 // A pooled event. Tickets carry pointers to these: the device is known without a lookup.
 struct Event {
@@ -88,15 +89,19 @@ struct PendingOp {
   OpInfo info;
   uint32_t thread_id;
   int32_t device;
+  uint64_t parent_span_id;  // innermost traced Python span open on the launching thread
+  uint64_t correlation_id;
 };
 static_assert(sizeof(OpInfo) == 48, "OpInfo is copied into every ring slot: keep it small");
-static_assert(sizeof(PendingOp) == 96, "ring slot layout changed: update the diagrams");
+static_assert(sizeof(PendingOp) == 112, "ring slot layout changed: update the diagrams");
 static_assert(std::is_trivially_copyable_v<PendingOp>);
 
 struct ThreadState {
-  ThreadState(size_t ring_capacity, uint32_t tid) : ring(ring_capacity), thread_id(tid) {}
+  ThreadState(size_t ring_capacity, uint32_t tid)
+      : ring(ring_capacity), spans(kSpanRingCapacity), thread_id(tid) {}
 
   SpscRing<PendingOp> ring;
+  SpscRing<CompletedSpan> spans;  // traced Python spans closed on this thread
   // Free events of `cache_device`. Owner thread only; the poller once `exited` is set.
   Event* cache[kCacheCapacity] = {};
   size_t cache_size = 0;
@@ -134,6 +139,7 @@ TlsTable::~TlsTable() {
 }
 
 std::atomic<uint64_t> g_next_tracer_uid{1};
+std::atomic<uint64_t> g_next_correlation{1};  // per process: joins a launch to its records
 
 struct StreamKey {
   int32_t device;
@@ -161,7 +167,7 @@ struct DeviceCal {
 bool sameCounters(const DropCounters& a, const DropCounters& b) {
   return a.ring_full == b.ring_full && a.events_exhausted == b.events_exhausted &&
          a.event_errors == b.event_errors && a.capturing == b.capturing &&
-         a.unfinished == b.unfinished;
+         a.unfinished == b.unfinished && a.spans_dropped == b.spans_dropped;
 }
 
 // Length-prefixed fields: no two different signatures share a key.
@@ -197,6 +203,7 @@ struct Tracer::Impl {
   void end(Ticket* ticket, const OpInfo& info) noexcept;
   void cancel(Ticket* ticket) noexcept;
   void hostSpan(const OpInfo& info, int64_t start_ns, int64_t end_ns) noexcept;
+  void pushSpan(const CompletedSpan& span) noexcept;
   uint32_t intern(const Signature& sig) noexcept;
   bool drain(int64_t timeout_ns) noexcept;
   DropCounters drops() const noexcept;
@@ -222,6 +229,8 @@ struct Tracer::Impl {
   void accept(const PendingOp& op, uint64_t pass);
   void releaseThread(size_t index);
   void announceSignatures();
+  void announceApis();
+  void emitSpans();
   void calibrate();
   void referenceFailed(int device, DeviceCal& cal, int64_t now_ns);
   void processQueues();
@@ -249,6 +258,7 @@ struct Tracer::Impl {
     std::atomic<uint64_t> event_errors{0};
     std::atomic<uint64_t> capturing{0};
     std::atomic<uint64_t> unfinished{0};
+    std::atomic<uint64_t> spans_dropped{0};
   };
   alignas(64) Counters counters_;
 
@@ -327,7 +337,9 @@ struct Tracer::Impl {
   std::deque<DrainWait> drain_waits_;
   std::vector<Event*> to_free_;
   std::vector<CompletedOp> out_;
+  std::vector<CompletedSpan> span_out_;
   size_t announced_ = 0;
+  uint32_t apis_announced_ = 0;
   DropCounters last_drops_;
   int64_t last_flush_ns_ = 0;
 };
@@ -586,6 +598,8 @@ void Tracer::Impl::end(Ticket* ticket, const OpInfo& info) noexcept {
     op.info = info;
     op.thread_id = ts != nullptr ? ts->thread_id : 0;
     op.device = start->device;
+    op.parent_span_id = currentSpanId();
+    op.correlation_id = g_next_correlation.fetch_add(1, std::memory_order_relaxed);
     push(ts, op);
   } catch (...) {
     counters_.event_errors.fetch_add(1, std::memory_order_relaxed);
@@ -617,10 +631,24 @@ void Tracer::Impl::hostSpan(const OpInfo& info, int64_t start_ns, int64_t end_ns
     op.info = info;
     op.thread_id = ts->thread_id;
     op.device = std::max(timer_->currentDevice(), 0);
+    op.parent_span_id = currentSpanId();
+    op.correlation_id = g_next_correlation.fetch_add(1, std::memory_order_relaxed);
     push(ts, op);
   } catch (...) {
     counters_.event_errors.fetch_add(1, std::memory_order_relaxed);
   }
+}
+
+void Tracer::Impl::pushSpan(const CompletedSpan& span) noexcept {
+  if (disabled_.load(std::memory_order_relaxed)) return;
+  ThreadState* ts = threadState();
+  if (ts != nullptr) [[likely]] {
+    CompletedSpan copy = span;
+    copy.thread_id = ts->thread_id;
+    if (ts->spans.tryPush(copy)) [[likely]]
+      return;
+  }
+  counters_.spans_dropped.fetch_add(1, std::memory_order_relaxed);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -673,6 +701,7 @@ DropCounters Tracer::Impl::drops() const noexcept {
   totals.event_errors = counters_.event_errors.load(std::memory_order_relaxed);
   totals.capturing = counters_.capturing.load(std::memory_order_relaxed);
   totals.unfinished = counters_.unfinished.load(std::memory_order_relaxed);
+  totals.spans_dropped = counters_.spans_dropped.load(std::memory_order_relaxed) + spanStackDrops();
   return totals;
 }
 
@@ -742,6 +771,13 @@ void Tracer::Impl::pollOnce(uint64_t pass) {
     // Read before draining: once set, the owner pushes nothing more, so this drain is the last.
     const bool exited = ts->exited.load(std::memory_order_acquire);
     ts->ring.drain([&](const PendingOp& op) { accept(op, pass); });
+    ts->spans.drain([&](const CompletedSpan& span) {
+      try {
+        span_out_.push_back(span);
+      } catch (...) {
+        counters_.spans_dropped.fetch_add(1, std::memory_order_relaxed);
+      }
+    });
     if (exited) {
       releaseThread(i);
     } else {
@@ -752,6 +788,8 @@ void Tracer::Impl::pollOnce(uint64_t pass) {
   last_queue_ = nullptr;
   // After the rings: every op taken refers to a signature interned before it was pushed.
   announceSignatures();
+  announceApis();
+  emitSpans();
   calibrate();
   processQueues();
   returnEvents();
@@ -776,7 +814,9 @@ void Tracer::Impl::accept(const PendingOp& op, uint64_t pass) {
                                  .thread_id = op.thread_id,
                                  .issue_ns = op.issue_ns,
                                  .start_ns = op.issue_ns,
-                                 .end_ns = op.host_end_ns});
+                                 .end_ns = op.host_end_ns,
+                                 .parent_span_id = op.parent_span_id,
+                                 .correlation_id = op.correlation_id});
       return;
     }
     const StreamKey key{op.device, op.stream_id};
@@ -816,6 +856,22 @@ void Tracer::Impl::announceSignatures() {
     ++announced_;
     sink_->onSignature(static_cast<uint32_t>(announced_), sig);
   }
+}
+
+// API names are process-wide (spans.cc); each Tracer announces the new ones to its sink, before
+// the spans taken in the same pass (a span's name was interned before the span was opened).
+void Tracer::Impl::announceApis() {
+  std::vector<std::string> fresh = apiNamesAfter(apis_announced_);
+  for (const std::string& name : fresh) sink_->onApiName(++apis_announced_, name);
+}
+
+void Tracer::Impl::emitSpans() {
+  if (span_out_.empty()) return;
+  struct Clear {
+    std::vector<CompletedSpan>& spans;
+    ~Clear() { spans.clear(); }
+  } clear{span_out_};
+  sink_->onSpans(span_out_);
 }
 
 // The GPU → host clock map, one reference event per device (events of different devices
@@ -911,7 +967,9 @@ void Tracer::Impl::processQueues() {
                                      .thread_id = head.op.thread_id,
                                      .issue_ns = head.op.issue_ns,
                                      .start_ns = cal.ref_host_ns + start_ns,
-                                     .end_ns = cal.ref_host_ns + end_ns});
+                                     .end_ns = cal.ref_host_ns + end_ns,
+                                     .parent_span_id = head.op.parent_span_id,
+                                     .correlation_id = head.op.correlation_id});
           emitted = true;
         }
       }
@@ -1035,6 +1093,9 @@ bool Tracer::drain(int64_t timeout_ns) {
 }
 DropCounters Tracer::drops() const {
   return impl_->drops();
+}
+void Tracer::pushSpan(const CompletedSpan& span) {
+  impl_->pushSpan(span);
 }
 void Tracer::disableAfterFork() {
   impl_->forked_.store(true);

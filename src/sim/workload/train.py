@@ -77,6 +77,7 @@ ncclCommInitRank = _fn("ncclCommInitRank", c_int, ctypes.POINTER(c_void_p), c_in
 ncclAllReduce = _fn("ncclAllReduce", c_int, c_void_p, c_void_p, c_size_t, c_int, c_int, c_void_p,
                     c_void_p)
 ncclGetErrorString = _fn("ncclGetErrorString", ctypes.c_char_p, c_int)
+cudaDeviceSynchronize = _fn("cudaDeviceSynchronize", c_int)
 
 CUDA_R_16BF, CUBLAS_COMPUTE_32F, CUBLAS_OP_N, CUBLAS_OP_T = 14, 68, 0, 1
 NCCL_BF16, NCCL_SUM = 9, 0
@@ -186,6 +187,7 @@ class Model:
         self.layer_param_bytes = 12 * h * h // tp * 2
         self.attn_flops = 2 * args.micro_batch * args.seq * args.seq * self.h_tp
         self.alpha, self.beta = ctypes.c_float(1.0), ctypes.c_float(0.0)
+        self.inject_sync = _inject_sync_fn()
 
     def _stream(self):
         s = c_void_p()
@@ -245,6 +247,8 @@ class Model:
 
     def forward_layer(self, layer, step, stall):
         c, h, h_tp, T = self.compute, self.h, self.h_tp, self.T
+        if self.inject_sync is not None:
+            self.inject_sync()
         self.layer_norm(self.act_bytes * 2, c)
         if layer == 0:
             check(cudaEventRecord(self.gemm_a, c), "record")
@@ -312,6 +316,20 @@ class Model:
         ms = c_float()
         check(cudaEventElapsedTime(ctypes.byref(ms), self.gemm_a, self.gemm_b), "elapsed")
         return ms.value
+
+
+def injected_sync():
+    """FLARE_SIM_INJECT_SYNC=1: a needless torch.cuda.synchronize()-like call in each layer's
+    forward. Called through the module `sim_train` (this file imported once more under its own
+    name), so that TRACED_PYTHON_API="sim_train@injected_sync" can name it."""
+    check(cudaDeviceSynchronize(), "cudaDeviceSynchronize")
+
+
+def _inject_sync_fn():
+    if os.environ.get("FLARE_SIM_INJECT_SYNC", "0") in ("", "0"):
+        return None
+    import sim_train  # this script as a module (its directory is sys.path[0])
+    return sim_train.injected_sync
 
 
 def host_stall(ms):
