@@ -76,3 +76,37 @@ def test_bad_input_is_a_clear_error(build_dir, tmp_path):
     res = subprocess.run([os.path.join(build_dir, "bin", "flare-diagnose")], capture_output=True,
                          text=True)
     assert res.returncode == 2 and "--input" in res.stderr
+
+
+def run_python_job(build_dir, out, job, env=None, data_ms=2):
+    full = {"TRACED_PYTHON_API": "sim_train@_LoaderIter.__next__,sim_train@injected_sync"}
+    full.update(env or {})
+    full = dict(os.environ, LD_PRELOAD=os.path.join(build_dir, "lib", "libflare_hook.so"),
+                FLARE_OUTPUT_DIR=str(out), FLARE_JOB_ID=job, **full)
+    res = subprocess.run([os.path.join(build_dir, "bin", "flare-sim-train"), "--python", "--ranks",
+                          "4", "--steps", "6", "--layers", "4", "--tp", "2", "--data-ms",
+                          str(data_ms), "--quiet"], env=full, capture_output=True, text=True,
+                         timeout=300)
+    assert res.returncode == 0, res.stderr
+
+
+def test_synchronize_in_every_layer_is_an_issue_latency_regression_naming_it(build_dir, tmp_path):
+    run_python_job(build_dir, tmp_path / "base", "base")
+    run_python_job(build_dir, tmp_path / "sync", "sync", {"FLARE_SIM_INJECT_SYNC": "1"})
+    assert diagnose(build_dir, tmp_path / "base") == []
+    assert diagnose(build_dir, tmp_path / "base", "--baseline", str(tmp_path / "base")) == []
+    found = diagnose(build_dir, tmp_path / "sync", "--baseline", str(tmp_path / "base"))
+    kinds = [d["kind"] for d in found]
+    assert "issue_latency_regression" in kinds, found
+    d = next(x for x in found if x["kind"] == "issue_latency_regression")
+    assert d["team"] == "algorithm"
+    assert "sim_train@injected_sync" in d["summary"] and "cudaDeviceSynchronize" in d["summary"]
+
+
+def test_slow_dataloader_raises_v_inter(build_dir, tmp_path):
+    run_python_job(build_dir, tmp_path / "slow", "slow", data_ms=15)
+    found = diagnose(build_dir, tmp_path / "slow")
+    assert [d["kind"] for d in found] == ["void_inter"], found
+    d = found[0]
+    assert d["ranks"] == [0, 1, 2, 3] and d["team"] == "algorithm"
+    assert d["evidence"][0]["value"] > 0.2

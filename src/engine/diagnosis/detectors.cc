@@ -586,6 +586,16 @@ void detectRegression(const JobModel& job, const JobModel& baseline, const Diagn
     base_all.insert(base_all.end(), base_ranks[rank].begin(), base_ranks[rank].end());
   }
   if (all.size() < 30 || base_all.size() < 30) return;
+  // Kernel-issue stalls move the lower half of the distribution toward zero; the upper tail
+  // (how far the host runs ahead) varies from run to run and rank to rank and would drown the
+  // signal. Both distributions are clipped at the baseline's median before W1 (docs/metrics.md).
+  const double cap = median(base_all);
+  auto clip = [cap](std::vector<double>* v) {
+    for (double& x : *v) x = std::min(x, cap);
+  };
+  clip(&all);
+  clip(&base_all);
+  for (auto& [rank, v] : base_ranks) clip(&v);
   // Healthy spread: the largest W1 of a baseline rank to the baseline as a whole.
   double threshold = opt.regression_w1_floor_ns;
   for (const auto& [rank, v] : base_ranks) {
@@ -599,43 +609,61 @@ void detectRegression(const JobModel& job, const JobModel& baseline, const Diagn
   d.cause = "issue latency";
   d.severity = w1 / threshold - 1.0;
   d.evidence.push_back({"issue_latency_w1",
-                        "job issue-latency distribution W1 " + fmtMs(w1) +
-                            " from the healthy baseline (threshold " + fmtMs(threshold) +
-                            "); median " + fmtMs(median(all)) + " vs " + fmtMs(median(base_all)),
+                        "job issue-latency distribution (clipped at the baseline median) W1 " +
+                            fmtMs(w1) + " from the healthy baseline (threshold " +
+                            fmtMs(threshold) + "); median " + fmtMs(median(all)) + " vs " +
+                            fmtMs(median(base_all)),
                         w1, threshold});
-  // Name the traced APIs that appear in this job before kernels but not (as often) in the
-  // baseline.
-  std::map<std::string, double> job_rate, base_rate;
-  auto rates = [](const JobModel& m, std::map<std::string, double>* out_rates) {
+  // Name what this job calls clearly more often than the baseline: the traced Python API first
+  // (what the algorithm team changes), then the host synchronization call it makes.
+  struct Rates {
+    std::map<std::string, double> spans, syncs;
+  };
+  auto rates = [](const JobModel& m) {
+    Rates found;
     uint64_t ops = 0;
     for (const auto& [rank, r] : m.ranks()) {
       ops += r.ops.size();
-      for (const Span& s : r.spans) (*out_rates)[m.apis()[s.api]] += 1;
+      for (const Span& s : r.spans) found.spans[m.apis()[s.api]] += 1;
       for (const Op& op : r.ops) {
-        if (m.signatures()[op.sig].kind() == flare::v1::OP_KIND_SYNC)
-          (*out_rates)[m.signatures()[op.sig].name()] += 1;
+        const auto& sig = m.signatures()[op.sig];
+        if (sig.kind() == flare::v1::OP_KIND_SYNC && sig.name() != "flare_step")
+          found.syncs[sig.name()] += 1;
       }
     }
-    for (auto& [name, n] : *out_rates) n /= std::max<uint64_t>(ops, 1);
-  };
-  rates(job, &job_rate);
-  rates(baseline, &base_rate);
-  std::string named;
-  double best = 0;
-  for (const auto& [name, rate] : job_rate) {
-    const double extra = rate - base_rate[name];
-    if (extra > best * 1.0 && extra > 0.2 * rate) {
-      best = extra;
-      named = name;
+    for (auto* table : {&found.spans, &found.syncs}) {
+      for (auto& [name, n] : *table) n /= static_cast<double>(std::max<uint64_t>(ops, 1));
     }
-  }
-  if (!named.empty()) {
-    d.evidence.push_back({"api_rate",
-                          named + " runs " + fmtNum(job_rate[named] * 1000, "") +
-                              "per 1000 GPU ops vs " + fmtNum(base_rate[named] * 1000, "") +
-                              "in the baseline",
-                          job_rate[named], base_rate[named]});
-  }
+    return found;
+  };
+  const Rates job_rates = rates(job), base_rates = rates(baseline);
+  auto grown = [&d](const std::map<std::string, double>& now,
+                    const std::map<std::string, double>& before) {
+    std::string best_name;
+    double best = 0;
+    for (const auto& [name, rate] : now) {
+      auto it = before.find(name);
+      const double was = it == before.end() ? 0 : it->second;
+      if (rate - was > best && rate - was > 0.2 * rate) {
+        best = rate - was;
+        best_name = name;
+      }
+    }
+    if (!best_name.empty()) {
+      auto it = before.find(best_name);
+      d.evidence.push_back({"api_rate",
+                            best_name + " runs " + fmtNum(now.at(best_name) * 1000, "") +
+                                "times per 1000 GPU ops vs " +
+                                fmtNum(it == before.end() ? 0 : it->second * 1000, "") +
+                                "in the baseline",
+                            now.at(best_name), it == before.end() ? 0 : it->second});
+    }
+    return best_name;
+  };
+  const std::string api = grown(job_rates.spans, base_rates.spans);
+  const std::string sync = grown(job_rates.syncs, base_rates.syncs);
+  std::string named = api;
+  if (!sync.empty()) named += named.empty() ? sync : " (which calls " + sync + ")";
   d.summary = "job: issue-latency regression against healthy history" +
               (named.empty() ? std::string() : " (likely cause: " + named + ")");
   out->push_back(std::move(d));

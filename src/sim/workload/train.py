@@ -381,11 +381,18 @@ def main(argv=None):
     stall = parse_host_stall(rank)
     crash_step = parse_crash_step(rank)
     skip_step = flareSimHangStep(b"skip")
-    loader = SyntheticLoader(args.steps, args.data_ms, args.seq * args.micro_batch)
+    # The loader's class comes from this file imported as the module `sim_train` (like
+    # injected_sync), so that TRACED_PYTHON_API="sim_train@_LoaderIter.__next__" can name it.
+    import sim_train  # noqa: E402  (this script's directory is sys.path[0])
+    loader = sim_train.SyntheticLoader(args.steps, args.data_ms, args.seq * args.micro_batch)
     step = 0
     t0 = time.perf_counter()
+    # Flare's explicit step marker (include/flare/step.h), when the hook is preloaded.
+    mark_step = getattr(_G, "flare_step", None)
     for batch in loader:
         flareSimSetStep(step)
+        if mark_step is not None:
+            mark_step()
         if step == crash_step:
             sys.stderr.write("flare-sim: rank %d crashing at step %d (FLARE_SIM_CRASH)\n"
                              % (rank, step))
