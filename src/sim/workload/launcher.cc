@@ -48,7 +48,8 @@ struct Args {
   if (msg) std::fprintf(stderr, "flare-sim-train: %s\n", msg);
   std::fprintf(stderr,
                "usage: flare-sim-train --ranks N --steps S [--layers L] [--hidden H] [--seq S]\n"
-               "                       [--micro-batch B] [--tp T] [--data-ms MS] [--python]\n"
+               "                       [--micro-batch B] [--tp T] [--data-ms MS] [--ffn F]\n"
+               "                       [--extra-kernels N] [--python]\n"
                "                       [--python-exe PATH] [--timeout SEC] [--json FILE]"
                " [--quiet]\n");
   std::exit(2);
@@ -92,7 +93,9 @@ Args parse(int argc, char** argv) {
     } else if (k == "--timeout") {
       a.timeout_s = x;
     } else if (k == "--layers" || k == "--hidden" || k == "--seq" || k == "--micro-batch" ||
-               k == "--tp" || k == "--data-ms") {
+               k == "--tp" || k == "--data-ms" || k == "--ffn" || k == "--extra-kernels") {
+      if ((k == "--ffn" || k == "--extra-kernels") && a.python)
+        usage((k + " is only supported by the C++ workload").c_str());
       a.passthrough.push_back(k);
       a.passthrough.push_back(v);
     } else {

@@ -16,7 +16,7 @@ namespace {
 int usage() {
   std::fprintf(stderr,
                "usage: flare-sim-rank [--steps N] [--layers L] [--hidden H] [--seq S] "
-               "[--micro-batch B] [--tp T] [--data-ms MS]\n"
+               "[--micro-batch B] [--tp T] [--data-ms MS] [--ffn F] [--extra-kernels N]\n"
                "Identity from RANK/WORLD_SIZE; communicator ids through FLARE_SIM_RDZV_DIR.\n");
   return 2;
 }
@@ -53,6 +53,10 @@ int main(int argc, char** argv) {
       o.tp = static_cast<int>(x);
     else if (a == "--data-ms")
       o.data_ms = x;
+    else if (a == "--ffn")
+      o.ffn = static_cast<int64_t>(x);
+    else if (a == "--extra-kernels")
+      o.extra_kernels = static_cast<int>(x);
     else
       return usage();
   }

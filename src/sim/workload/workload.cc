@@ -171,7 +171,7 @@ std::vector<StepResult> run(const Options& o, void (*on_step)(const StepResult&)
     check(ncclCommInitRank(&dp_comm, dp, id, o.rank / tp), "ncclCommInitRank(dp)");
   }
 
-  const int64_t h = o.hidden, T = o.seq * o.micro_batch, ffn = 4 * h;
+  const int64_t h = o.hidden, T = o.seq * o.micro_batch, ffn = o.ffn > 0 ? o.ffn : 4 * h;
   const int64_t h_tp = h / tp, ffn_tp = ffn / tp;
   const uint64_t act_bytes = uint64_t(T) * h * 2;
   const uint64_t layer_param_bytes = uint64_t(12) * h * h / tp * 2;
@@ -267,6 +267,8 @@ std::vector<StepResult> run(const Options& o, void (*on_step)(const StepResult&)
       launch(k_layer_norm, act_bytes * 2, compute);
       gemm(ffn_tp, T, h, true, false);  // fc1
       launch(k_gelu, uint64_t(T) * ffn_tp * 4, compute);
+      // Injected (--extra-kernels): unfused elementwise work, the "minority" kernels of V_minority.
+      for (int e = 0; e < o.extra_kernels; ++e) launch(k_residual, act_bytes * 3, compute);
       gemm(h, T, ffn_tp, true, false);  // fc2
       tpAllReduce();
       launch(k_residual, act_bytes * 3, compute);

@@ -25,6 +25,8 @@ struct Options {
   int64_t micro_batch = 1;
   int tp = 2;             // tensor-parallel group size (clamped to divide world_size)
   double data_ms = 2.0;   // DataLoader wait per step
+  int64_t ffn = 0;        // FFN width (0: 4 × hidden); an odd value makes unaligned GEMMs
+  int extra_kernels = 0;  // unfused elementwise kernels added to each layer's forward
   std::string rdzv_dir;   // where communicator ids are exchanged
 };
 
