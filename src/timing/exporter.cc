@@ -92,6 +92,7 @@ struct GrpcExporter::Stream {
   bool acked = false;
   bool accepted = false;
   std::string ack_error;
+  uint64_t resume_after_seq = 0;  // HelloAck: the daemon holds batches up to this one
 };
 
 GrpcExporter::GrpcExporter(std::unique_ptr<Transport> transport, ExporterOptions options)
@@ -425,6 +426,7 @@ void GrpcExporter::readLoop(Stream* s) {
       s->acked = true;
       s->accepted = msg.ack().accepted();
       s->ack_error = msg.ack().error();
+      s->resume_after_seq = msg.ack().resume_after_seq();
       if (msg.ack().accepted() && msg.ack().mode() != flare::v1::MODE_UNSPECIFIED) {
         mode_.store(static_cast<int>(msg.ack().mode()));
       }
@@ -567,6 +569,7 @@ bool GrpcExporter::streamOnce() {
   while (!resend.empty() && !failed) {
     Item item = std::move(resend.front());
     resend.pop_front();
+    if (item.batch.batch_seq() <= s.resume_after_seq) continue;  // the daemon has it
     item.batch.set_from_spool(true);
     failed = !sendBatch(s, item.batch, first);
     first = false;
@@ -603,7 +606,7 @@ bool GrpcExporter::streamOnce() {
         std::lock_guard<std::mutex> spool_lock(spool_mu_);
         got = spoolReadNext(&item.batch);
       }
-      if (got) {
+      if (got && item.batch.batch_seq() > s.resume_after_seq) {
         item.batch.set_from_spool(true);
         item.bytes = item.batch.ByteSizeLong();
         failed = !sendBatch(s, item.batch, first);

@@ -18,7 +18,9 @@
 // - Order: batches written but possibly not yet read by the daemon when a stream breaks (the
 //   last resend_bytes of them) are re-sent first with from_spool=true, then the spool, then the
 //   memory queue. batch_seq is the builder's (per process, without gaps), so the daemon can
-//   drop the duplicates of a re-send (at-least-once delivery).
+//   drop the duplicates of a re-send (at-least-once delivery). A HelloAck with
+//   resume_after_seq = N (the daemon holds this process's batches up to N durably) makes the
+//   rank skip re-sent and replayed batches up to N (exactly once across a daemon restart).
 // - Memory bound: when a batch would take the queue over buffer_bytes, the poller itself moves
 //   the oldest queued batches to the spool (a write(2), like SpoolSink) until it is under half.
 //   While disconnected the sender does the same at half the bound.

@@ -50,6 +50,12 @@ class FakeIngest final : public flare::v1::Ingest::Service {
     flare::v1::DaemonMessage ack;
     ack.mutable_ack()->set_protocol_version(flare::v1::kProtocolVersion);
     ack.mutable_ack()->set_accepted(accepted);
+    if (advertise_resume) {
+      std::lock_guard<std::mutex> lock(mu);
+      uint64_t held = 0;
+      for (const auto& [sid_, b] : batches) held = std::max<uint64_t>(held, b.batch_seq());
+      ack.mutable_ack()->set_resume_after_seq(held);
+    }
     if (!accepted) ack.mutable_ack()->set_error("wrong token");
     rw->Write(ack);
     if (!accepted) return {grpc::StatusCode::UNAUTHENTICATED, "wrong token"};
@@ -67,7 +73,8 @@ class FakeIngest final : public flare::v1::Ingest::Service {
   }
 
   std::mutex mu;
-  std::string token;  // expected; "" = any
+  std::string token;              // expected; "" = any
+  bool advertise_resume = false;  // HelloAck.resume_after_seq = the highest batch_seq held
   std::vector<flare::v1::Command> to_send;
   std::vector<flare::v1::RankHello> hellos;
   std::vector<std::pair<int, RecordBatch>> batches;  // (stream number from 1, batch)
@@ -362,6 +369,29 @@ TEST_F(ExporterTest, RestartMidRunResendsTablesAndLosesNothing) {
                              [](const auto& p) { return p.first == 2; });
   ASSERT_NE(second, service.batches.end());
   EXPECT_EQ(second->second.signatures_size(), 6);
+}
+
+TEST_F(ExporterTest, ResumeAfterSeqAvoidsDuplicatesAcrossARestart) {
+  FakeIngest service;
+  service.advertise_resume = true;
+  FakeServer server(&service);
+  server.start();
+  const int port = server.port();
+  GrpcExporter exporter(transportTo(server.address()), options());
+  announce(exporter, 3);
+  feed(exporter, 8000, 3);
+  ASSERT_TRUE(waitFor([&] { return exporter.stats().queue_bytes == 0; }));
+  server.stop();
+  ASSERT_TRUE(waitFor([&] { return !exporter.stats().connected; }));
+  feed(exporter, 8000, 3);
+  server.start(port);
+  ASSERT_TRUE(waitFor([&] { return exporter.stats().streams_opened == 2; }));
+  feed(exporter, 4000, 3);
+  EXPECT_TRUE(exporter.shutdown(5'000'000'000));
+  std::lock_guard<std::mutex> lock(service.mu);
+  Check c = checkComplete(service.batches, 20000, 3);
+  EXPECT_EQ(c.streams, 2u);
+  EXPECT_EQ(c.duplicates, 0u);
 }
 
 TEST_F(ExporterTest, SpoolCapDropsAndCountsEveryLostRecord) {

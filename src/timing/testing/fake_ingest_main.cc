@@ -1,19 +1,22 @@
 // flare-fake-ingest: a stand-in for flared's Ingest service, for the rank-side tests
 // (tests/python/test_daemon_stream.py) until the real daemon is merged.
 //
-//   flare-fake-ingest --out DIR [--port N] [--token T]
+//   flare-fake-ingest --out DIR [--port N] [--token T] [--resume 0|1]
 //
 // Accepts streams (the hello's token must equal T when given; otherwise HelloAck accepted=false
 // and the stream ends UNAUTHENTICATED), writes every batch it receives to
 // DIR/<job>/<rank>/records-<pid>.pb (the spool layout, so flare-export reads it), once per
 // (job, rank, pid, batch_seq): re-sent batches are counted as duplicates and dropped, like the
-// daemon does. Prints "port N" on stdout once listening; one line per hello and per stream end
-// on stderr. Runs until SIGTERM/SIGINT.
+// daemon does. Its HelloAck carries resume_after_seq (the highest batch_seq it holds for the
+// hello's pid), so a restarted fake gets no duplicates; --resume 0 leaves it 0. Prints "port N" on
+// stdout once listening; one line per hello and per stream end on stderr. Runs until
+// SIGTERM/SIGINT.
 #include <fcntl.h>
 #include <grpcpp/grpcpp.h>
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <map>
@@ -31,7 +34,8 @@ namespace {
 
 class Ingest final : public flare::v1::Ingest::Service {
  public:
-  Ingest(std::string out, std::string token) : out_(std::move(out)), token_(std::move(token)) {
+  Ingest(std::string out, std::string token, bool resume)
+      : out_(std::move(out)), token_(std::move(token)), resume_(resume) {
     // A restart remembers what it already holds (like a daemon with a store), so batches the
     // ranks re-send after the broken stream are recognised as duplicates.
     std::error_code ec;
@@ -62,6 +66,16 @@ class Ingest final : public flare::v1::Ingest::Service {
     flare::v1::DaemonMessage ack;
     ack.mutable_ack()->set_protocol_version(flare::v1::kProtocolVersion);
     ack.mutable_ack()->set_accepted(ok);
+    {
+      // What this fake holds is on disk: tell the rank where to resume.
+      std::lock_guard<std::mutex> lock(mu_);
+      uint64_t held = 0;
+      for (const auto& k : seen_) {
+        if (std::get<0>(k) == h.job_id() && std::get<1>(k) == h.rank() && std::get<2>(k) == h.pid())
+          held = std::max(held, std::get<3>(k));
+      }
+      if (resume_) ack.mutable_ack()->set_resume_after_seq(held);
+    }
     if (!ok) ack.mutable_ack()->set_error("wrong token");
     rw->Write(ack);
     if (!ok) return {grpc::StatusCode::UNAUTHENTICATED, "wrong token"};
@@ -99,6 +113,7 @@ class Ingest final : public flare::v1::Ingest::Service {
 
  private:
   std::string out_, token_;
+  bool resume_;
   std::mutex mu_;
   std::set<std::tuple<std::string, int, int, uint64_t>> seen_;
 };
@@ -108,6 +123,7 @@ class Ingest final : public flare::v1::Ingest::Service {
 int main(int argc, char** argv) {
   std::string out, token;
   int port = 0;
+  bool resume = true;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i];
     if (a == "--out")
@@ -130,7 +146,7 @@ int main(int argc, char** argv) {
   sigaddset(&set, SIGTERM);
   sigaddset(&set, SIGINT);
   pthread_sigmask(SIG_BLOCK, &set, nullptr);  // gRPC's threads inherit it
-  Ingest service(out, token);
+  Ingest service(out, token, resume);
   grpc::ServerBuilder b;
   int selected = 0;
   b.AddListeningPort("127.0.0.1:" + std::to_string(port), grpc::InsecureServerCredentials(),
