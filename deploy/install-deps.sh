@@ -33,10 +33,14 @@ fi
 
 # Python test dependencies, for every interpreter the tests run on.
 # FLARE_PYTHONS may list interpreters; by default the first python3 on PATH.
-PY_PACKAGES=(pytest)
+# Entries are PIP_NAME or PIP_NAME=IMPORT_NAME. grpcio: tests/python/test_daemon_stream.py runs a
+# traced rank that uses Python gRPC beside Flare's exporter.
+PY_PACKAGES=(pytest grpcio=grpc)
 for py in ${FLARE_PYTHONS:-$(command -v python3)}; do
-  for pkg in "${PY_PACKAGES[@]}"; do
-    if ! "$py" -c "import $pkg" 2>/dev/null; then
+  for entry in "${PY_PACKAGES[@]}"; do
+    pkg="${entry%%=*}"
+    mod="${entry#*=}"
+    if ! "$py" -c "import $mod" 2>/dev/null; then
       echo "install-deps: pip install $pkg for $py"
       "$py" -m pip install -q "$pkg"
     fi

@@ -325,3 +325,75 @@ def test_flared_killed_and_restarted_mid_run_ends_with_every_record(sim_train, b
         # re-send dedupe across restarts); until then batches it held before the kill and the
         # rank re-sent are counted twice, so this is >= rather than ==.
         assert int(got[rank]["records"]) >= want[rank], got[rank]
+
+
+SITECUSTOMIZE = r'''
+import os, sys, threading, time
+
+def _exporter_loaded():
+    with open("/proc/self/maps") as f:
+        return "libflare_exporter.so" in f.read()
+
+def _grpc_roundtrip(tag):
+    loaded_before = _exporter_loaded()
+    try:
+        import grpc
+        from concurrent import futures
+        ident = lambda b: b
+        handler = grpc.method_handlers_generic_handler("probe.Echo", {
+            "Say": grpc.unary_unary_rpc_method_handler(lambda req, ctx: b"echo:" + req,
+                                                       request_deserializer=ident,
+                                                       response_serializer=ident)})
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+        server.add_generic_rpc_handlers((handler,))
+        port = server.add_insecure_port("127.0.0.1:0")
+        server.start()
+        with grpc.insecure_channel("127.0.0.1:%d" % port) as ch:
+            say = ch.unary_unary("/probe.Echo/Say", request_serializer=ident,
+                                 response_deserializer=ident)
+            reply = say(b"hi", timeout=10)
+        server.stop(0)
+        result = "ok" if reply == b"echo:hi" else "bad reply %r" % reply
+        result += " exporter-loaded-before" if loaded_before else " exporter-loaded-after"
+    except Exception as e:  # reported to the test
+        result = "error %r" % e
+    with open(os.path.join(os.environ["GRPC_PROBE_DIR"], "%s-%d" % (tag, os.getpid())), "w") as f:
+        f.write(result)
+
+if os.environ.get("GRPC_PROBE_DIR") and sys.argv and sys.argv[0].endswith("train.py"):
+    if os.environ["GRPC_PROBE_WHEN"] == "early":
+        _grpc_roundtrip("early")   # grpcio loaded before Flare's exporter
+    else:
+        def _late():
+            while not _exporter_loaded():  # training (and Flare's exporter) already running
+                time.sleep(0.005)
+            _grpc_roundtrip("late")
+        _t = threading.Thread(target=_late)
+        _t.start()
+        import atexit
+        atexit.register(_t.join)
+'''
+
+
+@pytest.mark.parametrize("when", ["early", "late"])
+def test_python_rank_using_grpcio_streams_beside_it(sim_train, build_dir, tmp_path, ingest, when):
+    pytest.importorskip("grpc")
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(SITECUSTOMIZE)
+    probes = tmp_path / "probes"
+    probes.mkdir()
+    daemon = ingest()
+    env = hook_env(build_dir, tmp_path, FLARE_DAEMON=daemon.address, PYTHONPATH=str(site),
+                   GRPC_PROBE_DIR=str(probes), GRPC_PROBE_WHEN=when)
+    res = sim_train("--ranks", 2, "--steps", 20, "--layers", 2, "--python", env=env)
+    assert res.returncode == 0, res.stderr
+    daemon.stop()
+    results = {p.name: p.read_text() for p in probes.iterdir()}
+    order = "before" if when == "late" else "after"
+    assert len(results) == 2, results
+    assert set(results.values()) == {"ok exporter-loaded-" + order}, results
+    got = export(build_dir, daemon.out)
+    assert {r["rank"] for r in got} == {0, 1}
+    # The Python workload: 12 cublasGemmEx per layer and step (test_hook.py), 2 ranks.
+    assert sum(1 for r in got if r["name"] == "cublasGemmEx") == 2 * 20 * 2 * 12
