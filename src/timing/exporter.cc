@@ -687,7 +687,10 @@ void GrpcExporter::run() {
     {
       std::lock_guard<std::mutex> lock(mu_);
       refused = stats_.refused;
-      if (stopping_) break;  // not connected at shutdown: no new attempt, spool the rest
+      // Stopping while not connected: spool the rest, unless no attempt was made yet (a short
+      // process whose first connection is still to come gets one, within the deadline).
+      const bool never_tried = stats_.streams_opened == 0 && stats_.connect_failures == 0;
+      if (stopping_ && (!never_tried || nowNs() >= stop_deadline_ns_)) break;
     }
     if (!refused) {
       if (streamOnce()) backoff = options_.backoff_min_ns;
