@@ -148,6 +148,7 @@ std::unique_ptr<timing::GrpcExporter> makeExporter(const common::Identity& id,
   timing::ExporterOptions o;
   o.identity = id;
   o.token = common::envString("FLARE_TOKEN", "");
+  o.flare_version = FLARE_VERSION_STRING;
   o.spool_dir = dir;
   o.buffer_bytes = static_cast<size_t>(
       common::envInt("FLARE_EXPORT_BUFFER_BYTES", 8 << 20, 256 << 10, int64_t{1} << 34));
