@@ -56,9 +56,10 @@ constexpr ParamInfo kParams[] = {
     {"FLARE_SPOOL_MAX_BYTES", "int", "1073741824", "exporter",
      "Bound of the spool of batches not yet sent (DIR/<job>/<rank>/pending-<pid>.pb); batches "
      "that do not fit lose their records (spool_dropped)."},
-    {"FLARE_EXPORT_RESEND_BYTES", "int", "1048576", "exporter",
-     "The last batches written to a stream, up to this size, are sent again after the stream "
-     "breaks (the daemon drops the duplicates); 0 turns re-sending off."},
+    {"FLARE_EXPORT_RESEND_BYTES", "int", "16777216", "exporter",
+     "The last batches written to a stream, up to this size, are kept in memory and sent again "
+     "after the stream breaks (the daemon drops the duplicates): what a killed or wedged daemon "
+     "had received but not processed; 0 turns re-sending off."},
     {"FLARE_EXIT_FLUSH_SECONDS", "duration", "2", "exporter",
      "At process exit, time given to send queued batches to the daemon; the rest is spooled."},
     // --- hang ---

@@ -155,7 +155,7 @@ std::unique_ptr<timing::GrpcExporter> makeExporter(const common::Identity& id,
   o.spool_max_bytes = static_cast<uint64_t>(
       common::envInt("FLARE_SPOOL_MAX_BYTES", int64_t{1} << 30, 0, int64_t{1} << 50));
   o.resend_bytes = static_cast<size_t>(
-      common::envInt("FLARE_EXPORT_RESEND_BYTES", 1 << 20, 0, int64_t{1} << 30));
+      common::envInt("FLARE_EXPORT_RESEND_BYTES", 16 << 20, 0, int64_t{1} << 30));
   return std::make_unique<timing::GrpcExporter>(std::move(transport), std::move(o));
 }
 

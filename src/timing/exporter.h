@@ -82,7 +82,10 @@ struct ExporterOptions {
   size_t batch_bytes = 64 * 1024;
   size_t buffer_bytes = 8u << 20;         // memory queue bound
   uint64_t spool_max_bytes = 1ull << 30;  // spool file bound
-  size_t resend_bytes = 1u << 20;         // re-sent after a broken stream; 0: none
+  // Re-sent after a broken stream; 0: none. It must cover what the transport and the daemon's
+  // receive buffers can hold unread (MBs with gRPC's flow-control windows): with no per-batch
+  // acknowledgement in the protocol, that is what a killed or wedged daemon loses.
+  size_t resend_bytes = 16u << 20;
   int64_t backoff_min_ns = 100'000'000;
   int64_t backoff_max_ns = 30'000'000'000;
   int64_t hello_timeout_ns = 10'000'000'000;

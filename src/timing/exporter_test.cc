@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <filesystem>
 #include <map>
@@ -31,7 +32,7 @@ using flare::v1::RecordBatch;
 class FakeIngest final : public flare::v1::Ingest::Service {
  public:
   grpc::Status Stream(
-      grpc::ServerContext* /*ctx*/,
+      grpc::ServerContext* ctx,
       grpc::ServerReaderWriter<flare::v1::DaemonMessage, flare::v1::RankMessage>* rw) override {
     flare::v1::RankMessage m;
     if (!rw->Read(&m) || !m.has_hello()) {
@@ -64,6 +65,10 @@ class FakeIngest final : public flare::v1::Ingest::Service {
       *d.mutable_command() = c;
       rw->Write(d);
     }
+    // A daemon that stopped reading (slow or wedged), until the test says or the rank cancels.
+    while (stall.load() && !ctx->IsCancelled()) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
     while (rw->Read(&m)) {
       std::lock_guard<std::mutex> lock(mu);
       if (m.has_batch()) batches.emplace_back(sid, m.batch());
@@ -73,8 +78,9 @@ class FakeIngest final : public flare::v1::Ingest::Service {
   }
 
   std::mutex mu;
-  std::string token;              // expected; "" = any
-  bool advertise_resume = false;  // HelloAck.resume_after_seq = the highest batch_seq held
+  std::string token;               // expected; "" = any
+  bool advertise_resume = false;   // HelloAck.resume_after_seq = the highest batch_seq held
+  std::atomic<bool> stall{false};  // after the ack, read nothing
   std::vector<flare::v1::Command> to_send;
   std::vector<flare::v1::RankHello> hellos;
   std::vector<std::pair<int, RecordBatch>> batches;  // (stream number from 1, batch)
@@ -157,7 +163,7 @@ class ExporterTest : public ::testing::Test {
 
   // Feeds ops with correlation ids next_..next_+n-1 using signature 1..nsigs in turn; returns
   // the longest single Sink call in ns.
-  int64_t feed(Sink& sink, int n, int nsigs, int per_call = 100) {
+  int64_t feed(Sink& sink, int n, int nsigs, int per_call = 100, bool noisy = false) {
     int64_t worst = 0;
     std::vector<CompletedOp> ops;
     for (int done = 0; done < n; done += per_call) {
@@ -171,6 +177,12 @@ class ExporterTest : public ::testing::Test {
         op.issue_ns = now - 2000;
         op.start_ns = now - 1000;
         op.end_ns = now;
+        if (noisy) {  // fields gzip cannot squeeze, so the stream's flow control fills up
+          rng_ = rng_ * 6364136223846793005ull + 1442695040888963407ull;
+          op.info.flops = rng_ >> 8;
+          op.info.bytes = rng_ >> 16;
+          op.thread_id = static_cast<uint32_t>(rng_ >> 33);
+        }
         ops.push_back(op);
         ++next_;
       }
@@ -196,6 +208,7 @@ class ExporterTest : public ::testing::Test {
 
   std::filesystem::path dir_;
   uint64_t next_ = 1;
+  uint64_t rng_ = 12345;
 };
 
 // What the daemon would keep: one copy of each batch_seq (re-sends are duplicates), checked
@@ -392,6 +405,42 @@ TEST_F(ExporterTest, ResumeAfterSeqAvoidsDuplicatesAcrossARestart) {
   Check c = checkComplete(service.batches, 20000, 3);
   EXPECT_EQ(c.streams, 2u);
   EXPECT_EQ(c.duplicates, 0u);
+}
+
+TEST_F(ExporterTest, ADaemonThatStopsReadingIsCancelledAndNothingIsLost) {
+  FakeIngest service;
+  service.stall = true;
+  FakeServer server(&service);
+  server.start();
+  ExporterOptions o = options();
+  o.batch_bytes = 64 * 1024;
+  o.buffer_bytes = 512 * 1024;
+  o.stall_timeout_ns = 300'000'000;
+  GrpcExporter exporter(transportTo(server.address()), o);
+  announce(exporter, 2);
+  int64_t worst = 0;
+  int fed = 0;
+  // Feed until the blocked write has been cancelled (a second stream) and batches spilled.
+  for (int round = 0; round < 400; ++round) {
+    worst = std::max(worst, feed(exporter, 5000, 2, 100, /*noisy=*/true));
+    fed += 5000;
+    const ExporterStats s = exporter.stats();
+    EXPECT_LE(s.queue_bytes, o.buffer_bytes);
+    if (s.streams_opened >= 2 && s.batches_spooled > 0) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ExporterStats s = exporter.stats();
+  ASSERT_GE(s.streams_opened, 2u) << "the stalled stream was never cancelled";
+  ASSERT_GT(s.batches_spooled, 0u);
+  EXPECT_LT(worst, 100'000'000) << "longest Sink call while the daemon did not read";
+  service.stall = false;
+  feed(exporter, 5000, 2);
+  fed += 5000;
+  EXPECT_TRUE(exporter.shutdown(20'000'000'000));
+  s = exporter.stats();
+  EXPECT_EQ(s.records_dropped, 0u);
+  std::lock_guard<std::mutex> lock(service.mu);
+  checkComplete(service.batches, static_cast<uint64_t>(fed), 2);
 }
 
 TEST_F(ExporterTest, SpoolCapDropsAndCountsEveryLostRecord) {
