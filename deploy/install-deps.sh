@@ -34,14 +34,15 @@ fi
 
 # Python test dependencies, for every interpreter the tests run on.
 # FLARE_PYTHONS may list interpreters; by default the first python3 on PATH.
-# Each entry is IMPORT_NAME or IMPORT_NAME:PIP_NAME. scipy/numpy check the statistics
-# (tests/python/test_stats_scipy.py); HolisticTraceAnalysis (hta) checks that the timeline
-# export loads in HTA (tests/python/test_timeline.py).
-PY_PACKAGES=(pytest scipy numpy psutil hta:HolisticTraceAnalysis)
+# Entries are PIP_NAME or PIP_NAME=IMPORT_NAME. scipy/numpy check the statistics
+# (tests/python/test_stats_scipy.py); HolisticTraceAnalysis checks that the timeline export loads
+# in HTA (tests/python/test_timeline.py); grpcio: tests/python/test_daemon_stream.py runs a
+# traced rank that uses Python gRPC beside Flare's exporter.
+PY_PACKAGES=(pytest scipy numpy psutil HolisticTraceAnalysis=hta grpcio=grpc)
 for py in ${FLARE_PYTHONS:-$(command -v python3)}; do
   for entry in "${PY_PACKAGES[@]}"; do
-    mod="${entry%%:*}"
-    pkg="${entry#*:}"
+    pkg="${entry%%=*}"
+    mod="${entry#*=}"
     if ! "$py" -c "import $mod" 2>/dev/null; then
       echo "install-deps: pip install $pkg for $py"
       "$py" -m pip install -q "$pkg"

@@ -36,3 +36,29 @@ scenario link "3. rank 5's network link at half bandwidth (FLARE_SIM_LINK_FACTOR
   FLARE_SIM_LINK_FACTOR=5:0.5
 scenario stall "4. rank 6's host stalls 5 ms in every forward pass, like a GC pause \
 (FLARE_SIM_HOST_STALL=6:5)" FLARE_SIM_HOST_STALL=6:5
+
+# 5. The same healthy job traced and streamed to the daemon (needs build/bin/flared).
+FLARED="$BUILD_DIR/bin/flared"
+if [ ! -x "$FLARED" ]; then
+  echo
+  echo "-- 5. (skipped: $FLARED not built)"
+  exit 0
+fi
+echo
+echo "-- 5. the healthy job traced by libflare_hook.so, every rank streaming to flared"
+WORK="$(mktemp -d /tmp/flare-demo.XXXXXX)"
+GRPC_PORT="${FLARE_DEMO_GRPC_PORT:-17070}"
+HTTP_PORT="${FLARE_DEMO_HTTP_PORT:-19464}"
+"$FLARED" --listen "127.0.0.1:$GRPC_PORT" --http "127.0.0.1:$HTTP_PORT" --db "$WORK/flared.db" \
+  >"$WORK/flared.log" 2>&1 &
+FLARED_PID=$!
+trap 'kill $FLARED_PID 2>/dev/null; wait $FLARED_PID 2>/dev/null; rm -rf "$WORK" "$SPOOL"' EXIT
+for _ in $(seq 50); do
+  grep -q "gRPC on port" "$WORK/flared.log" 2>/dev/null && break
+  sleep 0.1
+done
+FLARE_OUTPUT_DIR="$WORK/spool" "$BUILD_DIR/bin/flare" run --daemon "127.0.0.1:$GRPC_PORT" \
+  --job-id "demo-$(date +%H%M%S)" -- env -u FLARE_SIM_CLOCK_FACTOR "$TRAIN" "${ARGS[@]}"
+echo
+echo "-- flare status (what flared received from each rank)"
+"$BUILD_DIR/bin/flare" status --daemon-http "127.0.0.1:$HTTP_PORT" --all

@@ -46,6 +46,22 @@ constexpr ParamInfo kParams[] = {
      "Address of the flared daemon as host:port; empty means write to FLARE_OUTPUT_DIR only."},
     {"FLARE_TOKEN", "string", "", "exporter",
      "Shared secret sent in the hello so that the daemon accepts this job's streams."},
+    {"FLARE_EXPORTER_LIB", "string", "", "exporter",
+     "Path of libflare_exporter.so (the gRPC transport, loaded only when FLARE_DAEMON is set); "
+     "empty means the directory of libflare_hook.so."},
+    {"FLARE_EXPORT_BUFFER_BYTES", "int", "8388608", "exporter",
+     "Bound of the in-memory queue of batches waiting for the daemon; while it is unreachable, "
+     "batches beyond half of it go to the spool, and beyond it their records are dropped "
+     "(send_failed)."},
+    {"FLARE_SPOOL_MAX_BYTES", "int", "1073741824", "exporter",
+     "Bound of the spool of batches not yet sent (DIR/<job>/<rank>/pending-<pid>.pb); batches "
+     "that do not fit lose their records (spool_dropped)."},
+    {"FLARE_EXPORT_RESEND_BYTES", "int", "16777216", "exporter",
+     "The last batches written to a stream, up to this size, are kept in memory and sent again "
+     "after the stream breaks (the daemon drops the duplicates): what a killed or wedged daemon "
+     "had received but not processed; 0 turns re-sending off."},
+    {"FLARE_EXIT_FLUSH_SECONDS", "duration", "2", "exporter",
+     "At process exit, time given to send queued batches to the daemon; the rest is spooled."},
     // --- hang ---
     {"FLARE_HANG_TIMEOUT", "duration", "300", "hang",
      "A rank reports a hang when a GPU event has not completed within this many seconds."},

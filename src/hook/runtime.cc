@@ -1,6 +1,7 @@
 #include "src/hook/runtime.h"
 
 #include <cxxabi.h>
+#include <dlfcn.h>
 #include <library_types.h>
 #include <pthread.h>
 #include <unistd.h>
@@ -22,6 +23,7 @@
 #include "src/common/log.h"
 #include "src/hook/cudart_fns.h"
 #include "src/hook/real.h"
+#include "src/timing/exporter.h"
 #include "src/timing/spool_sink.h"
 
 namespace flare::hook {
@@ -111,9 +113,51 @@ class CudaDeviceTimer final : public timing::DeviceTimer {
 
 struct State {
   std::unique_ptr<CudaDeviceTimer> timer;
-  std::unique_ptr<timing::SpoolSink> sink;
+  std::unique_ptr<timing::Sink> sink;
+  timing::GrpcExporter* exporter = nullptr;  // == sink when streaming to flared
   std::unique_ptr<timing::Tracer> tracer;
 };
+
+std::atomic<timing::GrpcExporter*> g_exporter{nullptr};
+
+// The directory of libflare_hook.so, where libflare_exporter.so is built and installed.
+std::string hookDirectory() {
+  Dl_info info{};
+  if (dladdr(reinterpret_cast<void*>(&hookDirectory), &info) == 0 || info.dli_fname == nullptr) {
+    return ".";
+  }
+  std::string path = info.dli_fname;
+  const size_t slash = path.rfind('/');
+  return slash == std::string::npos ? "." : path.substr(0, slash);
+}
+
+// FLARE_DAEMON set: the exporter over libflare_exporter.so (dlopened RTLD_LOCAL, see
+// src/timing/transport.h); nullptr (one warning) when it cannot be loaded: the spool is used.
+std::unique_ptr<timing::GrpcExporter> makeExporter(const common::Identity& id,
+                                                   const std::string& daemon,
+                                                   const std::string& dir) {
+  std::string lib = common::envString("FLARE_EXPORTER_LIB", "");
+  if (lib.empty()) lib = hookDirectory() + "/libflare_exporter.so";
+  std::string error;
+  auto transport = timing::loadTransport(lib, daemon, timing::TransportOptions{}, &error);
+  if (!transport) {
+    FLARE_LOG_WARN("hook", "flare: cannot stream to the daemon {} ({}); writing to the spool",
+                   daemon, error);
+    return nullptr;
+  }
+  timing::ExporterOptions o;
+  o.identity = id;
+  o.token = common::envString("FLARE_TOKEN", "");
+  o.flare_version = FLARE_VERSION_STRING;
+  o.spool_dir = dir;
+  o.buffer_bytes = static_cast<size_t>(
+      common::envInt("FLARE_EXPORT_BUFFER_BYTES", 8 << 20, 256 << 10, int64_t{1} << 34));
+  o.spool_max_bytes = static_cast<uint64_t>(
+      common::envInt("FLARE_SPOOL_MAX_BYTES", int64_t{1} << 30, 0, int64_t{1} << 50));
+  o.resend_bytes = static_cast<size_t>(
+      common::envInt("FLARE_EXPORT_RESEND_BYTES", 16 << 20, 0, int64_t{1} << 30));
+  return std::make_unique<timing::GrpcExporter>(std::move(transport), std::move(o));
+}
 
 std::atomic<timing::Tracer*> g_tracer{nullptr};
 std::atomic<bool> g_off{false};
@@ -130,6 +174,7 @@ void atForkChild() {
   // The poller thread does not exist in the child: stop tracing there, quietly.
   g_off.store(true);
   if (timing::Tracer* t = g_tracer.load()) t->disableAfterFork();
+  if (timing::GrpcExporter* e = g_exporter.load()) e->disableAfterFork();
 }
 
 void atExit() {
@@ -139,6 +184,11 @@ void atExit() {
   if (!t->drain(1'000'000'000)) {
     common::logOnce(common::LogLevel::kInfo, "hook", "exit-undrained",
                     "flare: exiting with GPU work still in flight; unfinished ops not recorded");
+  }
+  if (timing::GrpcExporter* e = g_exporter.load()) {
+    // Send what is queued, bounded; the rest goes to the spool.
+    const double s = common::envDurationSeconds("FLARE_EXIT_FLUSH_SECONDS", 2.0, 0.0, 60.0);
+    e->shutdown(static_cast<int64_t>(s * 1e9));
   }
   g_tracer.store(nullptr);
 }
@@ -158,16 +208,30 @@ void init() {
   common::initLogging(id);
   std::string dir = common::envString("FLARE_OUTPUT_DIR", "");
   if (dir.empty()) dir = "/tmp/flare";
-  state->sink = std::make_unique<timing::SpoolSink>(dir, id.job_id, id.rank, id.pid);
+  const std::string daemon = common::envString("FLARE_DAEMON", "");
+  if (!daemon.empty()) {
+    auto exporter = makeExporter(id, daemon, dir);
+    state->exporter = exporter.get();
+    state->sink = std::move(exporter);
+  }
+  if (!state->sink) {
+    state->sink = std::make_unique<timing::SpoolSink>(dir, id.job_id, id.rank, id.pid);
+  }
   timing::TracerOptions opts;
   state->tracer = std::make_unique<timing::Tracer>(state->timer.get(), &common::systemClock(),
                                                    state->sink.get(), opts);
   g_init_pid = getpid();
   pthread_atfork(nullptr, nullptr, atForkChild);
   std::atexit(atExit);
+  g_exporter.store(state->exporter);
   g_tracer.store(state->tracer.get());
-  FLARE_LOG_INFO("hook", "flare: tracing rank {} of job {} into {}/{}/{}", id.rank, id.job_id, dir,
-                 id.job_id, id.rank);
+  if (state->exporter != nullptr) {
+    FLARE_LOG_INFO("hook", "flare: tracing rank {} of job {} to the daemon {}", id.rank, id.job_id,
+                   daemon);
+  } else {
+    FLARE_LOG_INFO("hook", "flare: tracing rank {} of job {} into {}/{}/{}", id.rank, id.job_id,
+                   dir, id.job_id, id.rank);
+  }
 }
 
 }  // namespace

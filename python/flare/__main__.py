@@ -1,0 +1,5 @@
+import sys
+
+from flare.cli import main
+
+sys.exit(main())

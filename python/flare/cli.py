@@ -1,0 +1,241 @@
+"""The `flare` command line.
+
+    flare run [--daemon HOST:PORT] [--token T] [--job-id ID] [--hook PATH] -- CMD ...
+    flare status [--daemon-http HOST:PORT] [--json] [--all]
+
+`run` traces CMD: it appends libflare_hook.so to LD_PRELOAD (never replacing what is there),
+sets FLARE_DAEMON, FLARE_TOKEN and FLARE_JOB_ID (a fresh job id unless one is given or already
+set), runs CMD and returns its exit code (128 + N when a signal N ended it).
+
+`status` lists the daemon's jobs and their ranks with last-seen times and drop counters, from
+flared's HTTP JSON API (`/api/v1/jobs`, `/api/v1/jobs/{job}/ranks`).
+
+Exit codes: CMD's for `run`; 0 for a successful `status`; 2 for bad arguments (a missing
+command, a daemon address that is not host:port, no libflare_hook.so found); 3 when the daemon
+cannot be reached or answers something that is not its API.
+"""
+import argparse
+import datetime
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+import uuid
+
+DEFAULT_DAEMON = "127.0.0.1:7070"
+DEFAULT_HTTP = "127.0.0.1:9464"
+HOOK_NAME = "libflare_hook.so"
+
+
+class CliError(Exception):
+    def __init__(self, message, code=2):
+        super().__init__(message)
+        self.code = code
+
+
+def parse_address(value, what):
+    """host:port (host may be a name, IPv4 or [IPv6]); raises CliError otherwise."""
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise CliError("%s %r is not HOST:PORT (e.g. %s)" % (what, value, DEFAULT_DAEMON))
+    return host, int(port)
+
+
+def find_hook(explicit=None):
+    """libflare_hook.so: --hook, FLARE_HOOK_LIB, next to this package, or the build tree."""
+    wanted = explicit or os.environ.get("FLARE_HOOK_LIB")
+    if wanted:  # an explicit choice is used or refused, never replaced by another library
+        if not os.path.isfile(wanted):
+            raise CliError("%s not found at %s" % (HOOK_NAME, wanted))
+        return os.path.abspath(wanted)
+    here = os.path.dirname(os.path.abspath(__file__))
+    candidates = [os.path.join(here, "lib", HOOK_NAME),                     # installed package
+                  os.path.join(here, "..", "..", "build", "lib", HOOK_NAME)]  # repo checkout
+    for path in candidates:
+        if os.path.isfile(path):
+            return os.path.abspath(path)
+    raise CliError("%s not found: pass --hook PATH or set FLARE_HOOK_LIB" % HOOK_NAME)
+
+
+def append_preload(current, hook):
+    """LD_PRELOAD with `hook` appended (once); what was there stays first."""
+    parts = [p for p in (current or "").replace(":", " ").split() if p]
+    if hook not in parts:
+        parts.append(hook)
+    return " ".join(parts)
+
+
+def run_env(args, environ):
+    env = dict(environ)
+    hook = find_hook(args.hook)
+    env["LD_PRELOAD"] = append_preload(env.get("LD_PRELOAD"), hook)
+    daemon = args.daemon or env.get("FLARE_DAEMON") or DEFAULT_DAEMON
+    parse_address(daemon, "--daemon")
+    env["FLARE_DAEMON"] = daemon
+    if args.token is not None:
+        env["FLARE_TOKEN"] = args.token
+    job = args.job_id or env.get("FLARE_JOB_ID")
+    if not job:
+        job = "flare-%s-%s" % (time.strftime("%Y%m%d-%H%M%S"), uuid.uuid4().hex[:8])
+    env["FLARE_JOB_ID"] = job
+    return env
+
+
+def cmd_run(args):
+    command = list(args.command)
+    if command and command[0] == "--":
+        command = command[1:]
+    if not command:
+        raise CliError("flare run: no command given (flare run [options] -- CMD ...)")
+    env = run_env(args, os.environ)
+    if not args.quiet:
+        print("flare: job %s, daemon %s" % (env["FLARE_JOB_ID"], env["FLARE_DAEMON"]),
+              file=sys.stderr)
+    try:
+        proc = subprocess.Popen(command, env=env)
+    except OSError as e:
+        raise CliError("flare run: cannot start %s: %s" % (command[0], e.strerror), code=127)
+    # Signals meant for the job go to it; we wait for its exit.
+    forward = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    previous = {s: signal.signal(s, lambda n, _f: proc.send_signal(n)) for s in forward}
+    try:
+        code = proc.wait()
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+    return 128 - code if code < 0 else code
+
+
+def http_get(base, path, timeout):
+    url = "http://%s%s" % (base, path)
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
+            body = resp.read()
+    except urllib.error.HTTPError as e:
+        raise CliError("daemon at %s answered %d for %s" % (base, e.code, path), code=3)
+    except (urllib.error.URLError, OSError) as e:
+        reason = getattr(e, "reason", e)
+        raise CliError("cannot reach the daemon's HTTP API at %s: %s" % (base, reason), code=3)
+    try:
+        return json.loads(body)
+    except ValueError:
+        raise CliError("daemon at %s sent something that is not JSON for %s" % (base, path), code=3)
+
+
+def as_int(value):
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return 0
+
+
+def fetch_status(base, include_finished, timeout):
+    jobs = http_get(base, "/api/v1/jobs" + ("?include_finished=1" if include_finished else ""),
+                    timeout)
+    if not isinstance(jobs, dict) or not isinstance(jobs.get("jobs", []), list):
+        raise CliError("daemon at %s: /api/v1/jobs is not a job list" % base, code=3)
+    out = []
+    for job in jobs.get("jobs", []):
+        job_id = job.get("jobId", "")
+        ranks = http_get(base, "/api/v1/jobs/%s/ranks" % urllib.parse.quote(job_id, safe=""),
+                         timeout)
+        out.append({
+            "job_id": job_id,
+            "world_size": as_int(job.get("worldSize")),
+            "ranks_connected": as_int(job.get("ranksConnected")),
+            "last_seen_unix_ns": as_int(job.get("lastSeenUnixNs")),
+            "finished": bool(job.get("finished", False)),
+            "ranks": [{
+                "rank": as_int(r.get("rank")),
+                "host": r.get("host", ""),
+                "pid": as_int(r.get("pid")),
+                "connected": bool(r.get("connected", False)),
+                "last_seen_unix_ns": as_int(r.get("lastSeenUnixNs")),
+                "batches": as_int(r.get("batches")),
+                "records": as_int(r.get("records")),
+                "lost_batches": as_int(r.get("lostBatches")),
+                "drops": {k: as_int(v) for k, v in (r.get("drops") or {}).items()},
+            } for r in (ranks.get("ranks", []) if isinstance(ranks, dict) else [])],
+        })
+    return out
+
+
+def ago(ns, now):
+    if not ns:
+        return "never"
+    seconds = max(0.0, now - ns / 1e9)
+    if seconds < 120:
+        return "%.0fs ago" % seconds
+    if seconds < 7200:
+        return "%.0fm ago" % (seconds / 60)
+    return datetime.datetime.fromtimestamp(ns / 1e9).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def cmd_status(args):
+    base = args.daemon_http or os.environ.get("FLARE_DAEMON_HTTP") or DEFAULT_HTTP
+    parse_address(base, "--daemon-http")
+    jobs = fetch_status(base, args.all, args.timeout)
+    if args.json:
+        json.dump({"jobs": jobs}, sys.stdout, indent=2)
+        print()
+        return 0
+    if not jobs:
+        print("no jobs")
+        return 0
+    now = time.time()
+    for job in jobs:
+        print("job %s  ranks %d/%d connected  last seen %s%s" % (
+            job["job_id"], job["ranks_connected"], job["world_size"],
+            ago(job["last_seen_unix_ns"], now), "  (finished)" if job["finished"] else ""))
+        print("  %5s  %-20s %8s  %-9s %-12s %9s %10s %6s  %s" % (
+            "rank", "host", "pid", "state", "last seen", "batches", "records", "lost", "drops"))
+        for r in job["ranks"]:
+            drops = ", ".join("%s=%d" % (k, v) for k, v in sorted(r["drops"].items()) if v)
+            print("  %5d  %-20s %8d  %-9s %-12s %9d %10d %6d  %s" % (
+                r["rank"], r["host"][:20], r["pid"],
+                "connected" if r["connected"] else "gone", ago(r["last_seen_unix_ns"], now),
+                r["batches"], r["records"], r["lost_batches"], drops or "none"))
+    return 0
+
+
+def build_parser():
+    p = argparse.ArgumentParser(prog="flare", description="Flare: trace training jobs and "
+                                "query the flared daemon.")
+    sub = p.add_subparsers(dest="what", metavar="COMMAND")
+    r = sub.add_parser("run", help="run a command with tracing, streaming to flared",
+                       usage="flare run [options] -- CMD ...")
+    r.add_argument("--daemon", help="flared's gRPC address HOST:PORT (default: FLARE_DAEMON "
+                   "or %s)" % DEFAULT_DAEMON)
+    r.add_argument("--token", help="the job's token (FLARE_TOKEN)")
+    r.add_argument("--job-id", help="job id (default: FLARE_JOB_ID or a fresh one)")
+    r.add_argument("--hook", help="path of libflare_hook.so (default: FLARE_HOOK_LIB, next to "
+                   "this package, or build/lib)")
+    r.add_argument("--quiet", action="store_true", help="no line about the job on stderr")
+    r.add_argument("command", nargs=argparse.REMAINDER, help="the command, after --")
+    r.set_defaults(func=cmd_run)
+    s = sub.add_parser("status", help="jobs and ranks the daemon knows")
+    s.add_argument("--daemon-http", help="flared's HTTP address HOST:PORT (default: "
+                   "FLARE_DAEMON_HTTP or %s)" % DEFAULT_HTTP)
+    s.add_argument("--json", action="store_true", help="print JSON")
+    s.add_argument("--all", action="store_true", help="include finished jobs")
+    s.add_argument("--timeout", type=float, default=5.0, help="seconds per request")
+    s.set_defaults(func=cmd_status)
+    return p
+
+
+def main(argv=None):
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help(sys.stderr)
+        return 2
+    try:
+        return args.func(args)
+    except CliError as e:
+        print("flare: %s" % e, file=sys.stderr)
+        return e.code

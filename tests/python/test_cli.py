@@ -1,0 +1,198 @@
+"""The `flare` CLI (python/flare): `flare run` and `flare status`."""
+import http.server
+import json
+import os
+import subprocess
+import sys
+import threading
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def flare(*args, env=None, timeout=60):
+    full = {k: v for k, v in os.environ.items()
+            if not k.startswith("FLARE_") and k != "LD_PRELOAD"}
+    full["PYTHONPATH"] = os.path.join(ROOT, "python")
+    full.update(env or {})
+    return subprocess.run([sys.executable, "-m", "flare", *args], env=full, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+@pytest.fixture
+def fake_hook(tmp_path):
+    # `flare run` only needs the file to exist; a real preload would be loaded into the child.
+    path = tmp_path / "libflare_hook.so"
+    path.write_bytes(b"")
+    return str(path)
+
+
+DUMP = "import json, os; print(json.dumps({k: os.environ.get(k) for k in " \
+       "['LD_PRELOAD', 'FLARE_DAEMON', 'FLARE_TOKEN', 'FLARE_JOB_ID']}))"
+
+
+def dumped_env(fake_hook, *args, env=None):
+    res = flare("run", "--hook", fake_hook, "--quiet", *args, "--", sys.executable, "-c", DUMP,
+                env=env)
+    assert res.returncode == 0, res.stderr
+    return json.loads(res.stdout)
+
+
+def test_run_appends_the_hook_to_ld_preload_and_sets_the_daemon(fake_hook):
+    # LD_PRELOAD is inherited by the child only if the preload exists; use a harmless real one.
+    other = "/lib/x86_64-linux-gnu/libm.so.6"
+    if not os.path.exists(other):
+        pytest.skip("no libm at the Debian path")
+    got = dumped_env(fake_hook, "--daemon", "daemon.example:7070", "--token", "t0k",
+                     env={"LD_PRELOAD": other})
+    assert got["LD_PRELOAD"] == other + " " + fake_hook  # appended, the existing one first
+    assert got["FLARE_DAEMON"] == "daemon.example:7070"
+    assert got["FLARE_TOKEN"] == "t0k"
+    assert got["FLARE_JOB_ID"].startswith("flare-")
+    # Twice through flare run: the hook is not added a second time.
+    again = dumped_env(fake_hook, env={"LD_PRELOAD": other + " " + fake_hook})
+    assert again["LD_PRELOAD"] == other + " " + fake_hook
+
+
+def test_run_keeps_a_given_job_id_and_the_environment_daemon(fake_hook):
+    got = dumped_env(fake_hook, env={"FLARE_JOB_ID": "mine", "FLARE_DAEMON": "10.0.0.1:1234"})
+    assert got["FLARE_JOB_ID"] == "mine"
+    assert got["FLARE_DAEMON"] == "10.0.0.1:1234"
+    assert dumped_env(fake_hook, "--job-id", "other")["FLARE_JOB_ID"] == "other"
+    # Fresh ids differ between runs.
+    assert dumped_env(fake_hook)["FLARE_JOB_ID"] != dumped_env(fake_hook)["FLARE_JOB_ID"]
+
+
+def test_run_returns_the_command_exit_code(fake_hook):
+    assert flare("run", "--hook", fake_hook, "--quiet", "--", "sh", "-c", "exit 7").returncode == 7
+    assert flare("run", "--hook", fake_hook, "--quiet", "--", "true").returncode == 0
+    killed = flare("run", "--hook", fake_hook, "--quiet", "--", "sh", "-c", "kill -TERM $$")
+    assert killed.returncode == 128 + 15
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--daemon", "no-port", "--", "true"], "is not HOST:PORT"),
+    (["--daemon", "host:99999", "--", "true"], "is not HOST:PORT"),
+    ([], "no command given"),
+    (["--", "/nonexistent/program"], "cannot start"),
+])
+def test_run_bad_input_gives_a_clear_error(fake_hook, args, message):
+    res = flare("run", "--hook", fake_hook, *args)
+    assert res.returncode != 0
+    assert message in res.stderr
+    assert "Traceback" not in res.stderr
+
+
+def test_run_without_a_hook_library_says_where_it_looked(tmp_path):
+    res = flare("run", "--", "true", env={"FLARE_HOOK_LIB": str(tmp_path / "missing.so")})
+    assert res.returncode == 2
+    assert "libflare_hook.so not found" in res.stderr
+
+
+class FakeApi(http.server.BaseHTTPRequestHandler):
+    routes = {}
+
+    def do_GET(self):
+        body = self.routes.get(self.path)
+        if body is None:
+            self.send_response(404)
+            self.end_headers()
+            return
+        data = body.encode() if isinstance(body, str) else json.dumps(body).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def api():
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), FakeApi)
+    t = threading.Thread(target=server.serve_forever, daemon=True)
+    t.start()
+    yield server
+    server.shutdown()
+
+
+# flared's answers: the protobuf JSON mapping (lowerCamelCase, 64-bit integers as strings,
+# every field printed), src/engine/README.md "HTTP API".
+JOBS = {"jobs": [{"jobId": "job/a", "worldSize": 2, "ranksConnected": 1,
+                  "startTimeUnixNs": "1795000000000000000", "lastSeenUnixNs": "1795000001000000000",
+                  "finished": False}]}
+RANKS = {"jobId": "job/a", "ranks": [
+    {"rank": 0, "host": "node-1", "pid": 11, "localRank": 0, "connected": True,
+     "lastSeenUnixNs": "1795000001000000000", "batches": "40", "records": "1200",
+     "lostBatches": "0", "drops": {"ringFull": "0", "spoolDropped": "0", "sendFailed": "0"},
+     "mode": "MODE_RAW"},
+    {"rank": 1, "host": "node-2", "pid": 12, "localRank": 0, "connected": False,
+     "lastSeenUnixNs": "1794999990000000000", "batches": "38", "records": "1100",
+     "lostBatches": "2", "drops": {"ringFull": "5", "spoolDropped": "3", "sendFailed": "0"},
+     "mode": "MODE_RAW"}]}
+
+
+def test_status_lists_jobs_and_ranks_with_last_seen_and_drops(api):
+    FakeApi.routes = {"/api/v1/jobs": JOBS, "/api/v1/jobs/job%2Fa/ranks": RANKS}
+    addr = "127.0.0.1:%d" % api.server_address[1]
+    res = flare("status", "--daemon-http", addr, "--json")
+    assert res.returncode == 0, res.stderr
+    got = json.loads(res.stdout)["jobs"]
+    assert [j["job_id"] for j in got] == ["job/a"]
+    assert got[0]["world_size"] == 2 and got[0]["ranks_connected"] == 1
+    r1 = got[0]["ranks"][1]
+    assert (r1["rank"], r1["host"], r1["connected"], r1["lost_batches"]) == (1, "node-2", False, 2)
+    assert r1["last_seen_unix_ns"] == 1794999990000000000
+    assert r1["drops"]["ringFull"] == 5 and r1["drops"]["spoolDropped"] == 3
+    table = flare("status", "--daemon-http", addr)
+    assert table.returncode == 0, table.stderr
+    assert "job job/a  ranks 1/2 connected" in table.stdout
+    line1 = [line for line in table.stdout.splitlines() if "node-2" in line][0]
+    assert "gone" in line1 and "ringFull=5" in line1 and "spoolDropped=3" in line1
+    line0 = [line for line in table.stdout.splitlines() if "node-1" in line][0]
+    assert "connected" in line0 and line0.rstrip().endswith("none")
+
+
+def test_status_with_no_jobs(api):
+    FakeApi.routes = {"/api/v1/jobs": {"jobs": []}}
+    res = flare("status", "--daemon-http", "127.0.0.1:%d" % api.server_address[1])
+    assert res.returncode == 0 and res.stdout.strip() == "no jobs"
+
+
+def test_status_errors_are_clear(api):
+    FakeApi.routes = {"/api/v1/jobs": "<html>not the api</html>"}
+    addr = "127.0.0.1:%d" % api.server_address[1]
+    res = flare("status", "--daemon-http", addr)
+    assert res.returncode == 3 and "not JSON" in res.stderr
+    FakeApi.routes = {}
+    res = flare("status", "--daemon-http", addr)
+    assert res.returncode == 3 and "answered 404" in res.stderr
+    res = flare("status", "--daemon-http", "127.0.0.1:1")
+    assert res.returncode == 3 and "cannot reach" in res.stderr
+    res = flare("status", "--daemon-http", "nonsense")
+    assert res.returncode == 2 and "is not HOST:PORT" in res.stderr
+    for r in (res,):
+        assert "Traceback" not in r.stderr
+
+
+def test_flare_run_streams_a_sim_job_to_the_daemon(build_dir, tmp_path):
+    from test_daemon_stream import Ingest, export
+    exe = os.path.join(build_dir, "bin", "flare-fake-ingest")
+    if not os.path.exists(exe):
+        pytest.skip("flare-fake-ingest not built")
+    daemon = Ingest(build_dir, tmp_path / "received").start()
+    try:
+        res = flare("run", "--daemon", daemon.address, "--job-id", "clijob", "--",
+                    os.path.join(build_dir, "bin", "flare-sim-train"), "--ranks", "2",
+                    "--steps", "2", "--quiet",
+                    env={"FLARE_HOOK_LIB": os.path.join(build_dir, "lib", "libflare_hook.so"),
+                         "FLARE_OUTPUT_DIR": str(tmp_path / "spool")}, timeout=120)
+        assert res.returncode == 0, res.stderr
+    finally:
+        daemon.stop()
+    records = export(build_dir, daemon.out)
+    assert {r["job"] for r in records} == {"clijob"}
+    assert {r["rank"] for r in records} == {0, 1}
+    assert any(r["name"] == "cublasGemmEx" for r in records)
