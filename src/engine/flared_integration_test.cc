@@ -17,6 +17,7 @@
 #include <filesystem>
 #include <fstream>
 #include <regex>
+#include <sstream>
 #include <thread>
 
 #include "flare/v1/service.grpc.pb.h"
@@ -328,6 +329,34 @@ TEST_F(FlaredTest, RanksStreamQueryRestartAndIsolation) {
   // SIGTERM: a clean exit.
   const int status = d->stop(SIGTERM);
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+}
+
+TEST_F(FlaredTest, TlsWhenGivenCertAndKey) {
+  const fs::path key = dir_ / "key.pem", cert = dir_ / "cert.pem";
+  const std::string cmd =
+      "openssl req -x509 -newkey rsa:2048 -nodes -days 1 -subj /CN=localhost "
+      "-addext subjectAltName=DNS:localhost,IP:127.0.0.1 -keyout " +
+      key.string() + " -out " + cert.string() + " >/dev/null 2>&1";
+  if (system(cmd.c_str()) != 0) GTEST_SKIP() << "openssl cannot make a test certificate";
+  Flared d(dir_, {"--tls-cert", cert.string(), "--tls-key", key.string()});
+  ASSERT_GT(d.grpc_port, 0);
+  std::ifstream in(cert);
+  std::stringstream pem;
+  pem << in.rdbuf();
+  grpc::SslCredentialsOptions ssl;
+  ssl.pem_root_certs = pem.str();
+  auto tls = v1::Query::NewStub(
+      grpc::CreateChannel("localhost:" + std::to_string(d.grpc_port), grpc::SslCredentials(ssl)));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  v1::ListJobsResponse resp;
+  EXPECT_TRUE(tls->ListJobs(&ctx, v1::ListJobsRequest(), &resp).ok());
+  // Plaintext is refused on the TLS port.
+  auto plain =
+      v1::Query::NewStub(grpc::CreateChannel(d.target(), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx2;
+  ctx2.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(3));
+  EXPECT_FALSE(plain->ListJobs(&ctx2, v1::ListJobsRequest(), &resp).ok());
 }
 
 TEST_F(FlaredTest, HelpDocumentsEveryFlag) {
