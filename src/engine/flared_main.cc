@@ -66,6 +66,9 @@ std::map<std::string, Flag> defaultFlags() {
   add("rank-rate-limit", "RECORDS_PER_S", "2000000",
       "per-rank token bucket on records (2 s burst); 0: unlimited");
   add("store-raw", "0|1", "1", "keep raw kernel records in the store (timelines)");
+  add("summary-window-s", "S", "60",
+      "ranks' summaries are folded into stored rows per rank, signature, stream and window of this "
+      "length");
   add("raw-retention-s", "S", "3600",
       "raw records older than this are folded into 1-minute summaries");
   add("summary-retention-s", "S", "2592000",
@@ -182,6 +185,8 @@ int main(int argc, char** argv) {
   cfg.max_signatures_per_rank = num("max-signatures-per-rank");
   cfg.rank_rate_limit = static_cast<double>(num("rank-rate-limit"));
   cfg.store_raw = num("store-raw") != 0;
+  cfg.summary_window_ns =
+      static_cast<int64_t>(std::max<uint64_t>(num("summary-window-s"), 1)) * 1000000000LL;
   RetentionPolicy retention;
   retention.raw_window_ns = static_cast<int64_t>(num("raw-retention-s")) * 1000000000LL;
   retention.summary_window_ns = static_cast<int64_t>(num("summary-retention-s")) * 1000000000LL;
@@ -285,7 +290,7 @@ int main(int argc, char** argv) {
   FLARE_LOG_INFO("engine", "flared: shutting down");
   http.stop();
   grpc.shutdown();
-  ingest.persist();
+  ingest.persist(/*final=*/true);
   store->flush();
   return 0;
 }

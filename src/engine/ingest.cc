@@ -475,14 +475,29 @@ Verdict Ingest::batch(uint64_t session_id, const v1::RecordBatch& b) {
     for (const v1::KernelSummary& sm : b.summaries()) {
       const uint32_t id = s.sig_map[sm.signature_id()];
       SigState& st = job.sigs[id - 1];
-      WindowSummaryRow w;
-      w.job_id = job.job_id;
-      w.rank = s.rank;
-      w.sig_id = id;
-      w.stream = sm.stream_id();
-      w.window_start_ns = sm.window_start_ns();
-      w.window_end_ns = sm.window_end_ns();
-      w.source = "summary";
+      // Stored rows: one per (rank, signature, stream, window of --summary-window-s), the
+      // clusters folded (p50: count-weighted mean of the clusters' p50, p99: their max).
+      const int64_t win =
+          config_.summary_window_ns > 0
+              ? sm.window_start_ns() / config_.summary_window_ns * config_.summary_window_ns
+              : sm.window_start_ns();
+      WindowSummaryRow* w = nullptr;
+      if (store_) {
+        w = &rs.open_windows[mix(mix(1, id), sm.stream_id())];
+        if (w->count > 0 && w->window_start_ns != win) {
+          windows.push_back(std::move(*w));
+          *w = WindowSummaryRow();
+        }
+        if (w->count == 0) {
+          w->job_id = job.job_id;
+          w->rank = s.rank;
+          w->sig_id = id;
+          w->stream = sm.stream_id();
+          w->window_start_ns = win;
+          w->source = "summary";
+        }
+        w->window_end_ns = std::max(w->window_end_ns, sm.window_end_ns());
+      }
       for (const auto& c : sm.clusters()) {
         if (c.count() == 0) continue;
         const int64_t lo = std::min(c.p50_ns(), c.p99_ns());
@@ -496,14 +511,19 @@ Verdict Ingest::batch(uint64_t session_id, const v1::RecordBatch& b) {
         if (tail > 0) st.hist.add(c.p99_ns(), tail);
         st.flops += static_cast<double>(c.count()) * static_cast<double>(st.sig.flops_per_call());
         st.bytes += static_cast<double>(c.count()) * static_cast<double>(st.sig.bytes_per_call());
-        w.count += c.count();
-        w.sum_ns += c.sum_ns();
-        w.p50_ns = std::max(w.p50_ns, c.p50_ns());
-        w.p99_ns = std::max(w.p99_ns, c.p99_ns());
+        if (w != nullptr) {
+          const double n0 = static_cast<double>(w->count);
+          const double n1 = static_cast<double>(c.count());
+          w->p50_ns = static_cast<int64_t>(
+              (static_cast<double>(w->p50_ns) * n0 + static_cast<double>(c.p50_ns()) * n1) /
+              (n0 + n1));
+          w->count += c.count();
+          w->sum_ns += c.sum_ns();
+          w->p99_ns = std::max(w->p99_ns, c.p99_ns());
+        }
         summarized += c.count();
       }
       st.dirty = true;
-      if (store_) windows.push_back(std::move(w));
     }
     if (b.has_drops()) applyDrops(rs, b.drops());
     ++rs.batches;
@@ -521,7 +541,7 @@ Verdict Ingest::batch(uint64_t session_id, const v1::RecordBatch& b) {
   }
   if (store_) {
     if (!raw.empty()) store_->appendRaw(job_id, std::move(raw));
-    for (const auto& w : windows) store_->putWindowSummary(w);
+    if (!windows.empty()) store_->putWindowSummaries(std::move(windows));
   }
   return {};
 }
@@ -691,10 +711,27 @@ Code Ingest::commandResults(const v1::GetCommandResultsRequest& req,
   return Code::kOk;
 }
 
-void Ingest::persist() {
+void Ingest::persist(bool final) {
   if (store_ == nullptr) return;
+  const int64_t now = wall_.nowNs();
+  const int64_t current = config_.summary_window_ns > 0
+                              ? now / config_.summary_window_ns * config_.summary_window_ns
+                              : now;
+  std::vector<WindowSummaryRow> windows;
   std::lock_guard lock(mu_);
   for (auto& [id, job] : jobs_) {
+    for (auto& [rank, rs] : job->ranks) {
+      for (auto it = rs.open_windows.begin(); it != rs.open_windows.end();) {
+        // A window is closed once the clock has left it (a rank's late summary for it
+        // then starts a new row of the same window).
+        if (final || it->second.window_start_ns + config_.summary_window_ns <= current) {
+          if (it->second.count > 0) windows.push_back(std::move(it->second));
+          it = rs.open_windows.erase(it);
+        } else {
+          ++it;
+        }
+      }
+    }
     if (job->dirty) {
       store_->putJob({job->job_id, job->world_size, job->start_ns, job->last_seen_ns});
       job->dirty = false;
@@ -724,6 +761,7 @@ void Ingest::persist() {
       st.dirty = false;
     }
   }
+  if (!windows.empty()) store_->putWindowSummaries(std::move(windows));
 }
 
 void Ingest::loadFromStore() {

@@ -107,6 +107,7 @@ struct IngestConfig {
   int64_t min_timestamp_ns = 1577836800LL * 1000000000LL;  // 2020-01-01
   int64_t max_duration_ns = 86400LL * 1000000000LL;        // one kernel/step/span at most a day
   bool store_raw = true;                                   // append raw kernel records to the store
+  int64_t summary_window_ns = 60LL * 1000000000LL;         // stored rows fold ranks' summaries
   size_t max_pending_commands = 32;                        // per rank, while it is not connected
   size_t dedupe_window = 4096;  // batches remembered per rank for spool-replay dedupe
   // Tokens: job -> token, and a token for every other job ("" = none). With neither, every
@@ -173,9 +174,9 @@ class Ingest {
                    v1::SendCommandResponse* out, std::string* error);
   Code commandResults(const v1::GetCommandResultsRequest& req, v1::GetCommandResultsResponse* out);
 
-  // Writes dirty job, rank and aggregate state to the store (flared calls it every second and
-  // at shutdown).
-  void persist();
+  // Writes dirty job, rank and aggregate state and the closed summary windows to the store
+  // (flared calls it every second; `final` at shutdown also writes the open windows).
+  void persist(bool final = false);
   void writeMetrics(PromWriter& w) const;
   const IngestCounters& counters() const { return counters_; }
   size_t activeSessions() const;
@@ -212,6 +213,8 @@ class Ingest {
     std::deque<v1::Command> pending;
     std::unordered_set<uint64_t> seen;  // batch keys (dedupe of spool replays)
     std::deque<uint64_t> seen_order;
+    // Summaries being folded into the current stored window, by (signature, stream).
+    std::unordered_map<uint64_t, WindowSummaryRow> open_windows;
     bool dirty = false;
   };
   struct JobState {

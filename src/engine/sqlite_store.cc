@@ -3,6 +3,7 @@
 #include <sqlite3.h>
 
 #include <algorithm>
+#include <unordered_map>
 #include <utility>
 
 #include "src/common/log.h"
@@ -45,13 +46,44 @@ CREATE INDEX IF NOT EXISTS alerts_by_time ON alerts(time_ns);
 CREATE TABLE IF NOT EXISTS baselines(key TEXT PRIMARY KEY, value BLOB, updated_ns INTEGER);
 )sql";
 
-// A prepared statement, finalized on scope exit.
+}  // namespace
+
+struct SqliteStore::Writer {
+  explicit Writer(sqlite3* d) : db(d) {}
+  ~Writer() {
+    for (auto& [sql, st] : cache) sqlite3_finalize(st);
+  }
+  // A statement prepared once per writer thread.
+  sqlite3_stmt* get(const char* sql) {
+    auto& st = cache[sql];
+    if (st == nullptr) sqlite3_prepare_v3(db, sql, -1, SQLITE_PREPARE_PERSISTENT, &st, nullptr);
+    return st;
+  }
+  sqlite3* db;
+  std::unordered_map<const char*, sqlite3_stmt*> cache;
+};
+
+namespace {
+
+// A prepared statement: owned (finalized on scope exit) or borrowed from the writer's cache
+// (reset and unbound on scope exit).
 class Stmt {
  public:
   Stmt(sqlite3* db, const char* sql) {
     ok_ = sqlite3_prepare_v2(db, sql, -1, &s_, nullptr) == SQLITE_OK;
   }
-  ~Stmt() { sqlite3_finalize(s_); }
+  template <typename W>
+  Stmt(W& w, const char* sql) : s_(w.get(sql)), owned_(false) {
+    ok_ = s_ != nullptr;
+  }
+  ~Stmt() {
+    if (owned_) {
+      sqlite3_finalize(s_);
+    } else {
+      sqlite3_reset(s_);
+      sqlite3_clear_bindings(s_);
+    }
+  }
   Stmt(const Stmt&) = delete;
   Stmt& operator=(const Stmt&) = delete;
   bool ok() const { return ok_; }
@@ -88,6 +120,7 @@ class Stmt {
 
  private:
   sqlite3_stmt* s_ = nullptr;
+  bool owned_ = true;
   bool ok_ = false;
 };
 
@@ -171,6 +204,7 @@ void SqliteStore::enqueue(Op op, size_t raw_records) {
 }
 
 void SqliteStore::writerLoop() {
+  Writer writer(write_db_);
   std::vector<Op> ops;
   for (;;) {
     {
@@ -187,7 +221,7 @@ void SqliteStore::writerLoop() {
     {
       std::lock_guard wl(write_mu_);
       exec(write_db_, "BEGIN");
-      for (auto& op : ops) op(write_db_);
+      for (auto& op : ops) op(writer);
       std::string err;
       if (!exec(write_db_, "COMMIT", &err)) {
         errors_.fetch_add(ops.size(), std::memory_order_relaxed);
@@ -221,8 +255,8 @@ void countResult(bool ok, std::atomic<uint64_t>& rows, std::atomic<uint64_t>& er
 
 void SqliteStore::putJob(const JobRow& r) {
   enqueue(
-      [this, r](sqlite3* db) {
-        Stmt s(db, "INSERT OR REPLACE INTO jobs VALUES(?,?,?,?)");
+      [this, r](Writer& w) {
+        Stmt s(w, "INSERT OR REPLACE INTO jobs VALUES(?,?,?,?)");
         s.bind(1, r.job_id)
             .bind(2, int64_t{r.world_size})
             .bind(3, r.start_ns)
@@ -234,8 +268,8 @@ void SqliteStore::putJob(const JobRow& r) {
 
 void SqliteStore::putRank(const RankRow& r) {
   enqueue(
-      [this, r](sqlite3* db) {
-        Stmt s(db, "INSERT OR REPLACE INTO ranks VALUES(?,?,?,?,?,?,?,?,?,?,?,?)");
+      [this, r](Writer& w) {
+        Stmt s(w, "INSERT OR REPLACE INTO ranks VALUES(?,?,?,?,?,?,?,?,?,?,?,?)");
         s.bind(1, r.job_id).bind(2, int64_t{r.rank}).bind(3, r.host).bind(4, int64_t{r.pid});
         s.bind(5, int64_t{r.local_rank}).bind(6, r.device_name).bind(7, r.device_uuid);
         s.bind(8, r.last_seen_ns).bindU(9, r.batches).bindU(10, r.records);
@@ -247,8 +281,8 @@ void SqliteStore::putRank(const RankRow& r) {
 
 void SqliteStore::putSignature(const SignatureRow& r) {
   enqueue(
-      [this, r](sqlite3* db) {
-        Stmt s(db, "INSERT OR REPLACE INTO signatures VALUES(?,?,?)");
+      [this, r](Writer& w) {
+        Stmt s(w, "INSERT OR REPLACE INTO signatures VALUES(?,?,?)");
         s.bind(1, r.job_id).bindU(2, r.sig_id).blob(3, r.signature);
         countResult(s.run(), rows_written_, errors_);
       },
@@ -257,8 +291,8 @@ void SqliteStore::putSignature(const SignatureRow& r) {
 
 void SqliteStore::putSignatureStats(const SignatureStatsRow& r) {
   enqueue(
-      [this, r](sqlite3* db) {
-        Stmt s(db, "INSERT OR REPLACE INTO signature_stats VALUES(?,?,?,?,?,?,?,?,?,?)");
+      [this, r](Writer& w) {
+        Stmt s(w, "INSERT OR REPLACE INTO signature_stats VALUES(?,?,?,?,?,?,?,?,?,?)");
         s.bind(1, r.job_id).bindU(2, r.sig_id).bindU(3, r.count).bind(4, r.total_ns);
         s.bind(5, r.min_ns).bind(6, r.max_ns).bind(7, r.flops).bind(8, r.bytes);
         s.bind(9, int64_t{r.nranks}).blob(10, r.histogram);
@@ -271,8 +305,8 @@ void SqliteStore::appendRaw(const std::string& job_id, std::vector<RawRecord> re
   if (records.empty()) return;
   const size_t n = records.size();
   enqueue(
-      [this, job_id, recs = std::move(records)](sqlite3* db) {
-        Stmt s(db,
+      [this, job_id, recs = std::move(records)](Writer& w) {
+        Stmt s(w,
                "INSERT INTO raw_records(job_id,rank,sig_id,stream,issue_ns,start_ns,end_ns,flops,"
                "bytes,coll_seq) VALUES(?,?,?,?,?,?,?,?,?,?)");
         s.bind(1, job_id);
@@ -289,16 +323,22 @@ void SqliteStore::appendRaw(const std::string& job_id, std::vector<RawRecord> re
       n);
 }
 
-void SqliteStore::putWindowSummary(const WindowSummaryRow& r) {
+void SqliteStore::putWindowSummaries(std::vector<WindowSummaryRow> rows) {
+  if (rows.empty()) return;
   enqueue(
-      [this, r](sqlite3* db) {
-        Stmt s(db,
+      [this, rows = std::move(rows)](Writer& w) {
+        Stmt s(w,
                "INSERT INTO window_summaries(job_id,rank,sig_id,stream,window_start_ns,"
                "window_end_ns,count,sum_ns,p50_ns,p99_ns,source) VALUES(?,?,?,?,?,?,?,?,?,?,?)");
-        s.bind(1, r.job_id).bind(2, int64_t{r.rank}).bindU(3, r.sig_id).bindU(4, r.stream);
-        s.bind(5, r.window_start_ns).bind(6, r.window_end_ns).bindU(7, r.count).bind(8, r.sum_ns);
-        s.bind(9, r.p50_ns).bind(10, r.p99_ns).bind(11, r.source);
-        countResult(s.run(), rows_written_, errors_);
+        uint64_t ok = 0;
+        for (const WindowSummaryRow& r : rows) {
+          s.bind(1, r.job_id).bind(2, int64_t{r.rank}).bindU(3, r.sig_id).bindU(4, r.stream);
+          s.bind(5, r.window_start_ns).bind(6, r.window_end_ns).bindU(7, r.count).bind(8, r.sum_ns);
+          s.bind(9, r.p50_ns).bind(10, r.p99_ns).bind(11, r.source);
+          ok += s.run() ? 1 : 0;
+        }
+        rows_written_.fetch_add(ok, std::memory_order_relaxed);
+        errors_.fetch_add(rows.size() - ok, std::memory_order_relaxed);
       },
       0);
 }
@@ -307,8 +347,8 @@ uint64_t SqliteStore::putAlert(v1::Alert a) {
   a.set_id(next_alert_id_.fetch_add(1));
   const uint64_t id = a.id();
   enqueue(
-      [this, a = std::move(a)](sqlite3* db) {
-        Stmt s(db, "INSERT OR REPLACE INTO alerts VALUES(?,?,?,?,?,?,?,?)");
+      [this, a = std::move(a)](Writer& w) {
+        Stmt s(w, "INSERT OR REPLACE INTO alerts VALUES(?,?,?,?,?,?,?,?)");
         s.bindU(1, a.id()).bind(2, a.job_id()).bind(3, int64_t{a.rank()}).bind(4, a.kind());
         s.bind(5, a.severity()).bind(6, a.team()).bind(7, a.message()).bind(8, a.time_unix_ns());
         countResult(s.run(), rows_written_, errors_);
@@ -319,8 +359,8 @@ uint64_t SqliteStore::putAlert(v1::Alert a) {
 
 void SqliteStore::putBaseline(const std::string& key, const std::string& value, int64_t now_ns) {
   enqueue(
-      [this, key, value, now_ns](sqlite3* db) {
-        Stmt s(db, "INSERT OR REPLACE INTO baselines VALUES(?,?,?)");
+      [this, key, value, now_ns](Writer& w) {
+        Stmt s(w, "INSERT OR REPLACE INTO baselines VALUES(?,?,?)");
         s.bind(1, key).blob(2, value).bind(3, now_ns);
         countResult(s.run(), rows_written_, errors_);
       },

@@ -39,7 +39,7 @@ class SqliteStore final : public Store {
   void putSignature(const SignatureRow& row) override;
   void putSignatureStats(const SignatureStatsRow& row) override;
   void appendRaw(const std::string& job_id, std::vector<RawRecord> records) override;
-  void putWindowSummary(const WindowSummaryRow& row) override;
+  void putWindowSummaries(std::vector<WindowSummaryRow> rows) override;
   uint64_t putAlert(v1::Alert alert) override;
   void putBaseline(const std::string& key, const std::string& value, int64_t now_ns) override;
   void flush() override;
@@ -62,7 +62,8 @@ class SqliteStore final : public Store {
   int64_t liveBytes();
 
  private:
-  using Op = std::function<void(sqlite3*)>;
+  struct Writer;  // the write connection and its cached statements (writer thread)
+  using Op = std::function<void(Writer&)>;
   explicit SqliteStore(Options options);
   bool init(std::string* error);
   void enqueue(Op op, size_t raw_records);

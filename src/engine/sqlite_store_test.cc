@@ -151,6 +151,53 @@ TEST_F(StoreTest, IngestStateRebuiltAfterRestartGivesTheSameReport) {
   EXPECT_EQ(ranks.ranks(1).records(), 10u);
 }
 
+TEST_F(StoreTest, RanksSummariesFoldIntoOneRowPerWindow) {
+  const int64_t min = 60LL * 1000000000LL;
+  const int64_t t0 = kNow / min * min;
+  common::FakeClock clock(t0);
+  auto s = open();
+  Ingest ingest({}, s.get(), clock);
+  auto out = ingest.hello(makeHello("job", 0, 1), nullptr);
+  auto batch = [](int64_t start, uint64_t n, int64_t p50, int64_t p99) {
+    v1::RecordBatch b;
+    b.set_rank(0);
+    *b.add_signatures() = gemmSig(4, 512, 512, 512);
+    v1::KernelSummary* sm = b.add_summaries();
+    sm->set_signature_id(4);
+    sm->set_stream_id(3);
+    sm->set_window_start_ns(start);
+    sm->set_window_end_ns(start + 1000000000);
+    auto* c = sm->add_clusters();
+    c->set_count(n);
+    c->set_p50_ns(p50);
+    c->set_p99_ns(p99);
+    c->set_sum_ns(static_cast<int64_t>(n) * p50);
+    return b;
+  };
+  // Three one-second summaries in the first minute, one in the next.
+  ASSERT_TRUE(ingest.batch(out.session_id, batch(t0, 100, 1000, 1500)).ok());
+  ASSERT_TRUE(ingest.batch(out.session_id, batch(t0 + min / 2, 300, 2000, 4000)).ok());
+  ASSERT_TRUE(ingest.batch(out.session_id, batch(t0 + min - 1000000000, 100, 1000, 1200)).ok());
+  clock.setNs(t0 + min + 1);
+  ingest.persist();
+  s->flush();
+  auto rows = s->windowSummaries("job", 0, 10);
+  ASSERT_EQ(rows.size(), 1u);  // the first minute closed; nothing open yet for the second
+  EXPECT_EQ(rows[0].window_start_ns, t0);
+  EXPECT_EQ(rows[0].count, 500u);
+  EXPECT_EQ(rows[0].sum_ns, 100 * 1000 + 300 * 2000 + 100 * 1000);
+  EXPECT_EQ(rows[0].p50_ns, (100 * 1000 + 300 * 2000 + 100 * 1000) / 500);
+  EXPECT_EQ(rows[0].p99_ns, 4000);
+  EXPECT_EQ(rows[0].stream, 3u);
+  ASSERT_TRUE(ingest.batch(out.session_id, batch(t0 + min, 10, 500, 600)).ok());
+  ingest.persist(/*final=*/true);
+  s->flush();
+  rows = s->windowSummaries("job", 0, 10);
+  ASSERT_EQ(rows.size(), 2u);
+  EXPECT_EQ(rows[1].window_start_ns, t0 + min);
+  EXPECT_EQ(rows[1].count, 10u);
+}
+
 TEST_F(StoreTest, RetentionFoldsOldRawRecordsAndExpiresOldRows) {
   auto s = open();
   const int64_t min = 60LL * 1000000000LL;

@@ -117,7 +117,8 @@ class Store {
   virtual void putSignature(const SignatureRow& row) = 0;
   virtual void putSignatureStats(const SignatureStatsRow& row) = 0;
   virtual void appendRaw(const std::string& job_id, std::vector<RawRecord> records) = 0;
-  virtual void putWindowSummary(const WindowSummaryRow& row) = 0;
+  virtual void putWindowSummaries(std::vector<WindowSummaryRow> rows) = 0;
+  void putWindowSummary(const WindowSummaryRow& row) { putWindowSummaries({row}); }
   // Assigns alert.id (unique, increasing across restarts) and returns it.
   virtual uint64_t putAlert(v1::Alert alert) = 0;
   virtual void putBaseline(const std::string& key, const std::string& value, int64_t now_ns) = 0;
