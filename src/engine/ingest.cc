@@ -719,8 +719,12 @@ void Ingest::persist(bool final) {
                               : now;
   std::vector<WindowSummaryRow> windows;
   std::lock_guard lock(mu_);
+  // Rows close when the clock enters a new window: scan the open ones only then.
+  const bool close_windows = final || current != last_window_flush_;
+  last_window_flush_ = current;
   for (auto& [id, job] : jobs_) {
     for (auto& [rank, rs] : job->ranks) {
+      if (!close_windows) break;
       for (auto it = rs.open_windows.begin(); it != rs.open_windows.end();) {
         // A window is closed once the clock has left it (a rank's late summary for it
         // then starts a new row of the same window).

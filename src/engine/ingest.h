@@ -259,6 +259,7 @@ class Ingest {
   std::unordered_map<uint64_t, Session> sessions_;
   uint64_t next_session_id_ = 1;
   uint64_t next_command_id_ = 1;
+  int64_t last_window_flush_ = 0;  // the window persist() last closed rows for
   IngestCounters counters_;
 };
 
