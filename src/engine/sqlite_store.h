@@ -27,7 +27,7 @@ class SqliteStore final : public Store {
   struct Options {
     std::string path;                 // file name; ":memory:" is not supported (two connections)
     size_t max_queued_ops = 200000;   // writes beyond this are dropped and counted
-    size_t max_queued_raw = 8000000;  // raw records waiting; beyond: dropped and counted
+    size_t max_queued_raw = 2000000;  // raw records waiting (~200 MB); beyond: dropped, counted
   };
 
   // Opens (creating) the database and its schema. Returns null with *error set on failure.
