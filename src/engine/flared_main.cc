@@ -1,6 +1,7 @@
 // flared: the central Flare daemon. Parses flags, opens the store, rebuilds state from it,
 // starts the gRPC and HTTP adapters, and runs the persistence/maintenance loop on the main
 // thread until SIGINT/SIGTERM. See src/engine/README.md and docs/configuration.md.
+#include <google/protobuf/stubs/logging.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -207,6 +208,11 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "flared: --tls-cert and --tls-key go together\n");
     return 2;
   }
+
+  // Undecodable rank messages are counted (flare_ingest_rejected_total{reason="malformed"})
+  // and answered with a status; protobuf's own error line per bad string would let a client
+  // flood the log, so its log handler is off.
+  google::protobuf::SetLogHandler(nullptr);
 
   SqliteStore::Options so;
   so.path = str("db");
