@@ -109,7 +109,7 @@ struct IngestConfig {
   bool store_raw = true;                                   // append raw kernel records to the store
   int64_t summary_window_ns = 60LL * 1000000000LL;         // stored rows fold ranks' summaries
   size_t max_pending_commands = 32;                        // per rank, while it is not connected
-  size_t dedupe_window = 4096;  // batches remembered per rank for spool-replay dedupe
+  size_t dedupe_window = 64;  // batches remembered per rank for spool-replay dedupe (~4 KiB)
   // Tokens: job -> token, and a token for every other job ("" = none). With neither, every
   // hello is accepted (the loopback default).
   std::unordered_map<std::string, std::string> job_tokens;

@@ -328,6 +328,26 @@ TEST_F(IngestTest, SeqGapsCountedSpoolReplaysDeduped) {
   EXPECT_EQ(ingest_->counters().batches.load(), 3u);
 }
 
+TEST_F(IngestTest, DedupeMemoryIsBoundedPerRank) {
+  IngestConfig cfg;
+  cfg.dedupe_window = 2;
+  make(cfg);
+  const uint64_t s = connect("job", 0, 1);
+  for (uint64_t seq = 1; seq <= 3; ++seq) {
+    v1::RecordBatch b;
+    b.set_rank(0);
+    b.set_batch_seq(seq);
+    ASSERT_TRUE(ingest_->batch(s, b).ok());
+  }
+  v1::RecordBatch replay;
+  replay.set_rank(0);
+  replay.set_from_spool(true);
+  replay.set_batch_seq(3);
+  EXPECT_EQ(ingest_->batch(s, replay).reason, Reason::kDuplicateBatch);  // remembered
+  replay.set_batch_seq(1);
+  EXPECT_TRUE(ingest_->batch(s, replay).ok());  // forgotten: only the last 2 are kept
+}
+
 TEST_F(IngestTest, RateLimitIsPerRankTokenBucket) {
   IngestConfig cfg;
   cfg.rank_rate_limit = 100;  // records/s, 2 s burst = 200
