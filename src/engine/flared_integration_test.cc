@@ -331,6 +331,30 @@ TEST_F(FlaredTest, RanksStreamQueryRestartAndIsolation) {
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
 }
 
+TEST_F(FlaredTest, OversizedMessagesAndTooManyRanksAreRefusedAndCounted) {
+  Flared d(dir_, {"--max-message-bytes", "4096", "--max-ranks-per-job", "2"});
+  ASSERT_GT(d.grpc_port, 0);
+  {
+    Rank r(d.target());
+    ASSERT_TRUE(r.hello(makeHello("job", 0, 2)).accepted());
+    ASSERT_TRUE(r.send(gemmBatch(0, 1, 200, 1000)));  // ~10 KB: over 4096, under gRPC's 8192
+    v1::DaemonMessage m;
+    while (r.stream->Read(&m)) {
+    }
+    EXPECT_EQ(r.stream->Finish().error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  }
+  {
+    Rank r(d.target());
+    const auto ack = r.hello(makeHello("job", 0, 3));  // world_size over --max-ranks-per-job
+    EXPECT_FALSE(ack.accepted());
+    EXPECT_EQ(r.stream->Finish().error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  }
+  const std::string metrics = httpBody(d.http_port, "/metrics");
+  EXPECT_EQ(metric(metrics, "flare_ingest_rejected_total{reason=\"oversized\"}"), 1);
+  EXPECT_EQ(metric(metrics, "flare_ingest_rejected_total{reason=\"too_many_ranks\"}"), 1);
+  EXPECT_EQ(metric(metrics, "flare_ingest_records_total{type=\"kernel\"}"), 0);
+}
+
 TEST_F(FlaredTest, TlsWhenGivenCertAndKey) {
   const fs::path key = dir_ / "key.pem", cert = dir_ / "cert.pem";
   const std::string cmd =
