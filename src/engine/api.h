@@ -1,0 +1,47 @@
+// QueryApi: the daemon's query and command API, shared by the gRPC Query service and the JSON
+// HTTP API so that both answer the same messages (JSON is the protobuf JSON mapping of the
+// gRPC responses: lowerCamelCase fields, 64-bit integers as strings).
+//
+// HTTP routes (GET unless noted):
+//   /healthz                                  "ok"
+//   /metrics                                  Prometheus text (the `metrics` callback)
+//   /api/v1/jobs[?include_finished=1]         ListJobsResponse
+//   /api/v1/jobs/{job}/report                 GetReportResponse
+//   /api/v1/jobs/{job}/ranks                  ListRanksResponse
+//   /api/v1/alerts[?job=J&since=NS&limit=N]   ListAlertsResponse
+//   POST /api/v1/jobs/{job}/commands          body: SendCommandRequest JSON (job_id from the path),
+//                                             header X-Flare-Token when tokens are configured
+//   /api/v1/jobs/{job}/commands/{id}          GetCommandResultsResponse
+//
+// Thread-safe (it holds no state of its own). Does not own the Ingest or the Store.
+#pragma once
+
+#include <functional>
+#include <string>
+
+#include "flare/v1/service.pb.h"
+#include "src/engine/http_server.h"
+#include "src/engine/ingest.h"
+
+namespace flare::engine {
+
+class QueryApi {
+ public:
+  QueryApi(Ingest& ingest, Store* store, std::function<std::string()> metrics)
+      : ingest_(ingest), store_(store), metrics_(std::move(metrics)) {}
+
+  Code listAlerts(const v1::ListAlertsRequest& req, v1::ListAlertsResponse* out);
+  HttpResponse http(const HttpRequest& req);
+
+  Ingest& ingest() { return ingest_; }
+
+ private:
+  Ingest& ingest_;
+  Store* store_;
+  std::function<std::string()> metrics_;
+};
+
+// HTTP status for a Code.
+int httpStatus(Code code);
+
+}  // namespace flare::engine

@@ -1,0 +1,404 @@
+// flared end to end: the real binary on free loopback ports with a temp database, real gRPC
+// clients (the generated stubs) as ranks of two jobs, /metrics and the JSON API over HTTP, a
+// command round trip, tokens, job isolation, malformed bytes, and kill -9 + restart losing
+// nothing that was persisted.
+#include <arpa/inet.h>
+#include <gmock/gmock.h>
+#include <grpcpp/generic/generic_stub.h>
+#include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <sstream>
+#include <thread>
+
+#include "flare/v1/service.grpc.pb.h"
+#include "src/engine/test_util.h"
+
+namespace flare::engine {
+namespace {
+
+using testing::addKernel;
+using testing::gemmSig;
+using testing::makeHello;
+namespace fs = std::filesystem;
+
+int64_t nowNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+std::string httpRequest(int port, const std::string& method, const std::string& path,
+                        const std::string& body = "", const std::string& extra_headers = "") {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
+    close(fd);
+    return "";
+  }
+  const std::string req = method + " " + path + " HTTP/1.1\r\nHost: x\r\n" + extra_headers +
+                          "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
+  send(fd, req.data(), req.size(), MSG_NOSIGNAL);
+  std::string out;
+  char buf[4096];
+  ssize_t n;
+  while ((n = recv(fd, buf, sizeof(buf), 0)) > 0) out.append(buf, static_cast<size_t>(n));
+  close(fd);
+  return out;
+}
+
+std::string httpBody(int port, const std::string& path) {
+  const std::string r = httpRequest(port, "GET", path);
+  const size_t p = r.find("\r\n\r\n");
+  return p == std::string::npos ? "" : r.substr(p + 4);
+}
+
+// The value of one sample line of /metrics ("name{labels}"), -1 if absent.
+double metric(const std::string& text, const std::string& series) {
+  const size_t p = text.find("\n" + series + " ");
+  if (p == std::string::npos) return -1;
+  return std::stod(text.substr(p + series.size() + 2));
+}
+
+class Flared {
+ public:
+  Flared(const fs::path& dir, std::vector<std::string> extra) : dir_(dir) {
+    const fs::path ready = dir / "ready";
+    fs::remove(ready);
+    std::vector<std::string> args = {FLARED_PATH,
+                                     "--listen",
+                                     "127.0.0.1:0",
+                                     "--http",
+                                     "127.0.0.1:0",
+                                     "--db",
+                                     (dir / "flared.db").string(),
+                                     "--ready-file",
+                                     ready.string(),
+                                     "--persist-interval-ms",
+                                     "100"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    pid_ = fork();
+    if (pid_ == 0) {
+      std::vector<char*> argv;
+      for (auto& s : args) argv.push_back(s.data());
+      argv.push_back(nullptr);
+      execv(argv[0], argv.data());
+      _exit(127);
+    }
+    for (int i = 0; i < 1000 && !fs::exists(ready); ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    std::ifstream(ready) >> grpc_port >> http_port;
+  }
+  ~Flared() { stop(SIGKILL); }
+  int stop(int sig) {
+    if (pid_ <= 0) return -1;
+    kill(pid_, sig);
+    int status = 0;
+    waitpid(pid_, &status, 0);
+    pid_ = -1;
+    return status;
+  }
+  std::string target() const { return "127.0.0.1:" + std::to_string(grpc_port); }
+  int grpc_port = 0;
+  int http_port = 0;
+
+ private:
+  fs::path dir_;
+  pid_t pid_ = -1;
+};
+
+struct Rank {
+  explicit Rank(const std::string& target) {
+    channel = grpc::CreateChannel(target, grpc::InsecureChannelCredentials());
+    stub = v1::Ingest::NewStub(channel);
+    stream = stub->Stream(&ctx);
+  }
+  v1::HelloAck hello(const v1::RankHello& h) {
+    v1::RankMessage m;
+    *m.mutable_hello() = h;
+    stream->Write(m);
+    v1::DaemonMessage d;
+    EXPECT_TRUE(stream->Read(&d));
+    return d.ack();
+  }
+  bool send(const v1::RecordBatch& b) {
+    v1::RankMessage m;
+    *m.mutable_batch() = b;
+    return stream->Write(m);
+  }
+  grpc::Status finish() {
+    stream->WritesDone();
+    v1::DaemonMessage d;
+    while (stream->Read(&d)) {
+    }
+    return stream->Finish();
+  }
+  std::shared_ptr<grpc::Channel> channel;
+  std::unique_ptr<v1::Ingest::Stub> stub;
+  grpc::ClientContext ctx;
+  std::unique_ptr<grpc::ClientReaderWriter<v1::RankMessage, v1::DaemonMessage>> stream;
+};
+
+v1::RecordBatch gemmBatch(int rank, uint64_t seq, int n, int64_t dur) {
+  v1::RecordBatch b;
+  b.set_rank(rank);
+  b.set_batch_seq(seq);
+  *b.add_signatures() = gemmSig(1, 1024, 1024, 1024);
+  const int64_t t = nowNs() - 1000000000;
+  for (int i = 0; i < n; ++i) addKernel(&b, 1, t + i * 100000, dur);
+  return b;
+}
+
+class FlaredTest : public ::testing::Test {
+ protected:
+  FlaredTest() {
+    dir_ = fs::temp_directory_path() / ("flared_it_" + std::to_string(getpid()));
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+    std::ofstream(dir_ / "tokens") << "# job token\njobA tokA\njobB tokB\n";
+  }
+  ~FlaredTest() override { fs::remove_all(dir_); }
+  fs::path dir_;
+};
+
+TEST_F(FlaredTest, RanksStreamQueryRestartAndIsolation) {
+  auto d = std::make_unique<Flared>(
+      dir_, std::vector<std::string>{"--token-file", (dir_ / "tokens").string()});
+  ASSERT_GT(d->grpc_port, 0);
+  ASSERT_GT(d->http_port, 0);
+  EXPECT_EQ(httpBody(d->http_port, "/healthz"), "ok\n");
+
+  // Four ranks of job A, 50 GEMMs of 2 ms each per rank.
+  constexpr int kRanks = 4, kPer = 50;
+  constexpr int64_t kDur = 2000000;
+  {
+    std::vector<std::unique_ptr<Rank>> ranks;
+    for (int r = 0; r < kRanks; ++r) {
+      ranks.push_back(std::make_unique<Rank>(d->target()));
+      const auto ack = ranks.back()->hello(makeHello("jobA", r, kRanks, "tokA"));
+      ASSERT_TRUE(ack.accepted()) << ack.error();
+      EXPECT_GT(ack.session_id(), 0u);
+      ASSERT_TRUE(ranks.back()->send(gemmBatch(r, 1, kPer, kDur)));
+    }
+    for (auto& r : ranks) EXPECT_TRUE(r->finish().ok());
+  }
+
+  // Wrong token: refused with an ack that says why, then UNAUTHENTICATED.
+  {
+    Rank bad(d->target());
+    const auto ack = bad.hello(makeHello("jobA", 0, kRanks, "tokB"));
+    EXPECT_FALSE(ack.accepted());
+    EXPECT_THAT(ack.error(), ::testing::HasSubstr("token"));
+    EXPECT_EQ(bad.stream->Finish().error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  }
+  // Job B's stream claiming another rank is cut off with PERMISSION_DENIED; nothing lands.
+  {
+    Rank b(d->target());
+    ASSERT_TRUE(b.hello(makeHello("jobB", 0, 2, "tokB")).accepted());
+    b.send(gemmBatch(1, 1, 10, kDur));
+    v1::DaemonMessage m;
+    while (b.stream->Read(&m)) {
+    }
+    EXPECT_EQ(b.stream->Finish().error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  }
+  // Bytes that are no RankMessage: INVALID_ARGUMENT and counted.
+  {
+    auto ch = grpc::CreateChannel(d->target(), grpc::InsecureChannelCredentials());
+    grpc::GenericStub generic(ch);
+    grpc::ClientContext ctx;
+    grpc::CompletionQueue cq;
+    auto call = generic.PrepareCall(&ctx, "/flare.v1.Ingest/Stream", &cq);
+    void* tag;
+    bool ok;
+    call->StartCall(reinterpret_cast<void*>(1));
+    cq.Next(&tag, &ok);
+    const std::string junk = "\x0a\xff\xff\xff\xff\x0f";
+    grpc::Slice slice(junk);
+    grpc::ByteBuffer bb(&slice, 1);
+    call->Write(bb, reinterpret_cast<void*>(2));
+    cq.Next(&tag, &ok);
+    grpc::Status st;
+    call->Finish(&st, reinterpret_cast<void*>(3));
+    while (cq.Next(&tag, &ok) && tag != reinterpret_cast<void*>(3)) {
+    }
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    cq.Shutdown();
+    while (cq.Next(&tag, &ok)) {
+    }
+  }
+
+  const std::string metrics = httpBody(d->http_port, "/metrics");
+  EXPECT_EQ(metric(metrics, "flare_ingest_records_total{type=\"kernel\"}"), kRanks * kPer);
+  EXPECT_EQ(metric(metrics, "flare_ingest_rejected_total{reason=\"unauthenticated\"}"), 1);
+  EXPECT_EQ(metric(metrics, "flare_ingest_rejected_total{reason=\"rank_mismatch\"}"), 1);
+  EXPECT_EQ(metric(metrics, "flare_ingest_rejected_total{reason=\"malformed\"}"), 1);
+  EXPECT_EQ(metric(metrics, "flare_ingest_hellos_accepted_total"), kRanks + 1);
+  EXPECT_THAT(metrics, ::testing::HasSubstr("# TYPE flare_ingest_rejected_total counter"));
+
+  // JSON API: the jobs and job A's report; job B has nothing.
+  const std::string jobs = httpBody(d->http_port, "/api/v1/jobs?include_finished=1");
+  EXPECT_THAT(jobs, ::testing::HasSubstr("\"jobId\":\"jobA\""));
+  EXPECT_THAT(jobs, ::testing::HasSubstr("\"jobId\":\"jobB\""));
+  const std::string report = httpBody(d->http_port, "/api/v1/jobs/jobA/report");
+  EXPECT_THAT(report, ::testing::HasSubstr("\"count\":\"" + std::to_string(kRanks * kPer) + "\""));
+  EXPECT_THAT(report,
+              ::testing::HasSubstr("\"totalNs\":\"" + std::to_string(kRanks * kPer * kDur) + "\""));
+  EXPECT_THAT(httpBody(d->http_port, "/api/v1/jobs/jobB/report"),
+              ::testing::Not(::testing::HasSubstr("count")));
+  EXPECT_THAT(httpRequest(d->http_port, "GET", "/api/v1/jobs/nope/report"),
+              ::testing::HasSubstr("404"));
+
+  // The gRPC Query service answers the same report.
+  {
+    auto q =
+        v1::Query::NewStub(grpc::CreateChannel(d->target(), grpc::InsecureChannelCredentials()));
+    grpc::ClientContext ctx;
+    v1::GetReportRequest req;
+    req.set_job_id("jobA");
+    v1::GetReportResponse resp;
+    ASSERT_TRUE(q->GetReport(&ctx, req, &resp).ok());
+    ASSERT_EQ(resp.signatures_size(), 1);
+    EXPECT_EQ(resp.signatures(0).count(), static_cast<uint64_t>(kRanks * kPer));
+    const double tflops = 2.0 * 1024 * 1024 * 1024 / (kDur * 1e-9) / 1e12;
+    EXPECT_NEAR(resp.signatures(0).tflops(), tflops, 1e-9);
+  }
+
+  // A command down a live stream and its result back, through the HTTP API with the token.
+  {
+    Rank r(d->target());
+    ASSERT_TRUE(r.hello(makeHello("jobA", 2, kRanks, "tokA")).accepted());
+    const std::string body = R"({"ranks":[2],"command":{"dumpStacks":{"native":false}}})";
+    EXPECT_THAT(httpRequest(d->http_port, "POST", "/api/v1/jobs/jobA/commands", body),
+                ::testing::HasSubstr("401"));
+    const std::string resp = httpRequest(d->http_port, "POST", "/api/v1/jobs/jobA/commands", body,
+                                         "X-Flare-Token: tokA\r\n");
+    EXPECT_THAT(resp, ::testing::HasSubstr("\"delivered\":1"));
+    v1::DaemonMessage m;
+    ASSERT_TRUE(r.stream->Read(&m));
+    ASSERT_TRUE(m.has_command());
+    EXPECT_TRUE(m.command().has_dump_stacks());
+    v1::RankMessage res;
+    res.mutable_command_result()->set_command_id(m.command().id());
+    res.mutable_command_result()->set_ok(true);
+    res.mutable_command_result()->mutable_stacks()->add_threads()->set_name("MainThread");
+    ASSERT_TRUE(r.stream->Write(res));
+    std::string results;
+    for (int i = 0; i < 200 && results.find("MainThread") == std::string::npos; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      results =
+          httpBody(d->http_port, "/api/v1/jobs/jobA/commands/" + std::to_string(m.command().id()));
+    }
+    EXPECT_THAT(results, ::testing::HasSubstr("MainThread"));
+    EXPECT_TRUE(r.finish().ok());
+  }
+
+  // kill -9 after the state was persisted (every 100 ms): nothing is lost.
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  d->stop(SIGKILL);
+  d = std::make_unique<Flared>(
+      dir_, std::vector<std::string>{"--token-file", (dir_ / "tokens").string()});
+  ASSERT_GT(d->http_port, 0);
+  EXPECT_EQ(httpBody(d->http_port, "/api/v1/jobs/jobA/report"), report);
+  const std::string ranks = httpBody(d->http_port, "/api/v1/jobs/jobA/ranks");
+  size_t hosts = 0;
+  for (size_t p = ranks.find("\"host\""); p != std::string::npos; p = ranks.find("\"host\"", p + 1))
+    ++hosts;
+  EXPECT_EQ(hosts, static_cast<size_t>(kRanks)) << ranks;
+  // The ranks reconnect and carry on.
+  {
+    Rank r(d->target());
+    ASSERT_TRUE(r.hello(makeHello("jobA", 0, kRanks, "tokA")).accepted());
+    ASSERT_TRUE(r.send(gemmBatch(0, 1, 10, kDur)));
+    EXPECT_TRUE(r.finish().ok());
+  }
+  EXPECT_THAT(httpBody(d->http_port, "/api/v1/jobs/jobA/report"),
+              ::testing::HasSubstr("\"count\":\"" + std::to_string(kRanks * kPer + 10) + "\""));
+  // SIGTERM: a clean exit.
+  const int status = d->stop(SIGTERM);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+}
+
+TEST_F(FlaredTest, OversizedMessagesAndTooManyRanksAreRefusedAndCounted) {
+  Flared d(dir_, {"--max-message-bytes", "4096", "--max-ranks-per-job", "2"});
+  ASSERT_GT(d.grpc_port, 0);
+  {
+    Rank r(d.target());
+    ASSERT_TRUE(r.hello(makeHello("job", 0, 2)).accepted());
+    ASSERT_TRUE(r.send(gemmBatch(0, 1, 200, 1000)));  // ~10 KB: over 4096, under gRPC's 8192
+    v1::DaemonMessage m;
+    while (r.stream->Read(&m)) {
+    }
+    EXPECT_EQ(r.stream->Finish().error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  }
+  {
+    Rank r(d.target());
+    const auto ack = r.hello(makeHello("job", 0, 3));  // world_size over --max-ranks-per-job
+    EXPECT_FALSE(ack.accepted());
+    EXPECT_EQ(r.stream->Finish().error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  }
+  const std::string metrics = httpBody(d.http_port, "/metrics");
+  EXPECT_EQ(metric(metrics, "flare_ingest_rejected_total{reason=\"oversized\"}"), 1);
+  EXPECT_EQ(metric(metrics, "flare_ingest_rejected_total{reason=\"too_many_ranks\"}"), 1);
+  EXPECT_EQ(metric(metrics, "flare_ingest_records_total{type=\"kernel\"}"), 0);
+}
+
+TEST_F(FlaredTest, TlsWhenGivenCertAndKey) {
+  const fs::path key = dir_ / "key.pem", cert = dir_ / "cert.pem";
+  const std::string cmd =
+      "openssl req -x509 -newkey rsa:2048 -nodes -days 1 -subj /CN=localhost "
+      "-addext subjectAltName=DNS:localhost,IP:127.0.0.1 -keyout " +
+      key.string() + " -out " + cert.string() + " >/dev/null 2>&1";
+  if (system(cmd.c_str()) != 0) GTEST_SKIP() << "openssl cannot make a test certificate";
+  Flared d(dir_, {"--tls-cert", cert.string(), "--tls-key", key.string()});
+  ASSERT_GT(d.grpc_port, 0);
+  std::ifstream in(cert);
+  std::stringstream pem;
+  pem << in.rdbuf();
+  grpc::SslCredentialsOptions ssl;
+  ssl.pem_root_certs = pem.str();
+  auto tls = v1::Query::NewStub(
+      grpc::CreateChannel("localhost:" + std::to_string(d.grpc_port), grpc::SslCredentials(ssl)));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  v1::ListJobsResponse resp;
+  EXPECT_TRUE(tls->ListJobs(&ctx, v1::ListJobsRequest(), &resp).ok());
+  // Plaintext is refused on the TLS port.
+  auto plain =
+      v1::Query::NewStub(grpc::CreateChannel(d.target(), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx2;
+  ctx2.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(3));
+  EXPECT_FALSE(plain->ListJobs(&ctx2, v1::ListJobsRequest(), &resp).ok());
+}
+
+TEST_F(FlaredTest, HelpDocumentsEveryFlag) {
+  const std::string cmd = std::string(FLARED_PATH) + " --help";
+  FILE* p = popen(cmd.c_str(), "r");
+  ASSERT_NE(p, nullptr);
+  std::string out;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
+  EXPECT_EQ(pclose(p), 0);
+  for (const char* f :
+       {"--listen", "--http", "--db", "--token-file", "--tls-cert", "--tls-key",
+        "--max-message-bytes", "--rank-rate-limit", "--raw-retention-s", "--db-max-bytes"}) {
+    EXPECT_THAT(out, ::testing::HasSubstr(f));
+  }
+  EXPECT_NE(system((std::string(FLARED_PATH) + " --no-such-flag 2>/dev/null").c_str()), 0);
+}
+
+}  // namespace
+}  // namespace flare::engine

@@ -1,0 +1,302 @@
+// flared: the central Flare daemon. Parses flags, opens the store, rebuilds state from it,
+// starts the gRPC and HTTP adapters, and runs the persistence/maintenance loop on the main
+// thread until SIGINT/SIGTERM. See src/engine/README.md and docs/configuration.md.
+#include <google/protobuf/stubs/logging.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <sstream>
+#include <string>
+#include <thread>
+
+#include "src/common/log.h"
+#include "src/engine/api.h"
+#include "src/engine/grpc_server.h"
+#include "src/engine/http_server.h"
+#include "src/engine/ingest.h"
+#include "src/engine/metrics.h"
+#include "src/engine/sqlite_store.h"
+
+namespace {
+
+using namespace flare::engine;
+
+std::atomic<bool> g_stop{false};
+void onSignal(int) {
+  g_stop = true;
+}
+
+struct Flag {
+  const char* name;
+  const char* value_name;
+  const char* help;
+  std::string value;  // default, replaced when given
+};
+
+// Every flag, its default and its help (--help prints this table; docs/configuration.md
+// documents the same list).
+std::map<std::string, Flag> defaultFlags() {
+  std::map<std::string, Flag> f;
+  auto add = [&](const char* name, const char* vn, const char* def, const char* help) {
+    f[name] = Flag{name, vn, help, def};
+  };
+  add("listen", "HOST:PORT", "127.0.0.1:7070",
+      "gRPC address of the Ingest and Query services (port 0: any free port)");
+  add("http", "HOST:PORT", "127.0.0.1:9464",
+      "HTTP address of /metrics, /healthz and the JSON API; 'off' disables it");
+  add("db", "PATH", "flared.db", "SQLite database file (created; WAL mode)");
+  add("token-file", "PATH", "",
+      "lines 'job_id token'; job_id '*' sets the token of every other job. Without it every rank "
+      "is accepted");
+  add("tls-cert", "PATH", "", "PEM certificate chain: serve gRPC over TLS (needs --tls-key)");
+  add("tls-key", "PATH", "", "PEM private key for --tls-cert");
+  add("max-message-bytes", "N", "8388608",
+      "largest message a rank may send (bigger: rejected, counted as oversized)");
+  add("max-batch-items", "N", "200000",
+      "most records+summaries+spans+steps+table entries in one batch");
+  add("max-jobs", "N", "4096", "most jobs the daemon keeps");
+  add("max-ranks-per-job", "N", "65536", "most ranks of one job");
+  add("max-signatures-per-rank", "N", "65536", "most signatures one rank stream may define");
+  add("rank-rate-limit", "RECORDS_PER_S", "2000000",
+      "per-rank token bucket on records (2 s burst); 0: unlimited");
+  add("store-raw", "0|1", "1", "keep raw kernel records in the store (timelines)");
+  add("summary-window-s", "S", "60",
+      "ranks' summaries are folded into stored rows per rank, signature, stream and window of this "
+      "length");
+  add("raw-retention-s", "S", "3600",
+      "raw records older than this are folded into 1-minute summaries");
+  add("summary-retention-s", "S", "2592000",
+      "window summaries and alerts older than this are deleted");
+  add("db-max-bytes", "N", "10737418240",
+      "size cap of the live database; oldest raw records, then summaries, are evicted");
+  add("persist-interval-ms", "MS", "1000",
+      "how often job/rank/aggregate state is written to the store");
+  add("maintain-interval-s", "S", "60", "how often retention and the size cap run");
+  add("ready-file", "PATH", "", "write 'GRPC_PORT HTTP_PORT' here once listening (tests, scripts)");
+  return f;
+}
+
+void usage(const std::map<std::string, Flag>& flags) {
+  std::printf(
+      "usage: flared [--flag=value | --flag value]...\n"
+      "The central Flare daemon: ingests rank streams over gRPC, keeps per-job state in SQLite,\n"
+      "serves Prometheus metrics and a query API. Environment: FLARE_LOG_LEVEL.\n\n");
+  for (const auto& [name, f] : flags) {
+    std::printf("  --%s %s\n      %s (default: %s)\n", name.c_str(), f.value_name, f.help,
+                f.value.empty() ? "none" : f.value.c_str());
+  }
+}
+
+bool parseU64(const std::string& s, uint64_t* out) {
+  if (s.empty() || s[0] == '-') return false;
+  try {
+    size_t used = 0;
+    *out = std::stoull(s, &used);
+    return used == s.size();
+  } catch (...) {
+    return false;
+  }
+}
+
+bool loadTokens(const std::string& path, IngestConfig* cfg, std::string* error) {
+  std::ifstream in(path);
+  if (!in) {
+    *error = "cannot read --token-file " + path;
+    return false;
+  }
+  std::string line;
+  int n = 0;
+  while (std::getline(in, line)) {
+    ++n;
+    const size_t hash = line.find('#');
+    if (hash != std::string::npos) line.resize(hash);
+    std::istringstream ls(line);
+    std::string job, token, extra;
+    if (!(ls >> job)) continue;
+    if (!(ls >> token) || (ls >> extra)) {
+      *error = path + ":" + std::to_string(n) + ": expected 'job_id token'";
+      return false;
+    }
+    if (job == "*") {
+      cfg->default_token = token;
+    } else {
+      cfg->job_tokens[job] = token;
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  auto flags = defaultFlags();
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a == "--help" || a == "-h") {
+      usage(flags);
+      return 0;
+    }
+    if (a.rfind("--", 0) != 0) {
+      std::fprintf(stderr, "flared: unexpected argument '%s' (see --help)\n", a.c_str());
+      return 2;
+    }
+    a = a.substr(2);
+    std::string value;
+    const size_t eq = a.find('=');
+    if (eq != std::string::npos) {
+      value = a.substr(eq + 1);
+      a.resize(eq);
+    } else if (i + 1 < argc) {
+      value = argv[++i];
+    } else {
+      std::fprintf(stderr, "flared: --%s needs a value\n", a.c_str());
+      return 2;
+    }
+    auto it = flags.find(a);
+    if (it == flags.end()) {
+      std::fprintf(stderr, "flared: unknown flag --%s (see --help)\n", a.c_str());
+      return 2;
+    }
+    it->second.value = value;
+  }
+  auto str = [&](const char* n) { return flags[n].value; };
+  bool bad = false;
+  auto num = [&](const char* n) -> uint64_t {
+    uint64_t v = 0;
+    if (!parseU64(flags[n].value, &v)) {
+      std::fprintf(stderr, "flared: --%s must be a non-negative integer, got '%s'\n", n,
+                   flags[n].value.c_str());
+      bad = true;
+    }
+    return v;
+  };
+
+  IngestConfig cfg;
+  cfg.max_message_bytes = num("max-message-bytes");
+  cfg.max_batch_items = num("max-batch-items");
+  cfg.max_jobs = num("max-jobs");
+  cfg.max_ranks_per_job = num("max-ranks-per-job");
+  cfg.max_signatures_per_rank = num("max-signatures-per-rank");
+  cfg.rank_rate_limit = static_cast<double>(num("rank-rate-limit"));
+  cfg.store_raw = num("store-raw") != 0;
+  cfg.summary_window_ns =
+      static_cast<int64_t>(std::max<uint64_t>(num("summary-window-s"), 1)) * 1000000000LL;
+  RetentionPolicy retention;
+  retention.raw_window_ns = static_cast<int64_t>(num("raw-retention-s")) * 1000000000LL;
+  retention.summary_window_ns = static_cast<int64_t>(num("summary-retention-s")) * 1000000000LL;
+  retention.max_bytes = static_cast<int64_t>(num("db-max-bytes"));
+  const auto persist_ms = static_cast<int64_t>(num("persist-interval-ms"));
+  const auto maintain_s = static_cast<int64_t>(num("maintain-interval-s"));
+  if (bad) return 2;
+  if (cfg.max_message_bytes == 0 || cfg.max_message_bytes > (1u << 30)) {
+    std::fprintf(stderr, "flared: --max-message-bytes must be in [1, 2^30]\n");
+    return 2;
+  }
+  std::string error;
+  if (!str("token-file").empty() && !loadTokens(str("token-file"), &cfg, &error)) {
+    std::fprintf(stderr, "flared: %s\n", error.c_str());
+    return 2;
+  }
+  if (str("tls-cert").empty() != str("tls-key").empty()) {
+    std::fprintf(stderr, "flared: --tls-cert and --tls-key go together\n");
+    return 2;
+  }
+
+  // Undecodable rank messages are counted (flare_ingest_rejected_total{reason="malformed"})
+  // and answered with a status; protobuf's own error line per bad string would let a client
+  // flood the log, so its log handler is off.
+  google::protobuf::SetLogHandler(nullptr);
+
+  SqliteStore::Options so;
+  so.path = str("db");
+  auto store = SqliteStore::open(so, &error);
+  if (!store) {
+    std::fprintf(stderr, "flared: %s\n", error.c_str());
+    return 1;
+  }
+  RealtimeClock wall;
+  Ingest ingest(cfg, store.get(), wall);
+  ingest.loadFromStore();
+
+  GrpcServer* grpc_ptr = nullptr;
+  HttpServer* http_ptr = nullptr;
+  auto metrics = [&] {
+    PromWriter w;
+    ingest.writeMetrics(w);
+    store->writeMetrics(w);
+    if (grpc_ptr) grpc_ptr->writeMetrics(w);
+    if (http_ptr) {
+      w.family("flare_http_requests_total", "counter", "HTTP requests served (bad: malformed).");
+      w.sample("flare_http_requests_total", http_ptr->requests(), {{"result", "all"}});
+      w.sample("flare_http_requests_total", http_ptr->badRequests(), {{"result", "bad"}});
+    }
+    return w.take();
+  };
+  QueryApi api(ingest, store.get(), metrics);
+
+  GrpcOptions go;
+  go.listen = str("listen");
+  go.tls_cert_file = str("tls-cert");
+  go.tls_key_file = str("tls-key");
+  go.max_message_bytes = cfg.max_message_bytes;
+  GrpcServer grpc(ingest, api, go);
+  if (!grpc.start(&error)) {
+    std::fprintf(stderr, "flared: %s\n", error.c_str());
+    return 1;
+  }
+  grpc_ptr = &grpc;
+  HttpServer http([&](const HttpRequest& r) { return api.http(r); });
+  if (str("http") != "off" && !str("http").empty()) {
+    if (!http.start(str("http"), &error)) {
+      std::fprintf(stderr, "flared: %s\n", error.c_str());
+      return 1;
+    }
+    http_ptr = &http;
+  }
+  struct sigaction sa {};
+  sa.sa_handler = onSignal;
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+
+  FLARE_LOG_INFO("engine", "flared: gRPC on port {}{}, HTTP on port {}, db {}", grpc.port(),
+                 go.tls_cert_file.empty() ? "" : " (TLS)", http.port(), so.path);
+  if (!str("ready-file").empty()) {
+    const std::string tmp = str("ready-file") + ".tmp";
+    std::ofstream(tmp) << grpc.port() << " " << http.port() << "\n";
+    std::rename(tmp.c_str(), str("ready-file").c_str());
+  }
+
+  const auto persist_every = std::chrono::milliseconds(std::max<int64_t>(persist_ms, 10));
+  const auto maintain_every = std::chrono::seconds(std::max<int64_t>(maintain_s, 1));
+  auto next_persist = std::chrono::steady_clock::now() + persist_every;
+  auto next_maintain = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+  while (!g_stop) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    const auto now = std::chrono::steady_clock::now();
+    if (now >= next_persist) {
+      ingest.persist();
+      next_persist = now + persist_every;
+    }
+    if (now >= next_maintain) {
+      const MaintenanceResult m = store->maintain(wall.nowNs(), retention);
+      if (m.evicted > 0) {
+        FLARE_LOG_WARN("engine", "store over --db-max-bytes: evicted {} rows", m.evicted);
+      }
+      next_maintain = std::chrono::steady_clock::now() + maintain_every;
+    }
+  }
+  FLARE_LOG_INFO("engine", "flared: shutting down");
+  http.stop();
+  grpc.shutdown();
+  ingest.persist(/*final=*/true);
+  store->flush();
+  return 0;
+}

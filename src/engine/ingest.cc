@@ -1,0 +1,882 @@
+#include "src/engine/ingest.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "flare/v1/protocol.h"
+#include "src/common/log.h"
+#include "src/engine/metrics.h"
+
+namespace flare::engine {
+namespace {
+
+constexpr size_t kMaxJobIdBytes = 256;
+constexpr size_t kMaxNameBytes = 4096;
+constexpr size_t kMaxShapeDims = 16;
+constexpr size_t kMaxShortString = 1024;
+constexpr size_t kMaxClusters = 64;
+constexpr size_t kMaxResultsPerJob = 64;
+constexpr size_t kMaxHostBytes = 256;
+
+constexpr const char* kReasonNames[] = {
+    "malformed",      "oversized",           "no_hello",         "duplicate_hello",
+    "bad_hello",      "protocol_version",    "unauthenticated",  "too_many_jobs",
+    "too_many_ranks", "rank_mismatch",       "session_replaced", "unknown_signature",
+    "bad_signature",  "too_many_signatures", "bad_timestamp",    "bad_record",
+    "rate_limited",   "duplicate_batch",     "out_of_order"};
+static_assert(std::size(kReasonNames) == static_cast<size_t>(Reason::kCount),
+              "one name per Reason");
+
+constexpr const char* kDropNames[] = {"ring_full",      "events_exhausted",    "unmatched",
+                                      "spans_dropped",  "spool_dropped",       "send_failed",
+                                      "disabled_calls", "log_once_suppressed", "event_errors",
+                                      "capturing",      "unfinished"};
+
+bool jobIdValid(const std::string& id) {
+  if (id.empty() || id.size() > kMaxJobIdBytes) return false;
+  return std::all_of(id.begin(), id.end(), [](char c) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' ||
+           c == '_' || c == '.' || c == ':' || c == '@';
+  });
+}
+
+bool constantTimeEqual(const std::string& a, const std::string& b) {
+  unsigned char diff = a.size() == b.size() ? 0 : 1;
+  const size_t n = std::max(a.size(), b.size());
+  for (size_t i = 0; i < n; ++i) {
+    const unsigned char x = i < a.size() ? static_cast<unsigned char>(a[i]) : 0;
+    const unsigned char y = i < b.size() ? static_cast<unsigned char>(b[i]) : 0;
+    diff |= static_cast<unsigned char>(x ^ y);
+  }
+  return diff == 0;
+}
+
+uint64_t mix(uint64_t h, uint64_t v) {
+  h ^= v + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2);
+  return h * 0xff51afd7ed558ccdULL;
+}
+
+bool computesFlops(v1::OpKind k) {
+  return k == v1::OP_KIND_GEMM || k == v1::OP_KIND_ATTENTION || k == v1::OP_KIND_CUSTOM;
+}
+bool isCollective(v1::OpKind k) {
+  return k == v1::OP_KIND_COLLECTIVE || k == v1::OP_KIND_P2P;
+}
+
+}  // namespace
+
+const char* reasonName(Reason r) {
+  const auto i = static_cast<size_t>(r);
+  return i < std::size(kReasonNames) ? kReasonNames[i] : "unknown";
+}
+
+double busBwFactor(v1::CollectiveKind kind, int32_t n) {
+  if (n <= 0) return 1.0;
+  const double dn = n;
+  switch (kind) {
+    case v1::COLLECTIVE_KIND_ALL_REDUCE:
+      return 2.0 * (dn - 1) / dn;
+    case v1::COLLECTIVE_KIND_ALL_GATHER:
+    case v1::COLLECTIVE_KIND_REDUCE_SCATTER:
+    case v1::COLLECTIVE_KIND_ALL_TO_ALL:
+      return (dn - 1) / dn;
+    default:
+      return 1.0;
+  }
+}
+
+Ingest::Ingest(IngestConfig config, Store* store, const common::Clock& wall)
+    : config_(std::move(config)), store_(store), wall_(wall) {}
+
+Ingest::~Ingest() = default;
+
+Verdict Ingest::reject(Reason r, Code code, std::string error, bool close) {
+  counters_.rejected[static_cast<size_t>(r)].fetch_add(1, std::memory_order_relaxed);
+  return Verdict{code, r, std::move(error), close};
+}
+
+void Ingest::countRejected(Reason r) {
+  counters_.rejected[static_cast<size_t>(r)].fetch_add(1, std::memory_order_relaxed);
+}
+
+Verdict Ingest::decode(const void* data, size_t size, v1::RankMessage* out) {
+  if (size > config_.max_message_bytes) {
+    return reject(Reason::kOversized, Code::kResourceExhausted,
+                  "message of " + std::to_string(size) + " bytes is over the limit", true);
+  }
+  out->Clear();
+  if (size > static_cast<size_t>(INT32_MAX) || !out->ParseFromArray(data, static_cast<int>(size))) {
+    return reject(Reason::kMalformed, Code::kInvalidArgument, "message does not decode", true);
+  }
+  if (out->msg_case() == v1::RankMessage::MSG_NOT_SET) {
+    return reject(Reason::kMalformed, Code::kInvalidArgument, "empty RankMessage", true);
+  }
+  return {};
+}
+
+bool Ingest::tokenValid(const std::string& job_id, const std::string& token) const {
+  if (config_.job_tokens.empty() && config_.default_token.empty()) return true;
+  const auto it = config_.job_tokens.find(job_id);
+  const std::string& want = it != config_.job_tokens.end() ? it->second : config_.default_token;
+  if (want.empty()) return false;
+  return constantTimeEqual(want, token);
+}
+
+Ingest::JobState* Ingest::findJob(const std::string& job_id) {
+  const auto it = jobs_.find(job_id);
+  return it == jobs_.end() ? nullptr : it->second.get();
+}
+
+Ingest::HelloOutcome Ingest::hello(const v1::RankHello& h,
+                                   std::shared_ptr<CommandChannel> channel) {
+  HelloOutcome out;
+  out.ack.set_protocol_version(v1::kProtocolVersion);
+  auto refuse = [&](Reason r, Code code, std::string error) {
+    out.verdict = reject(r, code, std::move(error), true);
+    out.ack.set_accepted(false);
+    out.ack.set_error(out.verdict.error);
+    return out;
+  };
+  if (h.protocol_version() != v1::kProtocolVersion) {
+    return refuse(Reason::kProtocolVersion, Code::kFailedPrecondition,
+                  "protocol version " + std::to_string(h.protocol_version()) +
+                      " is not supported (daemon speaks " + std::to_string(v1::kProtocolVersion) +
+                      ")");
+  }
+  if (!jobIdValid(h.job_id())) {
+    return refuse(Reason::kBadHello, Code::kInvalidArgument,
+                  "job_id must be 1-256 characters of [A-Za-z0-9-_.:@]");
+  }
+  if (h.world_size() <= 0 || h.rank() < 0 || h.rank() >= h.world_size() ||
+      h.host().size() > kMaxHostBytes || h.device().name().size() > kMaxShortString ||
+      h.device().uuid().size() > kMaxShortString) {
+    return refuse(Reason::kBadHello, Code::kInvalidArgument,
+                  "rank must be in [0, world_size) and world_size positive; host and device "
+                  "strings bounded");
+  }
+  if (!tokenValid(h.job_id(), h.token())) {
+    return refuse(Reason::kUnauthenticated, Code::kUnauthenticated,
+                  "missing or wrong token for job " + h.job_id());
+  }
+  if (static_cast<size_t>(h.world_size()) > config_.max_ranks_per_job) {
+    return refuse(Reason::kTooManyRanks, Code::kResourceExhausted,
+                  "world_size " + std::to_string(h.world_size()) + " is over --max-ranks-per-job");
+  }
+  const int64_t now = wall_.nowNs();
+  std::shared_ptr<CommandChannel> replaced;
+  {
+    std::lock_guard lock(mu_);
+    JobState* job = findJob(h.job_id());
+    if (job == nullptr) {
+      if (jobs_.size() >= config_.max_jobs) {
+        return refuse(Reason::kTooManyJobs, Code::kResourceExhausted, "too many jobs (--max-jobs)");
+      }
+      auto fresh = std::make_unique<JobState>();
+      fresh->job_id = h.job_id();
+      fresh->start_ns = h.start_time_unix_ns() > 0 ? h.start_time_unix_ns() : now;
+      job = fresh.get();
+      jobs_.emplace(h.job_id(), std::move(fresh));
+    }
+    if (!job->ranks.contains(h.rank()) && job->ranks.size() >= config_.max_ranks_per_job) {
+      return refuse(Reason::kTooManyRanks, Code::kResourceExhausted,
+                    "job has too many ranks (--max-ranks-per-job)");
+    }
+    job->world_size = std::max(job->world_size, h.world_size());
+    job->last_seen_ns = now;
+    job->dirty = true;
+    RankState& rs = job->ranks[h.rank()];
+    rs.rank = h.rank();
+    if (rs.session_id != 0) {
+      const auto it = sessions_.find(rs.session_id);
+      if (it != sessions_.end()) {
+        it->second.replaced = true;
+        replaced = std::move(it->second.channel);
+        sessions_.erase(it);
+        counters_.sessions_replaced.fetch_add(1, std::memory_order_relaxed);
+        --job->connected;
+      }
+    }
+    if (rs.pid != h.pid()) rs.drops.Clear();  // a new process: its counters start from zero
+    rs.host = h.host();
+    rs.pid = h.pid();
+    rs.local_rank = h.local_rank();
+    rs.device_name = h.device().name();
+    rs.device_uuid = h.device().uuid();
+    rs.mode = h.mode();
+    rs.last_seen_ns = now;
+    rs.dirty = true;
+    Session s;
+    s.id = next_session_id_++;
+    s.job = job;
+    s.rank = h.rank();
+    s.pid = h.pid();
+    s.tokens = config_.rank_rate_limit * config_.rank_rate_burst_s;
+    s.refill_ns = now;
+    s.channel = std::move(channel);
+    rs.session_id = s.id;
+    ++job->connected;
+    out.session_id = s.id;
+    out.pending.assign(rs.pending.begin(), rs.pending.end());
+    rs.pending.clear();
+    sessions_.emplace(s.id, std::move(s));
+  }
+  if (replaced) {
+    replaced->close(Code::kFailedPrecondition, "replaced by a newer stream of the same rank");
+  }
+  counters_.hellos_accepted.fetch_add(1, std::memory_order_relaxed);
+  out.ack.set_accepted(true);
+  out.ack.set_session_id(out.session_id);
+  FLARE_LOG_DEBUG("engine", "session {}: job {} rank {}/{} host {} pid {}", out.session_id,
+                  h.job_id(), h.rank(), h.world_size(), h.host(), h.pid());
+  return out;
+}
+
+void Ingest::close(uint64_t session_id) {
+  std::lock_guard lock(mu_);
+  const auto it = sessions_.find(session_id);
+  if (it == sessions_.end()) return;
+  JobState* job = it->second.job;
+  auto rit = job->ranks.find(it->second.rank);
+  if (rit != job->ranks.end() && rit->second.session_id == session_id) {
+    rit->second.session_id = 0;
+    rit->second.dirty = true;
+    --job->connected;
+  }
+  sessions_.erase(it);
+}
+
+size_t Ingest::activeSessions() const {
+  std::lock_guard lock(mu_);
+  return sessions_.size();
+}
+
+Verdict Ingest::validate(const Session& s, const v1::RecordBatch& b, int64_t now,
+                         std::unordered_map<uint32_t, uint32_t>* new_sigs) {
+  const size_t items = static_cast<size_t>(b.kernels_size()) + b.summaries_size() + b.spans_size() +
+                       b.steps_size() + b.signatures_size() + b.api_names_size();
+  if (items > config_.max_batch_items) {
+    return reject(Reason::kOversized, Code::kResourceExhausted,
+                  "batch of " + std::to_string(items) + " items is over --max-batch-items");
+  }
+  const int64_t min_ts = config_.min_timestamp_ns;
+  const int64_t max_ts = now + config_.max_future_ns;
+  auto badTime = [&](int64_t start, int64_t end) {
+    return start < min_ts || start > max_ts || end < start || end - start > config_.max_duration_ns;
+  };
+  if (s.sig_map.size() + b.signatures_size() > config_.max_signatures_per_rank) {
+    return reject(Reason::kTooManySignatures, Code::kResourceExhausted,
+                  "more than --max-signatures-per-rank signatures");
+  }
+  for (const v1::Signature& sig : b.signatures()) {
+    if (sig.id() == 0 || sig.name().empty() || sig.name().size() > kMaxNameBytes ||
+        sig.shape_size() > static_cast<int>(kMaxShapeDims) ||
+        sig.layout().size() > kMaxShortString || sig.library().size() > kMaxShortString) {
+      return reject(Reason::kBadSignature, Code::kInvalidArgument,
+                    "signature " + std::to_string(sig.id()) +
+                        ": id 0, empty or oversized name, or too many shape dims");
+    }
+    (*new_sigs)[sig.id()] = 0;
+  }
+  for (const v1::ApiName& a : b.api_names()) {
+    if (a.id() == 0 || a.qualified_name().size() > kMaxShortString) {
+      return reject(Reason::kBadSignature, Code::kInvalidArgument,
+                    "api name with id 0 or too long");
+    }
+  }
+  auto known = [&](uint32_t id) { return s.sig_map.contains(id) || new_sigs->contains(id); };
+  for (const v1::KernelRecord& k : b.kernels()) {
+    if (!known(k.signature_id())) {
+      return reject(Reason::kUnknownSignature, Code::kInvalidArgument,
+                    "kernel record names unknown signature " + std::to_string(k.signature_id()));
+    }
+    if (badTime(k.start_ns(), k.end_ns()) ||
+        (k.issue_ns() != 0 && (k.issue_ns() < min_ts || k.issue_ns() > max_ts))) {
+      return reject(Reason::kBadTimestamp, Code::kInvalidArgument,
+                    "kernel record times out of range (start " + std::to_string(k.start_ns()) +
+                        ", end " + std::to_string(k.end_ns()) + ")");
+    }
+    if (k.has_collective() &&
+        (k.collective().nranks() < 0 ||
+         static_cast<size_t>(k.collective().nranks()) > config_.max_ranks_per_job)) {
+      return reject(Reason::kBadRecord, Code::kInvalidArgument, "collective nranks out of range");
+    }
+  }
+  for (const v1::KernelSummary& sm : b.summaries()) {
+    if (!known(sm.signature_id())) {
+      return reject(Reason::kUnknownSignature, Code::kInvalidArgument,
+                    "summary names unknown signature " + std::to_string(sm.signature_id()));
+    }
+    if (badTime(sm.window_start_ns(), sm.window_end_ns())) {
+      return reject(Reason::kBadTimestamp, Code::kInvalidArgument, "summary window out of range");
+    }
+    if (sm.clusters_size() > static_cast<int>(kMaxClusters)) {
+      return reject(Reason::kBadRecord, Code::kInvalidArgument, "too many clusters in a summary");
+    }
+    for (const auto& c : sm.clusters()) {
+      if (c.p50_ns() < 0 || c.p99_ns() < 0 || c.sum_ns() < 0 ||
+          c.p50_ns() > config_.max_duration_ns || c.p99_ns() > config_.max_duration_ns ||
+          c.count() > (1ULL << 40)) {
+        return reject(Reason::kBadRecord, Code::kInvalidArgument, "summary cluster out of range");
+      }
+    }
+  }
+  for (const v1::ApiSpan& sp : b.spans()) {
+    bool api_known = s.api_ids.contains(sp.api_id());
+    for (const v1::ApiName& a : b.api_names()) api_known = api_known || a.id() == sp.api_id();
+    if (!api_known) {
+      return reject(Reason::kUnknownSignature, Code::kInvalidArgument,
+                    "span names unknown api id " + std::to_string(sp.api_id()));
+    }
+    if (badTime(sp.start_ns(), sp.end_ns())) {
+      return reject(Reason::kBadTimestamp, Code::kInvalidArgument, "span times out of range");
+    }
+  }
+  for (const v1::StepMarker& st : b.steps()) {
+    if (badTime(st.start_ns(), st.end_ns())) {
+      return reject(Reason::kBadTimestamp, Code::kInvalidArgument, "step times out of range");
+    }
+  }
+  if (b.created_ns() != 0 && (b.created_ns() < min_ts || b.created_ns() > max_ts)) {
+    return reject(Reason::kBadTimestamp, Code::kInvalidArgument, "batch created_ns out of range");
+  }
+  return {};
+}
+
+uint32_t Ingest::internSignature(JobState& job, const v1::Signature& sig) {
+  v1::Signature canon = sig;
+  canon.set_id(0);
+  std::string key;
+  canon.SerializeToString(&key);  // deterministic enough: no maps in Signature
+  const auto it = job.sig_index.find(key);
+  if (it != job.sig_index.end()) return it->second;
+  const auto id = static_cast<uint32_t>(job.sigs.size() + 1);
+  job.sig_index.emplace(std::move(key), id);
+  SigState& st = job.sigs.emplace_back();
+  st.sig = std::move(canon);
+  st.sig.set_id(id);
+  counters_.signatures.fetch_add(1, std::memory_order_relaxed);
+  if (store_) {
+    SignatureRow row{job.job_id, id, {}};
+    st.sig.SerializeToString(&row.signature);
+    store_->putSignature(row);
+  }
+  return id;
+}
+
+void Ingest::applyDrops(RankState& rs, const v1::DropCounters& d) {
+  const auto* refl = d.GetReflection();
+  const auto* desc = d.GetDescriptor();
+  for (int i = 0; i < desc->field_count(); ++i) {
+    const auto* f = desc->field(i);
+    const int n = f->number();
+    if (n < 1 || n > static_cast<int>(counters_.rank_drops.size())) continue;
+    const uint64_t now_v = refl->GetUInt64(d, f);
+    const uint64_t old_v = refl->GetUInt64(rs.drops, f);
+    if (now_v > old_v) {
+      counters_.rank_drops[n - 1].fetch_add(now_v - old_v, std::memory_order_relaxed);
+    }
+  }
+  rs.drops = d;
+}
+
+Verdict Ingest::batch(uint64_t session_id, const v1::RecordBatch& b) {
+  const int64_t now = wall_.nowNs();
+  std::vector<RawRecord> raw;
+  std::vector<WindowSummaryRow> windows;
+  std::string job_id;
+  {
+    std::lock_guard lock(mu_);
+    const auto sit = sessions_.find(session_id);
+    if (sit == sessions_.end()) {
+      return reject(Reason::kSessionReplaced, Code::kFailedPrecondition,
+                    "stream is no longer the rank's session", true);
+    }
+    Session& s = sit->second;
+    if (b.rank() != s.rank) {
+      return reject(Reason::kRankMismatch, Code::kPermissionDenied,
+                    "batch for rank " + std::to_string(b.rank()) + " on the stream of rank " +
+                        std::to_string(s.rank) + " of job " + s.job->job_id,
+                    true);
+    }
+    JobState& job = *s.job;
+    RankState& rs = job.ranks[s.rank];
+    // Spool replays: dedupe by (pid, batch_seq, created_ns) over a bounded window.
+    const uint64_t key = mix(mix(mix(0, static_cast<uint64_t>(s.pid)), b.batch_seq()),
+                             static_cast<uint64_t>(b.created_ns()));
+    if (b.from_spool() && rs.seen.contains(key)) {
+      return reject(Reason::kDuplicateBatch, Code::kOk, "batch already received");
+    }
+    if (!b.from_spool()) {
+      if (b.batch_seq() != 0 && b.batch_seq() <= s.last_seq) {
+        return reject(
+            Reason::kOutOfOrder, Code::kInvalidArgument,
+            "batch_seq " + std::to_string(b.batch_seq()) + " after " + std::to_string(s.last_seq));
+      }
+    }
+    const size_t records = static_cast<size_t>(b.kernels_size()) + b.summaries_size() +
+                           b.spans_size() + b.steps_size();
+    if (config_.rank_rate_limit > 0) {
+      const double cap = config_.rank_rate_limit * config_.rank_rate_burst_s;
+      s.tokens = std::min(
+          cap, s.tokens + config_.rank_rate_limit * static_cast<double>(now - s.refill_ns) / 1e9);
+      s.refill_ns = now;
+      if (static_cast<double>(records) > s.tokens) {
+        return reject(Reason::kRateLimited, Code::kResourceExhausted,
+                      "rank is over --rank-rate-limit records/s");
+      }
+    }
+    std::unordered_map<uint32_t, uint32_t> new_sigs;
+    Verdict v = validate(s, b, now, &new_sigs);
+    if (!v.ok()) return v;
+
+    // Everything checked: apply.
+    s.tokens -= static_cast<double>(records);
+    if (!b.from_spool() && b.batch_seq() != 0) {
+      if (s.last_seq != 0 && b.batch_seq() > s.last_seq + 1) {
+        const uint64_t lost = b.batch_seq() - s.last_seq - 1;
+        rs.lost_batches += lost;
+        counters_.lost_batches.fetch_add(lost, std::memory_order_relaxed);
+      }
+      s.last_seq = b.batch_seq();
+    }
+    if (rs.seen.insert(key).second) {
+      rs.seen_order.push_back(key);
+      if (rs.seen_order.size() > config_.dedupe_window) {
+        rs.seen.erase(rs.seen_order.front());
+        rs.seen_order.pop_front();
+      }
+    }
+    for (const v1::Signature& sig : b.signatures()) {
+      s.sig_map[sig.id()] = internSignature(job, sig);
+    }
+    for (const v1::ApiName& a : b.api_names()) s.api_ids.insert(a.id());
+    job_id = job.job_id;
+    if (config_.store_raw && store_ && b.kernels_size() > 0) raw.reserve(b.kernels_size());
+    for (const v1::KernelRecord& k : b.kernels()) {
+      const uint32_t id = s.sig_map[k.signature_id()];
+      SigState& st = job.sigs[id - 1];
+      const int64_t d = k.end_ns() - k.start_ns();
+      if (st.count == 0 || d < st.min_ns) st.min_ns = d;
+      if (st.count == 0 || d > st.max_ns) st.max_ns = d;
+      ++st.count;
+      st.total_ns += d;
+      st.hist.add(d);
+      st.flops += static_cast<double>(k.flops() != 0 ? k.flops() : st.sig.flops_per_call());
+      st.bytes += static_cast<double>(k.bytes() != 0 ? k.bytes() : st.sig.bytes_per_call());
+      if (k.has_collective() && k.collective().nranks() > 0) st.nranks = k.collective().nranks();
+      st.dirty = true;
+      if (config_.store_raw && store_) {
+        raw.push_back(RawRecord{s.rank, id, k.stream_id(), k.issue_ns(), k.start_ns(), k.end_ns(),
+                                k.flops(), k.bytes(),
+                                k.has_collective() ? k.collective().seq() : 0});
+      }
+    }
+    uint64_t summarized = 0;
+    for (const v1::KernelSummary& sm : b.summaries()) {
+      const uint32_t id = s.sig_map[sm.signature_id()];
+      SigState& st = job.sigs[id - 1];
+      // Stored rows: one per (rank, signature, stream, window of --summary-window-s), the
+      // clusters folded (p50: count-weighted mean of the clusters' p50, p99: their max).
+      const int64_t win =
+          config_.summary_window_ns > 0
+              ? sm.window_start_ns() / config_.summary_window_ns * config_.summary_window_ns
+              : sm.window_start_ns();
+      WindowSummaryRow* w = nullptr;
+      if (store_) {
+        w = &rs.open_windows[mix(mix(1, id), sm.stream_id())];
+        if (w->count > 0 && w->window_start_ns != win) {
+          windows.push_back(std::move(*w));
+          *w = WindowSummaryRow();
+        }
+        if (w->count == 0) {
+          w->job_id = job.job_id;
+          w->rank = s.rank;
+          w->sig_id = id;
+          w->stream = sm.stream_id();
+          w->window_start_ns = win;
+          w->source = "summary";
+        }
+        w->window_end_ns = std::max(w->window_end_ns, sm.window_end_ns());
+      }
+      for (const auto& c : sm.clusters()) {
+        if (c.count() == 0) continue;
+        const int64_t lo = std::min(c.p50_ns(), c.p99_ns());
+        if (st.count == 0 || lo < st.min_ns) st.min_ns = lo;
+        if (st.count == 0 || c.p99_ns() > st.max_ns) st.max_ns = c.p99_ns();
+        st.count += c.count();
+        st.total_ns += c.sum_ns();
+        // The histogram gets the cluster as mass at p50 with its top 1% at p99.
+        const uint64_t tail = c.count() >= 100 ? c.count() / 100 : 0;
+        st.hist.add(c.p50_ns(), c.count() - tail);
+        if (tail > 0) st.hist.add(c.p99_ns(), tail);
+        st.flops += static_cast<double>(c.count()) * static_cast<double>(st.sig.flops_per_call());
+        st.bytes += static_cast<double>(c.count()) * static_cast<double>(st.sig.bytes_per_call());
+        if (w != nullptr) {
+          const double n0 = static_cast<double>(w->count);
+          const double n1 = static_cast<double>(c.count());
+          w->p50_ns = static_cast<int64_t>(
+              (static_cast<double>(w->p50_ns) * n0 + static_cast<double>(c.p50_ns()) * n1) /
+              (n0 + n1));
+          w->count += c.count();
+          w->sum_ns += c.sum_ns();
+          w->p99_ns = std::max(w->p99_ns, c.p99_ns());
+        }
+        summarized += c.count();
+      }
+      st.dirty = true;
+    }
+    if (b.has_drops()) applyDrops(rs, b.drops());
+    ++rs.batches;
+    rs.records += static_cast<uint64_t>(b.kernels_size()) + summarized;
+    rs.last_seen_ns = now;
+    rs.dirty = true;
+    job.last_seen_ns = now;
+    job.dirty = true;
+    counters_.batches.fetch_add(1, std::memory_order_relaxed);
+    counters_.kernel_records.fetch_add(b.kernels_size(), std::memory_order_relaxed);
+    counters_.summaries.fetch_add(b.summaries_size(), std::memory_order_relaxed);
+    counters_.summarized_kernels.fetch_add(summarized, std::memory_order_relaxed);
+    counters_.spans.fetch_add(b.spans_size(), std::memory_order_relaxed);
+    counters_.steps.fetch_add(b.steps_size(), std::memory_order_relaxed);
+  }
+  if (store_) {
+    if (!raw.empty()) store_->appendRaw(job_id, std::move(raw));
+    if (!windows.empty()) store_->putWindowSummaries(std::move(windows));
+  }
+  return {};
+}
+
+Verdict Ingest::commandResult(uint64_t session_id, const v1::CommandResult& result) {
+  std::lock_guard lock(mu_);
+  const auto sit = sessions_.find(session_id);
+  if (sit == sessions_.end()) {
+    return reject(Reason::kSessionReplaced, Code::kFailedPrecondition,
+                  "stream is no longer the rank's session", true);
+  }
+  JobState& job = *sit->second.job;
+  if (result.command_id() == 0 || result.command_id() >= next_command_id_) {
+    return reject(Reason::kBadRecord, Code::kInvalidArgument, "result for an unknown command");
+  }
+  job.results[result.command_id()][sit->second.rank] = result;
+  while (job.results.size() > kMaxResultsPerJob) job.results.erase(job.results.begin());
+  counters_.command_results.fetch_add(1, std::memory_order_relaxed);
+  return {};
+}
+
+v1::ListJobsResponse Ingest::listJobs(const v1::ListJobsRequest& req) {
+  v1::ListJobsResponse out;
+  std::lock_guard lock(mu_);
+  std::vector<const JobState*> sorted;
+  for (const auto& [id, job] : jobs_) sorted.push_back(job.get());
+  std::sort(sorted.begin(), sorted.end(),
+            [](const JobState* a, const JobState* b) { return a->job_id < b->job_id; });
+  for (const JobState* job : sorted) {
+    const bool finished = job->connected == 0;
+    if (finished && !req.include_finished()) continue;
+    v1::JobInfo* j = out.add_jobs();
+    j->set_job_id(job->job_id);
+    j->set_world_size(job->world_size);
+    j->set_ranks_connected(static_cast<int32_t>(job->connected));
+    j->set_start_time_unix_ns(job->start_ns);
+    j->set_last_seen_unix_ns(job->last_seen_ns);
+    j->set_finished(finished);
+  }
+  return out;
+}
+
+void Ingest::fillReport(const JobState& job, v1::GetReportResponse* out) const {
+  out->set_job_id(job.job_id);
+  int64_t busy = 0;
+  for (const SigState& st : job.sigs) busy += st.total_ns;
+  std::vector<const SigState*> order;
+  for (const SigState& st : job.sigs) {
+    if (st.count > 0) order.push_back(&st);
+  }
+  std::sort(order.begin(), order.end(), [](const SigState* a, const SigState* b) {
+    return a->total_ns != b->total_ns ? a->total_ns > b->total_ns : a->sig.id() < b->sig.id();
+  });
+  for (const SigState* st : order) {
+    v1::SignatureReport* r = out->add_signatures();
+    *r->mutable_signature() = st->sig;
+    r->set_count(st->count);
+    r->set_total_ns(st->total_ns);
+    r->set_time_share(busy > 0 ? static_cast<double>(st->total_ns) / static_cast<double>(busy) : 0);
+    if (st->total_ns > 0 && computesFlops(st->sig.kind())) {
+      r->set_tflops(st->flops / static_cast<double>(st->total_ns) / 1e3);  // flop/ns = GFLOP/s
+    }
+    if (st->total_ns > 0 && isCollective(st->sig.kind())) {
+      const int32_t n = st->nranks > 0 ? st->nranks : job.world_size;
+      r->set_busbw_gbps(st->bytes / static_cast<double>(st->total_ns) *
+                        busBwFactor(st->sig.collective(), n));  // bytes/ns = GB/s
+    }
+    r->set_p50_ns(st->hist.quantile(0.5));
+    r->set_p99_ns(st->hist.quantile(0.99));
+  }
+}
+
+Code Ingest::report(const v1::GetReportRequest& req, v1::GetReportResponse* out) {
+  std::lock_guard lock(mu_);
+  const JobState* job = findJob(req.job_id());
+  if (job == nullptr) return Code::kNotFound;
+  fillReport(*job, out);
+  return Code::kOk;
+}
+
+Code Ingest::ranks(const v1::ListRanksRequest& req, v1::ListRanksResponse* out) {
+  std::lock_guard lock(mu_);
+  const JobState* job = findJob(req.job_id());
+  if (job == nullptr) return Code::kNotFound;
+  out->set_job_id(job->job_id);
+  for (const auto& [rank, rs] : job->ranks) {
+    v1::RankInfo* r = out->add_ranks();
+    r->set_rank(rank);
+    r->set_host(rs.host);
+    r->set_pid(rs.pid);
+    r->set_local_rank(rs.local_rank);
+    r->set_connected(rs.session_id != 0);
+    r->set_last_seen_unix_ns(rs.last_seen_ns);
+    r->set_batches(rs.batches);
+    r->set_records(rs.records);
+    r->set_lost_batches(rs.lost_batches);
+    *r->mutable_drops() = rs.drops;
+    r->set_mode(rs.mode);
+    r->set_device_name(rs.device_name);
+    r->set_device_uuid(rs.device_uuid);
+  }
+  return Code::kOk;
+}
+
+Code Ingest::sendCommand(const v1::SendCommandRequest& req, const std::string& token,
+                         v1::SendCommandResponse* out, std::string* error) {
+  if (!tokenValid(req.job_id(), token)) {
+    *error = "missing or wrong token for job " + req.job_id();
+    countRejected(Reason::kUnauthenticated);
+    return Code::kUnauthenticated;
+  }
+  if (req.command().kind_case() == v1::Command::KIND_NOT_SET) {
+    *error = "command has no kind";
+    return Code::kInvalidArgument;
+  }
+  std::lock_guard lock(mu_);
+  JobState* job = findJob(req.job_id());
+  if (job == nullptr) {
+    *error = "unknown job " + req.job_id();
+    return Code::kNotFound;
+  }
+  v1::DaemonMessage msg;
+  v1::Command* cmd = msg.mutable_command();
+  *cmd = req.command();
+  cmd->set_id(next_command_id_++);
+  out->set_command_id(cmd->id());
+  std::vector<int32_t> targets(req.ranks().begin(), req.ranks().end());
+  if (targets.empty()) {
+    for (const auto& [rank, rs] : job->ranks) targets.push_back(rank);
+  }
+  for (int32_t rank : targets) {
+    const auto rit = job->ranks.find(rank);
+    if (rit == job->ranks.end()) {
+      out->set_dropped(out->dropped() + 1);
+      counters_.commands_dropped.fetch_add(1, std::memory_order_relaxed);
+      continue;
+    }
+    RankState& rs = rit->second;
+    const auto sit = rs.session_id != 0 ? sessions_.find(rs.session_id) : sessions_.end();
+    if (sit != sessions_.end() && sit->second.channel && sit->second.channel->send(msg)) {
+      out->set_delivered(out->delivered() + 1);
+      counters_.commands_sent.fetch_add(1, std::memory_order_relaxed);
+    } else if (rs.pending.size() < config_.max_pending_commands) {
+      rs.pending.push_back(*cmd);
+      out->set_queued(out->queued() + 1);
+      counters_.commands_queued.fetch_add(1, std::memory_order_relaxed);
+    } else {
+      out->set_dropped(out->dropped() + 1);
+      counters_.commands_dropped.fetch_add(1, std::memory_order_relaxed);
+    }
+  }
+  return Code::kOk;
+}
+
+Code Ingest::commandResults(const v1::GetCommandResultsRequest& req,
+                            v1::GetCommandResultsResponse* out) {
+  std::lock_guard lock(mu_);
+  const JobState* job = findJob(req.job_id());
+  if (job == nullptr) return Code::kNotFound;
+  const auto it = job->results.find(req.command_id());
+  if (it == job->results.end()) return Code::kOk;
+  for (const auto& [rank, result] : it->second) {
+    v1::RankCommandResult* r = out->add_results();
+    r->set_rank(rank);
+    *r->mutable_result() = result;
+  }
+  return Code::kOk;
+}
+
+void Ingest::persist(bool final) {
+  if (store_ == nullptr) return;
+  const int64_t now = wall_.nowNs();
+  const int64_t current = config_.summary_window_ns > 0
+                              ? now / config_.summary_window_ns * config_.summary_window_ns
+                              : now;
+  std::vector<WindowSummaryRow> windows;
+  std::lock_guard lock(mu_);
+  // Rows close when the clock enters a new window: scan the open ones only then.
+  const bool close_windows = final || current != last_window_flush_;
+  last_window_flush_ = current;
+  for (auto& [id, job] : jobs_) {
+    for (auto& [rank, rs] : job->ranks) {
+      if (!close_windows) break;
+      for (auto it = rs.open_windows.begin(); it != rs.open_windows.end();) {
+        // A window is closed once the clock has left it (a rank's late summary for it
+        // then starts a new row of the same window).
+        if (final || it->second.window_start_ns + config_.summary_window_ns <= current) {
+          if (it->second.count > 0) windows.push_back(std::move(it->second));
+          it = rs.open_windows.erase(it);
+        } else {
+          ++it;
+        }
+      }
+    }
+    if (job->dirty) {
+      store_->putJob({job->job_id, job->world_size, job->start_ns, job->last_seen_ns});
+      job->dirty = false;
+    }
+    for (auto& [rank, rs] : job->ranks) {
+      if (!rs.dirty) continue;
+      RankRow r;
+      r.job_id = job->job_id;
+      r.rank = rank;
+      r.host = rs.host;
+      r.pid = rs.pid;
+      r.local_rank = rs.local_rank;
+      r.device_name = rs.device_name;
+      r.device_uuid = rs.device_uuid;
+      r.last_seen_ns = rs.last_seen_ns;
+      r.batches = rs.batches;
+      r.records = rs.records;
+      r.lost_batches = rs.lost_batches;
+      rs.drops.SerializeToString(&r.drops);
+      store_->putRank(r);
+      rs.dirty = false;
+    }
+    for (SigState& st : job->sigs) {
+      if (!st.dirty) continue;
+      store_->putSignatureStats({job->job_id, st.sig.id(), st.count, st.total_ns, st.min_ns,
+                                 st.max_ns, st.flops, st.bytes, st.nranks, st.hist.serialize()});
+      st.dirty = false;
+    }
+  }
+  if (!windows.empty()) store_->putWindowSummaries(std::move(windows));
+}
+
+void Ingest::loadFromStore() {
+  if (store_ == nullptr) return;
+  std::lock_guard lock(mu_);
+  for (const JobRow& row : store_->loadJobs()) {
+    auto job = std::make_unique<JobState>();
+    job->job_id = row.job_id;
+    job->world_size = row.world_size;
+    job->start_ns = row.start_ns;
+    job->last_seen_ns = row.last_seen_ns;
+    jobs_[row.job_id] = std::move(job);
+  }
+  for (const RankRow& row : store_->loadRanks()) {
+    JobState* job = findJob(row.job_id);
+    if (job == nullptr) continue;
+    RankState& rs = job->ranks[row.rank];
+    rs.rank = row.rank;
+    rs.host = row.host;
+    rs.pid = row.pid;
+    rs.local_rank = row.local_rank;
+    rs.device_name = row.device_name;
+    rs.device_uuid = row.device_uuid;
+    rs.last_seen_ns = row.last_seen_ns;
+    rs.batches = row.batches;
+    rs.records = row.records;
+    rs.lost_batches = row.lost_batches;
+    rs.drops.ParseFromString(row.drops);
+  }
+  for (const SignatureRow& row : store_->loadSignatures()) {
+    JobState* job = findJob(row.job_id);
+    v1::Signature sig;
+    if (job == nullptr || !sig.ParseFromString(row.signature) ||
+        row.sig_id != job->sigs.size() + 1) {
+      FLARE_LOG_WARN("engine", "store: skipping signature {} of job {}", row.sig_id, row.job_id);
+      continue;
+    }
+    v1::Signature canon = sig;
+    canon.set_id(0);
+    std::string key;
+    canon.SerializeToString(&key);
+    job->sig_index.emplace(std::move(key), row.sig_id);
+    job->sigs.emplace_back().sig = std::move(sig);
+  }
+  for (const SignatureStatsRow& row : store_->loadSignatureStats()) {
+    JobState* job = findJob(row.job_id);
+    if (job == nullptr || row.sig_id == 0 || row.sig_id > job->sigs.size()) continue;
+    SigState& st = job->sigs[row.sig_id - 1];
+    st.count = row.count;
+    st.total_ns = row.total_ns;
+    st.min_ns = row.min_ns;
+    st.max_ns = row.max_ns;
+    st.flops = row.flops;
+    st.bytes = row.bytes;
+    st.nranks = row.nranks;
+    st.hist.deserialize(row.histogram);
+  }
+  FLARE_LOG_INFO("engine", "store: loaded {} jobs", jobs_.size());
+}
+
+void Ingest::writeMetrics(PromWriter& w) const {
+  auto c = [](const std::atomic<uint64_t>& a) { return a.load(std::memory_order_relaxed); };
+  w.family("flare_ingest_rejected_total", "counter",
+           "Messages, batches or hellos refused, by reason (src/engine/ingest.h).");
+  for (size_t i = 0; i < counters_.rejected.size(); ++i) {
+    w.sample("flare_ingest_rejected_total", c(counters_.rejected[i]),
+             {{"reason", reasonName(static_cast<Reason>(i))}});
+  }
+  w.family("flare_ingest_hellos_accepted_total", "counter", "Rank streams accepted.");
+  w.sample("flare_ingest_hellos_accepted_total", c(counters_.hellos_accepted));
+  w.family("flare_ingest_sessions_replaced_total", "counter",
+           "Streams replaced by a newer stream of the same rank (reconnects).");
+  w.sample("flare_ingest_sessions_replaced_total", c(counters_.sessions_replaced));
+  w.family("flare_ingest_batches_total", "counter", "Record batches accepted.");
+  w.sample("flare_ingest_batches_total", c(counters_.batches));
+  w.family("flare_ingest_records_total", "counter", "Items of accepted batches, by type.");
+  w.sample("flare_ingest_records_total", c(counters_.kernel_records), {{"type", "kernel"}});
+  w.sample("flare_ingest_records_total", c(counters_.summaries), {{"type", "summary"}});
+  w.sample("flare_ingest_records_total", c(counters_.spans), {{"type", "span"}});
+  w.sample("flare_ingest_records_total", c(counters_.steps), {{"type", "step"}});
+  w.family("flare_ingest_summarized_kernels_total", "counter",
+           "Kernel executions carried by accepted summaries.");
+  w.sample("flare_ingest_summarized_kernels_total", c(counters_.summarized_kernels));
+  w.family("flare_ingest_signatures_total", "counter", "Distinct signatures interned (per job).");
+  w.sample("flare_ingest_signatures_total", c(counters_.signatures));
+  w.family("flare_ingest_lost_batches_total", "counter", "Gaps in ranks' batch_seq: batches lost.");
+  w.sample("flare_ingest_lost_batches_total", c(counters_.lost_batches));
+  w.family("flare_rank_drops_total", "counter",
+           "Increases of the ranks' DropCounters, summed over ranks, by counter.");
+  for (size_t i = 0; i < counters_.rank_drops.size(); ++i) {
+    w.sample("flare_rank_drops_total", c(counters_.rank_drops[i]), {{"kind", kDropNames[i]}});
+  }
+  w.family("flare_commands_total", "counter", "Commands to ranks, by outcome.");
+  w.sample("flare_commands_total", c(counters_.commands_sent), {{"outcome", "delivered"}});
+  w.sample("flare_commands_total", c(counters_.commands_queued), {{"outcome", "queued"}});
+  w.sample("flare_commands_total", c(counters_.commands_dropped), {{"outcome", "dropped"}});
+  w.family("flare_command_results_total", "counter", "Command results received from ranks.");
+  w.sample("flare_command_results_total", c(counters_.command_results));
+  size_t jobs = 0, ranks = 0, sessions = 0;
+  {
+    std::lock_guard lock(mu_);
+    jobs = jobs_.size();
+    for (const auto& [id, job] : jobs_) ranks += job->ranks.size();
+    sessions = sessions_.size();
+  }
+  w.family("flare_jobs", "gauge", "Jobs known to the daemon.");
+  w.sample("flare_jobs", static_cast<uint64_t>(jobs));
+  w.family("flare_ranks", "gauge", "Ranks known to the daemon, over all jobs.");
+  w.sample("flare_ranks", static_cast<uint64_t>(ranks));
+  w.family("flare_sessions_active", "gauge", "Rank streams open now.");
+  w.sample("flare_sessions_active", static_cast<uint64_t>(sessions));
+}
+
+}  // namespace flare::engine

@@ -1,0 +1,275 @@
+// Ingest: the transport-agnostic core of flared (conventions.md #6). It owns the per-job and
+// per-rank state, validates everything a rank sends, keeps the running per-signature aggregates
+// behind the kernel reports, routes commands to ranks and counts every refusal.
+//
+// Sessions. A transport (grpc_server.h) calls hello() for the first message of a stream, then
+// batch()/commandResult() for the rest, and close() when the stream ends. A session is bound to
+// the job and rank of its accepted hello: a batch naming another rank is a protocol violation,
+// so no stream can write into another rank's or job's state. A second stream of the same
+// (job, rank) replaces the first (the rank reconnected); the old stream is told to close.
+//
+// Validation. decode() and batch() check every field before anything changes: a batch is
+// applied whole or not at all. Refusals come back as a Verdict with a reason that labels
+// flare_ingest_rejected_total{reason=...}. Protocol violations (no hello, another rank, bytes
+// that do not decode) ask the transport to close the stream; content failures (oversized,
+// unknown signature, absurd timestamps, rate limit) drop the batch and keep the stream.
+//
+// Threading: every public method is thread-safe (one mutex; batches are small and applying one
+// is a few hundred nanoseconds per record). CommandChannel methods are called with that mutex
+// held and must only queue. Owned by flared_main; holds a Store* it does not own.
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include "flare/v1/service.pb.h"
+#include "src/common/clock.h"
+#include "src/engine/histogram.h"
+#include "src/engine/store.h"
+
+namespace flare::engine {
+
+class PromWriter;
+
+// Why something a rank or client sent was refused. Labels of flare_ingest_rejected_total.
+enum class Reason : uint8_t {
+  kMalformed,          // bytes that are not a RankMessage, or an empty message
+  kOversized,          // a batch with more items than --max-batch-items, or a too-large message
+  kNoHello,            // a batch or result before an accepted hello
+  kDuplicateHello,     // a second hello on one stream
+  kBadHello,           // missing or out-of-range hello fields
+  kProtocolVersion,    // a protocol version this daemon cannot read
+  kUnauthenticated,    // missing or wrong token
+  kTooManyJobs,        // --max-jobs reached
+  kTooManyRanks,       // --max-ranks-per-job reached
+  kRankMismatch,       // a batch naming another rank than the stream's hello
+  kSessionReplaced,    // a message on a stream whose rank reconnected on another stream
+  kUnknownSignature,   // a record naming a signature (or API) id never sent
+  kBadSignature,       // a signature with id 0 or fields out of bounds
+  kTooManySignatures,  // more than --max-signatures-per-rank
+  kBadTimestamp,       // a time out of the plausible range, or an end before its start
+  kBadRecord,          // other out-of-range record fields
+  kRateLimited,        // the rank's record rate is over --rank-rate-limit
+  kDuplicateBatch,     // a spool replay of a batch already received
+  kOutOfOrder,         // a batch_seq not after the stream's previous one
+  kCount
+};
+const char* reasonName(Reason r);
+
+// A status a transport can map onto its own (gRPC codes of the same names).
+enum class Code : uint8_t {
+  kOk,
+  kInvalidArgument,
+  kUnauthenticated,
+  kPermissionDenied,
+  kResourceExhausted,
+  kFailedPrecondition,
+  kNotFound
+};
+
+struct Verdict {
+  Code code = Code::kOk;
+  Reason reason = Reason::kCount;  // kCount when ok
+  std::string error;
+  bool close_stream = false;  // protocol violation: the transport ends the stream with `code`
+  bool ok() const { return code == Code::kOk; }
+};
+
+// The transport's side of one stream, for messages the daemon sends unprompted.
+class CommandChannel {
+ public:
+  virtual ~CommandChannel() = default;
+  // Queues a message for the rank; false when the channel's queue is full (counted).
+  virtual bool send(const v1::DaemonMessage& msg) = 0;
+  // Asks the transport to end the stream with this status.
+  virtual void close(Code code, const std::string& error) = 0;
+};
+
+struct IngestConfig {
+  size_t max_message_bytes = 8u << 20;
+  size_t max_batch_items = 200000;  // records + summaries + spans + steps + table entries
+  size_t max_jobs = 4096;
+  size_t max_ranks_per_job = 65536;
+  size_t max_signatures_per_rank = 65536;
+  double rank_rate_limit = 2e6;                   // records/s per rank (token bucket); 0: no limit
+  double rank_rate_burst_s = 2.0;                 // bucket depth in seconds of the rate
+  int64_t max_future_ns = 3600LL * 1000000000LL;  // timestamps this far ahead of the daemon
+  int64_t min_timestamp_ns = 1577836800LL * 1000000000LL;  // 2020-01-01
+  int64_t max_duration_ns = 86400LL * 1000000000LL;        // one kernel/step/span at most a day
+  bool store_raw = true;                                   // append raw kernel records to the store
+  int64_t summary_window_ns = 60LL * 1000000000LL;         // stored rows fold ranks' summaries
+  size_t max_pending_commands = 32;                        // per rank, while it is not connected
+  size_t dedupe_window = 64;  // batches remembered per rank for spool-replay dedupe (~4 KiB)
+  // Tokens: job -> token, and a token for every other job ("" = none). With neither, every
+  // hello is accepted (the loopback default).
+  std::unordered_map<std::string, std::string> job_tokens;
+  std::string default_token;
+};
+
+// Counters of one Ingest; all monotonic.
+struct IngestCounters {
+  std::array<std::atomic<uint64_t>, static_cast<size_t>(Reason::kCount)> rejected{};
+  std::atomic<uint64_t> hellos_accepted{0};
+  std::atomic<uint64_t> sessions_replaced{0};
+  std::atomic<uint64_t> batches{0};
+  std::atomic<uint64_t> kernel_records{0};
+  std::atomic<uint64_t> summaries{0};
+  std::atomic<uint64_t> summarized_kernels{0};
+  std::atomic<uint64_t> spans{0};
+  std::atomic<uint64_t> steps{0};
+  std::atomic<uint64_t> signatures{0};
+  std::atomic<uint64_t> lost_batches{0};
+  std::atomic<uint64_t> commands_sent{0};
+  std::atomic<uint64_t> commands_queued{0};
+  std::atomic<uint64_t> commands_dropped{0};
+  std::atomic<uint64_t> command_results{0};
+  // Sum over ranks of the increases of each DropCounters field (index = field number - 1).
+  std::array<std::atomic<uint64_t>, 11> rank_drops{};
+};
+
+class Ingest {
+ public:
+  // `wall` gives Unix-epoch nanoseconds (RealtimeClock in flared, FakeClock in tests).
+  Ingest(IngestConfig config, Store* store, const common::Clock& wall);
+  ~Ingest();
+  Ingest(const Ingest&) = delete;
+  Ingest& operator=(const Ingest&) = delete;
+
+  // Rebuilds jobs, ranks, signatures and aggregates from the store (daemon restart).
+  void loadFromStore();
+
+  // Decodes one RankMessage from the wire, with the size limit. Counts kMalformed/kOversized.
+  Verdict decode(const void* data, size_t size, v1::RankMessage* out);
+
+  struct HelloOutcome {
+    Verdict verdict;
+    uint64_t session_id = 0;           // 0 when refused
+    v1::HelloAck ack;                  // always filled: send it, then close if refused
+    std::vector<v1::Command> pending;  // commands queued while the rank was away
+  };
+  HelloOutcome hello(const v1::RankHello& hello, std::shared_ptr<CommandChannel> channel);
+  Verdict batch(uint64_t session_id, const v1::RecordBatch& batch);
+  Verdict commandResult(uint64_t session_id, const v1::CommandResult& result);
+  void close(uint64_t session_id);
+  // Counts a refusal the transport decided itself (e.g. a second hello).
+  void countRejected(Reason r);
+
+  // Queries (the gRPC Query service and the HTTP JSON API).
+  v1::ListJobsResponse listJobs(const v1::ListJobsRequest& req);
+  // Code::kNotFound for an unknown job.
+  Code report(const v1::GetReportRequest& req, v1::GetReportResponse* out);
+  Code ranks(const v1::ListRanksRequest& req, v1::ListRanksResponse* out);
+  // `token`: the client's token, checked against the job's when tokens are configured.
+  Code sendCommand(const v1::SendCommandRequest& req, const std::string& token,
+                   v1::SendCommandResponse* out, std::string* error);
+  Code commandResults(const v1::GetCommandResultsRequest& req, v1::GetCommandResultsResponse* out);
+
+  // Writes dirty job, rank and aggregate state and the closed summary windows to the store
+  // (flared calls it every second; `final` at shutdown also writes the open windows).
+  void persist(bool final = false);
+  void writeMetrics(PromWriter& w) const;
+  const IngestCounters& counters() const { return counters_; }
+  size_t activeSessions() const;
+  // True when `token` may act for `job_id` (constant-time compare).
+  bool tokenValid(const std::string& job_id, const std::string& token) const;
+
+ private:
+  struct SigState {
+    v1::Signature sig;  // id = daemon id
+    uint64_t count = 0;
+    int64_t total_ns = 0;
+    int64_t min_ns = 0;
+    int64_t max_ns = 0;
+    double flops = 0;
+    double bytes = 0;
+    int32_t nranks = 0;
+    LogHistogram hist;
+    bool dirty = false;
+  };
+  struct RankState {
+    int32_t rank = 0;
+    std::string host;
+    int32_t pid = 0;
+    int32_t local_rank = 0;
+    std::string device_name;
+    std::string device_uuid;
+    v1::Mode mode = v1::MODE_UNSPECIFIED;
+    int64_t last_seen_ns = 0;
+    uint64_t batches = 0;
+    uint64_t records = 0;
+    uint64_t lost_batches = 0;
+    v1::DropCounters drops;
+    uint64_t session_id = 0;  // the live session, 0: none
+    std::deque<v1::Command> pending;
+    std::unordered_set<uint64_t> seen;  // batch keys (dedupe of spool replays)
+    std::deque<uint64_t> seen_order;
+    // Summaries being folded into the current stored window, by (signature, stream).
+    std::unordered_map<uint64_t, WindowSummaryRow> open_windows;
+    bool dirty = false;
+  };
+  struct JobState {
+    std::string job_id;
+    int32_t world_size = 0;
+    int64_t start_ns = 0;
+    int64_t last_seen_ns = 0;
+    std::map<int32_t, RankState> ranks;
+    std::vector<SigState> sigs;                           // index = daemon id - 1
+    std::unordered_map<std::string, uint32_t> sig_index;  // canonical signature -> daemon id
+    std::map<uint64_t, std::map<int32_t, v1::CommandResult>> results;  // bounded, by command
+    size_t connected = 0;
+    bool dirty = false;
+  };
+  struct Session {
+    uint64_t id = 0;
+    JobState* job = nullptr;
+    int32_t rank = 0;
+    int32_t pid = 0;
+    uint64_t last_seq = 0;
+    std::unordered_map<uint32_t, uint32_t> sig_map;  // rank signature id -> daemon id
+    std::unordered_set<uint32_t> api_ids;
+    double tokens = 0;  // rate-limit bucket, records
+    int64_t refill_ns = 0;
+    bool replaced = false;
+    std::shared_ptr<CommandChannel> channel;
+  };
+
+  Verdict reject(Reason r, Code code, std::string error, bool close = false);
+  Verdict validate(const Session& s, const v1::RecordBatch& b, int64_t now,
+                   std::unordered_map<uint32_t, uint32_t>* new_sigs);
+  uint32_t internSignature(JobState& job, const v1::Signature& sig);
+  void applyDrops(RankState& rs, const v1::DropCounters& d);
+  void fillReport(const JobState& job, v1::GetReportResponse* out) const;
+  JobState* findJob(const std::string& job_id);
+
+  IngestConfig config_;
+  Store* store_;
+  const common::Clock& wall_;
+  mutable std::mutex mu_;
+  std::unordered_map<std::string, std::unique_ptr<JobState>> jobs_;
+  std::unordered_map<uint64_t, Session> sessions_;
+  uint64_t next_session_id_ = 1;
+  uint64_t next_command_id_ = 1;
+  int64_t last_window_flush_ = 0;  // the window persist() last closed rows for
+  IngestCounters counters_;
+};
+
+// CLOCK_REALTIME as a Clock (Unix-epoch nanoseconds).
+class RealtimeClock final : public common::Clock {
+ public:
+  int64_t nowNs() const noexcept override { return common::realtimeNs(); }
+};
+
+// The nccl-tests bus-bandwidth factor of a collective over n ranks.
+double busBwFactor(v1::CollectiveKind kind, int32_t nranks);
+
+}  // namespace flare::engine

@@ -1,0 +1,423 @@
+// Ingest core: hello and batch validation, per-job state, report math, sessions, commands,
+// rate limit, dedupe and counters. No transport; a FakeClock drives time.
+#include "src/engine/ingest.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <vector>
+
+#include "src/engine/metrics.h"
+#include "src/engine/test_util.h"
+
+namespace flare::engine {
+namespace {
+
+using testing::addKernel;
+using testing::allReduceSig;
+using testing::gemmSig;
+using testing::kNow;
+using testing::makeHello;
+
+class FakeChannel : public CommandChannel {
+ public:
+  bool send(const v1::DaemonMessage& m) override {
+    sent.push_back(m);
+    return true;
+  }
+  void close(Code code, const std::string& error) override {
+    closed = true;
+    close_code = code;
+  }
+  std::vector<v1::DaemonMessage> sent;
+  bool closed = false;
+  Code close_code = Code::kOk;
+};
+
+class IngestTest : public ::testing::Test {
+ protected:
+  IngestTest() : clock_(kNow) {}
+  void make(IngestConfig cfg = {}) {
+    ingest_ = std::make_unique<Ingest>(std::move(cfg), nullptr, clock_);
+  }
+  uint64_t connect(const std::string& job, int rank, int world,
+                   std::shared_ptr<FakeChannel> ch = nullptr, const std::string& token = "") {
+    auto out = ingest_->hello(makeHello(job, rank, world, token),
+                              ch ? ch : std::make_shared<FakeChannel>());
+    EXPECT_TRUE(out.verdict.ok()) << out.verdict.error;
+    EXPECT_TRUE(out.ack.accepted());
+    return out.session_id;
+  }
+  uint64_t rejected(Reason r) const {
+    return ingest_->counters().rejected[static_cast<size_t>(r)].load();
+  }
+  v1::GetReportResponse report(const std::string& job) {
+    v1::GetReportRequest req;
+    req.set_job_id(job);
+    v1::GetReportResponse out;
+    EXPECT_EQ(ingest_->report(req, &out), Code::kOk);
+    return out;
+  }
+
+  common::FakeClock clock_;
+  std::unique_ptr<Ingest> ingest_;
+};
+
+TEST_F(IngestTest, TokensGateHellosPerJobWithDefault) {
+  IngestConfig cfg;
+  cfg.job_tokens["jobA"] = "secretA";
+  cfg.default_token = "fallback";
+  make(cfg);
+  auto ch = std::make_shared<FakeChannel>();
+  auto bad = ingest_->hello(makeHello("jobA", 0, 2, "wrong"), ch);
+  EXPECT_FALSE(bad.ack.accepted());
+  EXPECT_EQ(bad.verdict.code, Code::kUnauthenticated);
+  EXPECT_TRUE(bad.verdict.close_stream);
+  EXPECT_FALSE(bad.ack.error().empty());
+  // Job A's token is not the default: another job cannot use it.
+  EXPECT_FALSE(ingest_->hello(makeHello("jobB", 0, 2, "secretA"), ch).ack.accepted());
+  EXPECT_FALSE(ingest_->hello(makeHello("jobA", 0, 2, ""), ch).ack.accepted());
+  EXPECT_EQ(rejected(Reason::kUnauthenticated), 3u);
+  EXPECT_TRUE(ingest_->hello(makeHello("jobA", 0, 2, "secretA"), ch).ack.accepted());
+  EXPECT_TRUE(ingest_->hello(makeHello("jobB", 0, 2, "fallback"), ch).ack.accepted());
+  EXPECT_EQ(ingest_->activeSessions(), 2u);
+}
+
+TEST_F(IngestTest, HelloFieldsValidated) {
+  IngestConfig cfg;
+  cfg.max_ranks_per_job = 4;
+  cfg.max_jobs = 1;
+  make(cfg);
+  auto ch = std::make_shared<FakeChannel>();
+  auto h = makeHello("job", 0, 2);
+  h.set_protocol_version(99);
+  EXPECT_EQ(ingest_->hello(h, ch).verdict.reason, Reason::kProtocolVersion);
+  EXPECT_EQ(ingest_->hello(makeHello("job", 2, 2), ch).verdict.reason, Reason::kBadHello);
+  EXPECT_EQ(ingest_->hello(makeHello("job", -1, 2), ch).verdict.reason, Reason::kBadHello);
+  EXPECT_EQ(ingest_->hello(makeHello("", 0, 2), ch).verdict.reason, Reason::kBadHello);
+  EXPECT_EQ(ingest_->hello(makeHello("a/b", 0, 2), ch).verdict.reason, Reason::kBadHello);
+  EXPECT_EQ(ingest_->hello(makeHello("job", 0, 5), ch).verdict.reason, Reason::kTooManyRanks);
+  EXPECT_TRUE(ingest_->hello(makeHello("job", 0, 4), ch).verdict.ok());
+  EXPECT_EQ(ingest_->hello(makeHello("job2", 0, 4), ch).verdict.reason, Reason::kTooManyJobs);
+}
+
+TEST_F(IngestTest, DecodeRejectsMalformedAndOversized) {
+  IngestConfig cfg;
+  cfg.max_message_bytes = 64;
+  make(cfg);
+  v1::RankMessage m;
+  const std::string garbage = "\xff\xff\xff\xff\x0f garbage";
+  Verdict v = ingest_->decode(garbage.data(), garbage.size(), &m);
+  EXPECT_EQ(v.reason, Reason::kMalformed);
+  EXPECT_TRUE(v.close_stream);
+  EXPECT_EQ(ingest_->decode("", 0, &m).reason, Reason::kMalformed);  // no oneof set
+  std::string big(65, '\0');
+  EXPECT_EQ(ingest_->decode(big.data(), big.size(), &m).reason, Reason::kOversized);
+  v1::RankMessage ok;
+  *ok.mutable_hello() = makeHello("j", 0, 1);
+  const std::string bytes = ok.SerializeAsString();
+  ASSERT_LE(bytes.size(), 64u);
+  EXPECT_TRUE(ingest_->decode(bytes.data(), bytes.size(), &m).ok());
+  EXPECT_EQ(m.hello().job_id(), "j");
+  EXPECT_EQ(rejected(Reason::kMalformed), 2u);
+  EXPECT_EQ(rejected(Reason::kOversized), 1u);
+}
+
+TEST_F(IngestTest, ReportComputesTflopsBusbwShareAndQuantiles) {
+  make();
+  const uint64_t s0 = connect("job", 0, 8);
+  const uint64_t s1 = connect("job", 1, 8);
+  // Rank 0: 3 GEMMs of 4096^3 taking 1 ms each; 2 all-reduces of 64 MiB over 8 ranks, 4 ms.
+  v1::RecordBatch b;
+  b.set_rank(0);
+  b.set_batch_seq(1);
+  *b.add_signatures() = gemmSig(1, 4096, 4096, 4096);
+  *b.add_signatures() = allReduceSig(2, 64ull << 20);
+  for (int i = 0; i < 3; ++i) addKernel(&b, 1, kNow + i * 10000000, 1000000);
+  for (int i = 0; i < 2; ++i) addKernel(&b, 2, kNow + i * 10000000, 4000000, 8);
+  ASSERT_TRUE(ingest_->batch(s0, b).ok());
+  // Rank 1 names the same GEMM with its own id 5: one line in the report.
+  v1::RecordBatch b1;
+  b1.set_rank(1);
+  b1.set_batch_seq(1);
+  *b1.add_signatures() = gemmSig(5, 4096, 4096, 4096);
+  addKernel(&b1, 5, kNow, 3000000);
+  ASSERT_TRUE(ingest_->batch(s1, b1).ok());
+
+  const auto r = report("job");
+  ASSERT_EQ(r.signatures_size(), 2);
+  const auto& ar = r.signatures(0);    // 8 ms of all-reduce first
+  const auto& gemm = r.signatures(1);  // 6 ms of GEMM
+  EXPECT_EQ(ar.signature().name(), "ncclAllReduce");
+  EXPECT_EQ(ar.count(), 2u);
+  EXPECT_EQ(ar.total_ns(), 8000000);
+  const double S = 64.0 * (1 << 20);
+  EXPECT_NEAR(ar.busbw_gbps(), S / 4e-3 * (2.0 * 7 / 8) / 1e9, 1e-6);
+  EXPECT_EQ(ar.tflops(), 0);
+  EXPECT_EQ(gemm.count(), 4u);
+  EXPECT_EQ(gemm.total_ns(), 6000000);
+  const double flops = 4 * 2.0 * 4096.0 * 4096.0 * 4096.0;
+  EXPECT_NEAR(gemm.tflops(), flops / 6e-3 / 1e12, 1e-9);
+  EXPECT_NEAR(gemm.time_share(), 6.0 / 14.0, 1e-12);
+  EXPECT_NEAR(ar.time_share(), 8.0 / 14.0, 1e-12);
+  // p50 of {1,1,1,3} ms within a bucket (<19%) of 1 ms; p99 of 3 ms.
+  EXPECT_NEAR(gemm.p50_ns(), 1000000, 190000);
+  EXPECT_NEAR(gemm.p99_ns(), 3000000, 570000);
+}
+
+TEST_F(IngestTest, ContentFailuresDropWholeBatchAndKeepStream) {
+  IngestConfig cfg;
+  cfg.max_batch_items = 10;
+  make(cfg);
+  const uint64_t s = connect("job", 0, 1);
+  auto base = [] {
+    v1::RecordBatch b;
+    b.set_rank(0);
+    *b.add_signatures() = gemmSig(1, 128, 128, 128);
+    return b;
+  };
+  // A good record followed by one with an unknown signature: nothing of the batch is applied.
+  v1::RecordBatch b = base();
+  addKernel(&b, 1, kNow, 1000);
+  addKernel(&b, 9, kNow, 1000);
+  Verdict v = ingest_->batch(s, b);
+  EXPECT_EQ(v.reason, Reason::kUnknownSignature);
+  EXPECT_FALSE(v.close_stream);
+  // Absurd timestamps: 1970, far future, end before start.
+  for (auto [start, dur] : {std::pair<int64_t, int64_t>{1000, 10},
+                            {kNow + 86400LL * 1000000000LL * 365, 10},
+                            {kNow, -5}}) {
+    b = base();
+    addKernel(&b, 1, start, dur);
+    EXPECT_EQ(ingest_->batch(s, b).reason, Reason::kBadTimestamp);
+  }
+  b = base();
+  for (int i = 0; i < 10; ++i) addKernel(&b, 1, kNow, 10);
+  EXPECT_EQ(ingest_->batch(s, b).reason, Reason::kOversized);
+  b = base();
+  b.mutable_signatures(0)->set_id(0);
+  EXPECT_EQ(ingest_->batch(s, b).reason, Reason::kBadSignature);
+  v1::GetReportResponse r = report("job");
+  EXPECT_EQ(r.signatures_size(), 0);
+  EXPECT_EQ(ingest_->counters().batches.load(), 0u);
+  // The stream still works.
+  b = base();
+  addKernel(&b, 1, kNow, 1000);
+  EXPECT_TRUE(ingest_->batch(s, b).ok());
+  EXPECT_EQ(report("job").signatures(0).count(), 1u);
+  EXPECT_EQ(rejected(Reason::kBadTimestamp), 3u);
+
+  PromWriter w;
+  ingest_->writeMetrics(w);
+  EXPECT_THAT(w.text(), ::testing::HasSubstr(
+                            "flare_ingest_rejected_total{reason=\"unknown_signature\"} 1\n"));
+  EXPECT_THAT(w.text(),
+              ::testing::HasSubstr("flare_ingest_rejected_total{reason=\"bad_timestamp\"} 3\n"));
+  EXPECT_THAT(w.text(), ::testing::HasSubstr("flare_ingest_records_total{type=\"kernel\"} 1\n"));
+}
+
+TEST_F(IngestTest, StreamIsBoundToItsRankAndJob) {
+  make();
+  const uint64_t a0 = connect("jobA", 0, 2);
+  connect("jobB", 1, 2);
+  v1::RecordBatch b;
+  b.set_rank(1);  // jobA's rank-0 stream claims rank 1
+  *b.add_signatures() = gemmSig(1, 64, 64, 64);
+  addKernel(&b, 1, kNow, 100);
+  Verdict v = ingest_->batch(a0, b);
+  EXPECT_EQ(v.code, Code::kPermissionDenied);
+  EXPECT_TRUE(v.close_stream);
+  EXPECT_EQ(rejected(Reason::kRankMismatch), 1u);
+  // Nothing reached job B (nor job A).
+  EXPECT_EQ(report("jobB").signatures_size(), 0);
+  EXPECT_EQ(report("jobA").signatures_size(), 0);
+  // A batch naming its own rank lands in its own job only.
+  b.set_rank(0);
+  ASSERT_TRUE(ingest_->batch(a0, b).ok());
+  EXPECT_EQ(report("jobA").signatures_size(), 1);
+  EXPECT_EQ(report("jobB").signatures_size(), 0);
+}
+
+TEST_F(IngestTest, ReconnectReplacesSessionAndDeliversQueuedCommands) {
+  make();
+  auto old_ch = std::make_shared<FakeChannel>();
+  const uint64_t old_s = connect("job", 0, 2, old_ch);
+  ingest_->close(old_s);
+  // Rank away: the command waits for it.
+  v1::SendCommandRequest req;
+  req.set_job_id("job");
+  req.mutable_command()->mutable_dump_stacks()->set_native(true);
+  v1::SendCommandResponse resp;
+  std::string err;
+  ASSERT_EQ(ingest_->sendCommand(req, "", &resp, &err), Code::kOk);
+  EXPECT_EQ(resp.queued(), 1);
+  auto ch1 = std::make_shared<FakeChannel>();
+  auto out = ingest_->hello(makeHello("job", 0, 2), ch1);
+  ASSERT_EQ(out.pending.size(), 1u);
+  EXPECT_EQ(out.pending[0].id(), resp.command_id());
+  EXPECT_TRUE(out.pending[0].has_dump_stacks());
+  // A second stream of the same rank replaces the first, which is told to close.
+  auto ch2 = std::make_shared<FakeChannel>();
+  const uint64_t s2 = connect("job", 0, 2, ch2);
+  EXPECT_TRUE(ch1->closed);
+  v1::RecordBatch b;
+  b.set_rank(0);
+  EXPECT_EQ(ingest_->batch(out.session_id, b).reason, Reason::kSessionReplaced);
+  EXPECT_TRUE(ingest_->batch(s2, b).ok());
+  // Live rank: delivered on its channel; the result comes back by command id.
+  v1::SendCommandResponse resp2;
+  ASSERT_EQ(ingest_->sendCommand(req, "", &resp2, &err), Code::kOk);
+  EXPECT_EQ(resp2.delivered(), 1);
+  ASSERT_EQ(ch2->sent.size(), 1u);
+  EXPECT_EQ(ch2->sent[0].command().id(), resp2.command_id());
+  v1::CommandResult res;
+  res.set_command_id(resp2.command_id());
+  res.set_ok(true);
+  res.mutable_stacks()->add_threads()->set_thread_id(42);
+  EXPECT_TRUE(ingest_->commandResult(s2, res).ok());
+  v1::GetCommandResultsRequest rq;
+  rq.set_job_id("job");
+  rq.set_command_id(resp2.command_id());
+  v1::GetCommandResultsResponse rr;
+  ASSERT_EQ(ingest_->commandResults(rq, &rr), Code::kOk);
+  ASSERT_EQ(rr.results_size(), 1);
+  EXPECT_EQ(rr.results(0).result().stacks().threads(0).thread_id(), 42u);
+  v1::ListRanksRequest lr;
+  lr.set_job_id("job");
+  v1::ListRanksResponse ranks;
+  ASSERT_EQ(ingest_->ranks(lr, &ranks), Code::kOk);
+  ASSERT_EQ(ranks.ranks_size(), 1);
+  EXPECT_TRUE(ranks.ranks(0).connected());
+}
+
+TEST_F(IngestTest, SendCommandNeedsTheJobsToken) {
+  IngestConfig cfg;
+  cfg.job_tokens["job"] = "t";
+  make(cfg);
+  connect("job", 0, 1, nullptr, "t");
+  v1::SendCommandRequest req;
+  req.set_job_id("job");
+  req.mutable_command()->mutable_deep_trace()->set_steps(3);
+  v1::SendCommandResponse resp;
+  std::string err;
+  EXPECT_EQ(ingest_->sendCommand(req, "x", &resp, &err), Code::kUnauthenticated);
+  EXPECT_EQ(ingest_->sendCommand(req, "t", &resp, &err), Code::kOk);
+  EXPECT_EQ(resp.delivered(), 1);
+}
+
+TEST_F(IngestTest, SeqGapsCountedSpoolReplaysDeduped) {
+  make();
+  const uint64_t s = connect("job", 0, 1);
+  auto batch = [](uint64_t seq, bool spool) {
+    v1::RecordBatch b;
+    b.set_rank(0);
+    b.set_batch_seq(seq);
+    b.set_created_ns(kNow + static_cast<int64_t>(seq));
+    b.set_from_spool(spool);
+    return b;
+  };
+  EXPECT_TRUE(ingest_->batch(s, batch(1, false)).ok());
+  EXPECT_TRUE(ingest_->batch(s, batch(4, false)).ok());  // 2 and 3 lost
+  EXPECT_EQ(ingest_->counters().lost_batches.load(), 2u);
+  EXPECT_EQ(ingest_->batch(s, batch(4, false)).reason, Reason::kOutOfOrder);
+  // The spool replays 2 (new) then 4 (already received live) and 2 again.
+  EXPECT_TRUE(ingest_->batch(s, batch(2, true)).ok());
+  EXPECT_EQ(ingest_->batch(s, batch(4, true)).reason, Reason::kDuplicateBatch);
+  EXPECT_EQ(ingest_->batch(s, batch(2, true)).reason, Reason::kDuplicateBatch);
+  EXPECT_EQ(ingest_->counters().batches.load(), 3u);
+}
+
+TEST_F(IngestTest, DedupeMemoryIsBoundedPerRank) {
+  IngestConfig cfg;
+  cfg.dedupe_window = 2;
+  make(cfg);
+  const uint64_t s = connect("job", 0, 1);
+  for (uint64_t seq = 1; seq <= 3; ++seq) {
+    v1::RecordBatch b;
+    b.set_rank(0);
+    b.set_batch_seq(seq);
+    ASSERT_TRUE(ingest_->batch(s, b).ok());
+  }
+  v1::RecordBatch replay;
+  replay.set_rank(0);
+  replay.set_from_spool(true);
+  replay.set_batch_seq(3);
+  EXPECT_EQ(ingest_->batch(s, replay).reason, Reason::kDuplicateBatch);  // remembered
+  replay.set_batch_seq(1);
+  EXPECT_TRUE(ingest_->batch(s, replay).ok());  // forgotten: only the last 2 are kept
+}
+
+TEST_F(IngestTest, RateLimitIsPerRankTokenBucket) {
+  IngestConfig cfg;
+  cfg.rank_rate_limit = 100;  // records/s, 2 s burst = 200
+  make(cfg);
+  const uint64_t s = connect("job", 0, 1);
+  auto batch = [](int n) {
+    v1::RecordBatch b;
+    b.set_rank(0);
+    *b.add_signatures() = gemmSig(1, 8, 8, 8);
+    for (int i = 0; i < n; ++i) addKernel(&b, 1, kNow, 10);
+    return b;
+  };
+  EXPECT_TRUE(ingest_->batch(s, batch(150)).ok());
+  EXPECT_EQ(ingest_->batch(s, batch(100)).reason, Reason::kRateLimited);  // 50 left
+  clock_.advanceNs(1000000000);                                           // +100 tokens
+  EXPECT_TRUE(ingest_->batch(s, batch(100)).ok());
+  EXPECT_EQ(rejected(Reason::kRateLimited), 1u);
+  EXPECT_EQ(report("job").signatures(0).count(), 250u);
+}
+
+TEST_F(IngestTest, DropCountersBecomeDeltas) {
+  make();
+  const uint64_t s = connect("job", 0, 1);
+  v1::RecordBatch b;
+  b.set_rank(0);
+  b.mutable_drops()->set_ring_full(5);
+  b.mutable_drops()->set_unfinished(1);
+  ASSERT_TRUE(ingest_->batch(s, b).ok());
+  b.mutable_drops()->set_ring_full(12);  // cumulative: +7
+  ASSERT_TRUE(ingest_->batch(s, b).ok());
+  EXPECT_EQ(ingest_->counters().rank_drops[0].load(), 12u);
+  EXPECT_EQ(ingest_->counters().rank_drops[10].load(), 1u);
+  PromWriter w;
+  ingest_->writeMetrics(w);
+  EXPECT_THAT(w.text(), ::testing::HasSubstr("flare_rank_drops_total{kind=\"ring_full\"} 12\n"));
+  EXPECT_THAT(w.text(), ::testing::HasSubstr("flare_rank_drops_total{kind=\"unfinished\"} 1\n"));
+}
+
+TEST_F(IngestTest, SummariesFeedTheReport) {
+  make();
+  const uint64_t s = connect("job", 0, 1);
+  v1::RecordBatch b;
+  b.set_rank(0);
+  *b.add_signatures() = gemmSig(3, 1024, 1024, 1024);
+  v1::KernelSummary* sm = b.add_summaries();
+  sm->set_signature_id(3);
+  sm->set_window_start_ns(kNow);
+  sm->set_window_end_ns(kNow + 1000000000);
+  auto* c = sm->add_clusters();
+  c->set_count(200);
+  c->set_p50_ns(100000);
+  c->set_p99_ns(150000);
+  c->set_sum_ns(200 * 101000);
+  ASSERT_TRUE(ingest_->batch(s, b).ok());
+  const auto r = report("job");
+  ASSERT_EQ(r.signatures_size(), 1);
+  EXPECT_EQ(r.signatures(0).count(), 200u);
+  EXPECT_EQ(r.signatures(0).total_ns(), 200 * 101000);
+  EXPECT_NEAR(r.signatures(0).tflops(), 200 * 2.0 * 1024 * 1024 * 1024 / (200 * 101000e-9) / 1e12,
+              1e-9);
+  EXPECT_NEAR(r.signatures(0).p50_ns(), 100000, 19000);
+}
+
+TEST(BusBwFactor, NcclTestsDefinitions) {
+  EXPECT_DOUBLE_EQ(busBwFactor(v1::COLLECTIVE_KIND_ALL_REDUCE, 4), 1.5);
+  EXPECT_DOUBLE_EQ(busBwFactor(v1::COLLECTIVE_KIND_ALL_GATHER, 4), 0.75);
+  EXPECT_DOUBLE_EQ(busBwFactor(v1::COLLECTIVE_KIND_REDUCE_SCATTER, 8), 0.875);
+  EXPECT_DOUBLE_EQ(busBwFactor(v1::COLLECTIVE_KIND_ALL_TO_ALL, 2), 0.5);
+  EXPECT_DOUBLE_EQ(busBwFactor(v1::COLLECTIVE_KIND_BROADCAST, 8), 1.0);
+}
+
+}  // namespace
+}  // namespace flare::engine

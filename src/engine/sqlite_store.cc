@@ -1,0 +1,618 @@
+#include "src/engine/sqlite_store.h"
+
+#include <sqlite3.h>
+
+#include <algorithm>
+#include <unordered_map>
+#include <utility>
+
+#include "src/common/log.h"
+#include "src/engine/metrics.h"
+
+namespace flare::engine {
+namespace {
+
+constexpr size_t kMaxOpsPerTransaction = 20000;
+constexpr int64_t kRawFoldWindowNs = 60LL * 1000000000LL;  // raw records fold into 1-min rows
+
+constexpr const char* kSchema = R"sql(
+CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value TEXT);
+INSERT OR IGNORE INTO meta VALUES('schema_version', '1');
+CREATE TABLE IF NOT EXISTS jobs(
+  job_id TEXT PRIMARY KEY, world_size INTEGER, start_ns INTEGER, last_seen_ns INTEGER);
+CREATE TABLE IF NOT EXISTS ranks(
+  job_id TEXT, rank INTEGER, host TEXT, pid INTEGER, local_rank INTEGER, device_name TEXT,
+  device_uuid TEXT, last_seen_ns INTEGER, batches INTEGER, records INTEGER,
+  lost_batches INTEGER, drops BLOB, PRIMARY KEY(job_id, rank));
+CREATE TABLE IF NOT EXISTS signatures(
+  job_id TEXT, sig_id INTEGER, signature BLOB, PRIMARY KEY(job_id, sig_id));
+CREATE TABLE IF NOT EXISTS signature_stats(
+  job_id TEXT, sig_id INTEGER, count INTEGER, total_ns INTEGER, min_ns INTEGER, max_ns INTEGER,
+  flops REAL, bytes REAL, nranks INTEGER, histogram BLOB, PRIMARY KEY(job_id, sig_id));
+CREATE TABLE IF NOT EXISTS raw_records(
+  id INTEGER PRIMARY KEY, job_id TEXT, rank INTEGER, sig_id INTEGER, stream INTEGER,
+  issue_ns INTEGER, start_ns INTEGER, end_ns INTEGER, flops INTEGER, bytes INTEGER,
+  coll_seq INTEGER);
+CREATE INDEX IF NOT EXISTS raw_by_job_time ON raw_records(job_id, start_ns);
+CREATE TABLE IF NOT EXISTS window_summaries(
+  id INTEGER PRIMARY KEY, job_id TEXT, rank INTEGER, sig_id INTEGER, stream INTEGER,
+  window_start_ns INTEGER, window_end_ns INTEGER, count INTEGER, sum_ns INTEGER,
+  p50_ns INTEGER, p99_ns INTEGER, source TEXT);
+CREATE INDEX IF NOT EXISTS windows_by_job_time ON window_summaries(job_id, window_start_ns);
+CREATE TABLE IF NOT EXISTS alerts(
+  id INTEGER PRIMARY KEY, job_id TEXT, rank INTEGER, kind TEXT, severity TEXT, team TEXT,
+  message TEXT, time_ns INTEGER);
+CREATE INDEX IF NOT EXISTS alerts_by_time ON alerts(time_ns);
+CREATE TABLE IF NOT EXISTS baselines(key TEXT PRIMARY KEY, value BLOB, updated_ns INTEGER);
+)sql";
+
+}  // namespace
+
+struct SqliteStore::Writer {
+  explicit Writer(sqlite3* d) : db(d) {}
+  ~Writer() {
+    for (auto& [sql, st] : cache) sqlite3_finalize(st);
+  }
+  // A statement prepared once per writer thread.
+  sqlite3_stmt* get(const char* sql) {
+    auto& st = cache[sql];
+    if (st == nullptr) sqlite3_prepare_v3(db, sql, -1, SQLITE_PREPARE_PERSISTENT, &st, nullptr);
+    return st;
+  }
+  sqlite3* db;
+  std::unordered_map<const char*, sqlite3_stmt*> cache;
+};
+
+namespace {
+
+// A prepared statement: owned (finalized on scope exit) or borrowed from the writer's cache
+// (reset and unbound on scope exit).
+class Stmt {
+ public:
+  Stmt(sqlite3* db, const char* sql) {
+    ok_ = sqlite3_prepare_v2(db, sql, -1, &s_, nullptr) == SQLITE_OK;
+  }
+  template <typename W>
+  Stmt(W& w, const char* sql) : s_(w.get(sql)), owned_(false) {
+    ok_ = s_ != nullptr;
+  }
+  ~Stmt() {
+    if (owned_) {
+      sqlite3_finalize(s_);
+    } else {
+      sqlite3_reset(s_);
+      sqlite3_clear_bindings(s_);
+    }
+  }
+  Stmt(const Stmt&) = delete;
+  Stmt& operator=(const Stmt&) = delete;
+  bool ok() const { return ok_; }
+  Stmt& bind(int i, int64_t v) {
+    sqlite3_bind_int64(s_, i, v);
+    return *this;
+  }
+  Stmt& bindU(int i, uint64_t v) { return bind(i, static_cast<int64_t>(v)); }
+  Stmt& bind(int i, double v) {
+    sqlite3_bind_double(s_, i, v);
+    return *this;
+  }
+  Stmt& bind(int i, const std::string& v) {
+    sqlite3_bind_text(s_, i, v.data(), static_cast<int>(v.size()), SQLITE_TRANSIENT);
+    return *this;
+  }
+  Stmt& blob(int i, const std::string& v) {
+    sqlite3_bind_blob(s_, i, v.data(), static_cast<int>(v.size()), SQLITE_TRANSIENT);
+    return *this;
+  }
+  int step() { return sqlite3_step(s_); }
+  // Runs to completion; true on success. Resets for reuse.
+  bool run() {
+    const int rc = sqlite3_step(s_);
+    sqlite3_reset(s_);
+    return rc == SQLITE_DONE || rc == SQLITE_ROW;
+  }
+  int64_t i64(int c) { return sqlite3_column_int64(s_, c); }
+  double dbl(int c) { return sqlite3_column_double(s_, c); }
+  std::string str(int c) {
+    const auto* p = static_cast<const char*>(sqlite3_column_blob(s_, c));
+    return p ? std::string(p, static_cast<size_t>(sqlite3_column_bytes(s_, c))) : std::string();
+  }
+
+ private:
+  sqlite3_stmt* s_ = nullptr;
+  bool owned_ = true;
+  bool ok_ = false;
+};
+
+bool exec(sqlite3* db, const char* sql, std::string* error = nullptr) {
+  char* msg = nullptr;
+  if (sqlite3_exec(db, sql, nullptr, nullptr, &msg) != SQLITE_OK) {
+    if (error) *error = msg ? msg : "sqlite error";
+    sqlite3_free(msg);
+    return false;
+  }
+  return true;
+}
+
+int64_t pragmaInt(sqlite3* db, const char* sql) {
+  Stmt s(db, sql);
+  return s.ok() && s.step() == SQLITE_ROW ? s.i64(0) : 0;
+}
+
+}  // namespace
+
+SqliteStore::SqliteStore(Options options) : options_(std::move(options)) {}
+
+std::unique_ptr<SqliteStore> SqliteStore::open(const Options& options, std::string* error) {
+  std::unique_ptr<SqliteStore> store(new SqliteStore(options));
+  if (!store->init(error)) return nullptr;
+  return store;
+}
+
+bool SqliteStore::init(std::string* error) {
+  if (options_.path.empty() || options_.path == ":memory:") {
+    *error = "the store needs a file path";
+    return false;
+  }
+  for (sqlite3** db : {&write_db_, &read_db_}) {
+    if (sqlite3_open_v2(options_.path.c_str(), db,
+                        SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX,
+                        nullptr) != SQLITE_OK) {
+      *error = "cannot open " + options_.path + ": " + sqlite3_errmsg(*db);
+      return false;
+    }
+    sqlite3_busy_timeout(*db, 5000);
+  }
+  if (!exec(write_db_, "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;", error) ||
+      !exec(write_db_, kSchema, error) || !exec(read_db_, "PRAGMA query_only=1;", error)) {
+    *error = options_.path + ": " + *error;
+    return false;
+  }
+  next_alert_id_ = static_cast<uint64_t>(pragmaInt(write_db_, "SELECT MAX(id) FROM alerts")) + 1;
+  live_bytes_ = liveBytes();
+  writer_ = std::thread([this] { writerLoop(); });
+  return true;
+}
+
+SqliteStore::~SqliteStore() {
+  if (writer_.joinable()) {
+    {
+      std::lock_guard lock(queue_mu_);
+      stop_ = true;
+    }
+    queue_cv_.notify_all();
+    writer_.join();
+  }
+  sqlite3_close_v2(read_db_);
+  sqlite3_close_v2(write_db_);
+}
+
+void SqliteStore::enqueue(Op op, size_t raw_records) {
+  {
+    std::lock_guard lock(queue_mu_);
+    if (queue_.size() >= options_.max_queued_ops ||
+        queued_raw_ + raw_records > options_.max_queued_raw) {
+      dropped_.fetch_add(raw_records > 0 ? raw_records : 1, std::memory_order_relaxed);
+      return;
+    }
+    queue_.emplace_back(std::move(op), raw_records);
+    queued_raw_ += raw_records;
+    ++enqueued_seq_;
+    queue_depth_.store(queue_.size(), std::memory_order_relaxed);
+  }
+  queue_cv_.notify_one();
+}
+
+void SqliteStore::writerLoop() {
+  Writer writer(write_db_);
+  std::vector<Op> ops;
+  for (;;) {
+    {
+      std::unique_lock lock(queue_mu_);
+      queue_cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+      if (queue_.empty() && stop_) return;
+      while (!queue_.empty() && ops.size() < kMaxOpsPerTransaction) {
+        ops.push_back(std::move(queue_.front().first));
+        queued_raw_ -= queue_.front().second;
+        queue_.pop_front();
+      }
+      queue_depth_.store(queue_.size(), std::memory_order_relaxed);
+    }
+    {
+      std::lock_guard wl(write_mu_);
+      exec(write_db_, "BEGIN");
+      for (auto& op : ops) op(writer);
+      std::string err;
+      if (!exec(write_db_, "COMMIT", &err)) {
+        errors_.fetch_add(ops.size(), std::memory_order_relaxed);
+        FLARE_LOG_ERROR("engine", "store: commit failed: {}", err);
+        exec(write_db_, "ROLLBACK");
+      }
+      transactions_.fetch_add(1, std::memory_order_relaxed);
+    }
+    const size_t n = ops.size();
+    ops.clear();
+    {
+      std::lock_guard lock(queue_mu_);
+      applied_seq_ += n;
+    }
+    drained_cv_.notify_all();
+  }
+}
+
+void SqliteStore::flush() {
+  std::unique_lock lock(queue_mu_);
+  const uint64_t target = enqueued_seq_;
+  drained_cv_.wait(lock, [&] { return applied_seq_ >= target; });
+}
+
+namespace {
+void countResult(bool ok, std::atomic<uint64_t>& rows, std::atomic<uint64_t>& errors,
+                 uint64_t n = 1) {
+  (ok ? rows : errors).fetch_add(n, std::memory_order_relaxed);
+}
+}  // namespace
+
+void SqliteStore::putJob(const JobRow& r) {
+  enqueue(
+      [this, r](Writer& w) {
+        Stmt s(w, "INSERT OR REPLACE INTO jobs VALUES(?,?,?,?)");
+        s.bind(1, r.job_id)
+            .bind(2, int64_t{r.world_size})
+            .bind(3, r.start_ns)
+            .bind(4, r.last_seen_ns);
+        countResult(s.run(), rows_written_, errors_);
+      },
+      0);
+}
+
+void SqliteStore::putRank(const RankRow& r) {
+  enqueue(
+      [this, r](Writer& w) {
+        Stmt s(w, "INSERT OR REPLACE INTO ranks VALUES(?,?,?,?,?,?,?,?,?,?,?,?)");
+        s.bind(1, r.job_id).bind(2, int64_t{r.rank}).bind(3, r.host).bind(4, int64_t{r.pid});
+        s.bind(5, int64_t{r.local_rank}).bind(6, r.device_name).bind(7, r.device_uuid);
+        s.bind(8, r.last_seen_ns).bindU(9, r.batches).bindU(10, r.records);
+        s.bindU(11, r.lost_batches).blob(12, r.drops);
+        countResult(s.run(), rows_written_, errors_);
+      },
+      0);
+}
+
+void SqliteStore::putSignature(const SignatureRow& r) {
+  enqueue(
+      [this, r](Writer& w) {
+        Stmt s(w, "INSERT OR REPLACE INTO signatures VALUES(?,?,?)");
+        s.bind(1, r.job_id).bindU(2, r.sig_id).blob(3, r.signature);
+        countResult(s.run(), rows_written_, errors_);
+      },
+      0);
+}
+
+void SqliteStore::putSignatureStats(const SignatureStatsRow& r) {
+  enqueue(
+      [this, r](Writer& w) {
+        Stmt s(w, "INSERT OR REPLACE INTO signature_stats VALUES(?,?,?,?,?,?,?,?,?,?)");
+        s.bind(1, r.job_id).bindU(2, r.sig_id).bindU(3, r.count).bind(4, r.total_ns);
+        s.bind(5, r.min_ns).bind(6, r.max_ns).bind(7, r.flops).bind(8, r.bytes);
+        s.bind(9, int64_t{r.nranks}).blob(10, r.histogram);
+        countResult(s.run(), rows_written_, errors_);
+      },
+      0);
+}
+
+void SqliteStore::appendRaw(const std::string& job_id, std::vector<RawRecord> records) {
+  if (records.empty()) return;
+  const size_t n = records.size();
+  enqueue(
+      [this, job_id, recs = std::move(records)](Writer& w) {
+        Stmt s(w,
+               "INSERT INTO raw_records(job_id,rank,sig_id,stream,issue_ns,start_ns,end_ns,flops,"
+               "bytes,coll_seq) VALUES(?,?,?,?,?,?,?,?,?,?)");
+        s.bind(1, job_id);
+        uint64_t ok = 0;
+        for (const RawRecord& r : recs) {
+          s.bind(2, int64_t{r.rank}).bindU(3, r.sig_id).bindU(4, r.stream).bind(5, r.issue_ns);
+          s.bind(6, r.start_ns).bind(7, r.end_ns).bindU(8, r.flops).bindU(9, r.bytes);
+          s.bindU(10, r.coll_seq);
+          ok += s.run() ? 1 : 0;
+        }
+        raw_written_.fetch_add(ok, std::memory_order_relaxed);
+        errors_.fetch_add(recs.size() - ok, std::memory_order_relaxed);
+      },
+      n);
+}
+
+void SqliteStore::putWindowSummaries(std::vector<WindowSummaryRow> rows) {
+  if (rows.empty()) return;
+  enqueue(
+      [this, rows = std::move(rows)](Writer& w) {
+        Stmt s(w,
+               "INSERT INTO window_summaries(job_id,rank,sig_id,stream,window_start_ns,"
+               "window_end_ns,count,sum_ns,p50_ns,p99_ns,source) VALUES(?,?,?,?,?,?,?,?,?,?,?)");
+        uint64_t ok = 0;
+        for (const WindowSummaryRow& r : rows) {
+          s.bind(1, r.job_id).bind(2, int64_t{r.rank}).bindU(3, r.sig_id).bindU(4, r.stream);
+          s.bind(5, r.window_start_ns).bind(6, r.window_end_ns).bindU(7, r.count).bind(8, r.sum_ns);
+          s.bind(9, r.p50_ns).bind(10, r.p99_ns).bind(11, r.source);
+          ok += s.run() ? 1 : 0;
+        }
+        rows_written_.fetch_add(ok, std::memory_order_relaxed);
+        errors_.fetch_add(rows.size() - ok, std::memory_order_relaxed);
+      },
+      0);
+}
+
+uint64_t SqliteStore::putAlert(v1::Alert a) {
+  a.set_id(next_alert_id_.fetch_add(1));
+  const uint64_t id = a.id();
+  enqueue(
+      [this, a = std::move(a)](Writer& w) {
+        Stmt s(w, "INSERT OR REPLACE INTO alerts VALUES(?,?,?,?,?,?,?,?)");
+        s.bindU(1, a.id()).bind(2, a.job_id()).bind(3, int64_t{a.rank()}).bind(4, a.kind());
+        s.bind(5, a.severity()).bind(6, a.team()).bind(7, a.message()).bind(8, a.time_unix_ns());
+        countResult(s.run(), rows_written_, errors_);
+      },
+      0);
+  return id;
+}
+
+void SqliteStore::putBaseline(const std::string& key, const std::string& value, int64_t now_ns) {
+  enqueue(
+      [this, key, value, now_ns](Writer& w) {
+        Stmt s(w, "INSERT OR REPLACE INTO baselines VALUES(?,?,?)");
+        s.bind(1, key).blob(2, value).bind(3, now_ns);
+        countResult(s.run(), rows_written_, errors_);
+      },
+      0);
+}
+
+std::vector<JobRow> SqliteStore::loadJobs() {
+  std::lock_guard lock(read_mu_);
+  std::vector<JobRow> out;
+  Stmt s(read_db_, "SELECT job_id, world_size, start_ns, last_seen_ns FROM jobs");
+  while (s.step() == SQLITE_ROW) {
+    out.push_back({s.str(0), static_cast<int32_t>(s.i64(1)), s.i64(2), s.i64(3)});
+  }
+  return out;
+}
+
+std::vector<RankRow> SqliteStore::loadRanks() {
+  std::lock_guard lock(read_mu_);
+  std::vector<RankRow> out;
+  Stmt s(read_db_,
+         "SELECT job_id, rank, host, pid, local_rank, device_name, device_uuid, last_seen_ns, "
+         "batches, records, lost_batches, drops FROM ranks");
+  while (s.step() == SQLITE_ROW) {
+    RankRow r;
+    r.job_id = s.str(0);
+    r.rank = static_cast<int32_t>(s.i64(1));
+    r.host = s.str(2);
+    r.pid = static_cast<int32_t>(s.i64(3));
+    r.local_rank = static_cast<int32_t>(s.i64(4));
+    r.device_name = s.str(5);
+    r.device_uuid = s.str(6);
+    r.last_seen_ns = s.i64(7);
+    r.batches = static_cast<uint64_t>(s.i64(8));
+    r.records = static_cast<uint64_t>(s.i64(9));
+    r.lost_batches = static_cast<uint64_t>(s.i64(10));
+    r.drops = s.str(11);
+    out.push_back(std::move(r));
+  }
+  return out;
+}
+
+std::vector<SignatureRow> SqliteStore::loadSignatures() {
+  std::lock_guard lock(read_mu_);
+  std::vector<SignatureRow> out;
+  Stmt s(read_db_, "SELECT job_id, sig_id, signature FROM signatures ORDER BY job_id, sig_id");
+  while (s.step() == SQLITE_ROW) {
+    out.push_back({s.str(0), static_cast<uint32_t>(s.i64(1)), s.str(2)});
+  }
+  return out;
+}
+
+std::vector<SignatureStatsRow> SqliteStore::loadSignatureStats() {
+  std::lock_guard lock(read_mu_);
+  std::vector<SignatureStatsRow> out;
+  Stmt s(read_db_,
+         "SELECT job_id, sig_id, count, total_ns, min_ns, max_ns, flops, bytes, nranks, histogram "
+         "FROM signature_stats");
+  while (s.step() == SQLITE_ROW) {
+    SignatureStatsRow r;
+    r.job_id = s.str(0);
+    r.sig_id = static_cast<uint32_t>(s.i64(1));
+    r.count = static_cast<uint64_t>(s.i64(2));
+    r.total_ns = s.i64(3);
+    r.min_ns = s.i64(4);
+    r.max_ns = s.i64(5);
+    r.flops = s.dbl(6);
+    r.bytes = s.dbl(7);
+    r.nranks = static_cast<int32_t>(s.i64(8));
+    r.histogram = s.str(9);
+    out.push_back(std::move(r));
+  }
+  return out;
+}
+
+std::vector<RawRecord> SqliteStore::rawRecords(const std::string& job_id, int64_t since_ns,
+                                               int64_t until_ns, size_t limit) {
+  std::lock_guard lock(read_mu_);
+  std::vector<RawRecord> out;
+  Stmt s(read_db_,
+         "SELECT rank, sig_id, stream, issue_ns, start_ns, end_ns, flops, bytes, coll_seq FROM "
+         "raw_records WHERE job_id=? AND start_ns>=? AND start_ns<? ORDER BY start_ns LIMIT ?");
+  s.bind(1, job_id).bind(2, since_ns).bind(3, until_ns).bindU(4, limit);
+  while (s.step() == SQLITE_ROW) {
+    RawRecord r;
+    r.rank = static_cast<int32_t>(s.i64(0));
+    r.sig_id = static_cast<uint32_t>(s.i64(1));
+    r.stream = static_cast<uint64_t>(s.i64(2));
+    r.issue_ns = s.i64(3);
+    r.start_ns = s.i64(4);
+    r.end_ns = s.i64(5);
+    r.flops = static_cast<uint64_t>(s.i64(6));
+    r.bytes = static_cast<uint64_t>(s.i64(7));
+    r.coll_seq = static_cast<uint64_t>(s.i64(8));
+    out.push_back(r);
+  }
+  return out;
+}
+
+std::vector<WindowSummaryRow> SqliteStore::windowSummaries(const std::string& job_id,
+                                                           int64_t since_ns, size_t limit) {
+  std::lock_guard lock(read_mu_);
+  std::vector<WindowSummaryRow> out;
+  Stmt s(read_db_,
+         "SELECT rank, sig_id, stream, window_start_ns, window_end_ns, count, sum_ns, p50_ns, "
+         "p99_ns, source FROM window_summaries WHERE job_id=? AND window_start_ns>=? ORDER BY "
+         "window_start_ns, id LIMIT ?");
+  s.bind(1, job_id).bind(2, since_ns).bindU(3, limit);
+  while (s.step() == SQLITE_ROW) {
+    WindowSummaryRow r;
+    r.job_id = job_id;
+    r.rank = static_cast<int32_t>(s.i64(0));
+    r.sig_id = static_cast<uint32_t>(s.i64(1));
+    r.stream = static_cast<uint64_t>(s.i64(2));
+    r.window_start_ns = s.i64(3);
+    r.window_end_ns = s.i64(4);
+    r.count = static_cast<uint64_t>(s.i64(5));
+    r.sum_ns = s.i64(6);
+    r.p50_ns = s.i64(7);
+    r.p99_ns = s.i64(8);
+    r.source = s.str(9);
+    out.push_back(std::move(r));
+  }
+  return out;
+}
+
+std::vector<v1::Alert> SqliteStore::alerts(const std::string& job_id, int64_t since_ns,
+                                           size_t limit) {
+  std::lock_guard lock(read_mu_);
+  std::vector<v1::Alert> out;
+  Stmt s(read_db_,
+         "SELECT id, job_id, rank, kind, severity, team, message, time_ns FROM alerts WHERE "
+         "(?='' OR job_id=?) AND time_ns>=? ORDER BY time_ns DESC, id DESC LIMIT ?");
+  s.bind(1, job_id).bind(2, job_id).bind(3, since_ns).bindU(4, limit);
+  while (s.step() == SQLITE_ROW) {
+    v1::Alert a;
+    a.set_id(static_cast<uint64_t>(s.i64(0)));
+    a.set_job_id(s.str(1));
+    a.set_rank(static_cast<int32_t>(s.i64(2)));
+    a.set_kind(s.str(3));
+    a.set_severity(s.str(4));
+    a.set_team(s.str(5));
+    a.set_message(s.str(6));
+    a.set_time_unix_ns(s.i64(7));
+    out.push_back(std::move(a));
+  }
+  return out;
+}
+
+std::optional<std::string> SqliteStore::baseline(const std::string& key) {
+  std::lock_guard lock(read_mu_);
+  Stmt s(read_db_, "SELECT value FROM baselines WHERE key=?");
+  s.bind(1, key);
+  if (s.step() == SQLITE_ROW) return s.str(0);
+  return std::nullopt;
+}
+
+int64_t SqliteStore::liveBytes() {
+  std::lock_guard lock(read_mu_);
+  const int64_t pages = pragmaInt(read_db_, "PRAGMA page_count");
+  const int64_t free_pages = pragmaInt(read_db_, "PRAGMA freelist_count");
+  return (pages - free_pages) * pragmaInt(read_db_, "PRAGMA page_size");
+}
+
+MaintenanceResult SqliteStore::maintain(int64_t now_ns, const RetentionPolicy& policy) {
+  flush();
+  MaintenanceResult result;
+  std::lock_guard wl(write_mu_);
+  sqlite3* db = write_db_;
+  // 1. Raw records past the raw window: fold into one-minute window rows, then delete.
+  const int64_t raw_cutoff = now_ns - policy.raw_window_ns;
+  exec(db, "BEGIN");
+  {
+    Stmt fold(db,
+              "INSERT INTO window_summaries(job_id,rank,sig_id,stream,window_start_ns,"
+              "window_end_ns,count,sum_ns,p50_ns,p99_ns,source) "
+              "SELECT job_id, rank, sig_id, stream, (start_ns/?1)*?1, (start_ns/?1)*?1+?1, "
+              "COUNT(*), SUM(end_ns-start_ns), CAST(AVG(end_ns-start_ns) AS INTEGER), "
+              "MAX(end_ns-start_ns), 'raw' FROM raw_records WHERE start_ns<?2 "
+              "GROUP BY job_id, rank, sig_id, stream, start_ns/?1");
+    fold.bind(1, kRawFoldWindowNs).bind(2, raw_cutoff);
+    Stmt del(db, "DELETE FROM raw_records WHERE start_ns<?");
+    del.bind(1, raw_cutoff);
+    if (fold.run() && del.run()) {
+      result.raw_summarized = static_cast<uint64_t>(sqlite3_changes(db));
+    } else {
+      errors_.fetch_add(1, std::memory_order_relaxed);
+    }
+  }
+  // 2. Window rows and alerts past their retention.
+  const int64_t cutoff = now_ns - policy.summary_window_ns;
+  {
+    Stmt w(db, "DELETE FROM window_summaries WHERE window_end_ns<?");
+    w.bind(1, cutoff);
+    if (w.run()) result.expired += static_cast<uint64_t>(sqlite3_changes(db));
+    Stmt a(db, "DELETE FROM alerts WHERE time_ns<?");
+    a.bind(1, cutoff);
+    if (a.run()) result.expired += static_cast<uint64_t>(sqlite3_changes(db));
+  }
+  exec(db, "COMMIT");
+  // 3. The size cap: oldest raw records first, then the oldest window rows, a tenth at a time.
+  auto live = [&] {
+    return (pragmaInt(db, "PRAGMA page_count") - pragmaInt(db, "PRAGMA freelist_count")) *
+           pragmaInt(db, "PRAGMA page_size");
+  };
+  for (int round = 0; round < 64 && live() > policy.max_bytes; ++round) {
+    const int64_t raw_rows = pragmaInt(db, "SELECT COUNT(*) FROM raw_records");
+    const char* table = raw_rows > 0 ? "raw_records" : "window_summaries";
+    const int64_t rows =
+        raw_rows > 0 ? raw_rows : pragmaInt(db, "SELECT COUNT(*) FROM window_summaries");
+    if (rows == 0) break;
+    const int64_t n = std::max<int64_t>(1, rows / 10);
+    const std::string sql = std::string("DELETE FROM ") + table + " WHERE id IN (SELECT id FROM " +
+                            table + " ORDER BY id LIMIT ?)";
+    Stmt d(db, sql.c_str());
+    d.bind(1, n);
+    if (!d.run()) break;
+    result.evicted += static_cast<uint64_t>(sqlite3_changes(db));
+  }
+  if (result.evicted > 0) exec(db, "PRAGMA wal_checkpoint(TRUNCATE)");
+  result.live_bytes = live();
+  summarized_.fetch_add(result.raw_summarized, std::memory_order_relaxed);
+  expired_.fetch_add(result.expired, std::memory_order_relaxed);
+  evicted_.fetch_add(result.evicted, std::memory_order_relaxed);
+  live_bytes_.store(result.live_bytes, std::memory_order_relaxed);
+  return result;
+}
+
+void SqliteStore::writeMetrics(PromWriter& w) const {
+  auto c = [](const std::atomic<uint64_t>& a) { return a.load(std::memory_order_relaxed); };
+  w.family("flare_store_transactions_total", "counter", "Write transactions committed.");
+  w.sample("flare_store_transactions_total", c(transactions_));
+  w.family("flare_store_rows_written_total", "counter",
+           "Rows written to the store, by table group.");
+  w.sample("flare_store_rows_written_total", c(raw_written_), {{"table", "raw_records"}});
+  w.sample("flare_store_rows_written_total", c(rows_written_), {{"table", "state"}});
+  w.family("flare_store_dropped_total", "counter",
+           "Writes (raw records counted singly) dropped because the write queue was full.");
+  w.sample("flare_store_dropped_total", c(dropped_));
+  w.family("flare_store_errors_total", "counter", "Rows or transactions the database refused.");
+  w.sample("flare_store_errors_total", c(errors_));
+  w.family("flare_store_retired_rows_total", "counter",
+           "Rows removed by the retention policy (summarized raw records, expired rows) and "
+           "by the size cap (evicted).");
+  w.sample("flare_store_retired_rows_total", c(summarized_), {{"why", "summarized"}});
+  w.sample("flare_store_retired_rows_total", c(expired_), {{"why", "expired"}});
+  w.sample("flare_store_retired_rows_total", c(evicted_), {{"why", "evicted"}});
+  w.family("flare_store_live_bytes", "gauge",
+           "Pages in use times page size, at the last maintenance.");
+  w.sample("flare_store_live_bytes", live_bytes_.load(std::memory_order_relaxed));
+  w.family("flare_store_queue_depth", "gauge", "Writes waiting for the writer thread.");
+  w.sample("flare_store_queue_depth",
+           static_cast<uint64_t>(queue_depth_.load(std::memory_order_relaxed)));
+}
+
+}  // namespace flare::engine

@@ -1,0 +1,261 @@
+// SqliteStore: every table survives a close and reopen (a daemon restart), Ingest state rebuilt
+// from the store answers the same report, retention folds and expires, the size cap evicts.
+#include "src/engine/sqlite_store.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <memory>
+
+#include "src/engine/ingest.h"
+#include "src/engine/test_util.h"
+
+namespace flare::engine {
+namespace {
+
+using testing::addKernel;
+using testing::gemmSig;
+using testing::kNow;
+using testing::makeHello;
+
+class StoreTest : public ::testing::Test {
+ protected:
+  StoreTest() {
+    dir_ = std::filesystem::temp_directory_path() /
+           ("flare_store_test_" + std::to_string(getpid()) + "_" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    std::filesystem::remove_all(dir_);
+    std::filesystem::create_directories(dir_);
+  }
+  ~StoreTest() override { std::filesystem::remove_all(dir_); }
+  std::unique_ptr<SqliteStore> open() {
+    std::string err;
+    SqliteStore::Options o;
+    o.path = (dir_ / "flared.db").string();
+    auto s = SqliteStore::open(o, &err);
+    EXPECT_TRUE(s) << err;
+    return s;
+  }
+  std::filesystem::path dir_;
+};
+
+TEST_F(StoreTest, EveryTableSurvivesReopen) {
+  {
+    auto s = open();
+    s->putJob({"job", 8, 100, 200});
+    RankRow r;
+    r.job_id = "job";
+    r.rank = 3;
+    r.host = "h";
+    r.pid = 77;
+    r.batches = 5;
+    r.records = 9;
+    v1::DropCounters d;
+    d.set_ring_full(4);
+    d.SerializeToString(&r.drops);
+    s->putRank(r);
+    s->putSignature({"job", 1, gemmSig(1, 2, 3, 4).SerializeAsString()});
+    s->putSignatureStats({"job", 1, 10, 1000, 50, 200, 1e9, 0, 8, "hist"});
+    s->appendRaw(
+        "job", {RawRecord{3, 1, 7, 10, 20, 30, 1, 2, 3}, RawRecord{3, 1, 7, 40, 50, 90, 0, 0, 4}});
+    s->putWindowSummary({"job", 3, 1, 7, 1000, 2000, 10, 500, 40, 90, "summary"});
+    v1::Alert a;
+    a.set_job_id("job");
+    a.set_kind("low_tflops");
+    a.set_time_unix_ns(kNow);
+    EXPECT_EQ(s->putAlert(a), 1u);
+    s->putBaseline("w1/megatron/64", "0.25", kNow);
+    s->flush();
+  }
+  auto s = open();
+  const auto jobs = s->loadJobs();
+  ASSERT_EQ(jobs.size(), 1u);
+  EXPECT_EQ(jobs[0].world_size, 8);
+  EXPECT_EQ(jobs[0].last_seen_ns, 200);
+  const auto ranks = s->loadRanks();
+  ASSERT_EQ(ranks.size(), 1u);
+  EXPECT_EQ(ranks[0].pid, 77);
+  EXPECT_EQ(ranks[0].records, 9u);
+  v1::DropCounters d;
+  ASSERT_TRUE(d.ParseFromString(ranks[0].drops));
+  EXPECT_EQ(d.ring_full(), 4u);
+  const auto sigs = s->loadSignatures();
+  ASSERT_EQ(sigs.size(), 1u);
+  v1::Signature sig;
+  ASSERT_TRUE(sig.ParseFromString(sigs[0].signature));
+  EXPECT_EQ(sig.flops_per_call(), 2u * 2 * 3 * 4);
+  const auto stats = s->loadSignatureStats();
+  ASSERT_EQ(stats.size(), 1u);
+  EXPECT_EQ(stats[0].count, 10u);
+  EXPECT_EQ(stats[0].histogram, "hist");
+  const auto raw = s->rawRecords("job", 0, INT64_MAX, 10);
+  ASSERT_EQ(raw.size(), 2u);
+  EXPECT_EQ(raw[1].end_ns, 90);
+  EXPECT_EQ(raw[1].coll_seq, 4u);
+  ASSERT_EQ(s->windowSummaries("job", 0, 10).size(), 1u);
+  const auto alerts = s->alerts("", 0, 10);
+  ASSERT_EQ(alerts.size(), 1u);
+  EXPECT_EQ(alerts[0].kind(), "low_tflops");
+  EXPECT_EQ(s->baseline("w1/megatron/64").value_or(""), "0.25");
+  // Alert ids keep increasing across the restart.
+  EXPECT_EQ(s->putAlert(v1::Alert()), 2u);
+}
+
+TEST_F(StoreTest, IngestStateRebuiltAfterRestartGivesTheSameReport) {
+  common::FakeClock clock(kNow);
+  v1::GetReportResponse before;
+  v1::GetReportRequest req;
+  req.set_job_id("job");
+  {
+    auto s = open();
+    Ingest ingest({}, s.get(), clock);
+    for (int rank = 0; rank < 2; ++rank) {
+      auto out = ingest.hello(makeHello("job", rank, 2), nullptr);
+      v1::RecordBatch b;
+      b.set_rank(rank);
+      b.set_batch_seq(1);
+      *b.add_signatures() = gemmSig(1 + rank, 256, 256, 256);
+      for (int i = 0; i < 10; ++i) addKernel(&b, 1 + rank, kNow + i * 1000, 100 + 10 * i + rank);
+      ASSERT_TRUE(ingest.batch(out.session_id, b).ok());
+    }
+    ASSERT_EQ(ingest.report(req, &before), Code::kOk);
+    ingest.persist();
+    s->flush();
+  }
+  auto s = open();
+  Ingest ingest({}, s.get(), clock);
+  ingest.loadFromStore();
+  v1::GetReportResponse after;
+  ASSERT_EQ(ingest.report(req, &after), Code::kOk);
+  EXPECT_EQ(before.SerializeAsString(), after.SerializeAsString());
+  ASSERT_EQ(after.signatures_size(), 1);
+  EXPECT_EQ(after.signatures(0).count(), 20u);
+  EXPECT_EQ(s->rawRecords("job", 0, INT64_MAX, 100).size(), 20u);
+  // A rank reconnecting after the restart adds to the same signature.
+  auto out = ingest.hello(makeHello("job", 0, 2), nullptr);
+  v1::RecordBatch b;
+  b.set_rank(0);
+  *b.add_signatures() = gemmSig(1, 256, 256, 256);
+  addKernel(&b, 1, kNow, 100);
+  ASSERT_TRUE(ingest.batch(out.session_id, b).ok());
+  v1::GetReportResponse more;
+  ingest.report(req, &more);
+  ASSERT_EQ(more.signatures_size(), 1);
+  EXPECT_EQ(more.signatures(0).count(), 21u);
+  v1::ListRanksRequest lr;
+  lr.set_job_id("job");
+  v1::ListRanksResponse ranks;
+  ingest.ranks(lr, &ranks);
+  ASSERT_EQ(ranks.ranks_size(), 2);
+  EXPECT_EQ(ranks.ranks(1).records(), 10u);
+}
+
+TEST_F(StoreTest, RanksSummariesFoldIntoOneRowPerWindow) {
+  const int64_t min = 60LL * 1000000000LL;
+  const int64_t t0 = kNow / min * min;
+  common::FakeClock clock(t0);
+  auto s = open();
+  Ingest ingest({}, s.get(), clock);
+  auto out = ingest.hello(makeHello("job", 0, 1), nullptr);
+  auto batch = [](int64_t start, uint64_t n, int64_t p50, int64_t p99) {
+    v1::RecordBatch b;
+    b.set_rank(0);
+    *b.add_signatures() = gemmSig(4, 512, 512, 512);
+    v1::KernelSummary* sm = b.add_summaries();
+    sm->set_signature_id(4);
+    sm->set_stream_id(3);
+    sm->set_window_start_ns(start);
+    sm->set_window_end_ns(start + 1000000000);
+    auto* c = sm->add_clusters();
+    c->set_count(n);
+    c->set_p50_ns(p50);
+    c->set_p99_ns(p99);
+    c->set_sum_ns(static_cast<int64_t>(n) * p50);
+    return b;
+  };
+  // Three one-second summaries in the first minute, one in the next.
+  ASSERT_TRUE(ingest.batch(out.session_id, batch(t0, 100, 1000, 1500)).ok());
+  ASSERT_TRUE(ingest.batch(out.session_id, batch(t0 + min / 2, 300, 2000, 4000)).ok());
+  ASSERT_TRUE(ingest.batch(out.session_id, batch(t0 + min - 1000000000, 100, 1000, 1200)).ok());
+  clock.setNs(t0 + min + 1);
+  ingest.persist();
+  s->flush();
+  auto rows = s->windowSummaries("job", 0, 10);
+  ASSERT_EQ(rows.size(), 1u);  // the first minute closed; nothing open yet for the second
+  EXPECT_EQ(rows[0].window_start_ns, t0);
+  EXPECT_EQ(rows[0].count, 500u);
+  EXPECT_EQ(rows[0].sum_ns, 100 * 1000 + 300 * 2000 + 100 * 1000);
+  EXPECT_EQ(rows[0].p50_ns, (100 * 1000 + 300 * 2000 + 100 * 1000) / 500);
+  EXPECT_EQ(rows[0].p99_ns, 4000);
+  EXPECT_EQ(rows[0].stream, 3u);
+  ASSERT_TRUE(ingest.batch(out.session_id, batch(t0 + min, 10, 500, 600)).ok());
+  ingest.persist(/*final=*/true);
+  s->flush();
+  rows = s->windowSummaries("job", 0, 10);
+  ASSERT_EQ(rows.size(), 2u);
+  EXPECT_EQ(rows[1].window_start_ns, t0 + min);
+  EXPECT_EQ(rows[1].count, 10u);
+}
+
+TEST_F(StoreTest, RetentionFoldsOldRawRecordsAndExpiresOldRows) {
+  auto s = open();
+  const int64_t min = 60LL * 1000000000LL;
+  std::vector<RawRecord> recs;
+  // Old: 3 records in one minute (durations 10, 20, 30), 1 in the next; new: 2 records.
+  for (int64_t d : {10, 20, 30})
+    recs.push_back({0, 1, 7, 0, 10 * min + d, 10 * min + 2 * d, 0, 0, 0});
+  recs.push_back({0, 1, 7, 0, 11 * min, 11 * min + 5, 0, 0, 0});
+  for (int i = 0; i < 2; ++i)
+    recs.push_back({0, 1, 7, 0, 100 * min + i, 100 * min + i + 1, 0, 0, 0});
+  s->appendRaw("job", recs);
+  s->putWindowSummary({"job", 0, 1, 7, 1 * min, 2 * min, 5, 50, 10, 10, "summary"});  // very old
+  RetentionPolicy p;
+  p.raw_window_ns = 50 * min;      // raw before minute 50 is folded
+  p.summary_window_ns = 97 * min;  // windows ending before minute 3 expire
+  const auto m = s->maintain(100 * min, p);
+  EXPECT_EQ(m.raw_summarized, 4u);
+  EXPECT_EQ(m.expired, 1u);
+  EXPECT_EQ(s->rawRecords("job", 0, INT64_MAX, 100).size(), 2u);
+  const auto w = s->windowSummaries("job", 0, 100);
+  ASSERT_EQ(w.size(), 2u);
+  EXPECT_EQ(w[0].window_start_ns, 10 * min);
+  EXPECT_EQ(w[0].count, 3u);
+  EXPECT_EQ(w[0].sum_ns, 60);
+  EXPECT_EQ(w[0].p50_ns, 20);  // the mean
+  EXPECT_EQ(w[0].p99_ns, 30);  // the max
+  EXPECT_EQ(w[0].source, "raw");
+  EXPECT_EQ(w[1].count, 1u);
+}
+
+TEST_F(StoreTest, SizeCapEvictsOldestRawRecordsFirst) {
+  auto s = open();
+  for (int batch = 0; batch < 20; ++batch) {
+    std::vector<RawRecord> recs;
+    for (int i = 0; i < 5000; ++i) {
+      const int64_t t = kNow + (batch * 5000 + i) * 1000LL;
+      recs.push_back({0, 1, 7, t, t, t + 500, 123456789, 987654321, 55});
+    }
+    s->appendRaw("job", std::move(recs));
+  }
+  s->putJob({"job", 1, kNow, kNow});
+  s->flush();
+  const int64_t full = s->liveBytes();
+  ASSERT_GT(full, 4 << 20);
+  RetentionPolicy p;
+  p.raw_window_ns = INT64_MAX / 4;
+  p.max_bytes = full / 3;
+  const auto m = s->maintain(kNow, p);
+  EXPECT_GT(m.evicted, 0u);
+  EXPECT_LE(m.live_bytes, p.max_bytes);
+  const auto left = s->rawRecords("job", 0, INT64_MAX, 200000);
+  ASSERT_FALSE(left.empty());
+  EXPECT_LT(left.size(), 100000u);
+  // The newest record survived; the oldest went first.
+  EXPECT_EQ(left.back().start_ns, kNow + (100000 - 1) * 1000LL);
+  EXPECT_GT(left.front().start_ns, kNow);
+  EXPECT_EQ(s->loadJobs().size(), 1u);  // state tables are never evicted
+}
+
+}  // namespace
+}  // namespace flare::engine
