@@ -1,34 +1,61 @@
 #!/usr/bin/env bash
-# The main job (`make demo`): an 8-rank simulated training job traced by Flare, healthy and then
-# with one fault at a time, each followed by Flare's diagnosis.
+# The main job (`make demo`): an 8-rank simulated training job traced by Flare and streamed to
+# the central daemon flared — healthy, then with one fault at a time — with the diagnoses flared
+# raises, as an operator reads them (`flare alerts`).
 #
 # On a machine without a GPU this runs on the simulated GPU stack (src/sim): libflare_hook.so is
-# preloaded into every rank exactly as on a real cluster, records go to a spool, and
-# flare-diagnose runs the detectors the daemon runs.
+# preloaded into every rank (`flare run`) exactly as on a real cluster.
 set -euo pipefail
 BUILD_DIR="${1:-build}"
 TRAIN="$BUILD_DIR/bin/flare-sim-train"
-DIAGNOSE="$BUILD_DIR/bin/flare-diagnose"
-HOOK="$BUILD_DIR/lib/libflare_hook.so"
+FLARE="$BUILD_DIR/bin/flare"
+FLARED="$BUILD_DIR/bin/flared"
 RANKS="${FLARE_DEMO_RANKS:-8}"
 STEPS="${FLARE_DEMO_STEPS:-8}"
 ARGS=(--ranks "$RANKS" --steps "$STEPS" --tp 2 --layers 4 --hidden 4096 --timeout 300 --quiet)
-SPOOL="$(mktemp -d /tmp/flare-demo-XXXXXX)"
-trap 'rm -rf "$SPOOL"' EXIT
+WORK="$(mktemp -d /tmp/flare-demo-XXXXXX)"
+RUN_ID="$(date +%H%M%S)"
 
-scenario() {  # NAME TITLE [ENV=VALUE ...]
-  local name="$1" title="$2"
+"$FLARED" --listen 127.0.0.1:0 --http 127.0.0.1:0 --db "$WORK/flared.db" \
+  --diagnose-interval-s 1 >"$WORK/flared.log" 2>&1 &
+FLARED_PID=$!
+trap 'kill $FLARED_PID 2>/dev/null; wait $FLARED_PID 2>/dev/null; rm -rf "$WORK"' EXIT
+for _ in $(seq 100); do
+  grep -q "gRPC on port" "$WORK/flared.log" 2>/dev/null && break
+  sleep 0.1
+done
+PORTS="$(sed -n 's/.*gRPC on port \([0-9]*\).*HTTP on port \([0-9]*\).*/\1 \2/p' "$WORK/flared.log")"
+if [ -z "$PORTS" ]; then
+  echo "flared did not start:" >&2
+  cat "$WORK/flared.log" >&2
+  exit 1
+fi
+read -r GRPC_PORT HTTP_PORT <<<"$PORTS"
+
+scenario() {  # NAME TITLE [ENV=VALUE ...] [-- TRAIN_ARGS ...]
+  local name="$1" title="$2" job="demo-$1-$RUN_ID"
   shift 2
+  local envs=() extra=()
+  while [ $# -gt 0 ] && [ "$1" != "--" ]; do envs+=("$1"); shift; done
+  [ $# -gt 0 ] && shift && extra=("$@")
   echo
   echo "-- $title"
-  env "$@" LD_PRELOAD="$HOOK" FLARE_OUTPUT_DIR="$SPOOL" FLARE_JOB_ID="demo-$name" \
-    "$TRAIN" "${ARGS[@]}" 2>/dev/null
+  env "${envs[@]}" FLARE_OUTPUT_DIR="$WORK/spool" "$FLARE" run --quiet \
+    --daemon "127.0.0.1:$GRPC_PORT" --job-id "$job" -- "$TRAIN" "${ARGS[@]}" "${extra[@]}" 2>/dev/null
+  sleep 2.2  # flared's detectors run every second over the job's last two minutes
   echo
-  echo "   Flare's diagnosis:"
-  "$DIAGNOSE" --input "$SPOOL" --job "demo-$name" | sed 's/^/   /' || true
+  echo "   flare alerts --job $job:"
+  local out
+  out="$("$FLARE" alerts --daemon-http "127.0.0.1:$HTTP_PORT" --job "$job")"
+  if [ -z "$out" ]; then
+    echo "   (none: no anomaly found)"
+  else
+    echo "$out" | sed 's/^/   /'
+  fi
 }
 
-echo "== Flare demo: $RANKS-rank transformer job on the simulated GPU stack =="
+echo "== Flare demo: $RANKS-rank transformer job on the simulated GPU stack, traced through flared =="
+echo "   flared: gRPC 127.0.0.1:$GRPC_PORT, HTTP 127.0.0.1:$HTTP_PORT (/metrics, /api/v1/...)"
 scenario healthy "1. healthy job"
 scenario gpu "2. GPU 3 underclocked to 80% (FLARE_SIM_CLOCK_FACTOR=3:0.8): every step slows, \
 only rank 3's kernels are slower" FLARE_SIM_CLOCK_FACTOR=3:0.8
@@ -36,29 +63,8 @@ scenario link "3. rank 5's network link at half bandwidth (FLARE_SIM_LINK_FACTOR
   FLARE_SIM_LINK_FACTOR=5:0.5
 scenario stall "4. rank 6's host stalls 5 ms in every forward pass, like a GC pause \
 (FLARE_SIM_HOST_STALL=6:5)" FLARE_SIM_HOST_STALL=6:5
-
-# 5. The same healthy job traced and streamed to the daemon (needs build/bin/flared).
-FLARED="$BUILD_DIR/bin/flared"
-if [ ! -x "$FLARED" ]; then
-  echo
-  echo "-- 5. (skipped: $FLARED not built)"
-  exit 0
-fi
-echo
-echo "-- 5. the healthy job traced by libflare_hook.so, every rank streaming to flared"
-WORK="$(mktemp -d /tmp/flare-demo.XXXXXX)"
-GRPC_PORT="${FLARE_DEMO_GRPC_PORT:-17070}"
-HTTP_PORT="${FLARE_DEMO_HTTP_PORT:-19464}"
-"$FLARED" --listen "127.0.0.1:$GRPC_PORT" --http "127.0.0.1:$HTTP_PORT" --db "$WORK/flared.db" \
-  >"$WORK/flared.log" 2>&1 &
-FLARED_PID=$!
-trap 'kill $FLARED_PID 2>/dev/null; wait $FLARED_PID 2>/dev/null; rm -rf "$WORK" "$SPOOL"' EXIT
-for _ in $(seq 50); do
-  grep -q "gRPC on port" "$WORK/flared.log" 2>/dev/null && break
-  sleep 0.1
-done
-FLARE_OUTPUT_DIR="$WORK/spool" "$BUILD_DIR/bin/flare" run --daemon "127.0.0.1:$GRPC_PORT" \
-  --job-id "demo-$(date +%H%M%S)" -- env -u FLARE_SIM_CLOCK_FACTOR "$TRAIN" "${ARGS[@]}"
+scenario odd "5. an FFN width of 16380 (--ffn): GEMMs with a dimension not a multiple of 128 bytes" \
+  -- --ffn 16380
 echo
 echo "-- flare status (what flared received from each rank)"
-"$BUILD_DIR/bin/flare" status --daemon-http "127.0.0.1:$HTTP_PORT" --all
+"$FLARE" status --daemon-http "127.0.0.1:$HTTP_PORT" --all

@@ -17,23 +17,6 @@ namespace {
 constexpr char kUsage[] =
     "usage: flare-diagnose --input DIR [--job ID] [--baseline DIR [--baseline-job ID]] [--json]\n";
 
-std::string jsonString(const std::string& s) {
-  std::string out = "\"";
-  for (unsigned char c : s) {
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += static_cast<char>(c);
-    } else if (c < 0x20) {
-      char buf[8];
-      std::snprintf(buf, sizeof(buf), "\\u%04x", c);
-      out += buf;
-    } else {
-      out += static_cast<char>(c);
-    }
-  }
-  return out + "\"";
-}
-
 bool load(const std::string& dir, const std::string& job, flare::engine::JobModel* model,
           std::string* error) {
   std::vector<flare::timeline::RankSource> sources;
@@ -92,23 +75,7 @@ int main(int argc, char** argv) {
   const auto diagnoses = flare::engine::diagnose(model, flare::engine::DiagnoseOptions{},
                                                  baseline_dir.empty() ? nullptr : &baseline);
   if (json) {
-    std::printf("{\"diagnoses\":[");
-    for (size_t i = 0; i < diagnoses.size(); ++i) {
-      const auto& d = diagnoses[i];
-      std::printf("%s{\"kind\":%s,\"team\":\"%s\",\"cause\":%s,\"severity\":%.4f,\"ranks\":[",
-                  i ? "," : "", jsonString(d.kind).c_str(), flare::engine::teamName(d.team),
-                  jsonString(d.cause).c_str(), d.severity);
-      for (size_t r = 0; r < d.ranks.size(); ++r) std::printf("%s%d", r ? "," : "", d.ranks[r]);
-      std::printf("],\"summary\":%s,\"evidence\":[", jsonString(d.summary).c_str());
-      for (size_t e = 0; e < d.evidence.size(); ++e) {
-        const auto& ev = d.evidence[e];
-        std::printf("%s{\"metric\":%s,\"text\":%s,\"value\":%.6g,\"reference\":%.6g}", e ? "," : "",
-                    jsonString(ev.metric).c_str(), jsonString(ev.text).c_str(), ev.value,
-                    ev.reference);
-      }
-      std::printf("]}");
-    }
-    std::printf("]}\n");
+    std::fputs(flare::engine::diagnosesToJson(diagnoses).c_str(), stdout);
   } else if (diagnoses.empty()) {
     std::printf("no anomaly found in %zu ranks\n", model.ranks().size());
   } else {

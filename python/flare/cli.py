@@ -203,6 +203,57 @@ def cmd_status(args):
     return 0
 
 
+def cmd_alerts(args):
+    """The alerts flared raised (stored, deduplicated), oldest first; --follow keeps polling."""
+    base = args.daemon_http or os.environ.get("FLARE_DAEMON_HTTP") or DEFAULT_HTTP
+    parse_address(base, "--daemon-http")
+    since = 0
+    while True:
+        query = {"since": str(since)}
+        if args.job:
+            query["job"] = args.job
+        got = http_get(base, "/api/v1/alerts?" + urllib.parse.urlencode(query), args.timeout)
+        alerts = got.get("alerts", []) if isinstance(got, dict) else []
+        alerts.sort(key=lambda a: as_int(a.get("id")))
+        for a in alerts:
+            since = max(since, as_int(a.get("timeUnixNs")) + 1)
+            if args.json:
+                print(json.dumps(a))
+            else:
+                when = datetime.datetime.fromtimestamp(as_int(a.get("timeUnixNs")) / 1e9)
+                # The message is the summary, then " | "-separated evidence.
+                parts = a.get("message", "").split(" | ")
+                print("%s [%s] %s job %s: %s" % (when.strftime("%H:%M:%S"), a.get("team", "?"),
+                                                a.get("severity", ""), a.get("jobId", ""),
+                                                parts[0]))
+                for evidence in parts[1:]:
+                    print("    - %s" % evidence)
+        sys.stdout.flush()
+        if not args.follow:
+            return 0
+        time.sleep(args.interval)
+
+
+def cmd_diagnose(args):
+    """The detectors run now by flared on the job's recent records."""
+    base = args.daemon_http or os.environ.get("FLARE_DAEMON_HTTP") or DEFAULT_HTTP
+    parse_address(base, "--daemon-http")
+    got = http_get(base, "/api/v1/jobs/%s/diagnoses" % urllib.parse.quote(args.job, safe=""),
+                   args.timeout)
+    found = got.get("diagnoses", []) if isinstance(got, dict) else []
+    if args.json:
+        json.dump({"diagnoses": found}, sys.stdout, indent=2)
+        print()
+    elif not found:
+        print("no anomaly found in job %s" % args.job)
+    else:
+        for d in found:
+            print("[%s] %s" % (d.get("team"), d.get("summary")))
+            for e in d.get("evidence", []):
+                print("    - %s" % e.get("text"))
+    return 3 if found else 0
+
+
 def build_parser():
     p = argparse.ArgumentParser(prog="flare", description="Flare: trace training jobs and "
                                 "query the flared daemon.")
@@ -225,6 +276,23 @@ def build_parser():
     s.add_argument("--all", action="store_true", help="include finished jobs")
     s.add_argument("--timeout", type=float, default=5.0, help="seconds per request")
     s.set_defaults(func=cmd_status)
+    a = sub.add_parser("alerts", help="alerts the daemon raised (routed to a team)")
+    a.add_argument("--daemon-http", help="flared's HTTP address HOST:PORT (default: "
+                   "FLARE_DAEMON_HTTP or %s)" % DEFAULT_HTTP)
+    a.add_argument("--job", help="only this job")
+    a.add_argument("--follow", action="store_true", help="keep printing new alerts")
+    a.add_argument("--interval", type=float, default=2.0, help="seconds between polls (--follow)")
+    a.add_argument("--json", action="store_true", help="one JSON object per alert")
+    a.add_argument("--timeout", type=float, default=5.0, help="seconds per request")
+    a.set_defaults(func=cmd_alerts)
+    g = sub.add_parser("diagnose", help="run the detectors on a job's recent records now "
+                       "(exit 3 when something is found)")
+    g.add_argument("--daemon-http", help="flared's HTTP address HOST:PORT (default: "
+                   "FLARE_DAEMON_HTTP or %s)" % DEFAULT_HTTP)
+    g.add_argument("--job", required=True, help="the job")
+    g.add_argument("--json", action="store_true", help="print JSON")
+    g.add_argument("--timeout", type=float, default=5.0, help="seconds per request")
+    g.set_defaults(func=cmd_diagnose)
     return p
 
 
@@ -236,6 +304,9 @@ def main(argv=None):
         return 2
     try:
         return args.func(args)
+    except BrokenPipeError:  # e.g. `flare status | head`
+        sys.stderr.close()
+        return 0
     except CliError as e:
         print("flare: %s" % e, file=sys.stderr)
         return e.code

@@ -17,6 +17,7 @@
 #include <thread>
 
 #include "src/common/log.h"
+#include "src/engine/analyzer.h"
 #include "src/engine/api.h"
 #include "src/engine/grpc_server.h"
 #include "src/engine/http_server.h"
@@ -79,6 +80,8 @@ std::map<std::string, Flag> defaultFlags() {
   add("persist-interval-ms", "MS", "1000",
       "how often job/rank/aggregate state is written to the store");
   add("maintain-interval-s", "S", "60", "how often retention and the size cap run");
+  add("diagnose-interval-s", "S", "10",
+      "how often the detectors run over each job's last 2 minutes of records (0: off)");
   add("ready-file", "PATH", "", "write 'GRPC_PORT HTTP_PORT' here once listening (tests, scripts)");
   return f;
 }
@@ -222,6 +225,13 @@ int main(int argc, char** argv) {
     return 1;
   }
   RealtimeClock wall;
+  // The detectors: fed every accepted batch, run every --diagnose-interval-s.
+  Analyzer analyzer(store.get(), AnalyzerOptions{});
+  const auto diagnose_s = static_cast<int64_t>(num("diagnose-interval-s"));
+  if (diagnose_s > 0) {
+    cfg.on_batch = [&analyzer](const std::string& job, int32_t rank,
+                               const flare::v1::RecordBatch& b) { analyzer.onBatch(job, rank, b); };
+  }
   Ingest ingest(cfg, store.get(), wall);
   ingest.loadFromStore();
 
@@ -231,6 +241,7 @@ int main(int argc, char** argv) {
     PromWriter w;
     ingest.writeMetrics(w);
     store->writeMetrics(w);
+    analyzer.writeMetrics(w);
     if (grpc_ptr) grpc_ptr->writeMetrics(w);
     if (http_ptr) {
       w.family("flare_http_requests_total", "counter", "HTTP requests served (bad: malformed).");
@@ -252,7 +263,17 @@ int main(int argc, char** argv) {
     return 1;
   }
   grpc_ptr = &grpc;
-  HttpServer http([&](const HttpRequest& r) { return api.http(r); });
+  HttpServer http([&](const HttpRequest& r) {
+    // /api/v1/jobs/{job}/diagnoses: the detectors on the job's current window, on demand.
+    const std::string prefix = "/api/v1/jobs/", suffix = "/diagnoses";
+    if (r.path.size() > prefix.size() + suffix.size() && r.path.rfind(prefix, 0) == 0 &&
+        r.path.compare(r.path.size() - suffix.size(), suffix.size(), suffix) == 0) {
+      const std::string job =
+          r.path.substr(prefix.size(), r.path.size() - prefix.size() - suffix.size());
+      return HttpResponse{200, "application/json", diagnosesToJson(analyzer.diagnoseJob(job))};
+    }
+    return api.http(r);
+  });
   if (str("http") != "off" && !str("http").empty()) {
     if (!http.start(str("http"), &error)) {
       std::fprintf(stderr, "flared: %s\n", error.c_str());
@@ -278,12 +299,17 @@ int main(int argc, char** argv) {
   const auto maintain_every = std::chrono::seconds(std::max<int64_t>(maintain_s, 1));
   auto next_persist = std::chrono::steady_clock::now() + persist_every;
   auto next_maintain = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+  auto next_diagnose = std::chrono::steady_clock::now() + std::chrono::seconds(diagnose_s);
   while (!g_stop) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
     const auto now = std::chrono::steady_clock::now();
     if (now >= next_persist) {
       ingest.persist();
       next_persist = now + persist_every;
+    }
+    if (diagnose_s > 0 && now >= next_diagnose) {
+      analyzer.run(wall.nowNs());
+      next_diagnose = now + std::chrono::seconds(diagnose_s);
     }
     if (now >= next_maintain) {
       const MaintenanceResult m = store->maintain(wall.nowNs(), retention);
@@ -296,6 +322,7 @@ int main(int argc, char** argv) {
   FLARE_LOG_INFO("engine", "flared: shutting down");
   http.stop();
   grpc.shutdown();
+  if (diagnose_s > 0) analyzer.run(wall.nowNs());  // what arrived since the last run
   ingest.persist(/*final=*/true);
   store->flush();
   return 0;

@@ -384,6 +384,7 @@ Verdict Ingest::batch(uint64_t session_id, const v1::RecordBatch& b) {
   std::vector<RawRecord> raw;
   std::vector<WindowSummaryRow> windows;
   std::string job_id;
+  int32_t rank = 0;
   {
     std::lock_guard lock(mu_);
     const auto sit = sessions_.find(session_id);
@@ -400,6 +401,7 @@ Verdict Ingest::batch(uint64_t session_id, const v1::RecordBatch& b) {
     }
     JobState& job = *s.job;
     RankState& rs = job.ranks[s.rank];
+    rank = s.rank;
     // Spool replays: dedupe by (pid, batch_seq, created_ns) over a bounded window.
     const uint64_t key = mix(mix(mix(0, static_cast<uint64_t>(s.pid)), b.batch_seq()),
                              static_cast<uint64_t>(b.created_ns()));
@@ -543,6 +545,7 @@ Verdict Ingest::batch(uint64_t session_id, const v1::RecordBatch& b) {
     if (!raw.empty()) store_->appendRaw(job_id, std::move(raw));
     if (!windows.empty()) store_->putWindowSummaries(std::move(windows));
   }
+  if (config_.on_batch) config_.on_batch(job_id, rank, b);
   return {};
 }
 

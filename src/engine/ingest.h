@@ -23,6 +23,7 @@
 #include <atomic>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -114,6 +115,10 @@ struct IngestConfig {
   // hello is accepted (the loopback default).
   std::unordered_map<std::string, std::string> job_tokens;
   std::string default_token;
+  // Called after every accepted batch, outside the ingest lock, with the batch as the rank sent
+  // it (rank-local table ids): the detectors' feed (analyzer.h). Empty: nothing is called.
+  std::function<void(const std::string& job_id, int32_t rank, const v1::RecordBatch& batch)>
+      on_batch;
 };
 
 // Counters of one Ingest; all monotonic.

@@ -194,6 +194,8 @@ SCENARIOS = [
     ("link-25%", {"FLARE_SIM_LINK_FACTOR": "1:0.75"}, "link_slow", [1]),
     ("stall-5ms", {"FLARE_SIM_HOST_STALL": "6:5"}, "issue_stall", [6]),
     ("stall-2ms", {"FLARE_SIM_HOST_STALL": "4:2"}, "issue_stall", [4]),
+    ("unaligned-ffn", {"@args": ["--ffn", "16380"]}, "unoptimized_gemm", []),
+    ("minority-kernels", {"@args": ["--extra-kernels", "120"]}, "void_minority", list(range(8))),
 ]
 
 
@@ -210,10 +212,12 @@ def diagnosis(build, args):
             hidden, layers = shapes[rep % len(shapes)]
             spool = tempfile.mkdtemp(prefix="flare-diag-")
             try:
-                full = dict(env, LD_PRELOAD=hook, FLARE_OUTPUT_DIR=spool, FLARE_JOB_ID=name)
+                extra = env.get("@args", [])
+                full = {k: v for k, v in env.items() if not k.startswith("@")}
+                full.update(LD_PRELOAD=hook, FLARE_OUTPUT_DIR=spool, FLARE_JOB_ID=name)
                 res = sh([os.path.join(build, "bin", "flare-sim-train"), "--ranks", "8", "--steps",
                           "6", "--layers", str(layers), "--hidden", str(hidden), "--tp", "2",
-                          "--quiet"], env=full)
+                          "--quiet", *extra], env=full)
                 if res.returncode != 0:
                     raise RuntimeError(f"{name}: sim job failed: {res.stderr[-1000:]}")
                 d = sh([os.path.join(build, "bin", "flare-diagnose"), "--input", spool, "--json"])

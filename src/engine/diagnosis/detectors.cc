@@ -822,6 +822,14 @@ void detectUnoptimized(const JobModel& job, const DiagnoseOptions& opt,
                      std::accumulate(d.begin(), d.end(), 0.0)};
     best[sig.dtype()] = std::max(best[sig.dtype()], stats[sig_id].tflops);
   }
+  // One diagnosis for the job (duplicates merged): every slow GEMM shape as evidence, the ones
+  // with the most GPU time first.
+  struct Slow {
+    uint32_t sig;
+    double tflops, ref, time;
+    std::string hint;
+  };
+  std::vector<Slow> slow;
   for (const auto& [sig_id, st] : stats) {
     const auto& sig = job.signatures()[sig_id];
     const double ref = best[sig.dtype()];
@@ -831,21 +839,38 @@ void detectUnoptimized(const JobModel& job, const DiagnoseOptions& opt,
     const auto dtype = statsDtype(sig.dtype());
     if (dtype && sig.shape_size() >= 3)
       hint = stats::gemmAlignmentHint(sig.shape(0), sig.shape(1), sig.shape(2), *dtype);
-    Diagnosis d;
-    d.kind = "unoptimized_gemm";
-    d.team = Team::kInfrastructure;
-    d.cause = "kernel shape";
-    d.severity = 1.0 - st.tflops / ref;
+    slow.push_back({sig_id, st.tflops, ref, st.time, hint});
+  }
+  if (slow.empty()) return;
+  std::sort(slow.begin(), slow.end(), [](const Slow& a, const Slow& b) { return a.time > b.time; });
+  Diagnosis d;
+  d.kind = "unoptimized_gemm";
+  d.team = Team::kInfrastructure;
+  d.cause = "kernel shape";
+  double worst = 1.0;
+  for (const Slow& x : slow) worst = std::min(worst, x.tflops / x.ref);
+  d.severity = 1.0 - worst;
+  for (const Slow& x : slow) {
+    const auto& sig = job.signatures()[x.sig];
     d.evidence.push_back({"tflops",
                           sig.name() + " " + shapeText(sig) + " " + sig.layout() + ": " +
-                              fmtNum(st.tflops, "TFLOPS") + " vs " + fmtNum(ref, "TFLOPS") +
-                              " for the job's best GEMM of the same type",
-                          st.tflops, ref});
-    if (!hint.empty()) d.evidence.push_back({"alignment", hint, 0, 0});
-    d.summary = "GEMM " + shapeText(sig) + " runs at " + fmtPct(st.tflops / ref) +
-                " of the job's best GEMM efficiency" + (hint.empty() ? "" : " — " + hint);
-    out->push_back(std::move(d));
+                              fmtNum(x.tflops, "TFLOPS") + " vs " + fmtNum(x.ref, "TFLOPS") +
+                              " for the job's best GEMM of the same type" +
+                              (x.hint.empty() ? std::string() : " — " + x.hint),
+                          x.tflops, x.ref});
   }
+  const Slow& top = slow.front();
+  d.summary = std::to_string(slow.size()) + " GEMM shape" + (slow.size() > 1 ? "s run" : " runs") +
+              " at " + fmtPct(worst) + "–" +
+              fmtPct(std::max_element(slow.begin(), slow.end(),
+                                      [](const Slow& a, const Slow& b) {
+                                        return a.tflops / a.ref < b.tflops / b.ref;
+                                      })
+                         ->tflops /
+                     top.ref) +
+              " of the job's best GEMM efficiency" +
+              (top.hint.empty() ? std::string() : "; e.g. " + top.hint);
+  out->push_back(std::move(d));
 }
 
 }  // namespace
@@ -924,6 +949,54 @@ std::vector<Diagnosis> diagnose(const JobModel& job, const DiagnoseOptions& opti
   std::stable_sort(out.begin(), out.end(),
                    [](const Diagnosis& a, const Diagnosis& b) { return a.severity > b.severity; });
   return out;
+}
+
+namespace {
+
+std::string jsonString(const std::string& s) {
+  std::string out = "\"";
+  for (unsigned char c : s) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += static_cast<char>(c);
+    } else if (c < 0x20) {
+      char buf[8];
+      std::snprintf(buf, sizeof(buf), "\\u%04x", c);
+      out += buf;
+    } else {
+      out += static_cast<char>(c);
+    }
+  }
+  return out + "\"";
+}
+
+std::string jsonNumber(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.6g", std::isfinite(v) ? v : 0.0);
+  return buf;
+}
+
+}  // namespace
+
+std::string diagnosesToJson(const std::vector<Diagnosis>& diagnoses) {
+  std::string out = "{\"diagnoses\":[";
+  for (size_t i = 0; i < diagnoses.size(); ++i) {
+    const Diagnosis& d = diagnoses[i];
+    out += i ? "," : "";
+    out += "{\"kind\":" + jsonString(d.kind) + ",\"team\":\"" + teamName(d.team) +
+           "\",\"cause\":" + jsonString(d.cause) + ",\"severity\":" + jsonNumber(d.severity) +
+           ",\"ranks\":[";
+    for (size_t r = 0; r < d.ranks.size(); ++r) out += (r ? "," : "") + std::to_string(d.ranks[r]);
+    out += "],\"summary\":" + jsonString(d.summary) + ",\"evidence\":[";
+    for (size_t e = 0; e < d.evidence.size(); ++e) {
+      const Evidence& ev = d.evidence[e];
+      out += (e ? "," : "") + std::string("{\"metric\":") + jsonString(ev.metric) +
+             ",\"text\":" + jsonString(ev.text) + ",\"value\":" + jsonNumber(ev.value) +
+             ",\"reference\":" + jsonNumber(ev.reference) + "}";
+    }
+    out += "]}";
+  }
+  return out + "]}\n";
 }
 
 std::string formatDiagnoses(const std::vector<Diagnosis>& diagnoses) {

@@ -53,8 +53,8 @@ struct DiagnoseOptions {
   double link_min_effect = 0.15;  // a communicator's busbw at least this much lower
   double issue_w1_floor_ns = 20'000;
   double idle_min_share = 0.08;  // a stalled rank's extra GPU idle time, share of the step
-  double v_inter_threshold = 0.15;
-  double v_minority_threshold = 0.40;
+  double v_inter_threshold = 0.25;
+  double v_minority_threshold = 0.30;
   double unoptimized_ratio = 0.6;  // achieved < ratio × the job's best GEMM efficiency
   uint64_t unoptimized_min_flops = 1'000'000'000;
   // Issue-latency regression against a baseline: alarm above max(floor, the largest W1 between
@@ -78,5 +78,7 @@ std::vector<Diagnosis> diagnose(const JobModel& job, const DiagnoseOptions& opti
 
 // "[operations] rank 3: GPU slow — ..." lines, one per diagnosis (and its evidence indented).
 std::string formatDiagnoses(const std::vector<Diagnosis>& diagnoses);
+// {"diagnoses":[{"kind","team","cause","severity","ranks","summary","evidence":[...]}]}
+std::string diagnosesToJson(const std::vector<Diagnosis>& diagnoses);
 
 }  // namespace flare::engine

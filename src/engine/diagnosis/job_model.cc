@@ -98,6 +98,25 @@ void JobModel::addBatch(int rank, const flare::v1::RecordBatch& batch) {
   if (batch.has_drops()) r.drops = batch.drops();
 }
 
+void JobModel::trim(int64_t before_ns, size_t max_ops_per_rank) {
+  for (auto& [rank, r] : ranks_) {
+    std::erase_if(r.ops, [before_ns](const Op& op) { return op.end < before_ns; });
+    if (r.ops.size() > max_ops_per_rank) {
+      std::sort(r.ops.begin(), r.ops.end(),
+                [](const Op& a, const Op& b) { return a.issue < b.issue; });
+      r.ops.erase(r.ops.begin(), r.ops.end() - static_cast<std::ptrdiff_t>(max_ops_per_rank));
+    }
+    std::erase_if(r.spans, [before_ns](const Span& s) { return s.end < before_ns; });
+    std::erase_if(r.step_starts, [before_ns](int64_t t) { return t < before_ns; });
+  }
+}
+
+size_t JobModel::opCount() const {
+  size_t n = 0;
+  for (const auto& [rank, r] : ranks_) n += r.ops.size();
+  return n;
+}
+
 std::vector<int64_t> JobModel::stepStarts(int rank) const {
   auto it = ranks_.find(rank);
   if (it == ranks_.end()) return {};

@@ -65,6 +65,10 @@ class JobModel {
   // Adds one batch of `rank` (tables first, then records, as the batch orders them).
   void addBatch(int rank, const flare::v1::RecordBatch& batch);
   void setRankInfo(int rank, const std::string& host, const std::string& device_name);
+  // Forgets ops, spans and step markers that ended before `before_ns`, and the oldest ops of a
+  // rank beyond `max_ops_per_rank` (the daemon keeps a sliding window per job).
+  void trim(int64_t before_ns, size_t max_ops_per_rank);
+  size_t opCount() const;
 
   const std::map<int, RankData>& ranks() const { return ranks_; }
   const std::vector<flare::v1::Signature>& signatures() const { return signatures_; }

@@ -1,0 +1,108 @@
+"""The detectors inside flared: 8 sim ranks stream to the real daemon through `flare run`; the
+daemon raises routed, deduplicated alerts (stored, in /metrics, through `flare alerts`)."""
+
+import json
+import os
+import re
+import signal
+import subprocess
+import time
+import urllib.request
+
+import pytest
+
+
+class Daemon:
+    def __init__(self, build_dir, workdir):
+        log = os.path.join(str(workdir), "flared.log")
+        self.log_path = log
+        self.proc = subprocess.Popen(
+            [os.path.join(build_dir, "bin", "flared"), "--listen", "127.0.0.1:0", "--http",
+             "127.0.0.1:0", "--db", os.path.join(str(workdir), "flared.db"),
+             "--diagnose-interval-s", "1"], stdout=open(log, "w"), stderr=subprocess.STDOUT)
+        for _ in range(200):
+            m = re.search(r"gRPC on port (\d+), HTTP on port (\d+)", open(log).read())
+            if m:
+                self.grpc, self.http = int(m.group(1)), int(m.group(2))
+                return
+            assert self.proc.poll() is None, open(log).read()
+            time.sleep(0.05)
+        raise AssertionError("flared did not start")
+
+    def get(self, path):
+        with urllib.request.urlopen("http://127.0.0.1:%d%s" % (self.http, path), timeout=10) as r:
+            return r.read().decode()
+
+    def stop(self):
+        self.proc.send_signal(signal.SIGTERM)
+        self.proc.wait(timeout=30)
+
+
+@pytest.fixture
+def daemon(build_dir, tmp_path):
+    if not os.path.exists(os.path.join(build_dir, "bin", "flared")):
+        pytest.skip("build/bin/flared not built")
+    d = Daemon(build_dir, tmp_path)
+    yield d
+    if d.proc.poll() is None:
+        d.proc.kill()
+
+
+def flare(build_dir, *args, env=None):
+    return subprocess.run([os.path.join(build_dir, "bin", "flare"), *args], capture_output=True,
+                          text=True, timeout=300, env=dict(os.environ, **(env or {})))
+
+
+def run_job(build_dir, daemon, tmp_path, job, fault_env=None):
+    env = dict(fault_env or {}, FLARE_OUTPUT_DIR=str(tmp_path / ("spool-" + job)))
+    res = flare(build_dir, "run", "--daemon", "127.0.0.1:%d" % daemon.grpc, "--job-id", job,
+                "--quiet", "--", os.path.join(build_dir, "bin", "flare-sim-train"), "--ranks",
+                "8", "--steps", "6", "--layers", "4", "--tp", "2", "--quiet", env=env)
+    assert res.returncode == 0, res.stderr
+
+
+def wait_alerts(daemon, job, n, timeout=15):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        alerts = json.loads(daemon.get("/api/v1/alerts?job=" + job)).get("alerts", [])
+        if len(alerts) >= n:
+            return alerts
+        time.sleep(0.2)
+    return json.loads(daemon.get("/api/v1/alerts?job=" + job)).get("alerts", [])
+
+
+def test_flared_alerts_on_the_underclocked_rank_once_and_not_on_the_healthy_job(
+        build_dir, daemon, tmp_path):
+    run_job(build_dir, daemon, tmp_path, "healthy")
+    run_job(build_dir, daemon, tmp_path, "slowgpu", {"FLARE_SIM_CLOCK_FACTOR": "3:0.8"})
+    alerts = wait_alerts(daemon, "slowgpu", 1)
+    assert [(a["kind"], a["rank"], a["team"]) for a in alerts] == [("gpu_slow", 3, "operations")]
+    assert "rank 3" in alerts[0]["message"]
+    time.sleep(2.5)  # more detector runs over the same window: the alert is not repeated
+    assert len(json.loads(daemon.get("/api/v1/alerts?job=slowgpu"))["alerts"]) == 1
+    assert json.loads(daemon.get("/api/v1/alerts?job=healthy"))["alerts"] == []
+    metrics = daemon.get("/metrics")
+    assert 'flare_alerts_total{job="slowgpu",kind="gpu_slow",team="operations"} 1' in metrics
+    assert "ALERT [operations] job slowgpu: rank 3" in open(daemon.log_path).read()
+    # The CLI: alerts, and the detectors on demand.
+    http = "127.0.0.1:%d" % daemon.http
+    res = flare(build_dir, "alerts", "--daemon-http", http, "--job", "slowgpu")
+    assert res.returncode == 0 and "[operations]" in res.stdout and "rank 3" in res.stdout
+    res = flare(build_dir, "diagnose", "--daemon-http", http, "--job", "slowgpu", "--json")
+    assert res.returncode == 3
+    assert [d["kind"] for d in json.loads(res.stdout)["diagnoses"]] == ["gpu_slow"]
+    res = flare(build_dir, "diagnose", "--daemon-http", http, "--job", "healthy")
+    assert res.returncode == 0 and "no anomaly" in res.stdout
+    # Alerts are stored: a restarted daemon still lists it.
+    daemon.stop()
+    again = Daemon(build_dir, tmp_path)
+    try:
+        assert [a["kind"] for a in json.loads(again.get("/api/v1/alerts?job=slowgpu"))["alerts"]] \
+            == ["gpu_slow"]
+    finally:
+        again.stop()
+
+
+def test_flare_alerts_fails_clearly_without_a_daemon(build_dir):
+    res = flare(build_dir, "alerts", "--daemon-http", "127.0.0.1:1")
+    assert res.returncode != 0 and "flare:" in res.stderr
