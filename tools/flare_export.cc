@@ -19,40 +19,12 @@
 #include <vector>
 
 #include "flare/v1/records.pb.h"
+#include "src/common/text.h"
 #include "src/timing/spool_sink.h"
 
 namespace fs = std::filesystem;
 
 namespace {
-
-std::string jsonString(const std::string& s) {
-  std::string out = "\"";
-  for (unsigned char c : s) {
-    switch (c) {
-      case '"':
-        out += "\\\"";
-        break;
-      case '\\':
-        out += "\\\\";
-        break;
-      case '\n':
-        out += "\\n";
-        break;
-      case '\t':
-        out += "\\t";
-        break;
-      default:
-        if (c < 0x20) {
-          char buf[8];
-          std::snprintf(buf, sizeof(buf), "\\u%04x", c);
-          out += buf;
-        } else {
-          out += static_cast<char>(c);
-        }
-    }
-  }
-  return out + "\"";
-}
 
 // "OP_KIND_GEMM" -> "gemm": an enum value's name without its prefix, in lower case.
 std::string label(const std::string& enum_name, const char* prefix) {
@@ -111,8 +83,8 @@ int main(int argc, char** argv) {
             "{\"job\":%s,\"rank\":%d,\"kind\":\"span\",\"name\":%s,\"id\":%llu,"
             "\"parent\":%llu,\"thread\":%llu,\"start_ns\":%lld,\"end_ns\":%lld,"
             "\"duration_ns\":%lld",
-            jsonString(job).c_str(), b.rank(),
-            jsonString(it == apis.end() ? std::string("?") : it->second).c_str(),
+            flare::common::jsonQuote(job).c_str(), b.rank(),
+            flare::common::jsonQuote(it == apis.end() ? std::string("?") : it->second).c_str(),
             static_cast<unsigned long long>(sp.id()),
             static_cast<unsigned long long>(sp.parent_span_id()),
             static_cast<unsigned long long>(sp.thread_id()), static_cast<long long>(sp.start_ns()),
@@ -138,10 +110,11 @@ int main(int argc, char** argv) {
             "\"layout\":%s,\"stream\":%llu,\"device\":%d,\"thread\":%llu,\"issue_ns\":%lld,"
             "\"start_ns\":%lld,\"end_ns\":%lld,\"duration_ns\":%lld,\"issue_latency_ns\":%lld,"
             "\"flops\":%llu,\"bytes\":%llu",
-            jsonString(job).c_str(), b.rank(),
+            flare::common::jsonQuote(job).c_str(), b.rank(),
             label(flare::v1::OpKind_Name(s.kind()), "OP_KIND_").c_str(),
-            jsonString(s.name()).c_str(), label(flare::v1::DType_Name(s.dtype()), "DTYPE_").c_str(),
-            shape.c_str(), jsonString(s.layout()).c_str(),
+            flare::common::jsonQuote(s.name()).c_str(),
+            label(flare::v1::DType_Name(s.dtype()), "DTYPE_").c_str(), shape.c_str(),
+            flare::common::jsonQuote(s.layout()).c_str(),
             static_cast<unsigned long long>(k.stream_id()), k.device(),
             static_cast<unsigned long long>(k.thread_id()), static_cast<long long>(k.issue_ns()),
             static_cast<long long>(k.start_ns()), static_cast<long long>(k.end_ns()),

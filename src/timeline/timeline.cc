@@ -11,6 +11,7 @@
 #include <unordered_map>
 #include <utility>
 
+#include "src/common/text.h"
 #include "src/timing/spool_sink.h"
 
 namespace flare::timeline {
@@ -21,35 +22,6 @@ using flare::v1::OpKind;
 using CollKey = std::pair<uint64_t, uint64_t>;  // (communicator, sequence number)
 
 constexpr int64_t kLaunchSliceNs = 1'000;  // nominal width of a launch slice (see header)
-
-std::string jsonString(const std::string& s) {
-  std::string out = "\"";
-  for (unsigned char c : s) {
-    switch (c) {
-      case '"':
-        out += "\\\"";
-        break;
-      case '\\':
-        out += "\\\\";
-        break;
-      case '\n':
-        out += "\\n";
-        break;
-      case '\t':
-        out += "\\t";
-        break;
-      default:
-        if (c < 0x20) {
-          char buf[8];
-          std::snprintf(buf, sizeof(buf), "\\u%04x", c);
-          out += buf;
-        } else {
-          out += static_cast<char>(c);
-        }
-    }
-  }
-  return out + "\"";
-}
 
 std::string lowerLabel(const std::string& enum_name, const char* prefix) {
   std::string v =
@@ -320,7 +292,7 @@ void RankWriter::writeGpu(const RankData& data) {
       CpuSlice s;
       s.start = k.start_ns();
       s.end = std::max(k.end_ns(), k.start_ns());
-      s.json_head = "\"name\":" + jsonString(sig->name()) + ",\"cat\":\"cuda_runtime\"";
+      s.json_head = "\"name\":" + common::jsonQuote(sig->name()) + ",\"cat\":\"cuda_runtime\"";
       s.args = "\"kind\":\"sync\"";
       cpu_[k.thread_id()].push_back(std::move(s));
       continue;
@@ -357,7 +329,7 @@ void RankWriter::writeGpu(const RankData& data) {
       }
       if (sig.dtype() != flare::v1::DTYPE_UNSPECIFIED)
         args += ",\"dtype\":\"" + lowerLabel(DType_Name(sig.dtype()), "DTYPE_") + "\"";
-      if (!sig.layout().empty()) args += ",\"layout\":" + jsonString(sig.layout());
+      if (!sig.layout().empty()) args += ",\"layout\":" + common::jsonQuote(sig.layout());
       const uint64_t flops = k.flops() ? k.flops() : sig.flops_per_call();
       if (flops > 0) {
         args += ",\"flops\":" + std::to_string(flops);
@@ -384,7 +356,7 @@ void RankWriter::writeGpu(const RankData& data) {
         }
       }
       w_->event("{\"ph\":\"X\",\"cat\":\"" + std::string(gpuCategory(sig)) +
-                "\",\"name\":" + jsonString(sig.name().empty() ? "unknown" : sig.name()) +
+                "\",\"name\":" + common::jsonQuote(sig.name().empty() ? "unknown" : sig.name()) +
                 ",\"pid\":" + std::to_string(pid) + ",\"tid\":" + std::to_string(track.second) +
                 ",\"ts\":" + ts(start) + ",\"dur\":" + durUs(dur) + ",\"args\":{" + args + "}}");
       ++summary_->gpu_events;
@@ -393,7 +365,8 @@ void RankWriter::writeGpu(const RankData& data) {
       launch.start = k.issue_ns();
       launch.end = k.issue_ns() + kLaunchSliceNs;  // fitted in writeCpu
       launch.launch = true;
-      launch.json_head = "\"name\":" + jsonString(launchName(sig)) + ",\"cat\":\"cuda_runtime\"";
+      launch.json_head =
+          "\"name\":" + common::jsonQuote(launchName(sig)) + ",\"cat\":\"cuda_runtime\"";
       // Like Kineto's runtime events: no device/stream args (HTA takes an event with a stream
       // for a GPU event).
       launch.args = "\"correlation\":" + std::to_string(correlation);
@@ -444,7 +417,7 @@ void RankWriter::writeCpu(const RankData& data) {
     auto api = data.apis.find(s.api_id());
     const std::string name =
         api == data.apis.end() ? "api " + std::to_string(s.api_id()) : api->second;
-    slice.json_head = "\"name\":" + jsonString(name) + ",\"cat\":\"python_function\"";
+    slice.json_head = "\"name\":" + common::jsonQuote(name) + ",\"cat\":\"python_function\"";
     slice.args = "\"span id\":" + std::to_string(s.id()) +
                  ",\"parent span id\":" + std::to_string(s.parent_span_id());
     if (s.has_gc()) {
@@ -495,20 +468,20 @@ void RankWriter::metadata() {
   };
   const std::string rank = std::to_string(src_.rank);
   meta("process_name", ids_.cpu_pid, nullptr,
-       "\"name\":" + jsonString("rank " + rank + " (pid " + std::to_string(src_.pid) + ")"));
-  meta("process_labels", ids_.cpu_pid, nullptr, "\"labels\":" + jsonString("CPU"));
+       "\"name\":" + common::jsonQuote("rank " + rank + " (pid " + std::to_string(src_.pid) + ")"));
+  meta("process_labels", ids_.cpu_pid, nullptr, "\"labels\":" + common::jsonQuote("CPU"));
   meta("process_sort_index", ids_.cpu_pid, nullptr,
        "\"sort_index\":" + std::to_string(ids_.cpu_pid));
   for (uint64_t thread : threads_) {
     const std::string tid = std::to_string(thread);
-    meta("thread_name", ids_.cpu_pid, &tid, "\"name\":" + jsonString("thread " + tid));
+    meta("thread_name", ids_.cpu_pid, &tid, "\"name\":" + common::jsonQuote("thread " + tid));
   }
   for (int device : devices_) {
     const int pid = ids_.gpu_pid_base + device;
     meta("process_name", pid, nullptr,
-         "\"name\":" + jsonString("rank " + rank + " GPU " + std::to_string(device)));
+         "\"name\":" + common::jsonQuote("rank " + rank + " GPU " + std::to_string(device)));
     meta("process_labels", pid, nullptr,
-         "\"labels\":" + jsonString("GPU " + std::to_string(device)));
+         "\"labels\":" + common::jsonQuote("GPU " + std::to_string(device)));
     meta("process_sort_index", pid, nullptr, "\"sort_index\":" + std::to_string(pid));
   }
   for (const auto& [stream_id, tid] : stream_tids_) {
@@ -518,7 +491,7 @@ void RankWriter::metadata() {
       char hex[24];
       std::snprintf(hex, sizeof(hex), "%" PRIx64, stream_id);
       meta("thread_name", ids_.gpu_pid_base + device, &t,
-           "\"name\":" + jsonString("stream " + t + " (0x" + hex + ")"));
+           "\"name\":" + common::jsonQuote("stream " + t + " (0x" + hex + ")"));
     }
   }
 }
@@ -528,8 +501,8 @@ bool writeDoc(const std::vector<RankSource>& sources, const Options& options, FI
               Summary* summary, std::string* error) {
   const int world = options.world_size > 0 ? options.world_size : static_cast<int>(sources.size());
   // Spaced as Kineto writes it: HTA finds the rank with the pattern `"rank":\s+(\d+)`.
-  std::string dist =
-      "{\"backend\": " + jsonString(options.backend) + ", \"world_size\": " + std::to_string(world);
+  std::string dist = "{\"backend\": " + common::jsonQuote(options.backend) +
+                     ", \"world_size\": " + std::to_string(world);
   if (sources.size() == 1) dist += ", \"rank\": " + std::to_string(sources[0].rank);
   dist += "}";
   std::fprintf(out,

@@ -15,30 +15,14 @@
 
 #include "flare/v1/protocol.h"
 #include "src/common/log.h"
+#include "src/common/text.h"
+#include "src/timing/spool_sink.h"
 
 namespace flare::timing {
 namespace {
 
 constexpr char kLog[] = "export";
 constexpr uint64_t kMaxSpoolBatch = 64ull << 20;
-
-std::string safeComponent(const std::string& text) {
-  std::string out;
-  for (char c : text) {
-    const bool ok = std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-';
-    out += ok ? c : '_';
-  }
-  if (out.empty() || out == "." || out == "..") out = "_";
-  return out;
-}
-
-void appendVarint(std::string* out, uint64_t value) {
-  while (value >= 0x80) {
-    *out += static_cast<char>((value & 0x7f) | 0x80);
-    value >>= 7;
-  }
-  *out += static_cast<char>(value);
-}
 
 bool pwriteAll(int fd, const char* data, size_t size, uint64_t offset) {
   size_t done = 0;
@@ -112,7 +96,8 @@ GrpcExporter::GrpcExporter(std::unique_ptr<Transport> transport, ExporterOptions
       mode_(static_cast<int>(options_.mode)) {
   if (options_.spool_dir.empty()) options_.spool_dir = "/tmp/flare";
   spool_path_ = (std::filesystem::path(options_.spool_dir) /
-                 safeComponent(options_.identity.job_id) / std::to_string(options_.identity.rank) /
+                 common::safePathComponent(options_.identity.job_id) /
+                 std::to_string(options_.identity.rank) /
                  ("pending-" + std::to_string(options_.identity.pid) + ".pb"))
                     .string();
   resend_limit_ = options_.resend_bytes;

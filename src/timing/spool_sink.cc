@@ -13,6 +13,7 @@
 #include <utility>
 
 #include "src/common/log.h"
+#include "src/common/text.h"
 
 namespace flare::timing {
 namespace {
@@ -20,16 +21,7 @@ namespace {
 constexpr char kLog[] = "timing";
 constexpr uint64_t kMaxBatchBytes = 64ull << 20;  // the reader's plausibility bound
 
-std::string safeComponent(const std::string& text) {
-  std::string out;
-  out.reserve(text.size());
-  for (char c : text) {
-    const bool ok = std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-';
-    out += ok ? c : '_';
-  }
-  if (out.empty() || out == "." || out == "..") out = "_";
-  return out;
-}
+}  // namespace
 
 void appendVarint(std::string* out, uint64_t value) {
   while (value >= 0x80) {
@@ -38,8 +30,6 @@ void appendVarint(std::string* out, uint64_t value) {
   }
   *out += static_cast<char>(value);
 }
-
-}  // namespace
 
 SpoolSink::SpoolSink(const std::string& dir, const std::string& job_id, int rank, int pid,
                      SpoolSinkOptions options)
@@ -50,7 +40,7 @@ SpoolSink::SpoolSink(const std::string& dir, const std::string& job_id, int rank
                [this](flare::v1::RecordBatch&& batch) { write(batch); }) {
   try {
     const std::filesystem::path folder =
-        std::filesystem::path(dir) / safeComponent(job_id) / std::to_string(rank);
+        std::filesystem::path(dir) / common::safePathComponent(job_id) / std::to_string(rank);
     path_ = (folder / ("records-" + std::to_string(pid) + ".pb")).string();
     std::error_code ec;
     std::filesystem::create_directories(folder, ec);

@@ -80,6 +80,9 @@ class SpoolSink final : public Sink {
   std::atomic<uint64_t> dropped_{0};
 };
 
+// Appends `value` as a protobuf varint (the length prefix of the delimited format).
+void appendVarint(std::string* out, uint64_t value);
+
 // Reads a spool file. On success returns true with every batch in `out` (appended). On a
 // truncated or malformed file returns false with a message in `error` (offset included);
 // `out` then holds the complete batches before the bad one. An empty file is valid.

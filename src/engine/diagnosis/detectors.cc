@@ -9,6 +9,7 @@
 #include <span>
 #include <utility>
 
+#include "src/common/text.h"
 #include "src/engine/stats/outliers.h"
 #include "src/engine/stats/perf_model.h"
 #include "src/engine/stats/quantile.h"
@@ -953,23 +954,6 @@ std::vector<Diagnosis> diagnose(const JobModel& job, const DiagnoseOptions& opti
 
 namespace {
 
-std::string jsonString(const std::string& s) {
-  std::string out = "\"";
-  for (unsigned char c : s) {
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += static_cast<char>(c);
-    } else if (c < 0x20) {
-      char buf[8];
-      std::snprintf(buf, sizeof(buf), "\\u%04x", c);
-      out += buf;
-    } else {
-      out += static_cast<char>(c);
-    }
-  }
-  return out + "\"";
-}
-
 std::string jsonNumber(double v) {
   char buf[32];
   std::snprintf(buf, sizeof(buf), "%.6g", std::isfinite(v) ? v : 0.0);
@@ -983,15 +967,15 @@ std::string diagnosesToJson(const std::vector<Diagnosis>& diagnoses) {
   for (size_t i = 0; i < diagnoses.size(); ++i) {
     const Diagnosis& d = diagnoses[i];
     out += i ? "," : "";
-    out += "{\"kind\":" + jsonString(d.kind) + ",\"team\":\"" + teamName(d.team) +
-           "\",\"cause\":" + jsonString(d.cause) + ",\"severity\":" + jsonNumber(d.severity) +
-           ",\"ranks\":[";
+    out += "{\"kind\":" + common::jsonQuote(d.kind) + ",\"team\":\"" + teamName(d.team) +
+           "\",\"cause\":" + common::jsonQuote(d.cause) +
+           ",\"severity\":" + jsonNumber(d.severity) + ",\"ranks\":[";
     for (size_t r = 0; r < d.ranks.size(); ++r) out += (r ? "," : "") + std::to_string(d.ranks[r]);
-    out += "],\"summary\":" + jsonString(d.summary) + ",\"evidence\":[";
+    out += "],\"summary\":" + common::jsonQuote(d.summary) + ",\"evidence\":[";
     for (size_t e = 0; e < d.evidence.size(); ++e) {
       const Evidence& ev = d.evidence[e];
-      out += (e ? "," : "") + std::string("{\"metric\":") + jsonString(ev.metric) +
-             ",\"text\":" + jsonString(ev.text) + ",\"value\":" + jsonNumber(ev.value) +
+      out += (e ? "," : "") + std::string("{\"metric\":") + common::jsonQuote(ev.metric) +
+             ",\"text\":" + common::jsonQuote(ev.text) + ",\"value\":" + jsonNumber(ev.value) +
              ",\"reference\":" + jsonNumber(ev.reference) + "}";
     }
     out += "]}";

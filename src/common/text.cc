@@ -1,0 +1,52 @@
+#include "src/common/text.h"
+
+#include <cctype>
+#include <cstdio>
+
+namespace flare::common {
+
+std::string jsonQuote(std::string_view s) {
+  std::string out = "\"";
+  out.reserve(s.size() + 2);
+  for (char c : s) {
+    switch (c) {
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
+      default:
+        if (static_cast<unsigned char>(c) < 0x20) {
+          char buf[8];
+          std::snprintf(buf, sizeof buf, "\\u%04x", static_cast<unsigned char>(c));
+          out += buf;
+        } else {
+          out.push_back(c);
+        }
+    }
+  }
+  return out + "\"";
+}
+
+std::string safePathComponent(std::string_view text) {
+  std::string out;
+  out.reserve(text.size());
+  for (char c : text) {
+    const bool ok = std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-';
+    out += ok ? c : '_';
+  }
+  if (out.empty() || out == "." || out == "..") out.assign(1, '_');
+  return out;
+}
+
+}  // namespace flare::common

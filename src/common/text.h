@@ -1,0 +1,18 @@
+// Small text helpers shared by the tools and the daemon: JSON string quoting and safe path
+// components. Pure functions, any thread.
+#pragma once
+
+#include <string>
+#include <string_view>
+
+namespace flare::common {
+
+// `s` as a JSON string literal, quotes included: ", \ and control characters escaped (bytes of
+// 0x80 and above pass through, so UTF-8 stays UTF-8).
+std::string jsonQuote(std::string_view s);
+
+// `text` made safe as one path component: anything but [A-Za-z0-9._-] becomes '_'; "", "." and
+// ".." become "_".
+std::string safePathComponent(std::string_view text);
+
+}  // namespace flare::common
