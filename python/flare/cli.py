@@ -62,6 +62,38 @@ def find_hook(explicit=None):
     raise CliError("%s not found: pass --hook PATH or set FLARE_HOOK_LIB" % HOOK_NAME)
 
 
+def find_tool(name):
+    """A Flare program (flare-export, flare-timeline, flare-diagnose): next to the hook library's
+    bin/ folder (build tree or installed package), then PATH."""
+    candidates = []
+    try:
+        lib = find_hook()
+        candidates.append(os.path.join(os.path.dirname(os.path.dirname(lib)), "bin", name))
+    except CliError:
+        pass
+    here = os.path.dirname(os.path.abspath(__file__))
+    candidates += [os.path.join(here, "bin", name),
+                   os.path.join(here, "..", "..", "build", "bin", name)]
+    for path in candidates:
+        if os.path.isfile(path) and os.access(path, os.X_OK):
+            return os.path.abspath(path)
+    for folder in os.environ.get("PATH", "").split(os.pathsep):
+        path = os.path.join(folder, name)
+        if folder and os.path.isfile(path) and os.access(path, os.X_OK):
+            return path
+    raise CliError("%s not found (build Flare, or put it on PATH)" % name)
+
+
+TOOLS = {"export": "flare-export", "timeline": "flare-timeline",
+         "diagnose-spool": "flare-diagnose"}
+
+
+def run_tool(what, rest):
+    """export / timeline / diagnose-spool on an offline spool: the C++ programs, their arguments
+    passed through, their exit code returned."""
+    return subprocess.call([find_tool(TOOLS[what])] + list(rest))
+
+
 def append_preload(current, hook):
     """LD_PRELOAD with `hook` appended (once); what was there stays first."""
     parts = [p for p in (current or "").replace(":", " ").split() if p]
@@ -293,10 +325,24 @@ def build_parser():
     g.add_argument("--json", action="store_true", help="print JSON")
     g.add_argument("--timeout", type=float, default=5.0, help="seconds per request")
     g.set_defaults(func=cmd_diagnose)
+    for name, what in (("export", "records of an offline spool as JSON lines (flare-export)"),
+                       ("timeline", "a Perfetto/Kineto trace from an offline spool "
+                                    "(flare-timeline)"),
+                       ("diagnose-spool", "the detectors on an offline spool (flare-diagnose)")):
+        # Dispatched in main() before parsing, so that every argument reaches the tool.
+        sub.add_parser(name, help=what, add_help=False,
+                       usage="flare %s [ARGS ...] (the tool's own --help lists them)" % name)
     return p
 
 
 def main(argv=None):
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv and argv[0] in TOOLS:
+        try:
+            return run_tool(argv[0], argv[1:])
+        except CliError as e:
+            print("flare: %s" % e, file=sys.stderr)
+            return e.code
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):

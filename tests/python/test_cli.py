@@ -196,3 +196,25 @@ def test_flare_run_streams_a_sim_job_to_the_daemon(build_dir, tmp_path):
     assert {r["job"] for r in records} == {"clijob"}
     assert {r["rank"] for r in records} == {0, 1}
     assert any(r["name"] == "cublasGemmEx" for r in records)
+
+
+def test_offline_tools_run_through_the_cli(build_dir, tmp_path):
+    """flare export / timeline / diagnose-spool pass every argument to the C++ tools."""
+    flare = os.path.join(build_dir, "bin", "flare")
+    spool = tmp_path / "spool"
+    env = dict(os.environ, LD_PRELOAD=os.path.join(build_dir, "lib", "libflare_hook.so"),
+               FLARE_OUTPUT_DIR=str(spool), FLARE_JOB_ID="cli")
+    res = subprocess.run([os.path.join(build_dir, "bin", "flare-sim-train"), "--ranks", "2",
+                          "--steps", "3", "--layers", "1", "--quiet"], env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    res = subprocess.run([flare, "export", "--input", str(spool)], capture_output=True, text=True)
+    assert res.returncode == 0 and res.stdout.count("\n") > 10
+    res = subprocess.run([flare, "timeline", "--input", str(spool), "-o",
+                          str(tmp_path / "t.json")], capture_output=True, text=True)
+    assert res.returncode == 0 and (tmp_path / "t.json").exists()
+    res = subprocess.run([flare, "diagnose-spool", "--input", str(spool)], capture_output=True,
+                         text=True)
+    assert res.returncode == 0 and "no anomaly" in res.stdout
+    res = subprocess.run([flare, "export", "--bogus"], capture_output=True, text=True)
+    assert res.returncode == 2 and "usage" in res.stderr
