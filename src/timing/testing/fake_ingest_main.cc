@@ -32,6 +32,33 @@
 
 namespace {
 
+// Truncates `path` after its last complete length-delimited record.
+void truncatePartialTail(const std::string& path) {
+  std::FILE* f = std::fopen(path.c_str(), "rb");
+  if (f == nullptr) return;
+  uint64_t good = 0;
+  for (;;) {
+    uint64_t length = 0;
+    int shift = 0, c = 0;
+    while ((c = std::fgetc(f)) != EOF) {
+      length |= static_cast<uint64_t>(c & 0x7f) << shift;
+      if ((c & 0x80) == 0 || (shift += 7) > 63) break;
+    }
+    if (c == EOF || length > (64ull << 20) ||
+        std::fseek(f, static_cast<long>(length), SEEK_CUR) != 0)
+      break;
+    const long end = std::ftell(f);
+    std::fseek(f, 0, SEEK_END);
+    if (end > std::ftell(f)) break;  // the record runs past the end of the file
+    std::fseek(f, end, SEEK_SET);
+    good = static_cast<uint64_t>(end);
+  }
+  std::fclose(f);
+  if (::truncate(path.c_str(), static_cast<off_t>(good)) != 0) {
+    std::fprintf(stderr, "fake-ingest: cannot truncate %s\n", path.c_str());
+  }
+}
+
 class Ingest final : public flare::v1::Ingest::Service {
  public:
   Ingest(std::string out, std::string token, bool resume)
@@ -83,6 +110,10 @@ class Ingest final : public flare::v1::Ingest::Service {
         std::filesystem::path(out_) / h.job_id() / std::to_string(h.rank());
     std::filesystem::create_directories(dir);
     const std::string path = (dir / ("records-" + std::to_string(h.pid()) + ".pb")).string();
+    // A previous instance killed in the middle of a write(2) (SIGKILL can cut a regular-file
+    // write short) leaves a partial last batch: cut it off before appending, as a daemon
+    // recovering its log would, so that the file stays a valid sequence of batches.
+    truncatePartialTail(path);
     int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
     uint64_t batches = 0, dups = 0;
     while (rw->Read(&m)) {
