@@ -98,6 +98,7 @@ std::vector<HangIncident> HangMonitor::check() {
     bool progressed = false;
     std::vector<int> silent;
     int64_t silent_for = 0;
+    int64_t onset = now;
     size_t connected = 0;
     for (const v1::RankInfo& r : ranks.ranks()) {
       auto [it, fresh] = w.ranks.try_emplace(r.rank());
@@ -113,6 +114,7 @@ std::vector<HangIncident> HangMonitor::check() {
       if (now - rw.changed_ns >= options_.hang_timeout_ns) {
         silent.push_back(r.rank());
         silent_for = std::max(silent_for, now - rw.changed_ns);
+        onset = std::min(onset, rw.changed_ns);
       }
     }
     if (w.episode_open) {
@@ -130,7 +132,7 @@ std::vector<HangIncident> HangMonitor::check() {
     std::snprintf(trigger, sizeof(trigger), "ranks %s silent for %.1f s (timeout %.1f s)",
                   hang::compactRanges(silent).c_str(), seconds(silent_for),
                   seconds(options_.hang_timeout_ns));
-    out.push_back(diagnose(job.job_id(), ranks, trigger, w.last_progress_ns));
+    out.push_back(diagnose(job.job_id(), ranks, trigger, onset, w.last_progress_ns));
   }
   return out;
 }
@@ -167,10 +169,12 @@ std::map<int32_t, v1::CommandResult> HangMonitor::roundTrip(const std::string& j
 }
 
 HangIncident HangMonitor::diagnose(const std::string& job_id, const v1::ListRanksResponse& ranks,
-                                   std::string trigger, int64_t last_progress_ns) {
+                                   std::string trigger, int64_t onset_ns,
+                                   int64_t last_progress_ns) {
   HangIncident inc;
   inc.job_id = job_id;
   inc.trigger = std::move(trigger);
+  inc.onset_ns = onset_ns;
   inc.last_progress_ns = last_progress_ns;
   inc.opened_ns = wall_.nowNs();
   const auto t0 = std::chrono::steady_clock::now();
@@ -250,10 +254,10 @@ HangIncident HangMonitor::diagnose(const std::string& job_id, const v1::ListRank
   char tail[160];
   std::snprintf(tail, sizeof(tail),
                 " | %zu answered, %zu no answer, %zu crashed%s; diagnosed in %.2f s, %.1f s after "
-                "the last progress",
+                "the onset",
                 inc.answered.size(), inc.no_answer.size(), inc.crashed.size(),
                 inc.inspected ? ", connection steps inspected" : "", took,
-                seconds(inc.diagnosed_ns - last_progress_ns));
+                seconds(inc.diagnosed_ns - onset_ns));
   msg += tail;
   a.set_message(msg);
   a.set_time_unix_ns(inc.diagnosed_ns);
@@ -279,6 +283,7 @@ std::string incidentToJson(const HangIncident& inc) {
   std::string o = "{\"id\":" + std::to_string(inc.id) + ",\"jobId\":" + jsonString(inc.job_id) +
                   ",\"kind\":" + jsonString(std::string(hang::hangKindName(d.kind))) +
                   ",\"trigger\":" + jsonString(inc.trigger) +
+                  ",\"onsetUnixNs\":" + std::to_string(inc.onset_ns) +
                   ",\"lastProgressUnixNs\":" + std::to_string(inc.last_progress_ns) +
                   ",\"openedUnixNs\":" + std::to_string(inc.opened_ns) +
                   ",\"diagnosedUnixNs\":" + std::to_string(inc.diagnosed_ns) +

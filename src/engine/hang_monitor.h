@@ -43,6 +43,7 @@ struct HangIncident {
   uint64_t id = 0;  // per daemon, from 1
   std::string job_id;
   std::string trigger;           // "ranks 3 silent for 2.0 s"
+  int64_t onset_ns = 0;          // the first silent rank's last new records (hang onset)
   int64_t last_progress_ns = 0;  // the last time any rank of the job delivered new records
   int64_t opened_ns = 0;
   int64_t diagnosed_ns = 0;
@@ -81,7 +82,7 @@ class HangMonitor {
   };
 
   HangIncident diagnose(const std::string& job_id, const v1::ListRanksResponse& ranks,
-                        std::string trigger, int64_t last_progress_ns);
+                        std::string trigger, int64_t onset_ns, int64_t last_progress_ns);
   // Sends `cmd` to `ranks`, waits for their results until the deadline; answers by rank.
   std::map<int32_t, v1::CommandResult> roundTrip(const std::string& job_id,
                                                  const std::vector<int32_t>& ranks,
