@@ -79,12 +79,21 @@ def hang_alerts(daemon, job):
 
 
 def finish(job_proc):
-    """The job ends by itself (or its launcher's --timeout); else its process group is killed."""
+    """Ends the (hung) job: its whole process group (flare run, the launcher, the ranks)."""
     try:
-        job_proc.wait(timeout=40)
-    except subprocess.TimeoutExpired:
         os.killpg(job_proc.pid, signal.SIGKILL)
-        job_proc.wait()
+    except ProcessLookupError:
+        pass
+    job_proc.wait(timeout=30)
+    # No rank survives its job (zombies wait for init to reap them).
+    for _ in range(50):
+        out = [line for line in subprocess.run(
+            ["ps", "-o", "stat=,pid=", "-g", str(job_proc.pid)], capture_output=True,
+            text=True).stdout.splitlines() if line.strip() and not line.strip().startswith("Z")]
+        if not out:
+            break
+        time.sleep(0.1)
+    assert out == [], out
 
 
 @pytest.mark.parametrize("rank,step", [(3, 3), (6, 5)])
@@ -156,4 +165,42 @@ def test_stopped_rank_is_unresponsive_and_named_and_the_episode_ends(build_dir, 
     finally:
         if pid:
             os.kill(pid, signal.SIGCONT)
+        finish(proc)
+
+
+@pytest.mark.parametrize("kind,rank,expect_kind,expect_suspects", [
+    ("compute", 5, "non-communication hang", [5]),
+    ("collective", 2, "communication hang", [2, 3]),
+])
+def test_gpu_side_hangs_are_located_with_the_connection_steps(build_dir, daemon, tmp_path, kind,
+                                                              rank, expect_kind, expect_suspects):
+    # --tp 1: the data-parallel communicator spans the job, so the sim's connection peers are
+    # global ranks. Every rank's host waits at the step's end and every rank issued the
+    # collective: only the GPU-side state (Inspect -> simulated connection steps) locates it.
+    job = "%s%d" % (kind, rank)
+    env = dict(os.environ, FLARE_OUTPUT_DIR=str(tmp_path / ("spool-" + job)),
+               FLARE_SIM_HANG="%d:%s:3" % (rank, kind))
+    proc = subprocess.Popen(
+        [os.path.join(build_dir, "bin", "flare"), "run", "--daemon", "127.0.0.1:%d" % daemon.grpc,
+         "--job-id", job, "--quiet", "--", os.path.join(build_dir, "bin", "flare-sim-train"),
+         "--ranks", "8", "--steps", "40", "--layers", "4", "--tp", "1", "--quiet", "--timeout",
+         "12"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        start_new_session=True)
+    try:
+        incidents = wait_incidents(daemon, job)
+        assert len(incidents) == 1, incidents
+        inc = incidents[0]
+        assert inc["inspected"] is True
+        assert inc["kind"] == expect_kind, inc["text"]
+        assert [s["rank"] for s in inc["suspects"]] == expect_suspects, inc["text"]
+        if kind == "collective":
+            assert (inc["link"]["sender"], inc["link"]["receiver"]) == (rank, rank + 1)
+            assert inc["link"]["channelsAgreeing"] == 2
+        took = (inc["diagnosedUnixNs"] - inc["onsetUnixNs"]) / 1e9
+        assert HANG_TIMEOUT_S <= took < HANG_TIMEOUT_S + 4, took
+        print("onset-to-diagnosis %.2f s (%s)" % (took, kind))
+        alerts = hang_alerts(daemon, job)
+        assert len(alerts) == 1 and alerts[0]["team"] == "operations"
+        assert "connection steps inspected" in alerts[0]["message"]
+    finally:
         finish(proc)
