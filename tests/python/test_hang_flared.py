@@ -114,7 +114,8 @@ def test_rank_that_never_issues_its_collectives_is_named(build_dir, daemon, tmp_
         # Hang onset to diagnosis: the timeout plus polling and one command round.
         took = (inc["diagnosedUnixNs"] - inc["onsetUnixNs"]) / 1e9
         assert HANG_TIMEOUT_S <= took < HANG_TIMEOUT_S + 4, took
-        print("onset-to-diagnosis %.2f s" % took)
+        print("onset-to-diagnosis %.2f s (skip);" % took,
+              re.search(r"diagnosed in [0-9.]+ s", hang_alerts(daemon, job)[0]["message"]).group(0))
         # One incident per episode: still one while the job stays hung.
         time.sleep(HANG_TIMEOUT_S + 1.5)
         assert len(daemon.get("/api/v1/jobs/%s/hangs" % job)["incidents"]) == 1
@@ -154,6 +155,9 @@ def test_stopped_rank_is_unresponsive_and_named_and_the_episode_ends(build_dir, 
         assert inc["noAnswer"] == [victim]
         assert inc["answered"] == [r for r in range(8) if r != victim]
         alerts = hang_alerts(daemon, job)
+        print("onset-to-diagnosis %.2f s (stopped);" %
+              ((inc["diagnosedUnixNs"] - inc["onsetUnixNs"]) / 1e9),
+              re.search(r"diagnosed in [0-9.]+ s", alerts[0]["message"]).group(0))
         assert [a["rank"] for a in alerts] == [victim]
         assert "no answer" in alerts[0]["message"]
         # The rank resumes: the job progresses, the episode ends, no new incident.
@@ -198,7 +202,8 @@ def test_gpu_side_hangs_are_located_with_the_connection_steps(build_dir, daemon,
             assert inc["link"]["channelsAgreeing"] == 2
         took = (inc["diagnosedUnixNs"] - inc["onsetUnixNs"]) / 1e9
         assert HANG_TIMEOUT_S <= took < HANG_TIMEOUT_S + 4, took
-        print("onset-to-diagnosis %.2f s (%s)" % (took, kind))
+        print("onset-to-diagnosis %.2f s (%s);" % (took, kind),
+              re.search(r"diagnosed in [0-9.]+ s", hang_alerts(daemon, job)[0]["message"]).group(0))
         alerts = hang_alerts(daemon, job)
         assert len(alerts) == 1 and alerts[0]["team"] == "operations"
         assert "connection steps inspected" in alerts[0]["message"]
