@@ -238,7 +238,9 @@ HangIncident HangMonitor::diagnose(const std::string& job_id, const v1::ListRank
   a.set_job_id(job_id);
   a.set_rank(inc.diagnosis.suspects.size() == 1 ? inc.diagnosis.suspects[0].rank : -1);
   a.set_kind("hang");
-  a.set_severity("critical");
+  // Inconclusive (e.g. a long host-only phase: every rank answered, no collective outstanding):
+  // reported, but not paged as critical.
+  a.set_severity(inc.diagnosis.kind == hang::HangKind::kInconclusive ? "warning" : "critical");
   a.set_team("operations");
   std::string msg = std::string(hang::hangKindName(inc.diagnosis.kind));
   if (!inc.diagnosis.suspects.empty()) {
