@@ -113,7 +113,7 @@ def test_rank_that_never_issues_its_collectives_is_named(build_dir, daemon, tmp_
         assert "nanosleep" in inc["text"]
         # Hang onset to diagnosis: the timeout plus polling and one command round.
         took = (inc["diagnosedUnixNs"] - inc["onsetUnixNs"]) / 1e9
-        assert HANG_TIMEOUT_S <= took < HANG_TIMEOUT_S + 4, took
+        assert HANG_TIMEOUT_S <= took < HANG_TIMEOUT_S + 5, took
         print("onset-to-diagnosis %.2f s (skip);" % took,
               re.search(r"diagnosed in [0-9.]+ s", hang_alerts(daemon, job)[0]["message"]).group(0))
         # One incident per episode: still one while the job stays hung.
@@ -201,7 +201,7 @@ def test_gpu_side_hangs_are_located_with_the_connection_steps(build_dir, daemon,
             assert (inc["link"]["sender"], inc["link"]["receiver"]) == (rank, rank + 1)
             assert inc["link"]["channelsAgreeing"] == 2
         took = (inc["diagnosedUnixNs"] - inc["onsetUnixNs"]) / 1e9
-        assert HANG_TIMEOUT_S <= took < HANG_TIMEOUT_S + 4, took
+        assert HANG_TIMEOUT_S <= took < HANG_TIMEOUT_S + 5, took
         print("onset-to-diagnosis %.2f s (%s);" % (took, kind),
               re.search(r"diagnosed in [0-9.]+ s", hang_alerts(daemon, job)[0]["message"]).group(0))
         alerts = hang_alerts(daemon, job)
