@@ -5,6 +5,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -20,6 +21,7 @@
 #include "src/engine/analyzer.h"
 #include "src/engine/api.h"
 #include "src/engine/grpc_server.h"
+#include "src/engine/hang_monitor.h"
 #include "src/engine/http_server.h"
 #include "src/engine/ingest.h"
 #include "src/engine/metrics.h"
@@ -82,6 +84,9 @@ std::map<std::string, Flag> defaultFlags() {
   add("maintain-interval-s", "S", "60", "how often retention and the size cap run");
   add("diagnose-interval-s", "S", "10",
       "how often the detectors run over each job's last 2 minutes of records (0: off)");
+  add("hang-timeout-s", "S", "300",
+      "a connected rank with no new records this long opens a hang incident (0: off)");
+  add("hang-answer-timeout-s", "S", "10", "how long a hang incident waits for ranks' answers");
   add("ready-file", "PATH", "", "write 'GRPC_PORT HTTP_PORT' here once listening (tests, scripts)");
   return f;
 }
@@ -234,6 +239,13 @@ int main(int argc, char** argv) {
   }
   Ingest ingest(cfg, store.get(), wall);
   ingest.loadFromStore();
+  // Hang incidents (hang_monitor.h): silent ranks -> DumpStacks/Inspect -> analysis -> alert.
+  HangMonitorOptions hmo;
+  hmo.hang_timeout_ns = static_cast<int64_t>(num("hang-timeout-s")) * 1'000'000'000;
+  hmo.answer_timeout_ns = static_cast<int64_t>(num("hang-answer-timeout-s")) * 1'000'000'000;
+  hmo.poll_interval_ns = std::clamp<int64_t>(hmo.hang_timeout_ns / 8, 50'000'000, 1'000'000'000);
+  HangMonitor hangs(ingest, store.get(), wall, hmo);
+  if (hmo.hang_timeout_ns > 0) hangs.start();
 
   GrpcServer* grpc_ptr = nullptr;
   HttpServer* http_ptr = nullptr;
@@ -242,6 +254,7 @@ int main(int argc, char** argv) {
     ingest.writeMetrics(w);
     store->writeMetrics(w);
     analyzer.writeMetrics(w);
+    hangs.writeMetrics(w);
     if (grpc_ptr) grpc_ptr->writeMetrics(w);
     if (http_ptr) {
       w.family("flare_http_requests_total", "counter", "HTTP requests served (bad: malformed).");
@@ -271,6 +284,14 @@ int main(int argc, char** argv) {
       const std::string job =
           r.path.substr(prefix.size(), r.path.size() - prefix.size() - suffix.size());
       return HttpResponse{200, "application/json", diagnosesToJson(analyzer.diagnoseJob(job))};
+    }
+    // /api/v1/jobs/{job}/hangs: the job's hang incidents (hang_monitor.h).
+    const std::string hsuffix = "/hangs";
+    if (r.path.size() > prefix.size() + hsuffix.size() && r.path.rfind(prefix, 0) == 0 &&
+        r.path.compare(r.path.size() - hsuffix.size(), hsuffix.size(), hsuffix) == 0) {
+      const std::string job =
+          r.path.substr(prefix.size(), r.path.size() - prefix.size() - hsuffix.size());
+      return HttpResponse{200, "application/json", hangs.incidentsJson(job)};
     }
     return api.http(r);
   });
@@ -320,6 +341,7 @@ int main(int argc, char** argv) {
     }
   }
   FLARE_LOG_INFO("engine", "flared: shutting down");
+  hangs.stop();
   http.stop();
   grpc.shutdown();
   if (diagnose_s > 0) analyzer.run(wall.nowNs());  // what arrived since the last run

@@ -656,6 +656,11 @@ Code Ingest::sendCommand(const v1::SendCommandRequest& req, const std::string& t
     countRejected(Reason::kUnauthenticated);
     return Code::kUnauthenticated;
   }
+  return sendCommandTrusted(req, out, error);
+}
+
+Code Ingest::sendCommandTrusted(const v1::SendCommandRequest& req, v1::SendCommandResponse* out,
+                                std::string* error) {
   if (req.command().kind_case() == v1::Command::KIND_NOT_SET) {
     *error = "command has no kind";
     return Code::kInvalidArgument;

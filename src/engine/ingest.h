@@ -177,6 +177,9 @@ class Ingest {
   // `token`: the client's token, checked against the job's when tokens are configured.
   Code sendCommand(const v1::SendCommandRequest& req, const std::string& token,
                    v1::SendCommandResponse* out, std::string* error);
+  // The same without the token check: for the daemon's own commands (hang_monitor.h).
+  Code sendCommandTrusted(const v1::SendCommandRequest& req, v1::SendCommandResponse* out,
+                          std::string* error);
   Code commandResults(const v1::GetCommandResultsRequest& req, v1::GetCommandResultsResponse* out);
 
   // Writes dirty job, rank and aggregate state and the closed summary windows to the store

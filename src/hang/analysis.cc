@@ -152,6 +152,33 @@ uint64_t edgeKey(int channel, int sender, int receiver) {
 
 // The topology join of rule 4. Fills d.link (when one edge is the unique slowest in the most
 // channels), the connection counters and evidence lines.
+// Rule 4b: after an inspection that names no link, a rank every connection of which (its own
+// reports and its peers' reports about it) is at step 0 while some other connection moved never
+// reached the collective on its GPU (the stream is stuck before it): it holds the others.
+std::vector<int> neverArrived(const std::vector<const RankEvidence*>& ranks) {
+  std::map<int, bool> moved;  // rank -> any connection touching it above step 0
+  bool any_moved = false;
+  for (const RankEvidence* e : ranks) {
+    if (!e->inspected) continue;
+    moved.try_emplace(e->rank, false);
+    for (const auto& c : e->connections) {
+      if (c.peer() < 0 || c.peer() == e->rank) continue;
+      moved.try_emplace(c.peer(), false);
+      if (c.step() > 0) {
+        moved[e->rank] = true;
+        moved[c.peer()] = true;
+        any_moved = true;
+      }
+    }
+  }
+  std::vector<int> out;
+  if (!any_moved) return out;
+  for (const auto& [rank, m] : moved) {
+    if (!m) out.push_back(rank);
+  }
+  return out;
+}
+
 void joinConnections(const std::vector<const RankEvidence*>& ranks, Diagnosis& d) {
   std::vector<EdgeSide> sides;
   std::unordered_set<int> inspected;
@@ -517,7 +544,25 @@ Diagnosis analyze(std::span<const RankEvidence> input) {
     d.evidence.push_back("no main thread stack was captured");
     return d;
   }
-  if (outside.empty() && not_issued.empty()) {
+  // Rule 4a: the stacks show no rank inside communication (NCCL runs asynchronously: ranks
+  // typically wait in a later synchronization such as loss.item()), but the counters show every
+  // rank issued the lagging collective of each communicator and none completed it: the GPUs
+  // wait in it, so it is treated as a communication wait (and may need an inspection).
+  bool counters_wait = false;
+  if (in_comm.empty() && !outside.empty() && not_issued.empty() && !d.lagging.empty()) {
+    std::vector<int> waiting;
+    for (const LaggingCollective& l : d.lagging) {
+      waiting.insert(waiting.end(), l.waiting.begin(), l.waiting.end());
+    }
+    waiting = sortedUnique(std::move(waiting));
+    counters_wait = std::includes(waiting.begin(), waiting.end(), outside.begin(), outside.end());
+    if (counters_wait) {
+      d.evidence.push_back(
+          "every rank issued the lagging collective and none completed it: "
+          "the GPUs wait in communication");
+    }
+  }
+  if ((outside.empty() || counters_wait) && not_issued.empty()) {
     d.kind = HangKind::kCommunication;
     joinConnections(ranks, d);
     if (d.link) {
@@ -540,6 +585,19 @@ Diagnosis analyze(std::span<const RankEvidence> input) {
       bool any_inspected = std::any_of(ranks.begin(), ranks.end(),
                                        [](const RankEvidence* e) { return e->inspected; });
       d.needs_inspection = !any_inspected;
+      const std::vector<int> absent = any_inspected ? neverArrived(ranks) : std::vector<int>{};
+      if (!absent.empty() && absent.size() < ranks.size()) {
+        d.kind = HangKind::kNonCommunication;
+        d.evidence.push_back("ranks " + compactRanges(absent) +
+                             ": every connection at step 0 while the others moved");
+        for (int r : absent) {
+          if (by_rank.count(r)) {
+            d.suspects.push_back(makeSuspect(*by_rank.at(r),
+                                             "its GPU never reached the collective the others "
+                                             "wait in (all its connections at step 0)"));
+          }
+        }
+      }
     }
   } else if (in_comm.empty()) {
     // Nobody waits in communication: the stacks point at no one.

@@ -231,6 +231,80 @@ TEST(Analyze, ContradictingEvidenceIsInconclusive) {
   EXPECT_NE(formatDiagnosis(d).find("contradiction"), std::string::npos);
 }
 
+// Every rank's stack is outside communication (NCCL is asynchronous: the ranks wait at the
+// step's end), but every rank issued collective kSeq and none completed it.
+std::vector<RankEvidence> waitingAtStepEnd(int n) {
+  std::vector<RankEvidence> ranks(n);
+  for (int r = 0; r < n; ++r) {
+    ranks[r].rank = r;
+    ranks[r].host = "node0";
+    ranks[r].gpu_index = r;
+    ranks[r].stacks = testing::computeStacks();
+    auto* c = ranks[r].stacks.add_collectives();
+    c->set_communicator("dp");
+    c->set_last_issued_seq(testing::kSeq);
+    c->set_last_completed_seq(testing::kSeq - 1);
+    c->set_last_issued_op("ncclAllReduce");
+  }
+  return ranks;
+}
+
+TEST(Analyze, CountersShowingEveryRankInTheCollectiveAskForInspectionAndUseTheSteps) {
+  auto ranks = waitingAtStepEnd(8);
+  Diagnosis d = analyze(ranks);
+  EXPECT_EQ(d.kind, HangKind::kCommunication) << formatDiagnosis(d);
+  EXPECT_TRUE(d.needs_inspection);
+  EXPECT_TRUE(d.suspects.empty());
+  for (auto& e : ranks) {
+    e.inspected = true;
+    e.connections = testing::ringSteps(e.rank, 8, 2, 5);
+  }
+  d = analyze(ranks);
+  ASSERT_TRUE(d.link.has_value()) << formatDiagnosis(d);
+  EXPECT_EQ(suspectRanks(d), (std::vector<int>{5, 6}));
+}
+
+TEST(Analyze, RankWhoseConnectionsAllStayAtZeroNeverReachedTheCollective) {
+  constexpr int kN = 8;
+  for (int culprit : {0, 4, 7}) {
+    auto ranks = waitingAtStepEnd(kN);
+    for (auto& e : ranks) {
+      e.inspected = true;
+      if (e.rank == culprit) continue;  // its stream never reached the collective: no connection
+      for (int ch = 0; ch < 2; ++ch) {
+        const int next = (e.rank + 1) % kN, prev = (e.rank + kN - 1) % kN;
+        flare::v1::ConnectionStep s, r;
+        s.set_channel(ch);
+        s.set_peer(next);
+        s.set_send(true);
+        s.set_step(next == culprit ? 0 : 8);  // one buffer moved where both ends arrived
+        r.set_channel(ch);
+        r.set_peer(prev);
+        r.set_send(false);
+        r.set_step(prev == culprit ? 0 : 8);
+        e.connections.push_back(s);
+        e.connections.push_back(r);
+      }
+    }
+    Diagnosis d = analyze(ranks);
+    EXPECT_EQ(d.kind, HangKind::kNonCommunication) << formatDiagnosis(d);
+    EXPECT_EQ(suspectRanks(d), std::vector<int>{culprit}) << formatDiagnosis(d);
+  }
+  // Nothing moved anywhere: no rank stands out.
+  auto ranks = waitingAtStepEnd(4);
+  for (auto& e : ranks) {
+    e.inspected = true;
+    flare::v1::ConnectionStep s;
+    s.set_channel(0);
+    s.set_peer((e.rank + 1) % 4);
+    s.set_send(true);
+    s.set_step(0);
+    e.connections.push_back(s);
+  }
+  Diagnosis d = analyze(ranks);
+  EXPECT_TRUE(d.suspects.empty()) << formatDiagnosis(d);
+}
+
 TEST(Analyze, NobodyInCommunicationIsInconclusive) {
   auto ranks = makeJob(JobShape{4, 2, 8}, Scenario::kComputeHang, -1);
   for (auto& e : ranks) e.stacks = testing::computeStacks();

@@ -17,6 +17,7 @@
 #include <utility>
 #include <vector>
 
+#include "src/hook/hang_commands.h"
 #include "src/hook/real.h"
 #include "src/hook/runtime.h"
 #include "src/hook/timed.h"
@@ -34,6 +35,10 @@ struct CommInfo {
   int rank = 0;
   std::atomic<uint64_t> coll_seq{0};
   std::atomic<uint64_t> p2p_seq{0};
+  // Hang diagnosis (hang_commands.h): the API of the last collective issued, and the highest
+  // collective sequence number the timing layer saw complete on the GPU.
+  std::atomic<const char*> last_api{nullptr};
+  std::atomic<uint64_t> completed_seq{0};
 };
 
 // Communicators are few and long-lived: a map under a mutex, read through a per-thread cache.
@@ -165,6 +170,7 @@ timing::OpInfo infoFor(const Part* parts, int n) {
     op.comm_hash = c->hash;
     op.nranks = static_cast<uint32_t>(c->nranks);
     op.seq = (all_p2p ? c->p2p_seq : c->coll_seq).fetch_add(1) + 1;
+    if (!all_p2p) c->last_api.store(n == 1 ? parts[0].api : "ncclGroup");
   }
   // Signature: the API (or "ncclGroup"), dtype, size and communicator size. The key is built
   // from the API's name literal and numbers only; strings are made on a first sighting alone.
@@ -235,6 +241,35 @@ int commSize(ncclComm_t comm) {
 }
 
 }  // namespace
+
+std::vector<CommProgress> commProgress() {
+  std::vector<CommProgress> out;
+  std::lock_guard<std::mutex> lock(comms().mu);
+  for (const auto& [comm, c] : comms().by_comm) {
+    CommProgress p;
+    p.comm = comm;
+    p.hash = c->hash;
+    p.nranks = c->nranks;
+    p.rank = c->rank;
+    p.issued = c->coll_seq.load();
+    p.completed = c->completed_seq.load();
+    const char* api = c->last_api.load();
+    p.last_op = api ? api : "";
+    out.push_back(std::move(p));
+  }
+  return out;
+}
+
+void noteCollectiveCompleted(uint64_t comm_hash, uint64_t seq) {
+  std::lock_guard<std::mutex> lock(comms().mu);
+  for (auto& [comm, c] : comms().by_comm) {
+    if (c->hash != comm_hash) continue;
+    uint64_t cur = c->completed_seq.load();
+    while (seq > cur && !c->completed_seq.compare_exchange_weak(cur, seq)) {
+    }
+  }
+}
+
 }  // namespace flare::hook
 
 using namespace flare::hook;  // NOLINT: the exported wrappers below

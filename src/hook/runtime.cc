@@ -22,6 +22,7 @@
 #include "src/common/identity.h"
 #include "src/common/log.h"
 #include "src/hook/cudart_fns.h"
+#include "src/hook/hang_commands.h"
 #include "src/hook/real.h"
 #include "src/timing/exporter.h"
 #include "src/timing/spool_sink.h"
@@ -114,7 +115,9 @@ class CudaDeviceTimer final : public timing::DeviceTimer {
 struct State {
   std::unique_ptr<CudaDeviceTimer> timer;
   std::unique_ptr<timing::Sink> sink;
-  timing::GrpcExporter* exporter = nullptr;  // == sink when streaming to flared
+  timing::GrpcExporter* exporter = nullptr;    // == sink when streaming to flared
+  std::unique_ptr<HangCommands> commands;      // DumpStacks / Inspect (hang_commands.h)
+  std::unique_ptr<CollectiveTracker> tracker;  // wraps sink: completed collectives
   std::unique_ptr<timing::Tracer> tracer;
 };
 
@@ -135,7 +138,8 @@ std::string hookDirectory() {
 // src/timing/transport.h); nullptr (one warning) when it cannot be loaded: the spool is used.
 std::unique_ptr<timing::GrpcExporter> makeExporter(const common::Identity& id,
                                                    const std::string& daemon,
-                                                   const std::string& dir) {
+                                                   const std::string& dir,
+                                                   timing::CommandHandler* handler) {
   std::string lib = common::envString("FLARE_EXPORTER_LIB", "");
   if (lib.empty()) lib = hookDirectory() + "/libflare_exporter.so";
   std::string error;
@@ -150,6 +154,7 @@ std::unique_ptr<timing::GrpcExporter> makeExporter(const common::Identity& id,
   o.token = common::envString("FLARE_TOKEN", "");
   o.flare_version = FLARE_VERSION_STRING;
   o.spool_dir = dir;
+  o.handler = handler;
   o.buffer_bytes = static_cast<size_t>(
       common::envInt("FLARE_EXPORT_BUFFER_BYTES", 8 << 20, 256 << 10, int64_t{1} << 34));
   o.spool_max_bytes = static_cast<uint64_t>(
@@ -210,16 +215,18 @@ void init() {
   if (dir.empty()) dir = "/tmp/flare";
   const std::string daemon = common::envString("FLARE_DAEMON", "");
   if (!daemon.empty()) {
-    auto exporter = makeExporter(id, daemon, dir);
+    state->commands = std::make_unique<HangCommands>(id.rank, id.world_size);
+    auto exporter = makeExporter(id, daemon, dir, state->commands.get());
     state->exporter = exporter.get();
     state->sink = std::move(exporter);
   }
   if (!state->sink) {
     state->sink = std::make_unique<timing::SpoolSink>(dir, id.job_id, id.rank, id.pid);
   }
+  state->tracker = std::make_unique<CollectiveTracker>(state->sink.get());
   timing::TracerOptions opts;
   state->tracer = std::make_unique<timing::Tracer>(state->timer.get(), &common::systemClock(),
-                                                   state->sink.get(), opts);
+                                                   state->tracker.get(), opts);
   g_init_pid = getpid();
   pthread_atfork(nullptr, nullptr, atForkChild);
   std::atexit(atExit);

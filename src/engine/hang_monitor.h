@@ -1,0 +1,108 @@
+// HangMonitor: the daemon side of hang diagnosis (issue 7). Every poll it looks at each
+// unfinished job's ranks; a connected rank that has delivered no new record for
+// `hang_timeout_ns` (measured on the monitor's clock from the last time its record count moved)
+// opens ONE incident for the job's episode. The incident: DumpStacks to every connected rank,
+// wait until all answered or `answer_timeout_ns`; ranks that did not answer are recorded as
+// unresponsive (silence is evidence), ranks whose stream is closed as crashed; hang::analyze();
+// when the analysis needs connection steps (every rank waits in the same collective), Inspect
+// to the answering ranks and analyze again. The result is one alert of kind "hang" (critical,
+// team operations) naming the suspects with the evidence and the time the diagnosis took,
+// stored through Store::putAlert, logged, and kept in memory for /api/v1/jobs/{job}/hangs.
+// The episode ends when any rank of the job delivers new records; a later stall opens a new one.
+//
+// Threading: start() runs check() on its own thread every poll_interval_ns; check() blocks while
+// it waits for answers (the ranks' answers arrive on gRPC threads). incidents()/json/metrics
+// may be called from any thread. Not owned: the Ingest, the Store, the clock.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "src/common/clock.h"
+#include "src/engine/ingest.h"
+#include "src/engine/metrics.h"
+#include "src/engine/store.h"
+#include "src/hang/analysis.h"
+
+namespace flare::engine {
+
+struct HangMonitorOptions {
+  int64_t hang_timeout_ns = 300'000'000'000;   // --hang-timeout-s
+  int64_t answer_timeout_ns = 10'000'000'000;  // per command round (DumpStacks, Inspect)
+  int64_t poll_interval_ns = 1'000'000'000;
+  int64_t answer_poll_ns = 20'000'000;  // how often results are checked while waiting
+};
+
+struct HangIncident {
+  uint64_t id = 0;  // per daemon, from 1
+  std::string job_id;
+  std::string trigger;           // "ranks 3 silent for 2.0 s"
+  int64_t onset_ns = 0;          // the first silent rank's last new records (hang onset)
+  int64_t last_progress_ns = 0;  // the last time any rank of the job delivered new records
+  int64_t opened_ns = 0;
+  int64_t diagnosed_ns = 0;
+  std::vector<int> answered, no_answer, crashed;
+  bool inspected = false;
+  hang::Diagnosis diagnosis;
+  std::string text;  // formatDiagnosis()
+  uint64_t alert_id = 0;
+};
+
+class HangMonitor {
+ public:
+  HangMonitor(Ingest& ingest, Store* store, const common::Clock& wall, HangMonitorOptions options);
+  ~HangMonitor();
+  HangMonitor(const HangMonitor&) = delete;
+  HangMonitor& operator=(const HangMonitor&) = delete;
+
+  void start();
+  void stop();
+  // One pass over the jobs; returns the incidents it opened and diagnosed.
+  std::vector<HangIncident> check();
+  std::vector<HangIncident> incidents(const std::string& job_id) const;
+  // {"jobId":..,"incidents":[{...}]} for the HTTP API.
+  std::string incidentsJson(const std::string& job_id) const;
+  void writeMetrics(PromWriter& w) const;
+
+ private:
+  struct RankWatch {
+    uint64_t records = 0;
+    int64_t changed_ns = 0;  // monitor clock: when `records` last moved (or first seen)
+  };
+  struct JobWatch {
+    std::map<int32_t, RankWatch> ranks;
+    bool episode_open = false;
+    int64_t last_progress_ns = 0;
+  };
+
+  HangIncident diagnose(const std::string& job_id, const v1::ListRanksResponse& ranks,
+                        std::string trigger, int64_t onset_ns, int64_t last_progress_ns);
+  // Sends `cmd` to `ranks`, waits for their results until the deadline; answers by rank.
+  std::map<int32_t, v1::CommandResult> roundTrip(const std::string& job_id,
+                                                 const std::vector<int32_t>& ranks,
+                                                 const v1::Command& cmd);
+
+  Ingest& ingest_;
+  Store* store_;
+  const common::Clock& wall_;
+  HangMonitorOptions options_;
+  std::map<std::string, JobWatch> jobs_;  // check() only
+  mutable std::mutex mu_;
+  std::map<std::string, std::vector<HangIncident>> incidents_;  // guarded by mu_
+  uint64_t next_id_ = 1;                                        // guarded by mu_
+  uint64_t no_answer_total_ = 0;                                // guarded by mu_
+  std::condition_variable cv_;
+  bool stopping_ = false;  // guarded by mu_
+  std::thread thread_;
+};
+
+// JSON of one incident (suspects, kind, evidence, timings).
+std::string incidentToJson(const HangIncident& inc);
+
+}  // namespace flare::engine

@@ -1,0 +1,178 @@
+// HangMonitor over a real Ingest with in-process rank channels: silence opens one incident per
+// episode, answers become evidence, silence and closed streams are evidence too. A FakeClock
+// drives the silence; a responder thread plays the ranks' exporters.
+#include "src/engine/hang_monitor.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "src/engine/test_util.h"
+
+namespace flare::engine {
+namespace {
+
+using testing::addKernel;
+using testing::gemmSig;
+using testing::kNow;
+using testing::makeHello;
+
+constexpr int64_t kSec = 1'000'000'000;
+
+class QueueChannel : public CommandChannel {
+ public:
+  bool send(const v1::DaemonMessage& m) override {
+    std::lock_guard lock(mu);
+    if (m.has_command()) commands.push_back(m.command());
+    return true;
+  }
+  void close(Code, const std::string&) override {}
+  std::mutex mu;
+  std::deque<v1::Command> commands;
+};
+
+struct FakeRank {
+  int rank = 0;
+  uint64_t session = 0;
+  uint64_t seq = 0;
+  std::shared_ptr<QueueChannel> channel = std::make_shared<QueueChannel>();
+  std::atomic<bool> answers{true};
+  uint64_t issued = 5;  // per communicator "dp": issued, completed 4
+};
+
+class HangMonitorTest : public ::testing::Test {
+ protected:
+  HangMonitorTest() : clock_(kNow), ingest_(IngestConfig{}, nullptr, clock_) {
+    HangMonitorOptions o;
+    o.hang_timeout_ns = 2 * kSec;
+    o.answer_timeout_ns = 300'000'000;
+    o.answer_poll_ns = 2'000'000;
+    monitor_ = std::make_unique<HangMonitor>(ingest_, nullptr, clock_, o);
+    for (int r = 0; r < 4; ++r) {
+      ranks_.push_back(std::make_unique<FakeRank>());
+      FakeRank& f = *ranks_.back();
+      f.rank = r;
+      auto out = ingest_.hello(makeHello("job", r, 4), f.channel);
+      EXPECT_TRUE(out.ack.accepted());
+      f.session = out.session_id;
+    }
+    responder_ = std::thread([this] {
+      while (!stop_) {
+        for (auto& f : ranks_) answer(*f);
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
+    });
+  }
+  ~HangMonitorTest() override {
+    stop_ = true;
+    responder_.join();
+  }
+
+  void answer(FakeRank& f) {
+    std::deque<v1::Command> cmds;
+    {
+      std::lock_guard lock(f.channel->mu);
+      if (!f.answers) return;
+      cmds.swap(f.channel->commands);
+    }
+    for (const v1::Command& c : cmds) {
+      v1::CommandResult res;
+      res.set_command_id(c.id());
+      res.set_ok(true);
+      if (c.has_dump_stacks()) {
+        v1::ThreadStack* t = res.mutable_stacks()->add_threads();
+        t->set_main_thread(true);
+        t->add_python_frames()->set_function("train_step");
+        v1::CollectiveProgress* p = res.mutable_stacks()->add_collectives();
+        p->set_communicator("dp");
+        p->set_last_issued_seq(f.issued);
+        p->set_last_completed_seq(4);
+        p->set_last_issued_op("ncclAllReduce");
+      }
+      ingest_.commandResult(f.session, res);
+    }
+  }
+
+  void progress(FakeRank& f) {
+    v1::RecordBatch b;
+    b.set_rank(f.rank);
+    b.set_batch_seq(++f.seq);
+    if (f.seq == 1) *b.add_signatures() = gemmSig(1, 64, 64, 64);
+    addKernel(&b, 1, clock_.nowNs() - 1000000, 1000);
+    ASSERT_TRUE(ingest_.batch(f.session, b).ok());
+  }
+  void advance(int64_t ns) { clock_.setNs(clock_.nowNs() + ns); }
+
+  common::FakeClock clock_;
+  Ingest ingest_;
+  std::unique_ptr<HangMonitor> monitor_;
+  std::vector<std::unique_ptr<FakeRank>> ranks_;
+  std::atomic<bool> stop_{false};
+  std::thread responder_;
+};
+
+TEST_F(HangMonitorTest, SilenceOpensOneIncidentPerEpisodeAndNamesTheRankThatNeverIssued) {
+  ranks_[2]->issued = 4;  // rank 2 never issued collective #5
+  for (auto& f : ranks_) progress(*f);
+  EXPECT_TRUE(monitor_->check().empty());
+  advance(1 * kSec);
+  for (auto& f : ranks_) progress(*f);
+  EXPECT_TRUE(monitor_->check().empty());
+  advance(kSec + kSec / 2);  // 1.5 s of silence: below the timeout
+  EXPECT_TRUE(monitor_->check().empty());
+  advance(kSec);  // 2.5 s
+  auto inc = monitor_->check();
+  ASSERT_EQ(inc.size(), 1u);
+  EXPECT_EQ(inc[0].diagnosis.kind, hang::HangKind::kNonCommunication)
+      << hang::formatDiagnosis(inc[0].diagnosis);
+  ASSERT_EQ(inc[0].diagnosis.suspects.size(), 1u);
+  EXPECT_EQ(inc[0].diagnosis.suspects[0].rank, 2);
+  EXPECT_EQ(inc[0].diagnosis.suspects[0].host, "host0");
+  EXPECT_EQ(inc[0].answered, (std::vector<int>{0, 1, 2, 3}));
+  EXPECT_EQ(inc[0].onset_ns, kNow + kSec);
+  // Still hung: the same episode, no second incident.
+  advance(5 * kSec);
+  EXPECT_TRUE(monitor_->check().empty());
+  EXPECT_EQ(monitor_->incidents("job").size(), 1u);
+  const std::string json = monitor_->incidentsJson("job");
+  EXPECT_NE(json.find("\"suspects\":[{\"rank\":2,"), std::string::npos) << json;
+
+  // Progress ends the episode; the next stall opens a second incident. This time rank 3 does
+  // not answer (stopped) and rank 1's stream is gone (crashed): both named, nobody else.
+  progress(*ranks_[0]);
+  EXPECT_TRUE(monitor_->check().empty());
+  ranks_[3]->answers = false;
+  ingest_.close(ranks_[1]->session);
+  advance(3 * kSec);
+  inc = monitor_->check();
+  ASSERT_EQ(inc.size(), 1u);
+  EXPECT_EQ(inc[0].diagnosis.kind, hang::HangKind::kUnresponsiveRank);
+  EXPECT_EQ(inc[0].no_answer, std::vector<int>{3});
+  EXPECT_EQ(inc[0].crashed, std::vector<int>{1});
+  EXPECT_EQ(inc[0].answered, (std::vector<int>{0, 2}));
+  std::vector<int> suspects;
+  for (const auto& s : inc[0].diagnosis.suspects) suspects.push_back(s.rank);
+  EXPECT_EQ(suspects, (std::vector<int>{1, 3}));
+  EXPECT_EQ(monitor_->incidents("job").size(), 2u);
+  PromWriter w;
+  monitor_->writeMetrics(w);
+  EXPECT_NE(w.text().find("flare_hang_incidents_total 2"), std::string::npos) << w.text();
+  EXPECT_NE(w.text().find("flare_hang_unanswered_ranks_total 1"), std::string::npos);
+}
+
+TEST_F(HangMonitorTest, JobWhoseRanksAllLeftIsNeverDiagnosed) {
+  for (auto& f : ranks_) progress(*f);
+  EXPECT_TRUE(monitor_->check().empty());
+  for (auto& f : ranks_) ingest_.close(f->session);
+  advance(10 * kSec);
+  EXPECT_TRUE(monitor_->check().empty());
+  EXPECT_TRUE(monitor_->incidents("job").empty());
+}
+
+}  // namespace
+}  // namespace flare::engine

@@ -1,0 +1,116 @@
+#include "src/hook/hang_commands.h"
+
+#include <dlfcn.h>
+
+#include <cstdio>
+#include <vector>
+
+#include "src/common/config.h"
+#include "src/hang/inspect.h"
+#include "src/hang/stack_capture.h"
+#include "src/sim/flare_sim_nccl.h"
+
+namespace flare::hook {
+
+std::string communicatorName(uint64_t hash) {
+  char buf[17];
+  std::snprintf(buf, sizeof(buf), "%016llx", static_cast<unsigned long long>(hash));
+  return buf;
+}
+
+void CollectiveTracker::onSignature(uint32_t id, const timing::Signature& sig) {
+  inner_->onSignature(id, sig);
+}
+
+void CollectiveTracker::onOps(std::span<const timing::CompletedOp> ops) {
+  for (const timing::CompletedOp& op : ops) {
+    if (op.info.kind == timing::OpKind::kCollective && op.info.comm_hash != 0 && op.info.seq > 0) {
+      noteCollectiveCompleted(op.info.comm_hash, op.info.seq);
+    }
+  }
+  inner_->onOps(ops);
+}
+
+namespace {
+
+using StepsFn = int (*)(ncclComm_t, FlareSimConnStep*, int, uint64_t*);
+
+void dumpStacks(const flare::v1::DumpStacks& req, flare::v1::CommandResult* result) {
+  hang::CaptureOptions o;
+  o.native = req.native();
+  flare::v1::StackDump* dump = result->mutable_stacks();
+  hang::CaptureStats stats;
+  std::string error;
+  const bool ok = hang::captureStacks(o, dump, &stats, &error);
+  for (const CommProgress& p : commProgress()) {
+    if (p.issued == 0 && p.completed == 0) continue;  // never used: nothing to compare
+    flare::v1::CollectiveProgress* c = dump->add_collectives();
+    c->set_communicator(communicatorName(p.hash));
+    c->set_last_issued_seq(p.issued);
+    c->set_last_completed_seq(p.completed);
+    c->set_last_issued_op(p.last_op);
+  }
+  // The collective progress alone is evidence: answer ok even when no stack could be taken.
+  result->set_ok(ok || dump->collectives_size() > 0);
+  if (!ok) result->set_error(error);
+}
+
+void inspect(const flare::v1::Inspect& req, int rank, int world_size,
+             flare::v1::CommandResult* result) {
+  flare::v1::InspectResult* out = result->mutable_inspect();
+  if (auto fn = reinterpret_cast<StepsFn>(dlsym(RTLD_DEFAULT, "flareSimNcclConnectionSteps"))) {
+    int skipped = 0;
+    for (const CommProgress& p : commProgress()) {
+      FlareSimConnStep steps[64];
+      uint64_t seq = 0;
+      const int n = fn(static_cast<ncclComm_t>(p.comm), steps, 64, &seq);
+      if (n <= 0) continue;
+      // Peers are communicator ranks; they are global ranks only for a job-wide communicator.
+      if (p.nranks != world_size || p.rank != rank) {
+        skipped += n;
+        continue;
+      }
+      for (int i = 0; i < n; ++i) {
+        flare::v1::ConnectionStep* c = out->add_connections();
+        c->set_channel(steps[i].channel);
+        c->set_peer(steps[i].peer);
+        c->set_step(steps[i].step);
+        c->set_send(steps[i].send != 0);
+      }
+    }
+    out->set_raw_output("simulated NCCL: " + std::to_string(out->connections_size()) +
+                        " connections; " + std::to_string(skipped) +
+                        " skipped (communicators smaller than the job)");
+    result->set_ok(true);
+    return;
+  }
+  const std::string script = common::envString("FLARE_CUDA_GDB_SCRIPT", "");
+  if (script.empty()) {
+    result->set_ok(false);
+    result->set_error("inspect: not the simulated NCCL and FLARE_CUDA_GDB_SCRIPT is not set");
+    return;
+  }
+  hang::InspectOptions o;
+  o.script = script;
+  if (req.deadline_ms() > 0) o.deadline_ms = req.deadline_ms();
+  hang::ParseStats stats;
+  std::string error;
+  const bool ok = hang::runCudaGdb(o, out, &stats, &error);
+  result->set_ok(ok);
+  if (!ok) result->set_error(error);
+}
+
+}  // namespace
+
+void HangCommands::handle(const flare::v1::Command& command, flare::v1::CommandResult* result) {
+  if (command.has_dump_stacks()) {
+    dumpStacks(command.dump_stacks(), result);
+  } else if (command.has_inspect()) {
+    inspect(command.inspect(), rank_, world_size_, result);
+  } else {
+    result->set_ok(false);
+    result->set_error("not supported yet");
+  }
+}
+
+}  // namespace flare::hook

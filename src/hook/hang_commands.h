@@ -1,0 +1,77 @@
+// Hang diagnosis on the rank: the CommandHandler the exporter calls (on its stream reader
+// thread, which keeps running while the application's main thread is stuck) for the daemon's
+// DumpStacks and Inspect commands, and a Sink wrapper that records which collectives the timing
+// layer saw complete.
+//
+//   DumpStacks: hang::captureStacks() (native and Python stacks of every thread), plus
+//     StackDump.collectives: per NCCL communicator this process created, the last collective it
+//     issued (the hook's per-communicator sequence number, counted at the API call) and the last
+//     one whose GPU completion the timing layer observed (CollectiveTracker below, i.e. the
+//     highest completed seq of that communicator the Tracer delivered to its sink). "Completed"
+//     therefore lags the GPU by the poll interval and, under load, by the ring; it never runs
+//     ahead of it. The communicator name is the hex hash of its ncclUniqueId (the same on every
+//     rank).
+//   Inspect: on the simulated NCCL (the symbol flareSimNcclConnectionSteps exists, found with
+//     dlsym), the connection steps of each communicator's in-flight collective, peers
+//     translated to global ranks only for communicators that span the whole job (comm rank ==
+//     global rank when nranks == world size and the comm rank equals this rank); others are
+//     skipped and counted in raw_output. Else cuda-gdb (hang::runCudaGdb) with the script named
+//     by FLARE_CUDA_GDB_SCRIPT (untested here: no GPU), else "not supported".
+//
+// Threading: handle() may run on any thread, one command at a time per exporter; it takes the
+// communicator table's mutex briefly. CollectiveTracker forwards on the Tracer's poller thread.
+// Ownership: the tracker does not own the wrapped sink.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "src/timing/exporter.h"
+#include "src/timing/timing.h"
+
+namespace flare::hook {
+
+// One communicator's progress as the hook saw it (nccl.cc).
+struct CommProgress {
+  void* comm = nullptr;  // ncclComm_t
+  uint64_t hash = 0;
+  int nranks = 0;
+  int rank = 0;
+  uint64_t issued = 0;
+  uint64_t completed = 0;
+  std::string last_op;
+};
+std::vector<CommProgress> commProgress();
+// Raises the communicator's completed seq to `seq` (never lowers it).
+void noteCollectiveCompleted(uint64_t comm_hash, uint64_t seq);
+
+// Forwards everything to `inner`; notes completed collectives first.
+class CollectiveTracker final : public timing::Sink {
+ public:
+  explicit CollectiveTracker(timing::Sink* inner) : inner_(inner) {}
+  void onSignature(uint32_t id, const timing::Signature& sig) override;
+  void onOps(std::span<const timing::CompletedOp> ops) override;
+  void onDrops(const timing::DropCounters& totals) override { inner_->onDrops(totals); }
+  void flush() override { inner_->flush(); }
+  void onApiName(uint32_t id, const std::string& name) override { inner_->onApiName(id, name); }
+  void onSpans(std::span<const timing::CompletedSpan> spans) override { inner_->onSpans(spans); }
+
+ private:
+  timing::Sink* inner_;
+};
+
+class HangCommands final : public timing::CommandHandler {
+ public:
+  HangCommands(int rank, int world_size) : rank_(rank), world_size_(world_size) {}
+  void handle(const flare::v1::Command& command, flare::v1::CommandResult* result) override;
+
+ private:
+  int rank_;
+  int world_size_;
+};
+
+// The communicator's name in CollectiveProgress: 16 hex digits of its hash.
+std::string communicatorName(uint64_t hash);
+
+}  // namespace flare::hook

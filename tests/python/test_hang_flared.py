@@ -1,0 +1,211 @@
+"""Hang diagnosis end to end: 8 sim ranks stream to the real flared through `flare run`; a hang
+makes every rank silent, flared opens one incident, asks every rank for its stacks and
+collective progress (DumpStacks, answered by libflare_hook.so on its stream thread), runs the
+analysis and raises one "hang" alert (operations) naming the culprit rank, served at
+/api/v1/jobs/{job}/hangs. The truth is the injected fault (FLARE_SIM_HANG, SIGSTOP)."""
+
+import json
+import os
+import re
+import signal
+import subprocess
+import time
+import urllib.request
+
+import pytest
+
+HANG_TIMEOUT_S = 2
+
+
+class Daemon:
+    def __init__(self, build_dir, workdir):
+        self.log_path = os.path.join(str(workdir), "flared.log")
+        self.proc = subprocess.Popen(
+            [os.path.join(build_dir, "bin", "flared"), "--listen", "127.0.0.1:0", "--http",
+             "127.0.0.1:0", "--db", os.path.join(str(workdir), "flared.db"),
+             "--diagnose-interval-s", "0", "--hang-timeout-s", str(HANG_TIMEOUT_S),
+             "--hang-answer-timeout-s", "2"],
+            stdout=open(self.log_path, "w"), stderr=subprocess.STDOUT)
+        for _ in range(200):
+            m = re.search(r"gRPC on port (\d+), HTTP on port (\d+)", open(self.log_path).read())
+            if m:
+                self.grpc, self.http = int(m.group(1)), int(m.group(2))
+                return
+            assert self.proc.poll() is None, open(self.log_path).read()
+            time.sleep(0.05)
+        raise AssertionError("flared did not start")
+
+    def get(self, path):
+        with urllib.request.urlopen("http://127.0.0.1:%d%s" % (self.http, path), timeout=10) as r:
+            return json.loads(r.read().decode())
+
+
+@pytest.fixture
+def daemon(build_dir, tmp_path):
+    if not os.path.exists(os.path.join(build_dir, "bin", "flared")):
+        pytest.skip("build/bin/flared not built")
+    d = Daemon(build_dir, tmp_path)
+    yield d
+    d.proc.send_signal(signal.SIGTERM)
+    try:
+        d.proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        d.proc.kill()
+
+
+def start_job(build_dir, daemon, tmp_path, job, fault_env=None, steps=40, timeout_s=25):
+    env = dict(os.environ, FLARE_OUTPUT_DIR=str(tmp_path / ("spool-" + job)), **(fault_env or {}))
+    return subprocess.Popen(
+        [os.path.join(build_dir, "bin", "flare"), "run", "--daemon", "127.0.0.1:%d" % daemon.grpc,
+         "--job-id", job, "--quiet", "--", os.path.join(build_dir, "bin", "flare-sim-train"),
+         "--ranks", "8", "--steps", str(steps), "--layers", "4", "--tp", "2", "--quiet",
+         "--timeout", str(timeout_s)],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+
+
+def wait_incidents(daemon, job, timeout=20):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        inc = daemon.get("/api/v1/jobs/%s/hangs" % job)["incidents"]
+        if inc:
+            return inc
+        time.sleep(0.1)
+    return []
+
+
+def hang_alerts(daemon, job):
+    return [a for a in daemon.get("/api/v1/alerts?job=" + job).get("alerts", [])
+            if a["kind"] == "hang"]
+
+
+def finish(job_proc):
+    """Ends the (hung) job: its whole process group (flare run, the launcher, the ranks)."""
+    try:
+        os.killpg(job_proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    job_proc.wait(timeout=30)
+    # No rank survives its job (zombies wait for init to reap them).
+    for _ in range(50):
+        out = [line for line in subprocess.run(
+            ["ps", "-o", "stat=,pid=", "-g", str(job_proc.pid)], capture_output=True,
+            text=True).stdout.splitlines() if line.strip() and not line.strip().startswith("Z")]
+        if not out:
+            break
+        time.sleep(0.1)
+    assert out == [], out
+
+
+@pytest.mark.parametrize("rank,step", [(3, 3), (6, 5)])
+def test_rank_that_never_issues_its_collectives_is_named(build_dir, daemon, tmp_path, rank, step):
+    job = "skip%d" % rank
+    proc = start_job(build_dir, daemon, tmp_path, job,
+                     {"FLARE_SIM_HANG": "%d:skip:%d" % (rank, step)}, timeout_s=12)
+    try:
+        incidents = wait_incidents(daemon, job)
+        assert len(incidents) == 1, incidents
+        inc = incidents[0]
+        assert inc["kind"] == "non-communication hang"
+        assert [s["rank"] for s in inc["suspects"]] == [rank]
+        assert "never issued" in inc["suspects"][0]["reason"]
+        assert inc["answered"] == list(range(8)) and inc["noAnswer"] == [] and inc["crashed"] == []
+        # The stacks came from the hung processes: the culprit sleeps in the workload's loop.
+        assert "nanosleep" in inc["text"]
+        # Hang onset to diagnosis: the timeout plus polling and one command round.
+        took = (inc["diagnosedUnixNs"] - inc["onsetUnixNs"]) / 1e9
+        assert HANG_TIMEOUT_S <= took < HANG_TIMEOUT_S + 5, took
+        print("onset-to-diagnosis %.2f s (skip);" % took,
+              re.search(r"diagnosed in [0-9.]+ s", hang_alerts(daemon, job)[0]["message"]).group(0))
+        # One incident per episode: still one while the job stays hung.
+        time.sleep(HANG_TIMEOUT_S + 1.5)
+        assert len(daemon.get("/api/v1/jobs/%s/hangs" % job)["incidents"]) == 1
+        alerts = hang_alerts(daemon, job)
+        assert [(a["rank"], a["team"], a["severity"]) for a in alerts] == \
+            [(rank, "operations", "critical")]
+        assert "rank %d on " % rank in alerts[0]["message"]
+        assert "diagnosed in" in alerts[0]["message"]
+    finally:
+        finish(proc)
+
+
+def test_stopped_rank_is_unresponsive_and_named_and_the_episode_ends(build_dir, daemon, tmp_path):
+    job = "stopped"
+    proc = start_job(build_dir, daemon, tmp_path, job, steps=400, timeout_s=40)
+    victim = 5
+    pid = None
+    try:
+        # Wait until every rank streams records, then stop one with SIGSTOP.
+        deadline = time.time() + 20
+        while time.time() < deadline:
+            try:
+                ranks = daemon.get("/api/v1/jobs/%s/ranks" % job).get("ranks", [])
+            except Exception:
+                ranks = []
+            if len(ranks) == 8 and all(int(r.get("records", "0")) > 0 for r in ranks):
+                pid = [r["pid"] for r in ranks if r.get("rank", 0) == victim][0]
+                break
+            time.sleep(0.1)
+        assert pid, "ranks did not stream"
+        os.kill(pid, signal.SIGSTOP)
+        incidents = wait_incidents(daemon, job)
+        assert len(incidents) == 1, incidents
+        inc = incidents[0]
+        assert inc["kind"] == "unresponsive rank"
+        assert [s["rank"] for s in inc["suspects"]] == [victim]
+        assert inc["noAnswer"] == [victim]
+        assert inc["answered"] == [r for r in range(8) if r != victim]
+        alerts = hang_alerts(daemon, job)
+        print("onset-to-diagnosis %.2f s (stopped);" %
+              ((inc["diagnosedUnixNs"] - inc["onsetUnixNs"]) / 1e9),
+              re.search(r"diagnosed in [0-9.]+ s", alerts[0]["message"]).group(0))
+        assert [a["rank"] for a in alerts] == [victim]
+        assert "no answer" in alerts[0]["message"]
+        # The rank resumes: the job progresses, the episode ends, no new incident.
+        os.kill(pid, signal.SIGCONT)
+        pid = None
+        time.sleep(HANG_TIMEOUT_S * 0.5 + 1)
+        assert len(daemon.get("/api/v1/jobs/%s/hangs" % job)["incidents"]) == 1
+        assert "hang episode of job stopped ended" in open(daemon.log_path).read()
+    finally:
+        if pid:
+            os.kill(pid, signal.SIGCONT)
+        finish(proc)
+
+
+@pytest.mark.parametrize("kind,rank,expect_kind,expect_suspects", [
+    ("compute", 5, "non-communication hang", [5]),
+    ("collective", 2, "communication hang", [2, 3]),
+])
+def test_gpu_side_hangs_are_located_with_the_connection_steps(build_dir, daemon, tmp_path, kind,
+                                                              rank, expect_kind, expect_suspects):
+    # --tp 1: the data-parallel communicator spans the job, so the sim's connection peers are
+    # global ranks. Every rank's host waits at the step's end and every rank issued the
+    # collective: only the GPU-side state (Inspect -> simulated connection steps) locates it.
+    job = "%s%d" % (kind, rank)
+    env = dict(os.environ, FLARE_OUTPUT_DIR=str(tmp_path / ("spool-" + job)),
+               FLARE_SIM_HANG="%d:%s:3" % (rank, kind))
+    proc = subprocess.Popen(
+        [os.path.join(build_dir, "bin", "flare"), "run", "--daemon", "127.0.0.1:%d" % daemon.grpc,
+         "--job-id", job, "--quiet", "--", os.path.join(build_dir, "bin", "flare-sim-train"),
+         "--ranks", "8", "--steps", "40", "--layers", "4", "--tp", "1", "--quiet", "--timeout",
+         "12"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        start_new_session=True)
+    try:
+        incidents = wait_incidents(daemon, job)
+        assert len(incidents) == 1, incidents
+        inc = incidents[0]
+        assert inc["inspected"] is True
+        assert inc["kind"] == expect_kind, inc["text"]
+        assert [s["rank"] for s in inc["suspects"]] == expect_suspects, inc["text"]
+        if kind == "collective":
+            assert (inc["link"]["sender"], inc["link"]["receiver"]) == (rank, rank + 1)
+            assert inc["link"]["channelsAgreeing"] == 2
+        took = (inc["diagnosedUnixNs"] - inc["onsetUnixNs"]) / 1e9
+        assert HANG_TIMEOUT_S <= took < HANG_TIMEOUT_S + 5, took
+        print("onset-to-diagnosis %.2f s (%s);" % (took, kind),
+              re.search(r"diagnosed in [0-9.]+ s", hang_alerts(daemon, job)[0]["message"]).group(0))
+        alerts = hang_alerts(daemon, job)
+        assert len(alerts) == 1 and alerts[0]["team"] == "operations"
+        assert "connection steps inspected" in alerts[0]["message"]
+    finally:
+        finish(proc)
