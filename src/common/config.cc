@@ -65,7 +65,7 @@ constexpr ParamInfo kParams[] = {
     // --- hang ---
     {"FLARE_HANG_TIMEOUT", "duration", "300", "hang",
      "A rank reports a hang when a GPU event has not completed within this many seconds."},
-    {"FLARE_CUDA_GDB_SCRIPT", "path", "", "hang",
+    {"FLARE_CUDA_GDB_SCRIPT", "string", "", "hang",
      "The daemon's Inspect command runs cuda-gdb on the hung rank with this script "
      "(tools/cuda-gdb-scripts/flare_nccl_steps.py); unset: Inspect is answered only on the "
      "simulated NCCL."},
