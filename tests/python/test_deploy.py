@@ -327,8 +327,10 @@ def test_grafana_dashboard_is_well_formed():
         assert topic in titles
 
 
-def prom_query(port, query):
+def prom_query(port, query, at=None):
     url = "http://127.0.0.1:%d/api/v1/query?query=%s" % (port, urllib.parse.quote(query))
+    if at is not None:
+        url += "&time=%.3f" % at
     with urllib.request.urlopen(url, timeout=5) as r:
         body = json.loads(r.read().decode())
     assert body["status"] == "success", body
@@ -399,3 +401,82 @@ def test_real_prometheus_scrapes_real_flared(flared, tmp_path):
             proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             proc.kill()
+
+
+def test_detector_alert_reaches_prometheus_with_the_labels_rules_and_dashboard_use(
+        build_dir, flared, tmp_path):
+    """A real traced job (8 sim ranks, rank 3 under-clocked) streams to flared through `flare
+    run`; flared raises gpu_slow; Prometheus stores it as flare_alerts_total with the labels
+    the shipped rule groups by (exported_job, kind, team), and the rule's new-series branch
+    fires for it (its 5-minute windows shortened to 4 s so the test stays short)."""
+    server = shutil.which("prometheus")
+    if not server:
+        pytest.skip("prometheus server not installed (Debian package prometheus)")
+    if not os.path.exists(os.path.join(build_dir, "lib", "libflare_hook.so")):
+        pytest.skip("libflare_hook.so not built")
+    # Restart flared with the detectors every second (the fixture's runs every 10 s).
+    flared.stop()
+    (tmp_path / "d2").mkdir()
+    d = Flared(build_dir, tmp_path / "d2", ["--diagnose-interval-s", "1"])
+    try:
+        cfg = yaml.safe_load(open(os.path.join(DEPLOY, "prometheus", "prometheus.yml")))
+        job = [j for j in cfg["scrape_configs"] if j["job_name"] == "flared"][0]
+        job["static_configs"] = [{"targets": ["127.0.0.1:%d" % d.http]}]
+        job["scrape_interval"] = "1s"
+        cfg.pop("rule_files", None)
+        (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(cfg))
+        port = free_port()
+        proc = subprocess.Popen(
+            [server, "--config.file=%s" % (tmp_path / "prometheus.yml"),
+             "--storage.tsdb.path=%s" % (tmp_path / "tsdb"),
+             "--web.listen-address=127.0.0.1:%d" % port],
+            stdout=open(tmp_path / "prometheus.log", "w"), stderr=subprocess.STDOUT)
+        try:
+            # Prometheus scrapes flared for a few seconds before the job (the rule's new-series
+            # branch needs the daemon to have been up one window earlier).
+            deadline = time.time() + 15
+            while time.time() < deadline:
+                try:
+                    if len(prom_query(port, 'up{job="flared"}[10s]')[0]["values"]) >= 6:
+                        break
+                except (OSError, IndexError):
+                    pass
+                time.sleep(0.3)
+            env = dict(os.environ, FLARE_OUTPUT_DIR=str(tmp_path / "spool"),
+                       FLARE_SIM_CLOCK_FACTOR="3:0.8")
+            res = subprocess.run(
+                [os.path.join(build_dir, "bin", "flare"), "run", "--daemon",
+                 "127.0.0.1:%d" % d.grpc, "--job-id", "slowgpu", "--quiet", "--",
+                 os.path.join(build_dir, "bin", "flare-sim-train"), "--ranks", "8", "--steps",
+                 "6", "--layers", "4", "--tp", "2", "--quiet"],
+                capture_output=True, text=True, timeout=120, env=env)
+            assert res.returncode == 0, res.stderr
+            want = {"exported_job": "slowgpu", "kind": "gpu_slow", "team": "operations",
+                    "job": "flared"}
+            deadline = time.time() + 20
+            got, rule = [], []
+            expr = [e for a, e in rule_exprs() if a == "FlareDiagnosis"][0]
+            while time.time() < deadline:
+                got = prom_query(port, "flare_alerts_total")
+                if got:
+                    break
+                time.sleep(0.2)
+            assert got, open(d.log_path).read()
+            # Evaluate the rule 1 s after the series' first sample (query at a past time).
+            first = float(prom_query(port, "flare_alerts_total[1h]")[0]["values"][0][0])
+            rule = prom_query(port, expr.replace("5m", "4s"), at=first + 1)
+            # ...and 6 s later (beyond the 4 s window) it has resolved.
+            if time.time() < first + 7:
+                time.sleep(first + 7 - time.time())
+            assert prom_query(port, expr.replace("5m", "4s"), at=first + 6) == []
+            assert [(r["metric"].get("exported_job"), r["metric"]["kind"], r["metric"]["team"],
+                     r["metric"]["job"], r["value"][1]) for r in got] == \
+                [(want["exported_job"], want["kind"], want["team"], "flared", "1")], got
+            # The rule's label set is exactly what Alertmanager routes on.
+            assert [{k: r["metric"][k] for k in r["metric"]} for r in rule] == \
+                [{"exported_job": "slowgpu", "kind": "gpu_slow", "team": "operations"}], rule
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=10)
+    finally:
+        d.stop()
