@@ -265,6 +265,13 @@ def test_systemd_analyze_verify(build_dir, tmp_path):
     # Only complaints about this unit count (the host's own units may be odd in a container).
     lines = [l for l in (res.stdout + res.stderr).splitlines() if "flared.service" in l]
     assert not lines, "\n".join(lines)
+    # systemd's own hardening score (0 = fully locked down, 10 = exposed): "OK" is below 3.
+    res = subprocess.run(["systemd-analyze", "security", "--offline=true", str(unit)],
+                         capture_output=True, text=True, timeout=30)
+    m = re.search(r"Overall exposure level for flared.service: ([0-9.]+)", res.stdout)
+    if not m:
+        pytest.skip("this systemd-analyze has no offline security check: " + res.stderr[-200:])
+    assert float(m.group(1)) <= 2.0, res.stdout
 
 
 # --- Prometheus ----------------------------------------------------------------------------
