@@ -180,6 +180,23 @@ def test_k8s_flared_manifest_is_consistent_and_its_flags_run(build_dir, tmp_path
     run_flared_with(build_dir, tmp_path, flags)
 
 
+@pytest.mark.parametrize("name", ["flared.yaml", "training-job.yaml"])
+def test_k8s_manifests_match_the_kubernetes_api_schema(name):
+    """Strict OpenAPI validation (unknown fields rejected) for the oldest Kubernetes the
+    manifests claim (1.27: the batch.kubernetes.io/job-name label) and the newest known."""
+    kv = pytest.importorskip("kubernetes_validate",
+                             reason="kubernetes-validate missing (deploy/install-deps.sh)")
+    docs = k8s_docs(name)
+    assert docs
+    for version in ("1.27", kv.latest_version()):
+        for doc in docs:
+            try:
+                kv.validate(doc, version, strict=True)
+            except kv.ValidationError as e:
+                pytest.fail("%s %s/%s invalid for Kubernetes %s: %s" % (
+                    name, doc["kind"], doc["metadata"]["name"], version, e))
+
+
 def test_k8s_training_job_preloads_the_hook_and_points_at_flared():
     flared_docs = k8s_docs("flared.yaml")
     svc = by_kind(flared_docs, "Service")[0]
