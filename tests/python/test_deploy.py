@@ -496,6 +496,12 @@ def test_detector_alert_reaches_prometheus_with_the_labels_rules_and_dashboard_u
             assert [(r["metric"].get("exported_job"), r["metric"]["kind"], r["metric"]["team"],
                      r["metric"]["job"], r["value"][1]) for r in got] == \
                 [(want["exported_job"], want["kind"], want["team"], "flared", "1")], got
+            # The dashboard's alert panels count it: 1 in the last 24 h, 1 for team operations.
+            panels = {t: e.replace("$instance", ".*") for t, e in dashboard_exprs()}
+            day = prom_query(port, panels["Alerts (24h)"])
+            assert [r["value"][1] for r in day] == ["1"], day
+            team = prom_query(port, panels["Alerts by team (cumulative)"])
+            assert [(r["metric"]["team"], r["value"][1]) for r in team] == [("operations", "1")]
             # The rule's label set is exactly what Alertmanager routes on.
             assert [{k: r["metric"][k] for k in r["metric"]} for r in rule] == \
                 [{"exported_job": "slowgpu", "kind": "gpu_slow", "team": "operations"}], rule
