@@ -11,6 +11,7 @@ DEB_PACKAGES=(
   libgtest-dev libgmock-dev googletest libbenchmark-dev
   libsqlite3-dev sqlite3 zlib1g-dev libssl-dev
   time valgrind
+  prometheus
 )
 
 missing=()
@@ -38,7 +39,10 @@ fi
 # (tests/python/test_stats_scipy.py); HolisticTraceAnalysis checks that the timeline export loads
 # in HTA (tests/python/test_timeline.py); grpcio: tests/python/test_daemon_stream.py runs a
 # traced rank that uses Python gRPC beside Flare's exporter.
-PY_PACKAGES=(pytest scipy numpy psutil HolisticTraceAnalysis=hta grpcio=grpc)
+# pyyaml, kubernetes-validate (Kubernetes API schemas) and the Debian package prometheus
+# (promtool, the server): tests/python/test_deploy.py.
+PY_PACKAGES=(pytest scipy numpy psutil HolisticTraceAnalysis=hta grpcio=grpc pyyaml=yaml
+  kubernetes-validate=kubernetes_validate)
 for py in ${FLARE_PYTHONS:-$(command -v python3)}; do
   for entry in "${PY_PACKAGES[@]}"; do
     pkg="${entry%%=*}"
