@@ -17,7 +17,7 @@ WORK="$(mktemp -d /tmp/flare-demo-XXXXXX)"
 RUN_ID="$(date +%H%M%S)"
 
 "$FLARED" --listen 127.0.0.1:0 --http 127.0.0.1:0 --db "$WORK/flared.db" \
-  --diagnose-interval-s 1 >"$WORK/flared.log" 2>&1 &
+  --diagnose-interval-s 1 --hang-timeout-s 3 >"$WORK/flared.log" 2>&1 &
 FLARED_PID=$!
 trap 'kill $FLARED_PID 2>/dev/null; wait $FLARED_PID 2>/dev/null; rm -rf "$WORK"' EXIT
 for _ in $(seq 100); do
@@ -41,7 +41,8 @@ scenario() {  # NAME TITLE [ENV=VALUE ...] [-- TRAIN_ARGS ...]
   echo
   echo "-- $title"
   env "${envs[@]}" FLARE_OUTPUT_DIR="$WORK/spool" "$FLARE" run --quiet \
-    --daemon "127.0.0.1:$GRPC_PORT" --job-id "$job" -- "$TRAIN" "${ARGS[@]}" "${extra[@]}" 2>/dev/null
+    --daemon "127.0.0.1:$GRPC_PORT" --job-id "$job" -- "$TRAIN" "${ARGS[@]}" "${extra[@]}" \
+    2>/dev/null || echo "   (the job failed or was stopped by its --timeout)"
   sleep 2.2  # flared's detectors run every second over the job's last two minutes
   echo
   echo "   flare alerts --job $job:"
@@ -65,6 +66,9 @@ scenario stall "4. rank 6's host stalls 5 ms in every forward pass, like a GC pa
 (FLARE_SIM_HOST_STALL=6:5)" FLARE_SIM_HOST_STALL=6:5
 scenario odd "5. an FFN width of 16380 (--ffn): GEMMs with a dimension not a multiple of 128 bytes" \
   -- --ffn 16380
+scenario hang "6. rank 3 never reaches step 4's collectives (FLARE_SIM_HANG=3:skip:4): every rank \
+hangs; flared (--hang-timeout-s 3) collects stacks and collective counters from all ranks; \
+the job is stopped by its own --timeout 10" FLARE_SIM_HANG=3:skip:4 -- --timeout 10
 echo
 echo "-- flare status (what flared received from each rank)"
 "$FLARE" status --daemon-http "127.0.0.1:$HTTP_PORT" --all
