@@ -20,6 +20,7 @@
 
 #include "flare/v1/records.pb.h"
 #include "src/common/clock.h"
+#include "src/timing/summary_aggregator.h"
 #include "src/timing/timing.h"
 
 namespace flare::timing {
@@ -30,6 +31,12 @@ struct BatchBuilderOptions {
   std::function<common::ClockMap()> clock_map;
   // Called when a batch is closed, to add counters only the owner knows (spool or send drops).
   std::function<void(flare::v1::DropCounters*)> extra_drops;
+  // MODE_SUMMARY when it returns true (asked at every addOps; the exporter follows the daemon's
+  // SetMode): compute ops go into a SummaryAggregator and leave as KernelSummary messages at
+  // every flush() or once `summary_window_ns` of GPU time has passed; collectives, p2p and
+  // sync spans stay raw KernelRecords. Unset: raw.
+  std::function<bool()> summary_mode;
+  int64_t summary_window_ns = 1'000'000'000;
 };
 
 class BatchBuilder {
@@ -53,6 +60,7 @@ class BatchBuilder {
   void openBatch();
   void account(size_t bytes);  // closes the batch once it is full
   void closeBatch();
+  void addSummaries();  // the aggregator's open window, as KernelSummary messages
 
   const int rank_;
   BatchBuilderOptions options_;
@@ -64,6 +72,7 @@ class BatchBuilder {
   common::ClockMap clock_map_;
   DropCounters drops_;
   bool drops_dirty_ = false;
+  SummaryAggregator aggregator_;
   std::unordered_map<uint32_t, uint64_t> collective_counts_;  // signature id → count (shape[0])
 };
 

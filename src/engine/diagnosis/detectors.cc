@@ -9,6 +9,7 @@
 #include <span>
 #include <utility>
 
+#include "src/engine/diagnosis/summary_detectors.h"
 #include "src/engine/stats/outliers.h"
 #include "src/engine/stats/perf_model.h"
 #include "src/engine/stats/quantile.h"
@@ -941,6 +942,7 @@ std::vector<Diagnosis> diagnose(const JobModel& job, const DiagnoseOptions& opti
   std::vector<Diagnosis> out;
   const auto arrivals = collectiveArrivals(job);
   detectSlowGpu(job, options, arrivals, &out);
+  detectSlowGpuFromSummaries(job, options, arrivals, &out);
   detectSlowLink(job, options, &out);
   detectIssueStall(job, options, arrivals, &out);
   if (baseline != nullptr) detectRegression(job, *baseline, options, &out);
