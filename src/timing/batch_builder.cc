@@ -134,13 +134,18 @@ void BatchBuilder::addSignature(uint32_t id, const Signature& sig) {
     if (!sig.shape.empty()) collective_counts_[id] = static_cast<uint64_t>(sig.shape[0]);
   }
   out->set_library(libraryOf(sig.name));
+  if (sig.kind == OpKind::kSync && sig.name != "flare_step" &&
+      sig.name.find("Synchronize") == std::string::npos)
+    summarised_syncs_.insert(id);
   account(out->ByteSizeLong());
 }
 
 void BatchBuilder::addOps(std::span<const CompletedOp> ops) {
   const bool summarize = options_.summary_mode && options_.summary_mode();
   for (const CompletedOp& op : ops) {
-    if (summarize && SummaryAggregator::shouldSummarize(op.info.kind)) {
+    if (summarize &&
+        (SummaryAggregator::shouldSummarize(op.info.kind) ||
+         (op.info.kind == OpKind::kSync && summarised_syncs_.count(op.info.signature_id) > 0))) {
       aggregator_.add(op);
       continue;
     }

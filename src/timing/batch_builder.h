@@ -17,6 +17,7 @@
 #include <span>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "flare/v1/records.pb.h"
 #include "src/common/clock.h"
@@ -34,7 +35,9 @@ struct BatchBuilderOptions {
   // MODE_SUMMARY when it returns true (asked at every addOps; the exporter follows the daemon's
   // SetMode): compute ops go into a SummaryAggregator and leave as KernelSummary messages at
   // every flush() or once `summary_window_ns` of GPU time has passed; collectives, p2p and
-  // sync spans stay raw KernelRecords. Unset: raw.
+  // blocking synchronizations (names with "Synchronize") and step markers (flare_step) stay raw
+  // KernelRecords; other host spans (cudaStreamWaitEvent: one per layer, never blocking) are
+  // summarised too. Unset: raw.
   std::function<bool()> summary_mode;
   int64_t summary_window_ns = 1'000'000'000;
 };
@@ -73,6 +76,7 @@ class BatchBuilder {
   DropCounters drops_;
   bool drops_dirty_ = false;
   SummaryAggregator aggregator_;
+  std::unordered_set<uint32_t> summarised_syncs_;  // kSync signatures summarised in MODE_SUMMARY
   std::unordered_map<uint32_t, uint64_t> collective_counts_;  // signature id → count (shape[0])
 };
 

@@ -41,6 +41,13 @@ struct Member {
 
 }  // namespace
 
+bool hasSummaries(const JobModel& job) {
+  for (const auto& [rank, r] : job.ranks()) {
+    if (!r.summaries.empty()) return true;
+  }
+  return false;
+}
+
 void detectSlowGpuFromSummaries(const JobModel& job, const DiagnoseOptions& opt,
                                 const std::map<int, ArrivalStats>& arrivals,
                                 std::vector<Diagnosis>* out) {

@@ -21,6 +21,10 @@
 
 namespace flare::engine {
 
+// True when any rank of the job sent kernel summaries (MODE_SUMMARY): the detectors that need
+// every op's times (issue stall, GPU idle / void, regression) are skipped for such a job.
+bool hasSummaries(const JobModel& job);
+
 void detectSlowGpuFromSummaries(const JobModel& job, const DiagnoseOptions& options,
                                 const std::map<int, ArrivalStats>& arrivals,
                                 std::vector<Diagnosis>* out);
