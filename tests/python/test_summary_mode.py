@@ -155,3 +155,21 @@ def test_healthy_job_in_summary_mode_raises_nothing(build_dir, tmp_path):
     res = subprocess.run([os.path.join(build_dir, "bin", "flare-diagnose"), "--input",
                           str(tmp_path), "--json"], capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stdout + res.stderr
+
+
+def test_flared_alerts_on_the_underclocked_rank_from_summaries(build_dir, tmp_path):
+    """The same through the daemon: ranks stream summaries (FLARE_MODE=summary) to flared, whose
+    analyzer keeps them in its JobModel and raises the gpu_slow alert from them."""
+    from test_flared_diagnosis import Daemon, run_job as flared_job, wait_alerts
+    if not os.path.exists(os.path.join(build_dir, "bin", "flared")):
+        pytest.skip("build/bin/flared not built")
+    d = Daemon(build_dir, tmp_path)
+    try:
+        flared_job(build_dir, d, tmp_path, "sumgpu",
+                   {"FLARE_SIM_CLOCK_FACTOR": "3:0.8", "FLARE_MODE": "summary"})
+        alerts = wait_alerts(d, "sumgpu", 1)
+        assert [(a["kind"], a["rank"], a["team"]) for a in alerts] == [("gpu_slow", 3, "operations")]
+        assert "kernel summaries" in alerts[0]["message"]
+    finally:
+        if d.proc.poll() is None:
+            d.proc.kill()
