@@ -169,9 +169,11 @@ void BatchBuilder::addOps(std::span<const CompletedOp> ops) {
       auto count = collective_counts_.find(op.info.signature_id);
       if (count != collective_counts_.end()) coll->set_count(count->second);
     }
-    rec->set_thread_id(op.thread_id);
-    rec->set_parent_span_id(op.parent_span_id);
-    rec->set_correlation_id(op.correlation_id);
+    if (!summarize) {  // MODE_SUMMARY: what stays raw carries no host-side join keys
+      rec->set_thread_id(op.thread_id);
+      rec->set_parent_span_id(op.parent_span_id);
+      rec->set_correlation_id(op.correlation_id);
+    }
     account(rec->ByteSizeLong());
   }
   if (aggregator_.due()) addSummaries();
