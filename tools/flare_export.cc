@@ -8,6 +8,8 @@
 // communicator hash, sequence number, rank count and peer; the traced Python span a kernel was
 // launched under (parent_span, 0: none) and its correlation id. Traced Python spans are lines
 // of kind "span": name (API), id, parent, thread, start/end/duration, and gc_* for collections.
+// Kernel summaries (FLARE_MODE=summary) are lines of kind "summary": op_kind, name, dtype, shape,
+// stream, device, window_start_ns/window_end_ns and clusters [{count, p50_ns, p99_ns, sum_ns}].
 // Exit 1 when a file is unreadable (the others are still printed), 2 on bad arguments.
 #include <algorithm>
 #include <cctype>
@@ -132,6 +134,33 @@ int main(int argc, char** argv) {
           if (c.has_peer()) std::printf(",\"peer\":%d", c.peer());
         }
         std::printf("}\n");
+      }
+      for (const auto& ks : b.summaries()) {
+        const auto it = sigs.find(ks.signature_id());
+        const flare::v1::Signature empty;
+        const auto& s = it == sigs.end() ? empty : it->second;
+        std::string shape = "[";
+        for (int i = 0; i < s.shape_size(); ++i)
+          shape += (i ? "," : "") + std::to_string(s.shape(i));
+        shape += "]";
+        std::printf(
+            "{\"job\":%s,\"rank\":%d,\"kind\":\"summary\",\"op_kind\":\"%s\",\"name\":%s,"
+            "\"dtype\":\"%s\",\"shape\":%s,\"stream\":%llu,\"device\":%d,"
+            "\"window_start_ns\":%lld,\"window_end_ns\":%lld,\"clusters\":[",
+            jsonString(job).c_str(), b.rank(),
+            label(flare::v1::OpKind_Name(s.kind()), "OP_KIND_").c_str(),
+            jsonString(s.name()).c_str(), label(flare::v1::DType_Name(s.dtype()), "DTYPE_").c_str(),
+            shape.c_str(), static_cast<unsigned long long>(ks.stream_id()), ks.device(),
+            static_cast<long long>(ks.window_start_ns()),
+            static_cast<long long>(ks.window_end_ns()));
+        for (int i = 0; i < ks.clusters_size(); ++i) {
+          const auto& c = ks.clusters(i);
+          std::printf("%s{\"count\":%llu,\"p50_ns\":%lld,\"p99_ns\":%lld,\"sum_ns\":%lld}",
+                      i ? "," : "", static_cast<unsigned long long>(c.count()),
+                      static_cast<long long>(c.p50_ns()), static_cast<long long>(c.p99_ns()),
+                      static_cast<long long>(c.sum_ns()));
+        }
+        std::printf("]}\n");
       }
     }
   }

@@ -60,6 +60,11 @@ constexpr ParamInfo kParams[] = {
      "The last batches written to a stream, up to this size, are kept in memory and sent again "
      "after the stream breaks (the daemon drops the duplicates): what a killed or wedged daemon "
      "had received but not processed; 0 turns re-sending off."},
+    {"FLARE_MODE", "string", "raw", "exporter",
+     "raw: every timed op is sent as a KernelRecord; summary: compute kernels (kernels, GEMMs, "
+     "attention, memcpy/memset, graphs) leave as per-signature, per-stream KernelSummary clusters "
+     "once a second, while collectives, p2p and sync spans stay raw. The daemon's SetMode "
+     "overrides it for a stream."},
     {"FLARE_EXIT_FLUSH_SECONDS", "duration", "2", "exporter",
      "At process exit, time given to send queued batches to the daemon; the rest is spooled."},
     // --- hang ---

@@ -16,6 +16,7 @@ void Analyzer::onBatch(const std::string& job_id, int32_t rank, const v1::Record
   JobWindow& w = jobs_[job_id];
   w.model.addBatch(rank, batch);
   for (const auto& k : batch.kernels()) w.newest_ns = std::max(w.newest_ns, k.end_ns());
+  for (const auto& s : batch.summaries()) w.newest_ns = std::max(w.newest_ns, s.window_end_ns());
   w.fresh = true;
 }
 

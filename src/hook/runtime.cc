@@ -134,6 +134,18 @@ std::string hookDirectory() {
   return slash == std::string::npos ? "." : path.substr(0, slash);
 }
 
+// FLARE_MODE: summary sends compute kernels as per-window KernelSummary messages (collectives,
+// p2p and sync spans stay raw); raw (the default) sends every op. Anything else: one warning, raw.
+bool summaryMode() {
+  const std::string mode = common::envString("FLARE_MODE", "raw");
+  if (mode == "summary") return true;
+  if (mode != "raw") {
+    common::logOnce(common::LogLevel::kWarn, "hook", "bad-mode",
+                    "flare: FLARE_MODE={} is not raw|summary; using raw", mode);
+  }
+  return false;
+}
+
 // FLARE_DAEMON set: the exporter over libflare_exporter.so (dlopened RTLD_LOCAL, see
 // src/timing/transport.h); nullptr (one warning) when it cannot be loaded: the spool is used.
 std::unique_ptr<timing::GrpcExporter> makeExporter(const common::Identity& id,
@@ -151,6 +163,7 @@ std::unique_ptr<timing::GrpcExporter> makeExporter(const common::Identity& id,
   }
   timing::ExporterOptions o;
   o.identity = id;
+  o.mode = summaryMode() ? flare::v1::MODE_SUMMARY : flare::v1::MODE_RAW;
   o.token = common::envString("FLARE_TOKEN", "");
   o.flare_version = FLARE_VERSION_STRING;
   o.spool_dir = dir;
@@ -221,7 +234,10 @@ void init() {
     state->sink = std::move(exporter);
   }
   if (!state->sink) {
-    state->sink = std::make_unique<timing::SpoolSink>(dir, id.job_id, id.rank, id.pid);
+    timing::SpoolSinkOptions spool;
+    spool.summary = summaryMode();
+    state->sink =
+        std::make_unique<timing::SpoolSink>(dir, id.job_id, id.rank, id.pid, std::move(spool));
   }
   state->tracker = std::make_unique<CollectiveTracker>(state->sink.get());
   timing::TracerOptions opts;

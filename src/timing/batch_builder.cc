@@ -103,7 +103,10 @@ flare::v1::DType toProtoDType(const std::string& dtype) {
 }
 
 BatchBuilder::BatchBuilder(int rank, BatchBuilderOptions options, Emit emit)
-    : rank_(rank), options_(std::move(options)), emit_(std::move(emit)) {}
+    : rank_(rank),
+      options_(std::move(options)),
+      emit_(std::move(emit)),
+      aggregator_(options_.summary_window_ns) {}
 
 void BatchBuilder::openBatch() {
   batch_.Clear();
@@ -131,11 +134,21 @@ void BatchBuilder::addSignature(uint32_t id, const Signature& sig) {
     if (!sig.shape.empty()) collective_counts_[id] = static_cast<uint64_t>(sig.shape[0]);
   }
   out->set_library(libraryOf(sig.name));
+  if (sig.kind == OpKind::kSync && sig.name != "flare_step" &&
+      sig.name.find("Synchronize") == std::string::npos)
+    summarised_syncs_.insert(id);
   account(out->ByteSizeLong());
 }
 
 void BatchBuilder::addOps(std::span<const CompletedOp> ops) {
+  const bool summarize = options_.summary_mode && options_.summary_mode();
   for (const CompletedOp& op : ops) {
+    if (summarize &&
+        (SummaryAggregator::shouldSummarize(op.info.kind) ||
+         (op.info.kind == OpKind::kSync && summarised_syncs_.count(op.info.signature_id) > 0))) {
+      aggregator_.add(op);
+      continue;
+    }
     if (!batch_open_) openBatch();
     flare::v1::KernelRecord* rec = batch_.add_kernels();
     rec->set_signature_id(op.info.signature_id);
@@ -156,10 +169,33 @@ void BatchBuilder::addOps(std::span<const CompletedOp> ops) {
       auto count = collective_counts_.find(op.info.signature_id);
       if (count != collective_counts_.end()) coll->set_count(count->second);
     }
-    rec->set_thread_id(op.thread_id);
-    rec->set_parent_span_id(op.parent_span_id);
-    rec->set_correlation_id(op.correlation_id);
+    if (!summarize) {  // MODE_SUMMARY: what stays raw carries no host-side join keys
+      rec->set_thread_id(op.thread_id);
+      rec->set_parent_span_id(op.parent_span_id);
+      rec->set_correlation_id(op.correlation_id);
+    }
     account(rec->ByteSizeLong());
+  }
+  if (aggregator_.due()) addSummaries();
+}
+
+void BatchBuilder::addSummaries() {
+  for (const OpSummary& s : aggregator_.take()) {
+    if (!batch_open_) openBatch();
+    flare::v1::KernelSummary* out = batch_.add_summaries();
+    out->set_signature_id(s.signature_id);
+    out->set_stream_id(s.stream_id);
+    out->set_device(s.device);
+    out->set_window_start_ns(clock_map_.fromMonotonic(s.window_start_ns));
+    out->set_window_end_ns(clock_map_.fromMonotonic(s.window_end_ns));
+    for (const SummaryCluster& c : s.clusters) {
+      flare::v1::KernelSummary::Cluster* cl = out->add_clusters();
+      cl->set_count(c.count);
+      cl->set_p50_ns(c.p50_ns);
+      cl->set_p99_ns(c.p99_ns);
+      cl->set_sum_ns(c.sum_ns);
+    }
+    account(out->ByteSizeLong());
   }
 }
 
@@ -197,9 +233,11 @@ void BatchBuilder::setDrops(const DropCounters& totals) {
 }
 
 void BatchBuilder::flush() {
+  if (!aggregator_.empty()) addSummaries();
   const bool has_records =
-      batch_open_ && (batch_.signatures_size() > 0 || batch_.kernels_size() > 0 ||
-                      batch_.spans_size() > 0 || batch_.api_names_size() > 0);
+      batch_open_ &&
+      (batch_.signatures_size() > 0 || batch_.kernels_size() > 0 || batch_.summaries_size() > 0 ||
+       batch_.spans_size() > 0 || batch_.api_names_size() > 0);
   if (!has_records && !drops_dirty_) return;
   if (!batch_open_) openBatch();
   closeBatch();

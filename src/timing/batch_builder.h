@@ -17,9 +17,11 @@
 #include <span>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "flare/v1/records.pb.h"
 #include "src/common/clock.h"
+#include "src/timing/summary_aggregator.h"
 #include "src/timing/timing.h"
 
 namespace flare::timing {
@@ -30,6 +32,16 @@ struct BatchBuilderOptions {
   std::function<common::ClockMap()> clock_map;
   // Called when a batch is closed, to add counters only the owner knows (spool or send drops).
   std::function<void(flare::v1::DropCounters*)> extra_drops;
+  // MODE_SUMMARY when it returns true (asked at every addOps; the exporter follows the daemon's
+  // SetMode): compute ops go into a SummaryAggregator and leave as KernelSummary messages at
+  // every flush() or once `summary_window_ns` of GPU time has passed; collectives, p2p and
+  // blocking synchronizations (names with "Synchronize") and step markers (flare_step) stay raw
+  // KernelRecords; other host spans (cudaStreamWaitEvent: one per layer, never blocking) are
+  // summarised too. The records that stay raw leave out thread, parent span and correlation id
+  // (the host-side join keys of the timeline and issue-stall analysis, which summary mode
+  // gives up anyway): 160 collectives per step make them worth ~1.5 KB. Unset: raw.
+  std::function<bool()> summary_mode;
+  int64_t summary_window_ns = 1'000'000'000;
 };
 
 class BatchBuilder {
@@ -53,6 +65,7 @@ class BatchBuilder {
   void openBatch();
   void account(size_t bytes);  // closes the batch once it is full
   void closeBatch();
+  void addSummaries();  // the aggregator's open window, as KernelSummary messages
 
   const int rank_;
   BatchBuilderOptions options_;
@@ -64,6 +77,8 @@ class BatchBuilder {
   common::ClockMap clock_map_;
   DropCounters drops_;
   bool drops_dirty_ = false;
+  SummaryAggregator aggregator_;
+  std::unordered_set<uint32_t> summarised_syncs_;  // kSync signatures summarised in MODE_SUMMARY
   std::unordered_map<uint32_t, uint64_t> collective_counts_;  // signature id → count (shape[0])
 };
 

@@ -55,8 +55,12 @@ bool preadAll(int fd, char* data, size_t size, uint64_t offset) {
   return true;
 }
 
+// Kernel records of a batch, the ops summarised in its KernelSummary messages included.
 uint64_t kernelCount(const flare::v1::RecordBatch& b) {
-  return static_cast<uint64_t>(b.kernels_size());
+  uint64_t n = static_cast<uint64_t>(b.kernels_size());
+  for (const auto& s : b.summaries())
+    for (const auto& c : s.clusters()) n += c.count();
+  return n;
 }
 
 }  // namespace
@@ -91,7 +95,9 @@ GrpcExporter::GrpcExporter(std::unique_ptr<Transport> transport, ExporterOptions
                        [this](flare::v1::DropCounters* d) {
                          d->set_spool_dropped(spool_dropped_.load(std::memory_order_relaxed));
                          d->set_send_failed(send_failed_.load(std::memory_order_relaxed));
-                       }},
+                       },
+                   .summary_mode = [this] { return mode() == flare::v1::MODE_SUMMARY; },
+                   .summary_window_ns = options_.summary_window_ns},
                [this](flare::v1::RecordBatch&& batch) { enqueue(std::move(batch)); }),
       mode_(static_cast<int>(options_.mode)) {
   if (options_.spool_dir.empty()) options_.spool_dir = "/tmp/flare";

@@ -90,7 +90,10 @@ struct ExporterOptions {
   int64_t backoff_max_ns = 30'000'000'000;
   int64_t hello_timeout_ns = 10'000'000'000;
   int64_t stall_timeout_ns = 10'000'000'000;
+  // MODE_SUMMARY: compute ops leave as KernelSummary messages (batch_builder.h); changed at
+  // run time by the daemon's SetMode (or a non-UNSPECIFIED mode in its HelloAck).
   flare::v1::Mode mode = flare::v1::MODE_RAW;
+  int64_t summary_window_ns = 1'000'000'000;
   std::function<common::ClockMap()> clock_map;  // default ClockMap::sample()
   CommandHandler* handler = nullptr;            // not owned; nullptr: UnsupportedCommands
 };

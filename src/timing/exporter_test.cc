@@ -498,6 +498,44 @@ TEST_F(ExporterTest, CommandsAreAnswered) {
   EXPECT_EQ(service.results[1].error(), "not supported yet");
 }
 
+// The daemon's SetMode(MODE_SUMMARY) turns the stream's compute records into KernelSummary
+// messages (batch_builder.h): every op is still accounted for, in the summaries' counts.
+TEST_F(ExporterTest, SetModeSummarySendsSummariesInsteadOfComputeRecords) {
+  FakeIngest service;
+  flare::v1::Command set_mode;
+  set_mode.set_id(21);
+  set_mode.mutable_set_mode()->set_mode(flare::v1::MODE_SUMMARY);
+  service.to_send = {set_mode};
+  FakeServer server(&service);
+  server.start();
+  GrpcExporter exporter(transportTo(server.address()), options());
+  ASSERT_TRUE(waitFor([&] {
+    std::lock_guard<std::mutex> lock(service.mu);
+    return service.results.size() == 1;
+  }));
+  ASSERT_EQ(exporter.mode(), flare::v1::MODE_SUMMARY);
+  announce(exporter, 3);
+  feed(exporter, 3000, 3);
+  EXPECT_TRUE(exporter.shutdown(5'000'000'000));
+  std::lock_guard<std::mutex> lock(service.mu);
+  uint64_t kernels = 0, summarised = 0, summaries = 0;
+  for (const auto& [stream, b] : service.batches) {
+    kernels += static_cast<uint64_t>(b.kernels_size());
+    for (const auto& ks : b.summaries()) {
+      ++summaries;
+      EXPECT_EQ(ks.stream_id(), 7u);
+      for (const auto& c : ks.clusters()) {
+        summarised += c.count();
+        EXPECT_EQ(c.sum_ns(), static_cast<int64_t>(c.count()) * 1000);  // every op 1000 ns
+        EXPECT_EQ(c.p50_ns(), 1000);
+      }
+    }
+  }
+  EXPECT_EQ(kernels, 0u);
+  EXPECT_EQ(summarised, 3000u);
+  EXPECT_GE(summaries, 3u);  // one per signature per window (feed flushes every 1000 ops)
+}
+
 TEST_F(ExporterTest, ShutdownWithTheDaemonDownIsBoundedAndSpools) {
   ExporterOptions o = options();
   // A port nobody listens on (reserved, then released).

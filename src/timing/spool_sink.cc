@@ -31,12 +31,26 @@ void appendVarint(std::string* out, uint64_t value) {
   *out += static_cast<char>(value);
 }
 
+namespace {
+// Kernel records of a batch, the ops summarised in its KernelSummary messages included.
+uint64_t recordCount(const flare::v1::RecordBatch& b) {
+  uint64_t n = static_cast<uint64_t>(b.kernels_size());
+  for (const auto& s : b.summaries())
+    for (const auto& c : s.clusters()) n += c.count();
+  return n;
+}
+}  // namespace
+
 SpoolSink::SpoolSink(const std::string& dir, const std::string& job_id, int rank, int pid,
                      SpoolSinkOptions options)
     : builder_(rank,
                BatchBuilderOptions{.batch_bytes = options.batch_bytes,
                                    .clock_map = std::move(options.clock_map),
-                                   .extra_drops = {}},
+                                   .extra_drops = {},
+                                   .summary_mode = options.summary
+                                                       ? std::function<bool()>([] { return true; })
+                                                       : std::function<bool()>(),
+                                   .summary_window_ns = options.summary_window_ns},
                [this](flare::v1::RecordBatch&& batch) { write(batch); }) {
   try {
     const std::filesystem::path folder =
@@ -124,10 +138,10 @@ void SpoolSink::flush() {
 
 void SpoolSink::write(const flare::v1::RecordBatch& batch) {
   if (disabled()) {
-    dropped_.fetch_add(static_cast<uint64_t>(batch.kernels_size()), std::memory_order_relaxed);
+    dropped_.fetch_add(recordCount(batch), std::memory_order_relaxed);
     return;
   }
-  const uint64_t kernels = static_cast<uint64_t>(batch.kernels_size());
+  const uint64_t kernels = recordCount(batch);
   std::string bytes;
   const size_t size = batch.ByteSizeLong();
   bytes.reserve(size + 10);

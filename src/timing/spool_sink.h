@@ -42,6 +42,9 @@ struct SpoolSinkOptions {
   size_t batch_bytes = 64 * 1024;  // a batch is written once its records reach about this size
   // Monotonic → epoch map, taken each time a batch is opened. Default: ClockMap::sample().
   std::function<common::ClockMap()> clock_map;
+  // MODE_SUMMARY: compute ops are written as KernelSummary messages (batch_builder.h).
+  bool summary = false;
+  int64_t summary_window_ns = 1'000'000'000;
 };
 
 class SpoolSink final : public Sink {

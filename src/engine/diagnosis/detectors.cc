@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "src/common/text.h"
+#include "src/engine/diagnosis/summary_detectors.h"
 #include "src/engine/stats/outliers.h"
 #include "src/engine/stats/perf_model.h"
 #include "src/engine/stats/quantile.h"
@@ -942,10 +943,14 @@ std::vector<Diagnosis> diagnose(const JobModel& job, const DiagnoseOptions& opti
   std::vector<Diagnosis> out;
   const auto arrivals = collectiveArrivals(job);
   detectSlowGpu(job, options, arrivals, &out);
+  detectSlowGpuFromSummaries(job, options, arrivals, &out);
   detectSlowLink(job, options, &out);
-  detectIssueStall(job, options, arrivals, &out);
-  if (baseline != nullptr) detectRegression(job, *baseline, options, &out);
-  detectVoid(job, options, &out);
+  // MODE_SUMMARY: compute ops arrive only as summaries, so GPU idle time and issue latencies
+  // cannot be measured from ops; those detectors need raw records (summary_detectors.h).
+  const bool raw = !hasSummaries(job);
+  if (raw) detectIssueStall(job, options, arrivals, &out);
+  if (baseline != nullptr && raw) detectRegression(job, *baseline, options, &out);
+  if (raw) detectVoid(job, options, &out);
   detectUnoptimized(job, options, &out);
   std::stable_sort(out.begin(), out.end(),
                    [](const Diagnosis& a, const Diagnosis& b) { return a.severity > b.severity; });

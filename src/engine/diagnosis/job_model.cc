@@ -94,8 +94,42 @@ void JobModel::addBatch(int rank, const flare::v1::RecordBatch& batch) {
     if (s.has_gc()) span.gc_generation = s.gc().generation();
     r.spans.push_back(span);
   }
+  for (const auto& ks : batch.summaries()) {
+    auto sig = r.sig_ids.find(ks.signature_id());
+    if (sig == r.sig_ids.end()) {
+      ++r.unknown_signature_records;
+      continue;
+    }
+    SummaryWindow w;
+    w.sig = sig->second;
+    w.stream = ks.stream_id();
+    w.start = ks.window_start_ns();
+    w.end = std::max(ks.window_end_ns(), ks.window_start_ns());
+    for (const auto& c : ks.clusters()) {
+      if (c.count() == 0) continue;
+      stats::DurationCluster dc;
+      dc.count = c.count();
+      dc.p50 = static_cast<double>(std::max<int64_t>(0, c.p50_ns()));
+      dc.p99 = std::max(dc.p50, static_cast<double>(c.p99_ns()));
+      dc.sum = static_cast<double>(std::max<int64_t>(0, c.sum_ns()));
+      w.clusters.push_back(dc);
+    }
+    if (!w.clusters.empty()) r.summaries.push_back(std::move(w));
+  }
   for (const auto& st : batch.steps()) r.step_starts.push_back(st.start_ns());
   if (batch.has_drops()) r.drops = batch.drops();
+}
+
+uint64_t SummaryWindow::count() const {
+  uint64_t n = 0;
+  for (const auto& c : clusters) n += c.count;
+  return n;
+}
+
+double SummaryWindow::sumNs() const {
+  double s = 0;
+  for (const auto& c : clusters) s += c.sum;
+  return s;
 }
 
 void JobModel::trim(int64_t before_ns, size_t max_ops_per_rank) {
@@ -107,6 +141,7 @@ void JobModel::trim(int64_t before_ns, size_t max_ops_per_rank) {
       r.ops.erase(r.ops.begin(), r.ops.end() - static_cast<std::ptrdiff_t>(max_ops_per_rank));
     }
     std::erase_if(r.spans, [before_ns](const Span& s) { return s.end < before_ns; });
+    std::erase_if(r.summaries, [before_ns](const SummaryWindow& w) { return w.end < before_ns; });
     std::erase_if(r.step_starts, [before_ns](int64_t t) { return t < before_ns; });
   }
 }

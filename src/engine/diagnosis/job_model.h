@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "flare/v1/records.pb.h"
+#include "src/engine/stats/kde.h"
 
 namespace flare::engine {
 
@@ -47,12 +48,25 @@ struct Span {
   int32_t gc_generation = -1;
 };
 
+// One KernelSummary of a rank (MODE_SUMMARY): the durations of one signature on one stream
+// over one window, as clusters (count, p50, p99, sum; min/max unknown, left 0).
+struct SummaryWindow {
+  uint32_t sig = 0;  // job-wide signature id
+  uint64_t stream = 0;
+  int64_t start = 0;  // window, rank's epoch ns
+  int64_t end = 0;
+  std::vector<stats::DurationCluster> clusters;
+  uint64_t count() const;
+  double sumNs() const;
+};
+
 struct RankData {
   int rank = 0;
   std::string host;
   std::string device_name;
   std::vector<Op> ops;
   std::vector<Span> spans;
+  std::vector<SummaryWindow> summaries;            // MODE_SUMMARY: compute ops arrive only as these
   std::vector<int64_t> step_starts;                // explicit step markers, if the rank sent any
   flare::v1::DropCounters drops;                   // the latest cumulative counters
   std::unordered_map<uint32_t, uint32_t> sig_ids;  // rank's signature id -> job id

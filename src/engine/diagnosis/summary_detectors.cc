@@ -1,0 +1,153 @@
+#include "src/engine/diagnosis/summary_detectors.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <set>
+#include <string>
+#include <utility>
+
+#include "src/engine/stats/outliers.h"
+#include "src/engine/stats/quantile.h"
+
+namespace flare::engine {
+namespace {
+
+bool isComputeKind(flare::v1::OpKind kind) {
+  return kind == flare::v1::OP_KIND_GEMM || kind == flare::v1::OP_KIND_ATTENTION;
+}
+
+std::string fmtUs(double ns) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.1f us", ns / 1e3);
+  return buf;
+}
+
+std::string fmtPct(double ratio) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.0f%%", ratio * 100);
+  return buf;
+}
+
+double medianOf(std::vector<double> v) {
+  return stats::quantileInPlace(v, 0.5);
+}
+
+struct Member {
+  std::vector<stats::DurationCluster> clusters;
+  uint64_t count = 0;
+  double sum = 0;
+  double mean() const { return count ? sum / static_cast<double>(count) : 0; }
+};
+
+}  // namespace
+
+bool hasSummaries(const JobModel& job) {
+  for (const auto& [rank, r] : job.ranks()) {
+    if (!r.summaries.empty()) return true;
+  }
+  return false;
+}
+
+void detectSlowGpuFromSummaries(const JobModel& job, const DiagnoseOptions& opt,
+                                const std::map<int, ArrivalStats>& arrivals,
+                                std::vector<Diagnosis>* out) {
+  std::set<int> already;
+  for (const Diagnosis& d : *out) {
+    if (d.kind == "gpu_slow") already.insert(d.ranks.begin(), d.ranks.end());
+  }
+  // signature -> rank -> concatenated clusters
+  std::map<uint32_t, std::map<int, Member>> by_sig;
+  for (const auto& [rank, r] : job.ranks()) {
+    for (const SummaryWindow& w : r.summaries) {
+      if (!isComputeKind(job.signatures()[w.sig].kind())) continue;
+      Member& m = by_sig[w.sig][rank];
+      m.clusters.insert(m.clusters.end(), w.clusters.begin(), w.clusters.end());
+      m.count += w.count();
+      m.sum += w.sumNs();
+    }
+  }
+  struct RankScore {
+    double flagged_weight = 0;
+    double total_weight = 0;
+    double weighted_ratio = 0;
+    uint32_t top_sig = 0;
+    double top_weight = -1;
+    double top_mean = 0, top_reference = 0, top_score = 0, top_fence = 0;
+  };
+  std::map<int, RankScore> scores;
+  for (const auto& [sig, per_rank] : by_sig) {
+    std::vector<int> ranks;
+    std::vector<std::vector<stats::DurationCluster>> members;
+    std::vector<double> means;
+    double weight = 0;
+    for (const auto& [rank, m] : per_rank) {
+      if (m.count < static_cast<uint64_t>(std::max(opt.min_samples, 1))) continue;
+      ranks.push_back(rank);
+      members.push_back(m.clusters);
+      means.push_back(m.mean());
+      weight += m.sum;
+    }
+    if (ranks.size() < 3) continue;  // two ranks cannot say which one is different
+    const double reference = medianOf(means);
+    if (reference <= 0) continue;
+    stats::OutlierOptions oo;
+    oo.alpha = opt.tukey_alpha;
+    // W1 of two mixtures that differ by a factor (1 + e) is about e × the mean duration: noise
+    // below half the minimum effect is no outlier.
+    oo.minAbsoluteExcess = 0.5 * opt.gpu_min_effect * reference;
+    const stats::OutlierResult res = stats::summaryOutliers(members, oo);
+    std::set<size_t> high(res.high.begin(), res.high.end());
+    for (size_t i = 0; i < ranks.size(); ++i) {
+      RankScore& s = scores[ranks[i]];
+      const double ratio = means[i] / reference;
+      s.total_weight += weight;
+      s.weighted_ratio += weight * ratio;
+      if (high.count(i) == 0 || ratio < 1.0 + opt.gpu_min_effect) continue;
+      s.flagged_weight += weight;
+      if (weight > s.top_weight) {
+        s.top_weight = weight;
+        s.top_sig = sig;
+        s.top_mean = means[i];
+        s.top_reference = reference;
+        s.top_score = res.scores[i];
+        s.top_fence = res.fences.upper;
+      }
+    }
+  }
+  for (const auto& [rank, s] : scores) {
+    if (already.count(rank) || s.total_weight <= 0 || s.flagged_weight < 0.5 * s.total_weight)
+      continue;
+    const double slowdown = s.weighted_ratio / s.total_weight - 1.0;
+    const auto& sig = job.signatures()[s.top_sig];
+    Diagnosis d;
+    d.kind = "gpu_slow";
+    d.team = Team::kOperations;
+    d.cause = "GPU";
+    d.ranks = {rank};
+    d.severity = slowdown;
+    d.evidence.push_back({"compute_duration",
+                          sig.name() + ": mean " + fmtUs(s.top_mean) + " on rank " +
+                              std::to_string(rank) + " vs " + fmtUs(s.top_reference) +
+                              " (median of the ranks' means; from kernel summaries)",
+                          s.top_mean, s.top_reference});
+    d.evidence.push_back({"summary_w1",
+                          "mean W1 to the other ranks' summaries " + fmtUs(s.top_score) +
+                              " above the Tukey fence " + fmtUs(s.top_fence),
+                          s.top_score, s.top_fence});
+    auto a = arrivals.find(rank);
+    if (a != arrivals.end() && a->second.instances > 0) {
+      const double share = static_cast<double>(a->second.last) / a->second.instances;
+      d.evidence.push_back({"collective_arrival",
+                            "arrives last at " + fmtPct(share) + " of its collectives (" +
+                                std::to_string(a->second.last) + " of " +
+                                std::to_string(a->second.instances) + ")",
+                            share, 0});
+    }
+    d.summary = "rank " + std::to_string(rank) + ": GPU slow — its GEMM/attention kernels run " +
+                fmtPct(slowdown) + " slower than the same kernels on the other ranks (kernel " +
+                "summaries); the other ranks only wait for it";
+    out->push_back(std::move(d));
+  }
+}
+
+}  // namespace flare::engine

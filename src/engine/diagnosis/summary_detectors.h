@@ -1,0 +1,32 @@
+// Detectors on kernel summaries (MODE_SUMMARY): when ranks send their compute kernels as
+// KernelSummary clusters instead of raw records, the raw-op detectors (detectors.cc) see no
+// compute ops; these compare ranks per signature on the summaries instead.
+//
+// gpu_slow from summaries: per compute signature (GEMM, attention) the ranks' summaries (all
+// windows concatenated, clusters weighted by count) are compared by their mean 1-Wasserstein
+// distance to the other ranks' rebuilt mixtures (flare_stats summaryOutliers, Tukey fences); a
+// high outlier whose mean duration is also at least gpu_min_effect above the ranks' median mean
+// is flagged for that signature. A rank flagged on at least half of the compute time (weighted
+// by the signatures' total time) is diagnosed gpu_slow, like the raw detector, with the same
+// kind, team and cause. Ranks already diagnosed gpu_slow by the raw path are skipped.
+//
+// Threading: pure functions over a JobModel; one caller at a time per model.
+#pragma once
+
+#include <map>
+#include <vector>
+
+#include "src/engine/diagnosis/detectors.h"
+#include "src/engine/diagnosis/job_model.h"
+
+namespace flare::engine {
+
+// True when any rank of the job sent kernel summaries (MODE_SUMMARY): the detectors that need
+// every op's times (issue stall, GPU idle / void, regression) are skipped for such a job.
+bool hasSummaries(const JobModel& job);
+
+void detectSlowGpuFromSummaries(const JobModel& job, const DiagnoseOptions& options,
+                                const std::map<int, ArrivalStats>& arrivals,
+                                std::vector<Diagnosis>* out);
+
+}  // namespace flare::engine

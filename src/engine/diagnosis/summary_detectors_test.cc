@@ -1,0 +1,88 @@
+// The summary-based gpu_slow detector on hand-built KernelSummary batches: 8 ranks, one GEMM
+// signature with two duration modes; one rank's kernels take `factor` times longer.
+#include "src/engine/diagnosis/summary_detectors.h"
+
+#include <gtest/gtest.h>
+
+#include "src/engine/diagnosis/detectors.h"
+#include "src/engine/diagnosis/job_model.h"
+
+namespace flare::engine {
+namespace {
+
+flare::v1::RecordBatch summaryBatch(int rank, double factor, uint64_t jitter) {
+  flare::v1::RecordBatch b;
+  b.set_rank(rank);
+  auto* sig = b.add_signatures();
+  sig->set_id(5 + rank);  // rank-local ids differ; the model joins them by content
+  sig->set_name("cublasGemmEx");
+  sig->set_kind(flare::v1::OP_KIND_GEMM);
+  sig->add_shape(4096);
+  sig->add_shape(4096);
+  sig->add_shape(4096);
+  for (int w = 0; w < 3; ++w) {
+    auto* s = b.add_summaries();
+    s->set_signature_id(5 + rank);
+    s->set_stream_id(7);
+    s->set_window_start_ns(1'000'000'000LL * w);
+    s->set_window_end_ns(1'000'000'000LL * (w + 1));
+    struct Mode {
+      uint64_t count;
+      double p50, p99;
+    };
+    for (Mode m : {Mode{320, 100'000, 104'000}, Mode{32, 400'000, 410'000}}) {
+      auto* c = s->add_clusters();
+      const double p50 = (m.p50 + static_cast<double>(jitter)) * factor;
+      c->set_count(m.count);
+      c->set_p50_ns(static_cast<int64_t>(p50));
+      c->set_p99_ns(static_cast<int64_t>((m.p99 + static_cast<double>(jitter)) * factor));
+      c->set_sum_ns(static_cast<int64_t>(p50 * static_cast<double>(m.count)));
+    }
+  }
+  return b;
+}
+
+JobModel job(int slow_rank, double factor) {
+  JobModel model;
+  for (int r = 0; r < 8; ++r) {
+    model.addBatch(r, summaryBatch(r, r == slow_rank ? factor : 1.0, 100 * (r % 3)));
+  }
+  return model;
+}
+
+TEST(SummaryGpuSlow, UnderclockedRankIsNamedWithItsSlowdown) {
+  const JobModel model = job(3, 1.25);
+  ASSERT_EQ(model.ranks().at(3).summaries.size(), 3u);
+  EXPECT_EQ(model.ranks().at(3).summaries[0].count(), 352u);
+  const auto found = diagnose(model, DiagnoseOptions{});
+  ASSERT_EQ(found.size(), 1u);
+  EXPECT_EQ(found[0].kind, "gpu_slow");
+  EXPECT_EQ(found[0].ranks, std::vector<int>{3});
+  EXPECT_EQ(found[0].team, Team::kOperations);
+  // Mean-weighted slowdown: 1.25× on rank 3, against the median of the healthy ranks.
+  EXPECT_NEAR(found[0].severity, 0.25, 0.01);
+}
+
+TEST(SummaryGpuSlow, HealthyAndFastRanksRaiseNothing) {
+  EXPECT_TRUE(diagnose(job(-1, 1.0), DiagnoseOptions{}).empty());
+  EXPECT_TRUE(diagnose(job(2, 0.8), DiagnoseOptions{}).empty());   // faster is not gpu_slow
+  EXPECT_TRUE(diagnose(job(2, 1.02), DiagnoseOptions{}).empty());  // below gpu_min_effect
+}
+
+TEST(SummaryGpuSlow, SummariesOfUnknownSignaturesAreCountedNotUsed) {
+  JobModel model;
+  flare::v1::RecordBatch b = summaryBatch(0, 1.0, 0);
+  b.clear_signatures();
+  model.addBatch(0, b);
+  EXPECT_TRUE(model.ranks().at(0).summaries.empty());
+  EXPECT_EQ(model.ranks().at(0).unknown_signature_records, 3u);
+}
+
+TEST(SummaryGpuSlow, TrimDropsOldWindows) {
+  JobModel model = job(3, 1.25);
+  model.trim(2'500'000'000LL, 1000);
+  EXPECT_EQ(model.ranks().at(0).summaries.size(), 1u);
+}
+
+}  // namespace
+}  // namespace flare::engine

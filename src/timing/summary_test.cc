@@ -1,0 +1,206 @@
+// MODE_SUMMARY: the Tracer (with the fake GPU) feeding a SpoolSink that summarises compute ops,
+// and the SummaryAggregator's window.
+#include <gtest/gtest.h>
+#include <stdlib.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "src/common/clock.h"
+#include "src/timing/fake_device_timer.h"
+#include "src/timing/spool_sink.h"
+#include "src/timing/summary_aggregator.h"
+#include "src/timing/timing.h"
+
+namespace flare::timing {
+namespace {
+
+namespace fs = std::filesystem;
+
+class SummaryModeTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string pattern = (fs::temp_directory_path() / "flare-summary-XXXXXX").string();
+    ASSERT_NE(mkdtemp(pattern.data()), nullptr);
+    dir_ = pattern;
+  }
+  void TearDown() override {
+    std::error_code ec;
+    fs::remove_all(dir_, ec);
+  }
+  std::string dir_;
+};
+
+Signature makeSig(std::string name, OpKind kind) {
+  Signature sig;
+  sig.name = std::move(name);
+  sig.kind = kind;
+  return sig;
+}
+
+OpInfo info(uint32_t sig, OpKind kind) {
+  OpInfo i;
+  i.signature_id = sig;
+  i.kind = kind;
+  return i;
+}
+
+// Nearest-rank-free check: the median of a sorted vector (odd or even) within `tol`.
+double medianOf(std::vector<int64_t> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? static_cast<double>(v[n / 2]) : 0.5 * static_cast<double>(v[n / 2 - 1] + v[n / 2]);
+}
+
+TEST_F(SummaryModeTest, ComputeOpsAreSummarisedCollectivesStayRaw) {
+  common::FakeClock clock(1'000'000);
+  testing::FakeDeviceTimer timer(&clock);
+  void* const compute = reinterpret_cast<void*>(0x10);
+  void* const comm = reinterpret_cast<void*>(0x20);
+  std::string path;
+  // Truth, computed here from the durations the fake GPU is told.
+  std::vector<int64_t> fast, slow, small;
+  {
+    SpoolSinkOptions options;
+    options.summary = true;
+    options.summary_window_ns = int64_t{1} << 50;  // one window: cut by the drain's flush
+    options.clock_map = [] { return common::ClockMap(0, 1'700'000'000'000'000'000); };
+    SpoolSink sink(dir_, "job", 0, 1, options);
+    path = sink.path();
+    Tracer tracer(&timer, &clock, &sink, TracerOptions{});
+    const uint32_t gemm = tracer.intern(makeSig("cublasGemmEx", OpKind::kGemm));
+    const uint32_t ew = tracer.intern(makeSig("elementwise", OpKind::kKernel));
+    const uint32_t ar = tracer.intern(makeSig("ncclAllReduce", OpKind::kCollective));
+    auto launch = [&](void* stream, OpInfo info) {
+      Tracer::Ticket ticket;
+      ASSERT_TRUE(tracer.begin(stream, &ticket));
+      tracer.end(&ticket, info);
+    };
+    for (int i = 0; i < 1000; ++i) launch(compute, info(gemm, OpKind::kGemm));
+    for (int i = 0; i < 100; ++i) launch(compute, info(ew, OpKind::kKernel));
+    for (uint64_t i = 0; i < 20; ++i) {
+      OpInfo coll = info(ar, OpKind::kCollective);
+      coll.bytes = 1 << 20;
+      coll.comm_hash = 77;
+      coll.seq = i;
+      coll.nranks = 8;
+      launch(comm, coll);
+    }
+    int64_t t = 10'000'000;
+    // GEMMs: 900 near 10 µs, 100 near 100 µs (two modes); elementwise: ~2 µs.
+    for (int i = 0; i < 1000; ++i) {
+      const int64_t d = i % 10 == 9 ? 100'000 + (i % 7) * 500 : 10'000 + (i % 13) * 40;
+      (i % 10 == 9 ? slow : fast).push_back(d);
+      ASSERT_TRUE(timer.completeOp(compute, t, t + d));
+      t += d + 1'000;
+    }
+    for (int i = 0; i < 100; ++i) {
+      const int64_t d = 2'000 + (i % 5) * 10;
+      small.push_back(d);
+      ASSERT_TRUE(timer.completeOp(compute, t, t + d));
+      t += d + 1'000;
+    }
+    for (int i = 0; i < 20; ++i) {
+      ASSERT_TRUE(timer.completeOp(comm, t, t + 50'000));
+      t += 60'000;
+    }
+    ASSERT_TRUE(tracer.drain(10'000'000'000));
+  }
+  std::vector<flare::v1::RecordBatch> batches;
+  std::string error;
+  ASSERT_TRUE(readSpoolFile(path, &batches, &error)) << error;
+  std::map<std::string, uint32_t> ids;
+  std::map<uint32_t, std::vector<flare::v1::KernelSummary>> summaries;
+  std::vector<flare::v1::KernelRecord> raw;
+  for (const auto& b : batches) {
+    for (const auto& s : b.signatures()) ids[s.name()] = s.id();
+    for (const auto& s : b.summaries()) summaries[s.signature_id()].push_back(s);
+    for (const auto& k : b.kernels()) raw.push_back(k);
+  }
+  // Collectives: one raw record each, with their identity.
+  ASSERT_EQ(raw.size(), 20u);
+  for (size_t i = 0; i < raw.size(); ++i) {
+    EXPECT_EQ(raw[i].signature_id(), ids["ncclAllReduce"]);
+    EXPECT_EQ(raw[i].collective().seq(), i);
+    EXPECT_EQ(raw[i].collective().comm_hash(), 77u);
+  }
+  EXPECT_EQ(summaries.count(ids["ncclAllReduce"]), 0u);
+  // GEMM: one summary, two clusters whose counts and sums are the two modes'.
+  ASSERT_EQ(summaries[ids["cublasGemmEx"]].size(), 1u);
+  const auto& g = summaries[ids["cublasGemmEx"]][0];
+  EXPECT_EQ(g.stream_id(), 0x10u);
+  ASSERT_EQ(g.clusters_size(), 2);
+  int64_t fast_sum = 0, slow_sum = 0;
+  for (int64_t d : fast) fast_sum += d;
+  for (int64_t d : slow) slow_sum += d;
+  EXPECT_EQ(g.clusters(0).count(), fast.size());
+  EXPECT_EQ(g.clusters(0).sum_ns(), fast_sum);
+  EXPECT_EQ(g.clusters(1).count(), slow.size());
+  EXPECT_EQ(g.clusters(1).sum_ns(), slow_sum);
+  EXPECT_NEAR(static_cast<double>(g.clusters(0).p50_ns()), medianOf(fast), 1.0);
+  EXPECT_NEAR(static_cast<double>(g.clusters(1).p50_ns()), medianOf(slow), 1.0);
+  EXPECT_GE(g.clusters(1).p99_ns(), g.clusters(1).p50_ns());
+  EXPECT_LE(g.clusters(1).p99_ns(), *std::max_element(slow.begin(), slow.end()));
+  EXPECT_LT(g.window_start_ns(), g.window_end_ns());
+  // Elementwise: one cluster with all 100.
+  ASSERT_EQ(summaries[ids["elementwise"]].size(), 1u);
+  const auto& e = summaries[ids["elementwise"]][0];
+  ASSERT_EQ(e.clusters_size(), 1);
+  int64_t small_sum = 0;
+  for (int64_t d : small) small_sum += d;
+  EXPECT_EQ(e.clusters(0).count(), 100u);
+  EXPECT_EQ(e.clusters(0).sum_ns(), small_sum);
+}
+
+CompletedOp opAt(uint32_t sig, int64_t start, int64_t dur, uint64_t stream = 1) {
+  CompletedOp op;
+  op.info.signature_id = sig;
+  op.info.kind = OpKind::kKernel;
+  op.stream_id = stream;
+  op.start_ns = start;
+  op.end_ns = start + dur;
+  return op;
+}
+
+TEST(SummaryAggregatorTest, WindowIsDueAfterWindowNsAndTakeResets) {
+  SummaryAggregator agg(1'000'000);
+  EXPECT_TRUE(agg.empty());
+  EXPECT_TRUE(agg.take().empty());
+  agg.add(opAt(1, 0, 100));
+  agg.add(opAt(1, 500'000, 100, 2));  // another stream: another summary
+  EXPECT_FALSE(agg.due());
+  agg.add(opAt(2, 999'000, 1'000));
+  EXPECT_TRUE(agg.due());
+  auto out = agg.take();
+  ASSERT_EQ(out.size(), 3u);
+  EXPECT_EQ(out[0].signature_id, 1u);
+  EXPECT_EQ(out[0].stream_id, 1u);
+  EXPECT_EQ(out[1].stream_id, 2u);
+  EXPECT_EQ(out[2].signature_id, 2u);
+  EXPECT_EQ(out[2].window_end_ns, 1'000'000);
+  EXPECT_TRUE(agg.empty());
+  EXPECT_FALSE(agg.due());
+  // Keys idle in a window are not reported (and forgotten).
+  agg.add(opAt(2, 2'000'000, 300));
+  out = agg.take();
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].signature_id, 2u);
+  ASSERT_EQ(out[0].clusters.size(), 1u);
+  EXPECT_EQ(out[0].clusters[0].count, 1u);
+  EXPECT_EQ(out[0].clusters[0].sum_ns, 300);
+}
+
+TEST(SummaryAggregatorTest, WhatIsSummarised) {
+  EXPECT_TRUE(SummaryAggregator::shouldSummarize(OpKind::kGemm));
+  EXPECT_TRUE(SummaryAggregator::shouldSummarize(OpKind::kKernel));
+  EXPECT_TRUE(SummaryAggregator::shouldSummarize(OpKind::kMemcpy));
+  EXPECT_FALSE(SummaryAggregator::shouldSummarize(OpKind::kCollective));
+  EXPECT_FALSE(SummaryAggregator::shouldSummarize(OpKind::kP2P));
+  EXPECT_FALSE(SummaryAggregator::shouldSummarize(OpKind::kSync));
+}
+
+}  // namespace
+}  // namespace flare::timing
