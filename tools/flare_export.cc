@@ -147,10 +147,11 @@ int main(int argc, char** argv) {
             "{\"job\":%s,\"rank\":%d,\"kind\":\"summary\",\"op_kind\":\"%s\",\"name\":%s,"
             "\"dtype\":\"%s\",\"shape\":%s,\"stream\":%llu,\"device\":%d,"
             "\"window_start_ns\":%lld,\"window_end_ns\":%lld,\"clusters\":[",
-            jsonString(job).c_str(), b.rank(),
+            flare::common::jsonQuote(job).c_str(), b.rank(),
             label(flare::v1::OpKind_Name(s.kind()), "OP_KIND_").c_str(),
-            jsonString(s.name()).c_str(), label(flare::v1::DType_Name(s.dtype()), "DTYPE_").c_str(),
-            shape.c_str(), static_cast<unsigned long long>(ks.stream_id()), ks.device(),
+            flare::common::jsonQuote(s.name()).c_str(),
+            label(flare::v1::DType_Name(s.dtype()), "DTYPE_").c_str(), shape.c_str(),
+            static_cast<unsigned long long>(ks.stream_id()), ks.device(),
             static_cast<long long>(ks.window_start_ns()),
             static_cast<long long>(ks.window_end_ns()));
         for (int i = 0; i < ks.clusters_size(); ++i) {

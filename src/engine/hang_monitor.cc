@@ -6,38 +6,10 @@
 #include <utility>
 
 #include "src/common/log.h"
+#include "src/common/text.h"
 
 namespace flare::engine {
 namespace {
-
-std::string jsonString(const std::string& s) {
-  std::string out = "\"";
-  for (char c : s) {
-    switch (c) {
-      case '"':
-        out += "\\\"";
-        break;
-      case '\\':
-        out += "\\\\";
-        break;
-      case '\n':
-        out += "\\n";
-        break;
-      case '\t':
-        out += "\\t";
-        break;
-      default:
-        if (static_cast<unsigned char>(c) < 0x20) {
-          char buf[8];
-          std::snprintf(buf, sizeof(buf), "\\u%04x", c);
-          out += buf;
-        } else {
-          out += c;
-        }
-    }
-  }
-  return out + "\"";
-}
 
 std::string jsonInts(const std::vector<int>& v) {
   std::string out = "[";
@@ -282,25 +254,26 @@ std::vector<HangIncident> HangMonitor::incidents(const std::string& job_id) cons
 
 std::string incidentToJson(const HangIncident& inc) {
   const hang::Diagnosis& d = inc.diagnosis;
-  std::string o = "{\"id\":" + std::to_string(inc.id) + ",\"jobId\":" + jsonString(inc.job_id) +
-                  ",\"kind\":" + jsonString(std::string(hang::hangKindName(d.kind))) +
-                  ",\"trigger\":" + jsonString(inc.trigger) +
-                  ",\"onsetUnixNs\":" + std::to_string(inc.onset_ns) +
-                  ",\"lastProgressUnixNs\":" + std::to_string(inc.last_progress_ns) +
-                  ",\"openedUnixNs\":" + std::to_string(inc.opened_ns) +
-                  ",\"diagnosedUnixNs\":" + std::to_string(inc.diagnosed_ns) +
-                  ",\"answered\":" + jsonInts(inc.answered) +
-                  ",\"noAnswer\":" + jsonInts(inc.no_answer) +
-                  ",\"crashed\":" + jsonInts(inc.crashed) +
-                  ",\"inspected\":" + (inc.inspected ? "true" : "false") +
-                  ",\"needsInspection\":" + (d.needs_inspection ? "true" : "false") +
-                  ",\"alertId\":" + std::to_string(inc.alert_id) + ",\"suspects\":[";
+  std::string o =
+      "{\"id\":" + std::to_string(inc.id) + ",\"jobId\":" + common::jsonQuote(inc.job_id) +
+      ",\"kind\":" + common::jsonQuote(std::string(hang::hangKindName(d.kind))) +
+      ",\"trigger\":" + common::jsonQuote(inc.trigger) +
+      ",\"onsetUnixNs\":" + std::to_string(inc.onset_ns) +
+      ",\"lastProgressUnixNs\":" + std::to_string(inc.last_progress_ns) +
+      ",\"openedUnixNs\":" + std::to_string(inc.opened_ns) +
+      ",\"diagnosedUnixNs\":" + std::to_string(inc.diagnosed_ns) +
+      ",\"answered\":" + jsonInts(inc.answered) + ",\"noAnswer\":" + jsonInts(inc.no_answer) +
+      ",\"crashed\":" + jsonInts(inc.crashed) +
+      ",\"inspected\":" + (inc.inspected ? "true" : "false") +
+      ",\"needsInspection\":" + (d.needs_inspection ? "true" : "false") +
+      ",\"alertId\":" + std::to_string(inc.alert_id) + ",\"suspects\":[";
   for (size_t i = 0; i < d.suspects.size(); ++i) {
     const hang::Suspect& s = d.suspects[i];
     o += std::string(i ? "," : "") + "{\"rank\":" + std::to_string(s.rank) +
-         ",\"host\":" + jsonString(s.host) + ",\"gpuUuid\":" + jsonString(s.gpu_uuid) +
-         ",\"gpuIndex\":" + std::to_string(s.gpu_index) + ",\"reason\":" + jsonString(s.reason) +
-         "}";
+         ",\"host\":" + common::jsonQuote(s.host) +
+         ",\"gpuUuid\":" + common::jsonQuote(s.gpu_uuid) +
+         ",\"gpuIndex\":" + std::to_string(s.gpu_index) +
+         ",\"reason\":" + common::jsonQuote(s.reason) + "}";
   }
   o += "]";
   if (d.link) {
@@ -311,14 +284,14 @@ std::string incidentToJson(const HangIncident& inc) {
   }
   o += ",\"evidence\":[";
   for (size_t i = 0; i < d.evidence.size(); ++i) {
-    o += std::string(i ? "," : "") + jsonString(d.evidence[i]);
+    o += std::string(i ? "," : "") + common::jsonQuote(d.evidence[i]);
   }
-  o += "],\"text\":" + jsonString(inc.text) + "}";
+  o += "],\"text\":" + common::jsonQuote(inc.text) + "}";
   return o;
 }
 
 std::string HangMonitor::incidentsJson(const std::string& job_id) const {
-  std::string o = "{\"jobId\":" + jsonString(job_id) + ",\"incidents\":[";
+  std::string o = "{\"jobId\":" + common::jsonQuote(job_id) + ",\"incidents\":[";
   const auto list = incidents(job_id);
   for (size_t i = 0; i < list.size(); ++i) o += (i ? "," : "") + incidentToJson(list[i]);
   return o + "]}";
