@@ -218,15 +218,7 @@ void detectSlowGpu(const JobModel& job, const DiagnoseOptions& opt,
                 fmtNum(flops / s.top_reference / 1e3, "TFLOPS") + ")";
     }
     d.evidence.push_back(e);
-    auto a = arrivals.find(rank);
-    if (a != arrivals.end() && a->second.instances > 0) {
-      const double share = static_cast<double>(a->second.last) / a->second.instances;
-      d.evidence.push_back({"collective_arrival",
-                            "arrives last at " + fmtPct(share) + " of its collectives (" +
-                                std::to_string(a->second.last) + " of " +
-                                std::to_string(a->second.instances) + ")",
-                            share, 0});
-    }
+    if (auto arrival = arrivalEvidence(arrivals, rank)) d.evidence.push_back(*arrival);
     d.summary = "rank " + std::to_string(rank) + ": GPU slow — its GEMM/attention kernels run " +
                 fmtPct(slowdown) + " slower than the same kernels on the other ranks; the " +
                 "other ranks only wait for it";
@@ -525,12 +517,7 @@ void detectIssueStall(const JobModel& job, const DiagnoseOptions& opt,
                               "latency below the other ranks' 5th percentile, " +
                               fmtMs(low) + ")",
                           static_cast<double>(starved.size()), 0});
-    auto a = arrivals.find(rank);
-    if (a != arrivals.end() && a->second.instances > 0) {
-      const double share = static_cast<double>(a->second.last) / a->second.instances;
-      d.evidence.push_back({"collective_arrival",
-                            "arrives last at " + fmtPct(share) + " of its collectives", share, 0});
-    }
+    if (auto arrival = arrivalEvidence(arrivals, rank)) d.evidence.push_back(*arrival);
     // A cause is named when it precedes this rank's starved kernels clearly more often than
     // it precedes the other ranks' low-latency kernels (a per-step loss.item() drains every
     // rank's GPU alike and is not this rank's problem).
@@ -909,6 +896,17 @@ double busBandwidthFactor(flare::v1::CollectiveKind kind, int n) {
       break;
   }
   return n <= 1 ? 1.0 : stats::busBandwidthFactor(c, n);
+}
+
+std::optional<Evidence> arrivalEvidence(const std::map<int, ArrivalStats>& arrivals, int rank) {
+  auto a = arrivals.find(rank);
+  if (a == arrivals.end() || a->second.instances == 0) return std::nullopt;
+  const double share = static_cast<double>(a->second.last) / a->second.instances;
+  return Evidence{"collective_arrival",
+                  "arrives last at " + fmtPct(share) + " of its collectives (" +
+                      std::to_string(a->second.last) + " of " +
+                      std::to_string(a->second.instances) + ")",
+                  share, 0};
 }
 
 std::map<int, ArrivalStats> collectiveArrivals(const JobModel& job) {

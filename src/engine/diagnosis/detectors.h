@@ -18,6 +18,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -69,6 +70,8 @@ struct ArrivalStats {
   double mean_wait_ns = 0;  // mean (this rank's duration) over its instances
 };
 std::map<int, ArrivalStats> collectiveArrivals(const JobModel& job);
+// "arrives last at X% of its collectives (n of m)" for `rank`; nullopt when it took part in none.
+std::optional<Evidence> arrivalEvidence(const std::map<int, ArrivalStats>& arrivals, int rank);
 
 // nccl-tests bus-bandwidth factor of a wire collective kind over n ranks (src/engine/stats).
 double busBandwidthFactor(flare::v1::CollectiveKind kind, int n);

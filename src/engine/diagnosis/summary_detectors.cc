@@ -134,15 +134,7 @@ void detectSlowGpuFromSummaries(const JobModel& job, const DiagnoseOptions& opt,
                           "mean W1 to the other ranks' summaries " + fmtUs(s.top_score) +
                               " above the Tukey fence " + fmtUs(s.top_fence),
                           s.top_score, s.top_fence});
-    auto a = arrivals.find(rank);
-    if (a != arrivals.end() && a->second.instances > 0) {
-      const double share = static_cast<double>(a->second.last) / a->second.instances;
-      d.evidence.push_back({"collective_arrival",
-                            "arrives last at " + fmtPct(share) + " of its collectives (" +
-                                std::to_string(a->second.last) + " of " +
-                                std::to_string(a->second.instances) + ")",
-                            share, 0});
-    }
+    if (auto arrival = arrivalEvidence(arrivals, rank)) d.evidence.push_back(*arrival);
     d.summary = "rank " + std::to_string(rank) + ": GPU slow — its GEMM/attention kernels run " +
                 fmtPct(slowdown) + " slower than the same kernels on the other ranks (kernel " +
                 "summaries); the other ranks only wait for it";
