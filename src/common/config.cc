@@ -85,7 +85,8 @@ constexpr ParamInfo kParams[] = {
      "empty_cache, torch.save, Megatron forward_step/backward_step); see src/pyprof/README.md."},
     // --- sim (the simulated CUDA/cuBLAS/NCCL stack, src/sim) ---
     {"FLARE_SIM_CLOCK_FACTOR", "rank-list", "", "sim",
-     "RANK:FACTOR entries: that rank's simulated GPU runs at FACTOR of nominal speed."},
+     "RANK:FACTOR[:FROM_STEP] entries: that rank's simulated GPU runs at FACTOR of nominal speed "
+     "(from step FROM_STEP on: a fail-slow in the middle of the run)."},
     {"FLARE_SIM_LINK_FACTOR", "rank-list", "", "sim",
      "RANK:FACTOR entries: that rank's links run at FACTOR of nominal bandwidth."},
     {"FLARE_SIM_HOST_STALL", "rank-list", "", "sim",

@@ -31,12 +31,23 @@ int rankFromEnv() {
   return 0;
 }
 
-double factorFor(const char* var, int rank) {
+// RANK:FACTOR[:FROM_STEP] (FROM_STEP only where `from_step` is given: the fault starts at that
+// step, a fail-slow in the middle of a run).
+double factorFor(const char* var, int rank, int64_t* from_step = nullptr) {
   auto raw = common::getEnv(var);
   if (!raw) return 1.0;
-  auto list = common::parseRankList(var, *raw, 1, 1);
+  auto list = common::parseRankList(var, *raw, 1, from_step ? 2 : 1);
   const auto* e = common::entryForRank(list, rank);
   if (!e) return 1.0;
+  if (from_step && e->fields.size() > 1) {
+    auto step = common::parseInt(e->fields[1]);
+    if (!step || *step < 0) {
+      common::configWarning(std::string("flare: ") + var + " entry step '" + e->fields[1] +
+                            "' is not a non-negative integer; the fault starts at step 0");
+    } else {
+      *from_step = *step;
+    }
+  }
   auto f = common::parseDouble(e->fields[0]);
   if (!f || !(*f > 0.0) || *f > 100.0) {
     common::configWarning(std::string("flare: ") + var + " entry factor '" + e->fields[0] +
@@ -56,7 +67,7 @@ Settings loadSettings() {
   s.busbw_gbps = common::envDouble("FLARE_SIM_BUSBW_GBPS", 100, 0.001, 1e6);
   s.launch_latency_us = common::envDouble("FLARE_SIM_LAUNCH_LATENCY_US", 4, 0, 1e6);
   s.time_scale = common::envDouble("FLARE_SIM_TIME_SCALE", 1.0, 1e-6, 1e6);
-  s.clock_factor = factorFor("FLARE_SIM_CLOCK_FACTOR", s.rank);
+  s.clock_factor = factorFor("FLARE_SIM_CLOCK_FACTOR", s.rank, &s.clock_from_step);
   s.link_factor = factorFor("FLARE_SIM_LINK_FACTOR", s.rank);
   if (auto raw = common::getEnv("FLARE_SIM_HANG")) {
     auto list = common::parseRankList("FLARE_SIM_HANG", *raw, 2, 2);
@@ -420,8 +431,9 @@ Ns kernelDuration(CUfunc_st* f, uint64_t threads, void** params) {
       seconds = 2e-6 + static_cast<double>(threads) * 8.0 / (cfg.mem_bw_gbps * 1e9);
       break;
   }
-  // An underclocked GPU (FLARE_SIM_CLOCK_FACTOR) runs every kernel slower.
-  return scaled(seconds / cfg.clock_factor);
+  // An underclocked GPU (FLARE_SIM_CLOCK_FACTOR) runs every kernel slower, from its onset step.
+  const bool slow = g_step.load(std::memory_order_relaxed) >= cfg.clock_from_step;
+  return scaled(seconds / (slow ? cfg.clock_factor : 1.0));
 }
 
 CUresult launchKernel(CUfunc_st* f, uint64_t threads, CUstream stream, void** params) {

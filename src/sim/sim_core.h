@@ -46,6 +46,7 @@ struct Settings {
   double launch_latency_us = 4;
   double time_scale = 1.0;
   double clock_factor = 1.0;  // this rank
+  int64_t clock_from_step = 0;  // the step the clock factor starts at (FLARE_SIM_CLOCK_FACTOR)
   double link_factor = 1.0;   // this rank
   int64_t hang_collective_step = -1;
   int64_t hang_compute_step = -1;

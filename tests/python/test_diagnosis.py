@@ -132,3 +132,19 @@ def test_slow_dataloader_raises_v_inter(build_dir, tmp_path):
     d = found[0]
     assert d["ranks"] == [0, 1, 2, 3] and d["team"] == "algorithm"
     assert d["evidence"][0]["value"] > 0.3
+
+
+def test_fail_slow_in_the_middle_of_the_run_is_found_from_its_onset(build_dir, tmp_path):
+    # Rank 3's GPU slows down at step 14 of 20: over the whole run its kernels' median barely
+    # moves; the step-time change point tells the detectors to look at the steps since.
+    run_job(build_dir, tmp_path / "healthy", "healthy", steps=20, layers=3)
+    assert diagnose(build_dir, tmp_path / "healthy") == []
+    run_job(build_dir, tmp_path / "onset", "onset", {"FLARE_SIM_CLOCK_FACTOR": "3:0.8:14"},
+            steps=20, layers=3)
+    found = diagnose(build_dir, tmp_path / "onset")
+    assert [d["kind"] for d in found] == ["gpu_slow"], found
+    d = found[0]
+    assert d["ranks"] == [3] and d["team"] == "operations"
+    change = d["evidence"][0]
+    assert change["metric"] == "step_time_change" and "at step 14" in change["text"]
+    assert change["value"] > change["reference"] * 1.05

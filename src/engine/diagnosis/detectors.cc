@@ -11,6 +11,7 @@
 
 #include "src/common/text.h"
 #include "src/engine/diagnosis/summary_detectors.h"
+#include "src/engine/stats/changepoint.h"
 #include "src/engine/stats/outliers.h"
 #include "src/engine/stats/perf_model.h"
 #include "src/engine/stats/quantile.h"
@@ -936,10 +937,47 @@ std::map<int, ArrivalStats> collectiveArrivals(const JobModel& job) {
   return out;
 }
 
-std::vector<Diagnosis> diagnose(const JobModel& job, const DiagnoseOptions& options,
+std::optional<FailSlow> findFailSlow(const JobModel& job, const DiagnoseOptions& options) {
+  // The job's step time per step: the median over ranks of each rank's step (a synchronous job
+  // steps together; the median ignores one rank's missing marker).
+  size_t steps = SIZE_MAX;
+  std::map<int, std::vector<int64_t>> starts;
+  for (const auto& [rank, r] : job.ranks()) {
+    starts[rank] = job.stepStarts(rank);
+    if (starts[rank].size() >= 2) steps = std::min(steps, starts[rank].size() - 1);
+  }
+  if (steps == SIZE_MAX || steps < 2 * options.fail_slow_min_steps + 1) return std::nullopt;
+  std::vector<double> series;
+  for (size_t i = 1; i < steps; ++i) {  // step 0 is warm-up
+    std::vector<double> per_rank;
+    for (const auto& [rank, s] : starts) {
+      if (s.size() > i + 1) per_rank.push_back(static_cast<double>(s[i + 1] - s[i]));
+    }
+    series.push_back(median(per_rank));
+  }
+  stats::SegmentationOptions seg;
+  seg.minSegment = options.fail_slow_min_steps;
+  const auto changes = stats::detectMeanShifts(series, seg);
+  // The last significant slow-down: what the job is living with now.
+  for (auto it = changes.rbegin(); it != changes.rend(); ++it) {
+    if (it->relative >= options.fail_slow_min_relative) {
+      return FailSlow{it->index + 1, it->before, it->after};
+    }
+  }
+  return std::nullopt;
+}
+
+std::vector<Diagnosis> diagnose(const JobModel& whole, const DiagnoseOptions& options,
                                 const JobModel* baseline) {
   std::vector<Diagnosis> out;
+  // Fail-slow: when the job's step time rose at some step, the culprit detectors look at the
+  // steps since, where the cause lives (before it, every rank was healthy and would dilute it).
+  const std::optional<FailSlow> fail_slow = findFailSlow(whole, options);
+  std::optional<JobModel> recent;
+  if (fail_slow) recent = whole.sinceStep(fail_slow->step);
+  const JobModel& job = recent ? *recent : whole;
   const auto arrivals = collectiveArrivals(job);
+  const size_t first_culprit = out.size();
   detectSlowGpu(job, options, arrivals, &out);
   detectSlowGpuFromSummaries(job, options, arrivals, &out);
   detectSlowLink(job, options, &out);
@@ -947,6 +985,19 @@ std::vector<Diagnosis> diagnose(const JobModel& job, const DiagnoseOptions& opti
   // cannot be measured from ops; those detectors need raw records (summary_detectors.h).
   const bool raw = !hasSummaries(job);
   if (raw) detectIssueStall(job, options, arrivals, &out);
+  if (fail_slow) {
+    char text[160];
+    std::snprintf(text, sizeof(text),
+                  "fail-slow: the job's step time rose from %.3f ms to %.3f ms (+%.1f%%) at step "
+                  "%zu (change point); the steps since were analysed",
+                  fail_slow->before_ns / 1e6, fail_slow->after_ns / 1e6,
+                  (fail_slow->after_ns / fail_slow->before_ns - 1) * 100, fail_slow->step);
+    for (size_t i = first_culprit; i < out.size(); ++i) {
+      out[i].evidence.insert(
+          out[i].evidence.begin(),
+          Evidence{"step_time_change", text, fail_slow->after_ns, fail_slow->before_ns});
+    }
+  }
   if (baseline != nullptr && raw) detectRegression(job, *baseline, options, &out);
   if (raw) detectVoid(job, options, &out);
   detectUnoptimized(job, options, &out);

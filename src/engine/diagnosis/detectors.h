@@ -61,6 +61,10 @@ struct DiagnoseOptions {
   // Issue-latency regression against a baseline: alarm above max(floor, the largest W1 between
   // a baseline rank and the baseline's other ranks).
   double regression_w1_floor_ns = 20'000;
+  // Fail-slow entry: a step-time change point of at least this relative size, with at least
+  // this many steps on each side.
+  double fail_slow_min_relative = 0.05;
+  size_t fail_slow_min_steps = 3;
 };
 
 // Per-rank arrival statistics at collectives (complete instances only).
@@ -75,6 +79,15 @@ std::optional<Evidence> arrivalEvidence(const std::map<int, ArrivalStats>& arriv
 
 // nccl-tests bus-bandwidth factor of a wire collective kind over n ranks (src/engine/stats).
 double busBandwidthFactor(flare::v1::CollectiveKind kind, int n);
+
+// A throughput fail-slow: the job's step time (median over ranks) rose by at least
+// `fail_slow_min_relative` at step `step` (a mean-shift change point, flare_stats).
+struct FailSlow {
+  size_t step = 0;
+  double before_ns = 0;
+  double after_ns = 0;
+};
+std::optional<FailSlow> findFailSlow(const JobModel& job, const DiagnoseOptions& options);
 
 std::vector<Diagnosis> diagnose(const JobModel& job, const DiagnoseOptions& options,
                                 const JobModel* baseline = nullptr);

@@ -146,6 +146,37 @@ void JobModel::trim(int64_t before_ns, size_t max_ops_per_rank) {
   }
 }
 
+JobModel JobModel::sinceStep(size_t step) const {
+  JobModel out;
+  out.signatures_ = signatures_;
+  out.signature_index_ = signature_index_;
+  out.apis_ = apis_;
+  out.api_index_ = api_index_;
+  for (const auto& [rank, r] : ranks_) {
+    const auto starts = stepStarts(rank);
+    RankData& o = out.ranks_[rank];
+    o.rank = rank;
+    o.host = r.host;
+    o.device_name = r.device_name;
+    o.drops = r.drops;
+    if (starts.size() <= step) continue;
+    const int64_t t0 = starts[step];
+    for (const Op& op : r.ops) {
+      if (op.issue >= t0) o.ops.push_back(op);
+    }
+    for (const Span& s : r.spans) {
+      if (s.start >= t0) o.spans.push_back(s);
+    }
+    for (const SummaryWindow& w : r.summaries) {
+      if (w.start >= t0) o.summaries.push_back(w);
+    }
+    for (int64_t t : r.step_starts) {
+      if (t >= t0) o.step_starts.push_back(t);
+    }
+  }
+  return out;
+}
+
 size_t JobModel::opCount() const {
   size_t n = 0;
   for (const auto& [rank, r] : ranks_) n += r.ops.size();

@@ -83,6 +83,9 @@ class JobModel {
   // rank beyond `max_ops_per_rank` (the daemon keeps a sliding window per job).
   void trim(int64_t before_ns, size_t max_ops_per_rank);
   size_t opCount() const;
+  // A copy holding only what each rank recorded from its step `step` on (ranks with fewer steps
+  // keep nothing): the detectors' view after a fail-slow's onset.
+  JobModel sinceStep(size_t step) const;
 
   const std::map<int, RankData>& ranks() const { return ranks_; }
   const std::vector<flare::v1::Signature>& signatures() const { return signatures_; }
