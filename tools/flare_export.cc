@@ -29,11 +29,18 @@ namespace fs = std::filesystem;
 namespace {
 
 // "OP_KIND_GEMM" -> "gemm": an enum value's name without its prefix, in lower case.
-std::string label(const std::string& enum_name, const char* prefix) {
-  std::string v =
-      enum_name.rfind(prefix, 0) == 0 ? enum_name.substr(std::strlen(prefix)) : enum_name;
-  for (auto& ch : v) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
-  return v;
+// The signature a record refers to; an empty one when its table entry never came.
+const flare::v1::Signature& signatureOf(const std::map<uint32_t, flare::v1::Signature>& sigs,
+                                        uint32_t id) {
+  static const flare::v1::Signature kEmpty;
+  const auto it = sigs.find(id);
+  return it == sigs.end() ? kEmpty : it->second;
+}
+
+std::string shapeJson(const flare::v1::Signature& s) {
+  std::string shape = "[";
+  for (int i = 0; i < s.shape_size(); ++i) shape += (i ? "," : "") + std::to_string(s.shape(i));
+  return shape + "]";
 }
 
 }  // namespace
@@ -100,23 +107,18 @@ int main(int argc, char** argv) {
         std::printf("}\n");
       }
       for (const auto& k : b.kernels()) {
-        const auto it = sigs.find(k.signature_id());
-        const flare::v1::Signature empty;
-        const auto& s = it == sigs.end() ? empty : it->second;
-        std::string shape = "[";
-        for (int i = 0; i < s.shape_size(); ++i)
-          shape += (i ? "," : "") + std::to_string(s.shape(i));
-        shape += "]";
+        const auto& s = signatureOf(sigs, k.signature_id());
+        const std::string shape = shapeJson(s);
         std::printf(
             "{\"job\":%s,\"rank\":%d,\"kind\":\"%s\",\"name\":%s,\"dtype\":\"%s\",\"shape\":%s,"
             "\"layout\":%s,\"stream\":%llu,\"device\":%d,\"thread\":%llu,\"issue_ns\":%lld,"
             "\"start_ns\":%lld,\"end_ns\":%lld,\"duration_ns\":%lld,\"issue_latency_ns\":%lld,"
             "\"flops\":%llu,\"bytes\":%llu",
             flare::common::jsonQuote(job).c_str(), b.rank(),
-            label(flare::v1::OpKind_Name(s.kind()), "OP_KIND_").c_str(),
+            flare::common::enumLabel(flare::v1::OpKind_Name(s.kind()), "OP_KIND_").c_str(),
             flare::common::jsonQuote(s.name()).c_str(),
-            label(flare::v1::DType_Name(s.dtype()), "DTYPE_").c_str(), shape.c_str(),
-            flare::common::jsonQuote(s.layout()).c_str(),
+            flare::common::enumLabel(flare::v1::DType_Name(s.dtype()), "DTYPE_").c_str(),
+            shape.c_str(), flare::common::jsonQuote(s.layout()).c_str(),
             static_cast<unsigned long long>(k.stream_id()), k.device(),
             static_cast<unsigned long long>(k.thread_id()), static_cast<long long>(k.issue_ns()),
             static_cast<long long>(k.start_ns()), static_cast<long long>(k.end_ns()),
@@ -136,22 +138,17 @@ int main(int argc, char** argv) {
         std::printf("}\n");
       }
       for (const auto& ks : b.summaries()) {
-        const auto it = sigs.find(ks.signature_id());
-        const flare::v1::Signature empty;
-        const auto& s = it == sigs.end() ? empty : it->second;
-        std::string shape = "[";
-        for (int i = 0; i < s.shape_size(); ++i)
-          shape += (i ? "," : "") + std::to_string(s.shape(i));
-        shape += "]";
+        const auto& s = signatureOf(sigs, ks.signature_id());
+        const std::string shape = shapeJson(s);
         std::printf(
             "{\"job\":%s,\"rank\":%d,\"kind\":\"summary\",\"op_kind\":\"%s\",\"name\":%s,"
             "\"dtype\":\"%s\",\"shape\":%s,\"stream\":%llu,\"device\":%d,"
             "\"window_start_ns\":%lld,\"window_end_ns\":%lld,\"clusters\":[",
             flare::common::jsonQuote(job).c_str(), b.rank(),
-            label(flare::v1::OpKind_Name(s.kind()), "OP_KIND_").c_str(),
+            flare::common::enumLabel(flare::v1::OpKind_Name(s.kind()), "OP_KIND_").c_str(),
             flare::common::jsonQuote(s.name()).c_str(),
-            label(flare::v1::DType_Name(s.dtype()), "DTYPE_").c_str(), shape.c_str(),
-            static_cast<unsigned long long>(ks.stream_id()), ks.device(),
+            flare::common::enumLabel(flare::v1::DType_Name(s.dtype()), "DTYPE_").c_str(),
+            shape.c_str(), static_cast<unsigned long long>(ks.stream_id()), ks.device(),
             static_cast<long long>(ks.window_start_ns()),
             static_cast<long long>(ks.window_end_ns()));
         for (int i = 0; i < ks.clusters_size(); ++i) {

@@ -19,6 +19,10 @@ extern "C" {
 
 int flare_step(void);
 
+/* The name of the record a marker travels as (a zero-length host span): the one place the
+ * encoder and the readers of the records recognize it by. */
+#define FLARE_STEP_MARKER_NAME "flare_step"
+
 #ifdef __cplusplus
 }
 #endif

@@ -38,6 +38,13 @@ std::string jsonQuote(std::string_view s) {
   return out + "\"";
 }
 
+std::string enumLabel(std::string_view enum_name, std::string_view prefix) {
+  if (enum_name.substr(0, prefix.size()) == prefix) enum_name.remove_prefix(prefix.size());
+  std::string out(enum_name);
+  for (char& c : out) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return out;
+}
+
 std::string safePathComponent(std::string_view text) {
   std::string out;
   out.reserve(text.size());

@@ -11,6 +11,10 @@ namespace flare::common {
 // 0x80 and above pass through, so UTF-8 stays UTF-8).
 std::string jsonQuote(std::string_view s);
 
+// A protobuf enum value's name without its prefix, in lower case: ("OP_KIND_GEMM", "OP_KIND_")
+// -> "gemm". A name without the prefix is only lower-cased.
+std::string enumLabel(std::string_view enum_name, std::string_view prefix);
+
 // `text` made safe as one path component: anything but [A-Za-z0-9._-] becomes '_'; "", "." and
 // ".." become "_".
 std::string safePathComponent(std::string_view text);

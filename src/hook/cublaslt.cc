@@ -108,6 +108,15 @@ struct ShadowTable {
 };
 constinit thread_local ShadowTable t_shadows;
 
+// A layout the calling thread just created or initialized.
+void shadowLayout(const void* handle, cudaDataType type, uint64_t rows, uint64_t cols, int64_t ld) {
+  Shadow* s = t_shadows.insert(handle);
+  s->type = type;
+  s->rows = rows;
+  s->cols = cols;
+  s->ld = ld;
+}
+
 template <typename T>
 bool readValue(const void* buf, size_t size, T* out) {
   if (buf == nullptr || size != sizeof(T)) return false;
@@ -226,15 +235,7 @@ FLARE_EXPORT cublasStatus_t cublasLtMatrixLayoutCreate(cublasLtMatrixLayout_t* l
   auto real = g_fns.layoutCreate.get();
   if (!real) return CUBLAS_STATUS_NOT_INITIALIZED;
   const cublasStatus_t status = real(l, type, rows, cols, ld);
-  if (status == CUBLAS_STATUS_SUCCESS && l != nullptr) {
-    Shadow* s = t_shadows.insert(*l);
-    *s = Shadow{.handle = *l,
-                .generation = s->generation,
-                .type = type,
-                .rows = rows,
-                .cols = cols,
-                .ld = ld};
-  }
+  if (status == CUBLAS_STATUS_SUCCESS && l != nullptr) shadowLayout(*l, type, rows, cols, ld);
   return status;
 }
 
@@ -244,15 +245,7 @@ FLARE_EXPORT cublasStatus_t cublasLtMatrixLayoutInit_internal(cublasLtMatrixLayo
   auto real = g_fns.layoutInit.get();
   if (!real) return CUBLAS_STATUS_NOT_INITIALIZED;
   const cublasStatus_t status = real(l, size, type, rows, cols, ld);
-  if (status == CUBLAS_STATUS_SUCCESS) {
-    Shadow* s = t_shadows.insert(l);
-    *s = Shadow{.handle = l,
-                .generation = s->generation,
-                .type = type,
-                .rows = rows,
-                .cols = cols,
-                .ld = ld};
-  }
+  if (status == CUBLAS_STATUS_SUCCESS) shadowLayout(l, type, rows, cols, ld);
   return status;
 }
 

@@ -8,7 +8,7 @@
 namespace flare::hook {
 namespace {
 
-constexpr char kStepName[] = "flare_step";
+constexpr char kStepName[] = FLARE_STEP_MARKER_NAME;
 
 }  // namespace
 }  // namespace flare::hook

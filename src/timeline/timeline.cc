@@ -23,13 +23,6 @@ using CollKey = std::pair<uint64_t, uint64_t>;  // (communicator, sequence numbe
 
 constexpr int64_t kLaunchSliceNs = 1'000;  // nominal width of a launch slice (see header)
 
-std::string lowerLabel(const std::string& enum_name, const char* prefix) {
-  std::string v =
-      enum_name.rfind(prefix, 0) == 0 ? enum_name.substr(std::strlen(prefix)) : enum_name;
-  for (auto& ch : v) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
-  return v;
-}
-
 bool isCollective(const flare::v1::Signature& sig) {
   return sig.kind() == flare::v1::OP_KIND_COLLECTIVE;
 }
@@ -319,7 +312,7 @@ void RankWriter::writeGpu(const RankData& data) {
       std::string args = "\"device\":" + std::to_string(k.device()) +
                          ",\"stream\":" + std::to_string(track.second) +
                          ",\"correlation\":" + std::to_string(correlation) + ",\"kind\":\"" +
-                         lowerLabel(OpKind_Name(sig.kind()), "OP_KIND_") + "\"" +
+                         common::enumLabel(OpKind_Name(sig.kind()), "OP_KIND_") + "\"" +
                          ",\"issue latency us\":" + durUs(k.issue_latency_ns());
       if (sig.shape_size() > 0) {
         args += ",\"shape\":[";
@@ -328,7 +321,7 @@ void RankWriter::writeGpu(const RankData& data) {
         args += "]";
       }
       if (sig.dtype() != flare::v1::DTYPE_UNSPECIFIED)
-        args += ",\"dtype\":\"" + lowerLabel(DType_Name(sig.dtype()), "DTYPE_") + "\"";
+        args += ",\"dtype\":\"" + common::enumLabel(DType_Name(sig.dtype()), "DTYPE_") + "\"";
       if (!sig.layout().empty()) args += ",\"layout\":" + common::jsonQuote(sig.layout());
       const uint64_t flops = k.flops() ? k.flops() : sig.flops_per_call();
       if (flops > 0) {

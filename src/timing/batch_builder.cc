@@ -4,6 +4,7 @@
 #include <string_view>
 #include <utility>
 
+#include "flare/step.h"
 #include "src/common/log.h"
 
 namespace flare::timing {
@@ -134,7 +135,7 @@ void BatchBuilder::addSignature(uint32_t id, const Signature& sig) {
     if (!sig.shape.empty()) collective_counts_[id] = static_cast<uint64_t>(sig.shape[0]);
   }
   out->set_library(libraryOf(sig.name));
-  if (sig.kind == OpKind::kSync && sig.name != "flare_step" &&
+  if (sig.kind == OpKind::kSync && sig.name != FLARE_STEP_MARKER_NAME &&
       sig.name.find("Synchronize") == std::string::npos)
     summarised_syncs_.insert(id);
   account(out->ByteSizeLong());

@@ -69,7 +69,7 @@ struct CompletedOp {
   int64_t start_ns = 0;         // GPU start, mapped to host time (kSync: host start)
   int64_t end_ns = 0;           // GPU end, mapped to host time (kSync: host end)
   uint64_t parent_span_id = 0;  // innermost traced Python span open on the launching thread
-  uint64_t correlation_id = 0;  // per-process launch counter; 0: not assigned
+  uint64_t correlation_id = 0;  // unique per process: (thread index << 40) | launch count; 0: none
 };
 
 // A completed call of a traced Python API (src/pyprof), in host monotonic nanoseconds. Spans of

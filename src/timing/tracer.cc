@@ -96,6 +96,12 @@ static_assert(sizeof(OpInfo) == 48, "OpInfo is copied into every ring slot: keep
 static_assert(sizeof(PendingOp) == 112, "ring slot layout changed: update the diagrams");
 static_assert(std::is_trivially_copyable_v<PendingOp>);
 
+// Correlation ids are (thread index << 40) | that thread's launch count: unique per process
+// without a shared counter on the launch path. Thread indices come from this counter (cold path,
+// once per thread state); index 0 is for ops recorded without a thread state.
+std::atomic<uint32_t> g_next_thread_index{1};
+std::atomic<uint64_t> g_stateless_correlation{1};
+
 struct ThreadState {
   ThreadState(size_t ring_capacity, uint32_t tid)
       : ring(ring_capacity), spans(kSpanRingCapacity), thread_id(tid) {}
@@ -107,6 +113,10 @@ struct ThreadState {
   size_t cache_size = 0;
   int cache_device = -1;
   const uint32_t thread_id;
+  const uint64_t correlation_base =
+      uint64_t{g_next_thread_index.fetch_add(1, std::memory_order_relaxed)} << 40;
+  uint64_t launches = 0;  // owner thread only
+  uint64_t nextCorrelation() { return correlation_base | ++launches; }
   // Set (release) by the owner thread when it stops using this state; after that the ring
   // receives nothing more and the cache is the poller's.
   std::atomic<bool> exited{false};
@@ -139,7 +149,6 @@ TlsTable::~TlsTable() {
 }
 
 std::atomic<uint64_t> g_next_tracer_uid{1};
-std::atomic<uint64_t> g_next_correlation{1};  // per process: joins a launch to its records
 
 struct StreamKey {
   int32_t device;
@@ -599,7 +608,9 @@ void Tracer::Impl::end(Ticket* ticket, const OpInfo& info) noexcept {
     op.thread_id = ts != nullptr ? ts->thread_id : 0;
     op.device = start->device;
     op.parent_span_id = currentSpanId();
-    op.correlation_id = g_next_correlation.fetch_add(1, std::memory_order_relaxed);
+    op.correlation_id = ts != nullptr
+                            ? ts->nextCorrelation()
+                            : g_stateless_correlation.fetch_add(1, std::memory_order_relaxed);
     push(ts, op);
   } catch (...) {
     counters_.event_errors.fetch_add(1, std::memory_order_relaxed);
@@ -632,7 +643,7 @@ void Tracer::Impl::hostSpan(const OpInfo& info, int64_t start_ns, int64_t end_ns
     op.thread_id = ts->thread_id;
     op.device = std::max(timer_->currentDevice(), 0);
     op.parent_span_id = currentSpanId();
-    op.correlation_id = g_next_correlation.fetch_add(1, std::memory_order_relaxed);
+    op.correlation_id = ts->nextCorrelation();
     push(ts, op);
   } catch (...) {
     counters_.event_errors.fetch_add(1, std::memory_order_relaxed);

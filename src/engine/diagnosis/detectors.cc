@@ -9,6 +9,7 @@
 #include <span>
 #include <utility>
 
+#include "flare/step.h"
 #include "src/common/text.h"
 #include "src/engine/diagnosis/summary_detectors.h"
 #include "src/engine/stats/changepoint.h"
@@ -375,7 +376,8 @@ std::vector<std::pair<std::string, int>> causesBefore(const JobModel& job, const
   for (const Op& op : r.ops) {
     const auto& sig = job.signatures()[op.sig];
     if (sig.kind() == flare::v1::OP_KIND_SYNC) {
-      if (sig.name() != "flare_step") host.push_back({op.start, op.end, op.thread, sig.name()});
+      if (sig.name() != FLARE_STEP_MARKER_NAME)
+        host.push_back({op.start, op.end, op.thread, sig.name()});
     } else {
       issues[op.thread].push_back(op.issue);
     }
@@ -617,7 +619,7 @@ void detectRegression(const JobModel& job, const JobModel& baseline, const Diagn
       for (const Span& s : r.spans) found.spans[m.apis()[s.api]] += 1;
       for (const Op& op : r.ops) {
         const auto& sig = m.signatures()[op.sig];
-        if (sig.kind() == flare::v1::OP_KIND_SYNC && sig.name() != "flare_step")
+        if (sig.kind() == flare::v1::OP_KIND_SYNC && sig.name() != FLARE_STEP_MARKER_NAME)
           found.syncs[sig.name()] += 1;
       }
     }

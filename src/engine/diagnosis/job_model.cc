@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "flare/step.h"
+
 namespace flare::engine {
 namespace {
 
@@ -14,8 +16,6 @@ std::string signatureKey(const flare::v1::Signature& sig) {
   key += sig.layout();
   return key;
 }
-
-constexpr char kStepMarkerName[] = "flare_step";
 
 bool isStepApi(const std::string& name) {
   return name.size() >= 8 && name.compare(name.size() - 8, 8, "__next__") == 0;
@@ -61,7 +61,7 @@ void JobModel::addBatch(int rank, const flare::v1::RecordBatch& batch) {
       ++r.unknown_signature_records;
       continue;
     }
-    if (signatures_[sig->second].name() == kStepMarkerName) {  // flare_step (include/flare/step.h)
+    if (signatures_[sig->second].name() == FLARE_STEP_MARKER_NAME) {
       r.step_starts.push_back(k.start_ns());
       continue;
     }
