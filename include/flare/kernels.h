@@ -44,6 +44,16 @@ typedef uint64_t (*flare_amount_fn)(void** args, unsigned grid_x, unsigned grid_
 int flare_register_kernel(const char* name_prefix, int kind, flare_amount_fn flops,
                           flare_amount_fn bytes);
 
+/* The same without callbacks, for callers that cannot give a C function (the Python binding,
+ * `flare.register_kernel`): one launch performs
+ *   flops = flops_per_launch + flops_per_block * grid_x * grid_y * grid_z
+ * (likewise bytes), e.g. a tiled kernel whose every block computes one BM x BN tile over K:
+ * flops_per_block = 2 * BM * BN * K. Amounts are non-negative; 0 and 0 mean unknown. Returns
+ * flare_register_kernel's codes (-1 also for a negative or non-finite amount). */
+int flare_register_kernel_linear(const char* name_prefix, int kind, double flops_per_launch,
+                                 double flops_per_block, double bytes_per_launch,
+                                 double bytes_per_block);
+
 #ifdef __cplusplus
 }
 #endif

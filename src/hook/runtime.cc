@@ -284,9 +284,11 @@ namespace {
 // Custom kernels declared through flare_register_kernel (include/flare/kernels.h).
 struct Registration {
   std::string prefix;
-  timing::OpKind kind;
-  flare_amount_fn flops;
-  flare_amount_fn bytes;
+  timing::OpKind kind = timing::OpKind::kKernel;
+  flare_amount_fn flops = nullptr;
+  flare_amount_fn bytes = nullptr;
+  double flops_per_launch = 0, flops_per_block = 0;  // flare_register_kernel_linear
+  double bytes_per_launch = 0, bytes_per_block = 0;
 };
 struct Registry {
   std::mutex mu;
@@ -313,6 +315,16 @@ void applyRegistration(const std::string& name, timing::Signature* sig, KernelSi
   ks->kind = best->kind;
   ks->flops = best->flops;
   ks->bytes = best->bytes;
+  ks->flops_per_launch = best->flops_per_launch;
+  ks->flops_per_block = best->flops_per_block;
+  ks->bytes_per_launch = best->bytes_per_launch;
+  ks->bytes_per_block = best->bytes_per_block;
+}
+
+// per_launch + per_block * blocks, rounded; 0 when both are 0.
+uint64_t linearAmount(double per_launch, double per_block, unsigned gx, unsigned gy, unsigned gz) {
+  const double v = per_launch + per_block * (static_cast<double>(gx) * gy * gz);
+  return v > 0 ? static_cast<uint64_t>(v + 0.5) : 0;
 }
 
 }  // namespace
@@ -341,8 +353,16 @@ timing::OpInfo kernelLaunchInfo(const KernelSig& ks, void** args, unsigned gx, u
   timing::OpInfo op;
   op.signature_id = ks.id;
   op.kind = ks.kind;
-  if (ks.flops) op.flops = ks.flops(args, gx, gy, gz, bx, by, bz);
-  if (ks.bytes) op.bytes = ks.bytes(args, gx, gy, gz, bx, by, bz);
+  if (ks.flops) {
+    op.flops = ks.flops(args, gx, gy, gz, bx, by, bz);
+  } else if (ks.flops_per_launch > 0 || ks.flops_per_block > 0) {
+    op.flops = linearAmount(ks.flops_per_launch, ks.flops_per_block, gx, gy, gz);
+  }
+  if (ks.bytes) {
+    op.bytes = ks.bytes(args, gx, gy, gz, bx, by, bz);
+  } else if (ks.bytes_per_launch > 0 || ks.bytes_per_block > 0) {
+    op.bytes = linearAmount(ks.bytes_per_launch, ks.bytes_per_block, gx, gy, gz);
+  }
   return op;
 }
 
@@ -418,37 +438,71 @@ bool looksLikeAttention(const std::string& name) {
 
 }  // namespace flare::hook
 
-extern "C" __attribute__((visibility("default"))) int flare_register_kernel(const char* name_prefix,
-                                                                            int kind,
-                                                                            flare_amount_fn flops,
-                                                                            flare_amount_fn bytes) {
-  using flare::timing::OpKind;
+namespace flare::hook {
+namespace {
+
+// Adds or replaces the registration of `r.prefix`; returns flare_register_kernel's codes.
+int addRegistration(const char* name_prefix, int kind, Registration r) {
+  using timing::OpKind;
   if (!name_prefix || !*name_prefix) return -1;
-  OpKind k;
   switch (kind) {
     case FLARE_KIND_KERNEL:
-      k = OpKind::kKernel;
+      r.kind = OpKind::kKernel;
       break;
     case FLARE_KIND_GEMM:
-      k = OpKind::kGemm;
+      r.kind = OpKind::kGemm;
       break;
     case FLARE_KIND_ATTENTION:
-      k = OpKind::kAttention;
+      r.kind = OpKind::kAttention;
       break;
     default:
       return -1;
   }
-  auto& reg = flare::hook::registry();
+  r.prefix = name_prefix;
+  auto& reg = registry();
   std::lock_guard<std::mutex> lock(reg.mu);
-  for (auto& r : reg.entries) {
-    if (r.prefix == name_prefix) {
-      r = {name_prefix, k, flops, bytes};
+  for (auto& e : reg.entries) {
+    if (e.prefix == r.prefix) {
+      e = std::move(r);
       reg.generation.fetch_add(1, std::memory_order_acq_rel);
       return 0;
     }
   }
   if (reg.entries.size() >= 256) return -2;
-  reg.entries.push_back({name_prefix, k, flops, bytes});
+  reg.entries.push_back(std::move(r));
   reg.generation.fetch_add(1, std::memory_order_acq_rel);
   return 0;
+}
+
+bool validAmount(double v) {
+  return v >= 0 && v < 1e30;
+}  // also false for NaN
+
+}  // namespace
+}  // namespace flare::hook
+
+extern "C" __attribute__((visibility("default"))) int flare_register_kernel(const char* name_prefix,
+                                                                            int kind,
+                                                                            flare_amount_fn flops,
+                                                                            flare_amount_fn bytes) {
+  flare::hook::Registration r;
+  r.flops = flops;
+  r.bytes = bytes;
+  return flare::hook::addRegistration(name_prefix, kind, std::move(r));
+}
+
+extern "C" __attribute__((visibility("default"))) int flare_register_kernel_linear(
+    const char* name_prefix, int kind, double flops_per_launch, double flops_per_block,
+    double bytes_per_launch, double bytes_per_block) {
+  using flare::hook::validAmount;
+  if (!validAmount(flops_per_launch) || !validAmount(flops_per_block) ||
+      !validAmount(bytes_per_launch) || !validAmount(bytes_per_block)) {
+    return -1;
+  }
+  flare::hook::Registration r;
+  r.flops_per_launch = flops_per_launch;
+  r.flops_per_block = flops_per_block;
+  r.bytes_per_launch = bytes_per_launch;
+  r.bytes_per_block = bytes_per_block;
+  return flare::hook::addRegistration(name_prefix, kind, std::move(r));
 }

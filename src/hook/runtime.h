@@ -43,6 +43,9 @@ struct KernelSig {
   // From flare_register_kernel (include/flare/kernels.h), or null.
   uint64_t (*flops)(void**, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned) = nullptr;
   uint64_t (*bytes)(void**, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned) = nullptr;
+  // From flare_register_kernel_linear: amount = per_launch + per_block * blocks in the grid.
+  double flops_per_launch = 0, flops_per_block = 0;
+  double bytes_per_launch = 0, bytes_per_block = 0;
   uint64_t generation = 0;  // of the registry when resolved
 };
 KernelSig kernelSignature(const void* key, std::string (*name_fn)(const void* key));
