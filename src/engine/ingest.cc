@@ -6,6 +6,7 @@
 #include "flare/v1/protocol.h"
 #include "src/common/log.h"
 #include "src/engine/metrics.h"
+#include "src/timing/collective_blocks.h"
 
 namespace flare::engine {
 namespace {
@@ -110,6 +111,22 @@ Verdict Ingest::decode(const void* data, size_t size, v1::RankMessage* out) {
   }
   if (out->msg_case() == v1::RankMessage::MSG_NOT_SET) {
     return reject(Reason::kMalformed, Code::kInvalidArgument, "empty RankMessage", true);
+  }
+  if (out->has_batch() && out->batch().collective_blocks_size() > 0) {
+    // Summary mode's compact collectives become plain records before anything looks at them.
+    const v1::RecordBatch& b = out->batch();
+    const size_t other = static_cast<size_t>(b.summaries_size()) + b.spans_size() + b.steps_size() +
+                         b.signatures_size() + b.api_names_size();
+    const size_t room = config_.max_batch_items > other ? config_.max_batch_items - other : 0;
+    std::string why;
+    switch (timing::expandCollectiveBlocks(out->mutable_batch(), room, &why)) {
+      case timing::Expand::kOk:
+        break;
+      case timing::Expand::kTooMany:
+        return reject(Reason::kOversized, Code::kResourceExhausted, why + " (--max-batch-items)");
+      case timing::Expand::kMalformed:
+        return reject(Reason::kMalformed, Code::kInvalidArgument, why, true);
+    }
   }
   return {};
 }

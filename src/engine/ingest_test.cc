@@ -124,6 +124,45 @@ TEST_F(IngestTest, DecodeRejectsMalformedAndOversized) {
   EXPECT_EQ(rejected(Reason::kOversized), 1u);
 }
 
+TEST_F(IngestTest, DecodeExpandsCollectiveBlocksAndRefusesHostileOnes) {
+  IngestConfig cfg;
+  cfg.max_batch_items = 10;
+  make(cfg);
+  auto encode = [](int entries, bool lopsided) {
+    v1::RankMessage m;
+    v1::CollectiveBlock* b = m.mutable_batch()->add_collective_blocks();
+    b->set_signature_id(1);
+    b->set_base_seq(40);
+    b->set_base_issue_ns(1'000'000);
+    b->mutable_info()->set_comm_hash(9);
+    for (int i = 0; i < entries; ++i) {
+      b->add_seq_delta(i == 0 ? 0 : 1);
+      b->add_issue_delta_ns(1'000);
+      b->add_issue_latency_ns(50);
+      if (!lopsided || i > 0) b->add_duration_ns(200);
+    }
+    return m.SerializeAsString();
+  };
+  v1::RankMessage m;
+  std::string bytes = encode(3, false);
+  ASSERT_TRUE(ingest_->decode(bytes.data(), bytes.size(), &m).ok());
+  ASSERT_EQ(m.batch().kernels_size(), 3);
+  EXPECT_EQ(m.batch().collective_blocks_size(), 0);
+  EXPECT_EQ(m.batch().kernels(2).collective().seq(), 42u);
+  EXPECT_EQ(m.batch().kernels(2).issue_ns(), 1'003'000);
+  EXPECT_EQ(m.batch().kernels(2).end_ns(), 1'003'250);
+  EXPECT_EQ(m.batch().kernels(2).collective().comm_hash(), 9u);
+
+  bytes = encode(3, true);
+  Verdict v = ingest_->decode(bytes.data(), bytes.size(), &m);
+  EXPECT_EQ(v.reason, Reason::kMalformed);
+  EXPECT_NE(v.error.find("different lengths"), std::string::npos) << v.error;
+  bytes = encode(11, false);  // expands past --max-batch-items
+  v = ingest_->decode(bytes.data(), bytes.size(), &m);
+  EXPECT_EQ(v.reason, Reason::kOversized);
+  EXPECT_FALSE(v.close_stream);
+}
+
 TEST_F(IngestTest, ReportComputesTflopsBusbwShareAndQuantiles) {
   make();
   const uint64_t s0 = connect("job", 0, 8);

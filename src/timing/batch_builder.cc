@@ -111,6 +111,7 @@ BatchBuilder::BatchBuilder(int rank, BatchBuilderOptions options, Emit emit)
 
 void BatchBuilder::openBatch() {
   batch_.Clear();
+  collectives_.reset();
   batch_size_ = 0;
   clock_map_ = options_.clock_map ? options_.clock_map() : common::ClockMap::sample();
   batch_open_ = true;
@@ -151,7 +152,10 @@ void BatchBuilder::addOps(std::span<const CompletedOp> ops) {
       continue;
     }
     if (!batch_open_) openBatch();
-    flare::v1::KernelRecord* rec = batch_.add_kernels();
+    // MODE_SUMMARY's collectives go into the batch's compact collective blocks.
+    const bool compact = summarize && isCollective(op.info.kind);
+    flare::v1::KernelRecord* rec = compact ? &scratch_ : batch_.add_kernels();
+    if (compact) scratch_.Clear();
     rec->set_signature_id(op.info.signature_id);
     rec->set_stream_id(op.stream_id);
     rec->set_device(op.device);
@@ -175,7 +179,7 @@ void BatchBuilder::addOps(std::span<const CompletedOp> ops) {
       rec->set_parent_span_id(op.parent_span_id);
       rec->set_correlation_id(op.correlation_id);
     }
-    account(rec->ByteSizeLong());
+    account(compact ? collectives_.add(*rec, &batch_) : rec->ByteSizeLong());
   }
   if (aggregator_.due()) addSummaries();
 }
@@ -236,9 +240,9 @@ void BatchBuilder::setDrops(const DropCounters& totals) {
 void BatchBuilder::flush() {
   if (!aggregator_.empty()) addSummaries();
   const bool has_records =
-      batch_open_ &&
-      (batch_.signatures_size() > 0 || batch_.kernels_size() > 0 || batch_.summaries_size() > 0 ||
-       batch_.spans_size() > 0 || batch_.api_names_size() > 0);
+      batch_open_ && (batch_.signatures_size() > 0 || batch_.kernels_size() > 0 ||
+                      batch_.summaries_size() > 0 || batch_.collective_blocks_size() > 0 ||
+                      batch_.spans_size() > 0 || batch_.api_names_size() > 0);
   if (!has_records && !drops_dirty_) return;
   if (!batch_open_) openBatch();
   closeBatch();

@@ -16,6 +16,7 @@
 #include "flare/v1/protocol.h"
 #include "src/common/log.h"
 #include "src/common/text.h"
+#include "src/timing/collective_blocks.h"
 #include "src/timing/spool_sink.h"
 
 namespace flare::timing {
@@ -53,14 +54,6 @@ bool preadAll(int fd, char* data, size_t size, uint64_t offset) {
     done += static_cast<size_t>(n);
   }
   return true;
-}
-
-// Kernel records of a batch, the ops summarised in its KernelSummary messages included.
-uint64_t kernelCount(const flare::v1::RecordBatch& b) {
-  uint64_t n = static_cast<uint64_t>(b.kernels_size());
-  for (const auto& s : b.summaries())
-    for (const auto& c : s.clusters()) n += c.count();
-  return n;
 }
 
 }  // namespace
@@ -161,6 +154,7 @@ void GrpcExporter::stripRecords(flare::v1::RecordBatch* batch) {
   batch->clear_kernels();
   batch->clear_spans();
   batch->clear_summaries();
+  batch->clear_collective_blocks();
   batch->clear_steps();
 }
 
@@ -178,7 +172,7 @@ void GrpcExporter::enqueue(flare::v1::RecordBatch&& batch) {
   std::lock_guard<std::mutex> lock(mu_);
   if (shutdown_done_) {
     // After shutdown: keep nothing, count.
-    stats_.records_dropped += kernelCount(item.batch);
+    stats_.records_dropped += recordCount(item.batch);
     stats_.send_failed++;
     send_failed_.fetch_add(1, std::memory_order_relaxed);
     return;
@@ -295,7 +289,7 @@ bool GrpcExporter::spoolAppend(const flare::v1::RecordBatch& batch_in) {
   std::lock_guard<std::mutex> lock(mu_);
   if (dropped || !ok) {
     stats_.spool_dropped++;
-    stats_.records_dropped += kernelCount(batch_in);
+    stats_.records_dropped += recordCount(batch_in);
     spool_dropped_.fetch_add(1, std::memory_order_relaxed);
   }
   if (ok) stats_.batches_spooled++;

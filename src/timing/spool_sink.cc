@@ -14,12 +14,14 @@
 
 #include "src/common/log.h"
 #include "src/common/text.h"
+#include "src/timing/collective_blocks.h"
 
 namespace flare::timing {
 namespace {
 
 constexpr char kLog[] = "timing";
-constexpr uint64_t kMaxBatchBytes = 64ull << 20;  // the reader's plausibility bound
+constexpr uint64_t kMaxBatchBytes = 64ull << 20;   // the reader's plausibility bound
+constexpr size_t kMaxExpandedRecords = 16u << 20;  // records a batch may stand for, likewise
 
 }  // namespace
 
@@ -30,16 +32,6 @@ void appendVarint(std::string* out, uint64_t value) {
   }
   *out += static_cast<char>(value);
 }
-
-namespace {
-// Kernel records of a batch, the ops summarised in its KernelSummary messages included.
-uint64_t recordCount(const flare::v1::RecordBatch& b) {
-  uint64_t n = static_cast<uint64_t>(b.kernels_size());
-  for (const auto& s : b.summaries())
-    for (const auto& c : s.clusters()) n += c.count();
-  return n;
-}
-}  // namespace
 
 SpoolSink::SpoolSink(const std::string& dir, const std::string& job_id, int rank, int pid,
                      SpoolSinkOptions options)
@@ -227,6 +219,10 @@ bool readSpoolFile(const std::string& path, std::vector<flare::v1::RecordBatch>*
       flare::v1::RecordBatch batch;
       if (!batch.ParseFromString(buffer)) {
         return fail(fmt::format("{}: malformed batch at offset {}", path, offset));
+      }
+      std::string why;
+      if (expandCollectiveBlocks(&batch, kMaxExpandedRecords, &why) != Expand::kOk) {
+        return fail(fmt::format("{}: batch at offset {}: {}", path, offset, why));
       }
       out->push_back(std::move(batch));
       offset += static_cast<uint64_t>(prefix_bytes) + length;
