@@ -7,6 +7,7 @@ the page reads fine with JavaScript off. Stdlib only.
 
 Sections and their ids (tests/python/test_report.py checks them in headless Chromium):
   #diagnoses        one div.diagnosis per diagnosis (data-kind, data-team, data-ranks)
+  #alerts           the alerts the daemon raised and stored for the job (when any)
   #step-time        svg: step time per rank and step (path.rank-line per rank, .flagged ones red)
   #heatmap          svg: rank x step heat map of step time (rect.cell per rank and step)
   #latency-cdf      svg: issue-latency CDF of the job, each rank, and the baseline job
@@ -234,6 +235,12 @@ def diagnoses_html(data):
                          esc(",".join(str(s.get("rank")) for s in h.get("suspects", []))),
                          TEAM_COLOURS["operations"], esc(h.get("text", ""))))
     parts.append("</div>")
+    alerts = data.get("alerts", [])
+    if alerts:
+        parts.append('<h2>Alerts raised (stored by the daemon)</h2><ul id="alerts">%s</ul>' % "".join(
+            "<li><b>[%s]</b> %s %s: %s</li>" % (
+                esc(a.get("team", "")), esc(a.get("severity", "")), esc(a.get("kind", "")),
+                esc(a.get("message", "").replace(" | ", " — "))) for a in alerts))
     return "".join(parts)
 
 

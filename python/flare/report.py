@@ -268,6 +268,14 @@ def format_text(data, top=25):
             out.append("      - %s" % e.get("text", ""))
     for h in data.get("hangs", []):
         out.append("  [hang] %s" % (h.get("text") or h.get("kind") or "incident").splitlines()[0])
+    alerts = data.get("alerts", [])
+    if alerts:
+        out.append("")
+        out.append("Alerts raised (%d, stored by the daemon)" % len(alerts))
+        for a in alerts:
+            out.append("  [%s] %s %s: %s" % (a.get("team", "?"), a.get("severity", ""),
+                                             a.get("kind", ""),
+                                             a.get("message", "").split(" | ")[0]))
     out.append("")
     m = data.get("metrics", {})
     out.append("Metrics")

@@ -28,6 +28,8 @@ class Daemon:
     def __init__(self, build_dir, workdir):
         ready = os.path.join(workdir, "ready")
         self.log = os.path.join(workdir, "flared.log")
+        if os.path.exists(ready):
+            os.unlink(ready)  # a previous daemon's ports
         self.proc = subprocess.Popen(
             [os.path.join(build_dir, "bin", "flared"), "--listen", "127.0.0.1:0", "--http",
              "127.0.0.1:0", "--db", os.path.join(workdir, "flared.db"),
@@ -397,3 +399,23 @@ def test_unknown_report_fields_are_rendered_not_dropped():
     assert "fiveMetrics.voidInter" in page and "changeVsHistory" in page
     assert "j&lt;1&gt;" in page and "j<1>" not in page  # escaped
     assert 'id="no-series"' in page
+
+
+def test_report_after_a_daemon_restart_keeps_the_kernels_and_alerts(build_dir, job):
+    # Runs last: it replaces the module's daemon. The kernel report and the alerts are stored;
+    # the detector window (diagnoses, series) is not, and the report says so.
+    job["daemon"].stop()
+    again = Daemon(build_dir, job["workdir"])
+    try:
+        res = flare(build_dir, "report", "--daemon-http", "127.0.0.1:%d" % again.http, "--job",
+                    "slowgpu", "--html", os.path.join(job["workdir"], "after.html"), "--text")
+        assert res.returncode == 0, res.stderr
+        assert "Diagnoses: none" in res.stdout
+        assert "Alerts raised (1, stored by the daemon)" in res.stdout
+        assert "[operations] critical gpu_slow: rank 3" in res.stdout
+        assert "no per-step series" in res.stdout
+        assert "cublasGemmEx" in res.stdout
+        page = open(os.path.join(job["workdir"], "after.html"), encoding="utf-8").read()
+        assert 'id="no-series"' in page and 'id="alerts"' in page
+    finally:
+        again.stop()
