@@ -300,6 +300,8 @@ def cmd_report(args):
     parse_address(base, "--daemon-http")
     if args.top < 0:
         raise CliError("--top must be 0 (all) or more")
+    if any(v is not None and v <= 0 for v in (args.max_steps, args.max_ranks)):
+        raise CliError("--max-steps and --max-ranks must be positive")
 
     def get(path, optional=False):
         try:
@@ -314,7 +316,8 @@ def cmd_report(args):
         def progress(what):
             print("\rflare: fetching %-10s" % what, end="", file=sys.stderr, flush=True)
     try:
-        data = report.collect(get, args.job, baseline=args.baseline, progress=progress)
+        data = report.collect(get, args.job, baseline=args.baseline, progress=progress,
+                              limits={"max_steps": args.max_steps, "max_ranks": args.max_ranks})
     except CliError as e:
         if e.status == 404:
             raise CliError("job %r is not known to the daemon at %s (`flare status --all` lists "
@@ -402,6 +405,10 @@ def build_parser():
                     " its issue-latency distribution is drawn as the reference")
     rp.add_argument("--top", type=int, default=25, help="kernel rows in the text report (0: all;"
                     " --json and --html have all)")
+    rp.add_argument("--max-steps", type=int, help="steps in the series (the last ones; daemon "
+                    "default 256, at most 2048)")
+    rp.add_argument("--max-ranks", type=int, help="ranks in the series (diagnosed ones first; "
+                    "daemon default 128, at most 512)")
     rp.add_argument("--quiet", action="store_true", help="no progress or 'wrote' lines on stderr")
     rp.add_argument("--timeout", type=float, default=10.0, help="seconds per request")
     rp.set_defaults(func=cmd_report)

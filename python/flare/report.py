@@ -52,9 +52,10 @@ def shape_text(sig):
     return "[%s]" % ",".join(str(d) for d in shape) if shape else ""
 
 
-def collect(get, job, baseline=None, progress=None):
+def collect(get, job, baseline=None, progress=None, limits=None):
     """Every answer the report needs. Raises whatever `get` raises for the report itself (an
-    unknown job: the caller's 404 handling); the other routes are optional."""
+    unknown job: the caller's 404 handling); the other routes are optional. `limits`: series
+    bounds passed to the daemon ({"max_steps": N, "max_ranks": N}; None: its defaults)."""
     q = urllib.parse.quote(job, safe="")
     say = progress or (lambda _msg: None)
     data = {"jobId": job}
@@ -73,6 +74,9 @@ def collect(get, job, baseline=None, progress=None):
         query["ranks"] = ",".join(str(r) for r in flagged)
     if baseline:
         query["baseline"] = baseline
+    for key, value in sorted((limits or {}).items()):
+        if value:
+            query[key] = str(int(value))
     say("series")
     series = get("/api/v1/jobs/%s/series%s" % (q, "?" + urllib.parse.urlencode(query)
                                                if query else ""), optional=True)
@@ -113,7 +117,7 @@ def _rows(series, key):
     """{rank: [values]} of a rank x step matrix, None for JSON null."""
     out = {}
     for rank, row in zip(series.get("ranks", []), series.get(key, []) or []):
-        out[rank] = [None if v is None else _num(v, None) for v in row]
+        out[rank] = [v if isinstance(v, (int, float)) and math.isfinite(v) else None for v in row]
     return out
 
 

@@ -35,8 +35,8 @@ struct SeriesOptions {
 };
 
 // Hard limits a request may not exceed (the HTTP route clamps to them).
-inline constexpr size_t kSeriesMaxSteps = 4096;
-inline constexpr size_t kSeriesMaxRanks = 1024;
+inline constexpr size_t kSeriesMaxSteps = 2048;
+inline constexpr size_t kSeriesMaxRanks = 512;
 inline constexpr size_t kSeriesMaxSignatures = 256;
 inline constexpr size_t kSeriesMaxQuantilePoints = 1001;
 
