@@ -197,6 +197,15 @@ def ticks(lo, hi, n=5):
     return out
 
 
+def robust_range(values):
+    """(low, high) of sorted `values` inside Tukey's far fences (Q1 − 3·IQR, Q3 + 3·IQR), so a few
+    start-up spikes do not flatten every other step; the caller says what was clipped."""
+    n = len(values)
+    q1, q2, q3 = (values[int(round(f * (n - 1)))] for f in (0.25, 0.5, 0.75))
+    iqr = max(q3 - q1, 0.01 * abs(q2))
+    return max(values[0], q1 - 3 * iqr), min(values[-1], q3 + 3 * iqr)
+
+
 def ms(v):
     return "%g" % round(v / 1e6, 3)
 
@@ -284,9 +293,11 @@ def step_time_svg(series, flagged):
         return empty("step-time", "No step boundaries in this job's window (no DataLoader "
                      "spans or step markers).")
     p = Plot("step-time", "step time per rank and step")
-    lo, hi = min(values), max(values)
+    values.sort()
+    lo, hi = robust_range(values)
     pad = (hi - lo) * 0.1 or hi * 0.05
     y0, y1 = max(0.0, lo - pad), hi + pad
+    above = sum(1 for v in values if v > y1)
     p.scale(first + cols[0], first + cols[-1], y0, y1)
     every = max(1, math.ceil(len(cols) / 10))
     p.axes("step (index in the daemon's window)", "step time (ms)",
@@ -313,6 +324,9 @@ def step_time_svg(series, flagged):
               '</span><span><i style="background:%s"></i>diagnosed rank(s) %s</span><span><i '
               'style="background:#adb5bd"></i>other ranks</span></div>'
               % (FLAG, esc(", ".join(str(r) for r in sorted(flagged))) or "none"))
+    if above:
+        legend += ('<p class="note">%d rank-steps above %s ms are cut off (up to %s ms); the heat '
+                   'map shows them.</p>' % (above, ms(y1), ms(values[-1])))
     return p.svg() + legend
 
 
@@ -336,11 +350,12 @@ def heatmap_svg(series, flagged):
     values = sorted(v for line in grid for v in line if v is not None)
     if not values:
         return empty("heatmap", "No step times to draw.")
-    lo, hi = values[0], values[-1]
+    lo, hi = robust_range(values)
+    clipped = values[-1] > hi or values[0] < lo
     left, top = 64, 22
     cw = max(3.0, min(28.0, 760.0 / len(bins)))
     ch = max(2.0, min(20.0, 520.0 / len(ranks)))
-    width = int(left + cw * len(bins) + 90)
+    width = int(left + cw * len(bins) + 110)
     height = int(top + ch * len(ranks) + 34)
     parts = []
     label_every = max(1, int(math.ceil(12 / ch)))
@@ -371,8 +386,10 @@ def heatmap_svg(series, flagged):
     for i in range(20):
         parts.append('<rect x="%.1f" y="%.1f" width="14" height="%.2f" fill="%s"/>' % (
             lx, top + lh * (1 - (i + 1) / 20), lh / 20 + .5, viridis((i + .5) / 20)))
-    parts.append('<text x="%.1f" y="%.1f">%s</text>' % (lx + 18, top + 8, esc(fmt_ns(hi))))
-    parts.append('<text x="%.1f" y="%.1f">%s</text>' % (lx + 18, top + lh, esc(fmt_ns(lo))))
+    parts.append('<text x="%.1f" y="%.1f">%s%s</text>' % (lx + 18, top + 8, "≥ " if clipped
+                                                          else "", esc(fmt_ns(hi))))
+    parts.append('<text x="%.1f" y="%.1f">%s%s</text>' % (lx + 18, top + lh, "≤ " if clipped
+                                                          else "", esc(fmt_ns(lo))))
     parts.append('<text x="%d" y="%d">step →</text>' % (left, height - 8))
     return ('<svg id="heatmap" viewBox="0 0 %d %d" width="%d" height="%d" role="img" '
             'aria-label="step time heat map">%s</svg>' % (width, height, width, height,
