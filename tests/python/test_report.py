@@ -435,3 +435,31 @@ def test_report_after_a_daemon_restart_keeps_the_kernels_and_alerts(build_dir, j
         assert 'id="no-series"' in page and 'id="alerts"' in page
     finally:
         again.stop()
+
+
+def test_html_bounds_long_series_and_says_what_it_cut():
+    """400 steps on 4 ranks: the heat map averages steps in bins (at most MAX_COLUMNS columns);
+    a start-up spike is cut from the step-time axis and the page says so."""
+    sys.path.insert(0, os.path.join(ROOT, "python"))
+    try:
+        from flare import html_report, report
+    finally:
+        sys.path.pop(0)
+    ranks, steps = 4, 400
+    rows = [[(500e6 if i in (1, 2) else 60e6 + (r * 7 + i) % 5 * 1e5) for i in range(steps)]
+            for r in range(ranks)]
+    series = {"ranks": list(range(ranks)), "rankCount": ranks,
+              "steps": {"total": steps, "first": 0, "count": steps, "warmup": 1},
+              "truncated": {}, "stepTimeNs": rows, "vInter": [[0.0] * steps] * ranks,
+              "vMinority": [[0.1] * steps] * ranks, "signatures": [],
+              "issueLatency": {"probabilities": [0, 1], "job": {"samples": 2, "ns": [1, 2]},
+                               "perRank": [], "baseline": None}}
+    data = {"jobId": "long", "ranks": [], "diagnoses": [], "hangs": [], "alerts": [],
+            "series": series, "report": {"jobId": "long", "signatures": []}}
+    page = html_report.render(report.derive(data))
+    per_bin = -(-(steps - 1) // html_report.MAX_COLUMNS)  # ceil: steady steps per column
+    columns = -(-(steps - 1) // per_bin)
+    assert columns <= html_report.MAX_COLUMNS
+    assert page.count('class="cell"') == ranks * columns
+    assert "8 rank-steps above" in page and "the heat map shows them" in page
+    assert "≥ " in page  # the heat map's top colour is a clipped bound
