@@ -21,6 +21,7 @@ cannot be reached or answers something that is not its API.
 """
 import argparse
 import datetime
+import http.client
 import json
 import os
 import signal
@@ -160,6 +161,9 @@ def http_get(base, path, timeout):
     except (urllib.error.URLError, OSError) as e:
         reason = getattr(e, "reason", e)
         raise CliError("cannot reach the daemon's HTTP API at %s: %s" % (base, reason), code=3)
+    except http.client.HTTPException as e:  # e.g. the gRPC port: not HTTP/1.1
+        raise CliError("%s does not answer HTTP (%s): is it flared's --http address?"
+                       % (base, type(e).__name__), code=3)
     try:
         return json.loads(body)
     except ValueError:

@@ -216,6 +216,9 @@ def test_report_fails_clearly(build_dir, job):
     assert res.returncode == 4 and "nosuchjob" in res.stderr and "not known" in res.stderr
     res = flare(build_dir, "report", "--daemon-http", "127.0.0.1:1", "--job", "slowgpu")
     assert res.returncode == 3 and "cannot reach the daemon" in res.stderr
+    res = flare(build_dir, "report", "--daemon-http", "127.0.0.1:%d" % job["daemon"].grpc,
+                "--job", "slowgpu", "--timeout", "5")  # the gRPC port: not HTTP
+    assert res.returncode == 3 and "does not answer HTTP" in res.stderr, res.stderr
     res = flare(build_dir, "report", "--daemon-http", "nonsense", "--job", "slowgpu")
     assert res.returncode == 2 and "HOST:PORT" in res.stderr
     res = flare(build_dir, "report", "--daemon-http", job["http"])
