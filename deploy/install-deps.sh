@@ -12,6 +12,7 @@ DEB_PACKAGES=(
   libsqlite3-dev sqlite3 zlib1g-dev libssl-dev
   time valgrind
   prometheus
+  chromium
 )
 
 missing=()
@@ -41,6 +42,8 @@ fi
 # traced rank that uses Python gRPC beside Flare's exporter.
 # pyyaml, kubernetes-validate (Kubernetes API schemas) and the Debian package prometheus
 # (promtool, the server): tests/python/test_deploy.py.
+# The Debian package chromium (headless) renders `flare report --html` pages in
+# tests/python/test_report.py.
 PY_PACKAGES=(pytest scipy numpy psutil HolisticTraceAnalysis=hta grpcio=grpc pyyaml=yaml
   kubernetes-validate=kubernetes_validate)
 for py in ${FLARE_PYTHONS:-$(command -v python3)}; do

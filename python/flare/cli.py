@@ -2,6 +2,7 @@
 
     flare run [--daemon HOST:PORT] [--token T] [--job-id ID] [--hook PATH] -- CMD ...
     flare status [--daemon-http HOST:PORT] [--json] [--all]
+    flare report --job ID [--daemon-http HOST:PORT] [--json] [--html FILE] [--baseline JOB]
 
 `run` traces CMD: it appends libflare_hook.so to LD_PRELOAD (never replacing what is there),
 sets FLARE_DAEMON, FLARE_TOKEN and FLARE_JOB_ID (a fresh job id unless one is given or already
@@ -10,12 +11,17 @@ set), runs CMD and returns its exit code (128 + N when a signal N ended it).
 `status` lists the daemon's jobs and their ranks with last-seen times and drop counters, from
 flared's HTTP JSON API (`/api/v1/jobs`, `/api/v1/jobs/{job}/ranks`).
 
-Exit codes: CMD's for `run`; 0 for a successful `status`; 2 for bad arguments (a missing
+`report` prints a job's kernel report, diagnoses and metrics (`/api/v1/jobs/{job}/report`,
+`/diagnoses`, `/series`, ...); `--html` writes a self-contained page (flare/html_report.py).
+
+Exit codes: CMD's for `run`; 0 for a successful `status` or `report`; 4 when `report` names a
+job the daemon does not know; 2 for bad arguments (a missing
 command, a daemon address that is not host:port, no libflare_hook.so found); 3 when the daemon
 cannot be reached or answers something that is not its API.
 """
 import argparse
 import datetime
+import http.client
 import json
 import os
 import signal
@@ -33,9 +39,10 @@ HOOK_NAME = "libflare_hook.so"
 
 
 class CliError(Exception):
-    def __init__(self, message, code=2):
+    def __init__(self, message, code=2, status=None):
         super().__init__(message)
         self.code = code
+        self.status = status  # the HTTP status, when the daemon answered with an error
 
 
 def parse_address(value, what):
@@ -149,10 +156,14 @@ def http_get(base, path, timeout):
         with urllib.request.urlopen(url, timeout=timeout) as resp:
             body = resp.read()
     except urllib.error.HTTPError as e:
-        raise CliError("daemon at %s answered %d for %s" % (base, e.code, path), code=3)
+        raise CliError("daemon at %s answered %d for %s" % (base, e.code, path), code=3,
+                       status=e.code)
     except (urllib.error.URLError, OSError) as e:
         reason = getattr(e, "reason", e)
         raise CliError("cannot reach the daemon's HTTP API at %s: %s" % (base, reason), code=3)
+    except http.client.HTTPException as e:  # e.g. the gRPC port: not HTTP/1.1
+        raise CliError("%s does not answer HTTP (%s): is it flared's --http address?"
+                       % (base, type(e).__name__), code=3)
     try:
         return json.loads(body)
     except ValueError:
@@ -286,6 +297,65 @@ def cmd_diagnose(args):
     return 3 if found else 0
 
 
+def cmd_report(args):
+    """A job's kernel report, diagnoses and metrics: text, --json, and/or an --html page."""
+    from . import report
+    base = args.daemon_http or os.environ.get("FLARE_DAEMON_HTTP") or DEFAULT_HTTP
+    parse_address(base, "--daemon-http")
+    if args.top < 0:
+        raise CliError("--top must be 0 (all) or more")
+    if any(v is not None and v <= 0 for v in (args.max_steps, args.max_ranks)):
+        raise CliError("--max-steps and --max-ranks must be positive")
+
+    def get(path, optional=False):
+        try:
+            return http_get(base, path, args.timeout)
+        except CliError as e:
+            if optional and e.status == 404:
+                return None
+            raise
+
+    progress = None
+    if sys.stderr.isatty() and not args.quiet:
+        def progress(what):
+            print("\rflare: fetching %-10s" % what, end="", file=sys.stderr, flush=True)
+    try:
+        data = report.collect(get, args.job, baseline=args.baseline, progress=progress,
+                              limits={"max_steps": args.max_steps, "max_ranks": args.max_ranks})
+    except CliError as e:
+        if e.status == 404:
+            raise CliError("job %r is not known to the daemon at %s (`flare status --all` lists "
+                           "its jobs)" % (args.job, base), code=4)
+        raise
+    finally:
+        if progress:
+            print("\r%30s\r" % "", end="", file=sys.stderr, flush=True)
+    if args.baseline and not ((data.get("series") or {}).get("issueLatency") or {}).get(
+            "baseline"):
+        print("flare: baseline job %r has no detector window in the daemon; drawn without it"
+              % args.baseline, file=sys.stderr)
+    report.derive(data)
+    if args.html:
+        from . import html_report
+        page = html_report.render(data)
+        try:
+            with open(args.html, "w", encoding="utf-8") as f:
+                f.write(page)
+        except OSError as e:
+            raise CliError("cannot write %s: %s" % (args.html, e.strerror or e))
+        if not args.quiet:
+            print("flare: wrote %s (%d KiB)" % (args.html, (len(page.encode()) + 1023) // 1024),
+                  file=sys.stderr)
+    if args.json:
+        json.dump({k: data[k] for k in ("jobId", "ranks", "diagnoses", "metrics", "kernels",
+                                        "hangs", "alerts", "series", "report")},
+                  sys.stdout, indent=2)
+        print()
+    elif not args.html or args.text:
+        sys.stdout.write(report.format_text(data, top=args.top))
+    return 0
+
+
 def build_parser():
     p = argparse.ArgumentParser(prog="flare", description="Flare: trace training jobs and "
                                 "query the flared daemon.")
@@ -325,6 +395,27 @@ def build_parser():
     g.add_argument("--json", action="store_true", help="print JSON")
     g.add_argument("--timeout", type=float, default=5.0, help="seconds per request")
     g.set_defaults(func=cmd_diagnose)
+    rp = sub.add_parser("report", help="a job's kernel report, diagnoses and metrics (text, "
+                        "--json, --html page)")
+    rp.add_argument("--daemon-http", help="flared's HTTP address HOST:PORT (default: "
+                    "FLARE_DAEMON_HTTP or %s)" % DEFAULT_HTTP)
+    rp.add_argument("--job", required=True, help="the job")
+    rp.add_argument("--json", action="store_true", help="print everything as one JSON object")
+    rp.add_argument("--html", metavar="FILE", help="write a self-contained HTML page (charts, "
+                    "tables; no network needed to view it)")
+    rp.add_argument("--text", action="store_true", help="print the text report as well as "
+                    "writing --html")
+    rp.add_argument("--baseline", metavar="JOB", help="a healthy job still in the daemon's window:"
+                    " its issue-latency distribution is drawn as the reference")
+    rp.add_argument("--top", type=int, default=25, help="kernel rows in the text report (0: all;"
+                    " --json and --html have all)")
+    rp.add_argument("--max-steps", type=int, help="steps in the series (the last ones; daemon "
+                    "default 256, at most 2048)")
+    rp.add_argument("--max-ranks", type=int, help="ranks in the series (diagnosed ones first; "
+                    "daemon default 128, at most 512)")
+    rp.add_argument("--quiet", action="store_true", help="no progress or 'wrote' lines on stderr")
+    rp.add_argument("--timeout", type=float, default=10.0, help="seconds per request")
+    rp.set_defaults(func=cmd_report)
     for name, what in (("export", "records of an offline spool as JSON lines (flare-export)"),
                        ("timeline", "a Perfetto/Kineto trace from an offline spool "
                                     "(flare-timeline)"),

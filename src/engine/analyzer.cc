@@ -69,6 +69,19 @@ std::vector<Diagnosis> Analyzer::diagnoseJob(const std::string& job_id) {
   return diagnose(it->second.model, options_.diagnose);
 }
 
+std::optional<std::string> Analyzer::seriesJson(const std::string& job_id,
+                                                const SeriesOptions& options,
+                                                const std::string& baseline_job) {
+  std::lock_guard lock(mu_);
+  auto it = jobs_.find(job_id);
+  if (it == jobs_.end()) return std::nullopt;
+  auto base =
+      baseline_job.empty() || baseline_job == job_id ? jobs_.end() : jobs_.find(baseline_job);
+  const JobModel* reference = base == jobs_.end() ? nullptr : &base->second.model;
+  const JobSeries series = computeSeries(it->second.model, options, reference);
+  return seriesToJson(job_id, it->second.model, series, reference ? baseline_job : "");
+}
+
 void Analyzer::writeMetrics(PromWriter& w) const {
   std::lock_guard lock(mu_);
   w.family("flare_alerts_total", "counter",

@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 #include <tuple>
@@ -26,6 +27,7 @@
 #include "flare/v1/service.pb.h"
 #include "src/engine/diagnosis/detectors.h"
 #include "src/engine/diagnosis/job_model.h"
+#include "src/engine/diagnosis/series.h"
 
 namespace flare::engine {
 
@@ -49,6 +51,11 @@ class Analyzer {
   std::vector<v1::Alert> run(int64_t now_ns);
   // The current diagnoses of one job (not deduplicated): the on-demand query.
   std::vector<Diagnosis> diagnoseJob(const std::string& job_id);
+  // The plot series of one job's window as JSON (diagnosis/series.h); nullopt when the job has
+  // no window. `baseline_job` names a job whose window is the issue-latency reference (empty or
+  // unknown: no baseline).
+  std::optional<std::string> seriesJson(const std::string& job_id, const SeriesOptions& options,
+                                        const std::string& baseline_job);
   void writeMetrics(PromWriter& w) const;
 
  private:

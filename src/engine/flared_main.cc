@@ -18,6 +18,7 @@
 #include <thread>
 
 #include "src/common/log.h"
+#include "src/common/text.h"
 #include "src/engine/analyzer.h"
 #include "src/engine/api.h"
 #include "src/engine/grpc_server.h"
@@ -139,6 +140,46 @@ bool loadTokens(const std::string& path, IngestConfig* cfg, std::string* error) 
     }
   }
   return true;
+}
+
+// GET /api/v1/jobs/{job}/series[?max_steps=N&max_ranks=N&max_signatures=N&points=N&ranks=3,5
+// &baseline=JOB]: the plot series of the job's detector window (diagnosis/series.h). Limits are
+// clamped to the kSeries* hard limits; bad numbers are a 400, a job without a window a 404.
+HttpResponse seriesResponse(Analyzer& analyzer, const std::string& job, const HttpRequest& r) {
+  auto bad = [](const std::string& what) {
+    return HttpResponse{400, "application/json", "{\"error\":\"" + what + "\"}\n"};
+  };
+  SeriesOptions opt;
+  const std::pair<const char*, size_t*> limits[] = {{"max_steps", &opt.max_steps},
+                                                    {"max_ranks", &opt.max_ranks},
+                                                    {"max_signatures", &opt.max_signatures},
+                                                    {"points", &opt.quantile_points}};
+  for (const auto& [name, field] : limits) {
+    const auto it = r.query.find(name);
+    if (it == r.query.end()) continue;
+    uint64_t v = 0;
+    if (!parseU64(it->second, &v) || v == 0) return bad(std::string(name) + ": positive integer");
+    *field = static_cast<size_t>(std::min<uint64_t>(v, 1u << 20));
+  }
+  if (const auto it = r.query.find("ranks"); it != r.query.end()) {
+    std::stringstream list(it->second);
+    std::string item;
+    while (std::getline(list, item, ',')) {
+      uint64_t v = 0;
+      if (item.empty()) continue;
+      if (!parseU64(item, &v) || v > (1u << 30)) return bad("ranks: comma-separated rank ids");
+      opt.priority_ranks.push_back(static_cast<int>(v));
+    }
+  }
+  const auto base = r.query.find("baseline");
+  const auto out =
+      analyzer.seriesJson(job, opt, base == r.query.end() ? std::string() : base->second);
+  if (!out) {
+    return HttpResponse{
+        404, "application/json",
+        "{\"error\":" + flare::common::jsonQuote("no detector window for job " + job) + "}\n"};
+  }
+  return HttpResponse{200, "application/json", *out};
 }
 
 }  // namespace
@@ -284,6 +325,14 @@ int main(int argc, char** argv) {
       const std::string job =
           r.path.substr(prefix.size(), r.path.size() - prefix.size() - suffix.size());
       return HttpResponse{200, "application/json", diagnosesToJson(analyzer.diagnoseJob(job))};
+    }
+    // /api/v1/jobs/{job}/series: per rank x step series for plots (flare report --html).
+    const std::string ssuffix = "/series";
+    if (r.path.size() > prefix.size() + ssuffix.size() && r.path.rfind(prefix, 0) == 0 &&
+        r.path.compare(r.path.size() - ssuffix.size(), ssuffix.size(), ssuffix) == 0) {
+      return seriesResponse(
+          analyzer, r.path.substr(prefix.size(), r.path.size() - prefix.size() - ssuffix.size()),
+          r);
     }
     // /api/v1/jobs/{job}/hangs: the job's hang incidents (hang_monitor.h).
     const std::string hsuffix = "/hangs";

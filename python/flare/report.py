@@ -1,0 +1,325 @@
+"""`flare report`: a job's kernel report, diagnoses and metrics, gathered from flared's HTTP JSON
+API and put in the shapes the text, JSON and HTML outputs print.
+
+    collect(get, job, baseline=None, progress=None) -> data   (the daemon's answers)
+    derive(data) -> data with "kernels" and "metrics"         (pure: no I/O)
+    format_text(data) -> str
+
+`get(path, optional=False)` returns the decoded JSON of one GET, or None for an optional route
+the daemon answers 404 (an older daemon, a job without a detector window). Everything here is
+stdlib only and tolerant of fields a newer daemon adds: report fields this module does not know
+(e.g. the five metrics and changes against history) are carried through and printed as they are.
+"""
+import math
+import urllib.parse
+
+# Report fields rendered by name; anything else in the report is shown under "other fields".
+KNOWN_REPORT_KEYS = {"jobId", "signatures"}
+KNOWN_SIGNATURE_KEYS = {"signature", "count", "totalNs", "timeShare", "tflops", "busbwGbps",
+                        "p50Ns", "p99Ns"}
+
+
+def _num(value, default=0.0):
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        return default
+    return v if math.isfinite(v) else default
+
+
+def signature_key(sig):
+    """What makes two signatures equal across the report and the series (ids differ)."""
+    shape = []
+    for d in sig.get("shape") or []:
+        try:
+            shape.append(int(d))
+        except (TypeError, ValueError):
+            shape.append(d)
+    return (sig.get("name", ""), sig.get("kind", ""), sig.get("dtype", ""), tuple(shape),
+            sig.get("layout", ""))
+
+
+def label(value, prefix):
+    """'OP_KIND_GEMM' -> 'gemm'; '' and *_UNSPECIFIED -> ''."""
+    value = str(value or "")
+    if value.endswith("UNSPECIFIED"):
+        return ""
+    return value[len(prefix):].lower() if value.startswith(prefix) else value.lower()
+
+
+def shape_text(sig):
+    shape = sig.get("shape") or []
+    return "[%s]" % ",".join(str(d) for d in shape) if shape else ""
+
+
+def collect(get, job, baseline=None, progress=None, limits=None):
+    """Every answer the report needs. Raises whatever `get` raises for the report itself (an
+    unknown job: the caller's 404 handling); the other routes are optional. `limits`: series
+    bounds passed to the daemon ({"max_steps": N, "max_ranks": N}; None: its defaults)."""
+    q = urllib.parse.quote(job, safe="")
+    say = progress or (lambda _msg: None)
+    data = {"jobId": job}
+    say("report")
+    data["report"] = get("/api/v1/jobs/%s/report" % q)
+    say("ranks")
+    ranks = get("/api/v1/jobs/%s/ranks" % q, optional=True) or {}
+    data["ranks"] = ranks.get("ranks", []) if isinstance(ranks, dict) else []
+    say("diagnoses")
+    diag = get("/api/v1/jobs/%s/diagnoses" % q, optional=True) or {}
+    data["diagnoses"] = diag.get("diagnoses", []) if isinstance(diag, dict) else []
+    flagged = sorted({int(r) for d in data["diagnoses"] for r in d.get("ranks", [])
+                      if isinstance(r, int) or str(r).isdigit()})
+    query = {}
+    if flagged:
+        query["ranks"] = ",".join(str(r) for r in flagged)
+    if baseline:
+        query["baseline"] = baseline
+    for key, value in sorted((limits or {}).items()):
+        if value:
+            query[key] = str(int(value))
+    say("series")
+    series = get("/api/v1/jobs/%s/series%s" % (q, "?" + urllib.parse.urlencode(query)
+                                               if query else ""), optional=True)
+    data["series"] = series if isinstance(series, dict) else None
+    say("hangs")
+    hangs = get("/api/v1/jobs/%s/hangs" % q, optional=True) or {}
+    data["hangs"] = hangs.get("incidents", []) if isinstance(hangs, dict) else []
+    say("alerts")
+    alerts = get("/api/v1/alerts?" + urllib.parse.urlencode({"job": job}), optional=True) or {}
+    data["alerts"] = alerts.get("alerts", []) if isinstance(alerts, dict) else []
+    data["baselineJob"] = baseline or ""
+    return data
+
+
+def _median(values):
+    values = sorted(v for v in values if v is not None and math.isfinite(v))
+    if not values:
+        return None
+    n = len(values)
+    return values[n // 2] if n % 2 else (values[n // 2 - 1] + values[n // 2]) / 2
+
+
+def steady_columns(series):
+    """Indices (into the series rows) of the steps after the warm-up: the window's first step is
+    the warm-up the detectors skip, when the series starts at it."""
+    steps = series.get("steps") or {}
+    count = int(_num(steps.get("count")))
+    skip = int(_num(steps.get("warmup"), 1)) if int(_num(steps.get("first"))) == 0 else 0
+    return list(range(min(skip, count), count))
+
+
+def flagged_ranks(data):
+    return sorted({r for d in data.get("diagnoses", []) for r in d.get("ranks", [])
+                   if isinstance(r, int)})
+
+
+def _rows(series, key):
+    """{rank: [values]} of a rank x step matrix, None for JSON null."""
+    out = {}
+    for rank, row in zip(series.get("ranks", []), series.get(key, []) or []):
+        out[rank] = [v if isinstance(v, (int, float)) and math.isfinite(v) else None for v in row]
+    return out
+
+
+def derive(data):
+    """Adds data["kernels"] (the report's rows joined with the per-rank series: spread across
+    ranks and the slowest rank) and data["metrics"] (step time, void %, issue latency, and the
+    report's own extra fields)."""
+    report = data.get("report") or {}
+    series = data.get("series") or {}
+    per_sig = {}
+    for s in series.get("signatures", []) or []:
+        per_sig[signature_key(s)] = s
+    kernels = []
+    for row in report.get("signatures", []) or []:
+        sig = row.get("signature") or {}
+        k = {
+            "name": sig.get("name", ""),
+            "kind": label(sig.get("kind"), "OP_KIND_"),
+            "dtype": label(sig.get("dtype"), "DTYPE_"),
+            "shape": shape_text(sig),
+            "layout": sig.get("layout", ""),
+            "collective": label(sig.get("collective"), "COLLECTIVE_KIND_"),
+            "count": int(_num(row.get("count"))),
+            "totalNs": _num(row.get("totalNs")),
+            "timeShare": _num(row.get("timeShare")),
+            "tflops": _num(row.get("tflops")),
+            "busbwGbps": _num(row.get("busbwGbps")),
+            "p50Ns": _num(row.get("p50Ns")),
+            "p99Ns": _num(row.get("p99Ns")),
+            "spread": None,
+            "slowestRank": None,
+            "extra": {key: v for key, v in row.items() if key not in KNOWN_SIGNATURE_KEYS},
+        }
+        ranks = per_sig.get(signature_key(sig), {}).get("perRank", [])
+        p50 = [(r.get("rank"), _num(r.get("p50Ns"))) for r in ranks if _num(r.get("p50Ns")) > 0]
+        if len(p50) >= 2:
+            mid = _median([v for _r, v in p50])
+            lo, hi = min(v for _r, v in p50), max(v for _r, v in p50)
+            k["spread"] = (hi - lo) / mid if mid else None
+            k["slowestRank"] = max(p50, key=lambda rv: rv[1])[0]
+        kernels.append(k)
+    data["kernels"] = kernels
+
+    metrics = {}
+    if series:
+        cols = steady_columns(series)
+        steps = _rows(series, "stepTimeNs")
+        flat = [row[i] for row in steps.values() for i in cols if i < len(row)]
+        per_rank = {r: _median([row[i] for i in cols if i < len(row)]) for r, row in steps.items()}
+        per_rank = {r: v for r, v in per_rank.items() if v is not None}
+        med = _median(flat)
+        if med:
+            metrics["stepTimeMedianNs"] = med
+            metrics["stepsPerSecond"] = 1e9 / med
+            metrics["steps"] = len(cols)
+            slowest = max(per_rank.items(), key=lambda rv: (rv[1], -rv[0]))
+            metrics["slowestRank"] = {"rank": slowest[0], "medianNs": slowest[1]}
+        for key, name in (("vInter", "vInterMedian"), ("vMinority", "vMinorityMedian")):
+            rows = _rows(series, key)
+            values = [row[i] for row in rows.values() for i in cols if i < len(row)]
+            m = _median(values)
+            if m is not None:
+                metrics[name] = m
+                worst = {r: _median([row[i] for i in cols if i < len(row)]) for r, row in
+                         rows.items()}
+                worst = {r: v for r, v in worst.items() if v is not None}
+                if worst:
+                    r, v = max(worst.items(), key=lambda rv: (rv[1], -rv[0]))
+                    metrics[name.replace("Median", "Worst")] = {"rank": r, "median": v}
+        lat = series.get("issueLatency") or {}
+        probs = lat.get("probabilities") or []
+        job_q = (lat.get("job") or {}).get("ns") or []
+
+        def at(qs, p):
+            if not probs or len(qs) != len(probs):
+                return None
+            best = min(range(len(probs)), key=lambda i: abs(probs[i] - p))
+            return _num(qs[best], None)
+        if job_q:
+            metrics["issueLatencyP50Ns"] = at(job_q, 0.5)
+            metrics["issueLatencyP99Ns"] = at(job_q, 0.99)
+        base = lat.get("baseline")
+        if isinstance(base, dict):
+            metrics["baseline"] = {"jobId": base.get("jobId", ""),
+                                   "issueLatencyP50Ns": at(base.get("ns") or [], 0.5),
+                                   "w1Ns": _num(base.get("w1Ns"), None)}
+    extra = {k: v for k, v in report.items() if k not in KNOWN_REPORT_KEYS}
+    if extra:
+        metrics["reported"] = extra  # what the daemon adds (five metrics, history, ...)
+    data["metrics"] = metrics
+    return data
+
+
+def fmt_ns(ns):
+    if ns is None:
+        return "-"
+    ns = float(ns)
+    if abs(ns) >= 1e9:
+        return "%.2f s" % (ns / 1e9)
+    if abs(ns) >= 1e6:
+        return "%.2f ms" % (ns / 1e6)
+    if abs(ns) >= 1e3:
+        return "%.1f us" % (ns / 1e3)
+    return "%.0f ns" % ns
+
+
+def fmt_pct(ratio):
+    return "-" if ratio is None else "%.1f%%" % (100 * ratio)
+
+
+def rate_text(k):
+    if k["tflops"] > 0:
+        return "%.1f TFLOPS" % k["tflops"]
+    if k["busbwGbps"] > 0:
+        return "%.1f GB/s busbw" % k["busbwGbps"]
+    return "-"
+
+
+def spread_text(k):
+    if k["spread"] is None:
+        return "-"
+    return "%s (slowest r%s)" % (fmt_pct(k["spread"]), k["slowestRank"])
+
+
+def flatten(value, prefix=""):
+    """Nested JSON as ("a.b.c", scalar) pairs, for printing fields this module does not know."""
+    if isinstance(value, dict):
+        for k, v in value.items():
+            yield from flatten(v, "%s.%s" % (prefix, k) if prefix else str(k))
+    elif isinstance(value, list):
+        if all(not isinstance(v, (dict, list)) for v in value):
+            yield prefix, ", ".join(str(v) for v in value)
+        else:
+            for i, v in enumerate(value):
+                yield from flatten(v, "%s[%d]" % (prefix, i))
+    else:
+        yield prefix, value
+
+
+def format_text(data, top=25):
+    out = []
+    ranks = data.get("ranks", [])
+    connected = sum(1 for r in ranks if r.get("connected"))
+    out.append("Flare report: job %s (%d ranks, %d connected)" % (data["jobId"], len(ranks),
+                                                                 connected))
+    out.append("")
+    diags = data.get("diagnoses", [])
+    out.append("Diagnoses (%d)" % len(diags) if diags else "Diagnoses: none (no anomaly found)")
+    for d in diags:
+        out.append("  [%s] %s" % (d.get("team", "?"), d.get("summary", "")))
+        for e in d.get("evidence", []):
+            out.append("      - %s" % e.get("text", ""))
+    for h in data.get("hangs", []):
+        out.append("  [hang] %s" % (h.get("text") or h.get("kind") or "incident").splitlines()[0])
+    alerts = data.get("alerts", [])
+    if alerts:
+        out.append("")
+        out.append("Alerts raised (%d, stored by the daemon)" % len(alerts))
+        for a in alerts:
+            out.append("  [%s] %s %s: %s" % (a.get("team", "?"), a.get("severity", ""),
+                                             a.get("kind", ""),
+                                             a.get("message", "").split(" | ")[0]))
+    out.append("")
+    m = data.get("metrics", {})
+    out.append("Metrics")
+    if "stepTimeMedianNs" in m:
+        out.append("  step time        median %s over %d steps x %d ranks (%.2f steps/s); "
+                   "slowest rank %s at %s" % (
+                       fmt_ns(m["stepTimeMedianNs"]), m["steps"],
+                       len((data.get("series") or {}).get("ranks", [])), m["stepsPerSecond"],
+                       m["slowestRank"]["rank"], fmt_ns(m["slowestRank"]["medianNs"])))
+    for key, name in (("vInter", "V_inter"), ("vMinority", "V_minority")):
+        if key + "Median" in m:
+            worst = m.get(key + "Worst") or {}
+            out.append("  %-16s median %s (highest: rank %s at %s)" % (
+                name, fmt_pct(m[key + "Median"]), worst.get("rank", "-"),
+                fmt_pct(worst.get("median"))))
+    if m.get("issueLatencyP50Ns") is not None:
+        line = "  issue latency    p50 %s, p99 %s" % (fmt_ns(m["issueLatencyP50Ns"]),
+                                                     fmt_ns(m.get("issueLatencyP99Ns")))
+        if m.get("baseline"):
+            line += "; baseline %s p50 %s, W1 %s" % (
+                m["baseline"]["jobId"], fmt_ns(m["baseline"]["issueLatencyP50Ns"]),
+                fmt_ns(m["baseline"]["w1Ns"]))
+        out.append(line)
+    if data.get("series") is None:
+        out.append("  (no per-step series: the daemon has no detector window for this job)")
+    for key, value in flatten(m.get("reported", {})):
+        out.append("  %-16s %s" % (key, value))
+    out.append("")
+    kernels = data.get("kernels", [])
+    shown = kernels[:top] if top else kernels
+    out.append("Kernels (%s by GPU time)" % ("all %d" % len(kernels) if len(shown) == len(kernels)
+                                             else "top %d of %d" % (len(shown), len(kernels))))
+    if shown:
+        out.append("  %-34s %-10s %-22s %-6s %8s %7s %10s %18s  %s" % (
+            "signature", "kind", "shape", "dtype", "count", "share", "p50", "TFLOPS/busbw",
+            "spread across ranks"))
+    for k in shown:
+        line = "  %-34s %-10s %-22s %-6s %8d %7s %10s %18s  %s" % (
+            k["name"][:34], k["kind"][:10], k["shape"][:22], k["dtype"][:6], k["count"],
+            fmt_pct(k["timeShare"]), fmt_ns(k["p50Ns"]), rate_text(k), spread_text(k))
+        extra = ", ".join("%s=%s" % kv for kv in flatten(k["extra"]))
+        out.append(line + ("  " + extra if extra else ""))
+    return "\n".join(out) + "\n"

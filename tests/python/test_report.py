@@ -1,0 +1,479 @@
+"""`flare report` against the real flared: an 8-rank sim job with rank 3 underclocked to 80%
+(FLARE_SIM_CLOCK_FACTOR=3:0.8) and a healthy job as the issue-latency baseline, both streamed
+through `flare run`. Checks the text and JSON report, the daemon's /series against the sim's own
+step times, the HTML page in headless Chromium (DOM after its script ran, and a screenshot), and
+the failure paths (daemon down, unknown job, bad input)."""
+import html.parser
+import json
+import os
+import shutil
+import signal
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+import zlib
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+RANKS, STEPS, SLOW = 8, 12, 3
+FLAG_RGB = (0xE0, 0x31, 0x31)  # html_report.FLAG: the diagnosed rank's bar
+
+
+class Daemon:
+    def __init__(self, build_dir, workdir):
+        ready = os.path.join(workdir, "ready")
+        self.log = os.path.join(workdir, "flared.log")
+        if os.path.exists(ready):
+            os.unlink(ready)  # a previous daemon's ports
+        self.proc = subprocess.Popen(
+            [os.path.join(build_dir, "bin", "flared"), "--listen", "127.0.0.1:0", "--http",
+             "127.0.0.1:0", "--db", os.path.join(workdir, "flared.db"),
+             "--diagnose-interval-s", "1", "--ready-file", ready],
+            stdout=open(self.log, "w"), stderr=subprocess.STDOUT)
+        for _ in range(400):
+            if os.path.exists(ready):
+                self.grpc, self.http = map(int, open(ready).read().split())
+                return
+            assert self.proc.poll() is None, open(self.log).read()
+            time.sleep(0.05)
+        raise AssertionError("flared did not start")
+
+    def get(self, path):
+        with urllib.request.urlopen("http://127.0.0.1:%d%s" % (self.http, path), timeout=20) as r:
+            return json.loads(r.read())
+
+    def status_of(self, path):
+        try:
+            urllib.request.urlopen("http://127.0.0.1:%d%s" % (self.http, path), timeout=20)
+            return 200
+        except urllib.error.HTTPError as e:
+            return e.code
+
+    def stop(self):
+        self.proc.send_signal(signal.SIGTERM)
+        self.proc.wait(timeout=30)
+
+
+def flare(build_dir, *args, timeout=120):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLARE_")}
+    return subprocess.run([os.path.join(build_dir, "bin", "flare"), *args], capture_output=True,
+                          text=True, timeout=timeout, env=env)
+
+
+def run_job(build_dir, daemon, workdir, job, fault_env=None):
+    out = os.path.join(workdir, job + ".json")
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("FLARE_") and k != "LD_PRELOAD"}
+    env.update(fault_env or {}, FLARE_OUTPUT_DIR=os.path.join(workdir, "spool-" + job))
+    res = subprocess.run(
+        [os.path.join(build_dir, "bin", "flare"), "run", "--daemon",
+         "127.0.0.1:%d" % daemon.grpc, "--job-id", job, "--quiet", "--",
+         os.path.join(build_dir, "bin", "flare-sim-train"), "--ranks", str(RANKS), "--steps",
+         str(STEPS), "--layers", "4", "--tp", "2", "--quiet", "--json", out],
+        env=env, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    return json.load(open(out))
+
+
+@pytest.fixture(scope="module")
+def job(build_dir, tmp_path_factory):
+    if not os.path.exists(os.path.join(build_dir, "bin", "flared")):
+        pytest.skip("build/bin/flared not built")
+    workdir = str(tmp_path_factory.mktemp("report"))
+    daemon = Daemon(build_dir, workdir)
+    try:
+        run_job(build_dir, daemon, workdir, "healthy")
+        sim = run_job(build_dir, daemon, workdir, "slowgpu", {"FLARE_SIM_CLOCK_FACTOR": "%d:0.8"
+                                                                                      % SLOW})
+        deadline = time.time() + 30  # the last batches reach the detector window
+        while time.time() < deadline:
+            series = daemon.get("/api/v1/jobs/slowgpu/series")
+            if series["steps"]["total"] >= STEPS - 1 and daemon.get(
+                    "/api/v1/jobs/slowgpu/diagnoses")["diagnoses"]:
+                break
+            time.sleep(0.3)
+        yield {"daemon": daemon, "sim": sim, "workdir": workdir,
+               "http": "127.0.0.1:%d" % daemon.http}
+    finally:
+        if daemon.proc.poll() is None:
+            daemon.stop()
+
+
+def report_json(build_dir, job, *extra):
+    res = flare(build_dir, "report", "--daemon-http", job["http"], "--job", "slowgpu", "--json",
+                *extra)
+    assert res.returncode == 0, res.stderr
+    return json.loads(res.stdout)
+
+
+# ---- the daemon's series ----------------------------------------------------------------------
+
+def test_series_step_times_match_the_sims_own_clock(job):
+    series = job["daemon"].get("/api/v1/jobs/slowgpu/series")
+    assert series["rankCount"] == RANKS and sorted(series["ranks"]) == list(range(RANKS))
+    # Steps are the intervals between DataLoader calls: STEPS calls give STEPS-1 intervals, and
+    # interval i is the sim's step i. The first (warm-up) includes start-up costs the sim counts
+    # differently, so it is not compared.
+    assert series["steps"] == {"total": STEPS - 1, "first": 0, "count": STEPS - 1, "warmup": 1}
+    for row, rank in zip(series["stepTimeNs"], series["ranks"]):
+        ours = [v / 1e6 for v in row]
+        sims = job["sim"]["ranks"][rank]["step_ms"]
+        for i in range(1, STEPS - 1):
+            assert abs(ours[i] - sims[i]) <= 0.03 * sims[i], (rank, i, ours[i], sims[i])
+    # V_* are shares of the step; the sim's DataLoader does not wait, so V_inter stays small.
+    for key in ("vInter", "vMinority"):
+        assert all(v is None or 0 <= v <= 1 for row in series[key] for v in row)
+    steady = sorted(v for row in series["vInter"] for v in row[1:])
+    assert steady[len(steady) // 2] < 0.05
+
+
+def test_series_per_rank_gemm_durations_show_the_underclocked_rank(job):
+    series = job["daemon"].get("/api/v1/jobs/slowgpu/series")
+    gemms = [s for s in series["signatures"] if s["kind"] == "OP_KIND_GEMM"]
+    assert gemms
+    for s in gemms:
+        p50 = {r["rank"]: r["p50Ns"] for r in s["perRank"]}
+        others = sorted(v for r, v in p50.items() if r != SLOW)
+        # 80% clock: 1/0.8 = 1.25x the duration, 0.8x the TFLOPS of the other ranks.
+        assert p50[SLOW] / others[len(others) // 2] == pytest.approx(1.25, rel=0.03)
+        # TFLOPS per rank: 2·m·n·k·b FLOPs per call (from the shape, not the daemon's count)
+        # over the rank's summed GEMM time.
+        m, n, k, b = s["shape"]
+        for r in s["perRank"]:
+            assert r["tflops"] == pytest.approx(r["count"] * 2 * m * n * k * b / r["totalNs"] /
+                                                1e3, rel=1e-4)
+    # Summed time is a mean, which a loaded test machine's stragglers move more than the
+    # median: over all GEMM signatures, the underclocked rank is the slowest, near 0.8.
+    flops, time_ns = {}, {}
+    for s in gemms:
+        for r in s["perRank"]:
+            flops[r["rank"]] = flops.get(r["rank"], 0) + r["tflops"] * r["totalNs"]
+            time_ns[r["rank"]] = time_ns.get(r["rank"], 0) + r["totalNs"]
+    tf = {r: flops[r] / time_ns[r] for r in flops}
+    healthy = sorted(v for r, v in tf.items() if r != SLOW)
+    assert tf[SLOW] < healthy[0]
+    assert 0.65 < tf[SLOW] / healthy[len(healthy) // 2] < 0.9
+
+
+def test_series_bounds_and_bad_input(job):
+    d = job["daemon"]
+    cut = d.get("/api/v1/jobs/slowgpu/series?max_steps=4&max_ranks=2&ranks=5&points=11")
+    assert cut["ranks"] == [5, 0] and cut["truncated"]["ranks"] and cut["truncated"]["steps"]
+    assert cut["steps"]["first"] == STEPS - 1 - 4 and len(cut["stepTimeNs"][0]) == 4
+    assert len(cut["issueLatency"]["probabilities"]) == 11
+    assert d.status_of("/api/v1/jobs/slowgpu/series?max_steps=-1") == 400
+    assert d.status_of("/api/v1/jobs/slowgpu/series?ranks=a,b") == 400
+    assert d.status_of("/api/v1/jobs/nosuchjob/series") == 404
+    base = d.get("/api/v1/jobs/slowgpu/series?baseline=healthy")["issueLatency"]["baseline"]
+    assert base["jobId"] == "healthy" and base["samples"] > 0 and base["w1Ns"] > 0
+    assert d.get("/api/v1/jobs/slowgpu/series?baseline=nosuchjob")["issueLatency"][
+        "baseline"] is None
+
+
+# ---- flare report: text and JSON --------------------------------------------------------------
+
+def test_report_text_names_the_rank_the_kernels_and_the_metrics(build_dir, job):
+    res = flare(build_dir, "report", "--daemon-http", job["http"], "--job", "slowgpu", "--top",
+                "0")
+    assert res.returncode == 0, res.stderr
+    out = res.stdout
+    assert "Flare report: job slowgpu (8 ranks" in out
+    assert "[operations] rank 3: GPU slow" in out
+    assert "step time        median" in out and "issue latency    p50" in out
+    report = job["daemon"].get("/api/v1/jobs/slowgpu/report")
+    rows = [line for line in out.splitlines() if line.startswith("  cublas")]
+    gemms = [s for s in report["signatures"] if s["signature"]["name"].startswith("cublas")]
+    assert len(rows) == len(gemms) > 0
+    assert all("TFLOPS" in r and "(slowest r3)" in r for r in rows)
+
+
+def test_report_json_kernels_spread_and_metrics(build_dir, job):
+    data = report_json(build_dir, job, "--baseline", "healthy")
+    report = job["daemon"].get("/api/v1/jobs/slowgpu/report")
+    assert len(data["kernels"]) == len(report["signatures"])
+    assert [d["kind"] for d in data["diagnoses"]] == ["gpu_slow"]
+    gemm = [k for k in data["kernels"] if k["kind"] == "gemm"]
+    for k in gemm:
+        # (slowest - fastest) / median of the ranks' medians: rank 3 at 1.25x the others.
+        assert k["slowestRank"] == SLOW and k["spread"] == pytest.approx(0.25, abs=0.03)
+        assert k["tflops"] > 0 and k["shape"].startswith("[") and k["dtype"] == "bf16"
+    # The median step time is the median of the series' steps after the warm-up.
+    steps = sorted(v for row in data["series"]["stepTimeNs"] for v in row[1:])
+    n = len(steps)
+    assert data["metrics"]["stepTimeMedianNs"] == pytest.approx(
+        steps[n // 2] if n % 2 else (steps[n // 2 - 1] + steps[n // 2]) / 2)
+    assert data["metrics"]["baseline"]["jobId"] == "healthy"
+    assert data["metrics"]["baseline"]["w1Ns"] > 0
+
+
+def test_report_series_limits_reach_the_daemon(build_dir, job):
+    data = report_json(build_dir, job, "--max-steps", "4", "--max-ranks", "2")
+    series = data["series"]
+    # The diagnosed rank is asked for first, so it is kept when the ranks are cut.
+    assert series["ranks"] == [SLOW, 0] and series["truncated"]["ranks"]
+    assert series["steps"]["count"] == 4 and series["steps"]["first"] == STEPS - 1 - 4
+    res = flare(build_dir, "report", "--daemon-http", job["http"], "--job", "slowgpu",
+                "--max-steps", "0")
+    assert res.returncode == 2 and "--max-steps" in res.stderr
+
+
+def test_report_fails_clearly(build_dir, job):
+    res = flare(build_dir, "report", "--daemon-http", job["http"], "--job", "nosuchjob")
+    assert res.returncode == 4 and "nosuchjob" in res.stderr and "not known" in res.stderr
+    res = flare(build_dir, "report", "--daemon-http", "127.0.0.1:1", "--job", "slowgpu")
+    assert res.returncode == 3 and "cannot reach the daemon" in res.stderr
+    res = flare(build_dir, "report", "--daemon-http", "127.0.0.1:%d" % job["daemon"].grpc,
+                "--job", "slowgpu", "--timeout", "5")  # the gRPC port: not HTTP
+    assert res.returncode == 3 and "does not answer HTTP" in res.stderr, res.stderr
+    res = flare(build_dir, "report", "--daemon-http", "nonsense", "--job", "slowgpu")
+    assert res.returncode == 2 and "HOST:PORT" in res.stderr
+    res = flare(build_dir, "report", "--daemon-http", job["http"])
+    assert res.returncode == 2 and "--job" in res.stderr
+    res = flare(build_dir, "report", "--daemon-http", job["http"], "--job", "slowgpu", "--html",
+                os.path.join(job["workdir"], "no", "such", "dir", "r.html"))
+    assert res.returncode == 2 and "cannot write" in res.stderr
+    res = flare(build_dir, "report", "--daemon-http", job["http"], "--job", "slowgpu",
+                "--baseline", "nosuchjob", "--json")
+    assert res.returncode == 0 and "baseline job 'nosuchjob'" in res.stderr
+
+
+# ---- the HTML page in headless Chromium -------------------------------------------------------
+
+def chromium():
+    for name in ("chromium", "chromium-browser", "google-chrome"):
+        path = shutil.which(name)
+        if path:
+            return path
+    return None
+
+
+def run_chromium(args, profile):
+    cmd = [chromium(), "--headless", "--disable-gpu", "--hide-scrollbars", "--no-first-run",
+           "--user-data-dir=" + profile, *args]
+    if os.geteuid() == 0:
+        cmd.insert(1, "--no-sandbox")  # Chromium refuses to run as root with its sandbox
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=180)
+
+
+class Dom(html.parser.HTMLParser):
+    """Elements of the dumped DOM with their attributes and the id of the svg around them."""
+
+    def __init__(self):
+        super().__init__()
+        self.elements, self.svg = [], None
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        if tag == "svg":
+            self.svg = a.get("id")
+        self.elements.append((tag, a, self.svg))
+
+    def handle_endtag(self, tag):
+        if tag == "svg":
+            self.svg = None
+
+    def find(self, tag, svg=None, cls=None, **attrs):
+        out = []
+        for t, a, s in self.elements:
+            if t != tag or (svg and s != svg):
+                continue
+            if cls and cls not in (a.get("class") or "").split():
+                continue
+            if all(a.get(k.replace("_", "-")) == v for k, v in attrs.items()):
+                out.append(a)
+        return out
+
+
+def png_pixels(path):
+    """(width, height, rows of RGB tuples) of an 8-bit non-interlaced RGB/RGBA PNG."""
+    data = open(path, "rb").read()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", "not a PNG"
+    pos, idat, head = 8, b"", None
+    while pos < len(data):
+        n, kind = struct.unpack(">I4s", data[pos:pos + 8])
+        body = data[pos + 8:pos + 8 + n]
+        if kind == b"IHDR":
+            head = struct.unpack(">IIBBBBB", body)
+        elif kind == b"IDAT":
+            idat += body
+        pos += 12 + n
+    width, height, depth, colour, _c, _f, interlace = head
+    assert depth == 8 and colour in (2, 6) and interlace == 0, head
+    bpp = 3 if colour == 2 else 4
+    raw = zlib.decompress(idat)
+    stride = width * bpp
+    rows, prev = [], bytearray(stride)
+    for y in range(height):
+        f = raw[y * (stride + 1)]
+        line = bytearray(raw[y * (stride + 1) + 1:(y + 1) * (stride + 1)])
+        for i in range(stride):
+            a = line[i - bpp] if i >= bpp else 0
+            b = prev[i]
+            c = prev[i - bpp] if i >= bpp else 0
+            if f == 1:
+                line[i] = (line[i] + a) & 255
+            elif f == 2:
+                line[i] = (line[i] + b) & 255
+            elif f == 3:
+                line[i] = (line[i] + (a + b) // 2) & 255
+            elif f == 4:
+                p = a + b - c
+                pa, pb, pc = abs(p - a), abs(p - b), abs(p - c)
+                line[i] = (line[i] + (a if pa <= pb and pa <= pc else b if pb <= pc else c)) & 255
+        rows.append([tuple(line[x * bpp:x * bpp + 3]) for x in range(width)])
+        prev = line
+    return width, height, rows
+
+
+def test_html_report_renders_in_headless_chromium(build_dir, job):
+    page = os.path.join(job["workdir"], "report.html")
+    res = flare(build_dir, "report", "--daemon-http", job["http"], "--job", "slowgpu", "--html",
+                page, "--baseline", "healthy")
+    assert res.returncode == 0, res.stderr
+    assert res.stdout == ""  # --html alone prints no text report
+    text = open(page, encoding="utf-8").read()
+    # Self-contained: nothing fetched from anywhere.
+    for needle in ("http://", "https://", "<link", "src=", "@import", "url(http"):
+        assert needle not in text, needle
+    if chromium() is None:
+        pytest.skip("chromium not installed (deploy/install-deps.sh installs Debian's chromium)")
+    data = report_json(build_dir, job, "--baseline", "healthy")
+    series = data["series"]
+    steady = series["steps"]["count"] - 1  # the warm-up step is not drawn
+
+    with tempfile.TemporaryDirectory() as profile:
+        dump = run_chromium(["--dump-dom", "file://" + page], profile)
+    assert dump.returncode == 0, dump.stderr[-2000:]
+    dom = Dom()
+    dom.feed(dump.stdout)
+    body = dom.find("body")
+    assert body and body[0].get("data-interactive") == "1", "the page's script did not run"
+    for sid in ("step-time", "heatmap", "latency-cdf", "flops-sig", "flops-rank", "void"):
+        assert dom.find("svg", id=sid), sid
+    # Diagnoses: the underclocked rank.
+    diags = dom.find("div", cls="diagnosis")
+    assert [(d["data-kind"], d["data-ranks"], d["data-team"]) for d in diags] == [
+        ("gpu_slow", str(SLOW), "operations")]
+    # Step time: a line per rank, the diagnosed one flagged; the heat map: rank x step cells.
+    lines = dom.find("path", svg="step-time", cls="rank-line")
+    assert sorted(int(a["data-rank"]) for a in lines) == list(range(RANKS))
+    assert [a["data-rank"] for a in lines if "flagged" in a["class"]] == [str(SLOW)]
+    cells = dom.find("rect", svg="heatmap", cls="cell")
+    assert len(cells) == RANKS * steady
+    assert {a["data-rank"] for a in cells} == {str(r) for r in range(RANKS)}
+    # Issue-latency CDFs: the job, each rank, and the healthy baseline.
+    assert len(dom.find("path", svg="latency-cdf", cls="rank-line")) == RANKS
+    assert len(dom.find("path", svg="latency-cdf", cls="baseline-line")) == 1
+    assert len(dom.find("path", svg="latency-cdf", cls="median-line")) == 1
+    # FLOPS: a bar per compute signature, a bar per rank with the slow rank red and lowest.
+    compute = [s for s in series["signatures"] if s["tflops"] > 0]
+    assert len(dom.find("rect", svg="flops-sig", cls="bar")) == min(16, len(compute))
+    bars = dom.find("rect", svg="flops-rank", cls="bar")
+    assert len(bars) == RANKS
+    assert [b["data-rank"] for b in bars if b["fill"] == "#e03131"] == [str(SLOW)]
+    tallest = min(bars, key=lambda b: float(b["y"]))  # SVG y grows downwards
+    assert tallest["data-rank"] != str(SLOW)
+    assert max(float(b["y"]) for b in bars) == float(
+        [b for b in bars if b["data-rank"] == str(SLOW)][0]["y"])
+    # Void percentages: two bars per rank.
+    assert len(dom.find("rect", svg="void", cls="bar")) == 2 * RANKS
+    # The kernel table: one row per signature of the report; the ranks table: one per rank.
+    rows = [e for e in dom.elements if e[0] == "tr"]
+    assert len(rows) == len(data["kernels"]) + 1 + RANKS + 1  # + header rows
+    assert len(dom.find("tr", data_rank=str(SLOW), cls="flagged")) == 1
+
+    shot = os.path.join(job["workdir"], "report.png")
+    with tempfile.TemporaryDirectory() as profile:
+        res = run_chromium(["--screenshot=" + shot, "--window-size=1280,2600",
+                            "file://" + page], profile)
+    assert res.returncode == 0 and os.path.exists(shot), res.stderr[-2000:]
+    width, height, pixels = png_pixels(shot)
+    assert (width, height) == (1280, 2600)
+    counts = {}
+    for row in pixels[::2]:
+        for px in row[::2]:
+            counts[px] = counts.get(px, 0) + 1
+    total = sum(counts.values())
+    assert len(counts) > 200, "too few colours: a blank or unstyled page"
+    assert max(counts.values()) < 0.9 * total, "one colour covers 90% of the page"
+    # The diagnosed rank's red bar is on screen (solid fill: exact colour).
+    assert counts.get(FLAG_RGB, 0) > 100
+
+
+# ---- rendering without a daemon: fields a newer daemon adds are shown ------------------------
+
+def test_unknown_report_fields_are_rendered_not_dropped():
+    sys.path.insert(0, os.path.join(ROOT, "python"))
+    try:
+        from flare import html_report, report
+    finally:
+        sys.path.pop(0)
+    sig = {"name": "cublasGemmEx", "kind": "OP_KIND_GEMM", "dtype": "DTYPE_BF16",
+           "shape": ["8", "16", "32"], "layout": "tn"}
+    data = {"jobId": "j<1>", "ranks": [], "diagnoses": [], "series": None, "hangs": [],
+            "alerts": [], "report": {
+                "jobId": "j<1>", "fiveMetrics": {"throughputStepsPerS": 2.5, "voidInter": 0.1},
+                "signatures": [{"signature": sig, "count": "3", "totalNs": "300",
+                                "timeShare": 1.0, "tflops": 1.5, "p50Ns": "100", "p99Ns": "100",
+                                "changeVsHistory": -0.2}]}}
+    report.derive(data)
+    text = report.format_text(data)
+    assert "fiveMetrics.throughputStepsPerS 2.5" in text
+    assert "changeVsHistory=-0.2" in text and "1.5 TFLOPS" in text
+    page = html_report.render(data)
+    assert "fiveMetrics.voidInter" in page and "changeVsHistory" in page
+    assert "j&lt;1&gt;" in page and "j<1>" not in page  # escaped
+    assert 'id="no-series"' in page
+
+
+def test_report_after_a_daemon_restart_keeps_the_kernels_and_alerts(build_dir, job):
+    # Runs last: it replaces the module's daemon. The kernel report and the alerts are stored;
+    # the detector window (diagnoses, series) is not, and the report says so.
+    job["daemon"].stop()
+    again = Daemon(build_dir, job["workdir"])
+    try:
+        res = flare(build_dir, "report", "--daemon-http", "127.0.0.1:%d" % again.http, "--job",
+                    "slowgpu", "--html", os.path.join(job["workdir"], "after.html"), "--text")
+        assert res.returncode == 0, res.stderr
+        assert "Diagnoses: none" in res.stdout
+        assert "Alerts raised (1, stored by the daemon)" in res.stdout
+        assert "[operations] critical gpu_slow: rank 3" in res.stdout
+        assert "no per-step series" in res.stdout
+        assert "cublasGemmEx" in res.stdout
+        page = open(os.path.join(job["workdir"], "after.html"), encoding="utf-8").read()
+        assert 'id="no-series"' in page and 'id="alerts"' in page
+    finally:
+        again.stop()
+
+
+def test_html_bounds_long_series_and_says_what_it_cut():
+    """400 steps on 4 ranks: the heat map averages steps in bins (at most MAX_COLUMNS columns);
+    a start-up spike is cut from the step-time axis and the page says so."""
+    sys.path.insert(0, os.path.join(ROOT, "python"))
+    try:
+        from flare import html_report, report
+    finally:
+        sys.path.pop(0)
+    ranks, steps = 4, 400
+    rows = [[(500e6 if i in (1, 2) else 60e6 + (r * 7 + i) % 5 * 1e5) for i in range(steps)]
+            for r in range(ranks)]
+    series = {"ranks": list(range(ranks)), "rankCount": ranks,
+              "steps": {"total": steps, "first": 0, "count": steps, "warmup": 1},
+              "truncated": {}, "stepTimeNs": rows, "vInter": [[0.0] * steps] * ranks,
+              "vMinority": [[0.1] * steps] * ranks, "signatures": [],
+              "issueLatency": {"probabilities": [0, 1], "job": {"samples": 2, "ns": [1, 2]},
+                               "perRank": [], "baseline": None}}
+    data = {"jobId": "long", "ranks": [], "diagnoses": [], "hangs": [], "alerts": [],
+            "series": series, "report": {"jobId": "long", "signatures": []}}
+    page = html_report.render(report.derive(data))
+    per_bin = -(-(steps - 1) // html_report.MAX_COLUMNS)  # ceil: steady steps per column
+    columns = -(-(steps - 1) // per_bin)
+    assert columns <= html_report.MAX_COLUMNS
+    assert page.count('class="cell"') == ranks * columns
+    assert "8 rank-steps above" in page and "the heat map shows them" in page
+    assert "≥ " in page  # the heat map's top colour is a clipped bound
