@@ -606,8 +606,11 @@ v1::ListJobsResponse Ingest::listJobs(const v1::ListJobsRequest& req) {
 
 void Ingest::fillReport(const JobState& job, v1::GetReportResponse* out) const {
   out->set_job_id(job.job_id);
+  // GPU-busy time: host-side synchronizations (OP_KIND_SYNC: the time a host thread waited)
+  // are reported with their own totals but are not GPU work, so they take no share of it.
+  auto onGpu = [](const SigState& st) { return st.sig.kind() != v1::OP_KIND_SYNC; };
   int64_t busy = 0;
-  for (const SigState& st : job.sigs) busy += st.total_ns;
+  for (const SigState& st : job.sigs) busy += onGpu(st) ? st.total_ns : 0;
   std::vector<const SigState*> order;
   for (const SigState& st : job.sigs) {
     if (st.count > 0) order.push_back(&st);
@@ -620,7 +623,8 @@ void Ingest::fillReport(const JobState& job, v1::GetReportResponse* out) const {
     *r->mutable_signature() = st->sig;
     r->set_count(st->count);
     r->set_total_ns(st->total_ns);
-    r->set_time_share(busy > 0 ? static_cast<double>(st->total_ns) / static_cast<double>(busy) : 0);
+    r->set_time_share(
+        busy > 0 && onGpu(*st) ? static_cast<double>(st->total_ns) / static_cast<double>(busy) : 0);
     if (st->total_ns > 0 && computesFlops(st->sig.kind())) {
       r->set_tflops(st->flops / static_cast<double>(st->total_ns) / 1e3);  // flop/ns = GFLOP/s
     }

@@ -182,10 +182,21 @@ TEST_F(IngestTest, ReportComputesTflopsBusbwShareAndQuantiles) {
   b1.set_batch_seq(1);
   *b1.add_signatures() = gemmSig(5, 4096, 4096, 4096);
   addKernel(&b1, 5, kNow, 3000000);
+  // A host thread waiting 20 ms in cudaEventSynchronize: listed, but no share of GPU time.
+  v1::Signature sync;
+  sync.set_id(6);
+  sync.set_name("cudaEventSynchronize");
+  sync.set_kind(v1::OP_KIND_SYNC);
+  *b1.add_signatures() = sync;
+  addKernel(&b1, 6, kNow + 5000000, 20000000);
   ASSERT_TRUE(ingest_->batch(s1, b1).ok());
 
-  const auto r = report("job");
-  ASSERT_EQ(r.signatures_size(), 2);
+  auto r = report("job");
+  ASSERT_EQ(r.signatures_size(), 3);
+  EXPECT_EQ(r.signatures(0).signature().name(), "cudaEventSynchronize");
+  EXPECT_EQ(r.signatures(0).total_ns(), 20000000);
+  EXPECT_EQ(r.signatures(0).time_share(), 0);
+  r.mutable_signatures()->DeleteSubrange(0, 1);
   const auto& ar = r.signatures(0);    // 8 ms of all-reduce first
   const auto& gemm = r.signatures(1);  // 6 ms of GEMM
   EXPECT_EQ(ar.signature().name(), "ncclAllReduce");
