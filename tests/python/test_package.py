@@ -12,7 +12,7 @@ import sysconfig
 import pytest
 
 from conftest import python_interpreters
-from test_flared_diagnosis import Daemon, run_job
+from test_flared_diagnosis import daemon, run_job  # noqa: F401 (daemon: a fixture)
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PACKAGE = os.path.join(REPO, "python")
@@ -158,16 +158,6 @@ def test_pip_install_builds_the_binding_and_installs_the_cli(tmp_path):
 
 
 # ---- the client API against a real flared ---------------------------------------------------
-
-@pytest.fixture
-def daemon(build_dir, tmp_path):
-    if not os.path.exists(os.path.join(build_dir, "bin", "flared")):
-        pytest.fail("build/bin/flared not built")
-    d = Daemon(build_dir, tmp_path)
-    yield d
-    if d.proc.poll() is None:
-        d.proc.kill()
-
 
 def test_client_reads_jobs_ranks_report_and_diagnoses(build_dir, daemon, tmp_path):
     sys.path.insert(0, PACKAGE)
