@@ -565,6 +565,40 @@ void detectIssueStall(const JobModel& job, const DiagnoseOptions& opt,
 
 // ---- issue-latency regression against a healthy baseline -----------------------------------
 
+// Names what this job calls clearly more often than the baseline: the traced Python API first
+// (what the algorithm team changes), then the host synchronization call it makes.
+void nameRegressionCause(const ApiRates& now_rates, const ApiRates& base_rates, Diagnosis* d) {
+  auto grown = [d](const std::map<std::string, double>& now,
+                   const std::map<std::string, double>& before) {
+    std::string best_name;
+    double best = 0;
+    for (const auto& [name, rate] : now) {
+      auto it = before.find(name);
+      const double was = it == before.end() ? 0 : it->second;
+      if (rate - was > best && rate - was > 0.2 * rate) {
+        best = rate - was;
+        best_name = name;
+      }
+    }
+    if (!best_name.empty()) {
+      auto it = before.find(best_name);
+      d->evidence.push_back({"api_rate",
+                             best_name + " runs " + fmtNum(now.at(best_name) * 1000, "") +
+                                 "times per 1000 GPU ops vs " +
+                                 fmtNum(it == before.end() ? 0 : it->second * 1000, "") +
+                                 "in the baseline",
+                             now.at(best_name), it == before.end() ? 0 : it->second});
+    }
+    return best_name;
+  };
+  const std::string api = grown(now_rates.spans, base_rates.spans);
+  const std::string sync = grown(now_rates.syncs, base_rates.syncs);
+  std::string named = api;
+  if (!sync.empty()) named += named.empty() ? sync : " (which calls " + sync + ")";
+  d->summary = "job: issue-latency regression against healthy history" +
+               (named.empty() ? std::string() : " (likely cause: " + named + ")");
+}
+
 void detectRegression(const JobModel& job, const JobModel& baseline, const DiagnoseOptions& opt,
                       std::vector<Diagnosis>* out) {
   std::vector<double> all, base_all;
@@ -606,58 +640,36 @@ void detectRegression(const JobModel& job, const JobModel& baseline, const Diagn
                             fmtMs(threshold) + "); median " + fmtMs(median(all)) + " vs " +
                             fmtMs(median(base_all)),
                         w1, threshold});
-  // Name what this job calls clearly more often than the baseline: the traced Python API first
-  // (what the algorithm team changes), then the host synchronization call it makes.
-  struct Rates {
-    std::map<std::string, double> spans, syncs;
-  };
-  auto rates = [](const JobModel& m) {
-    Rates found;
-    uint64_t ops = 0;
-    for (const auto& [rank, r] : m.ranks()) {
-      ops += r.ops.size();
-      for (const Span& s : r.spans) found.spans[m.apis()[s.api]] += 1;
-      for (const Op& op : r.ops) {
-        const auto& sig = m.signatures()[op.sig];
-        if (sig.kind() == flare::v1::OP_KIND_SYNC && sig.name() != FLARE_STEP_MARKER_NAME)
-          found.syncs[sig.name()] += 1;
-      }
-    }
-    for (auto* table : {&found.spans, &found.syncs}) {
-      for (auto& [name, n] : *table) n /= static_cast<double>(std::max<uint64_t>(ops, 1));
-    }
-    return found;
-  };
-  const Rates job_rates = rates(job), base_rates = rates(baseline);
-  auto grown = [&d](const std::map<std::string, double>& now,
-                    const std::map<std::string, double>& before) {
-    std::string best_name;
-    double best = 0;
-    for (const auto& [name, rate] : now) {
-      auto it = before.find(name);
-      const double was = it == before.end() ? 0 : it->second;
-      if (rate - was > best && rate - was > 0.2 * rate) {
-        best = rate - was;
-        best_name = name;
-      }
-    }
-    if (!best_name.empty()) {
-      auto it = before.find(best_name);
-      d.evidence.push_back({"api_rate",
-                            best_name + " runs " + fmtNum(now.at(best_name) * 1000, "") +
-                                "times per 1000 GPU ops vs " +
-                                fmtNum(it == before.end() ? 0 : it->second * 1000, "") +
-                                "in the baseline",
-                            now.at(best_name), it == before.end() ? 0 : it->second});
-    }
-    return best_name;
-  };
-  const std::string api = grown(job_rates.spans, base_rates.spans);
-  const std::string sync = grown(job_rates.syncs, base_rates.syncs);
-  std::string named = api;
-  if (!sync.empty()) named += named.empty() ? sync : " (which calls " + sync + ")";
-  d.summary = "job: issue-latency regression against healthy history" +
-              (named.empty() ? std::string() : " (likely cause: " + named + ")");
+  nameRegressionCause(apiRates(job), apiRates(baseline), &d);
+  out->push_back(std::move(d));
+}
+
+// The same detector against stored healthy history (history.h): the job's distribution against
+// the baseline runs' merged sketch, both clipped at its median, with the learned threshold.
+void detectRegressionFromHistory(const JobModel& job, const History& history,
+                                 std::vector<Diagnosis>* out) {
+  if (history.runs == 0 || history.issue_latency.count() < 30) return;
+  stats::LatencySketch sketch;
+  for (const auto& [rank, r] : job.ranks()) {
+    for (double v : issueLatencies(job, r)) sketch.add(v);
+  }
+  if (sketch.count() < 30) return;
+  const double w1 = clippedW1(sketch, history.issue_latency, history.issue_cap_ns);
+  const double threshold = history.issue_w1_threshold_ns;
+  if (!(w1 > threshold) || threshold <= 0) return;
+  Diagnosis d;
+  d.kind = "issue_latency_regression";
+  d.team = Team::kAlgorithm;
+  d.cause = "issue latency";
+  d.severity = w1 / threshold - 1.0;
+  d.evidence.push_back(
+      {"issue_latency_w1",
+       "job issue-latency distribution (clipped at the history median) W1 " + fmtMs(w1) + " from " +
+           std::to_string(history.runs) + " healthy baseline run" + (history.runs > 1 ? "s" : "") +
+           " (learned threshold " + fmtMs(threshold) + "); median " + fmtMs(sketch.quantile(0.5)) +
+           " vs " + fmtMs(history.issue_latency.quantile(0.5)),
+       w1, threshold});
+  nameRegressionCause(apiRates(job), {history.api_rate, history.sync_rate}, &d);
   out->push_back(std::move(d));
 }
 
@@ -680,9 +692,10 @@ double unionLength(std::vector<std::pair<int64_t, int64_t>> v) {
   return total;
 }
 
-void detectVoid(const JobModel& job, const DiagnoseOptions& opt, std::vector<Diagnosis>* out) {
-  std::vector<int> inter_ranks, minority_ranks;
-  std::vector<double> inter_values, minority_values;
+}  // namespace
+
+std::map<int, VoidStats> voidPerRank(const JobModel& job) {
+  std::map<int, VoidStats> out;
   for (const auto& [rank, r] : job.ranks()) {
     const auto starts = job.stepStarts(rank);
     if (starts.size() < 3) continue;
@@ -728,15 +741,27 @@ void detectVoid(const JobModel& job, const DiagnoseOptions& opt, std::vector<Dia
       if (rest > 0) v_minority.push_back(std::min(1.0, unionLength(minority) / rest));
     }
     if (v_inter.empty()) continue;
-    const double vi = median(v_inter);
-    const double vm = v_minority.empty() ? 0 : median(v_minority);
-    if (vi > opt.v_inter_threshold) {
+    VoidStats& vs = out[rank];
+    vs.v_inter = median(v_inter);
+    vs.v_minority = v_minority.empty() ? 0 : median(v_minority);
+    vs.steps = v_inter.size();
+  }
+  return out;
+}
+
+namespace {
+
+void detectVoid(const JobModel& job, const DiagnoseOptions& opt, std::vector<Diagnosis>* out) {
+  std::vector<int> inter_ranks, minority_ranks;
+  std::vector<double> inter_values, minority_values;
+  for (const auto& [rank, vs] : voidPerRank(job)) {
+    if (vs.v_inter > opt.v_inter_threshold) {
       inter_ranks.push_back(rank);
-      inter_values.push_back(vi);
+      inter_values.push_back(vs.v_inter);
     }
-    if (vm > opt.v_minority_threshold) {
+    if (vs.v_minority > opt.v_minority_threshold) {
       minority_ranks.push_back(rank);
-      minority_values.push_back(vm);
+      minority_values.push_back(vs.v_minority);
     }
   }
   if (!inter_ranks.empty()) {
@@ -969,8 +994,38 @@ std::optional<FailSlow> findFailSlow(const JobModel& job, const DiagnoseOptions&
   return std::nullopt;
 }
 
-std::vector<Diagnosis> diagnose(const JobModel& whole, const DiagnoseOptions& options,
-                                const JobModel* baseline) {
+std::vector<double> rankIssueLatencies(const JobModel& job, int rank) {
+  auto it = job.ranks().find(rank);
+  return it == job.ranks().end() ? std::vector<double>{} : issueLatencies(job, it->second);
+}
+
+ApiRates apiRates(const JobModel& m) {
+  ApiRates found;
+  uint64_t ops = 0;
+  for (const auto& [rank, r] : m.ranks()) {
+    ops += r.ops.size();
+    for (const Span& s : r.spans) found.spans[m.apis()[s.api]] += 1;
+    for (const Op& op : r.ops) {
+      const auto& sig = m.signatures()[op.sig];
+      if (sig.kind() == flare::v1::OP_KIND_SYNC && sig.name() != FLARE_STEP_MARKER_NAME)
+        found.syncs[sig.name()] += 1;
+    }
+  }
+  for (auto* table : {&found.spans, &found.syncs}) {
+    for (auto& [name, n] : *table) n /= static_cast<double>(std::max<uint64_t>(ops, 1));
+  }
+  return found;
+}
+
+std::vector<Diagnosis> diagnose(const JobModel& whole, const DiagnoseOptions& given_options,
+                                const JobModel* baseline, const History* history) {
+  // Void thresholds learned from healthy history replace the configured ones.
+  DiagnoseOptions options = given_options;
+  if (history != nullptr) {
+    if (history->v_inter_threshold) options.v_inter_threshold = *history->v_inter_threshold;
+    if (history->v_minority_threshold)
+      options.v_minority_threshold = *history->v_minority_threshold;
+  }
   std::vector<Diagnosis> out;
   // Fail-slow: when the job's step time rose at some step, the culprit detectors look at the
   // steps since, where the cause lives (before it, every rank was healthy and would dilute it).
@@ -1000,7 +1055,11 @@ std::vector<Diagnosis> diagnose(const JobModel& whole, const DiagnoseOptions& op
           Evidence{"step_time_change", text, fail_slow->after_ns, fail_slow->before_ns});
     }
   }
-  if (baseline != nullptr && raw) detectRegression(job, *baseline, options, &out);
+  if (baseline != nullptr && raw) {
+    detectRegression(job, *baseline, options, &out);
+  } else if (history != nullptr && raw) {
+    detectRegressionFromHistory(job, *history, &out);
+  }
   if (raw) detectVoid(job, options, &out);
   detectUnoptimized(job, options, &out);
   std::stable_sort(out.begin(), out.end(),
@@ -1018,24 +1077,25 @@ std::string jsonNumber(double v) {
 
 }  // namespace
 
+std::string diagnosisToJson(const Diagnosis& d) {
+  std::string out = "{\"kind\":" + common::jsonQuote(d.kind) + ",\"team\":\"" + teamName(d.team) +
+                    "\",\"cause\":" + common::jsonQuote(d.cause) +
+                    ",\"severity\":" + jsonNumber(d.severity) + ",\"ranks\":[";
+  for (size_t r = 0; r < d.ranks.size(); ++r) out += (r ? "," : "") + std::to_string(d.ranks[r]);
+  out += "],\"summary\":" + common::jsonQuote(d.summary) + ",\"evidence\":[";
+  for (size_t e = 0; e < d.evidence.size(); ++e) {
+    const Evidence& ev = d.evidence[e];
+    out += (e ? "," : "") + std::string("{\"metric\":") + common::jsonQuote(ev.metric) +
+           ",\"text\":" + common::jsonQuote(ev.text) + ",\"value\":" + jsonNumber(ev.value) +
+           ",\"reference\":" + jsonNumber(ev.reference) + "}";
+  }
+  return out + "]}";
+}
+
 std::string diagnosesToJson(const std::vector<Diagnosis>& diagnoses) {
   std::string out = "{\"diagnoses\":[";
-  for (size_t i = 0; i < diagnoses.size(); ++i) {
-    const Diagnosis& d = diagnoses[i];
-    out += i ? "," : "";
-    out += "{\"kind\":" + common::jsonQuote(d.kind) + ",\"team\":\"" + teamName(d.team) +
-           "\",\"cause\":" + common::jsonQuote(d.cause) +
-           ",\"severity\":" + jsonNumber(d.severity) + ",\"ranks\":[";
-    for (size_t r = 0; r < d.ranks.size(); ++r) out += (r ? "," : "") + std::to_string(d.ranks[r]);
-    out += "],\"summary\":" + common::jsonQuote(d.summary) + ",\"evidence\":[";
-    for (size_t e = 0; e < d.evidence.size(); ++e) {
-      const Evidence& ev = d.evidence[e];
-      out += (e ? "," : "") + std::string("{\"metric\":") + common::jsonQuote(ev.metric) +
-             ",\"text\":" + common::jsonQuote(ev.text) + ",\"value\":" + jsonNumber(ev.value) +
-             ",\"reference\":" + jsonNumber(ev.reference) + "}";
-    }
-    out += "]}";
-  }
+  for (size_t i = 0; i < diagnoses.size(); ++i)
+    out += (i ? "," : "") + diagnosisToJson(diagnoses[i]);
   return out + "]}\n";
 }
 
