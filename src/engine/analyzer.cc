@@ -80,6 +80,13 @@ const History* Analyzer::historyFor(const JobWindow& w) const {
       if (b.backend() == key.first && b.scale() == key.second) runs.push_back(&b);
     }
     it = history_cache_.emplace(key, buildHistory(runs, options_.history)).first;
+    if (it->second.runs > 0) {
+      FLARE_LOG_INFO("engine",
+                     "history of backend '{}' at {} ranks: {} runs, issue-latency median {:.1f} "
+                     "us, learned W1 threshold {:.1f} us",
+                     key.first, key.second, it->second.runs, it->second.issue_cap_ns / 1e3,
+                     it->second.issue_w1_threshold_ns / 1e3);
+    }
   }
   return it->second.runs > 0 ? &it->second : nullptr;
 }

@@ -315,7 +315,11 @@ int main(int argc, char** argv) {
     store->writeMetrics(w);
     analyzer.writeMetrics(w);
     hangs.writeMetrics(w);
-    if (webhook) webhook->writeMetrics(w);
+    if (webhook) {
+      webhook->writeMetrics(w);
+    } else {
+      Webhook::writeMetricsOf(w, 0, 0, 0, 0, 0);
+    }
     if (grpc_ptr) grpc_ptr->writeMetrics(w);
     if (http_ptr) {
       w.family("flare_http_requests_total", "counter", "HTTP requests served (bad: malformed).");

@@ -237,21 +237,26 @@ bool Webhook::attempt(const std::string& body, std::string* why) {
 }
 
 void Webhook::writeMetrics(PromWriter& w) const {
-  w.family("flare_webhook_delivered_total", "counter", "Diagnoses delivered to --webhook-url.");
-  w.sample("flare_webhook_delivered_total", delivered_.load(), {});
-  w.family("flare_webhook_failures_total", "counter",
-           "Diagnoses given up after every retry to --webhook-url failed.");
-  w.sample("flare_webhook_failures_total", failures_.load(), {});
-  w.family("flare_webhook_retries_total", "counter", "Webhook attempts that were retries.");
-  w.sample("flare_webhook_retries_total", retries_.load(), {});
-  w.family("flare_webhook_dropped_total", "counter",
-           "Diagnoses not posted: the webhook queue was full, or flared stopped first.");
-  w.sample("flare_webhook_dropped_total", dropped_.load(), {});
   size_t depth = 0;
   {
     std::lock_guard lock(mu_);
     depth = queue_.size();
   }
+  writeMetricsOf(w, delivered_.load(), failures_.load(), retries_.load(), dropped_.load(), depth);
+}
+
+void Webhook::writeMetricsOf(PromWriter& w, uint64_t delivered, uint64_t failures, uint64_t retries,
+                             uint64_t dropped, size_t depth) {
+  w.family("flare_webhook_delivered_total", "counter", "Diagnoses delivered to --webhook-url.");
+  w.sample("flare_webhook_delivered_total", delivered, {});
+  w.family("flare_webhook_failures_total", "counter",
+           "Diagnoses given up after every retry to --webhook-url failed.");
+  w.sample("flare_webhook_failures_total", failures, {});
+  w.family("flare_webhook_retries_total", "counter", "Webhook attempts that were retries.");
+  w.sample("flare_webhook_retries_total", retries, {});
+  w.family("flare_webhook_dropped_total", "counter",
+           "Diagnoses not posted: the webhook queue was full, or flared stopped first.");
+  w.sample("flare_webhook_dropped_total", dropped, {});
   w.family("flare_webhook_queue_depth", "gauge", "Diagnoses waiting for the webhook.");
   w.sample("flare_webhook_queue_depth", static_cast<uint64_t>(depth), {});
 }

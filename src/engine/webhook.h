@@ -48,6 +48,10 @@ class Webhook {
   // Blocks until the queue is empty and nothing is in flight, or `timeout_ms` passed (tests).
   bool drain(int64_t timeout_ms);
   void writeMetrics(PromWriter& w) const;
+  // The same series with the given values (flared without a webhook writes zeros, so that
+  // dashboards and rules find the names).
+  static void writeMetricsOf(PromWriter& w, uint64_t delivered, uint64_t failures, uint64_t retries,
+                             uint64_t dropped, size_t depth);
 
   uint64_t delivered() const { return delivered_.load(); }
   uint64_t failures() const { return failures_.load(); }

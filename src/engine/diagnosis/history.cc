@@ -154,13 +154,13 @@ History buildHistory(const std::vector<const flare::v1::HealthyBaseline*>& runs,
   h.runs = used.size();
   if (h.runs == 0) return h;
   h.issue_cap_ns = h.issue_latency.quantile(0.5);
-  double threshold = options.w1_floor_ns;
+  double spread = 0;
   for (size_t i = 0; i < sketches.size(); ++i) {
-    threshold = std::max(threshold, used[i]->rank_spread_w1_ns());
+    spread = std::max(spread, used[i]->rank_spread_w1_ns());
     for (size_t j = i + 1; j < sketches.size(); ++j)
-      threshold = std::max(threshold, clippedW1(sketches[i], sketches[j], h.issue_cap_ns));
+      spread = std::max(spread, clippedW1(sketches[i], sketches[j], h.issue_cap_ns));
   }
-  h.issue_w1_threshold_ns = threshold;
+  h.issue_w1_threshold_ns = std::max(options.w1_floor_ns, options.w1_margin * spread);
   double vi = 0, vm = 0;
   bool has_void = false;
   for (const auto* run : used) {

@@ -3,9 +3,11 @@
 // with, built from the baseline runs of the job's backend (device name) and scale (rank count).
 //
 // Learned thresholds (docs/metrics.md "Healthy history"):
-//   issue-latency W1: max(floor, the largest W1 between two baseline runs, the largest W1 of one
-//                     rank to its own run); every distribution clipped at the median of the
-//                     merged baseline distribution (the lower half is where stalls show)
+//   issue-latency W1: max(floor, margin × max(the largest W1 between two baseline runs, the
+//                     largest W1 of one rank to its own run)); every distribution clipped at the
+//                     median of the merged baseline distribution (the lower half is where
+//                     stalls show). The margin (1.5) covers what a handful of runs cannot: two
+//                     runs give one pairwise sample of the healthy spread.
 //   V_inter, V_minority: max(2·v, v + margin), v the largest per-rank value of any baseline run
 //
 // Threading: plain values and pure functions.
@@ -45,6 +47,7 @@ struct History {
 
 struct HistoryOptions {
   double w1_floor_ns = 20'000;
+  double w1_margin = 1.5;
   double void_margin = 0.05;
 };
 

@@ -104,7 +104,7 @@ TEST(History, ClippedW1OfShiftedUniformsMatchesTheIntegral) {
 
 TEST(History, LearnedThresholdsFromTwoBaselineRuns) {
   // Run A: 1000..1999 µs, run B: 100 µs later. Merged median ≈ 1550 µs; clipped there
-  // W1(A, B) = (450·100 + Σ_{j=1..100} j) / 1000 = 50.05 µs > the 20 µs floor.
+  // W1(A, B) = (450·100 + Σ_{j=1..100} j) / 1000 = 50.05 µs; threshold 1.5 × that > floor.
   v1::HealthyBaseline a, b;
   const auto sa = sketchOf(1000, 1999).serialize(), sb = sketchOf(1100, 2099).serialize();
   a.set_issue_latency(std::string(sa.begin(), sa.end()));
@@ -124,12 +124,12 @@ TEST(History, LearnedThresholdsFromTwoBaselineRuns) {
   EXPECT_EQ(h.runs, 2u);
   EXPECT_EQ(h.issue_latency.count(), 2000u);
   EXPECT_NEAR(h.issue_cap_ns, 1'550'000, 1'550'000 * 0.01);
-  EXPECT_NEAR(h.issue_w1_threshold_ns, 50'050, 50'050 * 0.05);
+  EXPECT_NEAR(h.issue_w1_threshold_ns, 1.5 * 50'050, 1.5 * 50'050 * 0.05);
   ASSERT_TRUE(h.v_inter_threshold && h.v_minority_threshold);
   EXPECT_NEAR(*h.v_inter_threshold, 0.20, 1e-12);     // max(2·0.10, 0.10 + 0.05)
   EXPECT_NEAR(*h.v_minority_threshold, 0.07, 1e-12);  // max(2·0.02, 0.02 + 0.05)
   EXPECT_NEAR(h.api_rate.at("x"), 0.3, 1e-12);
-  // One run: the rank spread (below the floor here) sets the threshold.
+  // One run: its rank spread sets the threshold (1.5 × 10 µs, below the 20 µs floor here).
   EXPECT_NEAR(buildHistory({&a}, options).issue_w1_threshold_ns, 20'000, 1e-9);
   // An unreadable sketch is skipped, not trusted.
   v1::HealthyBaseline bad;
