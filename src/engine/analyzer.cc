@@ -204,8 +204,6 @@ void Analyzer::enrichReport(v1::GetReportResponse* report) const {
   if (it == jobs_.end()) return;
   const JobWindow& w = it->second;
   if (w.metrics) *report->mutable_metrics() = *w.metrics;
-  report->set_backend(w.backend);
-  report->set_scale(scaleOf(w));
   const History* history = baselines_.contains(report->job_id()) ? nullptr : historyFor(w);
   if (history == nullptr) return;
   report->set_baseline_runs(static_cast<uint32_t>(history->runs));

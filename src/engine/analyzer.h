@@ -87,8 +87,8 @@ class Analyzer {
 
   // The five metrics of the job's latest run; nullopt before its first run.
   std::optional<v1::JobMetrics> jobMetrics(const std::string& job_id) const;
-  // Adds the metrics, the baseline key and each signature's history comparison to a kernel
-  // report the Ingest filled (unknown job: nothing is added).
+  // Adds the metrics, the number of baseline runs and each signature's history comparison to a
+  // kernel report the Ingest filled (with backend and scale); unknown job: nothing is added.
   void enrichReport(v1::GetReportResponse* report) const;
 
  private:

@@ -589,6 +589,14 @@ v1::ListJobsResponse Ingest::listJobs(const v1::ListJobsRequest& req) {
 
 void Ingest::fillReport(const JobState& job, v1::GetReportResponse* out) const {
   out->set_job_id(job.job_id);
+  // History's key (analyzer.h): the device name of the lowest rank that reported one, and scale.
+  out->set_scale(job.world_size);
+  for (const auto& [rank, rs] : job.ranks) {
+    if (!rs.device_name.empty()) {
+      out->set_backend(rs.device_name);
+      break;
+    }
+  }
   int64_t busy = 0;
   for (const SigState& st : job.sigs) busy += st.total_ns;
   std::vector<const SigState*> order;
