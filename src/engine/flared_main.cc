@@ -89,6 +89,9 @@ std::map<std::string, Flag> defaultFlags() {
   add("hang-timeout-s", "S", "300",
       "a connected rank with no new records this long opens a hang incident (0: off)");
   add("hang-answer-timeout-s", "S", "10", "how long a hang incident waits for ranks' answers");
+  add("device-peak", "SPEC", "",
+      "one more peak-table entry, taking precedence over the built-in ones: "
+      "NAME:bf16=T,fp16=T,fp8=T,tf32=T,fp32=T,mem_gbps=G,sms=N,match=WORDS (un-optimized GEMMs)");
   add("samples-per-step", "N", "0",
       "the job batch size, for flare_job_samples_per_second (0: from step markers, when ranks "
       "report it)");
@@ -260,6 +263,17 @@ int main(int argc, char** argv) {
   Ingest* ingest_ptr = nullptr;  // set once the Ingest exists (before any batch arrives)
   AnalyzerOptions ao;
   ao.samples_per_step = num("samples-per-step");
+  // The per-device peak table of the un-optimized GEMM detector, with --device-peak on top.
+  flare::stats::PeakTable peaks = flare::stats::PeakTable::builtin();
+  if (!str("device-peak").empty()) {
+    auto entry = flare::stats::parseDevicePeak(str("device-peak"), &error);
+    if (!entry) {
+      std::fprintf(stderr, "flared: --device-peak: %s\n", error.c_str());
+      return 2;
+    }
+    peaks.add(*entry);
+  }
+  ao.diagnose.peaks = &peaks;
   if (bad) return 2;
   ao.rank_meta = [&ingest_ptr](const std::string& job, int32_t rank) {
     RankMeta meta;

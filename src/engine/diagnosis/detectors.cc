@@ -845,18 +845,40 @@ void detectUnoptimized(const JobModel& job, const DiagnoseOptions& opt,
     uint32_t sig;
     double tflops, ref, time;
     std::string hint;
+    std::string device;  // set when the reference is the device's expected TFLOPS
   };
+  // The device of the job's ranks (the lowest rank that reported one) in the peak table.
+  const stats::PeakTable& peaks = opt.peaks != nullptr ? *opt.peaks : stats::PeakTable::builtin();
+  const stats::DevicePeak* device = nullptr;
+  for (const auto& [rank, r] : job.ranks()) {
+    if (!r.device_name.empty()) {
+      device = peaks.find(r.device_name);
+      break;
+    }
+  }
   std::vector<Slow> slow;
   for (const auto& [sig_id, st] : stats) {
     const auto& sig = job.signatures()[sig_id];
-    const double ref = best[sig.dtype()];
-    if (ref <= 0 || st.tflops >= opt.unoptimized_ratio * ref) continue;
+    double ref = best[sig.dtype()];
+    bool below_best = ref > 0 && st.tflops < opt.unoptimized_ratio * ref;
+    // Against the device: the shape's expected TFLOPS ([m, n, k, batch] as the hook records).
+    double expected = 0;
+    const auto dt = statsDtype(sig.dtype());
+    if (device != nullptr && dt && sig.shape_size() >= 3) {
+      expected = stats::expectedGemm(*device, *dt, sig.shape_size() >= 4 ? sig.shape(3) : 1,
+                                     sig.shape(0), sig.shape(1), sig.shape(2))
+                     .expectedTflops;
+    }
+    const bool below_device = expected > 0 && st.tflops < opt.unoptimized_peak_ratio * expected;
+    if (!below_best && !below_device) continue;
+    if (!below_best) ref = expected;  // the evidence then names the device's expectation
     // Alignment hint: a dimension whose bytes are not a multiple of 128.
     std::string hint;
     const auto dtype = statsDtype(sig.dtype());
     if (dtype && sig.shape_size() >= 3)
       hint = stats::gemmAlignmentHint(sig.shape(0), sig.shape(1), sig.shape(2), *dtype);
-    slow.push_back({sig_id, st.tflops, ref, st.time, hint});
+    slow.push_back(
+        {sig_id, st.tflops, ref, st.time, hint, below_best ? std::string() : device->name});
   }
   if (slow.empty()) return;
   std::sort(slow.begin(), slow.end(), [](const Slow& a, const Slow& b) { return a.time > b.time; });
@@ -872,7 +894,9 @@ void detectUnoptimized(const JobModel& job, const DiagnoseOptions& opt,
     d.evidence.push_back({"tflops",
                           sig.name() + " " + shapeText(sig) + " " + sig.layout() + ": " +
                               fmtNum(x.tflops, "TFLOPS") + " vs " + fmtNum(x.ref, "TFLOPS") +
-                              " for the job's best GEMM of the same type" +
+                              (x.device.empty() ? std::string(" for the job's best GEMM of the "
+                                                              "same type")
+                                                : " expected for this shape on " + x.device) +
                               (x.hint.empty() ? std::string() : " — " + x.hint),
                           x.tflops, x.ref});
   }
@@ -885,7 +909,8 @@ void detectUnoptimized(const JobModel& job, const DiagnoseOptions& opt,
                                       })
                          ->tflops /
                      top.ref) +
-              " of the job's best GEMM efficiency" +
+              (top.device.empty() ? std::string(" of the job's best GEMM efficiency")
+                                  : " of the TFLOPS expected for the shape on " + top.device) +
               (top.hint.empty() ? std::string() : "; e.g. " + top.hint);
   out->push_back(std::move(d));
 }

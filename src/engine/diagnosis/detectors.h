@@ -24,6 +24,7 @@
 
 #include "src/engine/diagnosis/history.h"
 #include "src/engine/diagnosis/job_model.h"
+#include "src/engine/stats/perf_model.h"
 
 namespace flare::engine {
 
@@ -58,6 +59,11 @@ struct DiagnoseOptions {
   double v_inter_threshold = 0.25;
   double v_minority_threshold = 0.30;
   double unoptimized_ratio = 0.6;  // achieved < ratio × the job's best GEMM efficiency
+  // ... or achieved < peak ratio × the shape's expected TFLOPS on the ranks' device (the peak
+  // table's model, stats/perf_model.h), when the device is known. `peaks` null: the built-in
+  // table (flared --device-peak adds entries).
+  double unoptimized_peak_ratio = 0.3;
+  const stats::PeakTable* peaks = nullptr;
   uint64_t unoptimized_min_flops = 1'000'000'000;
   // Issue-latency regression against a baseline: alarm above max(floor, the largest W1 between
   // a baseline rank and the baseline's other ranks).

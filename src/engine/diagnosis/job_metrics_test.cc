@@ -5,6 +5,7 @@
 
 #include <span>
 
+#include "src/engine/diagnosis/detectors.h"
 #include "src/engine/diagnosis/history.h"
 
 namespace flare::engine {
@@ -157,6 +158,55 @@ TEST(History, BaselineOfAJobKeepsItsSignaturesAndSketch) {
       EXPECT_NEAR(s.busbw_gbps(), 15.0, 1e-9);
     }
   }
+}
+
+// One bf16 GEMM shape 4096³ on 3 ranks at 100 TFLOPS: the job's best, so only the device can
+// say it is slow. H100 SXM (989.4 bf16 TFLOPS, 132 SMs): expected = 989.4 · 0.75 · wave
+// efficiency 1024/1056 = 719.6 TFLOPS (compute-bound), and 100 < 0.3 · 719.6.
+JobModel oneGemmJob(const std::string& device) {
+  JobModel job;
+  const double flops = 2.0 * 4096 * 4096 * 4096;
+  for (int rank = 0; rank < 3; ++rank) {
+    v1::RecordBatch b;
+    auto* gemm = b.add_signatures();
+    gemm->set_id(1);
+    gemm->set_name("gemm");
+    gemm->set_kind(v1::OP_KIND_GEMM);
+    gemm->set_dtype(v1::DTYPE_BF16);
+    for (int64_t d : {4096, 4096, 4096, 1}) gemm->add_shape(d);
+    for (int i = 0; i < 4; ++i) {
+      auto* k = b.add_kernels();
+      k->set_signature_id(1);
+      k->set_issue_ns(i * 10 * kMs);
+      k->set_start_ns(i * 10 * kMs + kMs);
+      k->set_end_ns(k->start_ns() + static_cast<int64_t>(flops / 100e12 * 1e9));  // 100 TFLOPS
+      k->set_flops(static_cast<uint64_t>(flops));
+    }
+    job.addBatch(rank, b);
+    job.setRankInfo(rank, "host", device);
+  }
+  return job;
+}
+
+TEST(UnoptimizedGemm, TheDevicePeakTableFlagsAJobWhoseBestGemmIsSlow) {
+  DiagnoseOptions options;
+  const auto found = diagnose(oneGemmJob("NVIDIA H100 80GB HBM3"), options);
+  ASSERT_EQ(found.size(), 1u);
+  EXPECT_EQ(found[0].kind, "unoptimized_gemm");
+  ASSERT_EQ(found[0].evidence.size(), 1u);
+  EXPECT_NEAR(found[0].evidence[0].value, 100.0, 0.01);
+  EXPECT_NEAR(found[0].evidence[0].reference, 989.4 * 0.75 * 1024.0 / 1056.0, 0.5);
+  EXPECT_NE(found[0].evidence[0].text.find("H100 SXM"), std::string::npos);
+  // Unknown device: only the job's own best, which this GEMM is.
+  EXPECT_TRUE(diagnose(oneGemmJob(""), options).empty());
+  // A configured entry (flared --device-peak) that matches first: 200 bf16 TFLOPS expects
+  // 200 · 0.75 · 0.97 = 145 TFLOPS, and 100 is above 0.3 of it.
+  stats::PeakTable table = stats::PeakTable::builtin();
+  auto capped = stats::parseDevicePeak("capped:bf16=200,mem_gbps=3350,sms=132,match=h100");
+  ASSERT_TRUE(capped);
+  table.add(*capped);
+  options.peaks = &table;
+  EXPECT_TRUE(diagnose(oneGemmJob("NVIDIA H100 80GB HBM3"), options).empty());
 }
 
 }  // namespace
