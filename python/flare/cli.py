@@ -170,6 +170,32 @@ def http_get(base, path, timeout):
         raise CliError("daemon at %s sent something that is not JSON for %s" % (base, path), code=3)
 
 
+def http_send(base, method, path, body, timeout):
+    """POST/DELETE with a JSON body; the daemon's JSON answer. Error answers raise CliError
+    carrying the daemon's own message."""
+    url = "http://%s%s" % (base, path)
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, method=method,
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            raw = resp.read()
+    except urllib.error.HTTPError as e:
+        try:
+            why = json.loads(e.read()).get("error", "")
+        except (ValueError, AttributeError):
+            why = ""
+        raise CliError("daemon at %s answered %d for %s %s%s" % (
+            base, e.code, method, path, (": " + why) if why else ""), code=3)
+    except (urllib.error.URLError, OSError) as e:
+        reason = getattr(e, "reason", e)
+        raise CliError("cannot reach the daemon's HTTP API at %s: %s" % (base, reason), code=3)
+    try:
+        return json.loads(raw)
+    except ValueError:
+        raise CliError("daemon at %s sent something that is not JSON for %s" % (base, path), code=3)
+
+
 def as_int(value):
     try:
         return int(value)
@@ -353,6 +379,49 @@ def cmd_report(args):
         print()
     elif not args.html or args.text:
         sys.stdout.write(report.format_text(data, top=args.top))
+
+
+def baseline_line(b):
+    return "%-24s backend %-28s scale %4d  V_inter %5.1f%%  V_minority %5.1f%%  rank spread " \
+        "%.3f ms  added %s" % (
+            b.get("jobId", ""), repr(b.get("backend", "")), as_int(b.get("scale")),
+            100 * float(b.get("vInter", 0) or 0), 100 * float(b.get("vMinority", 0) or 0),
+            float(b.get("rankSpreadW1Ns", 0) or 0) / 1e6,
+            datetime.datetime.fromtimestamp(as_int(b.get("addedUnixNs")) / 1e9).strftime(
+                "%Y-%m-%d %H:%M:%S"))
+
+
+def cmd_baseline(args):
+    """Healthy history: jobs whose issue-latency, void and kernel figures later jobs of the same
+    backend and scale are compared with (learned thresholds, docs/metrics.md)."""
+    base = args.daemon_http or os.environ.get("FLARE_DAEMON_HTTP") or DEFAULT_HTTP
+    parse_address(base, "--daemon-http")
+    if args.action == "list":
+        got = http_get(base, "/api/v1/baselines", args.timeout)
+        runs = got.get("baselines", []) if isinstance(got, dict) else []
+        if args.json:
+            json.dump({"baselines": runs}, sys.stdout, indent=2)
+            print()
+        elif not runs:
+            print("no baselines")
+        else:
+            for b in runs:
+                print(baseline_line(b))
+        return 0
+    if not args.job:
+        raise CliError("flare baseline %s needs --job ID" % args.action)
+    path = "/api/v1/jobs/%s/baseline" % urllib.parse.quote(args.job, safe="")
+    if args.action == "add":
+        body = {"backend": args.backend} if args.backend else {}
+        got = http_send(base, "POST", path, body, args.timeout)
+        if args.json:
+            json.dump(got, sys.stdout, indent=2)
+            print()
+        else:
+            print("job %s is now healthy history: %s" % (args.job, baseline_line(got)))
+        return 0
+    http_send(base, "DELETE", path, None, args.timeout)
+    print("job %s is no longer a baseline" % args.job)
     return 0
 
 
@@ -416,6 +485,17 @@ def build_parser():
     rp.add_argument("--quiet", action="store_true", help="no progress or 'wrote' lines on stderr")
     rp.add_argument("--timeout", type=float, default=10.0, help="seconds per request")
     rp.set_defaults(func=cmd_report)
+    b = sub.add_parser("baseline", help="mark jobs as healthy history (learned thresholds)",
+                       description="add: mark a finished or running job healthy; list; remove.")
+    b.add_argument("action", choices=("add", "list", "remove"))
+    b.add_argument("--job", help="the job (add, remove)")
+    b.add_argument("--backend", help="add: the backend key (default: the device name its ranks "
+                   "reported)")
+    b.add_argument("--daemon-http", help="flared's HTTP address HOST:PORT (default: "
+                   "FLARE_DAEMON_HTTP or %s)" % DEFAULT_HTTP)
+    b.add_argument("--json", action="store_true", help="print JSON")
+    b.add_argument("--timeout", type=float, default=30.0, help="seconds per request")
+    b.set_defaults(func=cmd_baseline)
     for name, what in (("export", "records of an offline spool as JSON lines (flare-export)"),
                        ("timeline", "a Perfetto/Kineto trace from an offline spool "
                                     "(flare-timeline)"),

@@ -3,21 +3,54 @@
 #include <algorithm>
 
 #include "src/common/log.h"
+#include "src/engine/diagnosis/job_metrics.h"
 #include "src/engine/metrics.h"
 #include "src/engine/store.h"
 
 namespace flare::engine {
+namespace {
+
+constexpr const char* kBaselinePrefix = "healthy/";
+
+}  // namespace
 
 Analyzer::Analyzer(Store* store, AnalyzerOptions options)
-    : store_(store), options_(std::move(options)) {}
+    : store_(store), options_(std::move(options)) {
+  if (store_ == nullptr) return;
+  for (const auto& [key, value] : store_->baselines(kBaselinePrefix)) {
+    v1::HealthyBaseline b;
+    if (!b.ParseFromString(value) || b.job_id().empty()) {
+      FLARE_LOG_WARN("engine", "baseline {} in the store is unreadable; ignored", key);
+      continue;
+    }
+    baselines_[b.job_id()] = std::move(b);
+  }
+}
 
 void Analyzer::onBatch(const std::string& job_id, int32_t rank, const v1::RecordBatch& batch) {
+  bool ask = false;
+  {
+    std::lock_guard lock(mu_);
+    JobWindow& w = jobs_[job_id];
+    w.model.addBatch(rank, batch);
+    for (const auto& k : batch.kernels()) w.newest_ns = std::max(w.newest_ns, k.end_ns());
+    for (const auto& s : batch.summaries()) w.newest_ns = std::max(w.newest_ns, s.window_end_ns());
+    w.fresh = true;
+    ask = options_.rank_meta && w.known_ranks.insert(rank).second;
+  }
+  if (!ask) return;
+  const RankMeta meta = options_.rank_meta(job_id, rank);  // outside the lock: it may lock Ingest
   std::lock_guard lock(mu_);
   JobWindow& w = jobs_[job_id];
-  w.model.addBatch(rank, batch);
-  for (const auto& k : batch.kernels()) w.newest_ns = std::max(w.newest_ns, k.end_ns());
-  for (const auto& s : batch.summaries()) w.newest_ns = std::max(w.newest_ns, s.window_end_ns());
-  w.fresh = true;
+  w.model.setRankInfo(rank, meta.host, meta.device_name);
+  w.world_size = std::max(w.world_size, meta.world_size);
+  // The backend: the device name of the lowest rank that reported one.
+  for (const auto& [r, data] : w.model.ranks()) {
+    if (!data.device_name.empty()) {
+      w.backend = data.device_name;
+      break;
+    }
+  }
 }
 
 v1::Alert toAlert(const std::string& job_id, const Diagnosis& d, int64_t now_ns) {
@@ -34,6 +67,30 @@ v1::Alert toAlert(const std::string& job_id, const Diagnosis& d, int64_t now_ns)
   return a;
 }
 
+int32_t Analyzer::scaleOf(const JobWindow& w) {
+  return w.world_size > 0 ? w.world_size : static_cast<int32_t>(w.model.ranks().size());
+}
+
+const History* Analyzer::historyFor(const JobWindow& w) const {
+  const std::pair<std::string, int32_t> key{w.backend, scaleOf(w)};
+  auto it = history_cache_.find(key);
+  if (it == history_cache_.end()) {
+    std::vector<const v1::HealthyBaseline*> runs;
+    for (const auto& [job, b] : baselines_) {
+      if (b.backend() == key.first && b.scale() == key.second) runs.push_back(&b);
+    }
+    it = history_cache_.emplace(key, buildHistory(runs, options_.history)).first;
+    if (it->second.runs > 0) {
+      FLARE_LOG_INFO("engine",
+                     "history of backend '{}' at {} ranks: {} runs, issue-latency median {:.1f} "
+                     "us, learned W1 threshold {:.1f} us",
+                     key.first, key.second, it->second.runs, it->second.issue_cap_ns / 1e3,
+                     it->second.issue_w1_threshold_ns / 1e3);
+    }
+  }
+  return it->second.runs > 0 ? &it->second : nullptr;
+}
+
 std::vector<v1::Alert> Analyzer::run(int64_t now_ns) {
   std::vector<v1::Alert> raised;
   std::lock_guard lock(mu_);
@@ -42,8 +99,13 @@ std::vector<v1::Alert> Analyzer::run(int64_t now_ns) {
     if (!w.fresh) continue;
     w.fresh = false;
     w.model.trim(w.newest_ns - options_.window_ns, options_.max_ops_per_rank);
+    // A job never compares with its own baseline (it would learn nothing and alarm on nothing).
+    const History* history = baselines_.contains(job_id) ? nullptr : historyFor(w);
+    v1::JobMetrics metrics = computeJobMetrics(w.model, history, options_.samples_per_step);
+    metrics.set_computed_unix_ns(now_ns);
+    w.metrics = std::move(metrics);
     for (auto& [key, age] : w.active) ++age;
-    for (const Diagnosis& d : diagnose(w.model, options_.diagnose)) {
+    for (const Diagnosis& d : diagnose(w.model, options_.diagnose, nullptr, history)) {
       std::vector<int> ranks = d.ranks;
       std::sort(ranks.begin(), ranks.end());
       auto [it, inserted] = w.active.try_emplace({d.kind, ranks}, 0);
@@ -54,6 +116,7 @@ std::vector<v1::Alert> Analyzer::run(int64_t now_ns) {
       if (store_ != nullptr) a.set_id(store_->putAlert(a));
       FLARE_LOG_WARN("engine", "ALERT [{}] job {}: {}", a.team(), job_id, d.summary);
       ++alerts_total_[{job_id, d.kind, a.team()}];
+      if (options_.on_alert) options_.on_alert(a, d);
       raised.push_back(std::move(a));
     }
     std::erase_if(w.active,
@@ -66,7 +129,97 @@ std::vector<Diagnosis> Analyzer::diagnoseJob(const std::string& job_id) {
   std::lock_guard lock(mu_);
   auto it = jobs_.find(job_id);
   if (it == jobs_.end()) return {};
-  return diagnose(it->second.model, options_.diagnose);
+  const History* history = baselines_.contains(job_id) ? nullptr : historyFor(it->second);
+  return diagnose(it->second.model, options_.diagnose, nullptr, history);
+}
+
+std::optional<v1::HealthyBaseline> Analyzer::addBaseline(const std::string& job_id,
+                                                         const std::string& backend, int64_t now_ns,
+                                                         std::string* error) {
+  std::lock_guard lock(mu_);
+  auto it = jobs_.find(job_id);
+  if (it == jobs_.end() || it->second.model.opCount() == 0) {
+    *error = "job " + job_id +
+             " has no records in the detectors' window (flared keeps each job's last records "
+             "since it started)";
+    return std::nullopt;
+  }
+  const JobWindow& w = it->second;
+  v1::HealthyBaseline b = makeBaseline(w.model);
+  auto sketch = stats::LatencySketch::deserialize(std::span<const uint8_t>(
+      reinterpret_cast<const uint8_t*>(b.issue_latency().data()), b.issue_latency().size()));
+  if (!sketch || sketch->count() < 30) {
+    *error = "job " + job_id + " has too few GPU ops after its warm-up step to be a baseline";
+    return std::nullopt;
+  }
+  b.set_job_id(job_id);
+  b.set_backend(backend.empty() ? w.backend : backend);
+  b.set_scale(scaleOf(w));
+  b.set_added_unix_ns(now_ns);
+  if (store_ != nullptr) {
+    store_->putBaseline(kBaselinePrefix + job_id, b.SerializeAsString(), now_ns);
+    store_->flush();
+  }
+  baselines_[job_id] = b;
+  history_cache_.clear();
+  FLARE_LOG_INFO("engine", "job {} marked as healthy history (backend '{}', {} ranks)", job_id,
+                 b.backend(), b.scale());
+  return b;
+}
+
+bool Analyzer::removeBaseline(const std::string& job_id) {
+  std::lock_guard lock(mu_);
+  if (baselines_.erase(job_id) == 0) return false;
+  if (store_ != nullptr) {
+    store_->removeBaseline(kBaselinePrefix + job_id);
+    store_->flush();
+  }
+  history_cache_.clear();
+  return true;
+}
+
+v1::ListBaselinesResponse Analyzer::listBaselines() const {
+  std::lock_guard lock(mu_);
+  v1::ListBaselinesResponse out;
+  for (const auto& [job, b] : baselines_) {
+    v1::HealthyBaseline* c = out.add_baselines();
+    *c = b;
+    c->clear_issue_latency();
+    c->clear_issue_latency_by_kind();
+    c->clear_signatures();
+  }
+  return out;
+}
+
+std::optional<v1::JobMetrics> Analyzer::jobMetrics(const std::string& job_id) const {
+  std::lock_guard lock(mu_);
+  auto it = jobs_.find(job_id);
+  if (it == jobs_.end()) return std::nullopt;
+  return it->second.metrics;
+}
+
+void Analyzer::enrichReport(v1::GetReportResponse* report) const {
+  std::lock_guard lock(mu_);
+  auto it = jobs_.find(report->job_id());
+  if (it == jobs_.end()) return;
+  const JobWindow& w = it->second;
+  if (w.metrics) *report->mutable_metrics() = *w.metrics;
+  const History* history = baselines_.contains(report->job_id()) ? nullptr : historyFor(w);
+  if (history == nullptr) return;
+  report->set_baseline_runs(static_cast<uint32_t>(history->runs));
+  for (auto& s : *report->mutable_signatures()) {
+    auto h = history->signatures.find(signatureKey(s.signature()));
+    if (h == history->signatures.end() || h->second.p50_ns <= 0) continue;
+    auto* c = s.mutable_history();
+    c->set_baseline_runs(h->second.runs);
+    c->set_baseline_p50_ns(static_cast<int64_t>(h->second.p50_ns));
+    c->set_baseline_tflops(h->second.tflops);
+    if (s.p50_ns() > 0) {
+      c->set_duration_ratio(static_cast<double>(s.p50_ns()) / h->second.p50_ns);
+      // TFLOPS at the median duration: the same FLOPs per call, so the inverse duration ratio.
+      if (h->second.tflops > 0) c->set_tflops_ratio(h->second.p50_ns / s.p50_ns());
+    }
+  }
 }
 
 std::optional<std::string> Analyzer::seriesJson(const std::string& job_id,
@@ -97,6 +250,73 @@ void Analyzer::writeMetrics(PromWriter& w) const {
   }
   w.family("flare_analyzer_runs_total", "counter", "Detector runs over all jobs.");
   w.sample("flare_analyzer_runs_total", runs_, {});
+  w.family("flare_baseline_runs", "gauge",
+           "Jobs kept as healthy history (flare baseline add), over all backends and scales.");
+  w.sample("flare_baseline_runs", static_cast<uint64_t>(baselines_.size()), {});
+
+  // The five metrics per job (docs/metrics.md "Per-job gauges"), as of the job's latest run.
+  auto each = [this](auto fn) {
+    for (const auto& [job, win] : jobs_) {
+      if (win.metrics) fn(job, *win.metrics);
+    }
+  };
+  w.family("flare_job_steps_per_second", "gauge",
+           "Training steps per second (median over ranks, after the warm-up step).");
+  each([&](const std::string& job, const v1::JobMetrics& m) {
+    if (m.steps() > 0) w.sample("flare_job_steps_per_second", m.steps_per_second(), {{"job", job}});
+  });
+  w.family("flare_job_samples_per_second", "gauge",
+           "Samples per second: steps/s times the batch size (configured or from step markers).");
+  each([&](const std::string& job, const v1::JobMetrics& m) {
+    if (m.samples_per_second() > 0)
+      w.sample("flare_job_samples_per_second", m.samples_per_second(), {{"job", job}});
+  });
+  w.family("flare_job_flops_per_second", "gauge",
+           "Achieved FLOP/s of GEMM/attention kernels, job-wide: their FLOPs over their time.");
+  each([&](const std::string& job, const v1::JobMetrics& m) {
+    if (!m.rank_tflops().empty())
+      w.sample("flare_job_flops_per_second", m.tflops() * 1e12, {{"job", job}});
+  });
+  w.family("flare_job_rank_flops_per_second", "gauge",
+           "Achieved FLOP/s of GEMM/attention kernels on one rank.");
+  each([&](const std::string& job, const v1::JobMetrics& m) {
+    for (const auto& r : m.rank_tflops()) {
+      w.sample("flare_job_rank_flops_per_second", r.tflops() * 1e12,
+               {{"job", job}, {"rank", std::to_string(r.rank())}});
+    }
+  });
+  w.family("flare_job_busbw_bytes_per_second", "gauge",
+           "Collective bus bandwidth (nccl-tests), median over complete instances, by kind.");
+  each([&](const std::string& job, const v1::JobMetrics& m) {
+    for (const auto& b : m.busbw()) {
+      w.sample("flare_job_busbw_bytes_per_second", b.busbw_gbps() * 1e9,
+               {{"job", job}, {"kind", b.kind()}});
+    }
+  });
+  w.family("flare_job_issue_latency_w1_seconds", "gauge",
+           "1-Wasserstein distance of the job's issue-latency distribution to healthy history "
+           "(both clipped at the history median); only with a baseline.");
+  each([&](const std::string& job, const v1::JobMetrics& m) {
+    if (m.has_baseline())
+      w.sample("flare_job_issue_latency_w1_seconds", m.issue_latency_w1_ns() / 1e9, {{"job", job}});
+  });
+  w.family("flare_job_issue_latency_w1_threshold_seconds", "gauge",
+           "The learned alarm threshold of flare_job_issue_latency_w1_seconds.");
+  each([&](const std::string& job, const v1::JobMetrics& m) {
+    if (m.has_baseline())
+      w.sample("flare_job_issue_latency_w1_threshold_seconds",
+               m.issue_latency_w1_threshold_ns() / 1e9, {{"job", job}});
+  });
+  w.family("flare_job_void_inter_ratio", "gauge",
+           "V_inter: GPU idle around the DataLoader call, share of the step (median over ranks).");
+  each([&](const std::string& job, const v1::JobMetrics& m) {
+    if (m.steps() > 0) w.sample("flare_job_void_inter_ratio", m.v_inter(), {{"job", job}});
+  });
+  w.family("flare_job_void_minority_ratio", "gauge",
+           "V_minority: time in minority kernels, share of the busy step (median over ranks).");
+  each([&](const std::string& job, const v1::JobMetrics& m) {
+    if (m.steps() > 0) w.sample("flare_job_void_minority_ratio", m.v_minority(), {{"job", job}});
+  });
 }
 
 }  // namespace flare::engine

@@ -1,5 +1,7 @@
 // The detectors inside flared: a sliding window of every job's records, diagnosed periodically;
-// each new diagnosis becomes an alert (stored, logged as one line, counted in /metrics).
+// each new diagnosis becomes an alert (stored, logged as one line, counted in /metrics, handed to
+// `on_alert`: the webhook). Each run also computes the job's five metrics (job_metrics.h): the
+// per-job gauges of /metrics and the "metrics" of the kernel report.
 //
 // Feed: Ingest calls onBatch() for every accepted batch (IngestConfig::on_batch). The window per
 // job keeps the last `window_ns` of records and at most `max_ops_per_rank` ops per rank.
@@ -9,12 +11,19 @@
 // raised is not raised again (its repeat count grows); it is raised again once it has been
 // absent for `forget_after_runs` consecutive runs.
 //
+// Healthy history: addBaseline() turns a job's window into a HealthyBaseline (history.h), kept
+// in the store under "healthy/<job>" and in memory; the detectors compare every job with the
+// baselines of its backend (device name of its ranks) and scale (world size): issue-latency
+// regression with the learned W1 threshold, void thresholds learned from history.
+//
 // Threading: onBatch() is called on gRPC threads, run() and the accessors on flared's main
-// thread or the HTTP thread; one mutex guards the windows (run() copies nothing: it diagnoses
-// under the lock, bounded by the window size).
+// thread or the HTTP thread; one mutex guards the windows and the baselines (run() copies
+// nothing: it diagnoses under the lock, bounded by the window size). `on_alert` and `rank_meta`
+// are called without blocking work: on_alert under the lock, rank_meta outside it.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -26,6 +35,7 @@
 #include "flare/v1/records.pb.h"
 #include "flare/v1/service.pb.h"
 #include "src/engine/diagnosis/detectors.h"
+#include "src/engine/diagnosis/history.h"
 #include "src/engine/diagnosis/job_model.h"
 #include "src/engine/diagnosis/series.h"
 
@@ -34,16 +44,29 @@ namespace flare::engine {
 class PromWriter;
 class Store;
 
+// What the analyzer learns of a rank from the daemon (its hello).
+struct RankMeta {
+  std::string host;
+  std::string device_name;
+  int32_t world_size = 0;
+};
+
 struct AnalyzerOptions {
   int64_t window_ns = 120LL * 1000000000LL;
   size_t max_ops_per_rank = 200000;
   int forget_after_runs = 6;
   DiagnoseOptions diagnose;
+  HistoryOptions history;
+  uint64_t samples_per_step = 0;  // job batch size for samples/s (0: from step markers)
+  // Looked up once per new (job, rank); empty: device names and world sizes stay unknown.
+  std::function<RankMeta(const std::string& job_id, int32_t rank)> rank_meta;
+  // Called for every raised (new, deduplicated) alert with its diagnosis; must not block.
+  std::function<void(const v1::Alert&, const Diagnosis&)> on_alert;
 };
 
 class Analyzer {
  public:
-  // `store` may be null (alerts are then only logged and counted).
+  // `store` may be null (alerts are then only logged and counted; baselines only in memory).
   Analyzer(Store* store, AnalyzerOptions options);
 
   void onBatch(const std::string& job_id, int32_t rank, const v1::RecordBatch& batch);
@@ -58,6 +81,22 @@ class Analyzer {
                                         const std::string& baseline_job);
   void writeMetrics(PromWriter& w) const;
 
+  // Marks the job's current window as healthy history. `backend` empty: the device name of its
+  // ranks. Returns the stored record, or nullopt with *error (unknown job, too few ops).
+  std::optional<v1::HealthyBaseline> addBaseline(const std::string& job_id,
+                                                 const std::string& backend, int64_t now_ns,
+                                                 std::string* error);
+  // Forgets a job's baseline; false when it had none.
+  bool removeBaseline(const std::string& job_id);
+  // Every baseline, sketches and signatures left out.
+  v1::ListBaselinesResponse listBaselines() const;
+
+  // The five metrics of the job's latest run; nullopt before its first run.
+  std::optional<v1::JobMetrics> jobMetrics(const std::string& job_id) const;
+  // Adds the metrics, the number of baseline runs and each signature's history comparison to a
+  // kernel report the Ingest filled (with backend and scale); unknown job: nothing is added.
+  void enrichReport(v1::GetReportResponse* report) const;
+
  private:
   struct JobWindow {
     JobModel model;
@@ -65,7 +104,15 @@ class Analyzer {
     int64_t newest_ns = 0;
     // (kind, ranks) -> runs since it was last seen (0: seen in the last run)
     std::map<std::pair<std::string, std::vector<int>>, int> active;
+    std::set<int32_t> known_ranks;  // rank_meta asked
+    std::string backend;            // device name of its lowest rank that reported one
+    int32_t world_size = 0;
+    std::optional<v1::JobMetrics> metrics;
   };
+
+  // The history of a job's backend and scale (cached; null when there is none). Under mu_.
+  const History* historyFor(const JobWindow& w) const;
+  static int32_t scaleOf(const JobWindow& w);
 
   Store* store_;
   AnalyzerOptions options_;
@@ -74,6 +121,8 @@ class Analyzer {
   std::map<std::tuple<std::string, std::string, std::string>, uint64_t>
       alerts_total_;  // job, kind, team
   uint64_t runs_ = 0;
+  std::map<std::string, v1::HealthyBaseline> baselines_;  // by job id
+  mutable std::map<std::pair<std::string, int32_t>, History> history_cache_;
 };
 
 // The alert of one diagnosis (rank -1 when it names several ranks or none).

@@ -9,6 +9,12 @@ namespace flare::engine {
 namespace {
 
 HttpResponse json(const google::protobuf::Message& m) {
+  return jsonResponse(m);
+}
+
+}  // namespace
+
+HttpResponse jsonResponse(const google::protobuf::Message& m) {
   std::string out;
   google::protobuf::util::JsonPrintOptions opts;
   opts.always_print_primitive_fields = true;
@@ -18,6 +24,8 @@ HttpResponse json(const google::protobuf::Message& m) {
   out += '\n';
   return {200, "application/json", std::move(out)};
 }
+
+namespace {
 
 HttpResponse error(int status, const std::string& msg) {
   std::string escaped;
@@ -81,6 +89,12 @@ Code QueryApi::listAlerts(const v1::ListAlertsRequest& req, v1::ListAlertsRespon
   return Code::kOk;
 }
 
+Code QueryApi::report(const v1::GetReportRequest& req, v1::GetReportResponse* out) {
+  const Code c = ingest_.report(req, out);
+  if (c == Code::kOk && enrich_report_) enrich_report_(out);
+  return c;
+}
+
 HttpResponse QueryApi::http(const HttpRequest& req) {
   const std::vector<std::string> p = split(req.path);
   const bool get = req.method == "GET" || req.method == "HEAD";
@@ -122,7 +136,7 @@ HttpResponse QueryApi::http(const HttpRequest& req) {
       v1::GetReportRequest r;
       r.set_job_id(job);
       v1::GetReportResponse out;
-      const Code c = ingest_.report(r, &out);
+      const Code c = report(r, &out);
       return c == Code::kOk ? json(out) : error(httpStatus(c), "unknown job " + job);
     }
     if (p.size() == 5 && p[4] == "ranks" && get) {

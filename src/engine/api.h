@@ -30,7 +30,14 @@ class QueryApi {
   QueryApi(Ingest& ingest, Store* store, std::function<std::string()> metrics)
       : ingest_(ingest), store_(store), metrics_(std::move(metrics)) {}
 
+  // Called on every kernel report the Ingest filled (gRPC and HTTP alike): the analyzer adds
+  // the five metrics and the change against history. Set before serving.
+  void setReportEnricher(std::function<void(v1::GetReportResponse*)> fn) {
+    enrich_report_ = std::move(fn);
+  }
+
   Code listAlerts(const v1::ListAlertsRequest& req, v1::ListAlertsResponse* out);
+  Code report(const v1::GetReportRequest& req, v1::GetReportResponse* out);
   HttpResponse http(const HttpRequest& req);
 
   Ingest& ingest() { return ingest_; }
@@ -39,7 +46,12 @@ class QueryApi {
   Ingest& ingest_;
   Store* store_;
   std::function<std::string()> metrics_;
+  std::function<void(v1::GetReportResponse*)> enrich_report_;
 };
+
+// The protobuf JSON mapping of a message (lowerCamelCase, every primitive field printed), as
+// the HTTP API answers it.
+HttpResponse jsonResponse(const google::protobuf::Message& m);
 
 // HTTP status for a Code.
 int httpStatus(Code code);

@@ -2,6 +2,7 @@
 // starts the gRPC and HTTP adapters, and runs the persistence/maintenance loop on the main
 // thread until SIGINT/SIGTERM. See src/engine/README.md and docs/configuration.md.
 #include <google/protobuf/stubs/logging.h>
+#include <google/protobuf/util/json_util.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -27,6 +28,7 @@
 #include "src/engine/ingest.h"
 #include "src/engine/metrics.h"
 #include "src/engine/sqlite_store.h"
+#include "src/engine/webhook.h"
 
 namespace {
 
@@ -88,6 +90,18 @@ std::map<std::string, Flag> defaultFlags() {
   add("hang-timeout-s", "S", "300",
       "a connected rank with no new records this long opens a hang incident (0: off)");
   add("hang-answer-timeout-s", "S", "10", "how long a hang incident waits for ranks' answers");
+  add("device-peak", "SPEC", "",
+      "one more peak-table entry, taking precedence over the built-in ones: "
+      "NAME:bf16=T,fp16=T,fp8=T,tf32=T,fp32=T,mem_gbps=G,sms=N,match=WORDS (un-optimized GEMMs)");
+  add("samples-per-step", "N", "0",
+      "the job batch size, for flare_job_samples_per_second (0: from step markers, when ranks "
+      "report it)");
+  add("webhook-url", "URL", "",
+      "post each new (deduplicated) diagnosis as JSON to this http:// URL (none: off)");
+  add("webhook-timeout-ms", "MS", "3000", "per webhook attempt: connect, send, status line");
+  add("webhook-attempts", "N", "4",
+      "attempts per diagnosis; retries back off from 500 ms, doubling (then counted as failed)");
+  add("webhook-queue", "N", "1000", "diagnoses waiting for the webhook; beyond: dropped, counted");
   add("ready-file", "PATH", "", "write 'GRPC_PORT HTTP_PORT' here once listening (tests, scripts)");
   return f;
 }
@@ -271,8 +285,67 @@ int main(int argc, char** argv) {
     return 1;
   }
   RealtimeClock wall;
+  // The webhook (webhook.h): every new diagnosis, posted off the analyzer's thread.
+  std::unique_ptr<Webhook> webhook;
+  if (!str("webhook-url").empty()) {
+    WebhookOptions wo;
+    wo.url = str("webhook-url");
+    wo.timeout_ms = static_cast<int64_t>(num("webhook-timeout-ms"));
+    wo.max_attempts = static_cast<int>(std::min<uint64_t>(num("webhook-attempts"), 100));
+    wo.max_queue = num("webhook-queue");
+    if (bad) return 2;
+    webhook = Webhook::start(wo, &error);
+    if (!webhook) {
+      std::fprintf(stderr, "flared: %s\n", error.c_str());
+      return 2;
+    }
+  }
   // The detectors: fed every accepted batch, run every --diagnose-interval-s.
-  Analyzer analyzer(store.get(), AnalyzerOptions{});
+  Ingest* ingest_ptr = nullptr;  // set once the Ingest exists (before any batch arrives)
+  AnalyzerOptions ao;
+  ao.samples_per_step = num("samples-per-step");
+  // The per-device peak table of the un-optimized GEMM detector, with --device-peak on top.
+  flare::stats::PeakTable peaks = flare::stats::PeakTable::builtin();
+  if (!str("device-peak").empty()) {
+    auto entry = flare::stats::parseDevicePeak(str("device-peak"), &error);
+    if (!entry) {
+      std::fprintf(stderr, "flared: --device-peak: %s\n", error.c_str());
+      return 2;
+    }
+    peaks.add(*entry);
+  }
+  ao.diagnose.peaks = &peaks;
+  if (bad) return 2;
+  ao.rank_meta = [&ingest_ptr](const std::string& job, int32_t rank) {
+    RankMeta meta;
+    if (ingest_ptr == nullptr) return meta;
+    flare::v1::ListRanksRequest req;
+    req.set_job_id(job);
+    flare::v1::ListRanksResponse out;
+    if (ingest_ptr->ranks(req, &out) != Code::kOk) return meta;
+    for (const auto& r : out.ranks()) {
+      if (r.rank() == rank) {
+        meta.host = r.host();
+        meta.device_name = r.device_name();
+      }
+    }
+    flare::v1::ListJobsRequest jr;
+    jr.set_include_finished(true);
+    const flare::v1::ListJobsResponse jobs = ingest_ptr->listJobs(jr);
+    for (const auto& j : jobs.jobs()) {
+      if (j.job_id() == job) meta.world_size = j.world_size();
+    }
+    return meta;
+  };
+  if (webhook) {
+    ao.on_alert = [&webhook](const flare::v1::Alert& a, const Diagnosis& d) {
+      const HttpResponse alert = jsonResponse(a);
+      std::string body = alert.body;
+      while (!body.empty() && body.back() == '\n') body.pop_back();
+      webhook->post("{\"alert\":" + body + ",\"diagnosis\":" + diagnosisToJson(d) + "}");
+    };
+  }
+  Analyzer analyzer(store.get(), std::move(ao));
   const auto diagnose_s = static_cast<int64_t>(num("diagnose-interval-s"));
   if (diagnose_s > 0) {
     cfg.on_batch = [&analyzer](const std::string& job, int32_t rank,
@@ -280,6 +353,7 @@ int main(int argc, char** argv) {
   }
   Ingest ingest(cfg, store.get(), wall);
   ingest.loadFromStore();
+  ingest_ptr = &ingest;
   // Hang incidents (hang_monitor.h): silent ranks -> DumpStacks/Inspect -> analysis -> alert.
   HangMonitorOptions hmo;
   hmo.hang_timeout_ns = static_cast<int64_t>(num("hang-timeout-s")) * 1'000'000'000;
@@ -296,6 +370,11 @@ int main(int argc, char** argv) {
     store->writeMetrics(w);
     analyzer.writeMetrics(w);
     hangs.writeMetrics(w);
+    if (webhook) {
+      webhook->writeMetrics(w);
+    } else {
+      Webhook::writeMetricsOf(w, 0, 0, 0, 0, 0);
+    }
     if (grpc_ptr) grpc_ptr->writeMetrics(w);
     if (http_ptr) {
       w.family("flare_http_requests_total", "counter", "HTTP requests served (bad: malformed).");
@@ -305,6 +384,7 @@ int main(int argc, char** argv) {
     return w.take();
   };
   QueryApi api(ingest, store.get(), metrics);
+  api.setReportEnricher([&analyzer](flare::v1::GetReportResponse* r) { analyzer.enrichReport(r); });
 
   GrpcOptions go;
   go.listen = str("listen");
@@ -333,6 +413,43 @@ int main(int argc, char** argv) {
       return seriesResponse(
           analyzer, r.path.substr(prefix.size(), r.path.size() - prefix.size() - ssuffix.size()),
           r);
+    }
+    // Healthy history: POST/DELETE /api/v1/jobs/{job}/baseline, GET /api/v1/baselines.
+    if (r.path == "/api/v1/baselines") {
+      if (r.method != "GET")
+        return HttpResponse{405, "application/json", "{\"error\":\"GET only\"}\n"};
+      return jsonResponse(analyzer.listBaselines());
+    }
+    const std::string bsuffix = "/baseline";
+    if (r.path.size() > prefix.size() + bsuffix.size() && r.path.rfind(prefix, 0) == 0 &&
+        r.path.compare(r.path.size() - bsuffix.size(), bsuffix.size(), bsuffix) == 0) {
+      const std::string job =
+          r.path.substr(prefix.size(), r.path.size() - prefix.size() - bsuffix.size());
+      auto err = [](int status, const std::string& msg) {
+        std::string q;
+        for (char c : msg) {
+          if (c == '"' || c == '\\') q += '\\';
+          if (static_cast<unsigned char>(c) >= 0x20) q += c;
+        }
+        return HttpResponse{status, "application/json", "{\"error\":\"" + q + "\"}\n"};
+      };
+      if (job.empty() || job.find('/') != std::string::npos) return err(404, "no such endpoint");
+      if (r.method == "DELETE") {
+        if (!analyzer.removeBaseline(job)) return err(404, "job " + job + " is not a baseline");
+        return HttpResponse{200, "application/json", "{\"removed\":true}\n"};
+      }
+      if (r.method != "POST") return err(405, "POST (add) or DELETE (remove)");
+      flare::v1::HealthyBaseline given;  // body: {"backend": "..."} (optional)
+      if (!r.body.empty() && !google::protobuf::util::JsonStringToMessage(r.body, &given).ok()) {
+        return err(400, "body: {\"backend\": \"NAME\"} or nothing");
+      }
+      std::string why;
+      auto added = analyzer.addBaseline(job, given.backend(), wall.nowNs(), &why);
+      if (!added) return err(404, why);
+      added->clear_issue_latency();
+      added->clear_issue_latency_by_kind();
+      added->clear_signatures();
+      return jsonResponse(*added);
     }
     // /api/v1/jobs/{job}/hangs: the job's hang incidents (hang_monitor.h).
     const std::string hsuffix = "/hangs";
@@ -394,6 +511,7 @@ int main(int argc, char** argv) {
   http.stop();
   grpc.shutdown();
   if (diagnose_s > 0) analyzer.run(wall.nowNs());  // what arrived since the last run
+  if (webhook) webhook->drain(2 * static_cast<int64_t>(num("webhook-timeout-ms")));
   ingest.persist(/*final=*/true);
   store->flush();
   return 0;

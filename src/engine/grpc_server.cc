@@ -301,7 +301,7 @@ class GrpcServer::QueryService final : public v1::Query::CallbackService {
                              "since_unix_ns is not supported yet; send 0 for the whole job"));
       return r;
     }
-    return done(ctx, api_.ingest().report(*req, resp), "unknown job " + req->job_id());
+    return done(ctx, api_.report(*req, resp), "unknown job " + req->job_id());
   }
   grpc::ServerUnaryReactor* ListRanks(grpc::CallbackServerContext* ctx,
                                       const v1::ListRanksRequest* req,

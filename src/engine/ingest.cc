@@ -606,6 +606,14 @@ v1::ListJobsResponse Ingest::listJobs(const v1::ListJobsRequest& req) {
 
 void Ingest::fillReport(const JobState& job, v1::GetReportResponse* out) const {
   out->set_job_id(job.job_id);
+  // History's key (analyzer.h): the device name of the lowest rank that reported one, and scale.
+  out->set_scale(job.world_size);
+  for (const auto& [rank, rs] : job.ranks) {
+    if (!rs.device_name.empty()) {
+      out->set_backend(rs.device_name);
+      break;
+    }
+  }
   // GPU-busy time: host-side synchronizations (OP_KIND_SYNC: the time a host thread waited)
   // are reported with their own totals but are not GPU work, so they take no share of it.
   auto onGpu = [](const SigState& st) { return st.sig.kind() != v1::OP_KIND_SYNC; };

@@ -367,6 +367,16 @@ void SqliteStore::putBaseline(const std::string& key, const std::string& value, 
       0);
 }
 
+void SqliteStore::removeBaseline(const std::string& key) {
+  enqueue(
+      [this, key](Writer& w) {
+        Stmt s(w, "DELETE FROM baselines WHERE key=?");
+        s.bind(1, key);
+        countResult(s.run(), rows_written_, errors_);
+      },
+      0);
+}
+
 std::vector<JobRow> SqliteStore::loadJobs() {
   std::lock_guard lock(read_mu_);
   std::vector<JobRow> out;
@@ -515,6 +525,15 @@ std::optional<std::string> SqliteStore::baseline(const std::string& key) {
   s.bind(1, key);
   if (s.step() == SQLITE_ROW) return s.str(0);
   return std::nullopt;
+}
+
+std::vector<std::pair<std::string, std::string>> SqliteStore::baselines(const std::string& prefix) {
+  std::lock_guard lock(read_mu_);
+  Stmt s(read_db_, "SELECT key, value FROM baselines WHERE substr(key, 1, ?)=? ORDER BY key");
+  s.bind(1, static_cast<int64_t>(prefix.size())).bind(2, prefix);
+  std::vector<std::pair<std::string, std::string>> out;
+  while (s.step() == SQLITE_ROW) out.emplace_back(s.str(0), s.str(1));
+  return out;
 }
 
 int64_t SqliteStore::liveBytes() {

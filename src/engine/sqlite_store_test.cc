@@ -100,6 +100,21 @@ TEST_F(StoreTest, EveryTableSurvivesReopen) {
   EXPECT_EQ(s->baseline("w1/megatron/64").value_or(""), "0.25");
   // Alert ids keep increasing across the restart.
   EXPECT_EQ(s->putAlert(v1::Alert()), 2u);
+  // Baselines by key prefix (binary values intact), and removal.
+  const std::string blob("a\0b", 3);
+  s->putBaseline("healthy/j2", blob, 5);
+  s->putBaseline("healthy/j1", "x", 5);
+  s->flush();
+  auto listed = s->baselines("healthy/");
+  ASSERT_EQ(listed.size(), 2u);
+  EXPECT_EQ(listed[0].first, "healthy/j1");
+  EXPECT_EQ(listed[1].second, blob);
+  s->removeBaseline("healthy/j1");
+  s->flush();
+  listed = s->baselines("healthy/");
+  ASSERT_EQ(listed.size(), 1u);
+  EXPECT_EQ(listed[0].first, "healthy/j2");
+  EXPECT_EQ(s->baselines("w1/").size(), 1u);
 }
 
 TEST_F(StoreTest, IngestStateRebuiltAfterRestartGivesTheSameReport) {

@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "flare/v1/service.pb.h"
@@ -122,6 +123,7 @@ class Store {
   // Assigns alert.id (unique, increasing across restarts) and returns it.
   virtual uint64_t putAlert(v1::Alert alert) = 0;
   virtual void putBaseline(const std::string& key, const std::string& value, int64_t now_ns) = 0;
+  virtual void removeBaseline(const std::string& key) = 0;
   // Blocks until every write queued before the call is committed (or failed and counted).
   virtual void flush() = 0;
 
@@ -139,6 +141,8 @@ class Store {
   virtual std::vector<v1::Alert> alerts(const std::string& job_id, int64_t since_ns,
                                         size_t limit) = 0;
   virtual std::optional<std::string> baseline(const std::string& key) = 0;
+  // (key, value) of every baseline whose key starts with `prefix`, by key.
+  virtual std::vector<std::pair<std::string, std::string>> baselines(const std::string& prefix) = 0;
 
   // Retention and the size cap; runs on the caller's thread after flushing the queue.
   virtual MaintenanceResult maintain(int64_t now_ns, const RetentionPolicy& policy) = 0;

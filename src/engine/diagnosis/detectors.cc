@@ -565,6 +565,40 @@ void detectIssueStall(const JobModel& job, const DiagnoseOptions& opt,
 
 // ---- issue-latency regression against a healthy baseline -----------------------------------
 
+// Names what this job calls clearly more often than the baseline: the traced Python API first
+// (what the algorithm team changes), then the host synchronization call it makes.
+void nameRegressionCause(const ApiRates& now_rates, const ApiRates& base_rates, Diagnosis* d) {
+  auto grown = [d](const std::map<std::string, double>& now,
+                   const std::map<std::string, double>& before) {
+    std::string best_name;
+    double best = 0;
+    for (const auto& [name, rate] : now) {
+      auto it = before.find(name);
+      const double was = it == before.end() ? 0 : it->second;
+      if (rate - was > best && rate - was > 0.2 * rate) {
+        best = rate - was;
+        best_name = name;
+      }
+    }
+    if (!best_name.empty()) {
+      auto it = before.find(best_name);
+      d->evidence.push_back({"api_rate",
+                             best_name + " runs " + fmtNum(now.at(best_name) * 1000, "") +
+                                 "times per 1000 GPU ops vs " +
+                                 fmtNum(it == before.end() ? 0 : it->second * 1000, "") +
+                                 "in the baseline",
+                             now.at(best_name), it == before.end() ? 0 : it->second});
+    }
+    return best_name;
+  };
+  const std::string api = grown(now_rates.spans, base_rates.spans);
+  const std::string sync = grown(now_rates.syncs, base_rates.syncs);
+  std::string named = api;
+  if (!sync.empty()) named += named.empty() ? sync : " (which calls " + sync + ")";
+  d->summary = "job: issue-latency regression against healthy history" +
+               (named.empty() ? std::string() : " (likely cause: " + named + ")");
+}
+
 void detectRegression(const JobModel& job, const JobModel& baseline, const DiagnoseOptions& opt,
                       std::vector<Diagnosis>* out) {
   std::vector<double> all, base_all;
@@ -606,58 +640,36 @@ void detectRegression(const JobModel& job, const JobModel& baseline, const Diagn
                             fmtMs(threshold) + "); median " + fmtMs(median(all)) + " vs " +
                             fmtMs(median(base_all)),
                         w1, threshold});
-  // Name what this job calls clearly more often than the baseline: the traced Python API first
-  // (what the algorithm team changes), then the host synchronization call it makes.
-  struct Rates {
-    std::map<std::string, double> spans, syncs;
-  };
-  auto rates = [](const JobModel& m) {
-    Rates found;
-    uint64_t ops = 0;
-    for (const auto& [rank, r] : m.ranks()) {
-      ops += r.ops.size();
-      for (const Span& s : r.spans) found.spans[m.apis()[s.api]] += 1;
-      for (const Op& op : r.ops) {
-        const auto& sig = m.signatures()[op.sig];
-        if (sig.kind() == flare::v1::OP_KIND_SYNC && sig.name() != FLARE_STEP_MARKER_NAME)
-          found.syncs[sig.name()] += 1;
-      }
-    }
-    for (auto* table : {&found.spans, &found.syncs}) {
-      for (auto& [name, n] : *table) n /= static_cast<double>(std::max<uint64_t>(ops, 1));
-    }
-    return found;
-  };
-  const Rates job_rates = rates(job), base_rates = rates(baseline);
-  auto grown = [&d](const std::map<std::string, double>& now,
-                    const std::map<std::string, double>& before) {
-    std::string best_name;
-    double best = 0;
-    for (const auto& [name, rate] : now) {
-      auto it = before.find(name);
-      const double was = it == before.end() ? 0 : it->second;
-      if (rate - was > best && rate - was > 0.2 * rate) {
-        best = rate - was;
-        best_name = name;
-      }
-    }
-    if (!best_name.empty()) {
-      auto it = before.find(best_name);
-      d.evidence.push_back({"api_rate",
-                            best_name + " runs " + fmtNum(now.at(best_name) * 1000, "") +
-                                "times per 1000 GPU ops vs " +
-                                fmtNum(it == before.end() ? 0 : it->second * 1000, "") +
-                                "in the baseline",
-                            now.at(best_name), it == before.end() ? 0 : it->second});
-    }
-    return best_name;
-  };
-  const std::string api = grown(job_rates.spans, base_rates.spans);
-  const std::string sync = grown(job_rates.syncs, base_rates.syncs);
-  std::string named = api;
-  if (!sync.empty()) named += named.empty() ? sync : " (which calls " + sync + ")";
-  d.summary = "job: issue-latency regression against healthy history" +
-              (named.empty() ? std::string() : " (likely cause: " + named + ")");
+  nameRegressionCause(apiRates(job), apiRates(baseline), &d);
+  out->push_back(std::move(d));
+}
+
+// The same detector against stored healthy history (history.h): the job's distribution against
+// the baseline runs' merged sketch, both clipped at its median, with the learned threshold.
+void detectRegressionFromHistory(const JobModel& job, const History& history,
+                                 std::vector<Diagnosis>* out) {
+  if (history.runs == 0 || history.issue_latency.count() < 30) return;
+  stats::LatencySketch sketch;
+  for (const auto& [rank, r] : job.ranks()) {
+    for (double v : issueLatencies(job, r)) sketch.add(v);
+  }
+  if (sketch.count() < 30) return;
+  const double w1 = clippedW1(sketch, history.issue_latency, history.issue_cap_ns);
+  const double threshold = history.issue_w1_threshold_ns;
+  if (!(w1 > threshold) || threshold <= 0) return;
+  Diagnosis d;
+  d.kind = "issue_latency_regression";
+  d.team = Team::kAlgorithm;
+  d.cause = "issue latency";
+  d.severity = w1 / threshold - 1.0;
+  d.evidence.push_back(
+      {"issue_latency_w1",
+       "job issue-latency distribution (clipped at the history median) W1 " + fmtMs(w1) + " from " +
+           std::to_string(history.runs) + " healthy baseline run" + (history.runs > 1 ? "s" : "") +
+           " (learned threshold " + fmtMs(threshold) + "); median " + fmtMs(sketch.quantile(0.5)) +
+           " vs " + fmtMs(history.issue_latency.quantile(0.5)),
+       w1, threshold});
+  nameRegressionCause(apiRates(job), {history.api_rate, history.sync_rate}, &d);
   out->push_back(std::move(d));
 }
 
@@ -680,9 +692,10 @@ double unionLength(std::vector<std::pair<int64_t, int64_t>> v) {
   return total;
 }
 
-void detectVoid(const JobModel& job, const DiagnoseOptions& opt, std::vector<Diagnosis>* out) {
-  std::vector<int> inter_ranks, minority_ranks;
-  std::vector<double> inter_values, minority_values;
+}  // namespace
+
+std::map<int, VoidStats> voidPerRank(const JobModel& job) {
+  std::map<int, VoidStats> out;
   for (const auto& [rank, r] : job.ranks()) {
     const auto starts = job.stepStarts(rank);
     if (starts.size() < 3) continue;
@@ -728,15 +741,27 @@ void detectVoid(const JobModel& job, const DiagnoseOptions& opt, std::vector<Dia
       if (rest > 0) v_minority.push_back(std::min(1.0, unionLength(minority) / rest));
     }
     if (v_inter.empty()) continue;
-    const double vi = median(v_inter);
-    const double vm = v_minority.empty() ? 0 : median(v_minority);
-    if (vi > opt.v_inter_threshold) {
+    VoidStats& vs = out[rank];
+    vs.v_inter = median(v_inter);
+    vs.v_minority = v_minority.empty() ? 0 : median(v_minority);
+    vs.steps = v_inter.size();
+  }
+  return out;
+}
+
+namespace {
+
+void detectVoid(const JobModel& job, const DiagnoseOptions& opt, std::vector<Diagnosis>* out) {
+  std::vector<int> inter_ranks, minority_ranks;
+  std::vector<double> inter_values, minority_values;
+  for (const auto& [rank, vs] : voidPerRank(job)) {
+    if (vs.v_inter > opt.v_inter_threshold) {
       inter_ranks.push_back(rank);
-      inter_values.push_back(vi);
+      inter_values.push_back(vs.v_inter);
     }
-    if (vm > opt.v_minority_threshold) {
+    if (vs.v_minority > opt.v_minority_threshold) {
       minority_ranks.push_back(rank);
-      minority_values.push_back(vm);
+      minority_values.push_back(vs.v_minority);
     }
   }
   if (!inter_ranks.empty()) {
@@ -820,18 +845,40 @@ void detectUnoptimized(const JobModel& job, const DiagnoseOptions& opt,
     uint32_t sig;
     double tflops, ref, time;
     std::string hint;
+    std::string device;  // set when the reference is the device's expected TFLOPS
   };
+  // The device of the job's ranks (the lowest rank that reported one) in the peak table.
+  const stats::PeakTable& peaks = opt.peaks != nullptr ? *opt.peaks : stats::PeakTable::builtin();
+  const stats::DevicePeak* device = nullptr;
+  for (const auto& [rank, r] : job.ranks()) {
+    if (!r.device_name.empty()) {
+      device = peaks.find(r.device_name);
+      break;
+    }
+  }
   std::vector<Slow> slow;
   for (const auto& [sig_id, st] : stats) {
     const auto& sig = job.signatures()[sig_id];
-    const double ref = best[sig.dtype()];
-    if (ref <= 0 || st.tflops >= opt.unoptimized_ratio * ref) continue;
+    double ref = best[sig.dtype()];
+    bool below_best = ref > 0 && st.tflops < opt.unoptimized_ratio * ref;
+    // Against the device: the shape's expected TFLOPS ([m, n, k, batch] as the hook records).
+    double expected = 0;
+    const auto dt = statsDtype(sig.dtype());
+    if (device != nullptr && dt && sig.shape_size() >= 3) {
+      expected = stats::expectedGemm(*device, *dt, sig.shape_size() >= 4 ? sig.shape(3) : 1,
+                                     sig.shape(0), sig.shape(1), sig.shape(2))
+                     .expectedTflops;
+    }
+    const bool below_device = expected > 0 && st.tflops < opt.unoptimized_peak_ratio * expected;
+    if (!below_best && !below_device) continue;
+    if (!below_best) ref = expected;  // the evidence then names the device's expectation
     // Alignment hint: a dimension whose bytes are not a multiple of 128.
     std::string hint;
     const auto dtype = statsDtype(sig.dtype());
     if (dtype && sig.shape_size() >= 3)
       hint = stats::gemmAlignmentHint(sig.shape(0), sig.shape(1), sig.shape(2), *dtype);
-    slow.push_back({sig_id, st.tflops, ref, st.time, hint});
+    slow.push_back(
+        {sig_id, st.tflops, ref, st.time, hint, below_best ? std::string() : device->name});
   }
   if (slow.empty()) return;
   std::sort(slow.begin(), slow.end(), [](const Slow& a, const Slow& b) { return a.time > b.time; });
@@ -847,7 +894,9 @@ void detectUnoptimized(const JobModel& job, const DiagnoseOptions& opt,
     d.evidence.push_back({"tflops",
                           sig.name() + " " + shapeText(sig) + " " + sig.layout() + ": " +
                               fmtNum(x.tflops, "TFLOPS") + " vs " + fmtNum(x.ref, "TFLOPS") +
-                              " for the job's best GEMM of the same type" +
+                              (x.device.empty() ? std::string(" for the job's best GEMM of the "
+                                                              "same type")
+                                                : " expected for this shape on " + x.device) +
                               (x.hint.empty() ? std::string() : " — " + x.hint),
                           x.tflops, x.ref});
   }
@@ -860,7 +909,8 @@ void detectUnoptimized(const JobModel& job, const DiagnoseOptions& opt,
                                       })
                          ->tflops /
                      top.ref) +
-              " of the job's best GEMM efficiency" +
+              (top.device.empty() ? std::string(" of the job's best GEMM efficiency")
+                                  : " of the TFLOPS expected for the shape on " + top.device) +
               (top.hint.empty() ? std::string() : "; e.g. " + top.hint);
   out->push_back(std::move(d));
 }
@@ -969,8 +1019,38 @@ std::optional<FailSlow> findFailSlow(const JobModel& job, const DiagnoseOptions&
   return std::nullopt;
 }
 
-std::vector<Diagnosis> diagnose(const JobModel& whole, const DiagnoseOptions& options,
-                                const JobModel* baseline) {
+std::vector<double> rankIssueLatencies(const JobModel& job, int rank) {
+  auto it = job.ranks().find(rank);
+  return it == job.ranks().end() ? std::vector<double>{} : issueLatencies(job, it->second);
+}
+
+ApiRates apiRates(const JobModel& m) {
+  ApiRates found;
+  uint64_t ops = 0;
+  for (const auto& [rank, r] : m.ranks()) {
+    ops += r.ops.size();
+    for (const Span& s : r.spans) found.spans[m.apis()[s.api]] += 1;
+    for (const Op& op : r.ops) {
+      const auto& sig = m.signatures()[op.sig];
+      if (sig.kind() == flare::v1::OP_KIND_SYNC && sig.name() != FLARE_STEP_MARKER_NAME)
+        found.syncs[sig.name()] += 1;
+    }
+  }
+  for (auto* table : {&found.spans, &found.syncs}) {
+    for (auto& [name, n] : *table) n /= static_cast<double>(std::max<uint64_t>(ops, 1));
+  }
+  return found;
+}
+
+std::vector<Diagnosis> diagnose(const JobModel& whole, const DiagnoseOptions& given_options,
+                                const JobModel* baseline, const History* history) {
+  // Void thresholds learned from healthy history replace the configured ones.
+  DiagnoseOptions options = given_options;
+  if (history != nullptr) {
+    if (history->v_inter_threshold) options.v_inter_threshold = *history->v_inter_threshold;
+    if (history->v_minority_threshold)
+      options.v_minority_threshold = *history->v_minority_threshold;
+  }
   std::vector<Diagnosis> out;
   // Fail-slow: when the job's step time rose at some step, the culprit detectors look at the
   // steps since, where the cause lives (before it, every rank was healthy and would dilute it).
@@ -1000,7 +1080,11 @@ std::vector<Diagnosis> diagnose(const JobModel& whole, const DiagnoseOptions& op
           Evidence{"step_time_change", text, fail_slow->after_ns, fail_slow->before_ns});
     }
   }
-  if (baseline != nullptr && raw) detectRegression(job, *baseline, options, &out);
+  if (baseline != nullptr && raw) {
+    detectRegression(job, *baseline, options, &out);
+  } else if (history != nullptr && raw) {
+    detectRegressionFromHistory(job, *history, &out);
+  }
   if (raw) detectVoid(job, options, &out);
   detectUnoptimized(job, options, &out);
   std::stable_sort(out.begin(), out.end(),
@@ -1018,24 +1102,25 @@ std::string jsonNumber(double v) {
 
 }  // namespace
 
+std::string diagnosisToJson(const Diagnosis& d) {
+  std::string out = "{\"kind\":" + common::jsonQuote(d.kind) + ",\"team\":\"" + teamName(d.team) +
+                    "\",\"cause\":" + common::jsonQuote(d.cause) +
+                    ",\"severity\":" + jsonNumber(d.severity) + ",\"ranks\":[";
+  for (size_t r = 0; r < d.ranks.size(); ++r) out += (r ? "," : "") + std::to_string(d.ranks[r]);
+  out += "],\"summary\":" + common::jsonQuote(d.summary) + ",\"evidence\":[";
+  for (size_t e = 0; e < d.evidence.size(); ++e) {
+    const Evidence& ev = d.evidence[e];
+    out += (e ? "," : "") + std::string("{\"metric\":") + common::jsonQuote(ev.metric) +
+           ",\"text\":" + common::jsonQuote(ev.text) + ",\"value\":" + jsonNumber(ev.value) +
+           ",\"reference\":" + jsonNumber(ev.reference) + "}";
+  }
+  return out + "]}";
+}
+
 std::string diagnosesToJson(const std::vector<Diagnosis>& diagnoses) {
   std::string out = "{\"diagnoses\":[";
-  for (size_t i = 0; i < diagnoses.size(); ++i) {
-    const Diagnosis& d = diagnoses[i];
-    out += i ? "," : "";
-    out += "{\"kind\":" + common::jsonQuote(d.kind) + ",\"team\":\"" + teamName(d.team) +
-           "\",\"cause\":" + common::jsonQuote(d.cause) +
-           ",\"severity\":" + jsonNumber(d.severity) + ",\"ranks\":[";
-    for (size_t r = 0; r < d.ranks.size(); ++r) out += (r ? "," : "") + std::to_string(d.ranks[r]);
-    out += "],\"summary\":" + common::jsonQuote(d.summary) + ",\"evidence\":[";
-    for (size_t e = 0; e < d.evidence.size(); ++e) {
-      const Evidence& ev = d.evidence[e];
-      out += (e ? "," : "") + std::string("{\"metric\":") + common::jsonQuote(ev.metric) +
-             ",\"text\":" + common::jsonQuote(ev.text) + ",\"value\":" + jsonNumber(ev.value) +
-             ",\"reference\":" + jsonNumber(ev.reference) + "}";
-    }
-    out += "]}";
-  }
+  for (size_t i = 0; i < diagnoses.size(); ++i)
+    out += (i ? "," : "") + diagnosisToJson(diagnoses[i]);
   return out + "]}\n";
 }
 

@@ -22,7 +22,9 @@
 #include <string>
 #include <vector>
 
+#include "src/engine/diagnosis/history.h"
 #include "src/engine/diagnosis/job_model.h"
+#include "src/engine/stats/perf_model.h"
 
 namespace flare::engine {
 
@@ -57,6 +59,11 @@ struct DiagnoseOptions {
   double v_inter_threshold = 0.25;
   double v_minority_threshold = 0.30;
   double unoptimized_ratio = 0.6;  // achieved < ratio × the job's best GEMM efficiency
+  // ... or achieved < peak ratio × the shape's expected TFLOPS on the ranks' device (the peak
+  // table's model, stats/perf_model.h), when the device is known. `peaks` null: the built-in
+  // table (flared --device-peak adds entries).
+  double unoptimized_peak_ratio = 0.3;
+  const stats::PeakTable* peaks = nullptr;
   uint64_t unoptimized_min_flops = 1'000'000'000;
   // Issue-latency regression against a baseline: alarm above max(floor, the largest W1 between
   // a baseline rank and the baseline's other ranks).
@@ -89,12 +96,38 @@ struct FailSlow {
 };
 std::optional<FailSlow> findFailSlow(const JobModel& job, const DiagnoseOptions& options);
 
+// Issue latencies (start − issue, ns) of a rank's GPU ops issued after its warm-up step (the
+// first step; every op when the rank has no step boundaries).
+std::vector<double> rankIssueLatencies(const JobModel& job, int rank);
+
+// Void percentages of one rank: medians over its steps (the first skipped) of V_inter and
+// V_minority (docs/metrics.md). Ranks with fewer than 3 step boundaries are absent.
+struct VoidStats {
+  double v_inter = 0;
+  double v_minority = 0;
+  size_t steps = 0;
+};
+std::map<int, VoidStats> voidPerRank(const JobModel& job);
+
+// Traced Python API calls and host synchronization calls per GPU op, by name.
+struct ApiRates {
+  std::map<std::string, double> spans;
+  std::map<std::string, double> syncs;
+};
+ApiRates apiRates(const JobModel& job);
+
+// `baseline`: a healthy run's model (flare-diagnose --baseline). `history`: stored healthy runs of
+// the job's backend and scale (flared): issue-latency regression with the learned threshold, and
+// void thresholds learned from history in place of the configured ones.
 std::vector<Diagnosis> diagnose(const JobModel& job, const DiagnoseOptions& options,
-                                const JobModel* baseline = nullptr);
+                                const JobModel* baseline = nullptr,
+                                const History* history = nullptr);
 
 // "[operations] rank 3: GPU slow — ..." lines, one per diagnosis (and its evidence indented).
 std::string formatDiagnoses(const std::vector<Diagnosis>& diagnoses);
 // {"diagnoses":[{"kind","team","cause","severity","ranks","summary","evidence":[...]}]}
 std::string diagnosesToJson(const std::vector<Diagnosis>& diagnoses);
+// One diagnosis as the JSON object of the list above.
+std::string diagnosisToJson(const Diagnosis& d);
 
 }  // namespace flare::engine

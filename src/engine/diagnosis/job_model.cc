@@ -5,7 +5,6 @@
 #include "flare/step.h"
 
 namespace flare::engine {
-namespace {
 
 std::string signatureKey(const flare::v1::Signature& sig) {
   std::string key = sig.name();
@@ -16,6 +15,8 @@ std::string signatureKey(const flare::v1::Signature& sig) {
   key += sig.layout();
   return key;
 }
+
+namespace {
 
 bool isStepApi(const std::string& name) {
   return name.size() >= 8 && name.compare(name.size() - 8, 8, "__next__") == 0;
@@ -116,7 +117,10 @@ void JobModel::addBatch(int rank, const flare::v1::RecordBatch& batch) {
     }
     if (!w.clusters.empty()) r.summaries.push_back(std::move(w));
   }
-  for (const auto& st : batch.steps()) r.step_starts.push_back(st.start_ns());
+  for (const auto& st : batch.steps()) {
+    r.step_starts.push_back(st.start_ns());
+    if (st.samples() > 0) r.step_samples = st.samples();
+  }
   if (batch.has_drops()) r.drops = batch.drops();
 }
 
@@ -158,6 +162,7 @@ JobModel JobModel::sinceStep(size_t step) const {
     o.rank = rank;
     o.host = r.host;
     o.device_name = r.device_name;
+    o.step_samples = r.step_samples;
     o.drops = r.drops;
     if (starts.size() <= step) continue;
     const int64_t t0 = starts[step];

@@ -20,6 +20,9 @@
 
 namespace flare::engine {
 
+// Name, kind, dtype, shape and layout: equal across ranks and jobs for the same kernel call.
+std::string signatureKey(const flare::v1::Signature& sig);
+
 // One GPU op (or host synchronization span) of one rank, in the rank's epoch nanoseconds.
 struct Op {
   uint32_t sig = 0;  // job-wide signature id (index into JobModel::signatures())
@@ -68,6 +71,7 @@ struct RankData {
   std::vector<Span> spans;
   std::vector<SummaryWindow> summaries;            // MODE_SUMMARY: compute ops arrive only as these
   std::vector<int64_t> step_starts;                // explicit step markers, if the rank sent any
+  uint64_t step_samples = 0;                       // batch size of its latest step marker (0: ?)
   flare::v1::DropCounters drops;                   // the latest cumulative counters
   std::unordered_map<uint32_t, uint32_t> sig_ids;  // rank's signature id -> job id
   std::unordered_map<uint32_t, uint32_t> api_ids;  // rank's API id -> job id

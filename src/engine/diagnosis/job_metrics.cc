@@ -1,0 +1,136 @@
+#include "src/engine/diagnosis/job_metrics.h"
+
+#include <algorithm>
+#include <cctype>
+#include <climits>
+
+#include "src/engine/diagnosis/detectors.h"
+#include "src/engine/stats/quantile.h"
+
+namespace flare::engine {
+namespace {
+
+double median(std::vector<double> v) {
+  return v.empty() ? 0 : stats::quantileInPlace(v, 0.5);
+}
+
+bool isCompute(flare::v1::OpKind kind) {
+  return kind == flare::v1::OP_KIND_GEMM || kind == flare::v1::OP_KIND_ATTENTION;
+}
+
+int64_t afterWarmup(const JobModel& job, int rank) {
+  const auto starts = job.stepStarts(rank);
+  return starts.size() >= 2 ? starts[1] : INT64_MIN;
+}
+
+}  // namespace
+
+std::string collectiveKindName(flare::v1::CollectiveKind kind) {
+  std::string name = flare::v1::CollectiveKind_Name(kind);
+  const std::string prefix = "COLLECTIVE_KIND_";
+  if (name.rfind(prefix, 0) == 0) name = name.substr(prefix.size());
+  if (name.empty()) name = "unknown";
+  for (char& c : name) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return name;
+}
+
+std::map<uint32_t, std::vector<double>> collectiveBusbw(const JobModel& job) {
+  std::map<std::pair<uint64_t, uint64_t>, std::vector<const Op*>> instances;
+  for (const auto& [rank, r] : job.ranks()) {
+    for (const Op& op : r.ops) {
+      if (job.signatures()[op.sig].kind() == flare::v1::OP_KIND_COLLECTIVE && op.comm != 0)
+        instances[{op.comm, op.seq}].push_back(&op);
+    }
+  }
+  std::map<uint32_t, std::vector<double>> out;
+  for (const auto& [key, members] : instances) {
+    const Op* first = members.front();
+    if (first->nranks <= 1 || static_cast<int>(members.size()) != first->nranks) continue;
+    int64_t last_start = INT64_MIN, last_end = INT64_MIN;
+    for (const Op* op : members) {
+      last_start = std::max(last_start, op->start);
+      last_end = std::max(last_end, op->end);
+    }
+    const double t = static_cast<double>(last_end - last_start);
+    if (t <= 0 || first->bytes == 0) continue;
+    const auto& sig = job.signatures()[first->sig];
+    out[first->sig].push_back(static_cast<double>(first->bytes) / t *
+                              busBandwidthFactor(sig.collective(), first->nranks));  // B/ns = GB/s
+  }
+  return out;
+}
+
+flare::v1::JobMetrics computeJobMetrics(const JobModel& job, const History* history,
+                                        uint64_t samples_per_step) {
+  flare::v1::JobMetrics m;
+  // Throughput: per rank, step intervals after the warm-up step; the job: median over ranks.
+  std::vector<double> rates, counts;
+  uint64_t reported_samples = 0;
+  for (const auto& [rank, r] : job.ranks()) {
+    reported_samples = std::max(reported_samples, r.step_samples);
+    const auto starts = job.stepStarts(rank);
+    if (starts.size() < 3 || starts.back() <= starts[1]) continue;
+    const double n = static_cast<double>(starts.size() - 2);
+    rates.push_back(n / (static_cast<double>(starts.back() - starts[1]) / 1e9));
+    counts.push_back(n);
+  }
+  m.set_steps(static_cast<uint32_t>(median(counts)));
+  m.set_steps_per_second(median(rates));
+  const uint64_t samples = samples_per_step > 0 ? samples_per_step : reported_samples;
+  m.set_samples_per_second(m.steps_per_second() * static_cast<double>(samples));
+  // Achieved TFLOPS: GEMM/attention FLOPs over their kernel time, after the warm-up step.
+  double job_flops = 0, job_ns = 0;
+  for (const auto& [rank, r] : job.ranks()) {
+    const int64_t after = afterWarmup(job, rank);
+    double flops = 0, ns = 0;
+    for (const Op& op : r.ops) {
+      if (op.issue < after || !isCompute(job.signatures()[op.sig].kind()) || op.flops == 0)
+        continue;
+      flops += static_cast<double>(op.flops);
+      ns += static_cast<double>(op.duration());
+    }
+    if (ns <= 0) continue;
+    auto* rt = m.add_rank_tflops();
+    rt->set_rank(rank);
+    rt->set_tflops(flops / ns / 1e3);  // flop/ns = GFLOP/s
+    job_flops += flops;
+    job_ns += ns;
+  }
+  m.set_tflops(job_ns > 0 ? job_flops / job_ns / 1e3 : 0);
+  // Bus bandwidth per collective kind: median over complete instances.
+  std::map<std::string, std::vector<double>> by_kind;
+  for (auto& [sig, values] : collectiveBusbw(job)) {
+    auto& v = by_kind[collectiveKindName(job.signatures()[sig].collective())];
+    v.insert(v.end(), values.begin(), values.end());
+  }
+  for (auto& [kind, values] : by_kind) {
+    auto* b = m.add_busbw();
+    b->set_kind(kind);
+    b->set_instances(values.size());
+    b->set_busbw_gbps(median(values));
+  }
+  // Issue-latency W1 against healthy history.
+  if (history != nullptr && history->runs > 0 && history->issue_latency.count() > 0) {
+    stats::LatencySketch sketch;
+    for (const auto& [rank, r] : job.ranks()) {
+      for (double v : rankIssueLatencies(job, rank)) sketch.add(v);
+    }
+    if (sketch.count() > 0) {
+      m.set_has_baseline(true);
+      m.set_baseline_runs(static_cast<uint32_t>(history->runs));
+      m.set_issue_latency_w1_ns(clippedW1(sketch, history->issue_latency, history->issue_cap_ns));
+      m.set_issue_latency_w1_threshold_ns(history->issue_w1_threshold_ns);
+    }
+  }
+  // Void percentages: median over ranks.
+  std::vector<double> vi, vm;
+  for (const auto& [rank, v] : voidPerRank(job)) {
+    vi.push_back(v.v_inter);
+    vm.push_back(v.v_minority);
+  }
+  m.set_v_inter(median(vi));
+  m.set_v_minority(median(vm));
+  return m;
+}
+
+}  // namespace flare::engine

@@ -1,0 +1,32 @@
+// The five metrics of a job (design.md "The metrics"), as the per-job gauges on flared's
+// /metrics and the "metrics" object of the kernel report: throughput, achieved TFLOPS, bus
+// bandwidth per collective kind, issue-latency W1 against healthy history, void percentages.
+// Exact definitions: docs/metrics.md "Per-job gauges".
+//
+// Threading: pure functions over an immutable model.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "flare/v1/service.pb.h"
+#include "src/engine/diagnosis/history.h"
+#include "src/engine/diagnosis/job_model.h"
+
+namespace flare::engine {
+
+// "all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "reduce", ...
+std::string collectiveKindName(flare::v1::CollectiveKind kind);
+
+// Bus bandwidth (GB/s) of every complete instance of each collective signature (job-wide id):
+// all `nranks` members present, t from the last member's start to the last member's end.
+std::map<uint32_t, std::vector<double>> collectiveBusbw(const JobModel& job);
+
+// `samples_per_step`: the job's batch size when configured (0: the largest `samples` a rank
+// reported in its step markers; none: samples_per_second stays 0). `history` may be null.
+flare::v1::JobMetrics computeJobMetrics(const JobModel& job, const History* history,
+                                        uint64_t samples_per_step);
+
+}  // namespace flare::engine

@@ -1,0 +1,271 @@
+"""flared's per-job metrics, healthy history and webhook, on 4 sim ranks streaming through
+`flare run`: the five-metric gauges against independently aggregated figures; `flare baseline
+add` on two healthy runs, then a run with a synchronize in every layer raises
+issue_latency_regression with the learned threshold while a third healthy run raises nothing;
+each new diagnosis is posted to a webhook (retried, failures counted)."""
+
+import http.server
+import json
+import os
+import re
+import signal
+import statistics
+import subprocess
+import threading
+import time
+import urllib.request
+
+import pytest
+
+RANKS = 4
+LAYERS = "8"  # a synchronize per layer: more layers, a clearer collapse of the issue queue
+
+
+class Daemon:
+    def __init__(self, build_dir, workdir, *extra):
+        self.log_path = os.path.join(str(workdir), "flared.log")
+        self.proc = subprocess.Popen(
+            [os.path.join(build_dir, "bin", "flared"), "--listen", "127.0.0.1:0", "--http",
+             "127.0.0.1:0", "--db", os.path.join(str(workdir), "flared.db"),
+             "--diagnose-interval-s", "1", *extra], stdout=open(self.log_path, "w"),
+            stderr=subprocess.STDOUT)
+        for _ in range(200):
+            m = re.search(r"gRPC on port (\d+), HTTP on port (\d+)", open(self.log_path).read())
+            if m:
+                self.grpc, self.http = int(m.group(1)), int(m.group(2))
+                return
+            assert self.proc.poll() is None, open(self.log_path).read()
+            time.sleep(0.05)
+        raise AssertionError("flared did not start")
+
+    def get(self, path):
+        with urllib.request.urlopen("http://127.0.0.1:%d%s" % (self.http, path), timeout=10) as r:
+            return r.read().decode()
+
+    def json(self, path):
+        return json.loads(self.get(path))
+
+    def stop(self):
+        self.proc.send_signal(signal.SIGTERM)
+        self.proc.wait(timeout=30)
+
+
+def start(build_dir, tmp_path, *extra):
+    if not os.path.exists(os.path.join(build_dir, "bin", "flared")):
+        pytest.skip("build/bin/flared not built")
+    return Daemon(build_dir, tmp_path, *extra)
+
+
+def flare(build_dir, *args, env=None):
+    return subprocess.run([os.path.join(build_dir, "bin", "flare"), *args], capture_output=True,
+                          text=True, timeout=300, env=dict(os.environ, **(env or {})))
+
+
+def run_job(build_dir, daemon, tmp_path, job, fault_env=None, extra=()):
+    env = dict(fault_env or {}, FLARE_OUTPUT_DIR=str(tmp_path / ("spool-" + job)),
+               TRACED_PYTHON_API="sim_train@_LoaderIter.__next__,sim_train@injected_sync")
+    res = flare(build_dir, "run", "--daemon", "127.0.0.1:%d" % daemon.grpc, "--job-id", job,
+                "--quiet", "--", os.path.join(build_dir, "bin", "flare-sim-train"), "--python",
+                "--ranks", str(RANKS), "--steps", "6", "--layers", LAYERS, "--tp", "2",
+                "--data-ms", "2", "--quiet", *extra, env=env)
+    assert res.returncode == 0, res.stderr
+
+
+def wait_for(fn, timeout=20):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        got = fn()
+        if got:
+            return got
+        time.sleep(0.2)
+    return fn()
+
+
+def gauges(daemon, job):
+    """{(name, frozenset(labels other than job)): value} of the job's flare_job_* series."""
+    out = {}
+    for line in daemon.get("/metrics").splitlines():
+        m = re.match(r'(flare_job_\w+)\{([^}]*)\} (\S+)$', line)
+        if not m:
+            continue
+        labels = dict(re.findall(r'(\w+)="([^"]*)"', m.group(2)))
+        if labels.pop("job", None) == job:
+            out[(m.group(1), frozenset(labels.items()))] = float(m.group(3))
+    return out
+
+
+def metrics_of(daemon, job):
+    report = daemon.json("/api/v1/jobs/%s/report" % job)
+    return report if report.get("metrics", {}).get("steps") else None
+
+
+def test_history_learns_the_threshold_and_flags_only_the_synchronize_run(build_dir, tmp_path):
+    daemon = start(build_dir, tmp_path)
+    http = "127.0.0.1:%d" % daemon.http
+    try:
+        run_job(build_dir, daemon, tmp_path, "healthy-1", extra=("--json",
+                                                               str(tmp_path / "sim-1.json")))
+        run_job(build_dir, daemon, tmp_path, "healthy-2")
+        time.sleep(2.5)  # two detector runs after the last batches
+        for job in ("healthy-1", "healthy-2"):
+            assert wait_for(lambda: metrics_of(daemon, job)), job
+            res = flare(build_dir, "baseline", "add", "--job", job, "--daemon-http", http)
+            assert res.returncode == 0, res.stderr
+            assert "healthy history" in res.stdout
+        listed = json.loads(flare(build_dir, "baseline", "list", "--json", "--daemon-http",
+                                  http).stdout)["baselines"]
+        assert sorted(b["jobId"] for b in listed) == ["healthy-1", "healthy-2"]
+        assert {b["scale"] for b in listed} == {RANKS}
+        assert 'flare_baseline_runs 2' in daemon.get("/metrics")
+
+        # Item 1: the gauges of a healthy job against independently aggregated figures.
+        g = gauges(daemon, "healthy-1")
+        report = daemon.json("/api/v1/jobs/healthy-1/report")
+        m = report["metrics"]
+        # Throughput: the sim's own per-rank step times (host clock), after the warm-up step.
+        sim = json.load(open(tmp_path / "sim-1.json"))["ranks"]
+        truth = statistics.median(1000.0 / statistics.mean(r["step_ms"][1:]) for r in sim)
+        assert g[("flare_job_steps_per_second", frozenset())] == pytest.approx(truth, rel=0.1)
+        assert g[("flare_job_steps_per_second", frozenset())] == pytest.approx(
+            m["stepsPerSecond"], rel=1e-9)
+        # TFLOPS: the Ingest's per-signature aggregates (FLOPs and time of every call) give the
+        # job-wide rate of the GEMM/attention kernels whose FLOPs are known; the sim runs
+        # identical kernels every step (the gauge leaves the warm-up step out, the report not:
+        # a few percent apart on the loaded 2-core VM).
+        compute = [s for s in report["signatures"] if s["tflops"] > 0 and
+                   s["signature"]["kind"] in ("OP_KIND_GEMM", "OP_KIND_ATTENTION")]
+        flops = sum(s["tflops"] * int(s["totalNs"]) for s in compute)
+        ns = sum(int(s["totalNs"]) for s in compute)
+        assert g[("flare_job_flops_per_second", frozenset())] / 1e12 == pytest.approx(
+            flops / ns, rel=0.08)
+        ranks = {int(dict(k[1])["rank"]): v for k, v in g.items()
+                 if k[0] == "flare_job_rank_flops_per_second"}
+        assert sorted(ranks) == list(range(RANKS))
+        for v in ranks.values():  # identical GEMMs on every rank
+            assert v == pytest.approx(g[("flare_job_flops_per_second", frozenset())], rel=0.1)
+        # Bus bandwidth of the all-reduces: the sim's model is 8 µs + S·f / busbw; the gauge
+        # (median, from the last arrival) stays below the ceiling and within 20% of it.
+        bw = g[("flare_job_busbw_bytes_per_second", frozenset({("kind", "all_reduce")}))]
+        assert bw == pytest.approx(m["busbw"][0]["busbwGbps"] * 1e9, rel=1e-9)
+        assert 0 < g[("flare_job_void_inter_ratio", frozenset())] < 0.5
+        assert g[("flare_job_void_minority_ratio", frozenset())] == pytest.approx(
+            m["vMinority"], rel=1e-9)
+        # Baseline jobs are not compared with history (their own run is in it).
+        assert ("flare_job_issue_latency_w1_seconds", frozenset()) not in g
+
+        # Item 2: the regression, through flared, with the learned threshold.
+        run_job(build_dir, daemon, tmp_path, "sync", {"FLARE_SIM_INJECT_SYNC": "1"})
+        run_job(build_dir, daemon, tmp_path, "healthy-3")
+        alerts = wait_for(lambda: daemon.json("/api/v1/alerts?job=sync").get("alerts"))
+        assert [(a["kind"], a["team"]) for a in alerts] == [("issue_latency_regression",
+                                                             "algorithm")], alerts
+        assert "sim_train@injected_sync" in alerts[0]["message"]
+        assert "learned threshold" in alerts[0]["message"]
+        sync = wait_for(lambda: gauges(daemon, "sync").get(
+            ("flare_job_issue_latency_w1_seconds", frozenset())))
+        threshold = gauges(daemon, "sync")[("flare_job_issue_latency_w1_threshold_seconds",
+                                            frozenset())]
+        assert sync > threshold >= 20e-6  # the documented floor
+        healthy = wait_for(lambda: gauges(daemon, "healthy-3").get(
+            ("flare_job_issue_latency_w1_seconds", frozenset())))
+        assert healthy < threshold
+        with open(os.path.join(os.environ.get("FLARE_TEST_FIGURES", str(tmp_path)),
+                               "history_w1.txt"), "a") as f:  # figures for docs/benchmarks.md
+            f.write("threshold %.1f us sync %.1f us healthy %.1f us | %s\n" % (
+                threshold * 1e6, sync * 1e6, healthy * 1e6, " ".join(
+                    l.split("] ", 1)[1] for l in open(daemon.log_path) if "history of" in l)))
+        time.sleep(2.5)  # more detector runs
+        assert daemon.json("/api/v1/alerts?job=healthy-3")["alerts"] == []
+
+        # Item 5: the report's change against history and the metrics.
+        rep = daemon.json("/api/v1/jobs/healthy-3/report")
+        assert rep["baselineRuns"] == 2 and rep["scale"] == RANKS
+        assert rep["metrics"]["hasBaseline"] and rep["metrics"]["baselineRuns"] == 2
+        compared = [s for s in rep["signatures"] if "history" in s]
+        gemms = [s for s in compared if s["signature"]["kind"] == "OP_KIND_GEMM"]
+        assert gemms, rep["signatures"]
+        for s in gemms:  # the same GEMMs on the same simulated GPU as the baseline runs
+            h = s["history"]
+            assert h["baselineRuns"] == 2
+            assert h["durationRatio"] == pytest.approx(int(s["p50Ns"]) / int(h["baselineP50Ns"]),
+                                                       rel=1e-4)
+            assert h["durationRatio"] == pytest.approx(1.0, abs=0.1)
+            assert h["tflopsRatio"] == pytest.approx(1 / h["durationRatio"])
+
+        # History survives a restart; remove forgets it.
+        daemon.stop()
+        daemon = start(build_dir, tmp_path)
+        http = "127.0.0.1:%d" % daemon.http
+        assert len(daemon.json("/api/v1/baselines")["baselines"]) == 2
+        res = flare(build_dir, "baseline", "remove", "--job", "healthy-2", "--daemon-http", http)
+        assert res.returncode == 0, res.stderr
+        assert [b["jobId"] for b in daemon.json("/api/v1/baselines")["baselines"]] == \
+            ["healthy-1"]
+        res = flare(build_dir, "baseline", "add", "--job", "nope", "--daemon-http", http)
+        assert res.returncode == 3 and "nope" in res.stderr
+    finally:
+        if daemon.proc.poll() is None:
+            daemon.stop()
+
+
+class Hook(http.server.BaseHTTPRequestHandler):
+    fail_first = 0
+    posts = []
+    lock = threading.Lock()
+
+    def do_POST(self):
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        with Hook.lock:
+            Hook.posts.append(body)
+            fail = len(Hook.posts) <= Hook.fail_first
+        self.send_response(500 if fail else 204)
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+
+def test_webhook_posts_each_new_diagnosis_with_retries(build_dir, tmp_path):
+    Hook.fail_first, Hook.posts = 2, []
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Hook)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    daemon = start(build_dir, tmp_path, "--webhook-url",
+                   "http://127.0.0.1:%d/flare" % server.server_address[1])
+    try:
+        run_job(build_dir, daemon, tmp_path, "slowgpu", {"FLARE_SIM_CLOCK_FACTOR": "1:0.8"})
+        delivered = wait_for(lambda: re.search(r"flare_webhook_delivered_total 1\b",
+                                               daemon.get("/metrics")))
+        assert delivered, daemon.get("/metrics")
+        time.sleep(2.5)  # the same diagnosis again: deduplicated, not posted again
+        metrics = daemon.get("/metrics")
+        assert "flare_webhook_delivered_total 1\n" in metrics
+        assert "flare_webhook_retries_total 2\n" in metrics  # two 500s, then 204
+        assert "flare_webhook_failures_total 0\n" in metrics
+        assert len(Hook.posts) == 3 and len(set(Hook.posts)) == 1
+        doc = json.loads(Hook.posts[-1])
+        assert doc["alert"]["jobId"] == "slowgpu" and doc["alert"]["kind"] == "gpu_slow"
+        assert doc["diagnosis"]["ranks"] == [1] and doc["diagnosis"]["team"] == "operations"
+        assert doc["diagnosis"]["evidence"]
+    finally:
+        daemon.stop()
+        server.shutdown()
+
+
+def test_unreachable_webhook_is_counted_and_blocks_nothing(build_dir, tmp_path):
+    daemon = start(build_dir, tmp_path, "--webhook-url", "http://127.0.0.1:1/x",
+                   "--webhook-attempts", "2", "--webhook-timeout-ms", "500")
+    try:
+        run_job(build_dir, daemon, tmp_path, "slowgpu", {"FLARE_SIM_CLOCK_FACTOR": "1:0.8"})
+        assert wait_for(lambda: re.search(r"flare_webhook_failures_total 1\b",
+                                          daemon.get("/metrics")))
+        assert daemon.json("/api/v1/alerts?job=slowgpu")["alerts"]  # alerts still stored
+        assert open(daemon.log_path).read().count("could not be delivered") == 1
+    finally:
+        daemon.stop()
+
+
+def test_bad_webhook_url_is_a_clear_error(build_dir, tmp_path):
+    res = subprocess.run([os.path.join(build_dir, "bin", "flared"), "--webhook-url",
+                          "https://example.com/x", "--db", str(tmp_path / "f.db")],
+                         capture_output=True, text=True, timeout=30)
+    assert res.returncode == 2 and "http://" in res.stderr
