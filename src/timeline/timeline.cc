@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cinttypes>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <limits>
@@ -429,19 +430,64 @@ void RankWriter::writeDeepTrace(const RankData& data) {
     std::sort(spans.begin(), spans.end(),
               [](const TracedSpan& a, const TracedSpan& b) { return a.start < b.start; });
   }
+  // CUPTI's times and the traced ops' (CUDA events mapped to the host clock) differ by the
+  // mapping's error, about a microsecond — as long as the smallest kernels. Per device, the
+  // records are moved onto the traced ops' clock by the median difference between a record's
+  // end and the nearest traced end (a kernel's end event completes with it), within 20 µs.
+  std::vector<flare::v1::DeepTraceRecord> deep_recs = data.deep;
+  std::map<int, std::vector<int64_t>> diffs;
+  for (const auto& d : deep_recs) {
+    auto it = traced_.find(d.device());
+    if (it == traced_.end()) continue;
+    const auto& spans = it->second;
+    auto pos = std::upper_bound(spans.begin(), spans.end(), d.end_ns() + 20'000,
+                                [](int64_t v, const TracedSpan& s) { return v < s.start; });
+    int64_t best = std::numeric_limits<int64_t>::max();
+    for (int n = 0; pos != spans.begin() && n < 16; ++n) {
+      --pos;
+      const int64_t diff = pos->end - d.end_ns();
+      if (std::llabs(diff) < std::llabs(best)) best = diff;
+    }
+    if (std::llabs(best) <= 20'000) diffs[d.device()].push_back(best);
+  }
+  std::map<int, int64_t> shift;
+  for (auto& [device, v] : diffs) {
+    std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(v.size() / 2), v.end());
+    shift[device] = v[v.size() / 2];
+  }
+  for (auto& d : deep_recs) {
+    auto it = shift.find(d.device());
+    if (it == shift.end()) continue;
+    d.set_start_ns(d.start_ns() + it->second);
+    d.set_end_ns(d.end_ns() + it->second);
+  }
+  // The traced op a record ran inside: the one it overlaps most, by at least half its length
+  // (the two clocks differ by the GPU→host mapping's error, a few µs; a kernel may touch the
+  // events around it exactly).
   auto container = [this](const flare::v1::DeepTraceRecord& d) -> const TracedSpan* {
     auto it = traced_.find(d.device());
     if (it == traced_.end()) return nullptr;
     const auto& spans = it->second;
-    auto pos = std::upper_bound(spans.begin(), spans.end(), d.start_ns(),
+    constexpr int64_t kSlackNs = 50'000;
+    auto pos = std::upper_bound(spans.begin(), spans.end(), d.end_ns() + kSlackNs,
                                 [](int64_t v, const TracedSpan& s) { return v < s.start; });
-    if (pos == spans.begin()) return nullptr;
-    --pos;
-    return d.start_ns() >= pos->start && d.end_ns() <= pos->end ? &*pos : nullptr;
+    const TracedSpan* best = nullptr;
+    int64_t best_overlap = 0;
+    const int64_t len = std::max<int64_t>(d.end_ns() - d.start_ns(), 1);
+    for (int n = 0; pos != spans.begin() && n < 64; ++n) {
+      --pos;
+      const int64_t overlap = std::min(pos->end, d.end_ns()) - std::max(pos->start, d.start_ns());
+      if (overlap > best_overlap) {
+        best_overlap = overlap;
+        best = &*pos;
+      }
+      if (pos->end < d.start_ns() - kSlackNs && n > 8) break;
+    }
+    return best != nullptr && 2 * best_overlap >= len ? best : nullptr;
   };
   // CUPTI stream → track, by the most frequent track of its matched records.
   std::map<std::pair<int, uint32_t>, std::map<int, int>> votes;
-  for (const auto& d : data.deep) {
+  for (const auto& d : deep_recs) {
     if (const TracedSpan* s = container(d)) votes[{d.device(), d.stream()}][s->tid]++;
   }
   std::map<std::pair<int, uint32_t>, int> track_of;
@@ -452,7 +498,7 @@ void RankWriter::writeDeepTrace(const RankData& data) {
         })->first;
   }
   std::map<std::pair<int, int>, std::vector<const flare::v1::DeepTraceRecord*>> tracks;
-  for (const auto& d : data.deep) {
+  for (const auto& d : deep_recs) {
     if (!inWindow(d.start_ns())) continue;
     auto it = track_of.find({d.device(), d.stream()});
     int tid = 0;
@@ -471,8 +517,15 @@ void RankWriter::writeDeepTrace(const RankData& data) {
     gpu_tracks_.insert(track);
     int64_t prev_end = std::numeric_limits<int64_t>::min();
     for (const auto* d : recs) {
-      const int64_t start = std::max(d->start_ns(), prev_end);
-      const int64_t end = std::max(d->end_ns(), start);
+      // Inside the traced op it ran in, when that op is on this track (so that slices nest).
+      const TracedSpan* in = container(*d);
+      int64_t start = d->start_ns(), end = d->end_ns();
+      if (in != nullptr && in->tid == track.second) {
+        start = std::clamp(start, in->start, in->end);
+        end = std::clamp(end, in->start, in->end);
+      }
+      start = std::max(start, prev_end);
+      end = std::max(end, start);
       prev_end = end;
       const char* kind = d->kind() == flare::v1::DeepTraceRecord::KIND_MEMCPY   ? "memcpy"
                          : d->kind() == flare::v1::DeepTraceRecord::KIND_MEMSET ? "memset"
@@ -485,9 +538,7 @@ void RankWriter::writeDeepTrace(const RankData& data) {
                          "\",\"deep trace\":" + std::to_string(d->capture_id()) +
                          ",\"step index\":" + std::to_string(d->step_index());
       if (d->bytes() > 0) args += ",\"bytes\":" + std::to_string(d->bytes());
-      if (const TracedSpan* s = container(*d)) {
-        args += ",\"flare correlation\":" + std::to_string(s->correlation);
-      }
+      if (in != nullptr) args += ",\"flare correlation\":" + std::to_string(in->correlation);
       w_->event("{\"ph\":\"X\",\"cat\":\"deep_trace\",\"name\":" +
                 common::jsonQuote(d->name().empty() ? "unknown" : d->name()) +
                 ",\"pid\":" + std::to_string(ids_.gpu_pid_base + track.first) +
