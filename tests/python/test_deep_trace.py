@@ -266,3 +266,20 @@ def test_offline_deep_trace_joins_the_timeline(build_dir, tmp_path):
         assert {(e["pid"], e["tid"]) for e in mine} <= traced_tracks
         linked = [e for e in mine if "flare correlation" in e["args"]]
         assert len(linked) == len(mine)
+
+
+def test_activity_api_taken_is_said_once_and_skipped(build_dir, tmp_path):
+    # Subscribing works but enabling activity records is refused (another tool records them).
+    res = run_spool_job(build_dir, tmp_path, 6,
+                        {"FLARE_DEEP_TRACE": "1:2", "FLARE_SIM_CUPTI_BUSY": "enable"})
+    lines = [l for l in res.stderr.splitlines() if "in use by another tool" in l]
+    assert len(lines) == 2, res.stderr  # once per rank
+    assert all("CUPTI_ERROR_NOT_COMPATIBLE" in l for l in lines)
+    path = tmp_path / "trace.json"
+    out = subprocess.run([os.path.join(build_dir, "bin", "flare-timeline"), "--input",
+                          str(tmp_path / "spool"), "-o", str(path)],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    events = json.loads(path.read_text())["traceEvents"]
+    assert not [e for e in events if e.get("cat") == "deep_trace"]
+    assert [e for e in events if e.get("cat") == "kernel"]  # tracing itself went on
