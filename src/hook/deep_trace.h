@@ -14,9 +14,10 @@
 //     timing::DeepTraceRecord, handed to Tracer::pushDeepTrace (→ RecordBatch.deep_trace), the
 //     buffer recycled.
 //
-// Steps are the explicit step markers (flare_step, src/hook/step.cc). Timestamps: CUPTI is asked
-// for CLOCK_MONOTONIC through cuptiActivityRegisterTimestampCallback (the clock the Tracer's
-// records are on); if that fails its default CLOCK_REALTIME is mapped back.
+// Steps are the explicit step markers (flare_step, src/hook/step.cc), else the DataLoader's
+// `__next__` spans (src/hook/python.cc; not exercised by the tests: the sim has no torch).
+// Timestamps: CUPTI is asked for CLOCK_MONOTONIC through cuptiActivityRegisterTimestampCallback
+// (the clock the Tracer's records are on); if that fails its default CLOCK_REALTIME is mapped back.
 //
 // Zero cost when unused: nothing is loaded before the first command; onStep() is one relaxed
 // atomic load. The hook never links libcupti: FLARE_CUPTI_LIB, else libcupti.so.13, .so.12,
@@ -38,8 +39,11 @@ namespace flare::hook {
 // SKIPPED and the reason.
 void deepTraceCommand(const flare::v1::Command& command, flare::v1::CommandResult* result);
 
-// A step boundary (the explicit step marker). Cheap unless a capture is armed or running.
-void deepTraceOnStep();
+// A step boundary: an explicit step marker (flare_step), or the start of a DataLoader
+// `__next__` span — counted only in a process that has called no step marker. Cheap unless a
+// capture is armed or running.
+enum class StepSource { kMarker, kDataLoader };
+void deepTraceOnStep(StepSource source = StepSource::kMarker);
 
 // At process exit, before the Tracer's last drain: ends a running capture (flushes what was
 // captured; DONE with the steps seen) or waits for a flush in progress (bounded).
