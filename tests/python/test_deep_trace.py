@@ -50,12 +50,13 @@ def kind_counts(records):
 
 
 class Daemon:
-    def __init__(self, build_dir, workdir):
+    def __init__(self, build_dir, workdir, *flags):
         self.log_path = os.path.join(str(workdir), "flared.log")
         self.proc = subprocess.Popen(
             [os.path.join(build_dir, "bin", "flared"), "--listen", "127.0.0.1:0", "--http",
              "127.0.0.1:0", "--db", os.path.join(str(workdir), "flared.db"),
-             "--diagnose-interval-s", "0", "--hang-timeout-s", "0", "--deep-trace-steps", "0"],
+             "--hang-timeout-s", "0",
+             *(flags or ("--diagnose-interval-s", "0", "--deep-trace-steps", "0"))],
             stdout=open(self.log_path, "w"), stderr=subprocess.STDOUT)
         for _ in range(400):
             m = re.search(r"gRPC on port (\d+), HTTP on port (\d+)", open(self.log_path).read())
@@ -67,8 +68,11 @@ class Daemon:
         raise AssertionError("flared did not start")
 
     def get(self, path):
+        return json.loads(self.text(path))
+
+    def text(self, path):
         with urllib.request.urlopen("http://127.0.0.1:%d%s" % (self.http, path), timeout=10) as r:
-            return json.loads(r.read().decode())
+            return r.read().decode()
 
     def stop(self):
         self.proc.send_signal(signal.SIGTERM)
@@ -283,3 +287,35 @@ def test_activity_api_taken_is_said_once_and_skipped(build_dir, tmp_path):
     events = json.loads(path.read_text())["traceEvents"]
     assert not [e for e in events if e.get("cat") == "deep_trace"]
     assert [e for e in events if e.get("cat") == "kernel"]  # tracing itself went on
+
+
+def test_an_alert_naming_a_rank_deep_traces_it_and_a_healthy_peer(build_dir, tmp_path):
+    if not os.path.exists(os.path.join(build_dir, "bin", "flared")):
+        pytest.skip("build/bin/flared not built")
+    d = Daemon(build_dir, tmp_path, "--diagnose-interval-s", "1", "--deep-trace-steps", "2")
+    job = "auto"
+    proc = start_job(build_dir, d, tmp_path, job, steps=300,
+                     extra_env={"FLARE_SIM_CLOCK_FACTOR": "3:0.8"})
+    try:
+        deadline = time.time() + 90
+        stored = []
+        while time.time() < deadline:  # alert on rank 3 -> deep trace of ranks 3 and 4
+            stored = d.get("/api/v1/jobs/%s/deep-trace" % job)["records"]
+            if {r["rank"] for r in stored} == {3, 4} and proc.poll() is not None:
+                break
+            time.sleep(0.5)
+        alerts = d.get("/api/v1/alerts?job=" + job)["alerts"]
+        assert ("gpu_slow", 3) in [(a["kind"], a["rank"]) for a in alerts]
+        assert {r["rank"] for r in stored} == {3, 4}
+        assert {r.get("stepIndex", 0) for r in stored} == {0, 1}  # 2 steps
+        for rank in (3, 4):
+            truth = sim_counts(tmp_path / "counts", rank)[50]  # every step issues the same ops
+            for i in (0, 1):
+                got = [r for r in stored if r["rank"] == rank and r.get("stepIndex", 0) == i]
+                assert kind_counts(got) == truth, (rank, i)
+        assert 'flare_deep_traces_triggered_total{result="sent"} 1' in d.text("/metrics")
+        assert "deep trace of 2 steps on job auto ranks 3 and peer 4" in open(d.log_path).read()
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        d.stop()
