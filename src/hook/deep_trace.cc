@@ -308,6 +308,12 @@ void arm(Capture& c, uint64_t command_id, uint32_t steps, flare::v1::CommandResu
     d->set_library(c.lib_path);
   };
   if (steps == 0 || steps > Capture::kMaxSteps) return skip("steps must be in [1, 1000]");
+  if (c.state.load() == kArmed) {
+    // Still waiting for its first step (a process that marks no steps): the new one replaces it.
+    post(c, flare::v1::DeepTraceResult::STATE_SKIPPED,
+         "replaced by command " + std::to_string(command_id) + " before a step began");
+    release(c);
+  }
   if (c.state.load() != kIdle) {
     return skip("a deep trace is already running (command " + std::to_string(c.command_id) + ")");
   }

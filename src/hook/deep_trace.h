@@ -35,6 +35,9 @@
 
 namespace flare::hook {
 
+// One capture at a time: a command while one runs is SKIPPED ("already running"); a command
+// while one is armed but no step has begun replaces it (the old one is answered SKIPPED).
+//
 // The daemon's DeepTrace command: fills `result` (command_id set by the caller) with ARMED, or
 // SKIPPED and the reason.
 void deepTraceCommand(const flare::v1::Command& command, flare::v1::CommandResult* result);
