@@ -134,6 +134,8 @@ TEST(SimCupti, DeclinedBuffersDropAndCount) {
     g_seen.clear();
     g_decline = true;
   }
+  // Each test runs in its own process under ctest: register here too.
+  ASSERT_EQ(cuptiActivityRegisterCallbacks(request, complete), CUPTI_SUCCESS);
   ASSERT_EQ(cuptiActivityFlushAll(0), CUPTI_SUCCESS);  // nothing pending from before
   size_t dropped = 0;
   ASSERT_EQ(cuptiActivityGetNumDroppedRecords(nullptr, 0, &dropped), CUPTI_SUCCESS);
