@@ -113,7 +113,7 @@ TEST(SimCupti, RecordsExactlyTheOpsIssuedWhileEnabled) {
     EXPECT_EQ(g_seen[i].kind, "kernel");
     EXPECT_EQ(g_seen[i].name, "_Z12cupti_kernely");
     EXPECT_NEAR(static_cast<double>(g_seen[i].end - g_seen[i].start), 2e6, 1e3);  // the model
-    EXPECT_GE(g_seen[i].start, t0);                            // our monotonic timebase
+    EXPECT_GE(g_seen[i].start, t0);  // our monotonic timebase
     if (i > 0) {
       EXPECT_GE(g_seen[i].start, g_seen[i - 1].end);  // stream order
     }
