@@ -3,6 +3,7 @@
     flare run [--daemon HOST:PORT] [--token T] [--job-id ID] [--hook PATH] -- CMD ...
     flare status [--daemon-http HOST:PORT] [--json] [--all]
     flare report --job ID [--daemon-http HOST:PORT] [--json] [--html FILE] [--baseline JOB]
+    flare deep-trace --job ID --steps N [--ranks LIST] [--json]
 
 `run` traces CMD: it appends libflare_hook.so to LD_PRELOAD (never replacing what is there),
 sets FLARE_DAEMON, FLARE_TOKEN and FLARE_JOB_ID (a fresh job id unless one is given or already
@@ -170,13 +171,15 @@ def http_get(base, path, timeout):
         raise CliError("daemon at %s sent something that is not JSON for %s" % (base, path), code=3)
 
 
-def http_send(base, method, path, body, timeout):
-    """POST/DELETE with a JSON body; the daemon's JSON answer. Error answers raise CliError
-    carrying the daemon's own message."""
+def http_send(base, method, path, body, timeout, token=None):
+    """POST/DELETE with a JSON body (and the job's token, for commands); the daemon's JSON
+    answer. Error answers raise CliError carrying the daemon's own message."""
     url = "http://%s%s" % (base, path)
     data = None if body is None else json.dumps(body).encode()
     req = urllib.request.Request(url, data=data, method=method,
                                  headers={"Content-Type": "application/json"})
+    if token:
+        req.add_header("X-Flare-Token", token)
     try:
         with urllib.request.urlopen(req, timeout=timeout) as resp:
             raw = resp.read()
@@ -425,6 +428,89 @@ def cmd_baseline(args):
     return 0
 
 
+def parse_ranks(value):
+    """"2,5" or "0-3,7" -> sorted list of ranks; raises CliError on anything else."""
+    ranks = set()
+    for part in value.split(","):
+        part = part.strip()
+        lo, dash, hi = part.partition("-")
+        if not lo.isdigit() or (dash and not hi.isdigit()):
+            raise CliError("--ranks %r is not a list like 2,5 or 0-3,7" % value)
+        first, last = int(lo), int(hi) if dash else int(lo)
+        if last < first or last - first > 1 << 20:
+            raise CliError("--ranks %r: bad range %s" % (value, part))
+        ranks.update(range(first, last + 1))
+    return sorted(ranks)
+
+
+DEEP_FINAL = ("STATE_DONE", "STATE_SKIPPED")
+
+
+def deep_trace_rows(results):
+    rows = []
+    for r in results.get("results", []):
+        res = r.get("result", {})
+        d = res.get("deepTrace", {})
+        state = d.get("state", "STATE_SKIPPED" if not res.get("ok") else "STATE_UNSPECIFIED")
+        rows.append({"rank": as_int(r.get("rank")), "state": state[len("STATE_"):].lower(),
+                     "final": state in DEEP_FINAL,
+                     "steps_requested": as_int(d.get("stepsRequested")),
+                     "steps_captured": as_int(d.get("stepsCaptured")),
+                     "kernels": as_int(d.get("kernels")), "memcpys": as_int(d.get("memcpys")),
+                     "memsets": as_int(d.get("memsets")), "dropped": as_int(d.get("dropped")),
+                     "reason": d.get("reason") or res.get("error", ""),
+                     "library": d.get("library", "")})
+    return sorted(rows, key=lambda x: x["rank"])
+
+
+def cmd_deep_trace(args):
+    """Asks ranks for a CUPTI deep trace of N steps and waits for their answers."""
+    base = args.daemon_http or os.environ.get("FLARE_DAEMON_HTTP") or DEFAULT_HTTP
+    parse_address(base, "--daemon-http")
+    if not 1 <= args.steps <= 1000:
+        raise CliError("--steps must be in [1, 1000]")
+    ranks = parse_ranks(args.ranks) if args.ranks else []
+    job = urllib.parse.quote(args.job, safe="")
+    body = {"ranks": ranks, "command": {"deepTrace": {"steps": args.steps}}}
+    token = args.token or os.environ.get("FLARE_TOKEN", "")
+    sent = http_send(base, "POST", "/api/v1/jobs/%s/commands" % job, body, args.timeout, token)
+    command_id = as_int(sent.get("commandId"))
+    expected = as_int(sent.get("delivered")) + as_int(sent.get("queued"))
+    if command_id <= 0:
+        raise CliError("daemon at %s did not accept the command: %s" % (base, sent), code=3)
+    deadline = time.time() + args.wait
+    rows = []
+    while True:
+        got = http_get(base, "/api/v1/jobs/%s/commands/%d" % (job, command_id), args.timeout)
+        rows = deep_trace_rows(got)
+        done = len([r for r in rows if r["final"]]) >= expected
+        if done or time.time() >= deadline:
+            break
+        time.sleep(0.2)
+    ok = expected > 0 and len(rows) >= expected and all(r["state"] == "done" for r in rows)
+    if args.json:
+        print(json.dumps({"job": args.job, "command_id": command_id, "steps": args.steps,
+                          "ranks_asked": expected, "dropped_by_daemon": as_int(sent.get("dropped")),
+                          "complete": ok, "ranks": rows}, indent=2))
+    else:
+        print("deep trace %d of job %s: %d steps on %d rank(s)%s"
+              % (command_id, args.job, args.steps, expected,
+                 "" if ok else " (incomplete)"))
+        print("%5s  %-8s %6s %8s %8s %8s %8s  %s" % ("rank", "state", "steps", "kernels",
+                                                     "memcpys", "memsets", "dropped", "note"))
+        for r in rows:
+            print("%5d  %-8s %6d %8d %8d %8d %8d  %s"
+                  % (r["rank"], r["state"], r["steps_captured"], r["kernels"], r["memcpys"],
+                     r["memsets"], r["dropped"], r["reason"]))
+        missing = expected - len(rows)
+        if missing > 0:
+            print("%d rank(s) did not answer within %.0f s" % (missing, args.wait))
+    if expected == 0:
+        print("flare: no rank of job %s could be asked (unknown job or ranks)" % args.job,
+              file=sys.stderr)
+    return 0 if ok else 1
+
+
 def build_parser():
     p = argparse.ArgumentParser(prog="flare", description="Flare: trace training jobs and "
                                 "query the flared daemon.")
@@ -496,6 +582,19 @@ def build_parser():
     b.add_argument("--json", action="store_true", help="print JSON")
     b.add_argument("--timeout", type=float, default=30.0, help="seconds per request")
     b.set_defaults(func=cmd_baseline)
+    d = sub.add_parser("deep-trace", help="capture every kernel, memcpy and memset of N steps "
+                       "with CUPTI on some ranks (exit 1 unless every rank finished)")
+    d.add_argument("--daemon-http", help="flared's HTTP address HOST:PORT (default: "
+                   "FLARE_DAEMON_HTTP or %s)" % DEFAULT_HTTP)
+    d.add_argument("--job", required=True, help="the job")
+    d.add_argument("--steps", type=int, required=True, help="steps to capture (1-1000)")
+    d.add_argument("--ranks", help="ranks, e.g. 2,5 or 0-3 (default: every rank)")
+    d.add_argument("--token", help="the job's token (default: FLARE_TOKEN)")
+    d.add_argument("--wait", type=float, default=120.0,
+                   help="seconds to wait for the ranks to finish (default 120)")
+    d.add_argument("--json", action="store_true", help="print JSON")
+    d.add_argument("--timeout", type=float, default=5.0, help="seconds per request")
+    d.set_defaults(func=cmd_deep_trace)
     for name, what in (("export", "records of an offline spool as JSON lines (flare-export)"),
                        ("timeline", "a Perfetto/Kineto trace from an offline spool "
                                     "(flare-timeline)"),

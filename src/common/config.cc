@@ -74,6 +74,22 @@ constexpr ParamInfo kParams[] = {
      "The daemon's Inspect command runs cuda-gdb on the hung rank with this script "
      "(tools/cuda-gdb-scripts/flare_nccl_steps.py); unset: Inspect is answered only on the "
      "simulated NCCL."},
+    // --- deeptrace ---
+    {"FLARE_CUPTI_LIB", "string", "", "deeptrace",
+     "The libcupti a deep trace dlopens; unset: libcupti.so.13, .so.12, .so, then "
+     "/usr/local/cuda/extras/CUPTI/lib64/libcupti.so. Nothing is loaded before the first deep "
+     "trace."},
+    {"FLARE_DEEP_TRACE", "string", "", "deeptrace",
+     "FROM_STEP:N: capture every kernel, memcpy and memset with CUPTI for N steps from the "
+     "FROM_STEP-th step marker (0-based), without a daemon (the records go to the spool)."},
+    {"FLARE_DEEP_TRACE_BUFFERS", "int", "16", "deeptrace",
+     "CUPTI activity buffers in the deep trace's fixed pool (2-4096); when all are in use CUPTI "
+     "drops records and they are counted."},
+    {"FLARE_DEEP_TRACE_BUFFER_BYTES", "int", "1048576", "deeptrace",
+     "Size of each CUPTI activity buffer (4096 bytes to 256 MiB)."},
+    {"FLARE_DEEP_TRACE_FLUSH_SECONDS", "duration", "5", "deeptrace",
+     "After the last captured step, how long the deep trace keeps flushing CUPTI for records "
+     "of work still running before a forced flush."},
     // --- pyprof ---
     {"TRACED_PYTHON_API", "string", "", "pyprof",
      "Extra Python APIs to trace, as a comma list of module.path@function, "
@@ -96,6 +112,14 @@ constexpr ParamInfo kParams[] = {
      "RANK:KIND:STEP entries with KIND collective|compute|skip: that rank hangs at that step."},
     {"FLARE_SIM_CRASH", "rank-list", "", "sim",
      "RANK:STEP entries: that rank aborts at that step."},
+    {"FLARE_SIM_OP_COUNTS", "string", "", "sim",
+     "A directory: each simulated process writes its per-step counts of kernels, memcpys and "
+     "memsets there at exit (ops-RANK-PID.json; the truth of the deep-trace tests)."},
+    {"FLARE_SIM_CUPTI_BUSY", "string", "", "sim",
+     "subscribe|enable: the simulated libcupti refuses cuptiSubscribe (another subscriber) or "
+     "cuptiActivityEnable, as when torch.profiler or Nsight holds CUPTI."},
+    {"FLARE_SIM_CUPTI_LOADED", "string", "", "sim",
+     "A file the simulated libcupti appends its process id to when it is loaded (tests)."},
     {"FLARE_SIM_INJECT_SYNC", "bool", "0", "sim",
      "Python workload (--python): call sim_train.injected_sync(), a cudaDeviceSynchronize through "
      "ctypes, at the start of each layer's forward (traced as sim_train@injected_sync)."},

@@ -159,6 +159,32 @@ HttpResponse QueryApi::http(const HttpRequest& req) {
           ingest_.sendCommand(r, tok == req.headers.end() ? "" : tok->second, &out, &err);
       return c == Code::kOk ? json(out) : error(httpStatus(c), err);
     }
+    if (p.size() == 5 && p[4] == "deep-trace" && get) {
+      // The deep-trace (CUPTI) records the store holds: {"records": [{"rank": R, ...}, ...]}.
+      int64_t rank = -1, limit = 100000;
+      if (!q("rank").empty() && (!parseI64(q("rank"), &rank) || rank < 0)) {
+        return error(400, "rank: non-negative integer");
+      }
+      if (!q("limit").empty() && (!parseI64(q("limit"), &limit) || limit < 0)) {
+        return error(400, "limit: non-negative integer");
+      }
+      if (store_ == nullptr) return error(404, "no store: deep-trace records are not kept");
+      std::string body = "{\"records\":[";
+      bool first = true;
+      google::protobuf::util::JsonPrintOptions o;
+      o.preserve_proto_field_names = false;
+      for (const DeepTraceRow& r :
+           store_->deepTrace(job, static_cast<int32_t>(rank),
+                             static_cast<size_t>(std::min<int64_t>(limit, 1000000)))) {
+        std::string one;
+        if (!google::protobuf::util::MessageToJsonString(r.record, &one, o).ok()) continue;
+        body += (first ? "" : ",") + std::string("{\"rank\":") + std::to_string(r.rank) +
+                (one.size() > 2 ? "," + one.substr(1) : "}");
+        first = false;
+      }
+      body += "]}\n";
+      return {200, "application/json", body};
+    }
     if (p.size() == 6 && p[4] == "commands" && get) {
       int64_t id = 0;
       if (!parseI64(p[5], &id) || id <= 0) return error(400, "command id: positive integer");

@@ -12,6 +12,8 @@
 //   POST /api/v1/jobs/{job}/commands          body: SendCommandRequest JSON (job_id from the path),
 //                                             header X-Flare-Token when tokens are configured
 //   /api/v1/jobs/{job}/commands/{id}          GetCommandResultsResponse
+//   /api/v1/jobs/{job}/deep-trace[?rank=R//   /api/v1/jobs/{job}/commands/{id}
+//   GetCommandResultsResponselimit=N]  stored deep-trace (CUPTI) records, JSON
 //
 // Thread-safe (it holds no state of its own). Does not own the Ingest or the Store.
 #pragma once

@@ -22,6 +22,7 @@
 #include "src/common/text.h"
 #include "src/engine/analyzer.h"
 #include "src/engine/api.h"
+#include "src/engine/deep_trace_trigger.h"
 #include "src/engine/grpc_server.h"
 #include "src/engine/hang_monitor.h"
 #include "src/engine/http_server.h"
@@ -102,6 +103,10 @@ std::map<std::string, Flag> defaultFlags() {
   add("webhook-attempts", "N", "4",
       "attempts per diagnosis; retries back off from 500 ms, doubling (then counted as failed)");
   add("webhook-queue", "N", "1000", "diagnoses waiting for the webhook; beyond: dropped, counted");
+  add("deep-trace-steps", "N", "3",
+      "when a detector raises a new alert naming one rank, deep-trace (CUPTI) that rank and a "
+      "healthy peer for N steps; 0: off");
+  add("deep-trace-interval-s", "S", "600", "at most one automatic deep trace per job this often");
   add("ready-file", "PATH", "", "write 'GRPC_PORT HTTP_PORT' here once listening (tests, scripts)");
   return f;
 }
@@ -361,6 +366,28 @@ int main(int argc, char** argv) {
   hmo.poll_interval_ns = std::clamp<int64_t>(hmo.hang_timeout_ns / 8, 50'000'000, 1'000'000'000);
   HangMonitor hangs(ingest, store.get(), wall, hmo);
   if (hmo.hang_timeout_ns > 0) hangs.start();
+  // Deep trace on alert (deep_trace_trigger.h): the named rank and a healthy peer.
+  DeepTraceTriggerOptions dto;
+  dto.steps = static_cast<uint32_t>(std::min<uint64_t>(num("deep-trace-steps"), 1000));
+  dto.min_interval_ns = static_cast<int64_t>(num("deep-trace-interval-s")) * 1'000'000'000;
+  DeepTraceTrigger deep_trace(
+      dto,
+      [&ingest](const std::string& job) {
+        flare::v1::ListRanksRequest r;
+        r.set_job_id(job);
+        flare::v1::ListRanksResponse out;
+        std::vector<int32_t> ranks;
+        if (ingest.ranks(r, &out) != Code::kOk) return ranks;
+        for (const auto& rk : out.ranks()) {
+          if (rk.connected()) ranks.push_back(rk.rank());
+        }
+        return ranks;
+      },
+      [&ingest](const flare::v1::SendCommandRequest& req) {
+        flare::v1::SendCommandResponse resp;
+        std::string err;
+        ingest.sendCommandTrusted(req, &resp, &err);
+      });
 
   GrpcServer* grpc_ptr = nullptr;
   HttpServer* http_ptr = nullptr;
@@ -375,6 +402,12 @@ int main(int argc, char** argv) {
     } else {
       Webhook::writeMetricsOf(w, 0, 0, 0, 0, 0);
     }
+    w.family("flare_deep_traces_triggered_total", "counter",
+             "Deep traces flared asked for on its own (a new alert naming one rank), and those "
+             "suppressed by --deep-trace-interval-s.");
+    w.sample("flare_deep_traces_triggered_total", deep_trace.triggered(), {{"result", "sent"}});
+    w.sample("flare_deep_traces_triggered_total", deep_trace.suppressed(),
+             {{"result", "rate_limited"}});
     if (grpc_ptr) grpc_ptr->writeMetrics(w);
     if (http_ptr) {
       w.family("flare_http_requests_total", "counter", "HTTP requests served (bad: malformed).");
@@ -495,7 +528,7 @@ int main(int argc, char** argv) {
       next_persist = now + persist_every;
     }
     if (diagnose_s > 0 && now >= next_diagnose) {
-      analyzer.run(wall.nowNs());
+      deep_trace.onAlerts(analyzer.run(wall.nowNs()), wall.nowNs());
       next_diagnose = now + std::chrono::seconds(diagnose_s);
     }
     if (now >= next_maintain) {

@@ -558,6 +558,14 @@ Verdict Ingest::batch(uint64_t session_id, const v1::RecordBatch& b) {
     counters_.spans.fetch_add(b.spans_size(), std::memory_order_relaxed);
     counters_.steps.fetch_add(b.steps_size(), std::memory_order_relaxed);
   }
+  if (store_ && config_.store_raw && b.deep_trace_size() > 0) {
+    std::vector<DeepTraceRow> deep;
+    deep.reserve(static_cast<size_t>(b.deep_trace_size()));
+    for (const v1::DeepTraceRecord& d : b.deep_trace()) deep.push_back(DeepTraceRow{rank, d});
+    store_->appendDeepTrace(job_id, std::move(deep));
+  }
+  counters_.deep_trace_records.fetch_add(static_cast<uint64_t>(b.deep_trace_size()),
+                                         std::memory_order_relaxed);
   if (store_) {
     if (!raw.empty()) store_->appendRaw(job_id, std::move(raw));
     if (!windows.empty()) store_->putWindowSummaries(std::move(windows));
@@ -880,6 +888,7 @@ void Ingest::writeMetrics(PromWriter& w) const {
   w.sample("flare_ingest_batches_total", c(counters_.batches));
   w.family("flare_ingest_records_total", "counter", "Items of accepted batches, by type.");
   w.sample("flare_ingest_records_total", c(counters_.kernel_records), {{"type", "kernel"}});
+  w.sample("flare_ingest_records_total", c(counters_.deep_trace_records), {{"type", "deep_trace"}});
   w.sample("flare_ingest_records_total", c(counters_.summaries), {{"type", "summary"}});
   w.sample("flare_ingest_records_total", c(counters_.spans), {{"type", "span"}});
   w.sample("flare_ingest_records_total", c(counters_.steps), {{"type", "step"}});

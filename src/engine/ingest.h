@@ -128,6 +128,7 @@ struct IngestCounters {
   std::atomic<uint64_t> sessions_replaced{0};
   std::atomic<uint64_t> batches{0};
   std::atomic<uint64_t> kernel_records{0};
+  std::atomic<uint64_t> deep_trace_records{0};  // CUPTI records of deep traces
   std::atomic<uint64_t> summaries{0};
   std::atomic<uint64_t> summarized_kernels{0};
   std::atomic<uint64_t> spans{0};

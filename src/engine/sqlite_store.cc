@@ -43,6 +43,9 @@ CREATE TABLE IF NOT EXISTS alerts(
   id INTEGER PRIMARY KEY, job_id TEXT, rank INTEGER, kind TEXT, severity TEXT, team TEXT,
   message TEXT, time_ns INTEGER);
 CREATE INDEX IF NOT EXISTS alerts_by_time ON alerts(time_ns);
+CREATE TABLE IF NOT EXISTS deep_trace(
+  id INTEGER PRIMARY KEY, job_id TEXT, rank INTEGER, start_ns INTEGER, record BLOB);
+CREATE INDEX IF NOT EXISTS deep_trace_by_job ON deep_trace(job_id, rank, start_ns);
 CREATE TABLE IF NOT EXISTS baselines(key TEXT PRIMARY KEY, value BLOB, updated_ns INTEGER);
 )sql";
 
@@ -323,6 +326,43 @@ void SqliteStore::appendRaw(const std::string& job_id, std::vector<RawRecord> re
       n);
 }
 
+void SqliteStore::appendDeepTrace(const std::string& job_id, std::vector<DeepTraceRow> rows) {
+  if (rows.empty()) return;
+  const size_t n = rows.size();
+  enqueue(
+      [this, job_id, rows = std::move(rows)](Writer& w) {
+        Stmt s(w, "INSERT INTO deep_trace(job_id,rank,start_ns,record) VALUES(?,?,?,?)");
+        s.bind(1, job_id);
+        uint64_t ok = 0;
+        std::string blob;
+        for (const DeepTraceRow& r : rows) {
+          r.record.SerializeToString(&blob);
+          s.bind(2, int64_t{r.rank}).bind(3, r.record.start_ns()).blob(4, blob);
+          ok += s.run() ? 1 : 0;
+        }
+        raw_written_.fetch_add(ok, std::memory_order_relaxed);
+        errors_.fetch_add(rows.size() - ok, std::memory_order_relaxed);
+      },
+      n);
+}
+
+std::vector<DeepTraceRow> SqliteStore::deepTrace(const std::string& job_id, int32_t rank,
+                                                 size_t limit) {
+  std::lock_guard lock(read_mu_);
+  std::vector<DeepTraceRow> out;
+  Stmt s(read_db_,
+         "SELECT rank, record FROM deep_trace WHERE job_id=? AND (?<0 OR rank=?) "
+         "ORDER BY rank, start_ns LIMIT ?");
+  s.bind(1, job_id).bind(2, int64_t{rank}).bind(3, int64_t{rank}).bindU(4, limit);
+  while (s.step() == SQLITE_ROW) {
+    DeepTraceRow r;
+    r.rank = static_cast<int32_t>(s.i64(0));
+    if (!r.record.ParseFromString(s.str(1))) continue;
+    out.push_back(std::move(r));
+  }
+  return out;
+}
+
 void SqliteStore::putWindowSummaries(std::vector<WindowSummaryRow> rows) {
   if (rows.empty()) return;
   enqueue(
@@ -560,6 +600,9 @@ MaintenanceResult SqliteStore::maintain(int64_t now_ns, const RetentionPolicy& p
               "MAX(end_ns-start_ns), 'raw' FROM raw_records WHERE start_ns<?2 "
               "GROUP BY job_id, rank, sig_id, stream, start_ns/?1");
     fold.bind(1, kRawFoldWindowNs).bind(2, raw_cutoff);
+    Stmt del_deep(db, "DELETE FROM deep_trace WHERE start_ns<?");  // same window as raw records
+    del_deep.bind(1, raw_cutoff);
+    del_deep.run();
     Stmt del(db, "DELETE FROM raw_records WHERE start_ns<?");
     del.bind(1, raw_cutoff);
     if (fold.run() && del.run()) {

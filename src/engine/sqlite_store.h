@@ -39,6 +39,9 @@ class SqliteStore final : public Store {
   void putSignature(const SignatureRow& row) override;
   void putSignatureStats(const SignatureStatsRow& row) override;
   void appendRaw(const std::string& job_id, std::vector<RawRecord> records) override;
+  void appendDeepTrace(const std::string& job_id, std::vector<DeepTraceRow> rows) override;
+  std::vector<DeepTraceRow> deepTrace(const std::string& job_id, int32_t rank,
+                                      size_t limit) override;
   void putWindowSummaries(std::vector<WindowSummaryRow> rows) override;
   uint64_t putAlert(v1::Alert alert) override;
   void putBaseline(const std::string& key, const std::string& value, int64_t now_ns) override;

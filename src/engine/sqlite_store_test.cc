@@ -243,6 +243,45 @@ TEST_F(StoreTest, RetentionFoldsOldRawRecordsAndExpiresOldRows) {
   EXPECT_EQ(w[1].count, 1u);
 }
 
+TEST_F(StoreTest, DeepTraceRecordsSurviveReopenAndExpireWithRawRecords) {
+  const int64_t min = 60LL * 1000000000LL;
+  auto rec = [](const std::string& name, int64_t start, v1::DeepTraceRecord::Kind kind) {
+    v1::DeepTraceRecord r;
+    r.set_kind(kind);
+    r.set_name(name);
+    r.set_start_ns(start);
+    r.set_end_ns(start + 1000);
+    r.set_bytes(kind == v1::DeepTraceRecord::KIND_MEMCPY ? 4096 : 0);
+    r.set_capture_id(7);
+    return r;
+  };
+  {
+    auto s = open();
+    s->appendDeepTrace("job", {{2, rec("old", 10 * min, v1::DeepTraceRecord::KIND_KERNEL)},
+                               {2, rec("gemm", 100 * min + 2, v1::DeepTraceRecord::KIND_KERNEL)},
+                               {5, rec("copy", 100 * min + 1, v1::DeepTraceRecord::KIND_MEMCPY)}});
+    s->appendDeepTrace("other", {{2, rec("x", 100 * min, v1::DeepTraceRecord::KIND_MEMSET)}});
+    s->flush();
+  }
+  auto s = open();  // a daemon restart
+  const auto all = s->deepTrace("job", -1, 100);
+  ASSERT_EQ(all.size(), 3u);  // by rank, then time
+  EXPECT_EQ(all[0].rank, 2);
+  EXPECT_EQ(all[0].record.name(), "old");
+  EXPECT_EQ(all[2].rank, 5);
+  EXPECT_EQ(all[2].record.bytes(), 4096u);
+  EXPECT_EQ(all[2].record.capture_id(), 7u);
+  EXPECT_EQ(s->deepTrace("job", 5, 100).size(), 1u);
+  EXPECT_EQ(s->deepTrace("job", -1, 1).size(), 1u);  // the limit
+  RetentionPolicy p;
+  p.raw_window_ns = 50 * min;
+  s->maintain(100 * min, p);
+  const auto kept = s->deepTrace("job", -1, 100);
+  ASSERT_EQ(kept.size(), 2u);  // the record older than the raw window is gone
+  EXPECT_EQ(kept[0].record.name(), "gemm");
+  EXPECT_EQ(s->deepTrace("other", -1, 100).size(), 1u);
+}
+
 TEST_F(StoreTest, SizeCapEvictsOldestRawRecordsFirst) {
   auto s = open();
   for (int batch = 0; batch < 20; ++batch) {

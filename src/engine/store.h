@@ -95,6 +95,12 @@ struct WindowSummaryRow {
   std::string source;  // "summary" or "raw"
 };
 
+// One deep-trace (CUPTI) record of a rank (flare.v1.DeepTraceRecord, src/hook/deep_trace.h).
+struct DeepTraceRow {
+  int32_t rank = 0;
+  v1::DeepTraceRecord record;
+};
+
 struct RetentionPolicy {
   int64_t raw_window_ns = 3600LL * 1000000000LL;              // raw records older: summarized
   int64_t summary_window_ns = 30LL * 86400LL * 1000000000LL;  // window rows, alerts older: deleted
@@ -119,6 +125,9 @@ class Store {
   virtual void putSignatureStats(const SignatureStatsRow& row) = 0;
   virtual void appendRaw(const std::string& job_id, std::vector<RawRecord> records) = 0;
   virtual void putWindowSummaries(std::vector<WindowSummaryRow> rows) = 0;
+  // Deep-trace records; kept as long as raw records (RetentionPolicy::raw_window_ns). Stores
+  // that do not keep them drop them (the default).
+  virtual void appendDeepTrace(const std::string& /*job_id*/, std::vector<DeepTraceRow> /*rows*/) {}
   void putWindowSummary(const WindowSummaryRow& row) { putWindowSummaries({row}); }
   // Assigns alert.id (unique, increasing across restarts) and returns it.
   virtual uint64_t putAlert(v1::Alert alert) = 0;
@@ -135,6 +144,11 @@ class Store {
   // Oldest first, start_ns in [since_ns, until_ns).
   virtual std::vector<RawRecord> rawRecords(const std::string& job_id, int64_t since_ns,
                                             int64_t until_ns, size_t limit) = 0;
+  // Oldest first; rank < 0: every rank.
+  virtual std::vector<DeepTraceRow> deepTrace(const std::string& /*job_id*/, int32_t /*rank*/,
+                                              size_t /*limit*/) {
+    return {};
+  }
   virtual std::vector<WindowSummaryRow> windowSummaries(const std::string& job_id, int64_t since_ns,
                                                         size_t limit) = 0;
   // Newest first; empty job_id: every job.

@@ -8,6 +8,7 @@
 #include "src/common/config.h"
 #include "src/hang/inspect.h"
 #include "src/hang/stack_capture.h"
+#include "src/hook/deep_trace.h"
 #include "src/sim/flare_sim_nccl.h"
 
 namespace flare::hook {
@@ -107,6 +108,8 @@ void HangCommands::handle(const flare::v1::Command& command, flare::v1::CommandR
     dumpStacks(command.dump_stacks(), result);
   } else if (command.has_inspect()) {
     inspect(command.inspect(), rank_, world_size_, result);
+  } else if (command.has_deep_trace()) {
+    deepTraceCommand(command, result);  // src/hook/deep_trace.h
   } else {
     result->set_ok(false);
     result->set_error("not supported yet");

@@ -12,6 +12,7 @@
 // span stack is kept all along, so kernels launched later still nest under the spans open then.
 #include <dlfcn.h>
 
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -20,6 +21,7 @@
 #include "src/common/clock.h"
 #include "src/common/config.h"
 #include "src/common/log.h"
+#include "src/hook/deep_trace.h"
 #include "src/hook/runtime.h"
 #include "src/pyprof/pyprof_api.h"
 #include "src/timing/timing.h"
@@ -27,11 +29,23 @@
 namespace flare::hook {
 namespace {
 
+// The id of PyTorch's DataLoader iterator API once pyprof interned it (0: not traced): its
+// spans are step boundaries for a deep trace when the job sets no explicit step markers.
+std::atomic<uint32_t> g_dataloader_api{0};
+
 uint32_t hostInternApi(const char* name) {
-  return name != nullptr ? timing::internApi(name) : 0;
+  if (name == nullptr) return 0;
+  const uint32_t id = timing::internApi(name);
+  if (std::strcmp(name, "torch.utils.data.dataloader._BaseDataLoaderIter@__next__") == 0) {
+    g_dataloader_api.store(id, std::memory_order_relaxed);
+  }
+  return id;
 }
 
 uint64_t hostOpenSpan(uint32_t api_id, const void* key, int64_t start_ns) {
+  if (api_id != 0 && api_id == g_dataloader_api.load(std::memory_order_relaxed)) [[unlikely]] {
+    deepTraceOnStep(StepSource::kDataLoader);
+  }
   return timing::openSpan(api_id, key, start_ns);
 }
 

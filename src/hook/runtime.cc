@@ -22,6 +22,7 @@
 #include "src/common/identity.h"
 #include "src/common/log.h"
 #include "src/hook/cudart_fns.h"
+#include "src/hook/deep_trace.h"
 #include "src/hook/hang_commands.h"
 #include "src/hook/real.h"
 #include "src/timing/exporter.h"
@@ -198,6 +199,7 @@ void atForkChild() {
 void atExit() {
   timing::Tracer* t = g_tracer.load();
   if (!t || getpid() != g_init_pid) return;
+  deepTraceAtExit();  // its last records reach the Tracer before the drain
   // Write out what completed; never hold the exit up for long (a hung stream stays hung).
   if (!t->drain(1'000'000'000)) {
     common::logOnce(common::LogLevel::kInfo, "hook", "exit-undrained",
@@ -272,6 +274,10 @@ timing::Tracer* tracer() {
     }
   });
   return g_off.load() ? nullptr : g_tracer.load(std::memory_order_acquire);
+}
+
+void postCommandResult(const flare::v1::CommandResult& result) {
+  if (timing::GrpcExporter* e = g_exporter.load()) e->postCommandResult(result);
 }
 
 timing::Tracer* activeTracer() {

@@ -13,6 +13,10 @@
 
 #include "src/timing/timing.h"
 
+namespace flare::v1 {
+class CommandResult;
+}
+
 namespace flare::hook {
 
 // Re-entrancy depth of the calling thread: a vendor call made while another intercepted call
@@ -65,6 +69,10 @@ uint32_t signatureFor(uint64_t key, Make&& make) {
   if (cachedSignature(key, &id)) return id;
   return internSignature(key, make());
 }
+
+// Sends a command result produced after the command was answered (a deep trace that finished)
+// to the daemon; no-op when not streaming to one. Any thread.
+void postCommandResult(const flare::v1::CommandResult& result);
 
 // Demangles a C++ symbol (returns it unchanged when it is not mangled).
 std::string demangle(const char* name);

@@ -3,6 +3,7 @@
 #include "flare/step.h"
 
 #include "src/common/clock.h"
+#include "src/hook/deep_trace.h"
 #include "src/hook/runtime.h"
 
 namespace flare::hook {
@@ -30,5 +31,6 @@ extern "C" __attribute__((visibility("default"))) int flare_step(void) {
   if (op.signature_id == 0) return -1;
   const int64_t now = flare::common::monotonicNs();
   t->hostSpan(op, now, now);
+  deepTraceOnStep();  // a step boundary for an armed or running deep trace (deep_trace.h)
   return 0;
 }

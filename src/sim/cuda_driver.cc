@@ -62,9 +62,14 @@ CUresult allocate(CUdeviceptr* p, size_t bytes) {
   return CUDA_SUCCESS;
 }
 
-CUresult copyAsync(void* dst, const void* src, size_t bytes, CUstream stream, double gbps) {
+// copy_kind: CUPTI's CUpti_ActivityMemcpyKind (1 HtoD, 2 DtoH, 8 DtoD), for the simulated CUPTI.
+CUresult copyAsync(void* dst, const void* src, size_t bytes, CUstream stream, double gbps,
+                   uint32_t copy_kind) {
   Op op;
   op.kind = Op::Kind::kCopy;
+  op.activity = FLARE_SIM_ACTIVITY_MEMCPY;
+  op.bytes = bytes;
+  op.copy_kind = copy_kind;
   op.name = "memcpy";
   op.duration_ns = static_cast<Ns>((1e-6 + bytes / (gbps * 1e9)) * 1e9 * settings().time_scale);
   op.host = [dst, src, bytes] {
@@ -76,6 +81,8 @@ CUresult copyAsync(void* dst, const void* src, size_t bytes, CUstream stream, do
 CUresult setAsync(void* dst, int value, size_t bytes, CUstream stream) {
   Op op;
   op.kind = Op::Kind::kCopy;
+  op.activity = FLARE_SIM_ACTIVITY_MEMSET;
+  op.bytes = bytes;
   op.name = "memset";
   op.duration_ns =
       static_cast<Ns>((1e-6 + bytes / (settings().mem_bw_gbps * 1e9)) * 1e9 * settings().time_scale);
@@ -256,7 +263,7 @@ SIM_API CUresult cuMemFree(CUdeviceptr p) {
 
 SIM_API CUresult cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t bytes, CUstream stream) {
   return copyAsync(reinterpret_cast<void*>(dst), reinterpret_cast<const void*>(src), bytes, stream,
-                   settings().mem_bw_gbps / 2);
+                   settings().mem_bw_gbps / 2, 8);
 }
 
 SIM_API CUresult cuMemcpy(CUdeviceptr dst, CUdeviceptr src, size_t bytes) {
@@ -265,11 +272,11 @@ SIM_API CUresult cuMemcpy(CUdeviceptr dst, CUdeviceptr src, size_t bytes) {
 }
 
 SIM_API CUresult cuMemcpyHtoDAsync(CUdeviceptr dst, const void* src, size_t bytes, CUstream s) {
-  return copyAsync(reinterpret_cast<void*>(dst), src, bytes, s, 25);  // PCIe Gen5 x16-ish
+  return copyAsync(reinterpret_cast<void*>(dst), src, bytes, s, 25, 1);  // PCIe Gen5 x16-ish
 }
 
 SIM_API CUresult cuMemcpyDtoHAsync(void* dst, CUdeviceptr src, size_t bytes, CUstream s) {
-  return copyAsync(dst, reinterpret_cast<const void*>(src), bytes, s, 25);
+  return copyAsync(dst, reinterpret_cast<const void*>(src), bytes, s, 25, 2);
 }
 
 SIM_API CUresult cuMemsetD8Async(CUdeviceptr dst, unsigned char v, size_t n, CUstream s) {

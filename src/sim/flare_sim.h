@@ -62,6 +62,39 @@ void flareSimWakeWord(const volatile uint32_t* word);
 // Sleeps until `deadline_ns` on the monotonic clock, or until shutdown.
 void flareSimSleepUntil(int64_t deadline_ns);
 
+// GPU activity reporting, for the simulated CUPTI (libcupti.so.13 in lib/sim, src/sim/cupti.cc).
+// Kinds: FLARE_SIM_ACTIVITY_KERNEL (kernels, GEMMs, NCCL collectives), _MEMCPY, _MEMSET.
+enum FlareSimActivityKind {
+  FLARE_SIM_ACTIVITY_NONE = 0,
+  FLARE_SIM_ACTIVITY_KERNEL = 1,
+  FLARE_SIM_ACTIVITY_MEMCPY = 2,
+  FLARE_SIM_ACTIVITY_MEMSET = 3,
+};
+typedef struct FlareSimActivity {
+  int kind;          // FlareSimActivityKind
+  const char* name;  // valid for the process lifetime (mangled kernel name, "memcpy")
+  int64_t start_ns;  // simulated GPU times, CLOCK_MONOTONIC
+  int64_t end_ns;
+  uint32_t stream_id;  // the sim's stream id (0: a device's legacy stream)
+  int32_t device;
+  uint32_t correlation_id;  // per process, from 1, assigned when the op was issued
+  uint64_t bytes;           // memcpy/memset
+  uint32_t copy_kind;       // memcpy: CUPTI's CUpti_ActivityMemcpyKind value
+  int64_t step;             // flareSimStep() when the op was issued
+} FlareSimActivity;
+typedef void (*FlareSimActivityFn)(const FlareSimActivity* activity);
+
+// Ops issued while bit (1 << kind) of `kinds_mask` is set are passed to `fn` on the stream's
+// worker thread once they complete (CUPTI's rule: records exist for work launched while the
+// kind was enabled). `fn` = null or mask 0 stops reporting. Thread-safe.
+void flareSimSetActivity(FlareSimActivityFn fn, uint32_t kinds_mask);
+
+// The sim's own count of the ops of each kind issued during `step` (counts[kind], kind 1-3;
+// counts[0] unused), captured or not, traced or not. Returns 0, or -1 for a step never seen.
+// With FLARE_SIM_OP_COUNTS=DIR set, each process also writes them at exit to
+// DIR/ops-<rank>-<pid>.json: {"<step>": [0, kernels, memcpys, memsets], ...}.
+int flareSimOpCounts(int64_t step, uint64_t counts[4]);
+
 #ifdef __cplusplus
 }
 #endif

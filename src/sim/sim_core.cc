@@ -7,6 +7,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <set>
@@ -117,9 +119,23 @@ void completeOp(CUstream_st* s) {
   s->done_cv.notify_all();
 }
 
+// Activity reporting (flareSimSetActivity) and the per-step op counts.
+std::atomic<FlareSimActivityFn> g_activity_fn{nullptr};
+std::atomic<uint32_t> g_activity_mask{0};
+std::atomic<uint32_t> g_correlation{0};
+struct OpCounts {
+  std::mutex mu;
+  std::map<int64_t, std::array<uint64_t, 4>> by_step;  // guarded by mu
+};
+OpCounts& opCounts() {
+  static OpCounts* c = new OpCounts();  // never destroyed: workers may count during exit
+  return *c;
+}
+
 void runOp(CUstream_st* s, Op& op) {
   const Settings& cfg = settings();
   Ns start = std::max(s->last_end, op.issue_ns);
+  const Ns last_end_before = s->last_end;
   switch (op.kind) {
     case Op::Kind::kKernel: {
       start = std::max(s->last_end, op.issue_ns + static_cast<Ns>(cfg.launch_latency_us * 1000 *
@@ -171,6 +187,12 @@ void runOp(CUstream_st* s, Op& op) {
       s->last_end = std::max(start, nowNs());
       break;
     }
+  }
+  if (op.report) {
+    // The op ran from its start to the stream's new end (kernels start after the launch latency).
+    const Ns begin = op.kind == Op::Kind::kKernel ? s->last_end - op.duration_ns
+                                                  : std::max(last_end_before, op.issue_ns);
+    reportActivity(op, s, begin, s->last_end);
   }
 }
 
@@ -280,6 +302,35 @@ void destroyStream(CUstream_st* s) {
   s->work_cv.notify_all();
 }
 
+void noteIssued(Op& op, int /*device*/) {
+  if (op.activity == FLARE_SIM_ACTIVITY_NONE) return;
+  op.step = g_step.load(std::memory_order_relaxed);
+  {
+    std::lock_guard<std::mutex> lock(opCounts().mu);
+    opCounts().by_step[op.step][static_cast<size_t>(op.activity)]++;
+  }
+  const uint32_t mask = g_activity_mask.load(std::memory_order_acquire);
+  op.report = (mask & (1u << op.activity)) != 0;
+  op.correlation_id = g_correlation.fetch_add(1, std::memory_order_relaxed) + 1;
+}
+
+void reportActivity(const Op& op, const CUstream_st* s, Ns start, Ns end) {
+  FlareSimActivityFn fn = g_activity_fn.load(std::memory_order_acquire);
+  if (!fn) return;
+  FlareSimActivity a{};
+  a.kind = op.activity;
+  a.name = op.name;
+  a.start_ns = start;
+  a.end_ns = end;
+  a.stream_id = static_cast<uint32_t>(s->id);
+  a.device = s->device;
+  a.correlation_id = op.correlation_id;
+  a.bytes = op.bytes;
+  a.copy_kind = op.copy_kind;
+  a.step = op.step;
+  fn(&a);
+}
+
 CUresult enqueue(CUstream_st* s, Op op) {
   if (op.issue_ns == 0) op.issue_ns = nowNs();
   std::lock_guard<std::mutex> lock(s->mu);
@@ -288,6 +339,7 @@ CUresult enqueue(CUstream_st* s, Op op) {
     s->captured.push_back(std::move(op));
     return CUDA_SUCCESS;
   }
+  noteIssued(op, s->device);
   if (op.kind == Op::Kind::kRecord) {
     std::lock_guard<std::mutex> elock(op.event->mu);
     op.event_seq = ++op.event->recorded;
@@ -440,6 +492,7 @@ CUresult launchKernel(CUfunc_st* f, uint64_t threads, CUstream stream, void** pa
   if (!f) return CUDA_ERROR_INVALID_HANDLE;
   Op op;
   op.kind = Op::Kind::kKernel;
+  op.activity = FLARE_SIM_ACTIVITY_KERNEL;
   op.name = f->name.c_str();
   op.issue_ns = nowNs();
   op.duration_ns = kernelDuration(f, threads, params);
@@ -493,10 +546,36 @@ CUresult launchGraph(CUgraphExec_st* exec, CUstream_st* s) {
 using flare::sim::nowNs;
 
 namespace {
+// FLARE_SIM_OP_COUNTS=DIR: the per-step op counts, written at exit (flare_sim.h).
+void writeOpCounts() {
+  auto dir = flare::common::getEnv("FLARE_SIM_OP_COUNTS");
+  if (!dir || dir->empty()) return;
+  std::string json = "{";
+  {
+    std::lock_guard<std::mutex> lock(flare::sim::opCounts().mu);
+    bool first = true;
+    for (const auto& [step, c] : flare::sim::opCounts().by_step) {
+      json += (first ? "\"" : ", \"") + std::to_string(step) + "\": [0, " + std::to_string(c[1]) +
+              ", " + std::to_string(c[2]) + ", " + std::to_string(c[3]) + "]";
+      first = false;
+    }
+  }
+  json += "}\n";
+  const std::string path = *dir + "/ops-" + std::to_string(flare::sim::settings().rank) + "-" +
+                           std::to_string(getpid()) + ".json";
+  if (FILE* f = std::fopen(path.c_str(), "w")) {
+    std::fwrite(json.data(), 1, json.size(), f);
+    std::fclose(f);
+  }
+}
+
 // Blocking operations (hung kernels, collectives) must let the process exit.
 struct ShutdownFlag {
   ShutdownFlag() {
-    std::atexit([] { flare::sim::g_shutdown.store(true); });
+    std::atexit([] {
+      flare::sim::g_shutdown.store(true);
+      writeOpCounts();
+    });
   }
 };
 ShutdownFlag g_shutdown_flag;
@@ -526,12 +605,27 @@ __attribute__((visibility("default"))) CUresult flareSimEnqueueOp(CUstream strea
   }
   Op op;
   op.kind = Op::Kind::kCustom;
+  op.activity = FLARE_SIM_ACTIVITY_KERNEL;  // NCCL's collectives are kernels to CUPTI
   op.name = name ? name : "custom";
   op.custom = fn;
   op.ctx = std::shared_ptr<void>(ctx, [free_ctx](void* p) {
     if (free_ctx) free_ctx(p);
   });
   return flare::sim::enqueue(s, std::move(op));
+}
+
+__attribute__((visibility("default"))) void flareSimSetActivity(FlareSimActivityFn fn,
+                                                                uint32_t kinds_mask) {
+  flare::sim::g_activity_mask.store(fn ? kinds_mask : 0, std::memory_order_release);
+  if (fn) flare::sim::g_activity_fn.store(fn, std::memory_order_release);
+}
+
+__attribute__((visibility("default"))) int flareSimOpCounts(int64_t step, uint64_t counts[4]) {
+  std::lock_guard<std::mutex> lock(flare::sim::opCounts().mu);
+  const auto it = flare::sim::opCounts().by_step.find(step);
+  if (it == flare::sim::opCounts().by_step.end()) return -1;
+  for (size_t i = 0; i < 4; ++i) counts[i] = it->second[i];
+  return 0;
 }
 
 __attribute__((visibility("default"))) int64_t flareSimNowNs(void) {

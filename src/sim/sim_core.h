@@ -78,7 +78,19 @@ struct Op {
   std::shared_ptr<void> ctx;          // kCustom (freed through its deleter)
   FlareSimOpFn custom = nullptr;      // kCustom
   std::function<void()> host;         // kHostFn, kCopy (the copy itself)
+  // GPU activity (flareSimSetActivity): what CUPTI would call this op, set by its maker.
+  int activity = FLARE_SIM_ACTIVITY_NONE;
+  uint64_t bytes = 0;      // memcpy/memset
+  uint32_t copy_kind = 0;  // memcpy: CUpti_ActivityMemcpyKind
+  // Set by enqueue(): reported when complete (the kind was enabled when it was issued).
+  bool report = false;
+  uint32_t correlation_id = 0;
+  int64_t step = 0;
 };
+
+// Activity bookkeeping done by enqueue() and the workers.
+void noteIssued(Op& op, int device);
+void reportActivity(const Op& op, const CUstream_st* s, Ns start, Ns end);
 
 }  // namespace flare::sim
 

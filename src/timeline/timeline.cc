@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cinttypes>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <limits>
@@ -76,6 +77,7 @@ struct RankData {
   std::unordered_map<uint32_t, std::string> apis;
   std::vector<flare::v1::KernelRecord> kernels;
   std::vector<flare::v1::ApiSpan> spans;
+  std::vector<flare::v1::DeepTraceRecord> deep;  // CUPTI deep-trace records
 };
 
 bool loadRank(const RankSource& src, RankData* data, std::string* error) {
@@ -85,6 +87,7 @@ bool loadRank(const RankSource& src, RankData* data, std::string* error) {
         for (const auto& a : b.api_names()) data->apis[a.id()] = a.qualified_name();
         for (const auto& k : b.kernels()) data->kernels.push_back(k);
         for (const auto& s : b.spans()) data->spans.push_back(s);
+        for (const auto& d : b.deep_trace()) data->deep.push_back(d);
       },
       error);
 }
@@ -206,6 +209,7 @@ class RankWriter {
   bool inWindow(int64_t ns) const { return ns >= window_.first && ns < window_.second; }
   int streamTid(uint64_t stream_id);
   void writeGpu(const RankData& data);
+  void writeDeepTrace(const RankData& data);
   void writeCpu(const RankData& data);
   void metadata();
 
@@ -225,7 +229,19 @@ class RankWriter {
   std::set<std::pair<int, int>> gpu_tracks_;  // (device, tid)
   std::set<uint64_t> threads_;
   std::map<uint64_t, std::vector<CpuSlice>> cpu_;  // thread -> slices
+  // Traced GPU ops per device (start, end, track tid, correlation): deep-trace records are
+  // matched to the traced op whose interval contains theirs.
+  struct TracedSpan {
+    int64_t start, end;
+    int tid;
+    uint64_t correlation;
+  };
+  std::map<int, std::vector<TracedSpan>> traced_;
+  std::set<uint64_t> cupti_streams_;  // stream ids of unmatched CUPTI streams (kCuptiStream bit)
 };
+
+// Stream-id bit of the tracks made for CUPTI streams no traced op maps to.
+constexpr uint64_t kCuptiStream = uint64_t{1} << 63;
 
 int RankWriter::streamTid(uint64_t stream_id) {
   auto it = stream_tids_.find(stream_id);
@@ -258,6 +274,7 @@ bool RankWriter::write(std::string* error) {
   }
   (void)error;
   writeGpu(data);
+  writeDeepTrace(data);
   writeCpu(data);
   metadata();
   return true;
@@ -309,6 +326,7 @@ void RankWriter::writeGpu(const RankData& data) {
       const int64_t dur = end - start;
       const uint64_t flow = (*next_flow_id_)++;
       const uint64_t correlation = k.correlation_id() != 0 ? k.correlation_id() : flow;
+      traced_[track.first].push_back(TracedSpan{start, end, track.second, correlation});
       std::string args = "\"device\":" + std::to_string(k.device()) +
                          ",\"stream\":" + std::to_string(track.second) +
                          ",\"correlation\":" + std::to_string(correlation) + ",\"kind\":\"" +
@@ -401,6 +419,137 @@ void RankWriter::writeGpu(const RankData& data) {
   }
 }
 
+// Deep-trace (CUPTI) records on the GPU stream tracks, category "deep_trace". CUPTI numbers
+// streams its own way: a CUPTI stream takes the track of the traced ops its records fall inside
+// (a record inside a traced op's interval on the same device is that op's kernel: its args get
+// the launch's correlation, "flare correlation"); a CUPTI stream no traced op maps to gets a
+// track of its own ("stream N (CUPTI)").
+void RankWriter::writeDeepTrace(const RankData& data) {
+  if (data.deep.empty()) return;
+  for (auto& [device, spans] : traced_) {
+    std::sort(spans.begin(), spans.end(),
+              [](const TracedSpan& a, const TracedSpan& b) { return a.start < b.start; });
+  }
+  // CUPTI's times and the traced ops' (CUDA events mapped to the host clock) differ by the
+  // mapping's error, about a microsecond — as long as the smallest kernels. Per device, the
+  // records are moved onto the traced ops' clock by the median difference between a record's
+  // end and the nearest traced end (a kernel's end event completes with it), within 20 µs.
+  std::vector<flare::v1::DeepTraceRecord> deep_recs = data.deep;
+  std::map<int, std::vector<int64_t>> diffs;
+  for (const auto& d : deep_recs) {
+    auto it = traced_.find(d.device());
+    if (it == traced_.end()) continue;
+    const auto& spans = it->second;
+    auto pos = std::upper_bound(spans.begin(), spans.end(), d.end_ns() + 20'000,
+                                [](int64_t v, const TracedSpan& s) { return v < s.start; });
+    int64_t best = std::numeric_limits<int64_t>::max();
+    for (int n = 0; pos != spans.begin() && n < 16; ++n) {
+      --pos;
+      const int64_t diff = pos->end - d.end_ns();
+      if (std::llabs(diff) < std::llabs(best)) best = diff;
+    }
+    if (std::llabs(best) <= 20'000) diffs[d.device()].push_back(best);
+  }
+  std::map<int, int64_t> shift;
+  for (auto& [device, v] : diffs) {
+    std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(v.size() / 2), v.end());
+    shift[device] = v[v.size() / 2];
+  }
+  for (auto& d : deep_recs) {
+    auto it = shift.find(d.device());
+    if (it == shift.end()) continue;
+    d.set_start_ns(d.start_ns() + it->second);
+    d.set_end_ns(d.end_ns() + it->second);
+  }
+  // The traced op a record ran inside: the one it overlaps most, by at least half its length
+  // (the two clocks differ by the GPU→host mapping's error, a few µs; a kernel may touch the
+  // events around it exactly).
+  auto container = [this](const flare::v1::DeepTraceRecord& d) -> const TracedSpan* {
+    auto it = traced_.find(d.device());
+    if (it == traced_.end()) return nullptr;
+    const auto& spans = it->second;
+    constexpr int64_t kSlackNs = 50'000;
+    auto pos = std::upper_bound(spans.begin(), spans.end(), d.end_ns() + kSlackNs,
+                                [](int64_t v, const TracedSpan& s) { return v < s.start; });
+    const TracedSpan* best = nullptr;
+    int64_t best_overlap = 0;
+    const int64_t len = std::max<int64_t>(d.end_ns() - d.start_ns(), 1);
+    for (int n = 0; pos != spans.begin() && n < 64; ++n) {
+      --pos;
+      const int64_t overlap = std::min(pos->end, d.end_ns()) - std::max(pos->start, d.start_ns());
+      if (overlap > best_overlap) {
+        best_overlap = overlap;
+        best = &*pos;
+      }
+      if (pos->end < d.start_ns() - kSlackNs && n > 8) break;
+    }
+    return best != nullptr && 2 * best_overlap >= len ? best : nullptr;
+  };
+  // CUPTI stream → track, by the most frequent track of its matched records.
+  std::map<std::pair<int, uint32_t>, std::map<int, int>> votes;
+  for (const auto& d : deep_recs) {
+    if (const TracedSpan* s = container(d)) votes[{d.device(), d.stream()}][s->tid]++;
+  }
+  std::map<std::pair<int, uint32_t>, int> track_of;
+  for (const auto& [key, counts] : votes) {
+    track_of[key] =
+        std::max_element(counts.begin(), counts.end(), [](const auto& a, const auto& b) {
+          return a.second < b.second;
+        })->first;
+  }
+  std::map<std::pair<int, int>, std::vector<const flare::v1::DeepTraceRecord*>> tracks;
+  for (const auto& d : deep_recs) {
+    if (!inWindow(d.start_ns())) continue;
+    auto it = track_of.find({d.device(), d.stream()});
+    int tid = 0;
+    if (it != track_of.end()) {
+      tid = it->second;
+    } else {
+      cupti_streams_.insert(kCuptiStream | d.stream());
+      tid = streamTid(kCuptiStream | d.stream());
+    }
+    devices_.insert(d.device());
+    tracks[{d.device(), tid}].push_back(&d);
+  }
+  for (auto& [track, recs] : tracks) {
+    std::sort(recs.begin(), recs.end(),
+              [](const auto* a, const auto* b) { return a->start_ns() < b->start_ns(); });
+    gpu_tracks_.insert(track);
+    int64_t prev_end = std::numeric_limits<int64_t>::min();
+    for (const auto* d : recs) {
+      // Inside the traced op it ran in, when that op is on this track (so that slices nest).
+      const TracedSpan* in = container(*d);
+      int64_t start = d->start_ns(), end = d->end_ns();
+      if (in != nullptr && in->tid == track.second) {
+        start = std::clamp(start, in->start, in->end);
+        end = std::clamp(end, in->start, in->end);
+      }
+      start = std::max(start, prev_end);
+      end = std::max(end, start);
+      prev_end = end;
+      const char* kind = d->kind() == flare::v1::DeepTraceRecord::KIND_MEMCPY   ? "memcpy"
+                         : d->kind() == flare::v1::DeepTraceRecord::KIND_MEMSET ? "memset"
+                                                                                : "kernel";
+      std::string args = "\"device\":" + std::to_string(d->device()) +
+                         ",\"stream\":" + std::to_string(track.second) +
+                         ",\"cupti stream\":" + std::to_string(d->stream()) +
+                         ",\"cupti correlation\":" + std::to_string(d->correlation_id()) +
+                         ",\"kind\":\"" + kind +
+                         "\",\"deep trace\":" + std::to_string(d->capture_id()) +
+                         ",\"step index\":" + std::to_string(d->step_index());
+      if (d->bytes() > 0) args += ",\"bytes\":" + std::to_string(d->bytes());
+      if (in != nullptr) args += ",\"flare correlation\":" + std::to_string(in->correlation);
+      w_->event("{\"ph\":\"X\",\"cat\":\"deep_trace\",\"name\":" +
+                common::jsonQuote(d->name().empty() ? "unknown" : d->name()) +
+                ",\"pid\":" + std::to_string(ids_.gpu_pid_base + track.first) +
+                ",\"tid\":" + std::to_string(track.second) + ",\"ts\":" + ts(start) +
+                ",\"dur\":" + durUs(end - start) + ",\"args\":{" + args + "}}");
+      ++summary_->gpu_events;
+      ++summary_->deep_trace_events;
+    }
+  }
+}
+
 void RankWriter::writeCpu(const RankData& data) {
   for (const auto& s : data.spans) {
     if (!inWindow(s.start_ns())) continue;
@@ -483,8 +632,11 @@ void RankWriter::metadata() {
       const std::string t = std::to_string(tid);
       char hex[24];
       std::snprintf(hex, sizeof(hex), "%" PRIx64, stream_id);
-      meta("thread_name", ids_.gpu_pid_base + device, &t,
-           "\"name\":" + common::jsonQuote("stream " + t + " (0x" + hex + ")"));
+      const std::string name =
+          cupti_streams_.count(stream_id)
+              ? "stream " + t + " (CUPTI " + std::to_string(stream_id & ~kCuptiStream) + ")"
+              : "stream " + t + " (0x" + hex + ")";
+      meta("thread_name", ids_.gpu_pid_base + device, &t, "\"name\":" + common::jsonQuote(name));
     }
   }
 }

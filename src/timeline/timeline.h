@@ -65,6 +65,7 @@ struct Summary {
   uint64_t cpu_events = 0;
   uint64_t launch_flows = 0;
   uint64_t collective_flows = 0;
+  uint64_t deep_trace_events = 0;           // CUPTI deep-trace records written (also in gpu_events)
   std::map<int, int64_t> clock_offsets_ns;  // subtracted from each rank's times
   std::vector<std::string> warnings;        // unreadable files, unmatched tables, ...
 };

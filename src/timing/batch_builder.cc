@@ -232,6 +232,25 @@ void BatchBuilder::addSpans(std::span<const CompletedSpan> spans) {
   }
 }
 
+void BatchBuilder::addDeepTrace(std::span<const DeepTraceRecord> records) {
+  for (const DeepTraceRecord& r : records) {
+    if (!batch_open_) openBatch();
+    flare::v1::DeepTraceRecord* out = batch_.add_deep_trace();
+    out->set_kind(static_cast<flare::v1::DeepTraceRecord::Kind>(r.kind));
+    out->set_name(r.name);
+    out->set_start_ns(clock_map_.fromMonotonic(r.start_ns));
+    out->set_end_ns(clock_map_.fromMonotonic(r.end_ns));
+    out->set_stream(r.stream);
+    out->set_device(r.device);
+    out->set_correlation_id(r.correlation_id);
+    out->set_bytes(r.bytes);
+    out->set_copy_kind(r.copy_kind);
+    out->set_capture_id(r.capture_id);
+    out->set_step_index(r.step_index);
+    account(out->ByteSizeLong());
+  }
+}
+
 void BatchBuilder::setDrops(const DropCounters& totals) {
   drops_ = totals;
   drops_dirty_ = true;
@@ -242,7 +261,8 @@ void BatchBuilder::flush() {
   const bool has_records =
       batch_open_ && (batch_.signatures_size() > 0 || batch_.kernels_size() > 0 ||
                       batch_.summaries_size() > 0 || batch_.collective_blocks_size() > 0 ||
-                      batch_.spans_size() > 0 || batch_.api_names_size() > 0);
+                      batch_.spans_size() > 0 || batch_.api_names_size() > 0 ||
+                      batch_.deep_trace_size() > 0);
   if (!has_records && !drops_dirty_) return;
   if (!batch_open_) openBatch();
   closeBatch();

@@ -57,6 +57,8 @@ class BatchBuilder {
   void addOps(std::span<const CompletedOp> ops);
   void addApiName(uint32_t id, const std::string& qualified_name);
   void addSpans(std::span<const CompletedSpan> spans);
+  // Deep-trace (CUPTI) records: always raw, whatever the mode.
+  void addDeepTrace(std::span<const DeepTraceRecord> records);
   void setDrops(const DropCounters& totals);  // cumulative; goes out with the next batch
   // Closes the open batch if it holds anything (or the drop counters changed).
   void flush();

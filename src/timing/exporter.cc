@@ -139,6 +139,22 @@ void GrpcExporter::onSpans(std::span<const CompletedSpan> spans) {
   builder_.addSpans(spans);
 }
 
+void GrpcExporter::onDeepTrace(std::span<const DeepTraceRecord> records) {
+  if (forked_.load(std::memory_order_relaxed)) return;
+  builder_.addDeepTrace(records);
+}
+
+void GrpcExporter::postCommandResult(const flare::v1::CommandResult& result) {
+  if (forked_.load(std::memory_order_relaxed)) return;
+  flare::v1::RankMessage reply;
+  *reply.mutable_command_result() = result;
+  std::string out;
+  reply.SerializeToString(&out);
+  std::lock_guard<std::mutex> lock(mu_);
+  results_.push_back(std::move(out));
+  cv_.notify_all();
+}
+
 void GrpcExporter::onDrops(const DropCounters& totals) {
   if (forked_.load(std::memory_order_relaxed)) return;
   builder_.setDrops(totals);
@@ -156,6 +172,7 @@ void GrpcExporter::stripRecords(flare::v1::RecordBatch* batch) {
   batch->clear_summaries();
   batch->clear_collective_blocks();
   batch->clear_steps();
+  batch->clear_deep_trace();
 }
 
 void GrpcExporter::enqueue(flare::v1::RecordBatch&& batch) {

@@ -129,6 +129,12 @@ class GrpcExporter final : public Sink {
   void flush() override;
   void onApiName(uint32_t id, const std::string& qualified_name) override;
   void onSpans(std::span<const CompletedSpan> spans) override;
+  void onDeepTrace(std::span<const DeepTraceRecord> records) override;
+
+  // Any thread: sends a command result the handler produced later (a DeepTrace that finished
+  // after its first answer); it replaces the earlier result of the same command in the daemon.
+  // Dropped (with the other pending results) if the stream breaks before it is written.
+  void postCommandResult(const flare::v1::CommandResult& result);
 
   // Sends what is queued (after the Tracer's last flush) for at most `timeout_ns`, spools the
   // rest and stops the threads. Returns true when everything went to the daemon. Idempotent.

@@ -106,6 +106,15 @@ void SpoolSink::onApiName(uint32_t id, const std::string& qualified_name) {
   }
 }
 
+void SpoolSink::onDeepTrace(std::span<const DeepTraceRecord> records) {
+  if (disabled()) return;
+  try {
+    builder_.addDeepTrace(records);
+  } catch (...) {
+    disable("encoding", ENOMEM);
+  }
+}
+
 void SpoolSink::onSpans(std::span<const CompletedSpan> spans) {
   if (disabled()) return;
   try {

@@ -86,6 +86,23 @@ struct CompletedSpan {
   int64_t gc_uncollectable = 0;
 };
 
+// One GPU activity of a deep trace (src/hook/deep_trace.h: CUPTI Activity API records), in host
+// monotonic nanoseconds like CompletedOp. Cold path: a few steps' worth, names owned.
+struct DeepTraceRecord {
+  enum class Kind : uint8_t { kKernel = 1, kMemcpy = 2, kMemset = 3 };
+  Kind kind = Kind::kKernel;
+  std::string name;
+  int64_t start_ns = 0;
+  int64_t end_ns = 0;
+  uint32_t stream = 0;  // CUPTI's stream id
+  int32_t device = 0;
+  uint32_t correlation_id = 0;  // CUPTI's
+  uint64_t bytes = 0;           // memcpy/memset
+  uint32_t copy_kind = 0;       // memcpy: CUpti_ActivityMemcpyKind
+  uint64_t capture_id = 0;      // the DeepTrace command's id
+  uint32_t step_index = 0;      // which captured step (0-based)
+};
+
 struct DropCounters {
   uint64_t ring_full = 0;         // a thread's ring had no room
   uint64_t events_exhausted = 0;  // the event pool was empty and at its bound
@@ -131,6 +148,8 @@ class Sink {
   // Traced Python APIs: a name is announced once, before the first span that uses its id.
   virtual void onApiName(uint32_t /*id*/, const std::string& /*qualified_name*/) {}
   virtual void onSpans(std::span<const CompletedSpan> /*spans*/) {}
+  // Deep-trace records (Tracer::pushDeepTrace), in the order they were pushed.
+  virtual void onDeepTrace(std::span<const DeepTraceRecord> /*records*/) {}
 };
 
 struct TracerOptions {
@@ -179,6 +198,12 @@ class Tracer {
   // Launching thread: hands a span closed by closeSpan() to the poller (fills thread_id). Hot
   // path: no allocation in steady state, no lock; a full span ring drops it (spans_dropped).
   void pushSpan(const CompletedSpan& span);
+
+  // Any thread, cold path (a mutex, allocation): queues deep-trace records for the sink; the
+  // poller hands them over at its next pass. At most `kMaxPendingDeepTrace` wait; the rest are
+  // refused. Returns how many were accepted (the caller counts the others as dropped).
+  static constexpr size_t kMaxPendingDeepTrace = 1 << 20;
+  size_t pushDeepTrace(std::vector<DeepTraceRecord>&& records);
 
  private:
   struct Impl;

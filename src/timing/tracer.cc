@@ -240,6 +240,7 @@ struct Tracer::Impl {
   void announceSignatures();
   void announceApis();
   void emitSpans();
+  void emitDeepTrace();
   void calibrate();
   void referenceFailed(int device, DeviceCal& cal, int64_t now_ns);
   void processQueues();
@@ -297,6 +298,10 @@ struct Tracer::Impl {
   uint64_t drain_requested_ = 0;     // guarded by wake_mu_
   uint64_t drain_done_ = 0;          // guarded by wake_mu_
   std::unique_ptr<std::thread> poller_;
+
+  // Deep-trace records waiting for the poller (pushDeepTrace, any thread).
+  std::mutex deep_mu_;
+  std::vector<DeepTraceRecord> deep_pending_;  // guarded by deep_mu_
 
   // Poller thread only.
   struct Queued {
@@ -801,6 +806,7 @@ void Tracer::Impl::pollOnce(uint64_t pass) {
   announceSignatures();
   announceApis();
   emitSpans();
+  emitDeepTrace();
   calibrate();
   processQueues();
   returnEvents();
@@ -883,6 +889,16 @@ void Tracer::Impl::emitSpans() {
     ~Clear() { spans.clear(); }
   } clear{span_out_};
   sink_->onSpans(span_out_);
+}
+
+void Tracer::Impl::emitDeepTrace() {
+  std::vector<DeepTraceRecord> out;
+  {
+    std::lock_guard<std::mutex> lock(deep_mu_);
+    if (deep_pending_.empty()) return;
+    out.swap(deep_pending_);
+  }
+  sink_->onDeepTrace(out);
 }
 
 // The GPU → host clock map, one reference event per device (events of different devices
@@ -1107,6 +1123,24 @@ DropCounters Tracer::drops() const {
 }
 void Tracer::pushSpan(const CompletedSpan& span) {
   impl_->pushSpan(span);
+}
+size_t Tracer::pushDeepTrace(std::vector<DeepTraceRecord>&& records) {
+  if (impl_->disabled_.load(std::memory_order_relaxed)) return 0;
+  size_t taken = 0;
+  {
+    std::lock_guard<std::mutex> lock(impl_->deep_mu_);
+    const size_t room = kMaxPendingDeepTrace > impl_->deep_pending_.size()
+                            ? kMaxPendingDeepTrace - impl_->deep_pending_.size()
+                            : 0;
+    taken = std::min(room, records.size());
+    for (size_t i = 0; i < taken; ++i) impl_->deep_pending_.push_back(std::move(records[i]));
+  }
+  if (taken > 0) {
+    std::lock_guard<std::mutex> lock(impl_->wake_mu_);
+    impl_->flush_requested_ = true;
+    impl_->wake_cv_.notify_one();
+  }
+  return taken;
 }
 void Tracer::disableAfterFork() {
   impl_->forked_.store(true);

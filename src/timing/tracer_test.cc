@@ -56,6 +56,14 @@ class RecordingSink : public Sink {
     std::lock_guard<std::mutex> lock(mu_);
     ++flushes_;
   }
+  void onDeepTrace(std::span<const DeepTraceRecord> records) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    deep_.insert(deep_.end(), records.begin(), records.end());
+  }
+  std::vector<DeepTraceRecord> deep() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return deep_;
+  }
 
   // Waits (on a condition variable, not a sleep) until `count` ops arrived.
   bool waitForOps(size_t count, std::chrono::milliseconds timeout = std::chrono::seconds(10)) {
@@ -89,6 +97,7 @@ class RecordingSink : public Sink {
   std::vector<CompletedOp> ops_;
   std::map<uint32_t, Signature> sigs_;
   std::vector<DropCounters> drops_;
+  std::vector<DeepTraceRecord> deep_;
   int flushes_ = 0;
   int batches_ = 0;
   int violations_ = 0;
@@ -319,6 +328,32 @@ TEST_F(TracerTest, CaptureIsSkippedAndCounted) {
   EXPECT_EQ(timer_.recorded(), 0);  // nothing recorded into the graph being captured
   EXPECT_EQ(timer_.created(), 0);
   EXPECT_TRUE(launch(tracer, kStreamB, opInfo(1)));  // other streams are timed
+}
+
+TEST_F(TracerTest, DeepTraceRecordsReachTheSinkInOrderFromAnyThread) {
+  Tracer tracer(&timer_, &clock_, &sink_, quietOptions());
+  auto batch = [](int first, int n) {
+    std::vector<DeepTraceRecord> v;
+    for (int i = first; i < first + n; ++i) {
+      DeepTraceRecord r;
+      r.name = "k" + std::to_string(i);
+      r.start_ns = i;
+      r.end_ns = i + 1;
+      r.correlation_id = static_cast<uint32_t>(i);
+      v.push_back(std::move(r));
+    }
+    return v;
+  };
+  EXPECT_EQ(tracer.pushDeepTrace(batch(0, 3)), 3u);
+  std::thread other([&] { EXPECT_EQ(tracer.pushDeepTrace(batch(3, 2)), 2u); });  // a CUPTI thread
+  other.join();
+  ASSERT_TRUE(tracer.drain(kLongWait));
+  const auto got = sink_.deep();
+  ASSERT_EQ(got.size(), 5u);
+  for (int i = 0; i < 5; ++i) {
+    EXPECT_EQ(got[i].name, "k" + std::to_string(i));
+    EXPECT_EQ(got[i].correlation_id, static_cast<uint32_t>(i));
+  }
 }
 
 TEST_F(TracerTest, CancelReturnsTheEvents) {

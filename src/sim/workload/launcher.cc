@@ -49,7 +49,7 @@ struct Args {
   std::fprintf(stderr,
                "usage: flare-sim-train --ranks N --steps S [--layers L] [--hidden H] [--seq S]\n"
                "                       [--micro-batch B] [--tp T] [--data-ms MS] [--ffn F]\n"
-               "                       [--extra-kernels N] [--python]\n"
+               "                       [--extra-kernels N] [--copies N] [--python]\n"
                "                       [--python-exe PATH] [--timeout SEC] [--json FILE]"
                " [--quiet]\n");
   std::exit(2);
@@ -93,8 +93,9 @@ Args parse(int argc, char** argv) {
     } else if (k == "--timeout") {
       a.timeout_s = x;
     } else if (k == "--layers" || k == "--hidden" || k == "--seq" || k == "--micro-batch" ||
-               k == "--tp" || k == "--data-ms" || k == "--ffn" || k == "--extra-kernels") {
-      if ((k == "--ffn" || k == "--extra-kernels") && a.python)
+               k == "--tp" || k == "--data-ms" || k == "--ffn" || k == "--extra-kernels" ||
+               k == "--copies") {
+      if ((k == "--ffn" || k == "--extra-kernels" || k == "--copies") && a.python)
         usage((k + " is only supported by the C++ workload").c_str());
       a.passthrough.push_back(k);
       a.passthrough.push_back(v);

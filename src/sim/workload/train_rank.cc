@@ -14,10 +14,11 @@
 namespace {
 
 int usage() {
-  std::fprintf(stderr,
-               "usage: flare-sim-rank [--steps N] [--layers L] [--hidden H] [--seq S] "
-               "[--micro-batch B] [--tp T] [--data-ms MS] [--ffn F] [--extra-kernels N]\n"
-               "Identity from RANK/WORLD_SIZE; communicator ids through FLARE_SIM_RDZV_DIR.\n");
+  std::fprintf(
+      stderr,
+      "usage: flare-sim-rank [--steps N] [--layers L] [--hidden H] [--seq S] "
+      "[--micro-batch B] [--tp T] [--data-ms MS] [--ffn F] [--extra-kernels N] [--copies N]\n"
+      "Identity from RANK/WORLD_SIZE; communicator ids through FLARE_SIM_RDZV_DIR.\n");
   return 2;
 }
 
@@ -57,6 +58,8 @@ int main(int argc, char** argv) {
       o.ffn = static_cast<int64_t>(x);
     else if (a == "--extra-kernels")
       o.extra_kernels = static_cast<int>(x);
+    else if (a == "--copies")
+      o.copies = static_cast<int>(x);
     else
       return usage();
   }

@@ -222,6 +222,9 @@ std::vector<StepResult> run(const Options& o, void (*on_step)(const StepResult&)
     check(cudaStreamWaitEvent(compute, ev_tp, 0), "wait");
   };
 
+  std::vector<char> host_batch(o.copies > 0 ? (1 << 20) : 0);
+  void* dev_batch = nullptr;
+  if (o.copies > 0) check(cudaMalloc(&dev_batch, host_batch.size()), "cudaMalloc");
   const Stall stall = hostStallFor(o.rank);
   const int64_t crash_step = crashStepFor(o.rank);
   const int64_t skip_step = flareSimHangStep("skip");
@@ -241,6 +244,13 @@ std::vector<StepResult> run(const Options& o, void (*on_step)(const StepResult&)
     }
     // DataLoader: wait for the next batch on the host, then copy it to the GPU.
     std::this_thread::sleep_for(std::chrono::microseconds(static_cast<int64_t>(o.data_ms * 1000)));
+    // Input batches to the GPU and a zeroed buffer (--copies): memcpy and memset activity.
+    for (int c = 0; c < o.copies; ++c) {
+      check(cudaMemcpyAsync(dev_batch, host_batch.data(), host_batch.size(), cudaMemcpyHostToDevice,
+                            compute),
+            "cudaMemcpyAsync");
+      check(cudaMemsetAsync(dev_batch, 0, host_batch.size() / 4, compute), "cudaMemsetAsync");
+    }
     if (step == skip_step) {
       // Injected: this rank never reaches the step's collectives (stuck on the host).
       std::fprintf(stderr,
@@ -318,6 +328,7 @@ std::vector<StepResult> run(const Options& o, void (*on_step)(const StepResult&)
     if (on_step) on_step(r);
   }
   cublasLtMatmulDescDestroy(lt_desc);
+  if (dev_batch) cudaFree(dev_batch);
   return results;
 }
 

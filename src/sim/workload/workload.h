@@ -27,6 +27,7 @@ struct Options {
   double data_ms = 2.0;   // DataLoader wait per step
   int64_t ffn = 0;        // FFN width (0: 4 × hidden); an odd value makes unaligned GEMMs
   int extra_kernels = 0;  // unfused elementwise kernels added to each layer's forward
+  int copies = 0;         // per step: this many input-batch memcpys (HtoD) and memsets
   std::string rdzv_dir;   // where communicator ids are exchanged
 };
 
