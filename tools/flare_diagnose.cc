@@ -1,10 +1,15 @@
 // flare-diagnose: runs Flare's detectors on a job's records from an offline spool and prints
 // the diagnoses (team, culprit ranks, evidence). The daemon runs the same detectors on live data.
 //
-//   flare-diagnose --input DIR [--job ID] [--baseline DIR [--baseline-job ID]] [--json]
+//   flare-diagnose --input DIR [--job ID] [--baseline DIR [--baseline-job ID]] [--until-step N]
+//                  [--json]
+//
+// --until-step N diagnoses only what each rank issued before its step N began (steps counted from
+// 0 by the rank's step markers): the diagnosis the job's first N steps allow (detection delay).
 //
 // Exit status: 0 nothing found, 3 diagnoses printed, 1 unreadable input, 2 bad arguments.
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -15,7 +20,8 @@
 namespace {
 
 constexpr char kUsage[] =
-    "usage: flare-diagnose --input DIR [--job ID] [--baseline DIR [--baseline-job ID]] [--json]\n";
+    "usage: flare-diagnose --input DIR [--job ID] [--baseline DIR [--baseline-job ID]]\n"
+    "                      [--until-step N] [--json]\n";
 
 bool load(const std::string& dir, const std::string& job, flare::engine::JobModel* model,
           std::string* error) {
@@ -34,7 +40,7 @@ bool load(const std::string& dir, const std::string& job, flare::engine::JobMode
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string input, job, baseline_dir, baseline_job;
+  std::string input, job, baseline_dir, baseline_job, until;
   bool json = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -45,7 +51,7 @@ int main(int argc, char** argv) {
     };
     if ((a == "--input" && value(&input)) || (a == "--job" && value(&job)) ||
         (a == "--baseline" && value(&baseline_dir)) ||
-        (a == "--baseline-job" && value(&baseline_job)))
+        (a == "--baseline-job" && value(&baseline_job)) || (a == "--until-step" && value(&until)))
       continue;
     if (a == "--json") {
       json = true;
@@ -62,6 +68,17 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "flare-diagnose: --input DIR is required\n%s", kUsage);
     return 2;
   }
+  size_t until_step = 0;
+  if (!until.empty()) {
+    char* end = nullptr;
+    const long long v = std::strtoll(until.c_str(), &end, 10);
+    if (end == until.c_str() || *end != '\0' || v < 1 || v > 1'000'000'000) {
+      std::fprintf(stderr, "flare-diagnose: --until-step must be a step number >= 1, not '%s'\n",
+                   until.c_str());
+      return 2;
+    }
+    until_step = static_cast<size_t>(v);
+  }
   flare::engine::JobModel model, baseline;
   std::string error;
   if (!load(input, job, &model, &error)) {
@@ -72,6 +89,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "flare-diagnose: baseline: %s\n", error.c_str());
     return 1;
   }
+  if (until_step > 0) model = model.untilStep(until_step);
   const auto diagnoses = flare::engine::diagnose(model, flare::engine::DiagnoseOptions{},
                                                  baseline_dir.empty() ? nullptr : &baseline);
   if (json) {

@@ -14,6 +14,7 @@
 #include "src/engine/diagnosis/summary_detectors.h"
 #include "src/engine/stats/changepoint.h"
 #include "src/engine/stats/outliers.h"
+#include "src/engine/stats/paired.h"
 #include "src/engine/stats/perf_model.h"
 #include "src/engine/stats/quantile.h"
 #include "src/engine/stats/wasserstein.h"
@@ -467,10 +468,21 @@ void detectIssueStall(const JobModel& job, const DiagnoseOptions& opt,
     idle_fence = values.size() >= 3 ? tukeyUpperFence(values, opt.tukey_alpha) : 0;
     idle_floor = steps.empty() ? 0 : opt.idle_min_share * median(steps);
   }
+  // Third signal, paired by step: a small stall in every step lowers this rank's mean issue
+  // latency below its peers' in (nearly) every step, though not enough to move the pooled W1
+  // beyond the ranks' spread (docs/metrics.md).
+  const StepIssueLatency per_step = stepIssueLatency(job);
+  std::map<int, PairedStall> paired;
+  for (size_t i = 0; i < per_step.ranks.size(); ++i)
+    paired[per_step.ranks[i]] = pairedStallTest(per_step, i);
   for (const auto& [rank, s] : score) {
     const double floor = std::max(opt.issue_w1_floor_ns, 0.2 * std::abs(others_median[rank]));
     const double own_median = median(lat[rank]);
     const bool latency_outlier = s > fence && s > floor && own_median < others_median[rank];
+    const PairedStall* pair = paired.count(rank) ? &paired.at(rank) : nullptr;
+    const bool paired_outlier =
+        pair != nullptr && pair->p_adjusted <= opt.stall_paired_alpha &&
+        pair->median_shift_ns >= opt.stall_paired_min_share * per_step.median_step_ns;
     double idle_excess = 0;
     bool idle_outlier = false;
     if (auto it = idle.find(rank); it != idle.end() && idle.size() >= 3) {
@@ -481,7 +493,7 @@ void detectIssueStall(const JobModel& job, const DiagnoseOptions& opt,
       idle_excess = it->second.first - median(others);
       idle_outlier = it->second.first > idle_fence && idle_excess > idle_floor;
     }
-    if (!latency_outlier && !idle_outlier) continue;
+    if (!latency_outlier && !idle_outlier && !paired_outlier) continue;
     // The starved kernels: issued when the GPU had nothing queued (issue latency below the
     // other ranks' 5th percentile).
     std::vector<double> others_sorted;
@@ -508,6 +520,21 @@ void detectIssueStall(const JobModel& job, const DiagnoseOptions& opt,
                               " from the other ranks (fence " + fmtMs(fence) + "); median " +
                               fmtMs(own_median) + " vs " + fmtMs(others_median[rank]),
                           s, fence});
+    if (pair != nullptr && pair->steps > 0 && (paired_outlier || pair->p_adjusted <= 0.5)) {
+      char text[256];
+      std::snprintf(
+          text, sizeof(text),
+          "mean issue latency below the other ranks' median in %zu of %zu steps, by "
+          "%.3f ms per step (median; %.1f%% of the step); sign test p = %.2g, x%zu "
+          "ranks = %.2g",
+          pair->lower, pair->steps, pair->median_shift_ns / 1e6,
+          per_step.median_step_ns > 0 ? 100 * pair->median_shift_ns / per_step.median_step_ns : 0.0,
+          pair->p_value, per_step.ranks.size(), pair->p_adjusted);
+      d.evidence.push_back({"issue_latency_paired", text, pair->median_shift_ns,
+                            opt.stall_paired_min_share * per_step.median_step_ns});
+      if (per_step.median_step_ns > 0)
+        d.severity = std::max(d.severity, pair->median_shift_ns / per_step.median_step_ns);
+    }
     if (idle_excess > 0) {
       d.evidence.push_back({"gpu_idle",
                             "GPU idle " + fmtMs(idle.at(rank).first) + " per step, " +
@@ -967,6 +994,75 @@ std::optional<FailSlow> findFailSlow(const JobModel& job, const DiagnoseOptions&
     }
   }
   return std::nullopt;
+}
+
+StepIssueLatency stepIssueLatency(const JobModel& job) {
+  StepIssueLatency out;
+  std::map<int, std::vector<int64_t>> starts;
+  for (const auto& [rank, r] : job.ranks()) {
+    auto s = job.stepStarts(rank);
+    if (s.size() >= 3) starts[rank] = std::move(s);
+  }
+  if (starts.size() < 3) return out;
+  std::vector<double> step_times;
+  for (const auto& [rank, s] : starts) {
+    for (size_t i = 1; i + 1 < s.size(); ++i)
+      step_times.push_back(static_cast<double>(s[i + 1] - s[i]));
+  }
+  out.median_step_ns = median(step_times);
+  // The grid: the lowest rank's complete steps, the first skipped (warm-up).
+  const std::vector<int64_t>& ref = starts.begin()->second;
+  const size_t n_steps = ref.size() - 2;
+  const double tolerance = 0.5 * out.median_step_ns;
+  for (const auto& [rank, s] : starts) {
+    std::vector<double> means(n_steps, NAN);
+    const RankData& r = job.ranks().at(rank);
+    // Ops by issue time, to sum each step's issue latencies.
+    std::vector<std::pair<int64_t, double>> ops;
+    for (const Op& op : r.ops) {
+      if (isGpuOp(job.signatures()[op.sig].kind()))
+        ops.push_back({op.issue, static_cast<double>(op.issueLatency())});
+    }
+    std::sort(ops.begin(), ops.end());
+    for (size_t g = 0; g < n_steps; ++g) {
+      const int64_t target = ref[g + 1];
+      // This rank's complete step (not its first) starting nearest the grid's step.
+      size_t best = 0;
+      double best_dist = INFINITY;
+      for (size_t i = 1; i + 1 < s.size(); ++i) {
+        const double dist = std::abs(static_cast<double>(s[i] - target));
+        if (dist < best_dist) {
+          best_dist = dist;
+          best = i;
+        }
+      }
+      if (best == 0 || best_dist > tolerance) continue;
+      auto lo = std::lower_bound(ops.begin(), ops.end(), std::make_pair(s[best], -HUGE_VAL));
+      auto hi = std::lower_bound(ops.begin(), ops.end(), std::make_pair(s[best + 1], -HUGE_VAL));
+      if (hi - lo < 1) continue;
+      double sum = 0;
+      for (auto it = lo; it != hi; ++it) sum += it->second;
+      means[g] = sum / static_cast<double>(hi - lo);
+    }
+    out.ranks.push_back(rank);
+    out.means.push_back(std::move(means));
+  }
+  return out;
+}
+
+PairedStall pairedStallTest(const StepIssueLatency& s, size_t rank_index) {
+  PairedStall out;
+  if (rank_index >= s.means.size() || s.means.size() < 3) return out;
+  // Positive = this rank's mean issue latency below its peers' median (what a stall does).
+  std::vector<double> shift = stats::excessOverPeers(s.means, rank_index, 2);
+  for (double& x : shift) x = -x;
+  const stats::SignTestResult t = stats::signTest(shift);
+  out.steps = shift.size();
+  out.lower = t.positive;
+  out.p_value = t.p_value;
+  out.p_adjusted = std::min(1.0, t.p_value * static_cast<double>(s.ranks.size()));
+  out.median_shift_ns = shift.empty() ? 0 : median(shift);
+  return out;
 }
 
 std::vector<Diagnosis> diagnose(const JobModel& whole, const DiagnoseOptions& options,
