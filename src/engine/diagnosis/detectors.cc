@@ -615,10 +615,16 @@ void detectRegression(const JobModel& job, const JobModel& baseline, const Diagn
   clip(&all);
   clip(&base_all);
   for (auto& [rank, v] : base_ranks) clip(&v);
-  // Healthy spread: the largest W1 of a baseline rank to the baseline as a whole.
+  // Healthy spread: measured between healthy runs when several were given; else the largest W1
+  // of a baseline rank to the baseline as a whole (the one-baseline proxy).
   double threshold = opt.regression_w1_floor_ns;
-  for (const auto& [rank, v] : base_ranks) {
-    if (v.size() >= 30) threshold = std::max(threshold, wasserstein1(v, base_all));
+  const bool measured = opt.regression_healthy_spread_ns > 0;
+  if (measured) {
+    threshold = std::max(threshold, opt.regression_healthy_spread_ns);
+  } else {
+    for (const auto& [rank, v] : base_ranks) {
+      if (v.size() >= 30) threshold = std::max(threshold, wasserstein1(v, base_all));
+    }
   }
   const double w1 = wasserstein1(all, base_all);
   if (w1 <= threshold) return;
@@ -630,8 +636,10 @@ void detectRegression(const JobModel& job, const JobModel& baseline, const Diagn
   d.evidence.push_back({"issue_latency_w1",
                         "job issue-latency distribution (clipped at the baseline median) W1 " +
                             fmtMs(w1) + " from the healthy baseline (threshold " +
-                            fmtMs(threshold) + "); median " + fmtMs(median(all)) + " vs " +
-                            fmtMs(median(base_all)),
+                            fmtMs(threshold) +
+                            (measured ? ", the largest W1 between healthy runs"
+                                      : ", the largest W1 of a baseline rank to its run") +
+                            "); median " + fmtMs(median(all)) + " vs " + fmtMs(median(base_all)),
                         w1, threshold});
   // Name what this job calls clearly more often than the baseline: the traced Python API first
   // (what the algorithm team changes), then the host synchronization call it makes.
@@ -707,9 +715,12 @@ double unionLength(std::vector<std::pair<int64_t, int64_t>> v) {
   return total;
 }
 
-void detectVoid(const JobModel& job, const DiagnoseOptions& opt, std::vector<Diagnosis>* out) {
-  std::vector<int> inter_ranks, minority_ranks;
-  std::vector<double> inter_values, minority_values;
+// Per rank: V_inter and V_minority per step (the first skipped).
+struct VoidSteps {
+  std::vector<double> v_inter, v_minority;
+};
+std::map<int, VoidSteps> voidPerStep(const JobModel& job) {
+  std::map<int, VoidSteps> result;
   for (const auto& [rank, r] : job.ranks()) {
     const auto starts = job.stepStarts(rank);
     if (starts.size() < 3) continue;
@@ -755,13 +766,55 @@ void detectVoid(const JobModel& job, const DiagnoseOptions& opt, std::vector<Dia
       if (rest > 0) v_minority.push_back(std::min(1.0, unionLength(minority) / rest));
     }
     if (v_inter.empty()) continue;
-    const double vi = median(v_inter);
-    const double vm = v_minority.empty() ? 0 : median(v_minority);
-    if (vi > opt.v_inter_threshold) {
+    result[rank] = {std::move(v_inter), std::move(v_minority)};
+  }
+  return result;
+}
+
+// A void threshold learned from a healthy baseline (docs/metrics.md): the largest per-rank median
+// of the baseline plus the larger of `min_delta` and 1.5 × the IQR of its per-step values (a rank
+// whose median moved by less than the baseline's own step-to-step spread is not a regression).
+std::optional<double> learnedVoidThreshold(const std::map<int, VoidSteps>& base,
+                                           std::vector<double> VoidSteps::*field,
+                                           double min_delta) {
+  std::vector<double> pooled;
+  double top = -1;
+  for (const auto& [rank, v] : base) {
+    const std::vector<double>& x = v.*field;
+    if (x.empty()) continue;
+    top = std::max(top, median(x));
+    pooled.insert(pooled.end(), x.begin(), x.end());
+  }
+  if (top < 0 || pooled.size() < 3) return std::nullopt;
+  const auto f = stats::tukeyFences(pooled, 1.5);
+  return top + std::max(min_delta, 1.5 * f.iqr);
+}
+
+void detectVoid(const JobModel& job, const DiagnoseOptions& opt, const JobModel* baseline,
+                std::vector<Diagnosis>* out) {
+  double inter_threshold = opt.v_inter_threshold, minority_threshold = opt.v_minority_threshold;
+  std::string inter_source = "fixed", minority_source = "fixed";
+  if (baseline != nullptr) {
+    const auto base = voidPerStep(*baseline);
+    if (auto t = learnedVoidThreshold(base, &VoidSteps::v_inter, opt.void_learned_min_delta)) {
+      inter_threshold = *t;
+      inter_source = "learned from the healthy baseline";
+    }
+    if (auto t = learnedVoidThreshold(base, &VoidSteps::v_minority, opt.void_learned_min_delta)) {
+      minority_threshold = *t;
+      minority_source = "learned from the healthy baseline";
+    }
+  }
+  std::vector<int> inter_ranks, minority_ranks;
+  std::vector<double> inter_values, minority_values;
+  for (const auto& [rank, v] : voidPerStep(job)) {
+    const double vi = median(v.v_inter);
+    const double vm = v.v_minority.empty() ? 0 : median(v.v_minority);
+    if (vi > inter_threshold) {
       inter_ranks.push_back(rank);
       inter_values.push_back(vi);
     }
-    if (vm > opt.v_minority_threshold) {
+    if (vm > minority_threshold) {
       minority_ranks.push_back(rank);
       minority_values.push_back(vm);
     }
@@ -777,8 +830,8 @@ void detectVoid(const JobModel& job, const DiagnoseOptions& opt, std::vector<Dia
     d.evidence.push_back({"v_inter",
                           "V_inter (GPU idle around the DataLoader call) " + fmtPct(v) +
                               " of the step, median over steps and ranks (threshold " +
-                              fmtPct(opt.v_inter_threshold) + ")",
-                          v, opt.v_inter_threshold});
+                              fmtPct(inter_threshold) + ", " + inter_source + ")",
+                          v, inter_threshold});
     d.summary = "ranks " + rankList(inter_ranks) + ": the GPU waits for input — " + fmtPct(v) +
                 " of each step is spent around the DataLoader's __next__";
     out->push_back(std::move(d));
@@ -795,8 +848,8 @@ void detectVoid(const JobModel& job, const DiagnoseOptions& opt, std::vector<Dia
                           "V_minority (time in kernels other than GEMM, attention and "
                           "communication) " +
                               fmtPct(v) + " of the busy step (threshold " +
-                              fmtPct(opt.v_minority_threshold) + ")",
-                          v, opt.v_minority_threshold});
+                              fmtPct(minority_threshold) + ", " + minority_source + ")",
+                          v, minority_threshold});
     d.summary = "ranks " + rankList(minority_ranks) + ": minority kernels take " + fmtPct(v) +
                 " of the step (elementwise/normalization work that fusion could remove)";
     out->push_back(std::move(d));
@@ -996,6 +1049,29 @@ std::optional<FailSlow> findFailSlow(const JobModel& job, const DiagnoseOptions&
   return std::nullopt;
 }
 
+double healthyIssueLatencySpread(const std::vector<const JobModel*>& baselines) {
+  std::vector<std::vector<double>> pooled;
+  for (const JobModel* b : baselines) {
+    std::vector<double> all;
+    for (const auto& [rank, r] : b->ranks()) {
+      auto v = issueLatencies(*b, r);
+      all.insert(all.end(), v.begin(), v.end());
+    }
+    if (all.size() >= 30) pooled.push_back(std::move(all));
+  }
+  if (pooled.size() < 2) return 0;
+  const double cap = median(pooled[0]);
+  for (auto& v : pooled) {
+    for (double& x : v) x = std::min(x, cap);
+  }
+  double spread = 0;
+  for (size_t i = 0; i < pooled.size(); ++i) {
+    for (size_t j = i + 1; j < pooled.size(); ++j)
+      spread = std::max(spread, wasserstein1(pooled[i], pooled[j]));
+  }
+  return spread;
+}
+
 StepIssueLatency stepIssueLatency(const JobModel& job) {
   StepIssueLatency out;
   std::map<int, std::vector<int64_t>> starts;
@@ -1097,7 +1173,7 @@ std::vector<Diagnosis> diagnose(const JobModel& whole, const DiagnoseOptions& op
     }
   }
   if (baseline != nullptr && raw) detectRegression(job, *baseline, options, &out);
-  if (raw) detectVoid(job, options, &out);
+  if (raw) detectVoid(job, options, baseline, &out);
   detectUnoptimized(job, options, &out);
   std::stable_sort(out.begin(), out.end(),
                    [](const Diagnosis& a, const Diagnosis& b) { return a.severity > b.severity; });

@@ -62,11 +62,18 @@ struct DiagnoseOptions {
   double stall_paired_min_share = 0.01;
   double v_inter_threshold = 0.25;
   double v_minority_threshold = 0.30;
+  // With a healthy baseline, the void thresholds are learned from it instead: the baseline's
+  // largest per-rank median plus max(this, 1.5 × IQR of its per-step values).
+  double void_learned_min_delta = 0.05;
   double unoptimized_ratio = 0.6;  // achieved < ratio × the job's best GEMM efficiency
   uint64_t unoptimized_min_flops = 1'000'000'000;
   // Issue-latency regression against a baseline: alarm above max(floor, the largest W1 between
   // a baseline rank and the baseline's other ranks).
   double regression_w1_floor_ns = 20'000;
+  // When > 0: the healthy spread measured between several healthy baseline runs
+  // (healthyIssueLatencySpread, design.md's "largest W1 between healthy runs"), used instead of
+  // the one-baseline proxy above (still floored by regression_w1_floor_ns).
+  double regression_healthy_spread_ns = 0;
   // Fail-slow entry: a step-time change point of at least this relative size, with at least
   // this many steps on each side.
   double fail_slow_min_relative = 0.05;
@@ -116,6 +123,11 @@ struct PairedStall {
   double median_shift_ns = 0;  // median over steps of (peers' median − own mean)
 };
 PairedStall pairedStallTest(const StepIssueLatency& s, size_t rank_index);
+
+// The largest W1 between the pooled issue-latency samples (each rank's first step left out) of
+// any two of `baselines`, every sample clipped at the median of the first baseline's — the
+// regression detector's clipping. 0 with fewer than two baselines with 30 or more samples.
+double healthyIssueLatencySpread(const std::vector<const JobModel*>& baselines);
 
 std::vector<Diagnosis> diagnose(const JobModel& job, const DiagnoseOptions& options,
                                 const JobModel* baseline = nullptr);

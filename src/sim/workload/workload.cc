@@ -1,9 +1,9 @@
 #include "src/sim/workload/workload.h"
 
+#include <dlfcn.h>
 #include <unistd.h>
 
 #include <cublasLt.h>
-#include <dlfcn.h>
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 #include <nccl.h>
@@ -223,6 +223,9 @@ std::vector<StepResult> run(const Options& o, void (*on_step)(const StepResult&)
   };
 
   const Stall stall = hostStallFor(o.rank);
+  // FLARE_SIM_INJECT_SYNC_US: a needless synchronize at the start of each layer's forward, then
+  // host work (framework overhead) before the next launch, during which the GPU has nothing.
+  const double inject_sync_us = common::envDouble("FLARE_SIM_INJECT_SYNC_US", -1, -1, 1e6);
   const int64_t crash_step = crashStepFor(o.rank);
   const int64_t skip_step = flareSimHangStep("skip");
   std::vector<StepResult> results;
@@ -252,6 +255,15 @@ std::vector<StepResult> run(const Options& o, void (*on_step)(const StepResult&)
 
     // Forward.
     for (int l = 0; l < o.layers; ++l) {
+      if (inject_sync_us >= 0) {
+        check(cudaStreamSynchronize(compute), "cudaStreamSynchronize(injected)");
+        const auto until = std::chrono::steady_clock::now() +
+                           std::chrono::nanoseconds(static_cast<int64_t>(inject_sync_us * 1000));
+        while (std::chrono::steady_clock::now() < until) {
+          // Busy host work, not a sleep: a sleep's wake-up latency on a loaded machine would add
+          // far more than the injected cost.
+        }
+      }
       launch(k_layer_norm, act_bytes * 2, compute);
       if (l == 0) check(cudaEventRecord(gemm_a, compute), "record");
       gemm(3 * h_tp, T, h, true, false);  // QKV
