@@ -620,7 +620,8 @@ void detectRegression(const JobModel& job, const JobModel& baseline, const Diagn
   double threshold = opt.regression_w1_floor_ns;
   const bool measured = opt.regression_healthy_spread_ns > 0;
   if (measured) {
-    threshold = std::max(threshold, opt.regression_healthy_spread_ns);
+    threshold =
+        std::max(threshold, opt.regression_spread_factor * opt.regression_healthy_spread_ns);
   } else {
     for (const auto& [rank, v] : base_ranks) {
       if (v.size() >= 30) threshold = std::max(threshold, wasserstein1(v, base_all));
@@ -637,7 +638,7 @@ void detectRegression(const JobModel& job, const JobModel& baseline, const Diagn
                         "job issue-latency distribution (clipped at the baseline median) W1 " +
                             fmtMs(w1) + " from the healthy baseline (threshold " +
                             fmtMs(threshold) +
-                            (measured ? ", the largest W1 between healthy runs"
+                            (measured ? ", twice the largest W1 between healthy runs"
                                       : ", the largest W1 of a baseline rank to its run") +
                             "); median " + fmtMs(median(all)) + " vs " + fmtMs(median(base_all)),
                         w1, threshold});

@@ -71,9 +71,13 @@ struct DiagnoseOptions {
   // a baseline rank and the baseline's other ranks).
   double regression_w1_floor_ns = 20'000;
   // When > 0: the healthy spread measured between several healthy baseline runs
-  // (healthyIssueLatencySpread, design.md's "largest W1 between healthy runs"), used instead of
-  // the one-baseline proxy above (still floored by regression_w1_floor_ns).
+  // (healthyIssueLatencySpread, design.md's "largest W1 between healthy runs"); the threshold is
+  // then regression_spread_factor × it instead of the one-baseline proxy above (still floored by
+  // regression_w1_floor_ns). Factor 2: a new healthy run within W1 r of the healthy runs lies
+  // within 2r of the reference run (triangle inequality), and the largest W1 among a few
+  // baselines estimates r, not 2r (docs/metrics.md).
   double regression_healthy_spread_ns = 0;
+  double regression_spread_factor = 2.0;
   // Fail-slow entry: a step-time change point of at least this relative size, with at least
   // this many steps on each side.
   double fail_slow_min_relative = 0.05;

@@ -257,12 +257,11 @@ std::vector<StepResult> run(const Options& o, void (*on_step)(const StepResult&)
     for (int l = 0; l < o.layers; ++l) {
       if (inject_sync_us >= 0) {
         check(cudaStreamSynchronize(compute), "cudaStreamSynchronize(injected)");
-        const auto until = std::chrono::steady_clock::now() +
-                           std::chrono::nanoseconds(static_cast<int64_t>(inject_sync_us * 1000));
-        while (std::chrono::steady_clock::now() < until) {
-          // Busy host work, not a sleep: a sleep's wake-up latency on a loaded machine would add
-          // far more than the injected cost.
-        }
+        // Host work off the CPU (a sleep): a busy loop would take the CPU from the other simulated
+        // ranks on a small machine and slow every rank, not only this layer's refill.
+        if (inject_sync_us > 0)
+          std::this_thread::sleep_for(
+              std::chrono::nanoseconds(static_cast<int64_t>(inject_sync_us * 1000)));
       }
       launch(k_layer_norm, act_bytes * 2, compute);
       if (l == 0) check(cudaEventRecord(gemm_a, compute), "record");
