@@ -482,7 +482,8 @@ void detectIssueStall(const JobModel& job, const DiagnoseOptions& opt,
     const PairedStall* pair = paired.count(rank) ? &paired.at(rank) : nullptr;
     const bool paired_outlier =
         pair != nullptr && pair->p_adjusted <= opt.stall_paired_alpha &&
-        pair->median_shift_ns >= opt.stall_paired_min_share * per_step.median_step_ns;
+        pair->median_delay_ns >= opt.stall_paired_min_share * per_step.median_step_ns &&
+        pair->latency_shift_ns > 0;
     double idle_excess = 0;
     bool idle_outlier = false;
     if (auto it = idle.find(rank); it != idle.end() && idle.size() >= 3) {
@@ -521,19 +522,19 @@ void detectIssueStall(const JobModel& job, const DiagnoseOptions& opt,
                               fmtMs(own_median) + " vs " + fmtMs(others_median[rank]),
                           s, fence});
     if (pair != nullptr && pair->steps > 0 && (paired_outlier || pair->p_adjusted <= 0.5)) {
-      char text[256];
+      char text[320];
       std::snprintf(
           text, sizeof(text),
-          "mean issue latency below the other ranks' median in %zu of %zu steps, by "
-          "%.3f ms per step (median; %.1f%% of the step); sign test p = %.2g, x%zu "
-          "ranks = %.2g",
-          pair->lower, pair->steps, pair->median_shift_ns / 1e6,
-          per_step.median_step_ns > 0 ? 100 * pair->median_shift_ns / per_step.median_step_ns : 0.0,
-          pair->p_value, per_step.ranks.size(), pair->p_adjusted);
-      d.evidence.push_back({"issue_latency_paired", text, pair->median_shift_ns,
+          "its host issued each step's work later than the other ranks' median in %zu of "
+          "%zu steps, by %.3f ms per step (median; %.1f%% of the step), with %.3f ms "
+          "less issue latency; sign test p = %.2g, x%zu ranks = %.2g",
+          pair->later, pair->steps, pair->median_delay_ns / 1e6,
+          per_step.median_step_ns > 0 ? 100 * pair->median_delay_ns / per_step.median_step_ns : 0.0,
+          pair->latency_shift_ns / 1e6, pair->p_value, per_step.ranks.size(), pair->p_adjusted);
+      d.evidence.push_back({"issue_delay_paired", text, pair->median_delay_ns,
                             opt.stall_paired_min_share * per_step.median_step_ns});
       if (per_step.median_step_ns > 0)
-        d.severity = std::max(d.severity, pair->median_shift_ns / per_step.median_step_ns);
+        d.severity = std::max(d.severity, pair->median_delay_ns / per_step.median_step_ns);
     }
     if (idle_excess > 0) {
       d.evidence.push_back({"gpu_idle",
@@ -1092,7 +1093,7 @@ StepIssueLatency stepIssueLatency(const JobModel& job) {
   const size_t n_steps = ref.size() - 2;
   const double tolerance = 0.5 * out.median_step_ns;
   for (const auto& [rank, s] : starts) {
-    std::vector<double> means(n_steps, NAN);
+    std::vector<double> means(n_steps, NAN), offsets(n_steps, NAN);
     const RankData& r = job.ranks().at(rank);
     // Ops by issue time, to sum each step's issue latencies.
     std::vector<std::pair<int64_t, double>> ops;
@@ -1117,28 +1118,35 @@ StepIssueLatency stepIssueLatency(const JobModel& job) {
       auto lo = std::lower_bound(ops.begin(), ops.end(), std::make_pair(s[best], -HUGE_VAL));
       auto hi = std::lower_bound(ops.begin(), ops.end(), std::make_pair(s[best + 1], -HUGE_VAL));
       if (hi - lo < 1) continue;
-      double sum = 0;
-      for (auto it = lo; it != hi; ++it) sum += it->second;
+      double sum = 0, offset = 0;
+      for (auto it = lo; it != hi; ++it) {
+        sum += it->second;
+        offset += static_cast<double>(it->first - s[best]);
+      }
       means[g] = sum / static_cast<double>(hi - lo);
+      offsets[g] = offset / static_cast<double>(hi - lo);
     }
     out.ranks.push_back(rank);
     out.means.push_back(std::move(means));
+    out.offsets.push_back(std::move(offsets));
   }
   return out;
 }
 
 PairedStall pairedStallTest(const StepIssueLatency& s, size_t rank_index) {
   PairedStall out;
-  if (rank_index >= s.means.size() || s.means.size() < 3) return out;
-  // Positive = this rank's mean issue latency below its peers' median (what a stall does).
-  std::vector<double> shift = stats::excessOverPeers(s.means, rank_index, 2);
-  for (double& x : shift) x = -x;
-  const stats::SignTestResult t = stats::signTest(shift);
-  out.steps = shift.size();
-  out.lower = t.positive;
+  if (rank_index >= s.offsets.size() || s.offsets.size() < 3) return out;
+  // Positive = this rank's host issued the step's work later than its peers' median.
+  const std::vector<double> delay = stats::excessOverPeers(s.offsets, rank_index, 2);
+  const stats::SignTestResult t = stats::signTest(delay);
+  out.steps = delay.size();
+  out.later = t.positive;
   out.p_value = t.p_value;
   out.p_adjusted = std::min(1.0, t.p_value * static_cast<double>(s.ranks.size()));
-  out.median_shift_ns = shift.empty() ? 0 : median(shift);
+  out.median_delay_ns = delay.empty() ? 0 : median(delay);
+  std::vector<double> shift = stats::excessOverPeers(s.means, rank_index, 2);
+  for (double& x : shift) x = -x;
+  out.latency_shift_ns = shift.empty() ? 0 : median(shift);
   return out;
 }
 

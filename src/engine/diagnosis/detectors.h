@@ -54,10 +54,10 @@ struct DiagnoseOptions {
   double link_min_effect = 0.15;  // a communicator's busbw at least this much lower
   double issue_w1_floor_ns = 20'000;
   double idle_min_share = 0.08;  // a stalled rank's extra GPU idle time, share of the step
-  // Paired per-step stall test: a rank whose mean issue latency per step is below the other
+  // Paired per-step stall test: a rank whose host issued each step's work later than the other
   // ranks' median for that step in so many steps that the one-sided sign test's p-value times
   // the number of ranks (Bonferroni) is at most `stall_paired_alpha`, by a median of at least
-  // `stall_paired_min_share` of the step time (docs/metrics.md).
+  // `stall_paired_min_share` of the step time, with lower issue latency (docs/metrics.md).
   double stall_paired_alpha = 0.01;
   double stall_paired_min_share = 0.01;
   double v_inter_threshold = 0.25;
@@ -106,25 +106,32 @@ struct FailSlow {
 };
 std::optional<FailSlow> findFailSlow(const JobModel& job, const DiagnoseOptions& options);
 
-// Per rank, per step (the first skipped): the mean issue latency of the GPU ops the rank issued
-// in that step, in ns, aligned across ranks by step start time (each rank's step is matched to
-// the nearest step start of the lowest rank within half a step; NaN where a rank has no match).
-// Also the median step time over ranks and steps (0 when fewer than three boundaries).
+// Per rank, per step (the first skipped), over the GPU ops the rank issued in that step: the mean
+// host issue offset (issue time − the rank's own step start: how late its host issued the step's
+// work) and the mean issue latency, in ns; aligned across ranks by step start time (each rank's
+// step is matched to the nearest step start of the lowest rank within half a step; NaN where a
+// rank has no match). Also the median step time over ranks and steps (0 when fewer than three
+// boundaries).
 struct StepIssueLatency {
-  std::vector<int> ranks;                  // ascending
-  std::vector<std::vector<double>> means;  // [rank index][step]
+  std::vector<int> ranks;                    // ascending
+  std::vector<std::vector<double>> offsets;  // [rank index][step]
+  std::vector<std::vector<double>> means;    // [rank index][step] issue latency
   double median_step_ns = 0;
 };
 StepIssueLatency stepIssueLatency(const JobModel& job);
 
-// The paired per-step stall test of one rank (index into `s.ranks`): the sign test over the
-// steps of (peers' median − own mean issue latency); `p_adjusted` = p × number of ranks.
+// The paired per-step stall test of one rank (index into `s.ranks`): a one-sided sign test over
+// the steps of (own mean issue offset − the peers' median): a host that stalls issues the same
+// work later than its peers in every step. `p_adjusted` = p × number of ranks (Bonferroni).
+// `latency_shift_ns` is the median over steps of (peers' median − own mean issue latency): a
+// stall, unlike a slow GPU or link behind a blocking call, leaves the GPU less queued work.
 struct PairedStall {
   size_t steps = 0;
-  size_t lower = 0;            // steps where the rank's mean issue latency was below its peers'
-  double p_value = 1;          // one-sided sign test
-  double p_adjusted = 1;       // × ranks (Bonferroni), capped at 1
-  double median_shift_ns = 0;  // median over steps of (peers' median − own mean)
+  size_t later = 0;             // steps where the rank issued later than its peers
+  double p_value = 1;           // one-sided sign test
+  double p_adjusted = 1;        // × ranks (Bonferroni), capped at 1
+  double median_delay_ns = 0;   // median over steps of (own offset − peers' median)
+  double latency_shift_ns = 0;  // median over steps of (peers' median − own issue latency)
 };
 PairedStall pairedStallTest(const StepIssueLatency& s, size_t rank_index);
 
