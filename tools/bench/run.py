@@ -399,6 +399,10 @@ def diagnosis(build, args):
                     for x in wrong:
                         row["false_alarm_kinds"][x["kind"]] = row["false_alarm_kinds"].get(
                             x["kind"], 0) + 1
+                        # Which evidence carried it (the detectors list the signal that fired).
+                        row.setdefault("false_alarm_detail", []).append(
+                            f"rep {rep} {shape}: {x['kind']} ranks {x['ranks']}: " +
+                            " | ".join(e["text"] for e in x["evidence"][:3]))
                 if kind is None:
                     continue
                 if not expected:

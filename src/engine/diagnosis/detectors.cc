@@ -473,8 +473,16 @@ void detectIssueStall(const JobModel& job, const DiagnoseOptions& opt,
   // beyond the ranks' spread (docs/metrics.md).
   const StepIssueLatency per_step = stepIssueLatency(job);
   std::map<int, PairedStall> paired;
-  for (size_t i = 0; i < per_step.ranks.size(); ++i)
+  std::vector<double> delays;
+  for (size_t i = 0; i < per_step.ranks.size(); ++i) {
     paired[per_step.ranks[i]] = pairedStallTest(per_step, i);
+    delays.push_back(paired[per_step.ranks[i]].median_delay_ns);
+  }
+  // The rank's median delay must also stand out from the ranks' (Tukey fence): on a shared host
+  // one rank's process may be scheduled a little later in every step, consistently but by no more
+  // than the others differ among themselves.
+  const double delay_fence =
+      delays.size() >= 3 ? tukeyUpperFence(delays, opt.tukey_alpha) : INFINITY;
   for (const auto& [rank, s] : score) {
     const double floor = std::max(opt.issue_w1_floor_ns, 0.2 * std::abs(others_median[rank]));
     const double own_median = median(lat[rank]);
@@ -483,7 +491,7 @@ void detectIssueStall(const JobModel& job, const DiagnoseOptions& opt,
     const bool paired_outlier =
         pair != nullptr && pair->p_adjusted <= opt.stall_paired_alpha &&
         pair->median_delay_ns >= opt.stall_paired_min_share * per_step.median_step_ns &&
-        pair->latency_shift_ns > 0;
+        pair->median_delay_ns > delay_fence && pair->latency_shift_ns > 0;
     double idle_excess = 0;
     bool idle_outlier = false;
     if (auto it = idle.find(rank); it != idle.end() && idle.size() >= 3) {
