@@ -216,11 +216,11 @@ SCENARIOS = [
          team="algorithm"),
     dict(name="stall-2ms", env={"FLARE_SIM_HOST_STALL": "4:2"}, kind="issue_stall", ranks=[4],
          team="algorithm"),
-    # A synchronize at the start of every layer's forward, then a host sleep; the layers' sleeps
-    # add up to 1% of the healthy baselines' median step time of that shape, and the drain and
-    # the sleep's wake-up add about as much again on this machine. What it cost is measured from
-    # the records (added GPU idle per step, as a share of the baseline step) and reported.
-    dict(name="sync-per-layer (2% regression)", sync_share=0.01,
+    # A bare cudaStreamSynchronize at the start of every layer's forward (FLARE_SIM_INJECT_SYNC_US
+    # = 0): the GPU drains and idles while the host refills it. What it cost is measured from the
+    # records (added GPU idle per step, as a share of the baseline step: about 2% at the median
+    # on this machine) and reported with the result.
+    dict(name="sync-per-layer (2% regression)", env={"FLARE_SIM_INJECT_SYNC_US": "0"},
          kind="issue_latency_regression", ranks=[], team="algorithm", baseline=True),
     dict(name="slow-dataloader-25ms", python=True, args=["--data-ms", "25"], kind="void_inter",
          ranks=[0, 1, 2, 3], team="algorithm"),
@@ -275,9 +275,9 @@ def gpu_idle_ms(build, spool):
 def true_v_minority(build, spool):
     """V_minority as docs/metrics.md defines it, recomputed here from the exported records (not by
     the detector): per rank and step (the first skipped), the union of `kernel` ops over the step
-    (no DataLoader gap in the C++ workload); median over steps, then over ranks."""
-    per_rank = []
-    for recs in _records_by_rank(build, spool).values():
+    (no DataLoader gap in the C++ workload); the median over steps, per rank."""
+    per_rank = {}
+    for rank, recs in _records_by_rank(build, spool).items():
         steps = sorted(r["start_ns"] for r in recs if r["kind"] == "sync" and r["name"] == "flare_step")
         kernels = [(r["start_ns"], r["end_ns"]) for r in recs if r["kind"] == "kernel"]
         vals = []
@@ -285,8 +285,8 @@ def true_v_minority(build, spool):
             vals.append(_union([(max(a, s0), min(b, s1)) for a, b in kernels if b > s0 and a < s1])
                         / (s1 - s0))
         if vals:
-            per_rank.append(statistics.median(vals))
-    return statistics.median(per_rank) if per_rank else 0.0
+            per_rank[rank] = statistics.median(vals)
+    return per_rank
 
 
 def _sim_run(build, scenario, shape, spool, json_out):
@@ -364,7 +364,7 @@ def diagnosis(build, args):
         for sc in SCENARIOS:
             if only and sc["name"] not in only:
                 continue
-            kind, want_ranks, team = sc.get("kind"), sc.get("ranks"), sc.get("team")
+            kind, team = sc.get("kind"), sc.get("team")
             onset = sc.get("onset", 0)
             row = {"runs": 0, "expected": 0, "detected": 0, "culprit_right": 0, "team_right": 0,
                    "runs_with_false_alarm": 0, "false_alarm_kinds": {}, "delays": [],
@@ -372,14 +372,11 @@ def diagnosis(build, args):
                    "added_gpu_idle_share": []}
             t0 = time.time()
             for rep in range(args.diag_reps):
+                want_ranks = sc.get("ranks")
                 shape = shapes_used[rep]
                 spool = os.path.join(work, f"run-{rep}")
                 shutil.rmtree(spool, ignore_errors=True)
-                run_sc = sc
-                if sc.get("sync_share"):
-                    us = sc["sync_share"] * base_step_ms[shape] * 1000 / shape[1]
-                    run_sc = dict(sc, env={"FLARE_SIM_INJECT_SYNC_US": "%.1f" % us})
-                step_ms = _sim_run(build, run_sc, shape, spool, spool + ".json")
+                step_ms = _sim_run(build, sc, shape, spool, spool + ".json")
                 bases = baselines.get(shape, []) if sc.get("baseline") else []
                 if sc.get("baseline"):
                     row["step_change"].append(round(step_ms / base_step_ms[shape] - 1, 4))
@@ -388,9 +385,12 @@ def diagnosis(build, args):
                 found = _diagnose(build, spool, bases)
                 expected = kind is not None
                 if sc.get("truth") == "v_minority":
+                    # The ranks whose true V_minority exceeds the fixed threshold are the ones the
+                    # definition calls faulty (it differs between ranks by a point or two).
                     v = true_v_minority(build, spool)
-                    row["truth"].append(round(v, 3))
-                    expected = v > 0.30
+                    row["truth"].append(round(statistics.median(v.values()), 3))
+                    want_ranks = sorted(r for r, x in v.items() if x > 0.30)
+                    expected = bool(want_ranks)
                 row["runs"] += 1
                 hits = [x for x in found if x["kind"] == kind]
                 wrong = [x for x in found if x["kind"] != kind or not expected]
@@ -416,6 +416,9 @@ def diagnosis(build, args):
                     row["team_right"] += int(hits[0]["team"] == team)
                     if args.diag_delay:
                         row["delays"].append(_detection_delay(build, spool, bases, kind, onset))
+                else:
+                    row.setdefault("missed", []).append(
+                        f"rep {rep} {shape}: found {[x['kind'] for x in found]}")
                 shutil.rmtree(spool, ignore_errors=True)
             row["seconds"] = round(time.time() - t0, 1)
             out["scenarios"][sc["name"]] = row

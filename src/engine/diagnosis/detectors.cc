@@ -626,7 +626,7 @@ void detectRegression(const JobModel& job, const JobModel& baseline, const Diagn
   for (auto& [rank, v] : base_ranks) clip(&v);
   // Healthy spread: measured between healthy runs when several were given; else the largest W1
   // of a baseline rank to the baseline as a whole (the one-baseline proxy).
-  double threshold = opt.regression_w1_floor_ns;
+  double threshold = std::max(opt.regression_w1_floor_ns, opt.regression_relative_floor * cap);
   const bool measured = opt.regression_healthy_spread_ns > 0;
   if (measured) {
     threshold =
@@ -643,14 +643,15 @@ void detectRegression(const JobModel& job, const JobModel& baseline, const Diagn
   d.team = Team::kAlgorithm;
   d.cause = "issue latency";
   d.severity = w1 / threshold - 1.0;
-  d.evidence.push_back({"issue_latency_w1",
-                        "job issue-latency distribution (clipped at the baseline median) W1 " +
-                            fmtMs(w1) + " from the healthy baseline (threshold " +
-                            fmtMs(threshold) +
-                            (measured ? ", twice the largest W1 between healthy runs"
-                                      : ", the largest W1 of a baseline rank to its run") +
-                            "); median " + fmtMs(median(all)) + " vs " + fmtMs(median(base_all)),
-                        w1, threshold});
+  d.evidence.push_back(
+      {"issue_latency_w1",
+       "job issue-latency distribution (clipped at the baseline median) W1 " + fmtMs(w1) +
+           " from the healthy baseline (threshold " + fmtMs(threshold) +
+           (measured ? ", twice the largest W1 between healthy runs"
+                     : ", the largest W1 of a baseline rank to its run") +
+           ", at least " + fmtPct(opt.regression_relative_floor) + " of the baseline median" +
+           "); median " + fmtMs(median(all)) + " vs " + fmtMs(median(base_all)),
+       w1, threshold});
   // Name what this job calls clearly more often than the baseline: the traced Python API first
   // (what the algorithm team changes), then the host synchronization call it makes.
   struct Rates {
@@ -1176,6 +1177,16 @@ std::vector<Diagnosis> diagnose(const JobModel& whole, const DiagnoseOptions& op
   // cannot be measured from ops; those detectors need raw records (summary_detectors.h).
   const bool raw = !hasSummaries(job);
   if (raw) detectIssueStall(job, options, arrivals, &out);
+  // A rank named GPU-slow is not also named host-stalled: its slow GPU shifts its own host timing
+  // and GPU idle pattern (the host waits on it at blocking calls, its collectives wait less),
+  // which the stall signals can read as a stall; the slow GPU is the cause (docs/metrics.md).
+  std::set<int> slow_gpus;
+  for (const Diagnosis& d : out) {
+    if (d.kind == "gpu_slow") slow_gpus.insert(d.ranks.begin(), d.ranks.end());
+  }
+  std::erase_if(out, [&](const Diagnosis& d) {
+    return d.kind == "issue_stall" && d.ranks.size() == 1 && slow_gpus.count(d.ranks[0]) > 0;
+  });
   if (fail_slow) {
     char text[160];
     std::snprintf(text, sizeof(text),

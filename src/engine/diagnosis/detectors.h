@@ -78,6 +78,9 @@ struct DiagnoseOptions {
   // baselines estimates r, not 2r (docs/metrics.md).
   double regression_healthy_spread_ns = 0;
   double regression_spread_factor = 2.0;
+  // And never below this share of the baseline's median issue latency (the clipping cap): healthy
+  // reruns on a loaded host moved the clipped W1 by up to 5% of it (docs/metrics.md).
+  double regression_relative_floor = 0.08;
   // Fail-slow entry: a step-time change point of at least this relative size, with at least
   // this many steps on each side.
   double fail_slow_min_relative = 0.05;
