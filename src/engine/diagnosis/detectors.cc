@@ -491,7 +491,7 @@ void detectIssueStall(const JobModel& job, const DiagnoseOptions& opt,
     const bool paired_outlier =
         pair != nullptr && pair->p_adjusted <= opt.stall_paired_alpha &&
         pair->median_delay_ns >= opt.stall_paired_min_share * per_step.median_step_ns &&
-        pair->median_delay_ns > delay_fence && pair->latency_shift_ns > 0;
+        pair->median_delay_ns > delay_fence;
     double idle_excess = 0;
     bool idle_outlier = false;
     if (auto it = idle.find(rank); it != idle.end() && idle.size() >= 3) {
@@ -534,8 +534,8 @@ void detectIssueStall(const JobModel& job, const DiagnoseOptions& opt,
       std::snprintf(
           text, sizeof(text),
           "its host issued each step's work later than the other ranks' median in %zu of "
-          "%zu steps, by %.3f ms per step (median; %.1f%% of the step), with %.3f ms "
-          "less issue latency; sign test p = %.2g, x%zu ranks = %.2g",
+          "%zu steps, by %.3f ms per step (median; %.1f%% of the step; issue latency %.3f "
+          "ms lower); sign test p = %.2g, x%zu ranks = %.2g",
           pair->later, pair->steps, pair->median_delay_ns / 1e6,
           per_step.median_step_ns > 0 ? 100 * pair->median_delay_ns / per_step.median_step_ns : 0.0,
           pair->latency_shift_ns / 1e6, pair->p_value, per_step.ranks.size(), pair->p_adjusted);

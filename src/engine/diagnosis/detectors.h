@@ -57,7 +57,8 @@ struct DiagnoseOptions {
   // Paired per-step stall test: a rank whose host issued each step's work later than the other
   // ranks' median for that step in so many steps that the one-sided sign test's p-value times
   // the number of ranks (Bonferroni) is at most `stall_paired_alpha`, by a median of at least
-  // `stall_paired_min_share` of the step time, with lower issue latency (docs/metrics.md).
+  // `stall_paired_min_share` of the step time and above the Tukey fence of the ranks' median
+  // delays (docs/metrics.md).
   double stall_paired_alpha = 0.01;
   double stall_paired_min_share = 0.01;
   double v_inter_threshold = 0.25;
@@ -126,8 +127,8 @@ StepIssueLatency stepIssueLatency(const JobModel& job);
 // The paired per-step stall test of one rank (index into `s.ranks`): a one-sided sign test over
 // the steps of (own mean issue offset − the peers' median): a host that stalls issues the same
 // work later than its peers in every step. `p_adjusted` = p × number of ranks (Bonferroni).
-// `latency_shift_ns` is the median over steps of (peers' median − own mean issue latency): a
-// stall, unlike a slow GPU or link behind a blocking call, leaves the GPU less queued work.
+// `latency_shift_ns` is the median over steps of (peers' median − own mean issue latency),
+// reported as evidence: its sign depends on whether the GPU's queue absorbed the stall.
 struct PairedStall {
   size_t steps = 0;
   size_t later = 0;             // steps where the rank issued later than its peers
