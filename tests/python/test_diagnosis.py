@@ -170,13 +170,13 @@ def test_small_host_stall_in_every_step_is_found_by_the_paired_step_test(build_d
     # (only the kernels issued after the pause are late).
     assert paired["reference"] < paired["value"] < 2e6
     assert adjusted_p(paired["text"]) <= 0.01
-    # With the first six steps only (four paired steps), the sign test cannot reach p·8 ≤ 0.01:
-    # 2^-4 · 8 = 0.5.
+    # With the first six steps only (steps 1..5 complete and paired; step 0 is warm-up), the sign
+    # test cannot reach p·8 ≤ 0.01: at best 2^-5 · 8 = 0.25.
     early = diagnose(build_dir, tmp_path, "--until-step", "6")
     for x in early:
         for e in x["evidence"]:
             if e["metric"] == "issue_delay_paired":
-                assert adjusted_p(e["text"]) >= 0.5, e
+                assert adjusted_p(e["text"]) >= 0.25, e
 
 
 def adjusted_p(text):
