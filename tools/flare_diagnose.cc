@@ -1,10 +1,19 @@
 // flare-diagnose: runs Flare's detectors on a job's records from an offline spool and prints
 // the diagnoses (team, culprit ranks, evidence). The daemon runs the same detectors on live data.
 //
-//   flare-diagnose --input DIR [--job ID] [--baseline DIR [--baseline-job ID]] [--json]
+//   flare-diagnose --input DIR [--job ID] [--baseline DIR]... [--baseline-job ID] [--until-step N]
+//                  [--json]
+//
+// --baseline DIR: a healthy run of the same workload, backend and scale (its spool). Given more
+// than once, the issue-latency regression threshold is the largest W1 between those healthy runs
+// (design.md) and the first is the reference; given once, a proxy from that run's ranks is used.
+//
+// --until-step N diagnoses only what each rank issued before its step N began (steps counted from
+// 0 by the rank's step markers): the diagnosis the job's first N steps allow (detection delay).
 //
 // Exit status: 0 nothing found, 3 diagnoses printed, 1 unreadable input, 2 bad arguments.
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -15,7 +24,8 @@
 namespace {
 
 constexpr char kUsage[] =
-    "usage: flare-diagnose --input DIR [--job ID] [--baseline DIR [--baseline-job ID]] [--json]\n";
+    "usage: flare-diagnose --input DIR [--job ID] [--baseline DIR]... [--baseline-job ID]\n"
+    "                      [--until-step N] [--json]\n";
 
 bool load(const std::string& dir, const std::string& job, flare::engine::JobModel* model,
           std::string* error) {
@@ -34,7 +44,9 @@ bool load(const std::string& dir, const std::string& job, flare::engine::JobMode
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string input, job, baseline_dir, baseline_job;
+  std::string input, job, baseline_job, until;
+  std::string baseline_dir;
+  std::vector<std::string> baseline_dirs;
   bool json = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -45,8 +57,11 @@ int main(int argc, char** argv) {
     };
     if ((a == "--input" && value(&input)) || (a == "--job" && value(&job)) ||
         (a == "--baseline" && value(&baseline_dir)) ||
-        (a == "--baseline-job" && value(&baseline_job)))
+        (a == "--baseline-job" && value(&baseline_job)) || (a == "--until-step" && value(&until))) {
+      if (!baseline_dir.empty()) baseline_dirs.push_back(std::move(baseline_dir));
+      baseline_dir.clear();
       continue;
+    }
     if (a == "--json") {
       json = true;
       continue;
@@ -62,18 +77,39 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "flare-diagnose: --input DIR is required\n%s", kUsage);
     return 2;
   }
-  flare::engine::JobModel model, baseline;
+  size_t until_step = 0;
+  if (!until.empty()) {
+    char* end = nullptr;
+    const long long v = std::strtoll(until.c_str(), &end, 10);
+    if (end == until.c_str() || *end != '\0' || v < 1 || v > 1'000'000'000) {
+      std::fprintf(stderr, "flare-diagnose: --until-step must be a step number >= 1, not '%s'\n",
+                   until.c_str());
+      return 2;
+    }
+    until_step = static_cast<size_t>(v);
+  }
+  flare::engine::JobModel model;
+  std::vector<flare::engine::JobModel> baselines(baseline_dirs.size());
   std::string error;
   if (!load(input, job, &model, &error)) {
     std::fprintf(stderr, "flare-diagnose: %s\n", error.c_str());
     return 1;
   }
-  if (!baseline_dir.empty() && !load(baseline_dir, baseline_job, &baseline, &error)) {
-    std::fprintf(stderr, "flare-diagnose: baseline: %s\n", error.c_str());
-    return 1;
+  std::vector<const flare::engine::JobModel*> baseline_ptrs;
+  for (size_t i = 0; i < baseline_dirs.size(); ++i) {
+    if (!load(baseline_dirs[i], baseline_job, &baselines[i], &error)) {
+      std::fprintf(stderr, "flare-diagnose: baseline %s: %s\n", baseline_dirs[i].c_str(),
+                   error.c_str());
+      return 1;
+    }
+    baseline_ptrs.push_back(&baselines[i]);
   }
-  const auto diagnoses = flare::engine::diagnose(model, flare::engine::DiagnoseOptions{},
-                                                 baseline_dir.empty() ? nullptr : &baseline);
+  flare::engine::DiagnoseOptions options;
+  if (baselines.size() >= 2)
+    options.regression_healthy_spread_ns = flare::engine::healthyIssueLatencySpread(baseline_ptrs);
+  if (until_step > 0) model = model.untilStep(until_step);
+  const auto diagnoses =
+      flare::engine::diagnose(model, options, baselines.empty() ? nullptr : &baselines[0]);
   if (json) {
     std::fputs(flare::engine::diagnosesToJson(diagnoses).c_str(), stdout);
   } else if (diagnoses.empty()) {

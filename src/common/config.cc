@@ -123,6 +123,11 @@ constexpr ParamInfo kParams[] = {
     {"FLARE_SIM_INJECT_SYNC", "bool", "0", "sim",
      "Python workload (--python): call sim_train.injected_sync(), a cudaDeviceSynchronize through "
      "ctypes, at the start of each layer's forward (traced as sim_train@injected_sync)."},
+    {"FLARE_SIM_INJECT_SYNC_US", "double", "-1", "sim",
+     "C++ workload: when >= 0, each layer's forward starts with a cudaStreamSynchronize of the "
+     "compute stream followed by this many microseconds of host time (a sleep) before the next "
+     "launch (a "
+     "needless synchronize: the GPU idles while the host refills its queue); < 0: off."},
     {"FLARE_SIM_PEAK_TFLOPS", "double", "400", "sim",
      "Dense bf16/fp16 tensor-core TFLOPS the simulated cost model uses."},
     {"FLARE_SIM_MEM_BW_GBPS", "double", "2000", "sim",

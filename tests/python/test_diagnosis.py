@@ -3,6 +3,7 @@ diagnosed from its spool by flare-diagnose. The sim knows the truth (which rank,
 
 import json
 import os
+import re
 import subprocess
 
 import pytest
@@ -98,6 +99,9 @@ def test_bad_input_is_a_clear_error(build_dir, tmp_path):
     res = subprocess.run([os.path.join(build_dir, "bin", "flare-diagnose")], capture_output=True,
                          text=True)
     assert res.returncode == 2 and "--input" in res.stderr
+    res = subprocess.run([os.path.join(build_dir, "bin", "flare-diagnose"), "--input",
+                          str(tmp_path), "--until-step", "0"], capture_output=True, text=True)
+    assert res.returncode == 2 and "--until-step" in res.stderr
 
 
 def run_python_job(build_dir, out, job, env=None, data_ms=2):
@@ -148,3 +152,121 @@ def test_fail_slow_in_the_middle_of_the_run_is_found_from_its_onset(build_dir, t
     change = d["evidence"][0]
     assert change["metric"] == "step_time_change" and "at step 14" in change["text"]
     assert change["value"] > change["reference"] * 1.05
+
+
+# ---- small faults found by paired and baseline statistics (docs/metrics.md) ------------------
+
+def test_small_host_stall_in_every_step_is_found_by_the_paired_step_test(build_dir, tmp_path):
+    # 2 ms per ~30 ms step on rank 4: the GPU's queue absorbs it (no idle time, step times
+    # unchanged), but rank 4's host issues each step's work later than its peers in every step.
+    run_job(build_dir, tmp_path, "stall2", {"FLARE_SIM_HOST_STALL": "4:2"}, steps=16)
+    found = diagnose(build_dir, tmp_path)
+    assert [d["kind"] for d in found] == ["issue_stall"], found
+    d = found[0]
+    assert d["ranks"] == [4] and d["team"] == "algorithm"
+    paired = next(e for e in d["evidence"] if e["metric"] == "issue_delay_paired")
+    assert "sign test" in paired["text"]
+    # The median delay is above the effect floor (1% of the step) and below the stall itself
+    # (only the kernels issued after the pause are late).
+    assert paired["reference"] < paired["value"] < 2e6
+    assert adjusted_p(paired["text"]) <= 0.01
+    # With the first six steps only (steps 1..5 complete and paired; step 0 is warm-up), the sign
+    # test cannot reach p·8 ≤ 0.01: at best 2^-5 · 8 = 0.25.
+    early = diagnose(build_dir, tmp_path, "--until-step", "6")
+    for x in early:
+        for e in x["evidence"]:
+            if e["metric"] == "issue_delay_paired":
+                assert adjusted_p(e["text"]) >= 0.25, e
+
+
+def adjusted_p(text):
+    m = re.search(r"x(\d+) ranks = ([0-9.e+-]+)", text)
+    assert m, text
+    return float(m.group(2))
+
+
+SHAPE = dict(hidden=8192, layers=2, steps=16)
+
+
+@pytest.fixture(scope="module")
+def baselines(build_dir, tmp_path_factory):
+    """Three healthy runs of the same shape: the healthy history of the baseline tests."""
+    dirs = []
+    for i in range(3):
+        out = tmp_path_factory.mktemp("baseline%d" % i)
+        run_job(build_dir, out, "base", **SHAPE)
+        dirs.append(out)
+    return dirs
+
+
+def with_baselines(dirs):
+    args = []
+    for d in dirs:
+        args += ["--baseline", str(d)]
+    return args
+
+
+def test_healthy_run_against_healthy_baselines_raises_nothing(build_dir, tmp_path, baselines):
+    run_job(build_dir, tmp_path, "healthy", **SHAPE)
+    assert diagnose(build_dir, tmp_path, *with_baselines(baselines)) == []
+
+
+def test_synchronize_in_every_layer_is_a_regression_against_baselines(build_dir, tmp_path,
+                                                                        baselines):
+    # The bare per-layer cudaStreamSynchronize of the C++ workload: a few % of the step at most.
+    run_job(build_dir, tmp_path, "sync", {"FLARE_SIM_INJECT_SYNC_US": "0"}, **SHAPE)
+    found = diagnose(build_dir, tmp_path, *with_baselines(baselines))
+    assert [d["kind"] for d in found] == ["issue_latency_regression"], found
+    d = found[0]
+    assert d["team"] == "algorithm" and "cudaStreamSynchronize" in d["summary"]
+    w1 = d["evidence"][0]
+    assert "largest W1 between healthy runs" in w1["text"] and w1["value"] > w1["reference"]
+
+
+def union_ns(intervals):
+    total, cur = 0, None
+    for a, b in sorted(intervals):
+        if cur is None or a > cur[1]:
+            total += cur[1] - cur[0] if cur else 0
+            cur = [a, b]
+        else:
+            cur[1] = max(cur[1], b)
+    return total + (cur[1] - cur[0] if cur else 0)
+
+
+def true_v_minority(build_dir, spool):
+    """V_minority by its definition, from the exported records (not by the detector)."""
+    res = subprocess.run([os.path.join(build_dir, "bin", "flare-export"), "--input", str(spool)],
+                         capture_output=True, text=True, check=True)
+    by_rank = {}
+    for line in res.stdout.splitlines():
+        r = json.loads(line)
+        by_rank.setdefault(r["rank"], []).append(r)
+    values = []
+    for recs in by_rank.values():
+        steps = sorted(r["start_ns"] for r in recs if r["name"] == "flare_step")
+        kernels = [(r["start_ns"], r["end_ns"]) for r in recs if r["kind"] == "kernel"]
+        per_step = sorted(union_ns([(max(a, s0), min(b, s1)) for a, b in kernels
+                                    if b > s0 and a < s1]) / (s1 - s0)
+                          for s0, s1 in zip(steps[1:], steps[2:]))
+        values.append(per_step[len(per_step) // 2])
+    return sorted(values)[len(values) // 2]
+
+
+def test_minority_kernels_below_the_fixed_threshold_are_found_against_baselines(
+        build_dir, tmp_path, baselines):
+    # 120 extra elementwise kernels per layer at this shape: V_minority rises from ~12% to ~23%,
+    # under the fixed 30% threshold, so without history nothing is (rightly) raised; against
+    # healthy history the learned threshold (the baselines' level + 5 points) finds it.
+    run_job(build_dir, tmp_path, "minority", extra=("--extra-kernels", "120"), **SHAPE)
+    truth = true_v_minority(build_dir, tmp_path)
+    base = true_v_minority(build_dir, baselines[0])
+    assert base + 0.05 < truth < 0.30, (base, truth)
+    assert not any(d["kind"] == "void_minority" for d in diagnose(build_dir, tmp_path))
+    found = diagnose(build_dir, tmp_path, *with_baselines(baselines))
+    d = next(x for x in found if x["kind"] == "void_minority")
+    assert d["ranks"] == list(range(RANKS)) and d["team"] == "algorithm"
+    e = d["evidence"][0]
+    assert "learned from the healthy baseline" in e["text"]
+    assert e["value"] == pytest.approx(truth, abs=0.02)
+    assert e["reference"] == pytest.approx(base + 0.05, abs=0.02)

@@ -144,3 +144,40 @@ def test_tool_reports_bad_input(stats):
     proc = subprocess.run([TOOL], input='{"op":"w1","a":"x","b":[1]}', capture_output=True, text=True,
                           timeout=10)
     assert proc.returncode == 2 and "array" in json.loads(proc.stdout)["error"]
+
+
+def test_sign_test_matches_scipy_binomtest(stats):
+    rng = np.random.default_rng(7)
+    for n, shift in [(10, 0.0), (10, 3.0), (25, 0.4), (7, -1.0)]:
+        d = rng.normal(shift, 1, n)
+        d[0] = 0.0  # zeros are dropped
+        got = stats({"op": "signtest", "differences": d.tolist()})
+        nz = d[d != 0]
+        want = scipy_stats.binomtest(int((nz > 0).sum()), len(nz), 0.5, alternative="greater")
+        assert got["n"] == len(nz) and got["positive"] == int((nz > 0).sum())
+        assert got["p_value"] == pytest.approx(want.pvalue, rel=1e-9)
+
+
+def test_wilcoxon_matches_scipy_exact_and_approximate(stats):
+    rng = np.random.default_rng(8)
+    for n, shift in [(10, 0.0), (12, 0.8), (30, 0.3), (50, -0.2)]:
+        d = rng.normal(shift, 1, n)  # continuous: no ties, no zeros
+        got = stats({"op": "wilcoxon", "differences": d.tolist()})
+        want = scipy_stats.wilcoxon(d, alternative="greater", method="exact")
+        assert got["exact"] and got["w_plus"] == pytest.approx(want.statistic)
+        assert got["p_value"] == pytest.approx(want.pvalue, rel=1e-9)
+    # Beyond the exact range: the normal approximation with continuity correction.
+    d = rng.normal(0.1, 1, 400)
+    got = stats({"op": "wilcoxon", "differences": d.tolist()})
+    want = scipy_stats.wilcoxon(d, alternative="greater", method="approx", correction=True)
+    assert not got["exact"]
+    assert got["p_value"] == pytest.approx(want.pvalue, rel=1e-6)
+
+
+def test_excess_over_peers_matches_numpy(stats):
+    rng = np.random.default_rng(9)
+    x = rng.normal(30, 1, (8, 12))
+    x[4] += 1.5
+    got = stats({"op": "excess", "members": x.tolist(), "member": 4})["excess"]
+    want = x[4] - np.median(np.delete(x, 4, axis=0), axis=0)
+    assert got == pytest.approx(want.tolist(), rel=1e-12)

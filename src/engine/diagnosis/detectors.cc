@@ -14,6 +14,7 @@
 #include "src/engine/diagnosis/summary_detectors.h"
 #include "src/engine/stats/changepoint.h"
 #include "src/engine/stats/outliers.h"
+#include "src/engine/stats/paired.h"
 #include "src/engine/stats/perf_model.h"
 #include "src/engine/stats/quantile.h"
 #include "src/engine/stats/wasserstein.h"
@@ -467,10 +468,30 @@ void detectIssueStall(const JobModel& job, const DiagnoseOptions& opt,
     idle_fence = values.size() >= 3 ? tukeyUpperFence(values, opt.tukey_alpha) : 0;
     idle_floor = steps.empty() ? 0 : opt.idle_min_share * median(steps);
   }
+  // Third signal, paired by step: a small stall in every step lowers this rank's mean issue
+  // latency below its peers' in (nearly) every step, though not enough to move the pooled W1
+  // beyond the ranks' spread (docs/metrics.md).
+  const StepIssueLatency per_step = stepIssueLatency(job);
+  std::map<int, PairedStall> paired;
+  std::vector<double> delays;
+  for (size_t i = 0; i < per_step.ranks.size(); ++i) {
+    paired[per_step.ranks[i]] = pairedStallTest(per_step, i);
+    delays.push_back(paired[per_step.ranks[i]].median_delay_ns);
+  }
+  // The rank's median delay must also stand out from the ranks' (Tukey fence): on a shared host
+  // one rank's process may be scheduled a little later in every step, consistently but by no more
+  // than the others differ among themselves.
+  const double delay_fence =
+      delays.size() >= 3 ? tukeyUpperFence(delays, opt.tukey_alpha) : INFINITY;
   for (const auto& [rank, s] : score) {
     const double floor = std::max(opt.issue_w1_floor_ns, 0.2 * std::abs(others_median[rank]));
     const double own_median = median(lat[rank]);
     const bool latency_outlier = s > fence && s > floor && own_median < others_median[rank];
+    const PairedStall* pair = paired.count(rank) ? &paired.at(rank) : nullptr;
+    const bool paired_outlier =
+        pair != nullptr && pair->p_adjusted <= opt.stall_paired_alpha &&
+        pair->median_delay_ns >= opt.stall_paired_min_share * per_step.median_step_ns &&
+        pair->median_delay_ns > delay_fence;
     double idle_excess = 0;
     bool idle_outlier = false;
     if (auto it = idle.find(rank); it != idle.end() && idle.size() >= 3) {
@@ -481,7 +502,7 @@ void detectIssueStall(const JobModel& job, const DiagnoseOptions& opt,
       idle_excess = it->second.first - median(others);
       idle_outlier = it->second.first > idle_fence && idle_excess > idle_floor;
     }
-    if (!latency_outlier && !idle_outlier) continue;
+    if (!latency_outlier && !idle_outlier && !paired_outlier) continue;
     // The starved kernels: issued when the GPU had nothing queued (issue latency below the
     // other ranks' 5th percentile).
     std::vector<double> others_sorted;
@@ -508,6 +529,21 @@ void detectIssueStall(const JobModel& job, const DiagnoseOptions& opt,
                               " from the other ranks (fence " + fmtMs(fence) + "); median " +
                               fmtMs(own_median) + " vs " + fmtMs(others_median[rank]),
                           s, fence});
+    if (pair != nullptr && pair->steps > 0 && (paired_outlier || pair->p_adjusted <= 0.5)) {
+      char text[320];
+      std::snprintf(
+          text, sizeof(text),
+          "its host issued each step's work later than the other ranks' median in %zu of "
+          "%zu steps, by %.3f ms per step (median; %.1f%% of the step; issue latency %.3f "
+          "ms lower); sign test p = %.2g, x%zu ranks = %.2g",
+          pair->later, pair->steps, pair->median_delay_ns / 1e6,
+          per_step.median_step_ns > 0 ? 100 * pair->median_delay_ns / per_step.median_step_ns : 0.0,
+          pair->latency_shift_ns / 1e6, pair->p_value, per_step.ranks.size(), pair->p_adjusted);
+      d.evidence.push_back({"issue_delay_paired", text, pair->median_delay_ns,
+                            opt.stall_paired_min_share * per_step.median_step_ns});
+      if (per_step.median_step_ns > 0)
+        d.severity = std::max(d.severity, pair->median_delay_ns / per_step.median_step_ns);
+    }
     if (idle_excess > 0) {
       d.evidence.push_back({"gpu_idle",
                             "GPU idle " + fmtMs(idle.at(rank).first) + " per step, " +
@@ -622,10 +658,17 @@ void detectRegression(const JobModel& job, const JobModel& baseline, const Diagn
   clip(&all);
   clip(&base_all);
   for (auto& [rank, v] : base_ranks) clip(&v);
-  // Healthy spread: the largest W1 of a baseline rank to the baseline as a whole.
-  double threshold = opt.regression_w1_floor_ns;
-  for (const auto& [rank, v] : base_ranks) {
-    if (v.size() >= 30) threshold = std::max(threshold, wasserstein1(v, base_all));
+  // Healthy spread: measured between healthy runs when several were given; else the largest W1
+  // of a baseline rank to the baseline as a whole (the one-baseline proxy).
+  double threshold = std::max(opt.regression_w1_floor_ns, opt.regression_relative_floor * cap);
+  const bool measured = opt.regression_healthy_spread_ns > 0;
+  if (measured) {
+    threshold =
+        std::max(threshold, opt.regression_spread_factor * opt.regression_healthy_spread_ns);
+  } else {
+    for (const auto& [rank, v] : base_ranks) {
+      if (v.size() >= 30) threshold = std::max(threshold, wasserstein1(v, base_all));
+    }
   }
   const double w1 = wasserstein1(all, base_all);
   if (w1 <= threshold) return;
@@ -634,12 +677,15 @@ void detectRegression(const JobModel& job, const JobModel& baseline, const Diagn
   d.team = Team::kAlgorithm;
   d.cause = "issue latency";
   d.severity = w1 / threshold - 1.0;
-  d.evidence.push_back({"issue_latency_w1",
-                        "job issue-latency distribution (clipped at the baseline median) W1 " +
-                            fmtMs(w1) + " from the healthy baseline (threshold " +
-                            fmtMs(threshold) + "); median " + fmtMs(median(all)) + " vs " +
-                            fmtMs(median(base_all)),
-                        w1, threshold});
+  d.evidence.push_back(
+      {"issue_latency_w1",
+       "job issue-latency distribution (clipped at the baseline median) W1 " + fmtMs(w1) +
+           " from the healthy baseline (threshold " + fmtMs(threshold) +
+           (measured ? ", twice the largest W1 between healthy runs"
+                     : ", the largest W1 of a baseline rank to its run") +
+           ", at least " + fmtPct(opt.regression_relative_floor) + " of the baseline median" +
+           "); median " + fmtMs(median(all)) + " vs " + fmtMs(median(base_all)),
+       w1, threshold});
   nameRegressionCause(apiRates(job), apiRates(baseline), &d);
   out->push_back(std::move(d));
 }
@@ -692,10 +738,12 @@ double unionLength(std::vector<std::pair<int64_t, int64_t>> v) {
   return total;
 }
 
-}  // namespace
-
-std::map<int, VoidStats> voidPerRank(const JobModel& job) {
-  std::map<int, VoidStats> out;
+// Per rank: V_inter and V_minority per step (the first skipped).
+struct VoidSteps {
+  std::vector<double> v_inter, v_minority;
+};
+std::map<int, VoidSteps> voidPerStep(const JobModel& job) {
+  std::map<int, VoidSteps> result;
   for (const auto& [rank, r] : job.ranks()) {
     const auto starts = job.stepStarts(rank);
     if (starts.size() < 3) continue;
@@ -741,25 +789,55 @@ std::map<int, VoidStats> voidPerRank(const JobModel& job) {
       if (rest > 0) v_minority.push_back(std::min(1.0, unionLength(minority) / rest));
     }
     if (v_inter.empty()) continue;
-    VoidStats& vs = out[rank];
-    vs.v_inter = median(v_inter);
-    vs.v_minority = v_minority.empty() ? 0 : median(v_minority);
-    vs.steps = v_inter.size();
+    result[rank] = {std::move(v_inter), std::move(v_minority)};
   }
-  return out;
+  return result;
 }
 
-namespace {
+// A void threshold learned from a healthy baseline (docs/metrics.md): the largest per-rank median
+// of the baseline plus the larger of `min_delta` and 1.5 × the IQR of its per-step values (a rank
+// whose median moved by less than the baseline's own step-to-step spread is not a regression).
+std::optional<double> learnedVoidThreshold(const std::map<int, VoidSteps>& base,
+                                           std::vector<double> VoidSteps::*field,
+                                           double min_delta) {
+  std::vector<double> pooled;
+  double top = -1;
+  for (const auto& [rank, v] : base) {
+    const std::vector<double>& x = v.*field;
+    if (x.empty()) continue;
+    top = std::max(top, median(x));
+    pooled.insert(pooled.end(), x.begin(), x.end());
+  }
+  if (top < 0 || pooled.size() < 3) return std::nullopt;
+  const auto f = stats::tukeyFences(pooled, 1.5);
+  return top + std::max(min_delta, 1.5 * f.iqr);
+}
 
-void detectVoid(const JobModel& job, const DiagnoseOptions& opt, std::vector<Diagnosis>* out) {
+void detectVoid(const JobModel& job, const DiagnoseOptions& opt, const JobModel* baseline,
+                std::vector<Diagnosis>* out) {
+  double inter_threshold = opt.v_inter_threshold, minority_threshold = opt.v_minority_threshold;
+  std::string inter_source = "fixed", minority_source = "fixed";
+  if (baseline != nullptr) {
+    const auto base = voidPerStep(*baseline);
+    if (auto t = learnedVoidThreshold(base, &VoidSteps::v_inter, opt.void_learned_min_delta)) {
+      inter_threshold = *t;
+      inter_source = "learned from the healthy baseline";
+    }
+    if (auto t = learnedVoidThreshold(base, &VoidSteps::v_minority, opt.void_learned_min_delta)) {
+      minority_threshold = *t;
+      minority_source = "learned from the healthy baseline";
+    }
+  }
   std::vector<int> inter_ranks, minority_ranks;
   std::vector<double> inter_values, minority_values;
-  for (const auto& [rank, vs] : voidPerRank(job)) {
-    if (vs.v_inter > opt.v_inter_threshold) {
+  for (const auto& [rank, v] : voidPerStep(job)) {
+    const double vi = median(v.v_inter);
+    const double vm = v.v_minority.empty() ? 0 : median(v.v_minority);
+    if (vi > inter_threshold) {
       inter_ranks.push_back(rank);
       inter_values.push_back(vs.v_inter);
     }
-    if (vs.v_minority > opt.v_minority_threshold) {
+    if (vm > minority_threshold) {
       minority_ranks.push_back(rank);
       minority_values.push_back(vs.v_minority);
     }
@@ -775,8 +853,8 @@ void detectVoid(const JobModel& job, const DiagnoseOptions& opt, std::vector<Dia
     d.evidence.push_back({"v_inter",
                           "V_inter (GPU idle around the DataLoader call) " + fmtPct(v) +
                               " of the step, median over steps and ranks (threshold " +
-                              fmtPct(opt.v_inter_threshold) + ")",
-                          v, opt.v_inter_threshold});
+                              fmtPct(inter_threshold) + ", " + inter_source + ")",
+                          v, inter_threshold});
     d.summary = "ranks " + rankList(inter_ranks) + ": the GPU waits for input — " + fmtPct(v) +
                 " of each step is spent around the DataLoader's __next__";
     out->push_back(std::move(d));
@@ -793,8 +871,8 @@ void detectVoid(const JobModel& job, const DiagnoseOptions& opt, std::vector<Dia
                           "V_minority (time in kernels other than GEMM, attention and "
                           "communication) " +
                               fmtPct(v) + " of the busy step (threshold " +
-                              fmtPct(opt.v_minority_threshold) + ")",
-                          v, opt.v_minority_threshold});
+                              fmtPct(minority_threshold) + ", " + minority_source + ")",
+                          v, minority_threshold});
     d.summary = "ranks " + rankList(minority_ranks) + ": minority kernels take " + fmtPct(v) +
                 " of the step (elementwise/normalization work that fusion could remove)";
     out->push_back(std::move(d));
@@ -1024,6 +1102,17 @@ std::vector<double> rankIssueLatencies(const JobModel& job, int rank) {
   return it == job.ranks().end() ? std::vector<double>{} : issueLatencies(job, it->second);
 }
 
+std::map<int, VoidStats> voidPerRank(const JobModel& job) {
+  std::map<int, VoidStats> out;
+  for (const auto& [rank, v] : voidPerStep(job)) {
+    VoidStats& vs = out[rank];
+    vs.v_inter = median(v.v_inter);
+    vs.v_minority = v.v_minority.empty() ? 0 : median(v.v_minority);
+    vs.steps = v.v_inter.size();
+  }
+  return out;
+}
+
 ApiRates apiRates(const JobModel& m) {
   ApiRates found;
   uint64_t ops = 0;
@@ -1040,6 +1129,105 @@ ApiRates apiRates(const JobModel& m) {
     for (auto& [name, n] : *table) n /= static_cast<double>(std::max<uint64_t>(ops, 1));
   }
   return found;
+}
+
+double healthyIssueLatencySpread(const std::vector<const JobModel*>& baselines) {
+  std::vector<std::vector<double>> pooled;
+  for (const JobModel* b : baselines) {
+    std::vector<double> all;
+    for (const auto& [rank, r] : b->ranks()) {
+      auto v = issueLatencies(*b, r);
+      all.insert(all.end(), v.begin(), v.end());
+    }
+    if (all.size() >= 30) pooled.push_back(std::move(all));
+  }
+  if (pooled.size() < 2) return 0;
+  const double cap = median(pooled[0]);
+  for (auto& v : pooled) {
+    for (double& x : v) x = std::min(x, cap);
+  }
+  double spread = 0;
+  for (size_t i = 0; i < pooled.size(); ++i) {
+    for (size_t j = i + 1; j < pooled.size(); ++j)
+      spread = std::max(spread, wasserstein1(pooled[i], pooled[j]));
+  }
+  return spread;
+}
+
+StepIssueLatency stepIssueLatency(const JobModel& job) {
+  StepIssueLatency out;
+  std::map<int, std::vector<int64_t>> starts;
+  for (const auto& [rank, r] : job.ranks()) {
+    auto s = job.stepStarts(rank);
+    if (s.size() >= 3) starts[rank] = std::move(s);
+  }
+  if (starts.size() < 3) return out;
+  std::vector<double> step_times;
+  for (const auto& [rank, s] : starts) {
+    for (size_t i = 1; i + 1 < s.size(); ++i)
+      step_times.push_back(static_cast<double>(s[i + 1] - s[i]));
+  }
+  out.median_step_ns = median(step_times);
+  // The grid: the lowest rank's complete steps, the first skipped (warm-up).
+  const std::vector<int64_t>& ref = starts.begin()->second;
+  const size_t n_steps = ref.size() - 2;
+  const double tolerance = 0.5 * out.median_step_ns;
+  for (const auto& [rank, s] : starts) {
+    std::vector<double> means(n_steps, NAN), offsets(n_steps, NAN);
+    const RankData& r = job.ranks().at(rank);
+    // Ops by issue time, to sum each step's issue latencies.
+    std::vector<std::pair<int64_t, double>> ops;
+    for (const Op& op : r.ops) {
+      if (isGpuOp(job.signatures()[op.sig].kind()))
+        ops.push_back({op.issue, static_cast<double>(op.issueLatency())});
+    }
+    std::sort(ops.begin(), ops.end());
+    for (size_t g = 0; g < n_steps; ++g) {
+      const int64_t target = ref[g + 1];
+      // This rank's complete step (not its first) starting nearest the grid's step.
+      size_t best = 0;
+      double best_dist = INFINITY;
+      for (size_t i = 1; i + 1 < s.size(); ++i) {
+        const double dist = std::abs(static_cast<double>(s[i] - target));
+        if (dist < best_dist) {
+          best_dist = dist;
+          best = i;
+        }
+      }
+      if (best == 0 || best_dist > tolerance) continue;
+      auto lo = std::lower_bound(ops.begin(), ops.end(), std::make_pair(s[best], -HUGE_VAL));
+      auto hi = std::lower_bound(ops.begin(), ops.end(), std::make_pair(s[best + 1], -HUGE_VAL));
+      if (hi - lo < 1) continue;
+      double sum = 0, offset = 0;
+      for (auto it = lo; it != hi; ++it) {
+        sum += it->second;
+        offset += static_cast<double>(it->first - s[best]);
+      }
+      means[g] = sum / static_cast<double>(hi - lo);
+      offsets[g] = offset / static_cast<double>(hi - lo);
+    }
+    out.ranks.push_back(rank);
+    out.means.push_back(std::move(means));
+    out.offsets.push_back(std::move(offsets));
+  }
+  return out;
+}
+
+PairedStall pairedStallTest(const StepIssueLatency& s, size_t rank_index) {
+  PairedStall out;
+  if (rank_index >= s.offsets.size() || s.offsets.size() < 3) return out;
+  // Positive = this rank's host issued the step's work later than its peers' median.
+  const std::vector<double> delay = stats::excessOverPeers(s.offsets, rank_index, 2);
+  const stats::SignTestResult t = stats::signTest(delay);
+  out.steps = delay.size();
+  out.later = t.positive;
+  out.p_value = t.p_value;
+  out.p_adjusted = std::min(1.0, t.p_value * static_cast<double>(s.ranks.size()));
+  out.median_delay_ns = delay.empty() ? 0 : median(delay);
+  std::vector<double> shift = stats::excessOverPeers(s.means, rank_index, 2);
+  for (double& x : shift) x = -x;
+  out.latency_shift_ns = shift.empty() ? 0 : median(shift);
+  return out;
 }
 
 std::vector<Diagnosis> diagnose(const JobModel& whole, const DiagnoseOptions& given_options,
@@ -1067,6 +1255,16 @@ std::vector<Diagnosis> diagnose(const JobModel& whole, const DiagnoseOptions& gi
   // cannot be measured from ops; those detectors need raw records (summary_detectors.h).
   const bool raw = !hasSummaries(job);
   if (raw) detectIssueStall(job, options, arrivals, &out);
+  // A rank named GPU-slow is not also named host-stalled: its slow GPU shifts its own host timing
+  // and GPU idle pattern (the host waits on it at blocking calls, its collectives wait less),
+  // which the stall signals can read as a stall; the slow GPU is the cause (docs/metrics.md).
+  std::set<int> slow_gpus;
+  for (const Diagnosis& d : out) {
+    if (d.kind == "gpu_slow") slow_gpus.insert(d.ranks.begin(), d.ranks.end());
+  }
+  std::erase_if(out, [&](const Diagnosis& d) {
+    return d.kind == "issue_stall" && d.ranks.size() == 1 && slow_gpus.count(d.ranks[0]) > 0;
+  });
   if (fail_slow) {
     char text[160];
     std::snprintf(text, sizeof(text),
@@ -1085,7 +1283,7 @@ std::vector<Diagnosis> diagnose(const JobModel& whole, const DiagnoseOptions& gi
   } else if (history != nullptr && raw) {
     detectRegressionFromHistory(job, *history, &out);
   }
-  if (raw) detectVoid(job, options, &out);
+  if (raw) detectVoid(job, options, baseline, &out);
   detectUnoptimized(job, options, &out);
   std::stable_sort(out.begin(), out.end(),
                    [](const Diagnosis& a, const Diagnosis& b) { return a.severity > b.severity; });

@@ -56,8 +56,18 @@ struct DiagnoseOptions {
   double link_min_effect = 0.15;  // a communicator's busbw at least this much lower
   double issue_w1_floor_ns = 20'000;
   double idle_min_share = 0.08;  // a stalled rank's extra GPU idle time, share of the step
+  // Paired per-step stall test: a rank whose host issued each step's work later than the other
+  // ranks' median for that step in so many steps that the one-sided sign test's p-value times
+  // the number of ranks (Bonferroni) is at most `stall_paired_alpha`, by a median of at least
+  // `stall_paired_min_share` of the step time and above the Tukey fence of the ranks' median
+  // delays (docs/metrics.md).
+  double stall_paired_alpha = 0.01;
+  double stall_paired_min_share = 0.01;
   double v_inter_threshold = 0.25;
   double v_minority_threshold = 0.30;
+  // With a healthy baseline, the void thresholds are learned from it instead: the baseline's
+  // largest per-rank median plus max(this, 1.5 × IQR of its per-step values).
+  double void_learned_min_delta = 0.05;
   double unoptimized_ratio = 0.6;  // achieved < ratio × the job's best GEMM efficiency
   // ... or achieved < peak ratio × the shape's expected TFLOPS on the ranks' device (the peak
   // table's model, stats/perf_model.h), when the device is known. `peaks` null: the built-in
@@ -68,6 +78,17 @@ struct DiagnoseOptions {
   // Issue-latency regression against a baseline: alarm above max(floor, the largest W1 between
   // a baseline rank and the baseline's other ranks).
   double regression_w1_floor_ns = 20'000;
+  // When > 0: the healthy spread measured between several healthy baseline runs
+  // (healthyIssueLatencySpread, design.md's "largest W1 between healthy runs"); the threshold is
+  // then regression_spread_factor × it instead of the one-baseline proxy above (still floored by
+  // regression_w1_floor_ns). Factor 2: a new healthy run within W1 r of the healthy runs lies
+  // within 2r of the reference run (triangle inequality), and the largest W1 among a few
+  // baselines estimates r, not 2r (docs/metrics.md).
+  double regression_healthy_spread_ns = 0;
+  double regression_spread_factor = 2.0;
+  // And never below this share of the baseline's median issue latency (the clipping cap): healthy
+  // reruns on a loaded host moved the clipped W1 by up to 5% of it (docs/metrics.md).
+  double regression_relative_floor = 0.08;
   // Fail-slow entry: a step-time change point of at least this relative size, with at least
   // this many steps on each side.
   double fail_slow_min_relative = 0.05;
@@ -95,6 +116,41 @@ struct FailSlow {
   double after_ns = 0;
 };
 std::optional<FailSlow> findFailSlow(const JobModel& job, const DiagnoseOptions& options);
+
+// Per rank, per step (the first skipped), over the GPU ops the rank issued in that step: the mean
+// host issue offset (issue time − the rank's own step start: how late its host issued the step's
+// work) and the mean issue latency, in ns; aligned across ranks by step start time (each rank's
+// step is matched to the nearest step start of the lowest rank within half a step; NaN where a
+// rank has no match). Also the median step time over ranks and steps (0 when fewer than three
+// boundaries).
+struct StepIssueLatency {
+  std::vector<int> ranks;                    // ascending
+  std::vector<std::vector<double>> offsets;  // [rank index][step]
+  std::vector<std::vector<double>> means;    // [rank index][step] issue latency
+  double median_step_ns = 0;
+};
+StepIssueLatency stepIssueLatency(const JobModel& job);
+
+// The paired per-step stall test of one rank (index into `s.ranks`): a one-sided sign test over
+// the steps of (own mean issue offset − the peers' median): a host that stalls issues the same
+// work later than its peers in every step. `p_adjusted` = p × number of ranks (Bonferroni).
+// `latency_shift_ns` is the median over steps of (peers' median − own mean issue latency),
+// reported as evidence: its sign depends on whether the GPU's queue absorbed the stall.
+struct PairedStall {
+  size_t steps = 0;
+  size_t later = 0;             // steps where the rank issued later than its peers
+  double p_value = 1;           // one-sided sign test
+  double p_adjusted = 1;        // × ranks (Bonferroni), capped at 1
+  double median_delay_ns = 0;   // median over steps of (own offset − peers' median)
+  double latency_shift_ns = 0;  // median over steps of (peers' median − own issue latency)
+};
+PairedStall pairedStallTest(const StepIssueLatency& s, size_t rank_index);
+
+// The largest W1 between the pooled issue-latency samples (each rank's first step left out) of
+// any two of `baselines`, every sample clipped at the median of the first baseline's — the
+// regression detector's clipping. 0 with fewer than two baselines with 30 or more samples.
+double healthyIssueLatencySpread(const std::vector<const JobModel*>& baselines);
+
 
 // Issue latencies (start − issue, ns) of a rank's GPU ops issued after its warm-up step (the
 // first step; every op when the rank has no step boundaries).

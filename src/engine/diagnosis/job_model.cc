@@ -150,6 +150,20 @@ void JobModel::trim(int64_t before_ns, size_t max_ops_per_rank) {
   }
 }
 
+JobModel JobModel::untilStep(size_t step) const {
+  JobModel out = *this;
+  for (auto& [rank, o] : out.ranks_) {
+    const auto starts = stepStarts(rank);
+    if (starts.size() <= step) continue;
+    const int64_t t1 = starts[step];
+    std::erase_if(o.ops, [t1](const Op& op) { return op.issue >= t1; });
+    std::erase_if(o.spans, [t1](const Span& sp) { return sp.start > t1; });  // keeps the boundary
+    std::erase_if(o.summaries, [t1](const SummaryWindow& w) { return w.start >= t1; });
+    std::erase_if(o.step_starts, [t1](int64_t t) { return t > t1; });
+  }
+  return out;
+}
+
 JobModel JobModel::sinceStep(size_t step) const {
   JobModel out;
   out.signatures_ = signatures_;

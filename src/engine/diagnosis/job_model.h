@@ -90,6 +90,9 @@ class JobModel {
   // A copy holding only what each rank recorded from its step `step` on (ranks with fewer steps
   // keep nothing): the detectors' view after a fail-slow's onset.
   JobModel sinceStep(size_t step) const;
+  // A copy holding only what each rank issued before its step `step` began (a rank with fewer
+  // step boundaries keeps everything): the job as the detectors would have seen it then.
+  JobModel untilStep(size_t step) const;
 
   const std::map<int, RankData>& ranks() const { return ranks_; }
   const std::vector<flare::v1::Signature>& signatures() const { return signatures_; }

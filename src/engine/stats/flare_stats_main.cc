@@ -14,6 +14,9 @@
 //   summary_w1   a, b: arrays of {count, p50, p99, sum} → w1
 //   outliers     members: arrays of samples, alpha    → scores, high, low, fences
 //   changepoints values                               → change_points
+//   signtest     differences                          → n, positive, p_value (one-sided, > 0)
+//   wilcoxon     differences                          → n, w_plus, p_value (one-sided), exact
+//   excess       members: arrays per block, member, min_peers → excess (vs the peers' median)
 //   gemm         device, dtype, b, m, n, k            → expected TFLOPS model, hint
 // Errors: {"error": "..."} on stdout and exit status 2.
 #include <algorithm>
@@ -28,6 +31,7 @@
 #include "src/engine/stats/json.h"
 #include "src/engine/stats/kde.h"
 #include "src/engine/stats/outliers.h"
+#include "src/engine/stats/paired.h"
 #include "src/engine/stats/perf_model.h"
 #include "src/engine/stats/quantile.h"
 #include "src/engine/stats/sketch.h"
@@ -211,6 +215,32 @@ std::string run(const Value& in) {
              ",\"after\":" + json::number(cps[i].after) +
              ",\"magnitude\":" + json::number(cps[i].magnitude) + "}";
     return out + "]}";
+  }
+  if (op == "signtest") {
+    const SignTestResult r = signTest(numbers(field(in, "differences"), "differences"));
+    return "{\"n\":" + std::to_string(r.n) + ",\"positive\":" + std::to_string(r.positive) +
+           ",\"p_value\":" + json::number(r.p_value) + "}";
+  }
+  if (op == "wilcoxon") {
+    const WilcoxonResult r = wilcoxonSignedRank(numbers(field(in, "differences"), "differences"));
+    return "{\"n\":" + std::to_string(r.n) + ",\"w_plus\":" + json::number(r.w_plus) +
+           ",\"p_value\":" + json::number(r.p_value) +
+           ",\"exact\":" + (r.exact ? "true" : "false") + "}";
+  }
+  if (op == "excess") {
+    const Value& m = field(in, "members");
+    if (m.type != Value::Type::kArray) throw UsageError{"members must be an array"};
+    std::vector<std::vector<double>> members;
+    for (const Value& v : m.array) members.push_back(numbers(v, "member"));
+    const double member = num(field(in, "member"), "member");
+    if (!(member >= 0 && member < static_cast<double>(members.size())))
+      throw UsageError{"member out of range"};
+    const double min_peers = numOr(in, "min_peers", 2);
+    if (!(min_peers >= 1 && min_peers <= 1e6)) throw UsageError{"min_peers must be 1..1e6"};
+    return "{\"excess\":" +
+           array(excessOverPeers(members, static_cast<size_t>(member),
+                                 static_cast<size_t>(min_peers))) +
+           "}";
   }
   if (op == "gemm") {
     const Value& dev = field(in, "device");

@@ -1,9 +1,9 @@
 #include "src/sim/workload/workload.h"
 
+#include <dlfcn.h>
 #include <unistd.h>
 
 #include <cublasLt.h>
-#include <dlfcn.h>
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 #include <nccl.h>
@@ -226,6 +226,9 @@ std::vector<StepResult> run(const Options& o, void (*on_step)(const StepResult&)
   void* dev_batch = nullptr;
   if (o.copies > 0) check(cudaMalloc(&dev_batch, host_batch.size()), "cudaMalloc");
   const Stall stall = hostStallFor(o.rank);
+  // FLARE_SIM_INJECT_SYNC_US: a needless synchronize at the start of each layer's forward, then
+  // host work (framework overhead) before the next launch, during which the GPU has nothing.
+  const double inject_sync_us = common::envDouble("FLARE_SIM_INJECT_SYNC_US", -1, -1, 1e6);
   const int64_t crash_step = crashStepFor(o.rank);
   const int64_t skip_step = flareSimHangStep("skip");
   std::vector<StepResult> results;
@@ -262,6 +265,14 @@ std::vector<StepResult> run(const Options& o, void (*on_step)(const StepResult&)
 
     // Forward.
     for (int l = 0; l < o.layers; ++l) {
+      if (inject_sync_us >= 0) {
+        check(cudaStreamSynchronize(compute), "cudaStreamSynchronize(injected)");
+        // Host work off the CPU (a sleep): a busy loop would take the CPU from the other simulated
+        // ranks on a small machine and slow every rank, not only this layer's refill.
+        if (inject_sync_us > 0)
+          std::this_thread::sleep_for(
+              std::chrono::nanoseconds(static_cast<int64_t>(inject_sync_us * 1000)));
+      }
       launch(k_layer_norm, act_bytes * 2, compute);
       if (l == 0) check(cudaEventRecord(gemm_a, compute), "record");
       gemm(3 * h_tp, T, h, true, false);  // QKV

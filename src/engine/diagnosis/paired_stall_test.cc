@@ -1,0 +1,146 @@
+// The paired per-step stall test (detectors.h: stepIssueLatency, pairedStallTest) on hand-built
+// records: 8 ranks, 12 step markers 30 ms apart, 10 kernels per step whose issue and start times
+// are known; one rank's host pauses before the same kernel in every step.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "flare/step.h"
+#include "src/engine/diagnosis/detectors.h"
+#include "src/engine/diagnosis/job_model.h"
+
+namespace flare::engine {
+namespace {
+
+constexpr int64_t kStepNs = 30'000'000;
+constexpr int kSteps = 12;
+constexpr int kKernels = 10;
+
+// A per-(rank, step) wobble in {-0.3, -0.15, 0, 0.15, 0.3} ms whose sign varies across steps.
+int64_t wobble(int rank, int step) {
+  return ((rank * 7 + step * 3) % 5 - 2) * 150'000;
+}
+
+// Kernel k of step s: the host issues it at step start + 1 ms + k·100 µs + the wobble, and the
+// GPU starts it at step start + 6 ms + k·200 µs. The stalled rank's host pauses `stall` ns
+// before kernel 5 in every step (its later kernels are issued later; the GPU, still busy with
+// queued work, starts them at the same time: less issue latency).
+int64_t issueAt(int rank, int step, int k, int stalled, int64_t stall) {
+  return 1'000'000 + k * 100'000 + wobble(rank, step) + (rank == stalled && k >= 5 ? stall : 0);
+}
+int64_t startAt(int k) {
+  return 6'000'000 + k * 200'000;
+}
+
+flare::v1::RecordBatch rankBatch(int rank, int stalled, int64_t stall) {
+  flare::v1::RecordBatch b;
+  b.set_rank(rank);
+  auto* marker = b.add_signatures();
+  marker->set_id(1);
+  marker->set_name(FLARE_STEP_MARKER_NAME);
+  marker->set_kind(flare::v1::OP_KIND_SYNC);
+  auto* kernel = b.add_signatures();
+  kernel->set_id(2);
+  kernel->set_name("elementwise_kernel");
+  kernel->set_kind(flare::v1::OP_KIND_KERNEL);
+  // Ranks start their steps up to 0.7 ms apart (a synchronous job's skew).
+  const int64_t skew = 100'000 * rank;
+  for (int s = 0; s < kSteps; ++s) {
+    const int64_t t0 = 1'000'000'000 + s * kStepNs + skew;
+    auto* m = b.add_kernels();
+    m->set_signature_id(1);
+    m->set_issue_ns(t0);
+    m->set_start_ns(t0);
+    m->set_end_ns(t0);
+    for (int k = 0; k < kKernels; ++k) {
+      auto* op = b.add_kernels();
+      op->set_signature_id(2);
+      op->set_stream_id(7);
+      op->set_issue_ns(t0 + issueAt(rank, s, k, stalled, stall));
+      op->set_start_ns(t0 + startAt(k));
+      op->set_end_ns(t0 + startAt(k) + 50'000);
+    }
+  }
+  return b;
+}
+
+JobModel build(int stalled, int64_t stall) {
+  JobModel m;
+  for (int r = 0; r < 8; ++r) m.addBatch(r, rankBatch(r, stalled, stall));
+  return m;
+}
+
+TEST(PairedStall, StepMeansAreAlignedAndExact) {
+  const JobModel m = build(4, 2'000'000);
+  const StepIssueLatency s = stepIssueLatency(m);
+  ASSERT_EQ(s.ranks.size(), 8u);
+  EXPECT_DOUBLE_EQ(s.median_step_ns, static_cast<double>(kStepNs));
+  // Complete steps 1..10 (step 0 is warm-up; step 11 has no end marker).
+  ASSERT_EQ(s.offsets[0].size(), static_cast<size_t>(kSteps - 2));
+  for (int r = 0; r < 8; ++r) {
+    for (int step = 1; step <= kSteps - 2; ++step) {
+      double offset = 0, latency = 0;
+      for (int k = 0; k < kKernels; ++k) {
+        const int64_t issue = issueAt(r, step, k, 4, 2'000'000);
+        offset += static_cast<double>(issue);
+        latency += static_cast<double>(startAt(k) - issue);
+      }
+      EXPECT_DOUBLE_EQ(s.offsets[r][step - 1], offset / kKernels) << r << " " << step;
+      EXPECT_DOUBLE_EQ(s.means[r][step - 1], latency / kKernels) << r << " " << step;
+    }
+  }
+}
+
+TEST(PairedStall, ConsistentShiftInEveryStepIsSignificant) {
+  // A 2 ms stall before half of the step's kernels: its mean issue offset is 1 ms later.
+  const JobModel m = build(4, 2'000'000);
+  const StepIssueLatency s = stepIssueLatency(m);
+  const PairedStall p = pairedStallTest(s, 4);
+  EXPECT_EQ(p.steps, 10u);
+  EXPECT_EQ(p.later, 10u);
+  EXPECT_DOUBLE_EQ(p.p_value, 1.0 / 1024);
+  EXPECT_DOUBLE_EQ(p.p_adjusted, 8.0 / 1024);
+  // Per step: 1 ms + rank 4's wobble − the peers' median wobble (each within ±0.3 ms).
+  EXPECT_GT(p.median_delay_ns, 0.4e6);
+  EXPECT_LT(p.median_delay_ns, 1.6e6);
+  EXPECT_GT(p.latency_shift_ns, 0.4e6);
+  // No healthy rank passes the test.
+  for (size_t i = 0; i < s.ranks.size(); ++i) {
+    if (s.ranks[i] != 4) {
+      EXPECT_GT(pairedStallTest(s, i).p_adjusted, 0.01) << s.ranks[i];
+    }
+  }
+}
+
+TEST(PairedStall, DiagnoseNamesTheRankWithPairedEvidence) {
+  // A 2 ms stall per 30 ms step.
+  const auto found = diagnose(build(4, 2'000'000), DiagnoseOptions{});
+  ASSERT_EQ(found.size(), 1u);
+  EXPECT_EQ(found[0].kind, "issue_stall");
+  EXPECT_EQ(found[0].ranks, std::vector<int>{4});
+  bool paired = false;
+  for (const Evidence& e : found[0].evidence) paired |= e.metric == "issue_delay_paired";
+  EXPECT_TRUE(paired);
+  // It is the paired test that finds it: without it (alpha 0) the pooled W1 and the GPU idle
+  // time do not separate this rank (the GPU never runs dry here).
+  DiagnoseOptions no_paired;
+  no_paired.stall_paired_alpha = 0;
+  EXPECT_TRUE(diagnose(build(4, 2'000'000), no_paired).empty());
+  // The same job without the stall, or with one whose mean delay (0.2 ms: half of 0.4 ms) is
+  // under the floor (1% of 30 ms), raises nothing.
+  EXPECT_TRUE(diagnose(build(4, 0), DiagnoseOptions{}).empty());
+  EXPECT_TRUE(diagnose(build(4, 400'000), DiagnoseOptions{}).empty());
+}
+
+TEST(PairedStall, UntilStepKeepsTheFirstSteps) {
+  const JobModel m = build(4, 2'000'000);
+  const JobModel first = m.untilStep(5);
+  // Steps 0..4 complete: 5 markers kept (the 6th is step 5's start, kept as the boundary).
+  EXPECT_EQ(first.stepStarts(0).size(), 6u);
+  EXPECT_EQ(first.ranks().at(0).ops.size(), static_cast<size_t>(5 * kKernels));
+  // Four paired steps (1..4) cannot reach p × 8 ≤ 0.01: nothing is diagnosed yet.
+  EXPECT_GT(pairedStallTest(stepIssueLatency(first), 4).p_adjusted, 0.01);
+}
+
+}  // namespace
+}  // namespace flare::engine
