@@ -813,10 +813,20 @@ std::optional<double> learnedVoidThreshold(const std::map<int, VoidSteps>& base,
   return top + std::max(min_delta, 1.5 * f.iqr);
 }
 
+// Thresholds: learned from a healthy baseline run (offline) or from stored healthy history
+// (flared), else the configured ones.
 void detectVoid(const JobModel& job, const DiagnoseOptions& opt, const JobModel* baseline,
-                std::vector<Diagnosis>* out) {
+                const History* history, std::vector<Diagnosis>* out) {
   double inter_threshold = opt.v_inter_threshold, minority_threshold = opt.v_minority_threshold;
   std::string inter_source = "fixed", minority_source = "fixed";
+  if (history != nullptr && history->v_inter_threshold) {
+    inter_threshold = *history->v_inter_threshold;
+    inter_source = "learned from healthy history";
+  }
+  if (history != nullptr && history->v_minority_threshold) {
+    minority_threshold = *history->v_minority_threshold;
+    minority_source = "learned from healthy history";
+  }
   if (baseline != nullptr) {
     const auto base = voidPerStep(*baseline);
     if (auto t = learnedVoidThreshold(base, &VoidSteps::v_inter, opt.void_learned_min_delta)) {
@@ -835,11 +845,11 @@ void detectVoid(const JobModel& job, const DiagnoseOptions& opt, const JobModel*
     const double vm = v.v_minority.empty() ? 0 : median(v.v_minority);
     if (vi > inter_threshold) {
       inter_ranks.push_back(rank);
-      inter_values.push_back(vs.v_inter);
+      inter_values.push_back(vi);
     }
     if (vm > minority_threshold) {
       minority_ranks.push_back(rank);
-      minority_values.push_back(vs.v_minority);
+      minority_values.push_back(vm);
     }
   }
   if (!inter_ranks.empty()) {
@@ -1230,15 +1240,8 @@ PairedStall pairedStallTest(const StepIssueLatency& s, size_t rank_index) {
   return out;
 }
 
-std::vector<Diagnosis> diagnose(const JobModel& whole, const DiagnoseOptions& given_options,
+std::vector<Diagnosis> diagnose(const JobModel& whole, const DiagnoseOptions& options,
                                 const JobModel* baseline, const History* history) {
-  // Void thresholds learned from healthy history replace the configured ones.
-  DiagnoseOptions options = given_options;
-  if (history != nullptr) {
-    if (history->v_inter_threshold) options.v_inter_threshold = *history->v_inter_threshold;
-    if (history->v_minority_threshold)
-      options.v_minority_threshold = *history->v_minority_threshold;
-  }
   std::vector<Diagnosis> out;
   // Fail-slow: when the job's step time rose at some step, the culprit detectors look at the
   // steps since, where the cause lives (before it, every rank was healthy and would dilute it).
@@ -1283,7 +1286,7 @@ std::vector<Diagnosis> diagnose(const JobModel& whole, const DiagnoseOptions& gi
   } else if (history != nullptr && raw) {
     detectRegressionFromHistory(job, *history, &out);
   }
-  if (raw) detectVoid(job, options, baseline, &out);
+  if (raw) detectVoid(job, options, baseline, history, &out);
   detectUnoptimized(job, options, &out);
   std::stable_sort(out.begin(), out.end(),
                    [](const Diagnosis& a, const Diagnosis& b) { return a.severity > b.severity; });

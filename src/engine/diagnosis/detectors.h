@@ -151,7 +151,6 @@ PairedStall pairedStallTest(const StepIssueLatency& s, size_t rank_index);
 // regression detector's clipping. 0 with fewer than two baselines with 30 or more samples.
 double healthyIssueLatencySpread(const std::vector<const JobModel*>& baselines);
 
-
 // Issue latencies (start − issue, ns) of a rank's GPU ops issued after its warm-up step (the
 // first step; every op when the rank has no step boundaries).
 std::vector<double> rankIssueLatencies(const JobModel& job, int rank);
