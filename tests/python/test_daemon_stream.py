@@ -213,8 +213,9 @@ def test_forked_children_stay_quiet_while_streaming(build_dir, tmp_path, ingest)
 # ---- the real daemon (build/bin/flared, src/engine), when it is built ----------------------
 
 class Flared:
-    def __init__(self, build_dir, workdir, token_file=None):
+    def __init__(self, build_dir, workdir, token_file=None, extra=()):
         self.exe = os.path.join(build_dir, "bin", "flared")
+        self.extra = list(extra)
         self.workdir = workdir
         self.token_file = token_file
         self.grpc_port = 0
@@ -229,6 +230,7 @@ class Flared:
                "--db", os.path.join(str(self.workdir), "flared.db")]
         if self.token_file:
             cmd += ["--token-file", str(self.token_file)]
+        cmd += self.extra
         self.log = open(log, "w+")
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
         for _ in range(200):
@@ -300,31 +302,57 @@ def test_flared_receives_every_record_and_refuses_a_wrong_token(sim_train, build
     assert export(build_dir, tmp_path / "wrong" / "spool")  # kept locally
 
 
-def test_flared_killed_and_restarted_mid_run_ends_with_every_record(sim_train, build_dir,
-                                                                    tmp_path, flared, baseline):
-    steps = 80
-    daemon = flared()
+def stored_per_rank(db, job):
+    """Ranks' record counters and raw records, read from flared's SQLite database."""
+    import sqlite3
+    con = sqlite3.connect("file:%s?mode=ro" % db, uri=True)
+    try:
+        records = dict(con.execute("SELECT rank, records FROM ranks WHERE job_id=?", (job,)))
+        raw = dict(con.execute("SELECT rank, COUNT(*) FROM raw_records WHERE job_id=? "
+                               "GROUP BY rank", (job,)))
+    finally:
+        con.close()
+    return records, raw
+
+
+def test_flared_killed_and_restarted_mid_run_holds_every_record_exactly_once(
+        sim_train, build_dir, tmp_path, flared, baseline):
+    steps = 120
+    daemon = flared(extra=["--persist-interval-ms", "500"])
     env = hook_env(build_dir, tmp_path, FLARE_DAEMON="127.0.0.1:%d" % daemon.grpc_port)
     import threading
     result = {}
     t = threading.Thread(target=lambda: result.update(
         res=sim_train("--ranks", 8, "--steps", steps, env=env, timeout=300)))
     t.start()
-    time.sleep(1.0)
-    daemon.stop(signal.SIGKILL)
+    time.sleep(2.0)
+    assert t.is_alive(), "the run ended before the kill; make it longer"
+    daemon.stop(signal.SIGKILL)  # batches applied since its last checkpoint die with it
     time.sleep(1.5)
     daemon.start()  # same ports, same database
     t.join(300)
     assert result["res"].returncode == 0, result["res"].stderr
     truth, _ = baseline(steps)
     want = per_rank(truth)
-    time.sleep(1.5)  # one persist interval
-    got = daemon.ranks("streamtest")
+    # The restarted daemon reloaded each rank process's resume point from the store.
+    daemon.log.seek(0)
+    assert "8 rank processes' batch marks" in daemon.log.read()
+    # Exactly once: every record the ranks produced, none twice (the ranks resumed after what
+    # the store held; batches re-sent below that point would have been dropped and counted).
+    deadline = time.monotonic() + 20
+    while True:
+        got = daemon.ranks("streamtest")
+        if all(int(got[r]["records"]) == want[r] for r in range(8)) or \
+                time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
     for rank in range(8):
-        # Nothing lost. Exactly once needs flared to fill HelloAck.resume_after_seq (or keep its
-        # re-send dedupe across restarts); until then batches it held before the kill and the
-        # rank re-sent are counted twice, so this is >= rather than ==.
-        assert int(got[rank]["records"]) >= want[rank], got[rank]
+        assert int(got[rank]["records"]) == want[rank], (rank, got[rank], want[rank])
+        assert int(got[rank]["lostBatches"]) == 0, got[rank]
+    daemon.stop()  # SIGTERM: a final checkpoint
+    records, raw = stored_per_rank(os.path.join(str(tmp_path), "flared.db"), "streamtest")
+    assert records == dict(want), (records, want)
+    assert raw == dict(want), (raw, want)
 
 
 SITECUSTOMIZE = r'''
