@@ -60,6 +60,8 @@ std::map<std::string, Flag> defaultFlags() {
       "is accepted");
   add("tls-cert", "PATH", "", "PEM certificate chain: serve gRPC over TLS (needs --tls-key)");
   add("tls-key", "PATH", "", "PEM private key for --tls-cert");
+  add("tls-client-ca", "PATH", "",
+      "PEM root(s): with TLS, ranks must present a client certificate verified by it");
   add("max-message-bytes", "N", "8388608",
       "largest message a rank may send (bigger: rejected, counted as oversized)");
   add("max-batch-items", "N", "200000",
@@ -216,6 +218,10 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "flared: --tls-cert and --tls-key go together\n");
     return 2;
   }
+  if (!str("tls-client-ca").empty() && str("tls-cert").empty()) {
+    std::fprintf(stderr, "flared: --tls-client-ca needs --tls-cert and --tls-key\n");
+    return 2;
+  }
 
   // Undecodable rank messages are counted (flare_ingest_rejected_total{reason="malformed"})
   // and answered with a status; protobuf's own error line per bad string would let a client
@@ -269,6 +275,7 @@ int main(int argc, char** argv) {
   go.listen = str("listen");
   go.tls_cert_file = str("tls-cert");
   go.tls_key_file = str("tls-key");
+  go.tls_client_ca_file = str("tls-client-ca");
   go.max_message_bytes = cfg.max_message_bytes;
   GrpcServer grpc(ingest, api, go);
   if (!grpc.start(&error)) {

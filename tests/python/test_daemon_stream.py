@@ -234,7 +234,7 @@ class Flared:
         self.log = open(log, "w+")
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
         for _ in range(200):
-            m = re.search(r"gRPC on port (\d+), HTTP on port (\d+)", open(log).read())
+            m = re.search(r"gRPC on port (\d+)(?: \(TLS\))?, HTTP on port (\d+)", open(log).read())
             if m:
                 self.grpc_port, self.http_port = int(m.group(1)), int(m.group(2))
                 return self
@@ -353,6 +353,89 @@ def test_flared_killed_and_restarted_mid_run_holds_every_record_exactly_once(
     records, raw = stored_per_rank(os.path.join(str(tmp_path), "flared.db"), "streamtest")
     assert records == dict(want), (records, want)
     assert raw == dict(want), (raw, want)
+
+
+def make_certs(folder):
+    """A CA, a server certificate it signs for 127.0.0.1/localhost, a client certificate it signs,
+    and an unrelated CA. None when openssl is missing."""
+    import shutil
+    if shutil.which("openssl") is None:
+        return None
+    folder.mkdir()
+    f = lambda name: str(folder / name)
+
+    def run(*args):
+        subprocess.run(["openssl", *args], check=True, capture_output=True, timeout=60)
+    for ca in ("ca", "other-ca"):
+        run("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj",
+            "/CN=flare test " + ca, "-keyout", f(ca + ".key"), "-out", f(ca + ".pem"))
+    (folder / "server.ext").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
+    for who in ("server", "client"):
+        run("req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=" + who, "-keyout",
+            f(who + ".key"), "-out", f(who + ".csr"))
+        extra = ["-extfile", f("server.ext")] if who == "server" else []
+        run("x509", "-req", "-in", f(who + ".csr"), "-CA", f("ca.pem"), "-CAkey", f("ca.key"),
+            "-CAcreateserial", "-days", "1", "-out", f(who + ".pem"), *extra)
+    return f
+
+
+def test_ranks_stream_over_tls_and_a_wrong_ca_spools(sim_train, build_dir, tmp_path, flared):
+    certs = make_certs(tmp_path / "certs")
+    if certs is None:
+        pytest.skip("openssl not installed")
+    steps = STEPS_SHORT
+    base = hook_env(build_dir, tmp_path / "base")
+    res = sim_train("--ranks", 2, "--steps", steps, env=base)
+    assert res.returncode == 0, res.stderr
+    want = per_rank(export(build_dir, tmp_path / "base" / "spool"))
+    daemon = flared(extra=["--tls-cert", certs("server.pem"), "--tls-key", certs("server.key")])
+    addr = "127.0.0.1:%d" % daemon.grpc_port
+
+    def run(job, **tls):
+        env = hook_env(build_dir, tmp_path / job, FLARE_DAEMON=addr, FLARE_JOB_ID=job,
+                       FLARE_EXIT_FLUSH_SECONDS=1, **tls)
+        r = sim_train("--ranks", 2, "--steps", steps, env=env)
+        assert r.returncode == 0, r.stderr
+        return r
+
+    def held(job):
+        try:
+            return {r: int(v["records"]) for r, v in daemon.ranks(job).items()}
+        except Exception:  # 404: the daemon never heard of the job
+            return {}
+
+    # The right CA: every record arrives over TLS.
+    run("tls-ok", FLARE_TLS_CA=certs("ca.pem"))
+    assert held("tls-ok") == dict(want)
+    # The right CA, the daemon addressed by a name its certificate lists.
+    run("tls-name", FLARE_TLS_CA=certs("ca.pem"), FLARE_TLS_SERVER_NAME="localhost")
+    assert held("tls-name") == dict(want)
+    # A CA that did not sign the daemon's certificate: refused by the rank, records spooled.
+    r = run("tls-wrong-ca", FLARE_TLS_CA=certs("other-ca.pem"))
+    assert "over TLS" in r.stderr, r.stderr
+    assert held("tls-wrong-ca") == {}
+    assert per_rank(export(build_dir, tmp_path / "tls-wrong-ca" / "spool")) == want
+    # An unreadable CA file: one clear line, records spooled, the run unharmed.
+    r = run("tls-missing", FLARE_TLS_CA=str(tmp_path / "nope.pem"))
+    assert "FLARE_TLS_CA=%s cannot be read" % (tmp_path / "nope.pem") in r.stderr, r.stderr
+    assert held("tls-missing") == {}
+    assert per_rank(export(build_dir, tmp_path / "tls-missing" / "spool")) == want
+    # No TLS settings against the TLS daemon: no stream (plaintext is refused), spooled.
+    run("plain")
+    assert held("plain") == {}
+    assert per_rank(export(build_dir, tmp_path / "plain" / "spool")) == want
+    daemon.stop()
+
+    # A daemon that asks for client certificates: the rank's own certificate gets it in.
+    daemon = flared(extra=["--tls-cert", certs("server.pem"), "--tls-key", certs("server.key"),
+                           "--tls-client-ca", certs("ca.pem")])
+    addr = "127.0.0.1:%d" % daemon.grpc_port
+    run("mtls-ok", FLARE_TLS_CA=certs("ca.pem"), FLARE_TLS_CERT=certs("client.pem"),
+        FLARE_TLS_KEY=certs("client.key"))
+    assert held("mtls-ok") == dict(want)
+    run("mtls-nocert", FLARE_TLS_CA=certs("ca.pem"))
+    assert held("mtls-nocert") == {}
+    assert per_rank(export(build_dir, tmp_path / "mtls-nocert" / "spool")) == want
 
 
 SITECUSTOMIZE = r'''
