@@ -355,6 +355,34 @@ def test_flared_killed_and_restarted_mid_run_holds_every_record_exactly_once(
     assert raw == dict(want), (raw, want)
 
 
+def test_batch_bounds_are_settings_and_bad_values_are_named(sim_train, build_dir, tmp_path,
+                                                              flared):
+    daemon = flared()
+    addr = "127.0.0.1:%d" % daemon.grpc_port
+
+    def batches(job, **extra):
+        env = hook_env(build_dir, tmp_path / job, FLARE_DAEMON=addr, FLARE_JOB_ID=job, **extra)
+        r = sim_train("--ranks", 2, "--steps", 40, env=env)
+        assert r.returncode == 0, r.stderr
+        got = daemon.ranks(job)
+        return r, sum(int(v["batches"]) for v in got.values()), \
+            sum(int(v["records"]) for v in got.values())
+    _, by_size, records = batches("small", FLARE_BATCH_BYTES=1024)
+    _, by_default, records_default = batches("default")
+    assert records == records_default
+    # ~60 bytes a record: 1 KiB batches are many more than 64 KiB ones.
+    assert by_size >= 5 * by_default, (by_size, by_default)
+    # A time bound alone (size bound out of reach): more batches at 50 ms than at 1 s.
+    _, fast, _ = batches("fast", FLARE_BATCH_BYTES=64 << 20, FLARE_BATCH_INTERVAL_MS=50)
+    _, slow, _ = batches("slow", FLARE_BATCH_BYTES=64 << 20, FLARE_BATCH_INTERVAL_MS=1000)
+    assert fast >= 3 * slow, (fast, slow)
+    # Malformed or out-of-range values: one line naming the setting, the default used.
+    r, n, recs = batches("bad", FLARE_BATCH_BYTES="64k", FLARE_BATCH_INTERVAL_MS=0)
+    assert "FLARE_BATCH_BYTES='64k' is not an integer; using 65536" in r.stderr, r.stderr
+    assert "FLARE_BATCH_INTERVAL_MS" in r.stderr and "using 1000" in r.stderr, r.stderr
+    assert recs == records_default
+
+
 def make_certs(folder):
     """A CA, a server certificate it signs for 127.0.0.1/localhost, a client certificate it signs,
     and an unrelated CA. None when openssl is missing."""
