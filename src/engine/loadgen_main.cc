@@ -13,6 +13,7 @@
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
 #include <netinet/in.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -604,6 +605,13 @@ int main(int argc, char** argv) {
   std::printf("client: %llu batches written, %llu batch rejections, %llu stream errors\n",
               static_cast<unsigned long long>(written), static_cast<unsigned long long>(rejections),
               static_cast<unsigned long long>(errors));
+  rusage ru{};
+  getrusage(RUSAGE_CHILDREN, &ru);
+  const double gen_cpu = static_cast<double>(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) +
+                         static_cast<double>(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1e6;
+  std::printf("generator CPU (whole run, %d process%s): %.2f s, %.1f us per batch written\n",
+              o.procs, o.procs > 1 ? "es" : "", gen_cpu,
+              written > 0 ? gen_cpu / static_cast<double>(written) * 1e6 : 0.0);
   const double accepted_total = end.batches - start.batches;
   std::printf("whole run: daemon accepted %.0f of %llu batches written (%s), refused %.0f\n",
               accepted_total, static_cast<unsigned long long>(written),
