@@ -51,9 +51,13 @@ CREATE TABLE IF NOT EXISTS open_windows(job_id TEXT, rank INTEGER, rows BLOB,
   PRIMARY KEY(job_id, rank));
 )sql";
 
+}  // namespace
+
 // open_windows.rows: 8 little-endian 64-bit fields per row (sig_id, stream, window_start_ns,
 // window_end_ns, count, sum_ns, p50_ns, p99_ns).
+namespace {
 constexpr size_t kOpenWindowFields = 8;
+}  // namespace
 
 std::string encodeOpenWindows(const std::vector<WindowSummaryRow>& rows) {
   std::string out;
@@ -104,7 +108,6 @@ std::vector<WindowSummaryRow> decodeOpenWindows(const std::string& job_id, int32
   return out;
 }
 
-}  // namespace
 
 struct SqliteStore::Writer {
   explicit Writer(sqlite3* d) : db(d) {}

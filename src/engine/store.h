@@ -114,6 +114,11 @@ struct OpenWindowsRow {
   std::vector<WindowSummaryRow> rows;  // job_id, rank and source are implied
 };
 
+// The stored form of OpenWindowsRow::rows (both stores; sqlite_store.cc): 64 bytes a row.
+std::string encodeOpenWindows(const std::vector<WindowSummaryRow>& rows);
+std::vector<WindowSummaryRow> decodeOpenWindows(const std::string& job_id, int32_t rank,
+                                                const std::string& blob);
+
 // Everything the daemon applied since its previous checkpoint, committed in ONE transaction:
 // a crash keeps all of it or none of it. The batch_seq marks (seqs) say which batches these
 // effects include, so a batch a rank re-sends after a crash is counted exactly once.
