@@ -26,6 +26,9 @@
 #include "src/engine/ingest.h"
 #include "src/engine/metrics.h"
 #include "src/engine/sqlite_store.h"
+#ifdef FLARE_WITH_PG
+#include "src/engine/pg_store.h"
+#endif
 
 namespace {
 
@@ -54,7 +57,9 @@ std::map<std::string, Flag> defaultFlags() {
       "gRPC address of the Ingest and Query services (port 0: any free port)");
   add("http", "HOST:PORT", "127.0.0.1:9464",
       "HTTP address of /metrics, /healthz and the JSON API; 'off' disables it");
-  add("db", "PATH", "flared.db", "SQLite database file (created; WAL mode)");
+  add("db", "PATH", "flared.db",
+      "SQLite database file (created; WAL mode), or a PostgreSQL URI postgresql://... (shared "
+      "history; when built with libpq)");
   add("token-file", "PATH", "",
       "lines 'job_id token'; job_id '*' sets the token of every other job. Without it every rank "
       "is accepted");
@@ -230,7 +235,17 @@ int main(int argc, char** argv) {
 
   SqliteStore::Options so;
   so.path = str("db");
-  auto store = SqliteStore::open(so, &error);
+  std::unique_ptr<Store> store;
+  const bool pg = so.path.rfind("postgresql://", 0) == 0 || so.path.rfind("postgres://", 0) == 0;
+  if (pg) {
+#ifdef FLARE_WITH_PG
+    store = PgStore::open({so.path}, &error);
+#else
+    error = "this flared was built without libpq: --db postgresql://... is not available";
+#endif
+  } else {
+    store = SqliteStore::open(so, &error);
+  }
   if (!store) {
     std::fprintf(stderr, "flared: %s\n", error.c_str());
     return 1;
@@ -316,7 +331,8 @@ int main(int argc, char** argv) {
   signal(SIGPIPE, SIG_IGN);
 
   FLARE_LOG_INFO("engine", "flared: gRPC on port {}{}, HTTP on port {}, db {}", grpc.port(),
-                 go.tls_cert_file.empty() ? "" : " (TLS)", http.port(), so.path);
+                 go.tls_cert_file.empty() ? "" : " (TLS)", http.port(),
+                 pg ? std::string("PostgreSQL") : so.path);  // a URI may hold a password
   if (!str("ready-file").empty()) {
     const std::string tmp = str("ready-file") + ".tmp";
     std::ofstream(tmp) << grpc.port() << " " << http.port() << "\n";

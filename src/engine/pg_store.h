@@ -4,8 +4,8 @@
 // synchronous on a second connection.
 //
 // Threads: the writer thread owns the write connection; reads hold read_mu_. Owned by its
-// creator; the destructor drains the queue and joins the writer. Not wired into flared yet
-// (src/engine/README.md): tested against a real server (pg_store_test.cc).
+// creator; the destructor drains the queue and joins the writer. flared uses it for
+// --db postgresql://...; tested against a real server (pg_store_test.cc).
 #pragma once
 
 #include <libpq-fe.h>

@@ -11,6 +11,7 @@ import json
 import os
 import signal
 import subprocess
+import tempfile
 import time
 
 import pytest
@@ -315,10 +316,53 @@ def stored_per_rank(db, job):
     return records, raw
 
 
+@pytest.fixture
+def postgres(tmp_path):
+    """A PostgreSQL server in a temporary directory (Unix socket only); its URI for flared.
+    Skips when no server binary is installed."""
+    import glob
+    import pwd
+    import shutil
+    bins = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"))
+    if not bins:
+        pytest.skip("no PostgreSQL server binary (Debian package postgresql)")
+    bindir = os.path.dirname(bins[-1])
+    d = tempfile.mkdtemp(prefix="flare_pgt_", dir="/tmp")  # short: Unix socket path limit
+    prefix = []
+    if os.geteuid() == 0:  # initdb refuses root: the server runs as postgres
+        pw = pwd.getpwnam("postgres")
+        os.chown(d, pw.pw_uid, pw.pw_gid)
+        prefix = ["runuser", "-u", "postgres", "--"]
+    subprocess.run(prefix + [bindir + "/initdb", "-D", d + "/data", "-U", "flare",
+                             "--auth=trust"], check=True, capture_output=True, timeout=120)
+    subprocess.run(prefix + [bindir + "/pg_ctl", "-D", d + "/data", "-l", d + "/log", "-w", "-o",
+                             "-k %s -c listen_addresses='' -c fsync=off" % d, "start"],
+                   check=True, capture_output=True, timeout=120)
+    yield "postgresql://flare@/postgres?host=" + d, d
+    subprocess.run(prefix + [bindir + "/pg_ctl", "-D", d + "/data", "-m", "immediate", "stop"],
+                   capture_output=True, timeout=60)
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def stored_per_rank_pg(host, job):
+    def query(sql):
+        out = subprocess.run(["psql", "-h", host, "-U", "flare", "-d", "postgres", "-At", "-F",
+                              " ", "-c", sql], check=True, capture_output=True, text=True,
+                             timeout=60).stdout
+        return {int(a): int(b) for a, b in (line.split() for line in out.splitlines() if line)}
+    return (query("SELECT rank, records FROM ranks WHERE job_id='%s'" % job),
+            query("SELECT rank, COUNT(*) FROM raw_records WHERE job_id='%s' GROUP BY rank" % job))
+
+
+@pytest.mark.parametrize("db", ["sqlite", "postgresql"])
 def test_flared_killed_and_restarted_mid_run_holds_every_record_exactly_once(
-        sim_train, build_dir, tmp_path, flared, baseline):
+        sim_train, build_dir, tmp_path, flared, baseline, request, db):
     steps = 120
-    daemon = flared(extra=["--persist-interval-ms", "500"])
+    extra = ["--persist-interval-ms", "500"]
+    if db == "postgresql":
+        uri, pg_host = request.getfixturevalue("postgres")
+        extra += ["--db", uri]
+    daemon = flared(extra=extra)
     env = hook_env(build_dir, tmp_path, FLARE_DAEMON="127.0.0.1:%d" % daemon.grpc_port)
     import threading
     result = {}
@@ -350,7 +394,10 @@ def test_flared_killed_and_restarted_mid_run_holds_every_record_exactly_once(
         assert int(got[rank]["records"]) == want[rank], (rank, got[rank], want[rank])
         assert int(got[rank]["lostBatches"]) == 0, got[rank]
     daemon.stop()  # SIGTERM: a final checkpoint
-    records, raw = stored_per_rank(os.path.join(str(tmp_path), "flared.db"), "streamtest")
+    if db == "postgresql":
+        records, raw = stored_per_rank_pg(pg_host, "streamtest")
+    else:
+        records, raw = stored_per_rank(os.path.join(str(tmp_path), "flared.db"), "streamtest")
     assert records == dict(want), (records, want)
     assert raw == dict(want), (raw, want)
 
