@@ -83,7 +83,9 @@ class Params {
     const ExecStatusType st = PQresultStatus(r);
     const bool ok = st == PGRES_COMMAND_OK || st == PGRES_TUPLES_OK;
     if (!ok) {
-      FLARE_LOG_WARN("engine", "postgres: {}", PQresultErrorMessage(r));
+      // Counted by the callers (flare_store_errors_total); logged once per message text.
+      common::logOnce(common::LogLevel::kWarn, "engine", PQresultErrorMessage(r), "postgres: {}",
+                      PQresultErrorMessage(r));
     }
     if (ok && out != nullptr) {
       *out = r;
@@ -185,24 +187,28 @@ bool writeSignatureStats(PGconn* c, const SignatureStatsRow& r) {
            "histogram=EXCLUDED.histogram");
 }
 
+// Multi-row INSERTs of up to kRawRowsPerStatement rows: one round trip per chunk, not per row.
+constexpr size_t kRawRowsPerStatement = 500;
+
 uint64_t writeRaw(PGconn* c, const std::string& job_id, const std::vector<RawRecord>& recs) {
   uint64_t ok = 0;
-  for (const RawRecord& r : recs) {
-    ok += Params().text(job_id)
-                  .i64(r.rank)
-                  .u64(r.sig_id)
-                  .u64(r.stream)
-                  .i64(r.issue_ns)
-                  .i64(r.start_ns)
-                  .i64(r.end_ns)
-                  .u64(r.flops)
-                  .u64(r.bytes)
-                  .u64(r.coll_seq)
-                  .run(c,
-                       "INSERT INTO raw_records(job_id,rank,sig_id,stream,issue_ns,start_ns,"
-                       "end_ns,flops,bytes,coll_seq) VALUES($1,$2,$3,$4,$5,$6,$7,$8,$9,$10)")
-              ? 1
-              : 0;
+  for (size_t at = 0; at < recs.size(); at += kRawRowsPerStatement) {
+    const size_t n = std::min(kRawRowsPerStatement, recs.size() - at);
+    std::string sql =
+        "INSERT INTO raw_records(job_id,rank,sig_id,stream,issue_ns,start_ns,end_ns,flops,bytes,"
+        "coll_seq) VALUES";
+    Params p;
+    p.text(job_id);
+    int k = 2;
+    for (size_t i = 0; i < n; ++i) {
+      const RawRecord& r = recs[at + i];
+      sql += i == 0 ? "($1" : ",($1";
+      for (int f = 0; f < 9; ++f) sql += ",$" + std::to_string(k++);
+      sql += ")";
+      p.i64(r.rank).u64(r.sig_id).u64(r.stream).i64(r.issue_ns).i64(r.start_ns).i64(r.end_ns);
+      p.u64(r.flops).u64(r.bytes).u64(r.coll_seq);
+    }
+    if (p.run(c, sql.c_str())) ok += n;
   }
   return ok;
 }

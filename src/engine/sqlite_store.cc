@@ -108,7 +108,6 @@ std::vector<WindowSummaryRow> decodeOpenWindows(const std::string& job_id, int32
   return out;
 }
 
-
 struct SqliteStore::Writer {
   explicit Writer(sqlite3* d) : db(d) {}
   ~Writer() {

@@ -369,7 +369,26 @@ def test_flared_killed_and_restarted_mid_run_holds_every_record_exactly_once(
     t = threading.Thread(target=lambda: result.update(
         res=sim_train("--ranks", 8, "--steps", steps, env=env, timeout=300)))
     t.start()
-    time.sleep(2.0)
+    # Kill once the store holds a checkpoint of every rank (its batch_seq mark committed).
+    def marks():
+        sql = "SELECT COUNT(*) FROM batch_seqs WHERE job_id='streamtest'"
+        try:
+            if db == "postgresql":
+                return int(subprocess.run(["psql", "-h", pg_host, "-U", "flare", "-d",
+                                           "postgres", "-At", "-c", sql], capture_output=True,
+                                          text=True, timeout=30).stdout.strip() or 0)
+            import sqlite3
+            con = sqlite3.connect("file:%s?mode=ro" % os.path.join(str(tmp_path), "flared.db"),
+                                  uri=True)
+            try:
+                return con.execute(sql).fetchone()[0]
+            finally:
+                con.close()
+        except Exception:  # not created yet
+            return 0
+    deadline = time.monotonic() + 60
+    while marks() < 8 and time.monotonic() < deadline:
+        time.sleep(0.05)
     assert t.is_alive(), "the run ended before the kill; make it longer"
     daemon.stop(signal.SIGKILL)  # batches applied since its last checkpoint die with it
     time.sleep(1.5)
