@@ -10,6 +10,7 @@ DEB_PACKAGES=(
   libabsl-dev libspdlog-dev libfmt-dev pybind11-dev
   libgtest-dev libgmock-dev googletest libbenchmark-dev
   libsqlite3-dev sqlite3 zlib1g-dev libssl-dev
+  libpq-dev postgresql openssl
   time valgrind
   prometheus
   chromium

@@ -67,6 +67,23 @@ constexpr ParamInfo kParams[] = {
      "overrides it for a stream."},
     {"FLARE_EXIT_FLUSH_SECONDS", "duration", "2", "exporter",
      "At process exit, time given to send queued batches to the daemon; the rest is spooled."},
+    {"FLARE_BATCH_BYTES", "int", "65536", "exporter",
+     "Size bound of a batch: records are sent (or spooled) once a batch's encoded records reach "
+     "about this many bytes (1 KiB to 64 MiB)."},
+    {"FLARE_BATCH_INTERVAL_MS", "int", "1000", "exporter",
+     "Time bound of a batch in milliseconds: what has completed is sent (or spooled) at least "
+     "this often (10 to 3600000)."},
+    {"FLARE_TLS_CA", "string", "", "exporter",
+     "PEM file of the root certificate(s) that the daemon's certificate must verify against: "
+     "set it to stream over TLS (the daemon runs with --tls-cert/--tls-key). Unreadable: one "
+     "warning and records go to the spool, never in plaintext."},
+    {"FLARE_TLS_CERT", "string", "", "exporter",
+     "PEM client certificate chain presented to the daemon (with FLARE_TLS_KEY; for a daemon "
+     "run with --tls-client-ca)."},
+    {"FLARE_TLS_KEY", "string", "", "exporter", "PEM private key of FLARE_TLS_CERT."},
+    {"FLARE_TLS_SERVER_NAME", "string", "", "exporter",
+     "Name checked in the daemon's certificate instead of the host of FLARE_DAEMON (e.g. when "
+     "FLARE_DAEMON is an IP address the certificate does not list)."},
     // --- hang ---
     {"FLARE_HANG_TIMEOUT", "duration", "300", "hang",
      "A rank reports a hang when a GPU event has not completed within this many seconds."},

@@ -317,11 +317,13 @@ TEST_F(FlaredTest, RanksStreamQueryRestartAndIsolation) {
   for (size_t p = ranks.find("\"host\""); p != std::string::npos; p = ranks.find("\"host\"", p + 1))
     ++hosts;
   EXPECT_EQ(hosts, static_cast<size_t>(kRanks)) << ranks;
-  // The ranks reconnect and carry on.
+  // The ranks reconnect, are told what the daemon holds of them, and carry on.
   {
     Rank r(d->target());
-    ASSERT_TRUE(r.hello(makeHello("jobA", 0, kRanks, "tokA")).accepted());
-    ASSERT_TRUE(r.send(gemmBatch(0, 1, 10, kDur)));
+    const auto ack = r.hello(makeHello("jobA", 0, kRanks, "tokA"));
+    ASSERT_TRUE(ack.accepted());
+    EXPECT_EQ(ack.resume_after_seq(), 1u);
+    ASSERT_TRUE(r.send(gemmBatch(0, 2, 10, kDur)));
     EXPECT_TRUE(r.finish().ok());
   }
   EXPECT_THAT(httpBody(d->http_port, "/api/v1/jobs/jobA/report"),

@@ -30,6 +30,9 @@
 #include "src/engine/metrics.h"
 #include "src/engine/sqlite_store.h"
 #include "src/engine/webhook.h"
+#ifdef FLARE_WITH_PG
+#include "src/engine/pg_store.h"
+#endif
 
 namespace {
 
@@ -58,12 +61,16 @@ std::map<std::string, Flag> defaultFlags() {
       "gRPC address of the Ingest and Query services (port 0: any free port)");
   add("http", "HOST:PORT", "127.0.0.1:9464",
       "HTTP address of /metrics, /healthz and the JSON API; 'off' disables it");
-  add("db", "PATH", "flared.db", "SQLite database file (created; WAL mode)");
+  add("db", "PATH", "flared.db",
+      "SQLite database file (created; WAL mode), or a PostgreSQL URI postgresql://... (shared "
+      "history; when built with libpq)");
   add("token-file", "PATH", "",
       "lines 'job_id token'; job_id '*' sets the token of every other job. Without it every rank "
       "is accepted");
   add("tls-cert", "PATH", "", "PEM certificate chain: serve gRPC over TLS (needs --tls-key)");
   add("tls-key", "PATH", "", "PEM private key for --tls-cert");
+  add("tls-client-ca", "PATH", "",
+      "PEM root(s): with TLS, ranks must present a client certificate verified by it");
   add("max-message-bytes", "N", "8388608",
       "largest message a rank may send (bigger: rejected, counted as oversized)");
   add("max-batch-items", "N", "200000",
@@ -276,6 +283,10 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "flared: --tls-cert and --tls-key go together\n");
     return 2;
   }
+  if (!str("tls-client-ca").empty() && str("tls-cert").empty()) {
+    std::fprintf(stderr, "flared: --tls-client-ca needs --tls-cert and --tls-key\n");
+    return 2;
+  }
 
   // Undecodable rank messages are counted (flare_ingest_rejected_total{reason="malformed"})
   // and answered with a status; protobuf's own error line per bad string would let a client
@@ -284,7 +295,17 @@ int main(int argc, char** argv) {
 
   SqliteStore::Options so;
   so.path = str("db");
-  auto store = SqliteStore::open(so, &error);
+  std::unique_ptr<Store> store;
+  const bool pg = so.path.rfind("postgresql://", 0) == 0 || so.path.rfind("postgres://", 0) == 0;
+  if (pg) {
+#ifdef FLARE_WITH_PG
+    store = PgStore::open({so.path}, &error);
+#else
+    error = "this flared was built without libpq: --db postgresql://... is not available";
+#endif
+  } else {
+    store = SqliteStore::open(so, &error);
+  }
   if (!store) {
     std::fprintf(stderr, "flared: %s\n", error.c_str());
     return 1;
@@ -423,6 +444,7 @@ int main(int argc, char** argv) {
   go.listen = str("listen");
   go.tls_cert_file = str("tls-cert");
   go.tls_key_file = str("tls-key");
+  go.tls_client_ca_file = str("tls-client-ca");
   go.max_message_bytes = cfg.max_message_bytes;
   GrpcServer grpc(ingest, api, go);
   if (!grpc.start(&error)) {
@@ -508,7 +530,8 @@ int main(int argc, char** argv) {
   signal(SIGPIPE, SIG_IGN);
 
   FLARE_LOG_INFO("engine", "flared: gRPC on port {}{}, HTTP on port {}, db {}", grpc.port(),
-                 go.tls_cert_file.empty() ? "" : " (TLS)", http.port(), so.path);
+                 go.tls_cert_file.empty() ? "" : " (TLS)", http.port(),
+                 pg ? std::string("PostgreSQL") : so.path);  // a URI may hold a password
   if (!str("ready-file").empty()) {
     const std::string tmp = str("ready-file") + ".tmp";
     std::ofstream(tmp) << grpc.port() << " " << http.port() << "\n";

@@ -358,6 +358,13 @@ bool GrpcServer::start(std::string* error) {
       return false;
     }
     ssl.pem_key_cert_pairs.push_back(std::move(pair));
+    if (!options_.tls_client_ca_file.empty()) {
+      if (!readFile(options_.tls_client_ca_file, &ssl.pem_root_certs)) {
+        *error = "cannot read --tls-client-ca " + options_.tls_client_ca_file;
+        return false;
+      }
+      ssl.client_certificate_request = GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY;
+    }
     creds = grpc::SslServerCredentials(ssl);
   } else {
     creds = grpc::InsecureServerCredentials();

@@ -29,6 +29,8 @@ struct GrpcOptions {
   std::string listen = "127.0.0.1:7070";  // port 0 picks a free one (see port())
   std::string tls_cert_file;              // both set: TLS; otherwise plaintext
   std::string tls_key_file;
+  std::string tls_client_ca_file;  // set (with TLS): ranks must present a client certificate
+                                   // that verifies against it
   size_t max_message_bytes = 8u << 20;
   size_t max_queued_writes = 256;  // per stream
 };

@@ -144,6 +144,26 @@ Ingest::JobState* Ingest::findJob(const std::string& job_id) {
   return it == jobs_.end() ? nullptr : it->second.get();
 }
 
+Ingest::RankState::Incarnation& Ingest::incarnation(RankState& rs, int32_t pid, int64_t start_ns,
+                                                    int64_t now) {
+  auto [it, fresh] = rs.incarnations.try_emplace({pid, start_ns});
+  if (fresh) {
+    it->second.updated_ns = now;
+    // Bounded: forget the process heard from least recently (its stored mark stays).
+    while (rs.incarnations.size() > std::max<size_t>(config_.max_incarnations_per_rank, 1)) {
+      auto oldest = rs.incarnations.end();
+      for (auto i = rs.incarnations.begin(); i != rs.incarnations.end(); ++i) {
+        if (i != it &&
+            (oldest == rs.incarnations.end() || i->second.updated_ns < oldest->second.updated_ns)) {
+          oldest = i;
+        }
+      }
+      rs.incarnations.erase(oldest);
+    }
+  }
+  return it->second;
+}
+
 Ingest::HelloOutcome Ingest::hello(const v1::RankHello& h,
                                    std::shared_ptr<CommandChannel> channel) {
   HelloOutcome out;
@@ -193,6 +213,9 @@ Ingest::HelloOutcome Ingest::hello(const v1::RankHello& h,
       fresh->start_ns = h.start_time_unix_ns() > 0 ? h.start_time_unix_ns() : now;
       job = fresh.get();
       jobs_.emplace(h.job_id(), std::move(fresh));
+      // Stored now, ahead of the job's signatures (written as they are interned), so that a
+      // restart before the first checkpoint finds their job.
+      if (store_) store_->putJob({job->job_id, h.world_size(), job->start_ns, now});
     }
     if (!job->ranks.contains(h.rank()) && job->ranks.size() >= config_.max_ranks_per_job) {
       return refuse(Reason::kTooManyRanks, Code::kResourceExhausted,
@@ -227,6 +250,8 @@ Ingest::HelloOutcome Ingest::hello(const v1::RankHello& h,
     s.job = job;
     s.rank = h.rank();
     s.pid = h.pid();
+    s.start_ns = h.start_time_unix_ns();
+    out.ack.set_resume_after_seq(incarnation(rs, s.pid, s.start_ns, now).seq);
     s.tokens = config_.rank_rate_limit * config_.rank_rate_burst_s;
     s.refill_ns = now;
     s.channel = std::move(channel);
@@ -398,8 +423,6 @@ void Ingest::applyDrops(RankState& rs, const v1::DropCounters& d) {
 
 Verdict Ingest::batch(uint64_t session_id, const v1::RecordBatch& b) {
   const int64_t now = wall_.nowNs();
-  std::vector<RawRecord> raw;
-  std::vector<WindowSummaryRow> windows;
   std::string job_id;
   int32_t rank = 0;
   {
@@ -419,18 +442,14 @@ Verdict Ingest::batch(uint64_t session_id, const v1::RecordBatch& b) {
     JobState& job = *s.job;
     RankState& rs = job.ranks[s.rank];
     rank = s.rank;
-    // Spool replays: dedupe by (pid, batch_seq, created_ns) over a bounded window.
-    const uint64_t key = mix(mix(mix(0, static_cast<uint64_t>(s.pid)), b.batch_seq()),
-                             static_cast<uint64_t>(b.created_ns()));
-    if (b.from_spool() && rs.seen.contains(key)) {
-      return reject(Reason::kDuplicateBatch, Code::kOk, "batch already received");
-    }
-    if (!b.from_spool()) {
-      if (b.batch_seq() != 0 && b.batch_seq() <= s.last_seq) {
-        return reject(
-            Reason::kOutOfOrder, Code::kInvalidArgument,
-            "batch_seq " + std::to_string(b.batch_seq()) + " after " + std::to_string(s.last_seq));
-      }
+    // Exactly once: a batch at or below the highest seq applied for this process was applied
+    // before (a re-send or spool replay after a reconnect or a daemon restart).
+    RankState::Incarnation& inc = incarnation(rs, s.pid, s.start_ns, now);
+    if (b.batch_seq() != 0 && b.batch_seq() <= inc.seq) {
+      if (b.from_spool()) return reject(Reason::kDuplicateBatch, Code::kOk, "batch already held");
+      return reject(
+          Reason::kOutOfOrder, Code::kInvalidArgument,
+          "batch_seq " + std::to_string(b.batch_seq()) + " after " + std::to_string(inc.seq));
     }
     const size_t records = static_cast<size_t>(b.kernels_size()) + b.summaries_size() +
                            b.spans_size() + b.steps_size();
@@ -450,27 +469,30 @@ Verdict Ingest::batch(uint64_t session_id, const v1::RecordBatch& b) {
 
     // Everything checked: apply.
     s.tokens -= static_cast<double>(records);
-    if (!b.from_spool() && b.batch_seq() != 0) {
-      if (s.last_seq != 0 && b.batch_seq() > s.last_seq + 1) {
-        const uint64_t lost = b.batch_seq() - s.last_seq - 1;
+    if (b.batch_seq() != 0) {
+      if (inc.seq != 0 && b.batch_seq() > inc.seq + 1) {
+        const uint64_t lost = b.batch_seq() - inc.seq - 1;
         rs.lost_batches += lost;
         counters_.lost_batches.fetch_add(lost, std::memory_order_relaxed);
       }
-      s.last_seq = b.batch_seq();
-    }
-    if (rs.seen.insert(key).second) {
-      rs.seen_order.push_back(key);
-      if (rs.seen_order.size() > config_.dedupe_window) {
-        rs.seen.erase(rs.seen_order.front());
-        rs.seen_order.pop_front();
-      }
+      inc.seq = b.batch_seq();
+      inc.updated_ns = now;
+      inc.dirty = true;
     }
     for (const v1::Signature& sig : b.signatures()) {
       s.sig_map[sig.id()] = internSignature(job, sig);
     }
     for (const v1::ApiName& a : b.api_names()) s.api_ids.insert(a.id());
     job_id = job.job_id;
-    if (config_.store_raw && store_ && b.kernels_size() > 0) raw.reserve(b.kernels_size());
+    const bool keep_raw =
+        config_.store_raw && store_ &&
+        pending_raw_count_ + static_cast<size_t>(b.kernels_size()) <= config_.max_pending_raw;
+    if (config_.store_raw && store_ && !keep_raw) {
+      counters_.raw_dropped.fetch_add(b.kernels_size(), std::memory_order_relaxed);
+    }
+    std::vector<RawRecord>* raw =
+        keep_raw && b.kernels_size() > 0 ? &pending_raw_[job.job_id] : nullptr;
+    if (raw != nullptr) pending_raw_count_ += b.kernels_size();
     for (const v1::KernelRecord& k : b.kernels()) {
       const uint32_t id = s.sig_map[k.signature_id()];
       SigState& st = job.sigs[id - 1];
@@ -484,10 +506,10 @@ Verdict Ingest::batch(uint64_t session_id, const v1::RecordBatch& b) {
       st.bytes += static_cast<double>(k.bytes() != 0 ? k.bytes() : st.sig.bytes_per_call());
       if (k.has_collective() && k.collective().nranks() > 0) st.nranks = k.collective().nranks();
       st.dirty = true;
-      if (config_.store_raw && store_) {
-        raw.push_back(RawRecord{s.rank, id, k.stream_id(), k.issue_ns(), k.start_ns(), k.end_ns(),
-                                k.flops(), k.bytes(),
-                                k.has_collective() ? k.collective().seq() : 0});
+      if (raw != nullptr) {
+        raw->push_back(RawRecord{s.rank, id, k.stream_id(), k.issue_ns(), k.start_ns(), k.end_ns(),
+                                 k.flops(), k.bytes(),
+                                 k.has_collective() ? k.collective().seq() : 0});
       }
     }
     uint64_t summarized = 0;
@@ -503,8 +525,9 @@ Verdict Ingest::batch(uint64_t session_id, const v1::RecordBatch& b) {
       WindowSummaryRow* w = nullptr;
       if (store_) {
         w = &rs.open_windows[mix(mix(1, id), sm.stream_id())];
+        rs.windows_dirty = true;
         if (w->count > 0 && w->window_start_ns != win) {
-          windows.push_back(std::move(*w));
+          pending_windows_.push_back(std::move(*w));
           *w = WindowSummaryRow();
         }
         if (w->count == 0) {
@@ -566,10 +589,6 @@ Verdict Ingest::batch(uint64_t session_id, const v1::RecordBatch& b) {
   }
   counters_.deep_trace_records.fetch_add(static_cast<uint64_t>(b.deep_trace_size()),
                                          std::memory_order_relaxed);
-  if (store_) {
-    if (!raw.empty()) store_->appendRaw(job_id, std::move(raw));
-    if (!windows.empty()) store_->putWindowSummaries(std::move(windows));
-  }
   if (config_.on_batch) config_.on_batch(job_id, rank, b);
   return {};
 }
@@ -762,8 +781,16 @@ void Ingest::persist(bool final) {
   const int64_t current = config_.summary_window_ns > 0
                               ? now / config_.summary_window_ns * config_.summary_window_ns
                               : now;
-  std::vector<WindowSummaryRow> windows;
+  Checkpoint cp;
   std::lock_guard lock(mu_);
+  cp.windows = std::move(pending_windows_);
+  pending_windows_.clear();
+  cp.raw.reserve(pending_raw_.size());
+  for (auto& [job_id, recs] : pending_raw_) {
+    if (!recs.empty()) cp.raw.emplace_back(job_id, std::move(recs));
+  }
+  pending_raw_.clear();
+  pending_raw_count_ = 0;
   // Rows close when the clock enters a new window: scan the open ones only then.
   const bool close_windows = final || current != last_window_flush_;
   last_window_flush_ = current;
@@ -774,20 +801,36 @@ void Ingest::persist(bool final) {
         // A window is closed once the clock has left it (a rank's late summary for it
         // then starts a new row of the same window).
         if (final || it->second.window_start_ns + config_.summary_window_ns <= current) {
-          if (it->second.count > 0) windows.push_back(std::move(it->second));
+          if (it->second.count > 0) cp.windows.push_back(std::move(it->second));
           it = rs.open_windows.erase(it);
+          rs.windows_dirty = true;
         } else {
           ++it;
         }
       }
     }
     if (job->dirty) {
-      store_->putJob({job->job_id, job->world_size, job->start_ns, job->last_seen_ns});
+      cp.jobs.push_back({job->job_id, job->world_size, job->start_ns, job->last_seen_ns});
       job->dirty = false;
     }
     for (auto& [rank, rs] : job->ranks) {
+      if (rs.windows_dirty) {
+        OpenWindowsRow& o = cp.open_windows.emplace_back();
+        o.job_id = job->job_id;
+        o.rank = rank;
+        for (const auto& [key, row] : rs.open_windows) {
+          if (row.count > 0) o.rows.push_back(row);
+        }
+        rs.windows_dirty = false;
+      }
+      for (auto& [inc_key, inc] : rs.incarnations) {
+        if (!inc.dirty) continue;
+        cp.seqs.push_back(
+            {job->job_id, rank, inc_key.first, inc_key.second, inc.seq, inc.updated_ns});
+        inc.dirty = false;
+      }
       if (!rs.dirty) continue;
-      RankRow r;
+      RankRow& r = cp.ranks.emplace_back();
       r.job_id = job->job_id;
       r.rank = rank;
       r.host = rs.host;
@@ -800,17 +843,17 @@ void Ingest::persist(bool final) {
       r.records = rs.records;
       r.lost_batches = rs.lost_batches;
       rs.drops.SerializeToString(&r.drops);
-      store_->putRank(r);
       rs.dirty = false;
     }
     for (SigState& st : job->sigs) {
       if (!st.dirty) continue;
-      store_->putSignatureStats({job->job_id, st.sig.id(), st.count, st.total_ns, st.min_ns,
-                                 st.max_ns, st.flops, st.bytes, st.nranks, st.hist.serialize()});
+      cp.signature_stats.push_back({job->job_id, st.sig.id(), st.count, st.total_ns, st.min_ns,
+                                    st.max_ns, st.flops, st.bytes, st.nranks, st.hist.serialize()});
       st.dirty = false;
     }
   }
-  if (!windows.empty()) store_->putWindowSummaries(std::move(windows));
+  // Queued under mu_: no batch applied after this snapshot can reach the store before it.
+  store_->putCheckpoint(std::move(cp));
 }
 
 void Ingest::loadFromStore() {
@@ -840,6 +883,27 @@ void Ingest::loadFromStore() {
     rs.lost_batches = row.lost_batches;
     rs.drops.ParseFromString(row.drops);
   }
+  size_t marks = 0;
+  for (const BatchSeqRow& row : store_->loadBatchSeqs()) {
+    JobState* job = findJob(row.job_id);
+    if (job == nullptr) continue;
+    RankState& rs = job->ranks[row.rank];
+    rs.rank = row.rank;
+    RankState::Incarnation& inc = incarnation(rs, row.pid, row.start_ns, row.updated_ns);
+    inc.seq = row.seq;
+    inc.updated_ns = row.updated_ns;
+    ++marks;
+  }
+  for (OpenWindowsRow& row : store_->loadOpenWindows()) {
+    JobState* job = findJob(row.job_id);
+    if (job == nullptr) continue;
+    RankState& rs = job->ranks[row.rank];
+    for (WindowSummaryRow& w : row.rows) {
+      w.job_id = row.job_id;
+      w.rank = row.rank;
+      rs.open_windows[mix(mix(1, w.sig_id), w.stream)] = std::move(w);
+    }
+  }
   for (const SignatureRow& row : store_->loadSignatures()) {
     JobState* job = findJob(row.job_id);
     v1::Signature sig;
@@ -868,7 +932,8 @@ void Ingest::loadFromStore() {
     st.nranks = row.nranks;
     st.hist.deserialize(row.histogram);
   }
-  FLARE_LOG_INFO("engine", "store: loaded {} jobs", jobs_.size());
+  FLARE_LOG_INFO("engine", "store: loaded {} jobs, {} rank processes' batch marks", jobs_.size(),
+                 marks);
 }
 
 void Ingest::writeMetrics(PromWriter& w) const {
@@ -899,6 +964,10 @@ void Ingest::writeMetrics(PromWriter& w) const {
   w.sample("flare_ingest_signatures_total", c(counters_.signatures));
   w.family("flare_ingest_lost_batches_total", "counter", "Gaps in ranks' batch_seq: batches lost.");
   w.sample("flare_ingest_lost_batches_total", c(counters_.lost_batches));
+  w.family("flare_ingest_raw_dropped_total", "counter",
+           "Raw kernel records accepted but not stored: too many waiting for the next "
+           "checkpoint.");
+  w.sample("flare_ingest_raw_dropped_total", c(counters_.raw_dropped));
   w.family("flare_rank_drops_total", "counter",
            "Increases of the ranks' DropCounters, summed over ranks, by counter.");
   for (size_t i = 0; i < counters_.rank_drops.size(); ++i) {

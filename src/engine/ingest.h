@@ -8,6 +8,14 @@
 // so no stream can write into another rank's or job's state. A second stream of the same
 // (job, rank) replaces the first (the rank reconnected); the old stream is told to close.
 //
+// Exactly once. Each rank process numbers its batches (batch_seq, no gaps). Per (job, rank,
+// process) the highest seq applied is kept; a batch at or below it is dropped and counted
+// (duplicate_batch for spool replays, out_of_order otherwise), and the HelloAck's
+// resume_after_seq tells a reconnecting rank where to resume. persist() writes everything
+// applied since the previous call (aggregates, rank rows, raw records, summary windows, open
+// windows included) together with those marks as ONE Store::Checkpoint, so after a crash the
+// reloaded state and the marks agree: what a rank re-sends is counted exactly once.
+//
 // Validation. decode() and batch() check every field before anything changes: a batch is
 // applied whole or not at all. Refusals come back as a Verdict with a reason that labels
 // flare_ingest_rejected_total{reason=...}. Protocol violations (no hello, another rank, bytes
@@ -110,7 +118,10 @@ struct IngestConfig {
   bool store_raw = true;                                   // append raw kernel records to the store
   int64_t summary_window_ns = 60LL * 1000000000LL;         // stored rows fold ranks' summaries
   size_t max_pending_commands = 32;                        // per rank, while it is not connected
-  size_t dedupe_window = 64;  // batches remembered per rank for spool-replay dedupe (~4 KiB)
+  // Raw kernel records waiting for the next checkpoint (persist()); beyond: dropped, counted
+  // (flare_ingest_raw_dropped_total). ~60 bytes each.
+  size_t max_pending_raw = 2000000;
+  size_t max_incarnations_per_rank = 4;  // rank processes whose batch_seq marks stay in memory
   // Tokens: job -> token, and a token for every other job ("" = none). With neither, every
   // hello is accepted (the loopback default).
   std::unordered_map<std::string, std::string> job_tokens;
@@ -135,6 +146,7 @@ struct IngestCounters {
   std::atomic<uint64_t> steps{0};
   std::atomic<uint64_t> signatures{0};
   std::atomic<uint64_t> lost_batches{0};
+  std::atomic<uint64_t> raw_dropped{0};
   std::atomic<uint64_t> commands_sent{0};
   std::atomic<uint64_t> commands_queued{0};
   std::atomic<uint64_t> commands_dropped{0};
@@ -220,10 +232,18 @@ class Ingest {
     v1::DropCounters drops;
     uint64_t session_id = 0;  // the live session, 0: none
     std::deque<v1::Command> pending;
-    std::unordered_set<uint64_t> seen;  // batch keys (dedupe of spool replays)
-    std::deque<uint64_t> seen_order;
+    // The highest batch_seq applied, per rank process (pid, hello start time): batches at or
+    // below it are duplicates (dropped, counted); HelloAck.resume_after_seq tells the rank.
+    // Written with the state it covers in each checkpoint, reloaded after a restart.
+    struct Incarnation {
+      uint64_t seq = 0;
+      int64_t updated_ns = 0;
+      bool dirty = false;
+    };
+    std::map<std::pair<int32_t, int64_t>, Incarnation> incarnations;
     // Summaries being folded into the current stored window, by (signature, stream).
     std::unordered_map<uint64_t, WindowSummaryRow> open_windows;
+    bool windows_dirty = false;  // open_windows changed since the last checkpoint
     bool dirty = false;
   };
   struct JobState {
@@ -243,7 +263,7 @@ class Ingest {
     JobState* job = nullptr;
     int32_t rank = 0;
     int32_t pid = 0;
-    uint64_t last_seq = 0;
+    int64_t start_ns = 0;  // the hello's start_time_unix_ns (with pid: the incarnation)
     std::unordered_map<uint32_t, uint32_t> sig_map;  // rank signature id -> daemon id
     std::unordered_set<uint32_t> api_ids;
     double tokens = 0;  // rate-limit bucket, records
@@ -259,6 +279,7 @@ class Ingest {
   void applyDrops(RankState& rs, const v1::DropCounters& d);
   void fillReport(const JobState& job, v1::GetReportResponse* out) const;
   JobState* findJob(const std::string& job_id);
+  RankState::Incarnation& incarnation(RankState& rs, int32_t pid, int64_t start_ns, int64_t now);
 
   IngestConfig config_;
   Store* store_;
@@ -269,6 +290,10 @@ class Ingest {
   uint64_t next_session_id_ = 1;
   uint64_t next_command_id_ = 1;
   int64_t last_window_flush_ = 0;  // the window persist() last closed rows for
+  // Applied since the last checkpoint, written with it (persist()).
+  std::unordered_map<std::string, std::vector<RawRecord>> pending_raw_;  // by job
+  size_t pending_raw_count_ = 0;
+  std::vector<WindowSummaryRow> pending_windows_;  // closed by a batch of a later window
   IngestCounters counters_;
 };
 

@@ -356,46 +356,59 @@ TEST_F(IngestTest, SendCommandNeedsTheJobsToken) {
   EXPECT_EQ(resp.delivered(), 1);
 }
 
-TEST_F(IngestTest, SeqGapsCountedSpoolReplaysDeduped) {
-  make();
-  const uint64_t s = connect("job", 0, 1);
-  auto batch = [](uint64_t seq, bool spool) {
-    v1::RecordBatch b;
-    b.set_rank(0);
-    b.set_batch_seq(seq);
-    b.set_created_ns(kNow + static_cast<int64_t>(seq));
-    b.set_from_spool(spool);
-    return b;
-  };
-  EXPECT_TRUE(ingest_->batch(s, batch(1, false)).ok());
-  EXPECT_TRUE(ingest_->batch(s, batch(4, false)).ok());  // 2 and 3 lost
-  EXPECT_EQ(ingest_->counters().lost_batches.load(), 2u);
-  EXPECT_EQ(ingest_->batch(s, batch(4, false)).reason, Reason::kOutOfOrder);
-  // The spool replays 2 (new) then 4 (already received live) and 2 again.
-  EXPECT_TRUE(ingest_->batch(s, batch(2, true)).ok());
-  EXPECT_EQ(ingest_->batch(s, batch(4, true)).reason, Reason::kDuplicateBatch);
-  EXPECT_EQ(ingest_->batch(s, batch(2, true)).reason, Reason::kDuplicateBatch);
-  EXPECT_EQ(ingest_->counters().batches.load(), 3u);
+v1::RecordBatch seqBatch(uint64_t seq, bool spool) {
+  v1::RecordBatch b;
+  b.set_rank(0);
+  b.set_batch_seq(seq);
+  b.set_created_ns(kNow + static_cast<int64_t>(seq));
+  b.set_from_spool(spool);
+  return b;
 }
 
-TEST_F(IngestTest, DedupeMemoryIsBoundedPerRank) {
-  IngestConfig cfg;
-  cfg.dedupe_window = 2;
-  make(cfg);
+TEST_F(IngestTest, SeqGapsCountedDuplicatesDroppedResumePointAcked) {
+  make();
   const uint64_t s = connect("job", 0, 1);
-  for (uint64_t seq = 1; seq <= 3; ++seq) {
-    v1::RecordBatch b;
-    b.set_rank(0);
-    b.set_batch_seq(seq);
-    ASSERT_TRUE(ingest_->batch(s, b).ok());
+  EXPECT_TRUE(ingest_->batch(s, seqBatch(1, false)).ok());
+  EXPECT_TRUE(ingest_->batch(s, seqBatch(4, false)).ok());  // 2 and 3 lost
+  EXPECT_EQ(ingest_->counters().lost_batches.load(), 2u);
+  EXPECT_EQ(ingest_->batch(s, seqBatch(4, false)).reason, Reason::kOutOfOrder);
+  // Replays at or below the highest seq applied are duplicates; above it they are new.
+  EXPECT_EQ(ingest_->batch(s, seqBatch(2, true)).reason, Reason::kDuplicateBatch);
+  EXPECT_EQ(ingest_->batch(s, seqBatch(4, true)).reason, Reason::kDuplicateBatch);
+  EXPECT_TRUE(ingest_->batch(s, seqBatch(5, true)).ok());
+  EXPECT_EQ(ingest_->counters().batches.load(), 3u);
+  EXPECT_EQ(rejected(Reason::kDuplicateBatch), 2u);
+  EXPECT_EQ(rejected(Reason::kOutOfOrder), 1u);
+  // The same process reconnecting is told where to resume.
+  auto again = ingest_->hello(makeHello("job", 0, 1), std::make_shared<FakeChannel>());
+  ASSERT_TRUE(again.ack.accepted());
+  EXPECT_EQ(again.ack.resume_after_seq(), 5u);
+  EXPECT_EQ(ingest_->batch(again.session_id, seqBatch(5, true)).reason, Reason::kDuplicateBatch);
+  EXPECT_TRUE(ingest_->batch(again.session_id, seqBatch(6, false)).ok());
+  // A new process of the rank (another pid) numbers from 1 again.
+  auto fresh = ingest_->hello(makeHello("job", 0, 1, "", 2000), std::make_shared<FakeChannel>());
+  EXPECT_EQ(fresh.ack.resume_after_seq(), 0u);
+  EXPECT_TRUE(ingest_->batch(fresh.session_id, seqBatch(1, false)).ok());
+  // ... and so does the same pid started again (another start time).
+  v1::RankHello h = makeHello("job", 0, 1);
+  h.set_start_time_unix_ns(kNow + 1);
+  EXPECT_EQ(ingest_->hello(h, std::make_shared<FakeChannel>()).ack.resume_after_seq(), 0u);
+  EXPECT_EQ(ingest_->counters().lost_batches.load(), 2u);
+}
+
+TEST_F(IngestTest, ResumeMarksAreBoundedPerRank) {
+  IngestConfig cfg;
+  cfg.max_incarnations_per_rank = 2;
+  make(cfg);
+  for (int pid : {1000, 2000, 3000}) {
+    auto out = ingest_->hello(makeHello("job", 0, 1, "", pid), std::make_shared<FakeChannel>());
+    clock_.advanceNs(1000);
+    ASSERT_TRUE(ingest_->batch(out.session_id, seqBatch(7, false)).ok());
   }
-  v1::RecordBatch replay;
-  replay.set_rank(0);
-  replay.set_from_spool(true);
-  replay.set_batch_seq(3);
-  EXPECT_EQ(ingest_->batch(s, replay).reason, Reason::kDuplicateBatch);  // remembered
-  replay.set_batch_seq(1);
-  EXPECT_TRUE(ingest_->batch(s, replay).ok());  // forgotten: only the last 2 are kept
+  // pid 1000 was heard from least recently: forgotten. The two others are kept.
+  EXPECT_EQ(ingest_->hello(makeHello("job", 0, 1, "", 3000), nullptr).ack.resume_after_seq(), 7u);
+  EXPECT_EQ(ingest_->hello(makeHello("job", 0, 1, "", 2000), nullptr).ack.resume_after_seq(), 7u);
+  EXPECT_EQ(ingest_->hello(makeHello("job", 0, 1, "", 1000), nullptr).ack.resume_after_seq(), 0u);
 }
 
 TEST_F(IngestTest, RateLimitIsPerRankTokenBucket) {

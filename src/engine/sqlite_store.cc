@@ -47,9 +47,69 @@ CREATE TABLE IF NOT EXISTS deep_trace(
   id INTEGER PRIMARY KEY, job_id TEXT, rank INTEGER, start_ns INTEGER, record BLOB);
 CREATE INDEX IF NOT EXISTS deep_trace_by_job ON deep_trace(job_id, rank, start_ns);
 CREATE TABLE IF NOT EXISTS baselines(key TEXT PRIMARY KEY, value BLOB, updated_ns INTEGER);
+CREATE TABLE IF NOT EXISTS batch_seqs(
+  job_id TEXT, rank INTEGER, pid INTEGER, start_ns INTEGER, seq INTEGER, updated_ns INTEGER,
+  PRIMARY KEY(job_id, rank, pid, start_ns));
+CREATE TABLE IF NOT EXISTS open_windows(job_id TEXT, rank INTEGER, rows BLOB,
+  PRIMARY KEY(job_id, rank));
 )sql";
 
 }  // namespace
+
+// open_windows.rows: 8 little-endian 64-bit fields per row (sig_id, stream, window_start_ns,
+// window_end_ns, count, sum_ns, p50_ns, p99_ns).
+namespace {
+constexpr size_t kOpenWindowFields = 8;
+}  // namespace
+
+std::string encodeOpenWindows(const std::vector<WindowSummaryRow>& rows) {
+  std::string out;
+  out.reserve(rows.size() * kOpenWindowFields * 8);
+  auto put = [&](uint64_t v) {
+    for (int i = 0; i < 8; ++i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
+  };
+  for (const WindowSummaryRow& r : rows) {
+    put(r.sig_id);
+    put(r.stream);
+    put(static_cast<uint64_t>(r.window_start_ns));
+    put(static_cast<uint64_t>(r.window_end_ns));
+    put(r.count);
+    put(static_cast<uint64_t>(r.sum_ns));
+    put(static_cast<uint64_t>(r.p50_ns));
+    put(static_cast<uint64_t>(r.p99_ns));
+  }
+  return out;
+}
+
+std::vector<WindowSummaryRow> decodeOpenWindows(const std::string& job_id, int32_t rank,
+                                                const std::string& blob) {
+  std::vector<WindowSummaryRow> out;
+  constexpr size_t kRowBytes = kOpenWindowFields * 8;
+  for (size_t at = 0; at + kRowBytes <= blob.size(); at += kRowBytes) {
+    uint64_t f[kOpenWindowFields];
+    for (size_t i = 0; i < kOpenWindowFields; ++i) {
+      uint64_t v = 0;
+      for (int b = 0; b < 8; ++b) {
+        v |= static_cast<uint64_t>(static_cast<unsigned char>(blob[at + i * 8 + b])) << (8 * b);
+      }
+      f[i] = v;
+    }
+    WindowSummaryRow r;
+    r.job_id = job_id;
+    r.rank = rank;
+    r.sig_id = static_cast<uint32_t>(f[0]);
+    r.stream = f[1];
+    r.window_start_ns = static_cast<int64_t>(f[2]);
+    r.window_end_ns = static_cast<int64_t>(f[3]);
+    r.count = f[4];
+    r.sum_ns = static_cast<int64_t>(f[5]);
+    r.p50_ns = static_cast<int64_t>(f[6]);
+    r.p99_ns = static_cast<int64_t>(f[7]);
+    r.source = "summary";
+    out.push_back(std::move(r));
+  }
+  return out;
+}
 
 struct SqliteStore::Writer {
   explicit Writer(sqlite3* d) : db(d) {}
@@ -254,32 +314,74 @@ void countResult(bool ok, std::atomic<uint64_t>& rows, std::atomic<uint64_t>& er
                  uint64_t n = 1) {
   (ok ? rows : errors).fetch_add(n, std::memory_order_relaxed);
 }
+
+// The row writers, shared by the single-row ops and the checkpoint (templates: Writer is private).
+template <typename W>
+bool writeJob(W& w, const JobRow& r) {
+  Stmt s(w, "INSERT OR REPLACE INTO jobs VALUES(?,?,?,?)");
+  s.bind(1, r.job_id).bind(2, int64_t{r.world_size}).bind(3, r.start_ns).bind(4, r.last_seen_ns);
+  return s.run();
+}
+
+template <typename W>
+bool writeRank(W& w, const RankRow& r) {
+  Stmt s(w, "INSERT OR REPLACE INTO ranks VALUES(?,?,?,?,?,?,?,?,?,?,?,?)");
+  s.bind(1, r.job_id).bind(2, int64_t{r.rank}).bind(3, r.host).bind(4, int64_t{r.pid});
+  s.bind(5, int64_t{r.local_rank}).bind(6, r.device_name).bind(7, r.device_uuid);
+  s.bind(8, r.last_seen_ns).bindU(9, r.batches).bindU(10, r.records);
+  s.bindU(11, r.lost_batches).blob(12, r.drops);
+  return s.run();
+}
+
+template <typename W>
+bool writeSignatureStats(W& w, const SignatureStatsRow& r) {
+  Stmt s(w, "INSERT OR REPLACE INTO signature_stats VALUES(?,?,?,?,?,?,?,?,?,?)");
+  s.bind(1, r.job_id).bindU(2, r.sig_id).bindU(3, r.count).bind(4, r.total_ns);
+  s.bind(5, r.min_ns).bind(6, r.max_ns).bind(7, r.flops).bind(8, r.bytes);
+  s.bind(9, int64_t{r.nranks}).blob(10, r.histogram);
+  return s.run();
+}
+
+// Returns the rows written.
+template <typename W>
+uint64_t writeRaw(W& w, const std::string& job_id, const std::vector<RawRecord>& recs) {
+  Stmt s(w,
+         "INSERT INTO raw_records(job_id,rank,sig_id,stream,issue_ns,start_ns,end_ns,flops,"
+         "bytes,coll_seq) VALUES(?,?,?,?,?,?,?,?,?,?)");
+  s.bind(1, job_id);
+  uint64_t ok = 0;
+  for (const RawRecord& r : recs) {
+    s.bind(2, int64_t{r.rank}).bindU(3, r.sig_id).bindU(4, r.stream).bind(5, r.issue_ns);
+    s.bind(6, r.start_ns).bind(7, r.end_ns).bindU(8, r.flops).bindU(9, r.bytes);
+    s.bindU(10, r.coll_seq);
+    ok += s.run() ? 1 : 0;
+  }
+  return ok;
+}
+
+template <typename W>
+uint64_t writeWindows(W& w, const std::vector<WindowSummaryRow>& rows) {
+  Stmt s(w,
+         "INSERT INTO window_summaries(job_id,rank,sig_id,stream,window_start_ns,"
+         "window_end_ns,count,sum_ns,p50_ns,p99_ns,source) VALUES(?,?,?,?,?,?,?,?,?,?,?)");
+  uint64_t ok = 0;
+  for (const WindowSummaryRow& r : rows) {
+    s.bind(1, r.job_id).bind(2, int64_t{r.rank}).bindU(3, r.sig_id).bindU(4, r.stream);
+    s.bind(5, r.window_start_ns).bind(6, r.window_end_ns).bindU(7, r.count).bind(8, r.sum_ns);
+    s.bind(9, r.p50_ns).bind(10, r.p99_ns).bind(11, r.source);
+    ok += s.run() ? 1 : 0;
+  }
+  return ok;
+}
+
 }  // namespace
 
 void SqliteStore::putJob(const JobRow& r) {
-  enqueue(
-      [this, r](Writer& w) {
-        Stmt s(w, "INSERT OR REPLACE INTO jobs VALUES(?,?,?,?)");
-        s.bind(1, r.job_id)
-            .bind(2, int64_t{r.world_size})
-            .bind(3, r.start_ns)
-            .bind(4, r.last_seen_ns);
-        countResult(s.run(), rows_written_, errors_);
-      },
-      0);
+  enqueue([this, r](Writer& w) { countResult(writeJob(w, r), rows_written_, errors_); }, 0);
 }
 
 void SqliteStore::putRank(const RankRow& r) {
-  enqueue(
-      [this, r](Writer& w) {
-        Stmt s(w, "INSERT OR REPLACE INTO ranks VALUES(?,?,?,?,?,?,?,?,?,?,?,?)");
-        s.bind(1, r.job_id).bind(2, int64_t{r.rank}).bind(3, r.host).bind(4, int64_t{r.pid});
-        s.bind(5, int64_t{r.local_rank}).bind(6, r.device_name).bind(7, r.device_uuid);
-        s.bind(8, r.last_seen_ns).bindU(9, r.batches).bindU(10, r.records);
-        s.bindU(11, r.lost_batches).blob(12, r.drops);
-        countResult(s.run(), rows_written_, errors_);
-      },
-      0);
+  enqueue([this, r](Writer& w) { countResult(writeRank(w, r), rows_written_, errors_); }, 0);
 }
 
 void SqliteStore::putSignature(const SignatureRow& r) {
@@ -293,15 +395,8 @@ void SqliteStore::putSignature(const SignatureRow& r) {
 }
 
 void SqliteStore::putSignatureStats(const SignatureStatsRow& r) {
-  enqueue(
-      [this, r](Writer& w) {
-        Stmt s(w, "INSERT OR REPLACE INTO signature_stats VALUES(?,?,?,?,?,?,?,?,?,?)");
-        s.bind(1, r.job_id).bindU(2, r.sig_id).bindU(3, r.count).bind(4, r.total_ns);
-        s.bind(5, r.min_ns).bind(6, r.max_ns).bind(7, r.flops).bind(8, r.bytes);
-        s.bind(9, int64_t{r.nranks}).blob(10, r.histogram);
-        countResult(s.run(), rows_written_, errors_);
-      },
-      0);
+  enqueue([this, r](Writer& w) { countResult(writeSignatureStats(w, r), rows_written_, errors_); },
+          0);
 }
 
 void SqliteStore::appendRaw(const std::string& job_id, std::vector<RawRecord> records) {
@@ -309,17 +404,7 @@ void SqliteStore::appendRaw(const std::string& job_id, std::vector<RawRecord> re
   const size_t n = records.size();
   enqueue(
       [this, job_id, recs = std::move(records)](Writer& w) {
-        Stmt s(w,
-               "INSERT INTO raw_records(job_id,rank,sig_id,stream,issue_ns,start_ns,end_ns,flops,"
-               "bytes,coll_seq) VALUES(?,?,?,?,?,?,?,?,?,?)");
-        s.bind(1, job_id);
-        uint64_t ok = 0;
-        for (const RawRecord& r : recs) {
-          s.bind(2, int64_t{r.rank}).bindU(3, r.sig_id).bindU(4, r.stream).bind(5, r.issue_ns);
-          s.bind(6, r.start_ns).bind(7, r.end_ns).bindU(8, r.flops).bindU(9, r.bytes);
-          s.bindU(10, r.coll_seq);
-          ok += s.run() ? 1 : 0;
-        }
+        const uint64_t ok = writeRaw(w, job_id, recs);
         raw_written_.fetch_add(ok, std::memory_order_relaxed);
         errors_.fetch_add(recs.size() - ok, std::memory_order_relaxed);
       },
@@ -367,20 +452,62 @@ void SqliteStore::putWindowSummaries(std::vector<WindowSummaryRow> rows) {
   if (rows.empty()) return;
   enqueue(
       [this, rows = std::move(rows)](Writer& w) {
-        Stmt s(w,
-               "INSERT INTO window_summaries(job_id,rank,sig_id,stream,window_start_ns,"
-               "window_end_ns,count,sum_ns,p50_ns,p99_ns,source) VALUES(?,?,?,?,?,?,?,?,?,?,?)");
-        uint64_t ok = 0;
-        for (const WindowSummaryRow& r : rows) {
-          s.bind(1, r.job_id).bind(2, int64_t{r.rank}).bindU(3, r.sig_id).bindU(4, r.stream);
-          s.bind(5, r.window_start_ns).bind(6, r.window_end_ns).bindU(7, r.count).bind(8, r.sum_ns);
-          s.bind(9, r.p50_ns).bind(10, r.p99_ns).bind(11, r.source);
-          ok += s.run() ? 1 : 0;
-        }
+        const uint64_t ok = writeWindows(w, rows);
         rows_written_.fetch_add(ok, std::memory_order_relaxed);
         errors_.fetch_add(rows.size() - ok, std::memory_order_relaxed);
       },
       0);
+}
+
+void SqliteStore::putCheckpoint(Checkpoint cp) {
+  if (cp.empty()) return;
+  size_t raw = 0;
+  for (const auto& [job, recs] : cp.raw) raw += recs.size();
+  {
+    std::lock_guard lock(queue_mu_);
+    if (queued_raw_ + raw > options_.max_queued_raw) {
+      // Over the raw cap: the raw records go, counted; the state and the marks still commit.
+      dropped_.fetch_add(raw, std::memory_order_relaxed);
+      cp.raw.clear();
+      raw = 0;
+    }
+  }
+  auto op = [this, cp = std::move(cp)](Writer& w) {
+    // The whole checkpoint is one op, hence inside one transaction (writerLoop).
+    uint64_t ok = 0, bad = 0;
+    auto count = [&](bool good) { ++(good ? ok : bad); };
+    for (const JobRow& r : cp.jobs) count(writeJob(w, r));
+    for (const RankRow& r : cp.ranks) count(writeRank(w, r));
+    for (const SignatureStatsRow& r : cp.signature_stats) count(writeSignatureStats(w, r));
+    uint64_t raw_ok = 0, raw_n = 0;
+    for (const auto& [job, recs] : cp.raw) {
+      raw_ok += writeRaw(w, job, recs);
+      raw_n += recs.size();
+    }
+    const uint64_t win_ok = writeWindows(w, cp.windows);
+    ok += win_ok;
+    bad += cp.windows.size() - win_ok;
+    for (const OpenWindowsRow& r : cp.open_windows) {
+      Stmt s(w, "INSERT OR REPLACE INTO open_windows VALUES(?,?,?)");
+      s.bind(1, r.job_id).bind(2, int64_t{r.rank}).blob(3, encodeOpenWindows(r.rows));
+      count(s.run());
+    }
+    for (const BatchSeqRow& r : cp.seqs) {
+      Stmt s(w, "INSERT OR REPLACE INTO batch_seqs VALUES(?,?,?,?,?,?)");
+      s.bind(1, r.job_id).bind(2, int64_t{r.rank}).bind(3, int64_t{r.pid}).bind(4, r.start_ns);
+      s.bindU(5, r.seq).bind(6, r.updated_ns);
+      count(s.run());
+    }
+    rows_written_.fetch_add(ok, std::memory_order_relaxed);
+    raw_written_.fetch_add(raw_ok, std::memory_order_relaxed);
+    errors_.fetch_add(bad + (raw_n - raw_ok), std::memory_order_relaxed);
+  };
+  std::lock_guard lock(queue_mu_);
+  queue_.emplace_back(std::move(op), raw);
+  queued_raw_ += raw;
+  ++enqueued_seq_;
+  queue_depth_.store(queue_.size(), std::memory_order_relaxed);
+  queue_cv_.notify_one();
 }
 
 uint64_t SqliteStore::putAlert(v1::Alert a) {
@@ -480,6 +607,31 @@ std::vector<SignatureStatsRow> SqliteStore::loadSignatureStats() {
     r.bytes = s.dbl(7);
     r.nranks = static_cast<int32_t>(s.i64(8));
     r.histogram = s.str(9);
+    out.push_back(std::move(r));
+  }
+  return out;
+}
+
+std::vector<BatchSeqRow> SqliteStore::loadBatchSeqs() {
+  std::lock_guard lock(read_mu_);
+  std::vector<BatchSeqRow> out;
+  Stmt s(read_db_, "SELECT job_id, rank, pid, start_ns, seq, updated_ns FROM batch_seqs");
+  while (s.step() == SQLITE_ROW) {
+    out.push_back({s.str(0), static_cast<int32_t>(s.i64(1)), static_cast<int32_t>(s.i64(2)),
+                   s.i64(3), static_cast<uint64_t>(s.i64(4)), s.i64(5)});
+  }
+  return out;
+}
+
+std::vector<OpenWindowsRow> SqliteStore::loadOpenWindows() {
+  std::lock_guard lock(read_mu_);
+  std::vector<OpenWindowsRow> out;
+  Stmt s(read_db_, "SELECT job_id, rank, rows FROM open_windows");
+  while (s.step() == SQLITE_ROW) {
+    OpenWindowsRow r;
+    r.job_id = s.str(0);
+    r.rank = static_cast<int32_t>(s.i64(1));
+    r.rows = decodeOpenWindows(r.job_id, r.rank, s.str(2));
     out.push_back(std::move(r));
   }
   return out;
@@ -620,6 +772,10 @@ MaintenanceResult SqliteStore::maintain(int64_t now_ns, const RetentionPolicy& p
     Stmt a(db, "DELETE FROM alerts WHERE time_ns<?");
     a.bind(1, cutoff);
     if (a.run()) result.expired += static_cast<uint64_t>(sqlite3_changes(db));
+    // Marks of rank processes not heard from within the retention (they will not resume).
+    Stmt m(db, "DELETE FROM batch_seqs WHERE updated_ns<?");
+    m.bind(1, cutoff);
+    if (m.run()) result.expired += static_cast<uint64_t>(sqlite3_changes(db));
   }
   exec(db, "COMMIT");
   // 3. The size cap: oldest raw records first, then the oldest window rows, a tenth at a time.

@@ -43,6 +43,7 @@ class SqliteStore final : public Store {
   std::vector<DeepTraceRow> deepTrace(const std::string& job_id, int32_t rank,
                                       size_t limit) override;
   void putWindowSummaries(std::vector<WindowSummaryRow> rows) override;
+  void putCheckpoint(Checkpoint checkpoint) override;
   uint64_t putAlert(v1::Alert alert) override;
   void putBaseline(const std::string& key, const std::string& value, int64_t now_ns) override;
   void removeBaseline(const std::string& key) override;
@@ -52,6 +53,8 @@ class SqliteStore final : public Store {
   std::vector<RankRow> loadRanks() override;
   std::vector<SignatureRow> loadSignatures() override;
   std::vector<SignatureStatsRow> loadSignatureStats() override;
+  std::vector<BatchSeqRow> loadBatchSeqs() override;
+  std::vector<OpenWindowsRow> loadOpenWindows() override;
   std::vector<RawRecord> rawRecords(const std::string& job_id, int64_t since_ns, int64_t until_ns,
                                     size_t limit) override;
   std::vector<WindowSummaryRow> windowSummaries(const std::string& job_id, int64_t since_ns,

@@ -9,6 +9,7 @@
 #include <memory>
 
 #include "src/engine/ingest.h"
+#include "src/engine/metrics.h"
 #include "src/engine/test_util.h"
 
 namespace flare::engine {
@@ -309,6 +310,117 @@ TEST_F(StoreTest, SizeCapEvictsOldestRawRecordsFirst) {
   EXPECT_EQ(left.back().start_ns, kNow + (100000 - 1) * 1000LL);
   EXPECT_GT(left.front().start_ns, kNow);
   EXPECT_EQ(s->loadJobs().size(), 1u);  // state tables are never evicted
+}
+
+// A daemon killed after a checkpoint (persist) but before the next one: the batches it applied
+// in between are gone with it. After the restart the rank is told to resume after the last
+// checkpointed batch; what it re-sends (all of it, here, to test the daemon's own check) is
+// applied exactly once: raw records, counters, aggregates and the open summary window.
+TEST_F(StoreTest, CheckpointsResumeEachRankExactlyOnceAfterACrash) {
+  const int64_t min = 60LL * 1000000000LL;
+  const int64_t t0 = kNow / min * min;
+  common::FakeClock clock(t0 + 1000);
+  auto batch = [&](uint64_t seq, bool spool) {
+    v1::RecordBatch b;
+    b.set_rank(0);
+    b.set_batch_seq(seq);
+    b.set_from_spool(spool);
+    *b.add_signatures() = gemmSig(1, 256, 256, 256);  // a stream's first batch carries it
+    for (int i = 0; i < 4; ++i) {
+      addKernel(&b, 1, t0 + static_cast<int64_t>(seq) * 100000 + i * 1000, 500);
+    }
+    v1::KernelSummary* sm = b.add_summaries();
+    sm->set_signature_id(1);
+    sm->set_stream_id(3);
+    sm->set_window_start_ns(t0 + static_cast<int64_t>(seq) * 1000000);
+    sm->set_window_end_ns(t0 + static_cast<int64_t>(seq) * 1000000 + 1000);
+    auto* c = sm->add_clusters();
+    c->set_count(10);
+    c->set_p50_ns(1000);
+    c->set_p99_ns(2000);
+    c->set_sum_ns(10000);
+    return b;
+  };
+  {
+    auto s = open();
+    Ingest ingest({}, s.get(), clock);
+    auto out = ingest.hello(makeHello("job", 0, 1), nullptr);
+    EXPECT_EQ(out.ack.resume_after_seq(), 0u);
+    for (uint64_t seq = 1; seq <= 3; ++seq)
+      ASSERT_TRUE(ingest.batch(out.session_id, batch(seq, false)).ok());
+    ingest.persist();
+    for (uint64_t seq = 4; seq <= 5; ++seq)
+      ASSERT_TRUE(ingest.batch(out.session_id, batch(seq, false)).ok());
+    // kill -9 here: batches 4 and 5 never reach a checkpoint.
+  }
+  auto s = open();
+  EXPECT_EQ(s->rawRecords("job", 0, INT64_MAX, 100).size(), 12u);
+  Ingest ingest({}, s.get(), clock);
+  ingest.loadFromStore();
+  auto out = ingest.hello(makeHello("job", 0, 1), nullptr);
+  EXPECT_EQ(out.ack.resume_after_seq(), 3u);
+  for (uint64_t seq = 1; seq <= 5; ++seq) {
+    const Verdict v = ingest.batch(out.session_id, batch(seq, true));
+    if (seq <= 3) {
+      EXPECT_EQ(v.reason, Reason::kDuplicateBatch) << seq;
+    } else {
+      EXPECT_TRUE(v.ok()) << seq << " " << v.error;
+    }
+  }
+  EXPECT_EQ(ingest.counters().rejected[static_cast<size_t>(Reason::kDuplicateBatch)].load(), 3u);
+  ingest.persist(/*final=*/true);
+  s->flush();
+  // Every record once: 5 batches of 4 kernels, 5 summaries of 10.
+  EXPECT_EQ(s->rawRecords("job", 0, INT64_MAX, 100).size(), 20u);
+  v1::ListRanksRequest lr;
+  lr.set_job_id("job");
+  v1::ListRanksResponse ranks;
+  ingest.ranks(lr, &ranks);
+  ASSERT_EQ(ranks.ranks_size(), 1);
+  EXPECT_EQ(ranks.ranks(0).records(), 20u + 50u);
+  EXPECT_EQ(ranks.ranks(0).batches(), 5u);
+  EXPECT_EQ(ranks.ranks(0).lost_batches(), 0u);
+  v1::GetReportRequest req;
+  req.set_job_id("job");
+  v1::GetReportResponse report;
+  ASSERT_EQ(ingest.report(req, &report), Code::kOk);
+  ASSERT_EQ(report.signatures_size(), 1);
+  EXPECT_EQ(report.signatures(0).count(), 70u);
+  // The minute's summary window was open at the crash: it came back and closed whole.
+  const auto rows = s->windowSummaries("job", 0, 10);
+  ASSERT_EQ(rows.size(), 1u);
+  EXPECT_EQ(rows[0].window_start_ns, t0);
+  EXPECT_EQ(rows[0].count, 50u);
+  EXPECT_EQ(rows[0].sum_ns, 50000);
+  EXPECT_EQ(rows[0].p99_ns, 2000);
+  // A reconnect now resumes after 5 (the final checkpoint holds it).
+  auto s2 = open();
+  Ingest again({}, s2.get(), clock);
+  again.loadFromStore();
+  EXPECT_EQ(again.hello(makeHello("job", 0, 1), nullptr).ack.resume_after_seq(), 5u);
+}
+
+TEST_F(StoreTest, CheckpointOverTheRawCapKeepsStateAndMarksDropsRawCounted) {
+  std::string err;
+  SqliteStore::Options o;
+  o.path = (dir_ / "flared.db").string();
+  o.max_queued_raw = 5;
+  auto s = SqliteStore::open(o, &err);
+  ASSERT_TRUE(s) << err;
+  Checkpoint cp;
+  cp.jobs.push_back({"job", 1, kNow, kNow});
+  std::vector<RawRecord> recs(10, RawRecord{0, 1, 7, kNow, kNow, kNow + 5, 0, 0, 0});
+  cp.raw.emplace_back("job", std::move(recs));
+  cp.seqs.push_back({"job", 0, 1000, kNow, 42, kNow});
+  s->putCheckpoint(std::move(cp));
+  s->flush();
+  EXPECT_TRUE(s->rawRecords("job", 0, INT64_MAX, 100).empty());
+  ASSERT_EQ(s->loadBatchSeqs().size(), 1u);
+  EXPECT_EQ(s->loadBatchSeqs()[0].seq, 42u);
+  EXPECT_EQ(s->loadJobs().size(), 1u);
+  PromWriter w;
+  s->writeMetrics(w);
+  EXPECT_NE(w.text().find("flare_store_dropped_total 10"), std::string::npos) << w.text();
 }
 
 }  // namespace

@@ -101,6 +101,47 @@ struct DeepTraceRow {
   v1::DeepTraceRecord record;
 };
 
+// The highest batch_seq of one rank process (an incarnation: pid and start time from its hello)
+// whose effects the store holds. Written in the same transaction as those effects
+// (Checkpoint), so after a crash the daemon resumes each rank exactly after what it kept.
+struct BatchSeqRow {
+  std::string job_id;
+  int32_t rank = 0;
+  int32_t pid = 0;
+  int64_t start_ns = 0;  // RankHello.start_time_unix_ns
+  uint64_t seq = 0;
+  int64_t updated_ns = 0;
+};
+
+// The summary windows of one rank that have not closed yet (replaces the rank's previous set).
+struct OpenWindowsRow {
+  std::string job_id;
+  int32_t rank = 0;
+  std::vector<WindowSummaryRow> rows;  // job_id, rank and source are implied
+};
+
+// The stored form of OpenWindowsRow::rows (both stores; sqlite_store.cc): 64 bytes a row.
+std::string encodeOpenWindows(const std::vector<WindowSummaryRow>& rows);
+std::vector<WindowSummaryRow> decodeOpenWindows(const std::string& job_id, int32_t rank,
+                                                const std::string& blob);
+
+// Everything the daemon applied since its previous checkpoint, committed in ONE transaction:
+// a crash keeps all of it or none of it. The batch_seq marks (seqs) say which batches these
+// effects include, so a batch a rank re-sends after a crash is counted exactly once.
+struct Checkpoint {
+  std::vector<JobRow> jobs;
+  std::vector<RankRow> ranks;
+  std::vector<SignatureStatsRow> signature_stats;
+  std::vector<std::pair<std::string, std::vector<RawRecord>>> raw;  // by job
+  std::vector<WindowSummaryRow> windows;                            // closed rows
+  std::vector<OpenWindowsRow> open_windows;
+  std::vector<BatchSeqRow> seqs;
+  bool empty() const {
+    return jobs.empty() && ranks.empty() && signature_stats.empty() && raw.empty() &&
+           windows.empty() && open_windows.empty() && seqs.empty();
+  }
+};
+
 struct RetentionPolicy {
   int64_t raw_window_ns = 3600LL * 1000000000LL;              // raw records older: summarized
   int64_t summary_window_ns = 30LL * 86400LL * 1000000000LL;  // window rows, alerts older: deleted
@@ -129,6 +170,9 @@ class Store {
   // that do not keep them drop them (the default).
   virtual void appendDeepTrace(const std::string& /*job_id*/, std::vector<DeepTraceRow> /*rows*/) {}
   void putWindowSummary(const WindowSummaryRow& row) { putWindowSummaries({row}); }
+  // Queued like the others, applied as one transaction (never split, never dropped whole: when
+  // the raw-record queue is over its cap, only the raw records are dropped, counted).
+  virtual void putCheckpoint(Checkpoint checkpoint) = 0;
   // Assigns alert.id (unique, increasing across restarts) and returns it.
   virtual uint64_t putAlert(v1::Alert alert) = 0;
   virtual void putBaseline(const std::string& key, const std::string& value, int64_t now_ns) = 0;
@@ -141,6 +185,8 @@ class Store {
   virtual std::vector<RankRow> loadRanks() = 0;
   virtual std::vector<SignatureRow> loadSignatures() = 0;
   virtual std::vector<SignatureStatsRow> loadSignatureStats() = 0;
+  virtual std::vector<BatchSeqRow> loadBatchSeqs() = 0;
+  virtual std::vector<OpenWindowsRow> loadOpenWindows() = 0;
   // Oldest first, start_ns in [since_ns, until_ns).
   virtual std::vector<RawRecord> rawRecords(const std::string& job_id, int64_t since_ns,
                                             int64_t until_ns, size_t limit) = 0;

@@ -9,10 +9,13 @@
 #include <cuda_runtime_api.h>
 
 #include <atomic>
+#include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <memory>
 #include <mutex>
+#include <sstream>
 #include <unordered_map>
 #include <vector>
 
@@ -147,8 +150,32 @@ bool summaryMode() {
   return false;
 }
 
+// Reads a whole (PEM) file; false with the reason in *error.
+bool readPemFile(const char* setting, const std::string& path, std::string* out,
+                 std::string* error) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream buf;
+  if (in) buf << in.rdbuf();
+  if (!in || buf.str().empty()) {
+    *error = std::string(setting) + "=" + path + " cannot be read (" +
+             (in ? "empty file" : std::strerror(errno)) + ")";
+    return false;
+  }
+  *out = buf.str();
+  return true;
+}
+
+// The batch bounds (FLARE_BATCH_BYTES, FLARE_BATCH_INTERVAL_MS), for the exporter and the spool.
+size_t batchBytes() {
+  return static_cast<size_t>(common::envInt("FLARE_BATCH_BYTES", 64 << 10, 1 << 10, 64 << 20));
+}
+int64_t batchIntervalNs() {
+  return common::envInt("FLARE_BATCH_INTERVAL_MS", 1000, 10, 3'600'000) * 1'000'000;
+}
+
 // FLARE_DAEMON set: the exporter over libflare_exporter.so (dlopened RTLD_LOCAL, see
-// src/timing/transport.h); nullptr (one warning) when it cannot be loaded: the spool is used.
+// src/timing/transport.h); nullptr (one warning) when it cannot be loaded or its TLS settings
+// cannot be used: the spool is used (never plaintext when TLS was asked for).
 std::unique_ptr<timing::GrpcExporter> makeExporter(const common::Identity& id,
                                                    const std::string& daemon,
                                                    const std::string& dir,
@@ -156,7 +183,38 @@ std::unique_ptr<timing::GrpcExporter> makeExporter(const common::Identity& id,
   std::string lib = common::envString("FLARE_EXPORTER_LIB", "");
   if (lib.empty()) lib = hookDirectory() + "/libflare_exporter.so";
   std::string error;
-  auto transport = timing::loadTransport(lib, daemon, timing::TransportOptions{}, &error);
+  timing::TransportOptions topts;
+  const std::string ca_path = common::envString("FLARE_TLS_CA", "");
+  const std::string cert_path = common::envString("FLARE_TLS_CERT", "");
+  const std::string key_path = common::envString("FLARE_TLS_KEY", "");
+  const std::string server_name = common::envString("FLARE_TLS_SERVER_NAME", "");
+  std::string ca, cert, key;
+  bool tls_ok = true;
+  if (!ca_path.empty() || !cert_path.empty() || !key_path.empty() || !server_name.empty()) {
+    if (ca_path.empty()) {
+      error = "FLARE_TLS_CERT/KEY/SERVER_NAME are set but FLARE_TLS_CA is not";
+      tls_ok = false;
+    } else if (cert_path.empty() != key_path.empty()) {
+      error = "FLARE_TLS_CERT and FLARE_TLS_KEY go together";
+      tls_ok = false;
+    } else {
+      tls_ok = readPemFile("FLARE_TLS_CA", ca_path, &ca, &error) &&
+               (cert_path.empty() || (readPemFile("FLARE_TLS_CERT", cert_path, &cert, &error) &&
+                                      readPemFile("FLARE_TLS_KEY", key_path, &key, &error)));
+    }
+    if (!tls_ok) {
+      FLARE_LOG_WARN("hook",
+                     "flare: TLS to the daemon {} is misconfigured: {}; writing to the spool",
+                     daemon, error);
+      return nullptr;
+    }
+    topts.tls = true;
+    topts.tls_root_pem = ca.c_str();
+    topts.tls_cert_pem = cert.empty() ? nullptr : cert.c_str();
+    topts.tls_key_pem = key.empty() ? nullptr : key.c_str();
+    topts.tls_server_name = server_name.empty() ? nullptr : server_name.c_str();
+  }
+  auto transport = timing::loadTransport(lib, daemon, topts, &error);
   if (!transport) {
     FLARE_LOG_WARN("hook", "flare: cannot stream to the daemon {} ({}); writing to the spool",
                    daemon, error);
@@ -175,6 +233,7 @@ std::unique_ptr<timing::GrpcExporter> makeExporter(const common::Identity& id,
       common::envInt("FLARE_SPOOL_MAX_BYTES", int64_t{1} << 30, 0, int64_t{1} << 50));
   o.resend_bytes = static_cast<size_t>(
       common::envInt("FLARE_EXPORT_RESEND_BYTES", 16 << 20, 0, int64_t{1} << 30));
+  o.batch_bytes = batchBytes();
   return std::make_unique<timing::GrpcExporter>(std::move(transport), std::move(o));
 }
 
@@ -238,11 +297,13 @@ void init() {
   if (!state->sink) {
     timing::SpoolSinkOptions spool;
     spool.summary = summaryMode();
+    spool.batch_bytes = batchBytes();
     state->sink =
         std::make_unique<timing::SpoolSink>(dir, id.job_id, id.rank, id.pid, std::move(spool));
   }
   state->tracker = std::make_unique<CollectiveTracker>(state->sink.get());
   timing::TracerOptions opts;
+  opts.flush_interval_ns = batchIntervalNs();
   state->tracer = std::make_unique<timing::Tracer>(state->timer.get(), &common::systemClock(),
                                                    state->tracker.get(), opts);
   g_init_pid = getpid();

@@ -571,7 +571,11 @@ bool GrpcExporter::streamOnce() {
   while (!resend.empty() && !failed) {
     Item item = std::move(resend.front());
     resend.pop_front();
-    if (item.batch.batch_seq() <= s.resume_after_seq) continue;  // the daemon has it
+    if (item.batch.batch_seq() <= s.resume_after_seq) {  // the daemon has it
+      std::lock_guard<std::mutex> lock(mu_);
+      stats_.batches_skipped++;
+      continue;
+    }
     item.batch.set_from_spool(true);
     failed = !sendBatch(s, item.batch, first);
     first = false;
@@ -608,7 +612,10 @@ bool GrpcExporter::streamOnce() {
         std::lock_guard<std::mutex> spool_lock(spool_mu_);
         got = spoolReadNext(&item.batch);
       }
-      if (got && item.batch.batch_seq() > s.resume_after_seq) {
+      if (got && item.batch.batch_seq() <= s.resume_after_seq) {
+        std::lock_guard<std::mutex> l(mu_);
+        stats_.batches_skipped++;  // the daemon has it: dropped from the spool
+      } else if (got) {
         item.batch.set_from_spool(true);
         item.bytes = item.batch.ByteSizeLong();
         failed = !sendBatch(s, item.batch, first);
@@ -629,10 +636,18 @@ bool GrpcExporter::streamOnce() {
       cv_.wait_for(lock, std::chrono::milliseconds(200));
       continue;
     }
+    // Pop under spool_mu_ too: a spill (poller) between the spool check above and this pop
+    // would put older batches in the spool behind this one, and the daemon drops a batch that
+    // arrives after a newer one of the same process (at or below its resume point).
+    lock.unlock();
+    std::unique_lock<std::mutex> spool_lock(spool_mu_);
+    lock.lock();
+    if (spool_read_ < spool_write_ || queue_.empty()) continue;
     Item item = std::move(queue_.front());
     queue_.pop_front();
     queue_bytes_ -= item.bytes;
     lock.unlock();
+    spool_lock.unlock();
     learnTables(item.batch);
     failed = !sendBatch(s, item.batch, first);
     first = false;

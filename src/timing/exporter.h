@@ -105,6 +105,7 @@ struct ExporterStats {
   uint64_t batches_resent = 0;    // of which re-sends after a broken stream
   uint64_t batches_spooled = 0;   // written to the spool file
   uint64_t batches_replayed = 0;  // read back from the spool and sent
+  uint64_t batches_skipped = 0;   // re-sends and replays the daemon already held (resume point)
   uint64_t send_failed = 0;       // batches whose records were dropped: memory queue full
   uint64_t spool_dropped = 0;     // batches whose records were dropped: spool full or failing
   uint64_t records_dropped = 0;   // kernel records of those batches

@@ -99,8 +99,17 @@ class GrpcStream final : public TransportStream {
 
 class GrpcTransport final : public Transport {
  public:
-  GrpcTransport(std::string target, TransportOptions options)
-      : target_(std::move(target)), options_(options) {}
+  GrpcTransport(std::string target, const TransportOptions& options)
+      : target_(std::move(target)), options_(options) {
+    auto copy = [](const char* s) { return s != nullptr ? std::string(s) : std::string(); };
+    tls_root_ = copy(options.tls_root_pem);
+    tls_cert_ = copy(options.tls_cert_pem);
+    tls_key_ = copy(options.tls_key_pem);
+    tls_server_name_ = copy(options.tls_server_name);
+    // Borrowed pointers do not outlive the create call.
+    options_.tls_root_pem = options_.tls_cert_pem = options_.tls_key_pem = nullptr;
+    options_.tls_server_name = nullptr;
+  }
 
   std::unique_ptr<TransportStream> open(std::string* error) override {
     try {
@@ -113,7 +122,22 @@ class GrpcTransport final : public Transport {
       args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
       args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
       if (options_.gzip) args.SetCompressionAlgorithm(GRPC_COMPRESS_GZIP);
-      auto channel = grpc::CreateCustomChannel(target_, grpc::InsecureChannelCredentials(), args);
+      std::shared_ptr<grpc::ChannelCredentials> creds;
+      if (options_.tls) {
+        grpc::SslCredentialsOptions ssl;
+        ssl.pem_root_certs = tls_root_;
+        ssl.pem_cert_chain = tls_cert_;
+        ssl.pem_private_key = tls_key_;
+        creds = grpc::SslCredentials(ssl);
+        if (!tls_server_name_.empty()) args.SetSslTargetNameOverride(tls_server_name_);
+      } else {
+        creds = grpc::InsecureChannelCredentials();
+      }
+      if (!creds) {
+        *error = "cannot make TLS credentials";
+        return nullptr;
+      }
+      auto channel = grpc::CreateCustomChannel(target_, creds, args);
       if (!channel) {
         *error = "cannot create a channel to " + target_;
         return nullptr;
@@ -121,7 +145,11 @@ class GrpcTransport final : public Transport {
       const auto deadline =
           std::chrono::system_clock::now() + std::chrono::milliseconds(options_.connect_timeout_ms);
       if (!channel->WaitForConnected(deadline)) {
-        *error = "cannot connect to " + target_;
+        *error = options_.tls ? "cannot connect to " + target_ +
+                                    " over TLS (daemon down, or its certificate does not verify "
+                                    "against FLARE_TLS_CA / name FLARE_TLS_SERVER_NAME, or it "
+                                    "refused the client certificate)"
+                              : "cannot connect to " + target_;
         return nullptr;
       }
       return std::make_unique<GrpcStream>(std::move(channel), options_);
@@ -134,13 +162,14 @@ class GrpcTransport final : public Transport {
  private:
   std::string target_;
   TransportOptions options_;
+  std::string tls_root_, tls_cert_, tls_key_, tls_server_name_;
 };
 
 }  // namespace
 }  // namespace flare::timing
 
 extern "C" __attribute__((visibility("default"))) flare::timing::Transport*
-flare_transport_create_v1(const char* target, const flare::timing::TransportOptions* options,
+flare_transport_create_v2(const char* target, const flare::timing::TransportOptions* options,
                           char* error, unsigned long error_size) {
   auto fail = [&](const char* why) -> flare::timing::Transport* {
     if (error != nullptr && error_size > 0) std::snprintf(error, error_size, "%s", why);
@@ -149,9 +178,17 @@ flare_transport_create_v1(const char* target, const flare::timing::TransportOpti
   if (target == nullptr || *target == '\0') return fail("empty daemon address");
   const char* colon = std::strrchr(target, ':');
   if (colon == nullptr || colon[1] == '\0') return fail("daemon address is not host:port");
+  const flare::timing::TransportOptions defaults;
+  const flare::timing::TransportOptions& o = options != nullptr ? *options : defaults;
+  if (o.tls && (o.tls_root_pem == nullptr || *o.tls_root_pem == '\0')) {
+    return fail("TLS needs the daemon's root certificate (FLARE_TLS_CA)");
+  }
+  if (o.tls && ((o.tls_cert_pem == nullptr || *o.tls_cert_pem == '\0') !=
+                (o.tls_key_pem == nullptr || *o.tls_key_pem == '\0'))) {
+    return fail("FLARE_TLS_CERT and FLARE_TLS_KEY go together");
+  }
   try {
-    return new flare::timing::GrpcTransport(target,
-                                            options ? *options : flare::timing::TransportOptions{});
+    return new flare::timing::GrpcTransport(target, o);
   } catch (...) {
     return fail("out of memory");
   }

@@ -156,6 +156,7 @@ struct TracerOptions {
   size_t ring_capacity = 4096;  // pending ops per launching thread
   size_t max_events = 65536;    // bound of the event pool (2 per in-flight op)
   int64_t poll_interval_ns = 1'000'000;
+  int64_t flush_interval_ns = 1'000'000'000;  // the sink's flush(): a batch's time bound
   int64_t recalibrate_ns = 10'000'000'000;
 };
 

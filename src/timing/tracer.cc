@@ -63,7 +63,6 @@ constexpr size_t kRefillBatch = 32;    // taken from the global pool at once
 constexpr size_t kCreateChunk = 64;    // events created at once when the pool is empty
 constexpr size_t kTlsSlots = 4;        // Tracers a thread keeps state for (tests make several)
 constexpr size_t kEmitBatch = 1024;    // CompletedOps per Sink::onOps call at most
-constexpr int64_t kFlushIntervalNs = 1'000'000'000;
 constexpr int64_t kDrainPollNs = 1'000'000;  // poll at least this often while drain() waits
 constexpr int64_t kMinPollNs = 10'000;
 constexpr int64_t kMaxWaitNs = 100'000'000'000'000'000;  // ~3 years: no overflow in wait_for
@@ -756,7 +755,7 @@ void Tracer::Impl::pollerMain() noexcept {
       } else {
         finishDrains();
         const int64_t now_ns = clock_->nowNs();
-        if (flush || now_ns - last_flush_ns_ >= kFlushIntervalNs) {
+        if (flush || now_ns - last_flush_ns_ >= opts_.flush_interval_ns) {
           sink_->flush();
           last_flush_ns_ = now_ns;
         }

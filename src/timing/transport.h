@@ -45,9 +45,20 @@ class Transport {
   virtual std::unique_ptr<TransportStream> open(std::string* error) = 0;
 };
 
+// Plain data only: it crosses the dlopen boundary. The strings are borrowed for the duration of
+// the create call (the transport copies them).
 struct TransportOptions {
   bool gzip = true;                   // compress every message with gzip
   int64_t connect_timeout_ms = 1000;  // a stream whose channel is not ready by then fails
+  // TLS (FLARE_TLS_*): when tls is set, the daemon's certificate must verify against
+  // tls_root_pem (PEM contents, not a path); tls_cert_pem/tls_key_pem, both or neither, are the
+  // rank's client certificate; tls_server_name overrides the name checked in the daemon's
+  // certificate (default: the host of the target). Never falls back to plaintext.
+  bool tls = false;
+  const char* tls_root_pem = nullptr;
+  const char* tls_cert_pem = nullptr;
+  const char* tls_key_pem = nullptr;
+  const char* tls_server_name = nullptr;
 };
 
 // The C entry point of libflare_exporter.so: a new Transport to `target` ("host:port"), or
@@ -56,7 +67,7 @@ extern "C" {
 using FlareTransportCreateFn = Transport* (*)(const char* target, const TransportOptions* options,
                                               char* error, unsigned long error_size);
 }
-inline constexpr char kTransportCreateSymbol[] = "flare_transport_create_v1";
+inline constexpr char kTransportCreateSymbol[] = "flare_transport_create_v2";
 
 // Loads `library` (dlopen RTLD_NOW | RTLD_LOCAL) and creates its Transport to `target`.
 // nullptr with the reason in `error` when the library, its symbol or the target is unusable.

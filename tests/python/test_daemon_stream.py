@@ -11,6 +11,7 @@ import json
 import os
 import signal
 import subprocess
+import tempfile
 import time
 
 import pytest
@@ -213,8 +214,9 @@ def test_forked_children_stay_quiet_while_streaming(build_dir, tmp_path, ingest)
 # ---- the real daemon (build/bin/flared, src/engine), when it is built ----------------------
 
 class Flared:
-    def __init__(self, build_dir, workdir, token_file=None):
+    def __init__(self, build_dir, workdir, token_file=None, extra=()):
         self.exe = os.path.join(build_dir, "bin", "flared")
+        self.extra = list(extra)
         self.workdir = workdir
         self.token_file = token_file
         self.grpc_port = 0
@@ -229,10 +231,11 @@ class Flared:
                "--db", os.path.join(str(self.workdir), "flared.db")]
         if self.token_file:
             cmd += ["--token-file", str(self.token_file)]
+        cmd += self.extra
         self.log = open(log, "w+")
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
         for _ in range(200):
-            m = re.search(r"gRPC on port (\d+), HTTP on port (\d+)", open(log).read())
+            m = re.search(r"gRPC on port (\d+)(?: \(TLS\))?, HTTP on port (\d+)", open(log).read())
             if m:
                 self.grpc_port, self.http_port = int(m.group(1)), int(m.group(2))
                 return self
@@ -300,31 +303,233 @@ def test_flared_receives_every_record_and_refuses_a_wrong_token(sim_train, build
     assert export(build_dir, tmp_path / "wrong" / "spool")  # kept locally
 
 
-def test_flared_killed_and_restarted_mid_run_ends_with_every_record(sim_train, build_dir,
-                                                                    tmp_path, flared, baseline):
-    steps = 80
-    daemon = flared()
+def stored_per_rank(db, job):
+    """Ranks' record counters and raw records, read from flared's SQLite database."""
+    import sqlite3
+    con = sqlite3.connect("file:%s?mode=ro" % db, uri=True)
+    try:
+        records = dict(con.execute("SELECT rank, records FROM ranks WHERE job_id=?", (job,)))
+        raw = dict(con.execute("SELECT rank, COUNT(*) FROM raw_records WHERE job_id=? "
+                               "GROUP BY rank", (job,)))
+    finally:
+        con.close()
+    return records, raw
+
+
+@pytest.fixture
+def postgres(tmp_path):
+    """A PostgreSQL server in a temporary directory (Unix socket only); its URI for flared.
+    Skips when no server binary is installed."""
+    import glob
+    import pwd
+    import shutil
+    bins = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"))
+    if not bins:
+        pytest.skip("no PostgreSQL server binary (Debian package postgresql)")
+    bindir = os.path.dirname(bins[-1])
+    d = tempfile.mkdtemp(prefix="flare_pgt_", dir="/tmp")  # short: Unix socket path limit
+    prefix = []
+    if os.geteuid() == 0:  # initdb refuses root: the server runs as postgres
+        pw = pwd.getpwnam("postgres")
+        os.chown(d, pw.pw_uid, pw.pw_gid)
+        prefix = ["runuser", "-u", "postgres", "--"]
+    subprocess.run(prefix + [bindir + "/initdb", "-D", d + "/data", "-U", "flare",
+                             "--auth=trust"], check=True, capture_output=True, timeout=120)
+    subprocess.run(prefix + [bindir + "/pg_ctl", "-D", d + "/data", "-l", d + "/log", "-w", "-o",
+                             "-k %s -c listen_addresses='' -c fsync=off" % d, "start"],
+                   check=True, capture_output=True, timeout=120)
+    yield "postgresql://flare@/postgres?host=" + d, d
+    subprocess.run(prefix + [bindir + "/pg_ctl", "-D", d + "/data", "-m", "immediate", "stop"],
+                   capture_output=True, timeout=60)
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def stored_per_rank_pg(host, job):
+    def query(sql):
+        out = subprocess.run(["psql", "-h", host, "-U", "flare", "-d", "postgres", "-At", "-F",
+                              " ", "-c", sql], check=True, capture_output=True, text=True,
+                             timeout=60).stdout
+        return {int(a): int(b) for a, b in (line.split() for line in out.splitlines() if line)}
+    return (query("SELECT rank, records FROM ranks WHERE job_id='%s'" % job),
+            query("SELECT rank, COUNT(*) FROM raw_records WHERE job_id='%s' GROUP BY rank" % job))
+
+
+@pytest.mark.parametrize("db", ["sqlite", "postgresql"])
+def test_flared_killed_and_restarted_mid_run_holds_every_record_exactly_once(
+        sim_train, build_dir, tmp_path, flared, baseline, request, db):
+    steps = 120
+    extra = ["--persist-interval-ms", "500"]
+    if db == "postgresql":
+        uri, pg_host = request.getfixturevalue("postgres")
+        extra += ["--db", uri]
+    daemon = flared(extra=extra)
     env = hook_env(build_dir, tmp_path, FLARE_DAEMON="127.0.0.1:%d" % daemon.grpc_port)
     import threading
     result = {}
     t = threading.Thread(target=lambda: result.update(
         res=sim_train("--ranks", 8, "--steps", steps, env=env, timeout=300)))
     t.start()
-    time.sleep(1.0)
-    daemon.stop(signal.SIGKILL)
+    # Kill once the store holds a checkpoint of every rank (its batch_seq mark committed).
+    def marks():
+        sql = "SELECT COUNT(*) FROM batch_seqs WHERE job_id='streamtest'"
+        try:
+            if db == "postgresql":
+                return int(subprocess.run(["psql", "-h", pg_host, "-U", "flare", "-d",
+                                           "postgres", "-At", "-c", sql], capture_output=True,
+                                          text=True, timeout=30).stdout.strip() or 0)
+            import sqlite3
+            con = sqlite3.connect("file:%s?mode=ro" % os.path.join(str(tmp_path), "flared.db"),
+                                  uri=True)
+            try:
+                return con.execute(sql).fetchone()[0]
+            finally:
+                con.close()
+        except Exception:  # not created yet
+            return 0
+    deadline = time.monotonic() + 60
+    while marks() < 8 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert t.is_alive(), "the run ended before the kill; make it longer"
+    daemon.stop(signal.SIGKILL)  # batches applied since its last checkpoint die with it
     time.sleep(1.5)
     daemon.start()  # same ports, same database
     t.join(300)
     assert result["res"].returncode == 0, result["res"].stderr
     truth, _ = baseline(steps)
     want = per_rank(truth)
-    time.sleep(1.5)  # one persist interval
-    got = daemon.ranks("streamtest")
+    # The restarted daemon reloaded each rank process's resume point from the store.
+    daemon.log.seek(0)
+    assert "8 rank processes' batch marks" in daemon.log.read()
+    # Exactly once: every record the ranks produced, none twice (the ranks resumed after what
+    # the store held; batches re-sent below that point would have been dropped and counted).
+    deadline = time.monotonic() + 20
+    while True:
+        got = daemon.ranks("streamtest")
+        if all(int(got[r]["records"]) == want[r] for r in range(8)) or \
+                time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
     for rank in range(8):
-        # Nothing lost. Exactly once needs flared to fill HelloAck.resume_after_seq (or keep its
-        # re-send dedupe across restarts); until then batches it held before the kill and the
-        # rank re-sent are counted twice, so this is >= rather than ==.
-        assert int(got[rank]["records"]) >= want[rank], got[rank]
+        assert int(got[rank]["records"]) == want[rank], (rank, got[rank], want[rank])
+        assert int(got[rank]["lostBatches"]) == 0, got[rank]
+    daemon.stop()  # SIGTERM: a final checkpoint
+    if db == "postgresql":
+        records, raw = stored_per_rank_pg(pg_host, "streamtest")
+    else:
+        records, raw = stored_per_rank(os.path.join(str(tmp_path), "flared.db"), "streamtest")
+    assert records == dict(want), (records, want)
+    assert raw == dict(want), (raw, want)
+
+
+def test_batch_bounds_are_settings_and_bad_values_are_named(sim_train, build_dir, tmp_path,
+                                                              flared):
+    daemon = flared()
+    addr = "127.0.0.1:%d" % daemon.grpc_port
+
+    def batches(job, **extra):
+        env = hook_env(build_dir, tmp_path / job, FLARE_DAEMON=addr, FLARE_JOB_ID=job, **extra)
+        r = sim_train("--ranks", 2, "--steps", 40, env=env)
+        assert r.returncode == 0, r.stderr
+        got = daemon.ranks(job)
+        return r, sum(int(v["batches"]) for v in got.values()), \
+            sum(int(v["records"]) for v in got.values())
+    _, by_size, records = batches("small", FLARE_BATCH_BYTES=1024)
+    _, by_default, records_default = batches("default")
+    assert records == records_default
+    # ~60 bytes a record: 1 KiB batches are many more than 64 KiB ones.
+    assert by_size >= 5 * by_default, (by_size, by_default)
+    # A time bound alone (size bound out of reach): more batches at 50 ms than at 1 s.
+    _, fast, _ = batches("fast", FLARE_BATCH_BYTES=64 << 20, FLARE_BATCH_INTERVAL_MS=50)
+    _, slow, _ = batches("slow", FLARE_BATCH_BYTES=64 << 20, FLARE_BATCH_INTERVAL_MS=1000)
+    assert fast >= 3 * slow, (fast, slow)
+    # Malformed or out-of-range values: one line naming the setting, the default used.
+    r, n, recs = batches("bad", FLARE_BATCH_BYTES="64k", FLARE_BATCH_INTERVAL_MS=0)
+    assert "FLARE_BATCH_BYTES='64k' is not an integer; using 65536" in r.stderr, r.stderr
+    assert "FLARE_BATCH_INTERVAL_MS" in r.stderr and "using 1000" in r.stderr, r.stderr
+    assert recs == records_default
+
+
+def make_certs(folder):
+    """A CA, a server certificate it signs for 127.0.0.1/localhost, a client certificate it signs,
+    and an unrelated CA. None when openssl is missing."""
+    import shutil
+    if shutil.which("openssl") is None:
+        return None
+    folder.mkdir()
+    f = lambda name: str(folder / name)
+
+    def run(*args):
+        subprocess.run(["openssl", *args], check=True, capture_output=True, timeout=60)
+    for ca in ("ca", "other-ca"):
+        run("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj",
+            "/CN=flare test " + ca, "-keyout", f(ca + ".key"), "-out", f(ca + ".pem"))
+    (folder / "server.ext").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
+    for who in ("server", "client"):
+        run("req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=" + who, "-keyout",
+            f(who + ".key"), "-out", f(who + ".csr"))
+        extra = ["-extfile", f("server.ext")] if who == "server" else []
+        run("x509", "-req", "-in", f(who + ".csr"), "-CA", f("ca.pem"), "-CAkey", f("ca.key"),
+            "-CAcreateserial", "-days", "1", "-out", f(who + ".pem"), *extra)
+    return f
+
+
+def test_ranks_stream_over_tls_and_a_wrong_ca_spools(sim_train, build_dir, tmp_path, flared):
+    certs = make_certs(tmp_path / "certs")
+    if certs is None:
+        pytest.skip("openssl not installed")
+    steps = STEPS_SHORT
+    base = hook_env(build_dir, tmp_path / "base")
+    res = sim_train("--ranks", 2, "--steps", steps, env=base)
+    assert res.returncode == 0, res.stderr
+    want = per_rank(export(build_dir, tmp_path / "base" / "spool"))
+    daemon = flared(extra=["--tls-cert", certs("server.pem"), "--tls-key", certs("server.key")])
+    addr = "127.0.0.1:%d" % daemon.grpc_port
+
+    def run(job, **tls):
+        env = hook_env(build_dir, tmp_path / job, FLARE_DAEMON=addr, FLARE_JOB_ID=job,
+                       FLARE_EXIT_FLUSH_SECONDS=1, **tls)
+        r = sim_train("--ranks", 2, "--steps", steps, env=env)
+        assert r.returncode == 0, r.stderr
+        return r
+
+    def held(job):
+        try:
+            return {r: int(v["records"]) for r, v in daemon.ranks(job).items()}
+        except Exception:  # 404: the daemon never heard of the job
+            return {}
+
+    # The right CA: every record arrives over TLS.
+    run("tls-ok", FLARE_TLS_CA=certs("ca.pem"))
+    assert held("tls-ok") == dict(want)
+    # The right CA, the daemon addressed by a name its certificate lists.
+    run("tls-name", FLARE_TLS_CA=certs("ca.pem"), FLARE_TLS_SERVER_NAME="localhost")
+    assert held("tls-name") == dict(want)
+    # A CA that did not sign the daemon's certificate: refused by the rank, records spooled.
+    r = run("tls-wrong-ca", FLARE_TLS_CA=certs("other-ca.pem"))
+    assert "over TLS" in r.stderr, r.stderr
+    assert held("tls-wrong-ca") == {}
+    assert per_rank(export(build_dir, tmp_path / "tls-wrong-ca" / "spool")) == want
+    # An unreadable CA file: one clear line, records spooled, the run unharmed.
+    r = run("tls-missing", FLARE_TLS_CA=str(tmp_path / "nope.pem"))
+    assert "FLARE_TLS_CA=%s cannot be read" % (tmp_path / "nope.pem") in r.stderr, r.stderr
+    assert held("tls-missing") == {}
+    assert per_rank(export(build_dir, tmp_path / "tls-missing" / "spool")) == want
+    # No TLS settings against the TLS daemon: no stream (plaintext is refused), spooled.
+    run("plain")
+    assert held("plain") == {}
+    assert per_rank(export(build_dir, tmp_path / "plain" / "spool")) == want
+    daemon.stop()
+
+    # A daemon that asks for client certificates: the rank's own certificate gets it in.
+    daemon = flared(extra=["--tls-cert", certs("server.pem"), "--tls-key", certs("server.key"),
+                           "--tls-client-ca", certs("ca.pem")])
+    addr = "127.0.0.1:%d" % daemon.grpc_port
+    run("mtls-ok", FLARE_TLS_CA=certs("ca.pem"), FLARE_TLS_CERT=certs("client.pem"),
+        FLARE_TLS_KEY=certs("client.key"))
+    assert held("mtls-ok") == dict(want)
+    run("mtls-nocert", FLARE_TLS_CA=certs("ca.pem"))
+    assert held("mtls-nocert") == {}
+    assert per_rank(export(build_dir, tmp_path / "mtls-nocert" / "spool")) == want
 
 
 SITECUSTOMIZE = r'''

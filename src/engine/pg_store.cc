@@ -1,0 +1,799 @@
+#include "src/engine/pg_store.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <utility>
+#include <vector>
+
+#include "src/common/log.h"
+#include "src/engine/metrics.h"
+
+namespace flare::engine {
+namespace {
+
+constexpr size_t kMaxOpsPerTransaction = 20000;
+constexpr int64_t kRawFoldWindowNs = 60LL * 1000000000LL;
+
+constexpr const char* kSchema = R"sql(
+CREATE TABLE IF NOT EXISTS jobs(
+  job_id TEXT PRIMARY KEY, world_size BIGINT, start_ns BIGINT, last_seen_ns BIGINT);
+CREATE TABLE IF NOT EXISTS ranks(
+  job_id TEXT, rank BIGINT, host TEXT, pid BIGINT, local_rank BIGINT, device_name TEXT,
+  device_uuid TEXT, last_seen_ns BIGINT, batches BIGINT, records BIGINT,
+  lost_batches BIGINT, drops BYTEA, PRIMARY KEY(job_id, rank));
+CREATE TABLE IF NOT EXISTS signatures(
+  job_id TEXT, sig_id BIGINT, signature BYTEA, PRIMARY KEY(job_id, sig_id));
+CREATE TABLE IF NOT EXISTS signature_stats(
+  job_id TEXT, sig_id BIGINT, count BIGINT, total_ns BIGINT, min_ns BIGINT, max_ns BIGINT,
+  flops DOUBLE PRECISION, bytes DOUBLE PRECISION, nranks BIGINT, histogram BYTEA,
+  PRIMARY KEY(job_id, sig_id));
+CREATE TABLE IF NOT EXISTS raw_records(
+  id BIGSERIAL PRIMARY KEY, job_id TEXT, rank BIGINT, sig_id BIGINT, stream BIGINT,
+  issue_ns BIGINT, start_ns BIGINT, end_ns BIGINT, flops BIGINT, bytes BIGINT, coll_seq BIGINT);
+CREATE INDEX IF NOT EXISTS raw_by_job_time ON raw_records(job_id, start_ns);
+CREATE TABLE IF NOT EXISTS window_summaries(
+  id BIGSERIAL PRIMARY KEY, job_id TEXT, rank BIGINT, sig_id BIGINT, stream BIGINT,
+  window_start_ns BIGINT, window_end_ns BIGINT, count BIGINT, sum_ns BIGINT,
+  p50_ns BIGINT, p99_ns BIGINT, source TEXT);
+CREATE INDEX IF NOT EXISTS windows_by_job_time ON window_summaries(job_id, window_start_ns);
+CREATE TABLE IF NOT EXISTS alerts(
+  id BIGINT PRIMARY KEY, job_id TEXT, rank BIGINT, kind TEXT, severity TEXT, team TEXT,
+  message TEXT, time_ns BIGINT);
+CREATE INDEX IF NOT EXISTS alerts_by_time ON alerts(time_ns);
+CREATE TABLE IF NOT EXISTS baselines(key TEXT PRIMARY KEY, value BYTEA, updated_ns BIGINT);
+CREATE TABLE IF NOT EXISTS batch_seqs(
+  job_id TEXT, rank BIGINT, pid BIGINT, start_ns BIGINT, seq BIGINT, updated_ns BIGINT,
+  PRIMARY KEY(job_id, rank, pid, start_ns));
+CREATE TABLE IF NOT EXISTS open_windows(job_id TEXT, rank BIGINT, rows BYTEA,
+  PRIMARY KEY(job_id, rank));
+)sql";
+
+// Parameters of one statement: text, or binary for BYTEA columns.
+class Params {
+ public:
+  Params& text(std::string v) {
+    values_.push_back(std::move(v));
+    formats_.push_back(0);
+    return *this;
+  }
+  Params& i64(int64_t v) { return text(std::to_string(v)); }
+  Params& u64(uint64_t v) { return text(std::to_string(static_cast<int64_t>(v))); }
+  Params& dbl(double v) {
+    char buf[64];
+    std::snprintf(buf, sizeof(buf), "%.17g", v);
+    return text(buf);
+  }
+  Params& blob(std::string v) {
+    values_.push_back(std::move(v));
+    formats_.push_back(1);
+    return *this;
+  }
+  // Runs `sql`; true on success. Rows, when wanted, come back in *out (caller clears).
+  bool run(PGconn* c, const char* sql, PGresult** out = nullptr) const {
+    std::vector<const char*> v;
+    std::vector<int> len;
+    for (const std::string& s : values_) {
+      v.push_back(s.data());
+      len.push_back(static_cast<int>(s.size()));
+    }
+    PGresult* r = PQexecParams(c, sql, static_cast<int>(v.size()), nullptr, v.data(), len.data(),
+                               formats_.data(), 1 /* binary results: BYTEA as bytes */);
+    const ExecStatusType st = PQresultStatus(r);
+    const bool ok = st == PGRES_COMMAND_OK || st == PGRES_TUPLES_OK;
+    if (!ok) {
+      // Counted by the callers (flare_store_errors_total); logged once per message text.
+      common::logOnce(common::LogLevel::kWarn, "engine", PQresultErrorMessage(r), "postgres: {}",
+                      PQresultErrorMessage(r));
+    }
+    if (ok && out != nullptr) {
+      *out = r;
+    } else {
+      PQclear(r);
+    }
+    return ok;
+  }
+
+ private:
+  std::vector<std::string> values_;
+  std::vector<int> formats_;
+};
+
+// Binary-format result readers (network byte order integers, IEEE doubles).
+uint64_t be(const char* p, int n) {
+  uint64_t v = 0;
+  for (int i = 0; i < n; ++i) v = (v << 8) | static_cast<unsigned char>(p[i]);
+  return v;
+}
+int64_t geti(PGresult* r, int row, int col) {
+  if (PQgetisnull(r, row, col)) return 0;
+  const int n = PQgetlength(r, row, col);
+  return static_cast<int64_t>(be(PQgetvalue(r, row, col), n));
+}
+double getd(PGresult* r, int row, int col) {
+  if (PQgetisnull(r, row, col)) return 0;
+  const uint64_t bits = be(PQgetvalue(r, row, col), 8);
+  double d;
+  static_assert(sizeof(d) == sizeof(bits));
+  std::memcpy(&d, &bits, sizeof(d));
+  return d;
+}
+std::string gets(PGresult* r, int row, int col) {
+  return std::string(PQgetvalue(r, row, col), static_cast<size_t>(PQgetlength(r, row, col)));
+}
+
+bool exec(PGconn* c, const char* sql, std::string* error = nullptr) {
+  PGresult* r = PQexec(c, sql);
+  const ExecStatusType st = PQresultStatus(r);
+  const bool ok = st == PGRES_COMMAND_OK || st == PGRES_TUPLES_OK;
+  if (!ok && error != nullptr) *error = PQresultErrorMessage(r);
+  PQclear(r);
+  return ok;
+}
+
+bool writeJob(PGconn* c, const JobRow& r) {
+  return Params()
+      .text(r.job_id)
+      .i64(r.world_size)
+      .i64(r.start_ns)
+      .i64(r.last_seen_ns)
+      .run(c,
+           "INSERT INTO jobs VALUES($1,$2,$3,$4) ON CONFLICT(job_id) DO UPDATE SET "
+           "world_size=EXCLUDED.world_size, start_ns=EXCLUDED.start_ns, "
+           "last_seen_ns=EXCLUDED.last_seen_ns");
+}
+
+bool writeRank(PGconn* c, const RankRow& r) {
+  return Params()
+      .text(r.job_id)
+      .i64(r.rank)
+      .text(r.host)
+      .i64(r.pid)
+      .i64(r.local_rank)
+      .text(r.device_name)
+      .text(r.device_uuid)
+      .i64(r.last_seen_ns)
+      .u64(r.batches)
+      .u64(r.records)
+      .u64(r.lost_batches)
+      .blob(r.drops)
+      .run(c,
+           "INSERT INTO ranks VALUES($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12) "
+           "ON CONFLICT(job_id, rank) DO UPDATE SET host=EXCLUDED.host, pid=EXCLUDED.pid, "
+           "local_rank=EXCLUDED.local_rank, device_name=EXCLUDED.device_name, "
+           "device_uuid=EXCLUDED.device_uuid, last_seen_ns=EXCLUDED.last_seen_ns, "
+           "batches=EXCLUDED.batches, records=EXCLUDED.records, "
+           "lost_batches=EXCLUDED.lost_batches, drops=EXCLUDED.drops");
+}
+
+bool writeSignatureStats(PGconn* c, const SignatureStatsRow& r) {
+  return Params()
+      .text(r.job_id)
+      .u64(r.sig_id)
+      .u64(r.count)
+      .i64(r.total_ns)
+      .i64(r.min_ns)
+      .i64(r.max_ns)
+      .dbl(r.flops)
+      .dbl(r.bytes)
+      .i64(r.nranks)
+      .blob(r.histogram)
+      .run(c,
+           "INSERT INTO signature_stats VALUES($1,$2,$3,$4,$5,$6,$7,$8,$9,$10) "
+           "ON CONFLICT(job_id, sig_id) DO UPDATE SET count=EXCLUDED.count, "
+           "total_ns=EXCLUDED.total_ns, min_ns=EXCLUDED.min_ns, max_ns=EXCLUDED.max_ns, "
+           "flops=EXCLUDED.flops, bytes=EXCLUDED.bytes, nranks=EXCLUDED.nranks, "
+           "histogram=EXCLUDED.histogram");
+}
+
+// Multi-row INSERTs of up to kRawRowsPerStatement rows: one round trip per chunk, not per row.
+constexpr size_t kRawRowsPerStatement = 500;
+
+uint64_t writeRaw(PGconn* c, const std::string& job_id, const std::vector<RawRecord>& recs) {
+  uint64_t ok = 0;
+  for (size_t at = 0; at < recs.size(); at += kRawRowsPerStatement) {
+    const size_t n = std::min(kRawRowsPerStatement, recs.size() - at);
+    std::string sql =
+        "INSERT INTO raw_records(job_id,rank,sig_id,stream,issue_ns,start_ns,end_ns,flops,bytes,"
+        "coll_seq) VALUES";
+    Params p;
+    p.text(job_id);
+    int k = 2;
+    for (size_t i = 0; i < n; ++i) {
+      const RawRecord& r = recs[at + i];
+      sql += i == 0 ? "($1" : ",($1";
+      for (int f = 0; f < 9; ++f) sql += ",$" + std::to_string(k++);
+      sql += ")";
+      p.i64(r.rank).u64(r.sig_id).u64(r.stream).i64(r.issue_ns).i64(r.start_ns).i64(r.end_ns);
+      p.u64(r.flops).u64(r.bytes).u64(r.coll_seq);
+    }
+    if (p.run(c, sql.c_str())) ok += n;
+  }
+  return ok;
+}
+
+uint64_t writeWindows(PGconn* c, const std::vector<WindowSummaryRow>& rows) {
+  uint64_t ok = 0;
+  for (const WindowSummaryRow& r : rows) {
+    ok += Params().text(r.job_id)
+                  .i64(r.rank)
+                  .u64(r.sig_id)
+                  .u64(r.stream)
+                  .i64(r.window_start_ns)
+                  .i64(r.window_end_ns)
+                  .u64(r.count)
+                  .i64(r.sum_ns)
+                  .i64(r.p50_ns)
+                  .i64(r.p99_ns)
+                  .text(r.source)
+                  .run(c,
+                       "INSERT INTO window_summaries(job_id,rank,sig_id,stream,window_start_ns,"
+                       "window_end_ns,count,sum_ns,p50_ns,p99_ns,source) "
+                       "VALUES($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11)")
+              ? 1
+              : 0;
+  }
+  return ok;
+}
+
+}  // namespace
+
+PgStore::PgStore(Options options) : options_(std::move(options)) {}
+
+std::unique_ptr<PgStore> PgStore::open(const Options& options, std::string* error) {
+  std::unique_ptr<PgStore> store(new PgStore(options));
+  if (!store->init(error)) return nullptr;
+  return store;
+}
+
+bool PgStore::init(std::string* error) {
+  for (PGconn** c : {&write_, &read_}) {
+    *c = PQconnectdb(options_.conninfo.c_str());
+    if (*c == nullptr || PQstatus(*c) != CONNECTION_OK) {
+      *error = std::string("cannot connect to PostgreSQL: ") +
+               (*c != nullptr ? PQerrorMessage(*c) : "out of memory");
+      return false;
+    }
+  }
+  exec(write_, "SET client_min_messages TO WARNING");
+  if (!exec(write_, kSchema, error)) {
+    *error = "PostgreSQL schema: " + *error;
+    return false;
+  }
+  PGresult* r = nullptr;
+  if (Params().run(read_, "SELECT COALESCE(MAX(id),0) FROM alerts", &r)) {
+    next_alert_id_ = static_cast<uint64_t>(geti(r, 0, 0)) + 1;
+    PQclear(r);
+  }
+  writer_ = std::thread([this] { writerLoop(); });
+  return true;
+}
+
+PgStore::~PgStore() {
+  if (writer_.joinable()) {
+    {
+      std::lock_guard lock(queue_mu_);
+      stop_ = true;
+    }
+    queue_cv_.notify_all();
+    writer_.join();
+  }
+  if (read_ != nullptr) PQfinish(read_);
+  if (write_ != nullptr) PQfinish(write_);
+}
+
+void PgStore::enqueue(Op op, size_t raw_records, bool never_drop) {
+  {
+    std::lock_guard lock(queue_mu_);
+    if (!never_drop && (queue_.size() >= options_.max_queued_ops ||
+                        queued_raw_ + raw_records > options_.max_queued_raw)) {
+      dropped_.fetch_add(raw_records > 0 ? raw_records : 1, std::memory_order_relaxed);
+      return;
+    }
+    queue_.emplace_back(std::move(op), raw_records);
+    queued_raw_ += raw_records;
+    ++enqueued_seq_;
+    queue_depth_.store(queue_.size(), std::memory_order_relaxed);
+  }
+  queue_cv_.notify_one();
+}
+
+void PgStore::writerLoop() {
+  std::vector<Op> ops;
+  for (;;) {
+    {
+      std::unique_lock lock(queue_mu_);
+      queue_cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+      if (queue_.empty() && stop_) return;
+      while (!queue_.empty() && ops.size() < kMaxOpsPerTransaction) {
+        ops.push_back(std::move(queue_.front().first));
+        queued_raw_ -= queue_.front().second;
+        queue_.pop_front();
+      }
+      queue_depth_.store(queue_.size(), std::memory_order_relaxed);
+    }
+    {
+      std::lock_guard wl(write_mu_);
+      exec(write_, "BEGIN");
+      for (auto& op : ops) op(write_);
+      std::string err;
+      // A failed statement aborts the transaction: COMMIT then rolls it back as a whole.
+      PGresult* r = PQexec(write_, "COMMIT");
+      const bool committed =
+          PQresultStatus(r) == PGRES_COMMAND_OK && std::string(PQcmdStatus(r)) == "COMMIT";
+      PQclear(r);
+      if (!committed) {
+        errors_.fetch_add(ops.size(), std::memory_order_relaxed);
+        FLARE_LOG_ERROR("engine", "postgres: a transaction of {} writes was rolled back",
+                        ops.size());
+      }
+      transactions_.fetch_add(1, std::memory_order_relaxed);
+    }
+    const size_t n = ops.size();
+    ops.clear();
+    {
+      std::lock_guard lock(queue_mu_);
+      applied_seq_ += n;
+    }
+    drained_cv_.notify_all();
+  }
+}
+
+void PgStore::flush() {
+  std::unique_lock lock(queue_mu_);
+  const uint64_t target = enqueued_seq_;
+  drained_cv_.wait(lock, [&] { return applied_seq_ >= target; });
+}
+
+void PgStore::putJob(const JobRow& r) {
+  enqueue([this, r](PGconn* c) { (writeJob(c, r) ? rows_written_ : errors_)++; }, 0);
+}
+
+void PgStore::putRank(const RankRow& r) {
+  enqueue([this, r](PGconn* c) { (writeRank(c, r) ? rows_written_ : errors_)++; }, 0);
+}
+
+void PgStore::putSignature(const SignatureRow& r) {
+  enqueue(
+      [this, r](PGconn* c) {
+        const bool ok = Params()
+                            .text(r.job_id)
+                            .u64(r.sig_id)
+                            .blob(r.signature)
+                            .run(c,
+                                 "INSERT INTO signatures VALUES($1,$2,$3) ON CONFLICT(job_id, "
+                                 "sig_id) DO UPDATE SET signature=EXCLUDED.signature");
+        (ok ? rows_written_ : errors_)++;
+      },
+      0);
+}
+
+void PgStore::putSignatureStats(const SignatureStatsRow& r) {
+  enqueue([this, r](PGconn* c) { (writeSignatureStats(c, r) ? rows_written_ : errors_)++; }, 0);
+}
+
+void PgStore::appendRaw(const std::string& job_id, std::vector<RawRecord> records) {
+  if (records.empty()) return;
+  const size_t n = records.size();
+  enqueue(
+      [this, job_id, recs = std::move(records)](PGconn* c) {
+        const uint64_t ok = writeRaw(c, job_id, recs);
+        raw_written_ += ok;
+        errors_ += recs.size() - ok;
+      },
+      n);
+}
+
+void PgStore::putWindowSummaries(std::vector<WindowSummaryRow> rows) {
+  if (rows.empty()) return;
+  enqueue(
+      [this, rows = std::move(rows)](PGconn* c) {
+        const uint64_t ok = writeWindows(c, rows);
+        rows_written_ += ok;
+        errors_ += rows.size() - ok;
+      },
+      0);
+}
+
+void PgStore::putCheckpoint(Checkpoint cp) {
+  if (cp.empty()) return;
+  size_t raw = 0;
+  for (const auto& [job, recs] : cp.raw) raw += recs.size();
+  {
+    std::lock_guard lock(queue_mu_);
+    if (queued_raw_ + raw > options_.max_queued_raw) {
+      dropped_.fetch_add(raw, std::memory_order_relaxed);
+      cp.raw.clear();
+      raw = 0;
+    }
+  }
+  enqueue(
+      [this, cp = std::move(cp)](PGconn* c) {
+        uint64_t ok = 0, bad = 0;
+        auto count = [&](bool good) { ++(good ? ok : bad); };
+        for (const JobRow& r : cp.jobs) count(writeJob(c, r));
+        for (const RankRow& r : cp.ranks) count(writeRank(c, r));
+        for (const SignatureStatsRow& r : cp.signature_stats) count(writeSignatureStats(c, r));
+        uint64_t raw_ok = 0, raw_n = 0;
+        for (const auto& [job, recs] : cp.raw) {
+          raw_ok += writeRaw(c, job, recs);
+          raw_n += recs.size();
+        }
+        const uint64_t win_ok = writeWindows(c, cp.windows);
+        ok += win_ok;
+        bad += cp.windows.size() - win_ok;
+        for (const OpenWindowsRow& r : cp.open_windows) {
+          count(Params()
+                    .text(r.job_id)
+                    .i64(r.rank)
+                    .blob(encodeOpenWindows(r.rows))
+                    .run(c,
+                         "INSERT INTO open_windows VALUES($1,$2,$3) ON CONFLICT(job_id, rank) "
+                         "DO UPDATE SET rows=EXCLUDED.rows"));
+        }
+        for (const BatchSeqRow& r : cp.seqs) {
+          count(Params()
+                    .text(r.job_id)
+                    .i64(r.rank)
+                    .i64(r.pid)
+                    .i64(r.start_ns)
+                    .u64(r.seq)
+                    .i64(r.updated_ns)
+                    .run(c,
+                         "INSERT INTO batch_seqs VALUES($1,$2,$3,$4,$5,$6) ON CONFLICT(job_id, "
+                         "rank, pid, start_ns) DO UPDATE SET seq=EXCLUDED.seq, "
+                         "updated_ns=EXCLUDED.updated_ns"));
+        }
+        rows_written_ += ok;
+        raw_written_ += raw_ok;
+        errors_ += bad + (raw_n - raw_ok);
+      },
+      raw, /*never_drop=*/true);
+}
+
+uint64_t PgStore::putAlert(v1::Alert a) {
+  a.set_id(next_alert_id_.fetch_add(1));
+  const uint64_t id = a.id();
+  enqueue(
+      [this, a = std::move(a)](PGconn* c) {
+        const bool ok = Params()
+                            .u64(a.id())
+                            .text(a.job_id())
+                            .i64(a.rank())
+                            .text(a.kind())
+                            .text(a.severity())
+                            .text(a.team())
+                            .text(a.message())
+                            .i64(a.time_unix_ns())
+                            .run(c,
+                                 "INSERT INTO alerts VALUES($1,$2,$3,$4,$5,$6,$7,$8) ON "
+                                 "CONFLICT(id) DO NOTHING");
+        (ok ? rows_written_ : errors_)++;
+      },
+      0);
+  return id;
+}
+
+void PgStore::putBaseline(const std::string& key, const std::string& value, int64_t now_ns) {
+  enqueue(
+      [this, key, value, now_ns](PGconn* c) {
+        const bool ok = Params().text(key).blob(value).i64(now_ns).run(
+            c,
+            "INSERT INTO baselines VALUES($1,$2,$3) ON CONFLICT(key) DO UPDATE SET "
+            "value=EXCLUDED.value, updated_ns=EXCLUDED.updated_ns");
+        (ok ? rows_written_ : errors_)++;
+      },
+      0);
+}
+
+std::vector<JobRow> PgStore::loadJobs() {
+  std::lock_guard lock(read_mu_);
+  std::vector<JobRow> out;
+  PGresult* r = nullptr;
+  if (!Params().run(read_, "SELECT job_id, world_size, start_ns, last_seen_ns FROM jobs", &r))
+    return out;
+  for (int i = 0; i < PQntuples(r); ++i) {
+    out.push_back(
+        {gets(r, i, 0), static_cast<int32_t>(geti(r, i, 1)), geti(r, i, 2), geti(r, i, 3)});
+  }
+  PQclear(r);
+  return out;
+}
+
+std::vector<RankRow> PgStore::loadRanks() {
+  std::lock_guard lock(read_mu_);
+  std::vector<RankRow> out;
+  PGresult* r = nullptr;
+  if (!Params().run(read_,
+                    "SELECT job_id, rank, host, pid, local_rank, device_name, device_uuid, "
+                    "last_seen_ns, batches, records, lost_batches, drops FROM ranks",
+                    &r))
+    return out;
+  for (int i = 0; i < PQntuples(r); ++i) {
+    RankRow row;
+    row.job_id = gets(r, i, 0);
+    row.rank = static_cast<int32_t>(geti(r, i, 1));
+    row.host = gets(r, i, 2);
+    row.pid = static_cast<int32_t>(geti(r, i, 3));
+    row.local_rank = static_cast<int32_t>(geti(r, i, 4));
+    row.device_name = gets(r, i, 5);
+    row.device_uuid = gets(r, i, 6);
+    row.last_seen_ns = geti(r, i, 7);
+    row.batches = static_cast<uint64_t>(geti(r, i, 8));
+    row.records = static_cast<uint64_t>(geti(r, i, 9));
+    row.lost_batches = static_cast<uint64_t>(geti(r, i, 10));
+    row.drops = gets(r, i, 11);
+    out.push_back(std::move(row));
+  }
+  PQclear(r);
+  return out;
+}
+
+std::vector<SignatureRow> PgStore::loadSignatures() {
+  std::lock_guard lock(read_mu_);
+  std::vector<SignatureRow> out;
+  PGresult* r = nullptr;
+  if (!Params().run(read_,
+                    "SELECT job_id, sig_id, signature FROM signatures ORDER BY job_id, sig_id", &r))
+    return out;
+  for (int i = 0; i < PQntuples(r); ++i) {
+    out.push_back({gets(r, i, 0), static_cast<uint32_t>(geti(r, i, 1)), gets(r, i, 2)});
+  }
+  PQclear(r);
+  return out;
+}
+
+std::vector<SignatureStatsRow> PgStore::loadSignatureStats() {
+  std::lock_guard lock(read_mu_);
+  std::vector<SignatureStatsRow> out;
+  PGresult* r = nullptr;
+  if (!Params().run(read_,
+                    "SELECT job_id, sig_id, count, total_ns, min_ns, max_ns, flops, bytes, "
+                    "nranks, histogram FROM signature_stats",
+                    &r))
+    return out;
+  for (int i = 0; i < PQntuples(r); ++i) {
+    SignatureStatsRow row;
+    row.job_id = gets(r, i, 0);
+    row.sig_id = static_cast<uint32_t>(geti(r, i, 1));
+    row.count = static_cast<uint64_t>(geti(r, i, 2));
+    row.total_ns = geti(r, i, 3);
+    row.min_ns = geti(r, i, 4);
+    row.max_ns = geti(r, i, 5);
+    row.flops = getd(r, i, 6);
+    row.bytes = getd(r, i, 7);
+    row.nranks = static_cast<int32_t>(geti(r, i, 8));
+    row.histogram = gets(r, i, 9);
+    out.push_back(std::move(row));
+  }
+  PQclear(r);
+  return out;
+}
+
+std::vector<BatchSeqRow> PgStore::loadBatchSeqs() {
+  std::lock_guard lock(read_mu_);
+  std::vector<BatchSeqRow> out;
+  PGresult* r = nullptr;
+  if (!Params().run(read_, "SELECT job_id, rank, pid, start_ns, seq, updated_ns FROM batch_seqs",
+                    &r))
+    return out;
+  for (int i = 0; i < PQntuples(r); ++i) {
+    out.push_back({gets(r, i, 0), static_cast<int32_t>(geti(r, i, 1)),
+                   static_cast<int32_t>(geti(r, i, 2)), geti(r, i, 3),
+                   static_cast<uint64_t>(geti(r, i, 4)), geti(r, i, 5)});
+  }
+  PQclear(r);
+  return out;
+}
+
+std::vector<OpenWindowsRow> PgStore::loadOpenWindows() {
+  std::lock_guard lock(read_mu_);
+  std::vector<OpenWindowsRow> out;
+  PGresult* r = nullptr;
+  if (!Params().run(read_, "SELECT job_id, rank, rows FROM open_windows", &r)) return out;
+  for (int i = 0; i < PQntuples(r); ++i) {
+    OpenWindowsRow row;
+    row.job_id = gets(r, i, 0);
+    row.rank = static_cast<int32_t>(geti(r, i, 1));
+    row.rows = decodeOpenWindows(row.job_id, row.rank, gets(r, i, 2));
+    out.push_back(std::move(row));
+  }
+  PQclear(r);
+  return out;
+}
+
+std::vector<RawRecord> PgStore::rawRecords(const std::string& job_id, int64_t since_ns,
+                                           int64_t until_ns, size_t limit) {
+  std::lock_guard lock(read_mu_);
+  std::vector<RawRecord> out;
+  PGresult* r = nullptr;
+  if (!Params().text(job_id).i64(since_ns).i64(until_ns).u64(limit).run(
+          read_,
+          "SELECT rank, sig_id, stream, issue_ns, start_ns, end_ns, flops, bytes, "
+          "coll_seq FROM raw_records WHERE job_id=$1 AND start_ns>=$2 AND start_ns<$3 "
+          "ORDER BY start_ns, id LIMIT $4",
+          &r))
+    return out;
+  for (int i = 0; i < PQntuples(r); ++i) {
+    RawRecord rec;
+    rec.rank = static_cast<int32_t>(geti(r, i, 0));
+    rec.sig_id = static_cast<uint32_t>(geti(r, i, 1));
+    rec.stream = static_cast<uint64_t>(geti(r, i, 2));
+    rec.issue_ns = geti(r, i, 3);
+    rec.start_ns = geti(r, i, 4);
+    rec.end_ns = geti(r, i, 5);
+    rec.flops = static_cast<uint64_t>(geti(r, i, 6));
+    rec.bytes = static_cast<uint64_t>(geti(r, i, 7));
+    rec.coll_seq = static_cast<uint64_t>(geti(r, i, 8));
+    out.push_back(rec);
+  }
+  PQclear(r);
+  return out;
+}
+
+std::vector<WindowSummaryRow> PgStore::windowSummaries(const std::string& job_id, int64_t since_ns,
+                                                       size_t limit) {
+  std::lock_guard lock(read_mu_);
+  std::vector<WindowSummaryRow> out;
+  PGresult* r = nullptr;
+  if (!Params().text(job_id).i64(since_ns).u64(limit).run(
+          read_,
+          "SELECT rank, sig_id, stream, window_start_ns, window_end_ns, count, sum_ns, "
+          "p50_ns, p99_ns, source FROM window_summaries WHERE job_id=$1 AND "
+          "window_start_ns>=$2 ORDER BY window_start_ns, id LIMIT $3",
+          &r))
+    return out;
+  for (int i = 0; i < PQntuples(r); ++i) {
+    WindowSummaryRow w;
+    w.job_id = job_id;
+    w.rank = static_cast<int32_t>(geti(r, i, 0));
+    w.sig_id = static_cast<uint32_t>(geti(r, i, 1));
+    w.stream = static_cast<uint64_t>(geti(r, i, 2));
+    w.window_start_ns = geti(r, i, 3);
+    w.window_end_ns = geti(r, i, 4);
+    w.count = static_cast<uint64_t>(geti(r, i, 5));
+    w.sum_ns = geti(r, i, 6);
+    w.p50_ns = geti(r, i, 7);
+    w.p99_ns = geti(r, i, 8);
+    w.source = gets(r, i, 9);
+    out.push_back(std::move(w));
+  }
+  PQclear(r);
+  return out;
+}
+
+std::vector<v1::Alert> PgStore::alerts(const std::string& job_id, int64_t since_ns, size_t limit) {
+  std::lock_guard lock(read_mu_);
+  std::vector<v1::Alert> out;
+  PGresult* r = nullptr;
+  if (!Params().text(job_id).i64(since_ns).u64(limit).run(
+          read_,
+          "SELECT id, job_id, rank, kind, severity, team, message, time_ns FROM alerts "
+          "WHERE ($1='' OR job_id=$1) AND time_ns>=$2 ORDER BY time_ns DESC, id DESC "
+          "LIMIT $3",
+          &r))
+    return out;
+  for (int i = 0; i < PQntuples(r); ++i) {
+    v1::Alert a;
+    a.set_id(static_cast<uint64_t>(geti(r, i, 0)));
+    a.set_job_id(gets(r, i, 1));
+    a.set_rank(static_cast<int32_t>(geti(r, i, 2)));
+    a.set_kind(gets(r, i, 3));
+    a.set_severity(gets(r, i, 4));
+    a.set_team(gets(r, i, 5));
+    a.set_message(gets(r, i, 6));
+    a.set_time_unix_ns(geti(r, i, 7));
+    out.push_back(std::move(a));
+  }
+  PQclear(r);
+  return out;
+}
+
+std::optional<std::string> PgStore::baseline(const std::string& key) {
+  std::lock_guard lock(read_mu_);
+  PGresult* r = nullptr;
+  if (!Params().text(key).run(read_, "SELECT value FROM baselines WHERE key=$1", &r))
+    return std::nullopt;
+  std::optional<std::string> out;
+  if (PQntuples(r) > 0) out = gets(r, 0, 0);
+  PQclear(r);
+  return out;
+}
+
+MaintenanceResult PgStore::maintain(int64_t now_ns, const RetentionPolicy& policy) {
+  flush();
+  MaintenanceResult result;
+  std::lock_guard wl(write_mu_);
+  auto changed = [](PGresult* r) { return static_cast<uint64_t>(std::atoll(PQcmdTuples(r))); };
+  const int64_t raw_cutoff = now_ns - policy.raw_window_ns;
+  exec(write_, "BEGIN");
+  PGresult* r = nullptr;
+  if (Params()
+          .i64(kRawFoldWindowNs)
+          .i64(raw_cutoff)
+          .run(write_,
+               "INSERT INTO window_summaries(job_id,rank,sig_id,stream,window_start_ns,"
+               "window_end_ns,count,sum_ns,p50_ns,p99_ns,source) "
+               "SELECT job_id, rank, sig_id, stream, (start_ns/$1)*$1, (start_ns/$1)*$1+$1, "
+               "COUNT(*), SUM(end_ns-start_ns), CAST(AVG(end_ns-start_ns) AS BIGINT), "
+               "MAX(end_ns-start_ns), 'raw' FROM raw_records WHERE start_ns<$2 "
+               "GROUP BY job_id, rank, sig_id, stream, start_ns/$1")) {
+    if (Params().i64(raw_cutoff).run(write_, "DELETE FROM raw_records WHERE start_ns<$1", &r)) {
+      result.raw_summarized = changed(r);
+      PQclear(r);
+    }
+  }
+  const int64_t cutoff = now_ns - policy.summary_window_ns;
+  for (const char* sql :
+       {"DELETE FROM window_summaries WHERE window_end_ns<$1",
+        "DELETE FROM alerts WHERE time_ns<$1", "DELETE FROM batch_seqs WHERE updated_ns<$1"}) {
+    if (Params().i64(cutoff).run(write_, sql, &r)) {
+      result.expired += changed(r);
+      PQclear(r);
+    }
+  }
+  exec(write_, "COMMIT");
+  auto live = [&]() -> int64_t {
+    PGresult* s = nullptr;
+    int64_t n = 0;
+    if (Params().run(write_,
+                     "SELECT CAST(COALESCE(SUM(pg_total_relation_size(c.oid)),0) AS BIGINT) FROM "
+                     "pg_class c WHERE c.relname IN ('jobs','ranks','signatures',"
+                     "'signature_stats','raw_records','window_summaries','alerts','baselines',"
+                     "'batch_seqs','open_windows')",
+                     &s)) {
+      n = geti(s, 0, 0);
+      PQclear(s);
+    }
+    return n;
+  };
+  // The size cap: oldest raw records first, then the oldest window rows, a tenth at a time.
+  // (PostgreSQL reuses the space after autovacuum; the figure drops after VACUUM.)
+  for (int round = 0; round < 8 && live() > policy.max_bytes; ++round) {
+    bool any = false;
+    for (const char* table : {"raw_records", "window_summaries"}) {
+      const std::string sql =
+          std::string("DELETE FROM ") + table + " WHERE id IN (SELECT id FROM " + table +
+          " ORDER BY id LIMIT GREATEST(1, (SELECT COUNT(*) FROM " + table + ")/10))";
+      if (Params().run(write_, sql.c_str(), &r)) {
+        const uint64_t n = changed(r);
+        PQclear(r);
+        result.evicted += n;
+        if (n > 0) {
+          any = true;
+          break;
+        }
+      }
+    }
+    if (!any) break;
+    exec(write_, "VACUUM raw_records");
+    exec(write_, "VACUUM window_summaries");
+  }
+  result.live_bytes = live();
+  retired_ += result.raw_summarized + result.expired + result.evicted;
+  return result;
+}
+
+void PgStore::writeMetrics(PromWriter& w) const {
+  auto c = [](const std::atomic<uint64_t>& a) { return a.load(std::memory_order_relaxed); };
+  w.family("flare_store_transactions_total", "counter", "Write transactions committed.");
+  w.sample("flare_store_transactions_total", c(transactions_));
+  w.family("flare_store_rows_written_total", "counter",
+           "Rows written to the store, by table group.");
+  w.sample("flare_store_rows_written_total", c(raw_written_), {{"table", "raw_records"}});
+  w.sample("flare_store_rows_written_total", c(rows_written_), {{"table", "state"}});
+  w.family("flare_store_dropped_total", "counter",
+           "Writes (raw records counted singly) dropped because the write queue was full.");
+  w.sample("flare_store_dropped_total", c(dropped_));
+  w.family("flare_store_errors_total", "counter", "Rows or transactions the database refused.");
+  w.sample("flare_store_errors_total", c(errors_));
+  w.family("flare_store_retired_rows_total", "counter",
+           "Rows removed by the retention policy and the size cap.");
+  w.sample("flare_store_retired_rows_total", c(retired_), {{"why", "all"}});
+  w.family("flare_store_queue_depth", "gauge", "Writes waiting for the writer thread.");
+  w.sample("flare_store_queue_depth",
+           static_cast<uint64_t>(queue_depth_.load(std::memory_order_relaxed)));
+}
+
+}  // namespace flare::engine
