@@ -1,6 +1,7 @@
 #include "src/engine/analyzer.h"
 
 #include <algorithm>
+#include <optional>
 
 #include "src/common/log.h"
 #include "src/engine/diagnosis/job_metrics.h"
@@ -92,30 +93,50 @@ const History* Analyzer::historyFor(const JobWindow& w) const {
 }
 
 std::vector<v1::Alert> Analyzer::run(int64_t now_ns) {
+  // Under the lock only: trim each fresh job's window and copy it (and its history). The
+  // metrics and detectors then run on the copies without the lock, so ingest (onBatch, from
+  // every rank stream) never waits for the pairwise comparisons of a large job.
+  struct Work {
+    std::string job_id;
+    JobModel model;
+    std::optional<History> history;
+  };
+  std::vector<Work> work;
+  {
+    std::lock_guard lock(mu_);
+    ++runs_;
+    for (auto& [job_id, w] : jobs_) {
+      if (!w.fresh) continue;
+      w.fresh = false;
+      w.model.trim(w.newest_ns - options_.window_ns, options_.max_ops_per_rank);
+      // A job never compares with its own baseline (it would learn nothing and alarm on nothing).
+      const History* history = baselines_.contains(job_id) ? nullptr : historyFor(w);
+      work.push_back({job_id, w.model, history ? std::optional<History>(*history) : std::nullopt});
+    }
+  }
   std::vector<v1::Alert> raised;
-  std::lock_guard lock(mu_);
-  ++runs_;
-  for (auto& [job_id, w] : jobs_) {
-    if (!w.fresh) continue;
-    w.fresh = false;
-    w.model.trim(w.newest_ns - options_.window_ns, options_.max_ops_per_rank);
-    // A job never compares with its own baseline (it would learn nothing and alarm on nothing).
-    const History* history = baselines_.contains(job_id) ? nullptr : historyFor(w);
-    v1::JobMetrics metrics = computeJobMetrics(w.model, history, options_.samples_per_step);
+  for (Work& job : work) {
+    const History* history = job.history ? &*job.history : nullptr;
+    v1::JobMetrics metrics = computeJobMetrics(job.model, history, options_.samples_per_step);
     metrics.set_computed_unix_ns(now_ns);
+    const std::vector<Diagnosis> found = diagnose(job.model, options_.diagnose, nullptr, history);
+    std::lock_guard lock(mu_);
+    auto wit = jobs_.find(job.job_id);
+    if (wit == jobs_.end()) continue;
+    JobWindow& w = wit->second;
     w.metrics = std::move(metrics);
     for (auto& [key, age] : w.active) ++age;
-    for (const Diagnosis& d : diagnose(w.model, options_.diagnose, nullptr, history)) {
+    for (const Diagnosis& d : found) {
       std::vector<int> ranks = d.ranks;
       std::sort(ranks.begin(), ranks.end());
       auto [it, inserted] = w.active.try_emplace({d.kind, ranks}, 0);
       const bool repeat = !inserted && it->second <= options_.forget_after_runs;
       it->second = 0;
       if (repeat) continue;
-      v1::Alert a = toAlert(job_id, d, now_ns);
+      v1::Alert a = toAlert(job.job_id, d, now_ns);
       if (store_ != nullptr) a.set_id(store_->putAlert(a));
-      FLARE_LOG_WARN("engine", "ALERT [{}] job {}: {}", a.team(), job_id, d.summary);
-      ++alerts_total_[{job_id, d.kind, a.team()}];
+      FLARE_LOG_WARN("engine", "ALERT [{}] job {}: {}", a.team(), job.job_id, d.summary);
+      ++alerts_total_[{job.job_id, d.kind, a.team()}];
       if (options_.on_alert) options_.on_alert(a, d);
       raised.push_back(std::move(a));
     }
@@ -126,11 +147,17 @@ std::vector<v1::Alert> Analyzer::run(int64_t now_ns) {
 }
 
 std::vector<Diagnosis> Analyzer::diagnoseJob(const std::string& job_id) {
-  std::lock_guard lock(mu_);
-  auto it = jobs_.find(job_id);
-  if (it == jobs_.end()) return {};
-  const History* history = baselines_.contains(job_id) ? nullptr : historyFor(it->second);
-  return diagnose(it->second.model, options_.diagnose, nullptr, history);
+  std::optional<JobModel> model;  // a copy: the detectors run without the lock (see run())
+  std::optional<History> history;
+  {
+    std::lock_guard lock(mu_);
+    auto it = jobs_.find(job_id);
+    if (it == jobs_.end()) return {};
+    model = it->second.model;
+    const History* h = baselines_.contains(job_id) ? nullptr : historyFor(it->second);
+    if (h != nullptr) history = *h;
+  }
+  return diagnose(*model, options_.diagnose, nullptr, history ? &*history : nullptr);
 }
 
 std::optional<v1::HealthyBaseline> Analyzer::addBaseline(const std::string& job_id,

@@ -17,9 +17,12 @@
 // regression with the learned W1 threshold, void thresholds learned from history.
 //
 // Threading: onBatch() is called on gRPC threads, run() and the accessors on flared's main
-// thread or the HTTP thread; one mutex guards the windows and the baselines (run() copies
-// nothing: it diagnoses under the lock, bounded by the window size). `on_alert` and `rank_meta`
-// are called without blocking work: on_alert under the lock, rank_meta outside it.
+// thread or the HTTP thread; one mutex guards the windows and the baselines. run() and
+// diagnoseJob() hold it only to trim and copy a job's window (and history): the metrics and the
+// detectors run on the copy without it, so ingest never waits for a large job's pairwise
+// comparisons (it did: 1,000 summary-mode ranks stalled ingest and /metrics). The copy costs
+// memory of one job's window while it is diagnosed. `on_alert` and `rank_meta` are called
+// without blocking work: on_alert under the lock, rank_meta outside it.
 #pragma once
 
 #include <cstdint>

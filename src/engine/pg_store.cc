@@ -487,6 +487,15 @@ void PgStore::putBaseline(const std::string& key, const std::string& value, int6
       0);
 }
 
+void PgStore::removeBaseline(const std::string& key) {
+  enqueue(
+      [this, key](PGconn* c) {
+        const bool ok = Params().text(key).run(c, "DELETE FROM baselines WHERE key=$1");
+        (ok ? rows_written_ : errors_)++;
+      },
+      0);
+}
+
 std::vector<JobRow> PgStore::loadJobs() {
   std::lock_guard lock(read_mu_);
   std::vector<JobRow> out;
@@ -697,6 +706,18 @@ std::optional<std::string> PgStore::baseline(const std::string& key) {
     return std::nullopt;
   std::optional<std::string> out;
   if (PQntuples(r) > 0) out = gets(r, 0, 0);
+  PQclear(r);
+  return out;
+}
+
+std::vector<std::pair<std::string, std::string>> PgStore::baselines(const std::string& prefix) {
+  std::lock_guard lock(read_mu_);
+  std::vector<std::pair<std::string, std::string>> out;
+  PGresult* r = nullptr;
+  if (!Params().text(prefix).run(
+          read_, "SELECT key, value FROM baselines WHERE starts_with(key, $1) ORDER BY key", &r))
+    return out;
+  for (int i = 0; i < PQntuples(r); ++i) out.emplace_back(gets(r, i, 0), gets(r, i, 1));
   PQclear(r);
   return out;
 }

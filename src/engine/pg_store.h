@@ -44,6 +44,7 @@ class PgStore final : public Store {
   void putCheckpoint(Checkpoint checkpoint) override;
   uint64_t putAlert(v1::Alert alert) override;
   void putBaseline(const std::string& key, const std::string& value, int64_t now_ns) override;
+  void removeBaseline(const std::string& key) override;
   void flush() override;
 
   std::vector<JobRow> loadJobs() override;
@@ -58,6 +59,7 @@ class PgStore final : public Store {
                                                 size_t limit) override;
   std::vector<v1::Alert> alerts(const std::string& job_id, int64_t since_ns, size_t limit) override;
   std::optional<std::string> baseline(const std::string& key) override;
+  std::vector<std::pair<std::string, std::string>> baselines(const std::string& prefix) override;
 
   MaintenanceResult maintain(int64_t now_ns, const RetentionPolicy& policy) override;
   void writeMetrics(PromWriter& w) const override;
