@@ -70,5 +70,11 @@ scenario hang "6. rank 3 never reaches step 4's collectives (FLARE_SIM_HANG=3:sk
 hangs; flared (--hang-timeout-s 3) collects stacks and collective counters from all ranks; \
 the job is stopped by its own --timeout 10" FLARE_SIM_HANG=3:skip:4 -- --timeout 10
 echo
+echo "-- flare report --job demo-gpu-$RUN_ID (the per-job kernel report, the five metrics and the"
+echo "   diagnoses; --html also writes a self-contained page with charts)"
+"$FLARE" report --daemon-http "127.0.0.1:$HTTP_PORT" --job "demo-gpu-$RUN_ID" --top 8 --text \
+  --quiet --html "$BUILD_DIR/demo-report.html" | sed 's/^/   /'
+echo "   page: $BUILD_DIR/demo-report.html"
+echo
 echo "-- flare status (what flared received from each rank)"
 "$FLARE" status --daemon-http "127.0.0.1:$HTTP_PORT" --all
