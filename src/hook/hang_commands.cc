@@ -12,13 +12,8 @@
 
 namespace flare::hook {
 
-std::string communicatorName(uint64_t hash) {
-  char buf[17];
-  std::snprintf(buf, sizeof(buf), "%016llx", static_cast<unsigned long long>(hash));
-  return buf;
-}
-
 void CollectiveTracker::onSignature(uint32_t id, const timing::Signature& sig) {
+  if (watch_ != nullptr) watch_->onSignature(id, sig);
   inner_->onSignature(id, sig);
 }
 
@@ -28,6 +23,7 @@ void CollectiveTracker::onOps(std::span<const timing::CompletedOp> ops) {
       noteCollectiveCompleted(op.info.comm_hash, op.info.seq);
     }
   }
+  if (watch_ != nullptr) watch_->onOps(ops);
   inner_->onOps(ops);
 }
 
