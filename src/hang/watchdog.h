@@ -11,7 +11,11 @@
 // by op class such as "collective") or the timeout (FLARE_HANG_TIMEOUT). So a long collective
 // (a checkpoint barrier: configured, or learned from its earlier instances) or a chain of long
 // ones — each completion restarts the clock — never raises a false hang. An idle
-// stream is never stuck (a silent rank is the daemon's to detect). One episode = one report:
+// stream is never stuck (a silent rank is the daemon's to detect). A non-collective head that
+// became the head no earlier than a collective head still within its bound is not stuck
+// either: it may wait for that collective through a cross-stream dependency (the optimizer
+// kernel after the gradient all-reduce), so a long collective under its override does not
+// raise through the kernels queued behind it. One episode = one report:
 // after a suspicion, poll() reports nothing until the stream that raised it makes progress.
 //
 // Pure logic with injected time (now_ns arguments); no thread of its own. Not thread-safe: one

@@ -89,9 +89,9 @@ TEST(HangWatchdog, PerOpOverrideByNameThenByClass) {
   o.timeout_ns = 10 * kS;
   o.op_timeouts = {{"ncclAllReduce", 100 * kS}, {"collective", 50 * kS}};
   HangWatchdog w(o);
-  HeadOp ar = op(1, 0, true);
+  HeadOp ar = op(1, 5, true);
   ar.kind = "collective";
-  HeadOp ag = op(2, 0, true);
+  HeadOp ag = op(2, 5, true);
   ag.name = "ncclAllGather";
   ag.kind = "collective";
   HeadOp gemm = op(3, 0);
@@ -170,6 +170,38 @@ TEST(HangWatchdog, ParsesOpTimeoutsAndNamesBadEntries) {
   EXPECT_NE(errors[3].find("'y=-3'"), std::string::npos);
   EXPECT_NE(errors[4].find("'z=0'"), std::string::npos);
   EXPECT_TRUE(parseOpTimeouts("", &t, &errors));
+}
+
+
+TEST(HangWatchdog, KernelWaitingBehindAHealthyLongCollectiveIsNotStuck) {
+  WatchdogOptions o;
+  o.timeout_ns = 2 * kS;
+  o.op_timeouts = {{"ncclAllReduce", 20 * kS}};
+  HangWatchdog w(o);
+  w.setHead(1, op(1, 0, true));  // the all-reduce, head since 0 s (bound 20 s)
+  w.setHead(2, op(2, 1));        // the optimizer kernel after it, head since 1 s (bound 2 s)
+  EXPECT_FALSE(w.poll(10 * kS));
+  EXPECT_FALSE(w.poll(20 * kS));
+  // Past the collective's own bound both are stuck: the collective is reported first.
+  auto s = w.poll(21 * kS);
+  ASSERT_TRUE(s);
+  EXPECT_EQ(s->first.stream, 1u);
+  EXPECT_EQ(s->stuck.size(), 2u);
+}
+
+TEST(HangWatchdog, KernelStuckBeforeTheCollectiveIsReported) {
+  // A compute kernel that never finishes, with the collective queued after it (it waits for
+  // the kernel): the kernel was the head first, so it is stuck after the timeout.
+  WatchdogOptions o;
+  o.timeout_ns = 2 * kS;
+  o.op_timeouts = {{"ncclAllReduce", 20 * kS}};
+  HangWatchdog w(o);
+  w.setHead(2, op(2, 0));        // the kernel, head since 0 s
+  w.setHead(1, op(1, 1, true));  // the all-reduce, head since 1 s
+  auto s = w.poll(3 * kS);
+  ASSERT_TRUE(s);
+  EXPECT_EQ(s->first.stream, 2u);
+  EXPECT_EQ(s->first.op.name, "gemm");
 }
 
 }  // namespace
