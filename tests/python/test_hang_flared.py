@@ -280,6 +280,16 @@ def test_watchdog_opens_the_incident_before_the_silence_timeout(build_dir, slow_
         # One incident per episode while more ranks' reports and the silence keep coming.
         time.sleep(2)
         assert len(daemon.get("/api/v1/jobs/%s/hangs" % job)["incidents"]) == 1
+        # `flare hang` shows it: the suspect, the groups, the progress, the watchdog.
+        cli = subprocess.run(
+            [os.path.join(build_dir, "bin", "flare"), "hang", "--job", job, "--daemon-http",
+             "127.0.0.1:%d" % daemon.http], capture_output=True, text=True, timeout=30)
+        assert cli.returncode == 3, cli.stderr
+        assert "(triggered by watchdog)" in cli.stdout
+        assert "suspect: rank %d on " % rank in cli.stdout
+        assert "never issued" in cli.stdout
+        assert "stack groups:" in cli.stdout and "last collective issued / completed:" in cli.stdout
+        assert ": ncclAllReduce on " in cli.stdout and "stuck up to" in cli.stdout
     finally:
         finish(proc)
 
