@@ -327,9 +327,10 @@ def print_hang_incident(inc, max_frames):
                                                    gpu, s.get("reason", "")))
     link = inc.get("link")
     if link:
-        print("  link: rank %d -> rank %d stalled at step %d (%d channels agree)" % (
-            as_int(link.get("sender")), as_int(link.get("receiver")), as_int(link.get("step")),
-            as_int(link.get("channelsAgreeing"))))
+        print("  link: rank %d -> rank %d%s stalled at step %d (%d channels agree)" % (
+            as_int(link.get("sender")), as_int(link.get("receiver")),
+            " on communicator %s" % link["communicator"] if link.get("communicator") else "",
+            as_int(link.get("step")), as_int(link.get("channelsAgreeing"))))
     print("  ranks: answered %s; no answer %s; crashed %s%s" % (
         compact_ranges(inc.get("answered") or []), compact_ranges(inc.get("noAnswer") or []),
         compact_ranges(inc.get("crashed") or []),

@@ -102,7 +102,8 @@ constexpr ParamInfo kParams[] = {
      "RANK:MS[:EVERY_N_STEPS] entries: that rank's host thread stalls MS milliseconds (a GC-like "
      "pause) every N steps (default every step)."},
     {"FLARE_SIM_HANG", "rank-list", "", "sim",
-     "RANK:KIND:STEP entries with KIND collective|compute|skip: that rank hangs at that step."},
+     "RANK:KIND:STEP[:NRANKS] entries with KIND collective|compute|skip: that rank hangs at that "
+     "step (collective with NRANKS: only on a communicator of that size)."},
     {"FLARE_SIM_CRASH", "rank-list", "", "sim",
      "RANK:STEP entries: that rank aborts at that step."},
     {"FLARE_SIM_INJECT_SYNC", "bool", "0", "sim",

@@ -410,7 +410,8 @@ std::string incidentToJson(const HangIncident& inc) {
     o += ",\"link\":{\"sender\":" + std::to_string(d.link->sender) +
          ",\"receiver\":" + std::to_string(d.link->receiver) +
          ",\"step\":" + std::to_string(d.link->step) +
-         ",\"channelsAgreeing\":" + std::to_string(d.link->channels_agreeing) + "}";
+         ",\"channelsAgreeing\":" + std::to_string(d.link->channels_agreeing) +
+         ",\"communicator\":" + common::jsonQuote(d.link->communicator) + "}";
   }
   o += ",\"watchdog\":[";
   for (size_t i = 0; i < inc.watchdog.size(); ++i) {

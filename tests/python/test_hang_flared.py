@@ -376,3 +376,33 @@ def test_crashed_rank_is_named_while_the_survivors_wait(build_dir, daemon, slow_
         assert "1 crashed" in alerts[0]["message"]
     finally:
         finish(proc)
+
+
+def test_communication_hang_on_one_link_of_a_data_parallel_sub_communicator(build_dir, daemon,
+                                                                           tmp_path):
+    # --tp 2: data-parallel groups {0,2,4,6} and {1,3,5,7}. Rank 2's all-reduce on its 4-rank
+    # communicator hangs on its ring link (comm rank 1 -> 2, i.e. global 2 -> 4). The ranks of
+    # the other group then wait in the next tensor-parallel all-reduce their partners never
+    # issue (blocked, not culprits); Inspect reports communicator-local peers, flared translates
+    # them and joins channels per communicator.
+    job = "dp-link"
+    proc = start_job(build_dir, daemon, tmp_path, job,
+                     {"FLARE_SIM_HANG": "2:collective:3:4"}, timeout_s=14)
+    try:
+        incidents = wait_incidents(daemon, job)
+        assert len(incidents) == 1, incidents
+        inc = incidents[0]
+        assert inc["inspected"] is True, inc["text"]
+        assert inc["kind"] == "communication hang", inc["text"]
+        assert (inc["link"]["sender"], inc["link"]["receiver"]) == (2, 4), inc["link"]
+        assert inc["link"]["channelsAgreeing"] == 2
+        assert inc["link"]["communicator"] != ""
+        assert [s["rank"] for s in inc["suspects"]] == [2, 4], inc["text"]
+        # The hung communicator is the one the link names: its 4 ranks wait in it.
+        hung = [l for l in inc["lagging"] if l["communicator"] == inc["link"]["communicator"]]
+        assert hung and hung[0]["waiting"] == [0, 2, 4, 6], inc["lagging"]
+        took = (inc["diagnosedUnixNs"] - inc["onsetUnixNs"]) / 1e9
+        assert HANG_TIMEOUT_S <= took < HANG_TIMEOUT_S + 5, took
+        print("onset-to-diagnosis %.2f s (dp sub-communicator link)" % took)
+    finally:
+        finish(proc)
