@@ -203,10 +203,8 @@ std::vector<HangIncident> HangMonitor::check() {
                     "watchdog of ranks %s: rank %d's %s%s%s%s not completed for %.1f s (bound "
                     "%.1f s)",
                     hang::compactRanges(ranks_reporting).c_str(), first->rank, op.name().c_str(),
-                    op.communicator().empty() ? "" : " on communicator ",
-                    op.communicator().c_str(),
-                    op.communicator().empty() ? ""
-                                              : (" seq " + std::to_string(op.seq())).c_str(),
+                    op.communicator().empty() ? "" : " on communicator ", op.communicator().c_str(),
+                    op.communicator().empty() ? "" : (" seq " + std::to_string(op.seq())).c_str(),
                     seconds(op.age_ns()), seconds(op.threshold_ns()));
     } else {
       triggered_by = "silence";
@@ -254,8 +252,8 @@ std::map<int32_t, v1::CommandResult> HangMonitor::roundTrip(const std::string& j
 }
 
 HangIncident HangMonitor::diagnose(const std::string& job_id, const v1::ListRanksResponse& ranks,
-                                   std::string triggered_by, std::string trigger,
-                                   int64_t onset_ns, int64_t last_progress_ns,
+                                   std::string triggered_by, std::string trigger, int64_t onset_ns,
+                                   int64_t last_progress_ns,
                                    std::vector<WatchdogEvidence> watchdog) {
   HangIncident inc;
   inc.job_id = job_id;
@@ -450,8 +448,7 @@ std::string incidentToJson(const HangIncident& inc) {
     const hang::LaggingCollective& l = d.lagging[i];
     o += std::string(i ? "," : "") + "{\"communicator\":" + common::jsonQuote(l.communicator) +
          ",\"seq\":" + std::to_string(l.seq) + ",\"op\":" + common::jsonQuote(l.op) +
-         ",\"notIssued\":" + jsonInts(l.not_issued) + ",\"waiting\":" + jsonInts(l.waiting) +
-         "}";
+         ",\"notIssued\":" + jsonInts(l.not_issued) + ",\"waiting\":" + jsonInts(l.waiting) + "}";
   }
   o += "]";
   o += ",\"evidence\":[";

@@ -56,10 +56,10 @@ struct WatchdogEvidence {
 struct HangIncident {
   uint64_t id = 0;  // per daemon, from 1
   std::string job_id;
-  std::string triggered_by;      // "watchdog" or "silence"
+  std::string triggered_by;                // "watchdog" or "silence"
   std::vector<WatchdogEvidence> watchdog;  // reports of the episode, by arrival
-  std::string trigger;           // "ranks 3 silent for 2.0 s"
-  int64_t onset_ns = 0;          // the first silent rank's last new records (hang onset)
+  std::string trigger;                     // "ranks 3 silent for 2.0 s"
+  int64_t onset_ns = 0;                    // the first silent rank's last new records (hang onset)
   int64_t last_progress_ns = 0;  // the last time any rank of the job delivered new records
   int64_t opened_ns = 0;
   int64_t diagnosed_ns = 0;
@@ -123,8 +123,8 @@ class HangMonitor {
   uint64_t next_id_ = 1;                                        // guarded by mu_
   uint64_t no_answer_total_ = 0;                                // guarded by mu_
   std::condition_variable cv_;
-  bool stopping_ = false;  // guarded by mu_
-  bool wake_ = false;      // guarded by mu_
+  bool stopping_ = false;                     // guarded by mu_
+  bool wake_ = false;                         // guarded by mu_
   std::vector<ReceivedHangReport> requeued_;  // guarded by mu_; other jobs' reports taken
                                               // during a diagnosis
   std::thread thread_;

@@ -174,7 +174,6 @@ TEST_F(HangMonitorTest, JobWhoseRanksAllLeftIsNeverDiagnosed) {
   EXPECT_TRUE(monitor_->incidents("job").empty());
 }
 
-
 v1::HangReport stuckReport(const std::string& op, uint64_t seq, int64_t age_ns) {
   v1::HangReport r;
   r.set_episode(1);

@@ -286,7 +286,7 @@ class Ingest {
   uint64_t next_session_id_ = 1;
   uint64_t next_command_id_ = 1;
   std::vector<ReceivedHangReport> hang_reports_;  // guarded by mu_
-  int64_t last_window_flush_ = 0;  // the window persist() last closed rows for
+  int64_t last_window_flush_ = 0;                 // the window persist() last closed rows for
   IngestCounters counters_;
 };
 

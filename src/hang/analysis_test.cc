@@ -366,7 +366,6 @@ TEST(AnalyzeScale, EightThousandRanks) {
   }
 }
 
-
 // 8 ranks, tensor parallel 2 x data parallel 4: tp groups {2g, 2g+1}, dp groups {0,2,4,6}
 // ("dpA") and {1,3,5,7} ("dpB"). dpA hangs on its ring link comm rank 1 -> 2 (global 2 -> 4);
 // dpB finished; the odd ranks then wait in the next tp all-reduce, which their even partners

@@ -83,7 +83,6 @@ TEST(HangWatchdog, AllStuckStreamsAreListedLongestFirst) {
   EXPECT_TRUE(w.inEpisode());
 }
 
-
 TEST(HangWatchdog, PerOpOverrideByNameThenByClass) {
   WatchdogOptions o;
   o.timeout_ns = 10 * kS;
@@ -131,8 +130,8 @@ TEST(HangWatchdog, LearnsTheLongestDurationOfASignature) {
   barrier.signature = 42;
   EXPECT_EQ(w.thresholdNs(barrier), 10 * kS);  // nothing learned yet
   w.learn(42, 2 * kS);
-  w.learn(42, 8 * kS);  // a checkpoint barrier took 8 s
-  w.learn(42, 1 * kS);  // shorter ones do not lower it
+  w.learn(42, 8 * kS);   // a checkpoint barrier took 8 s
+  w.learn(42, 1 * kS);   // shorter ones do not lower it
   w.learn(7, 100 * kS);  // another signature
   EXPECT_EQ(w.thresholdNs(barrier), 24 * kS);
   w.setHead(5, barrier);
@@ -171,7 +170,6 @@ TEST(HangWatchdog, ParsesOpTimeoutsAndNamesBadEntries) {
   EXPECT_NE(errors[4].find("'z=0'"), std::string::npos);
   EXPECT_TRUE(parseOpTimeouts("", &t, &errors));
 }
-
 
 TEST(HangWatchdog, KernelWaitingBehindAHealthyLongCollectiveIsNotStuck) {
   WatchdogOptions o;

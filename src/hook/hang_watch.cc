@@ -81,8 +81,8 @@ void HangWatch::onHeads(int64_t now_ns, std::span<const timing::StreamHead> head
     hang::HeadOp op;
     op.op_id = h.key;
     auto sig = sigs_.find(h.info.signature_id);
-    op.name = sig != sigs_.end() ? sig->second.first : std::string("signature ") +
-                                                           std::to_string(h.info.signature_id);
+    op.name = sig != sigs_.end() ? sig->second.first
+                                 : std::string("signature ") + std::to_string(h.info.signature_id);
     op.kind = opKindName(h.info.kind);
     op.collective =
         h.info.kind == timing::OpKind::kCollective || h.info.kind == timing::OpKind::kP2P;
@@ -115,9 +115,8 @@ void HangWatch::onHeads(int64_t now_ns, std::span<const timing::StreamHead> head
                    "flare: suspected hang: {} ({}{}{}) on device {} has not completed for {:.1f} s "
                    "(bound {:.1f} s); {} stream(s) stuck",
                    f.name(), f.kind(), f.communicator().empty() ? "" : " comm ",
-                   f.communicator().empty()
-                       ? std::string()
-                       : f.communicator() + " seq " + std::to_string(f.seq()),
+                   f.communicator().empty() ? std::string()
+                                            : f.communicator() + " seq " + std::to_string(f.seq()),
                    f.device(), static_cast<double>(f.age_ns()) / 1e9,
                    static_cast<double>(f.threshold_ns()) / 1e9, r.stuck_size());
     reports_.fetch_add(1, std::memory_order_relaxed);

@@ -52,9 +52,7 @@ class HangWatchTest : public ::testing::Test {
     t.head_interval_ns = 0;  // every pass
     tracer_ = std::make_unique<timing::Tracer>(&timer_, &clock_, sink_.get(), t);
   }
-  void TearDown() override {
-    tracer_.reset();
-  }
+  void TearDown() override { tracer_.reset(); }
 
   void launch(void* stream, uint32_t sig, timing::OpKind kind, uint64_t seq = 0) {
     timing::Tracer::Ticket ticket;
@@ -143,7 +141,7 @@ TEST_F(HangWatchTest, StuckComputeKernelBehindCompletedOpsCountsFromTheLastCompl
   launch(kCompute, g, timing::OpKind::kGemm);  // queued behind it
   at(108 * kS);
   ASSERT_TRUE(timer_.completeOp(kCompute, 107 * kS, 108 * kS));  // the first one completes
-  at(108 * kS + 2);  // a pass sees it
+  at(108 * kS + 2);                                              // a pass sees it
   at(115 * kS);  // the second is the head since ~108 s: 7 s
   EXPECT_TRUE(reports().empty());
   at(119 * kS);
@@ -177,7 +175,7 @@ TEST_F(HangWatchTest, LongCollectiveBelowItsOverrideIsNotAHang) {
   at(125 * kS);  // 25 s in an all-reduce: below its 30 s
   EXPECT_TRUE(reports().empty());
   ASSERT_TRUE(timer_.completeOp(kNccl, 124 * kS, 125 * kS));
-  at(125 * kS + 2);  // a pass sees it
+  at(125 * kS + 2);                                   // a pass sees it
   launch(kNccl, ag, timing::OpKind::kCollective, 2);  // the default 2 s applies to all-gather
   at(128 * kS);
   auto r = reports();

@@ -374,9 +374,8 @@ int main(int argc, char** argv) {
                          "(--keep-going)\n",
                          r, describe(k.status).c_str());
           } else {
-            std::fprintf(stderr,
-                         "flare-sim-train: rank %d failed (%s); stopping the other ranks\n", r,
-                         describe(k.status).c_str());
+            std::fprintf(stderr, "flare-sim-train: rank %d failed (%s); stopping the other ranks\n",
+                         r, describe(k.status).c_str());
             stopAll(SIGTERM);
             kill_deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
           }
