@@ -4,6 +4,7 @@
     flare status [--daemon-http HOST:PORT] [--json] [--all]
     flare report --job ID [--daemon-http HOST:PORT] [--json] [--html FILE] [--baseline JOB]
     flare deep-trace --job ID --steps N [--ranks LIST] [--json]
+    flare hang --job ID [--daemon-http HOST:PORT] [--json]
 
 `run` traces CMD: it appends libflare_hook.so to LD_PRELOAD (never replacing what is there),
 sets FLARE_DAEMON, FLARE_TOKEN and FLARE_JOB_ID (a fresh job id unless one is given or already
@@ -15,8 +16,12 @@ flared's HTTP JSON API (`/api/v1/jobs`, `/api/v1/jobs/{job}/ranks`).
 `report` prints a job's kernel report, diagnoses and metrics (`/api/v1/jobs/{job}/report`,
 `/diagnoses`, `/series`, ...); `--html` writes a self-contained page (flare/html_report.py).
 
+`hang` shows a job's hang incidents (`/api/v1/jobs/{job}/hangs`): suspected ranks, hosts and
+GPUs, the stack groups, the last collective each rank issued and completed, the watchdog
+reports, and the time the diagnosis took; it exits 3 when the job has an incident.
+
 Exit codes: CMD's for `run`; 0 for a successful `status` or `report`; 4 when `report` names a
-job the daemon does not know; 2 for bad arguments (a missing
+job the daemon does not know; 3 when `hang` finds an incident; 2 for bad arguments (a missing
 command, a daemon address that is not host:port, no libflare_hook.so found); 3 when the daemon
 cannot be reached or answers something that is not its API.
 """
@@ -511,6 +516,120 @@ def cmd_deep_trace(args):
     return 0 if ok else 1
 
 
+def compact_ranges(ranks):
+    """[0, 1, 2, 5, 7, 8] -> "0-2,5,7-8" (how flared prints rank sets)."""
+    ranks = sorted(set(as_int(r) for r in ranks))
+    out, i = [], 0
+    while i < len(ranks):
+        j = i
+        while j + 1 < len(ranks) and ranks[j + 1] == ranks[j] + 1:
+            j += 1
+        out.append(str(ranks[i]) if i == j else "%d-%d" % (ranks[i], ranks[j]))
+        i = j + 1
+    return ",".join(out) or "-"
+
+
+def print_hang_incident(inc, max_frames):
+    when = datetime.datetime.fromtimestamp(as_int(inc.get("openedUnixNs")) / 1e9)
+    print("incident #%d  %s  (triggered by %s)  opened %s" % (
+        as_int(inc.get("id")), inc.get("kind", "?"), inc.get("triggeredBy") or "silence",
+        when.strftime("%Y-%m-%d %H:%M:%S")))
+    print("  trigger: %s" % inc.get("trigger", ""))
+    onset, diagnosed = as_int(inc.get("onsetUnixNs")), as_int(inc.get("diagnosedUnixNs"))
+    took = "onset to diagnosis %.2f s" % ((diagnosed - onset) / 1e9) if onset and diagnosed \
+        else "onset unknown"
+    if "diagnosisSeconds" in inc:
+        took += " (the diagnosis itself %.2f s)" % float(inc.get("diagnosisSeconds") or 0)
+    print("  time: %s" % took)
+    suspects = inc.get("suspects") or []
+    if not suspects:
+        print("  suspects: none named")
+    for s in suspects:
+        gpu = "GPU %s" % s.get("gpuIndex", "?")
+        if s.get("gpuUuid"):
+            gpu += " (%s)" % s["gpuUuid"]
+        print("  suspect: rank %d on %s %s: %s" % (as_int(s.get("rank")), s.get("host") or "?",
+                                                   gpu, s.get("reason", "")))
+    link = inc.get("link")
+    if link:
+        print("  link: rank %d -> rank %d%s stalled at step %d (%d channels agree)" % (
+            as_int(link.get("sender")), as_int(link.get("receiver")),
+            " on communicator %s" % link["communicator"] if link.get("communicator") else "",
+            as_int(link.get("step")), as_int(link.get("channelsAgreeing"))))
+    print("  ranks: answered %s; no answer %s; crashed %s%s" % (
+        compact_ranges(inc.get("answered") or []), compact_ranges(inc.get("noAnswer") or []),
+        compact_ranges(inc.get("crashed") or []),
+        "; connection steps inspected" if inc.get("inspected") else ""))
+    groups = inc.get("stackGroups") or []
+    if groups:
+        print("  stack groups:")
+    for g in groups:
+        frames = g.get("frames") or []
+        shown = " <- ".join(frames[:max_frames])
+        if len(frames) > max_frames:
+            shown += " <- ... %d more" % (len(frames) - max_frames)
+        print("    ranks %s%s: %s" % (g.get("ranges") or compact_ranges(g.get("ranks") or []),
+                                      " [communication]" if g.get("inCommunication") else "",
+                                      shown or "(no frames)"))
+    progress = inc.get("progress") or []
+    if progress:
+        print("  last collective issued / completed:")
+    for p in progress:
+        print("    ranks %s on %s: issued #%d %s, completed #%d" % (
+            p.get("ranges") or compact_ranges(p.get("ranks") or []), p.get("communicator", "?"),
+            as_int(p.get("lastIssuedSeq")), p.get("lastIssuedOp") or "",
+            as_int(p.get("lastCompletedSeq"))))
+    by_op = {}
+    for w in inc.get("watchdog") or []:
+        op = w.get("first") or {}
+        key = (op.get("op", "?"), op.get("communicator", ""), as_int(op.get("seq")))
+        entry = by_op.setdefault(key, [[], 0.0, 0.0])
+        entry[0].append(as_int(w.get("rank")))
+        entry[1] = max(entry[1], float(op.get("ageS") or 0))
+        entry[2] = max(entry[2], float(op.get("thresholdS") or 0))
+    if by_op:
+        print("  watchdog reports:")
+    for (op, comm, seq), (ranks, age, bound) in sorted(by_op.items()):
+        where = " on %s seq %d" % (comm, seq) if comm else ""
+        print("    ranks %s: %s%s stuck up to %.1f s (bound %.1f s)" % (
+            compact_ranges(ranks), op, where, age, bound))
+
+
+def cmd_hang(args):
+    """The hang incidents flared diagnosed for a job (exit 3 when there is one)."""
+    base = args.daemon_http or os.environ.get("FLARE_DAEMON_HTTP") or DEFAULT_HTTP
+    parse_address(base, "--daemon-http")
+    got = http_get(base, "/api/v1/jobs/%s/hangs" % urllib.parse.quote(args.job, safe=""),
+                   args.timeout)
+    if not isinstance(got, dict) or not isinstance(got.get("incidents", []), list):
+        raise CliError("daemon at %s: the hangs of job %s are not an incident list" %
+                       (base, args.job), code=3)
+    incidents = got.get("incidents", [])
+    if args.json:
+        json.dump({"jobId": args.job, "incidents": incidents}, sys.stdout, indent=2)
+        print()
+    elif not incidents:
+        print("no hang incident in job %s" % args.job)
+    else:
+        print("job %s: %d hang incident%s" % (args.job, len(incidents),
+                                              "" if len(incidents) == 1 else "s"))
+        for inc in incidents:
+            print_hang_incident(inc, args.frames)
+    return 3 if incidents else 0
+
+
+def add_hang_parser(sub):
+    h = sub.add_parser("hang", help="a job's hang incidents: suspects, stack groups, "
+                       "collective progress (exit 3 when there is one)")
+    h.add_argument("--daemon-http", help="flared's HTTP address HOST:PORT (default: "
+                   "FLARE_DAEMON_HTTP or %s)" % DEFAULT_HTTP)
+    h.add_argument("--job", required=True, help="the job")
+    h.add_argument("--json", action="store_true", help="print the incidents as JSON")
+    h.add_argument("--frames", type=int, default=3, help="frames shown per stack group")
+    h.add_argument("--timeout", type=float, default=5.0, help="seconds per request")
+    h.set_defaults(func=cmd_hang)
+
+
 def build_parser():
     p = argparse.ArgumentParser(prog="flare", description="Flare: trace training jobs and "
                                 "query the flared daemon.")
@@ -595,6 +714,7 @@ def build_parser():
     d.add_argument("--json", action="store_true", help="print JSON")
     d.add_argument("--timeout", type=float, default=5.0, help="seconds per request")
     d.set_defaults(func=cmd_deep_trace)
+    add_hang_parser(sub)
     for name, what in (("export", "records of an offline spool as JSON lines (flare-export)"),
                        ("timeline", "a Perfetto/Kineto trace from an offline spool "
                                     "(flare-timeline)"),

@@ -86,7 +86,16 @@ constexpr ParamInfo kParams[] = {
      "FLARE_DAEMON is an IP address the certificate does not list)."},
     // --- hang ---
     {"FLARE_HANG_TIMEOUT", "duration", "300", "hang",
-     "A rank reports a hang when a GPU event has not completed within this many seconds."},
+     "A rank reports a suspected hang to the daemon when the op at the head of a GPU stream has "
+     "not completed within this many seconds (0 turns the rank's watchdog off)."},
+    {"FLARE_HANG_TIMEOUT_OPS", "string", "", "hang",
+     "Per-op overrides of FLARE_HANG_TIMEOUT as NAME=DURATION[,...], NAME an op name "
+     "(ncclAllReduce, a kernel name) or, when no entry names the op, its class (collective, p2p, "
+     "kernel, gemm, attention, memcpy, memset, graph), e.g. ncclAllReduce=30m,collective=900; "
+     "a bad entry gives one warning naming it and is ignored."},
+    {"FLARE_HANG_LEARN_FACTOR", "double", "4", "hang",
+     "An op is stuck only after this many times the longest completed duration of its "
+     "signature (long barriers learned from earlier instances); 0 learns nothing."},
     {"FLARE_CUDA_GDB_SCRIPT", "string", "", "hang",
      "The daemon's Inspect command runs cuda-gdb on the hung rank with this script "
      "(tools/cuda-gdb-scripts/flare_nccl_steps.py); unset: Inspect is answered only on the "
@@ -126,7 +135,8 @@ constexpr ParamInfo kParams[] = {
      "RANK:MS[:EVERY_N_STEPS] entries: that rank's host thread stalls MS milliseconds (a GC-like "
      "pause) every N steps (default every step)."},
     {"FLARE_SIM_HANG", "rank-list", "", "sim",
-     "RANK:KIND:STEP entries with KIND collective|compute|skip: that rank hangs at that step."},
+     "RANK:KIND:STEP[:NRANKS] entries with KIND collective|compute|skip: that rank hangs at that "
+     "step (collective with NRANKS: only on a communicator of that size)."},
     {"FLARE_SIM_CRASH", "rank-list", "", "sim",
      "RANK:STEP entries: that rank aborts at that step."},
     {"FLARE_SIM_OP_COUNTS", "string", "", "sim",

@@ -96,7 +96,8 @@ std::map<std::string, Flag> defaultFlags() {
   add("diagnose-interval-s", "S", "10",
       "how often the detectors run over each job's last 2 minutes of records (0: off)");
   add("hang-timeout-s", "S", "300",
-      "a connected rank with no new records this long opens a hang incident (0: off)");
+      "a connected rank with no new records this long opens a hang incident (0: only ranks' "
+      "watchdog reports open incidents)");
   add("hang-answer-timeout-s", "S", "10", "how long a hang incident waits for ranks' answers");
   add("device-peak", "SPEC", "",
       "one more peak-table entry, taking precedence over the built-in ones: "
@@ -377,16 +378,24 @@ int main(int argc, char** argv) {
     cfg.on_batch = [&analyzer](const std::string& job, int32_t rank,
                                const flare::v1::RecordBatch& b) { analyzer.onBatch(job, rank, b); };
   }
+  // A rank's watchdog report wakes the hang monitor at once.
+  std::atomic<HangMonitor*> hang_monitor{nullptr};
+  cfg.on_hang_report = [&hang_monitor] {
+    if (HangMonitor* h = hang_monitor.load()) h->notify();
+  };
   Ingest ingest(cfg, store.get(), wall);
   ingest.loadFromStore();
   ingest_ptr = &ingest;
-  // Hang incidents (hang_monitor.h): silent ranks -> DumpStacks/Inspect -> analysis -> alert.
+  // Hang incidents (hang_monitor.h): ranks' watchdog reports or silent ranks -> DumpStacks/
+  // Inspect -> analysis -> alert.
   HangMonitorOptions hmo;
   hmo.hang_timeout_ns = static_cast<int64_t>(num("hang-timeout-s")) * 1'000'000'000;
   hmo.answer_timeout_ns = static_cast<int64_t>(num("hang-answer-timeout-s")) * 1'000'000'000;
   hmo.poll_interval_ns = std::clamp<int64_t>(hmo.hang_timeout_ns / 8, 50'000'000, 1'000'000'000);
+  if (hmo.hang_timeout_ns <= 0) hmo.poll_interval_ns = 1'000'000'000;
   HangMonitor hangs(ingest, store.get(), wall, hmo);
-  if (hmo.hang_timeout_ns > 0) hangs.start();
+  hangs.start();
+  hang_monitor.store(&hangs);
   // Deep trace on alert (deep_trace_trigger.h): the named rank and a healthy peer.
   DeepTraceTriggerOptions dto;
   dto.steps = static_cast<uint32_t>(std::min<uint64_t>(num("deep-trace-steps"), 1000));

@@ -220,6 +220,16 @@ class StreamReactor final : public grpc::ServerGenericBidiReactor {
         if (!v.ok() && v.close_stream) fail(v);
         return;
       }
+      case v1::RankMessage::kHangReport: {
+        if (session_ == 0) {
+          ingest_.countRejected(Reason::kNoHello);
+          return fail({Code::kFailedPrecondition, Reason::kNoHello,
+                       "hang report before an accepted hello", true});
+        }
+        v = ingest_.hangReport(session_, msg_->hang_report());
+        if (!v.ok() && v.close_stream) fail(v);
+        return;
+      }
       default:
         return;
     }

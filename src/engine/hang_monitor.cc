@@ -21,6 +21,45 @@ double seconds(int64_t ns) {
   return static_cast<double>(ns) / 1e9;
 }
 
+std::string stuckOpText(const v1::StuckOp& op) {
+  std::string t = op.name();
+  if (!op.communicator().empty()) {
+    t += " (communicator " + op.communicator() + " seq " + std::to_string(op.seq()) + ")";
+  }
+  return t;
+}
+
+// "watchdog: ncclAllReduce (communicator .. seq 5) stuck on ranks 0-7 (up to 3.1 s)", one
+// clause per distinct first op.
+std::string watchdogSummary(const std::vector<WatchdogEvidence>& w) {
+  std::map<std::string, std::pair<std::vector<int>, int64_t>> by_op;
+  for (const WatchdogEvidence& e : w) {
+    auto& [ranks, age] = by_op[stuckOpText(e.report.first())];
+    ranks.push_back(e.rank);
+    age = std::max(age, e.report.first().age_ns());
+  }
+  std::string out = "watchdog:";
+  bool first = true;
+  for (const auto& [op, v] : by_op) {
+    char buf[96];
+    std::snprintf(buf, sizeof(buf), " (up to %.1f s)", seconds(v.second));
+    out += std::string(first ? " " : "; ") + op + " stuck on ranks " +
+           hang::compactRanges(v.first) + buf;
+    first = false;
+  }
+  return out;
+}
+
+std::string stuckOpJson(const v1::StuckOp& op) {
+  char num[160];
+  std::snprintf(num, sizeof(num),
+                ",\"seq\":%llu,\"nranks\":%u,\"device\":%d,\"ageS\":%.3f,\"thresholdS\":%.3f}",
+                static_cast<unsigned long long>(op.seq()), op.nranks(), op.device(),
+                seconds(op.age_ns()), seconds(op.threshold_ns()));
+  return "{\"op\":" + common::jsonQuote(op.name()) + ",\"kind\":" + common::jsonQuote(op.kind()) +
+         ",\"communicator\":" + common::jsonQuote(op.communicator()) + num;
+}
+
 }  // namespace
 
 HangMonitor::HangMonitor(Ingest& ingest, Store* store, const common::Clock& wall,
@@ -39,9 +78,42 @@ void HangMonitor::start() {
       check();
       lock.lock();
       cv_.wait_for(lock, std::chrono::nanoseconds(options_.poll_interval_ns),
-                   [this] { return stopping_; });
+                   [this] { return stopping_ || wake_; });
+      wake_ = false;
     }
   });
+}
+
+void HangMonitor::notify() {
+  {
+    std::lock_guard lock(mu_);
+    wake_ = true;
+  }
+  cv_.notify_all();
+}
+
+void HangMonitor::baseline(const std::string& job_id, JobWatch& w) {
+  v1::ListRanksRequest rreq;
+  rreq.set_job_id(job_id);
+  v1::ListRanksResponse ranks;
+  if (ingest_.ranks(rreq, &ranks) != Code::kOk) return;
+  const int64_t now = wall_.nowNs();
+  for (const v1::RankInfo& r : ranks.ranks()) {
+    RankWatch& rw = w.ranks[r.rank()];
+    if (r.records() != rw.records) {
+      rw.records = r.records();
+      rw.changed_ns = now;
+    }
+  }
+}
+
+void HangMonitor::addWatchdog(const std::string& job_id, uint64_t incident_id,
+                              std::vector<WatchdogEvidence> more) {
+  std::lock_guard lock(mu_);
+  for (HangIncident& inc : incidents_[job_id]) {
+    if (inc.id != incident_id) continue;
+    for (WatchdogEvidence& e : more) inc.watchdog.push_back(std::move(e));
+  }
 }
 
 void HangMonitor::stop() {
@@ -55,6 +127,16 @@ void HangMonitor::stop() {
 
 std::vector<HangIncident> HangMonitor::check() {
   std::vector<HangIncident> out;
+  std::map<std::string, std::vector<WatchdogEvidence>> reports;
+  std::vector<ReceivedHangReport> taken;
+  {
+    std::lock_guard lock(mu_);
+    taken.swap(requeued_);
+  }
+  for (ReceivedHangReport& r : ingest_.takeHangReports()) taken.push_back(std::move(r));
+  for (ReceivedHangReport& r : taken) {
+    reports[r.job_id].push_back({r.rank, r.received_ns, std::move(r.report)});
+  }
   const int64_t now = wall_.nowNs();
   const v1::ListJobsResponse jobs = ingest_.listJobs(v1::ListJobsRequest{});
   for (const v1::JobInfo& job : jobs.jobs()) {
@@ -62,6 +144,8 @@ std::vector<HangIncident> HangMonitor::check() {
       jobs_.erase(job.job_id());
       continue;
     }
+    std::vector<WatchdogEvidence> reported;
+    if (auto it = reports.find(job.job_id()); it != reports.end()) reported = std::move(it->second);
     v1::ListRanksRequest rreq;
     rreq.set_job_id(job.job_id());
     v1::ListRanksResponse ranks;
@@ -83,13 +167,14 @@ std::vector<HangIncident> HangMonitor::check() {
       }
       if (!r.connected()) continue;
       ++connected;
-      if (now - rw.changed_ns >= options_.hang_timeout_ns) {
+      if (options_.hang_timeout_ns > 0 && now - rw.changed_ns >= options_.hang_timeout_ns) {
         silent.push_back(r.rank());
         silent_for = std::max(silent_for, now - rw.changed_ns);
         onset = std::min(onset, rw.changed_ns);
       }
     }
     if (w.episode_open) {
+      if (!reported.empty()) addWatchdog(job.job_id(), w.incident_id, std::move(reported));
       if (progressed) {
         w.episode_open = false;  // the job moves again: the episode is over
         FLARE_LOG_INFO("engine", "hang episode of job {} ended: ranks progress again",
@@ -98,13 +183,39 @@ std::vector<HangIncident> HangMonitor::check() {
       continue;
     }
     // A job with no connected rank has ended (or every rank is gone): nothing to diagnose.
-    if (connected == 0 || silent.empty()) continue;
+    if (connected == 0 || (silent.empty() && reported.empty())) continue;
     w.episode_open = true;
-    char trigger[160];
-    std::snprintf(trigger, sizeof(trigger), "ranks %s silent for %.1f s (timeout %.1f s)",
-                  hang::compactRanges(silent).c_str(), seconds(silent_for),
-                  seconds(options_.hang_timeout_ns));
-    out.push_back(diagnose(job.job_id(), ranks, trigger, onset, w.last_progress_ns));
+    std::string triggered_by;
+    char trigger[256];
+    if (!reported.empty()) {
+      // The watchdog came first: the onset is when the stuck op became its stream's head.
+      triggered_by = "watchdog";
+      const WatchdogEvidence* first = &reported.front();
+      for (const WatchdogEvidence& e : reported) {
+        const int64_t t = e.received_ns - e.report.first().age_ns();
+        if (t < first->received_ns - first->report.first().age_ns()) first = &e;
+      }
+      onset = first->received_ns - first->report.first().age_ns();
+      const v1::StuckOp& op = first->report.first();
+      std::vector<int> ranks_reporting;
+      for (const WatchdogEvidence& e : reported) ranks_reporting.push_back(e.rank);
+      std::snprintf(trigger, sizeof(trigger),
+                    "watchdog of ranks %s: rank %d's %s%s%s%s not completed for %.1f s (bound "
+                    "%.1f s)",
+                    hang::compactRanges(ranks_reporting).c_str(), first->rank, op.name().c_str(),
+                    op.communicator().empty() ? "" : " on communicator ", op.communicator().c_str(),
+                    op.communicator().empty() ? "" : (" seq " + std::to_string(op.seq())).c_str(),
+                    seconds(op.age_ns()), seconds(op.threshold_ns()));
+    } else {
+      triggered_by = "silence";
+      std::snprintf(trigger, sizeof(trigger), "ranks %s silent for %.1f s (timeout %.1f s)",
+                    hang::compactRanges(silent).c_str(), seconds(silent_for),
+                    seconds(options_.hang_timeout_ns));
+    }
+    out.push_back(diagnose(job.job_id(), ranks, triggered_by, trigger, onset, w.last_progress_ns,
+                           std::move(reported)));
+    w.incident_id = out.back().id;
+    baseline(job.job_id(), w);
   }
   return out;
 }
@@ -141,10 +252,13 @@ std::map<int32_t, v1::CommandResult> HangMonitor::roundTrip(const std::string& j
 }
 
 HangIncident HangMonitor::diagnose(const std::string& job_id, const v1::ListRanksResponse& ranks,
-                                   std::string trigger, int64_t onset_ns,
-                                   int64_t last_progress_ns) {
+                                   std::string triggered_by, std::string trigger, int64_t onset_ns,
+                                   int64_t last_progress_ns,
+                                   std::vector<WatchdogEvidence> watchdog) {
   HangIncident inc;
   inc.job_id = job_id;
+  inc.triggered_by = std::move(triggered_by);
+  inc.watchdog = std::move(watchdog);
   inc.trigger = std::move(trigger);
   inc.onset_ns = onset_ns;
   inc.last_progress_ns = last_progress_ns;
@@ -202,8 +316,19 @@ HangIncident HangMonitor::diagnose(const std::string& job_id, const v1::ListRank
     }
     if (inc.inspected) inc.diagnosis = hang::analyze(evidence);
   }
+  // Reports that arrived while the ranks answered belong to this episode too.
+  std::vector<ReceivedHangReport> late = ingest_.takeHangReports();
+  for (ReceivedHangReport& r : late) {
+    if (r.job_id == job_id) {
+      inc.watchdog.push_back({r.rank, r.received_ns, std::move(r.report)});
+    } else {
+      std::lock_guard lock(mu_);
+      requeued_.push_back(std::move(r));
+    }
+  }
   inc.diagnosed_ns = wall_.nowNs();
   const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  inc.took_s = took;
   inc.text = hang::formatDiagnosis(inc.diagnosis, 4);
 
   v1::Alert a;
@@ -225,6 +350,7 @@ HangIncident HangMonitor::diagnose(const std::string& job_id, const v1::ListRank
   }
   msg += " | " + inc.trigger;
   for (const std::string& line : inc.diagnosis.evidence) msg += " | " + line;
+  if (!inc.watchdog.empty()) msg += " | " + watchdogSummary(inc.watchdog);
   char tail[160];
   std::snprintf(tail, sizeof(tail),
                 " | %zu answered, %zu no answer, %zu crashed%s; diagnosed in %.2f s, %.1f s after "
@@ -258,10 +384,12 @@ std::string incidentToJson(const HangIncident& inc) {
       "{\"id\":" + std::to_string(inc.id) + ",\"jobId\":" + common::jsonQuote(inc.job_id) +
       ",\"kind\":" + common::jsonQuote(std::string(hang::hangKindName(d.kind))) +
       ",\"trigger\":" + common::jsonQuote(inc.trigger) +
+      ",\"triggeredBy\":" + common::jsonQuote(inc.triggered_by) +
       ",\"onsetUnixNs\":" + std::to_string(inc.onset_ns) +
       ",\"lastProgressUnixNs\":" + std::to_string(inc.last_progress_ns) +
       ",\"openedUnixNs\":" + std::to_string(inc.opened_ns) +
       ",\"diagnosedUnixNs\":" + std::to_string(inc.diagnosed_ns) +
+      ",\"diagnosisSeconds\":" + std::to_string(inc.took_s) +
       ",\"answered\":" + jsonInts(inc.answered) + ",\"noAnswer\":" + jsonInts(inc.no_answer) +
       ",\"crashed\":" + jsonInts(inc.crashed) +
       ",\"inspected\":" + (inc.inspected ? "true" : "false") +
@@ -280,8 +408,49 @@ std::string incidentToJson(const HangIncident& inc) {
     o += ",\"link\":{\"sender\":" + std::to_string(d.link->sender) +
          ",\"receiver\":" + std::to_string(d.link->receiver) +
          ",\"step\":" + std::to_string(d.link->step) +
-         ",\"channelsAgreeing\":" + std::to_string(d.link->channels_agreeing) + "}";
+         ",\"channelsAgreeing\":" + std::to_string(d.link->channels_agreeing) +
+         ",\"communicator\":" + common::jsonQuote(d.link->communicator) + "}";
   }
+  o += ",\"watchdog\":[";
+  for (size_t i = 0; i < inc.watchdog.size(); ++i) {
+    const WatchdogEvidence& e = inc.watchdog[i];
+    o += std::string(i ? "," : "") + "{\"rank\":" + std::to_string(e.rank) +
+         ",\"receivedUnixNs\":" + std::to_string(e.received_ns) +
+         ",\"episode\":" + std::to_string(e.report.episode()) +
+         ",\"first\":" + stuckOpJson(e.report.first()) + ",\"stuck\":[";
+    for (int j = 0; j < e.report.stuck_size(); ++j) {
+      o += std::string(j ? "," : "") + stuckOpJson(e.report.stuck(j));
+    }
+    o += "]}";
+  }
+  o += "],\"stackGroups\":[";
+  for (size_t i = 0; i < d.groups.size(); ++i) {
+    const hang::StackGroup& g = d.groups[i];
+    o += std::string(i ? "," : "") + "{\"ranks\":" + jsonInts(g.ranks) +
+         ",\"ranges\":" + common::jsonQuote(g.ranges) +
+         ",\"inCommunication\":" + (g.in_communication ? "true" : "false") + ",\"frames\":[";
+    for (size_t j = 0; j < g.frames.size(); ++j) {
+      o += std::string(j ? "," : "") + common::jsonQuote(g.frames[j]);
+    }
+    o += "]}";
+  }
+  o += "],\"progress\":[";
+  for (size_t i = 0; i < d.progress.size(); ++i) {
+    const hang::ProgressGroup& g = d.progress[i];
+    o += std::string(i ? "," : "") + "{\"communicator\":" + common::jsonQuote(g.communicator) +
+         ",\"lastIssuedSeq\":" + std::to_string(g.last_issued_seq) +
+         ",\"lastCompletedSeq\":" + std::to_string(g.last_completed_seq) +
+         ",\"lastIssuedOp\":" + common::jsonQuote(g.last_issued_op) +
+         ",\"ranks\":" + jsonInts(g.ranks) + ",\"ranges\":" + common::jsonQuote(g.ranges) + "}";
+  }
+  o += "],\"lagging\":[";
+  for (size_t i = 0; i < d.lagging.size(); ++i) {
+    const hang::LaggingCollective& l = d.lagging[i];
+    o += std::string(i ? "," : "") + "{\"communicator\":" + common::jsonQuote(l.communicator) +
+         ",\"seq\":" + std::to_string(l.seq) + ",\"op\":" + common::jsonQuote(l.op) +
+         ",\"notIssued\":" + jsonInts(l.not_issued) + ",\"waiting\":" + jsonInts(l.waiting) + "}";
+  }
+  o += "]";
   o += ",\"evidence\":[";
   for (size_t i = 0; i < d.evidence.size(); ++i) {
     o += std::string(i ? "," : "") + common::jsonQuote(d.evidence[i]);

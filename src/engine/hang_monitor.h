@@ -1,14 +1,21 @@
 // HangMonitor: the daemon side of hang diagnosis (issue 7). Every poll it looks at each
-// unfinished job's ranks; a connected rank that has delivered no new record for
-// `hang_timeout_ns` (measured on the monitor's clock from the last time its record count moved)
-// opens ONE incident for the job's episode. The incident: DumpStacks to every connected rank,
+// unfinished job's ranks. Two triggers open ONE incident for the job's episode, whichever comes
+// first: (1) a rank's watchdog reported a suspected hang (RankMessage.hang_report, queued by
+// Ingest; the stuck op — name, communicator, seq, age — becomes evidence, and the monitor's
+// thread is woken at once); (2) a connected rank has delivered no new record for
+// `hang_timeout_ns` (measured on the monitor's clock from the last time its record count
+// moved; heartbeats and empty batches do not count, so a rank whose exporter thread is alive
+// but whose GPU work is stuck is silent). Reports that arrive while an episode is open are
+// added to its incident's watchdog evidence. The incident: DumpStacks to every connected rank,
 // wait until all answered or `answer_timeout_ns`; ranks that did not answer are recorded as
 // unresponsive (silence is evidence), ranks whose stream is closed as crashed; hang::analyze();
 // when the analysis needs connection steps (every rank waits in the same collective), Inspect
 // to the answering ranks and analyze again. The result is one alert of kind "hang" (critical,
 // team operations) naming the suspects with the evidence and the time the diagnosis took,
 // stored through Store::putAlert, logged, and kept in memory for /api/v1/jobs/{job}/hangs.
-// The episode ends when any rank of the job delivers new records; a later stall opens a new one.
+// The episode ends when any rank of the job delivers new records after the diagnosis (record
+// counts are re-read when it is done, so batches in flight at the onset do not end it); a later
+// stall opens a new one.
 //
 // Threading: start() runs check() on its own thread every poll_interval_ns; check() blocks while
 // it waits for answers (the ranks' answers arrive on gRPC threads). incidents()/json/metrics
@@ -39,14 +46,24 @@ struct HangMonitorOptions {
   int64_t answer_poll_ns = 20'000'000;  // how often results are checked while waiting
 };
 
+// A rank's watchdog report, as evidence of an incident.
+struct WatchdogEvidence {
+  int32_t rank = 0;
+  int64_t received_ns = 0;
+  v1::HangReport report;
+};
+
 struct HangIncident {
   uint64_t id = 0;  // per daemon, from 1
   std::string job_id;
-  std::string trigger;           // "ranks 3 silent for 2.0 s"
-  int64_t onset_ns = 0;          // the first silent rank's last new records (hang onset)
+  std::string triggered_by;                // "watchdog" or "silence"
+  std::vector<WatchdogEvidence> watchdog;  // reports of the episode, by arrival
+  std::string trigger;                     // "ranks 3 silent for 2.0 s"
+  int64_t onset_ns = 0;                    // the first silent rank's last new records (hang onset)
   int64_t last_progress_ns = 0;  // the last time any rank of the job delivered new records
   int64_t opened_ns = 0;
   int64_t diagnosed_ns = 0;
+  double took_s = 0;  // the diagnosis itself (command rounds and analysis)
   std::vector<int> answered, no_answer, crashed;
   bool inspected = false;
   hang::Diagnosis diagnosis;
@@ -63,6 +80,8 @@ class HangMonitor {
 
   void start();
   void stop();
+  // Any thread: run check() now (a hang report arrived).
+  void notify();
   // One pass over the jobs; returns the incidents it opened and diagnosed.
   std::vector<HangIncident> check();
   std::vector<HangIncident> incidents(const std::string& job_id) const;
@@ -79,10 +98,16 @@ class HangMonitor {
     std::map<int32_t, RankWatch> ranks;
     bool episode_open = false;
     int64_t last_progress_ns = 0;
+    uint64_t incident_id = 0;  // the open episode's incident
   };
 
   HangIncident diagnose(const std::string& job_id, const v1::ListRanksResponse& ranks,
-                        std::string trigger, int64_t onset_ns, int64_t last_progress_ns);
+                        std::string triggered_by, std::string trigger, int64_t onset_ns,
+                        int64_t last_progress_ns, std::vector<WatchdogEvidence> watchdog);
+  // Re-reads the job's record counts (after a diagnosis): what arrived during it is no progress.
+  void baseline(const std::string& job_id, JobWatch& w);
+  void addWatchdog(const std::string& job_id, uint64_t incident_id,
+                   std::vector<WatchdogEvidence> more);
   // Sends `cmd` to `ranks`, waits for their results until the deadline; answers by rank.
   std::map<int32_t, v1::CommandResult> roundTrip(const std::string& job_id,
                                                  const std::vector<int32_t>& ranks,
@@ -98,7 +123,10 @@ class HangMonitor {
   uint64_t next_id_ = 1;                                        // guarded by mu_
   uint64_t no_answer_total_ = 0;                                // guarded by mu_
   std::condition_variable cv_;
-  bool stopping_ = false;  // guarded by mu_
+  bool stopping_ = false;                     // guarded by mu_
+  bool wake_ = false;                         // guarded by mu_
+  std::vector<ReceivedHangReport> requeued_;  // guarded by mu_; other jobs' reports taken
+                                              // during a diagnosis
   std::thread thread_;
 };
 

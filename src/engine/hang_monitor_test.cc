@@ -174,5 +174,70 @@ TEST_F(HangMonitorTest, JobWhoseRanksAllLeftIsNeverDiagnosed) {
   EXPECT_TRUE(monitor_->incidents("job").empty());
 }
 
+v1::HangReport stuckReport(const std::string& op, uint64_t seq, int64_t age_ns) {
+  v1::HangReport r;
+  r.set_episode(1);
+  v1::StuckOp* f = r.mutable_first();
+  f->set_name(op);
+  f->set_kind("collective");
+  f->set_communicator("dp");
+  f->set_seq(seq);
+  f->set_age_ns(age_ns);
+  f->set_threshold_ns(kSec);
+  *r.add_stuck() = *f;
+  return r;
+}
+
+TEST_F(HangMonitorTest, WatchdogReportOpensTheIncidentAtOnceAndLaterReportsJoinIt) {
+  ranks_[2]->issued = 4;  // rank 2 never issued collective #5
+  for (auto& f : ranks_) progress(*f);
+  EXPECT_TRUE(monitor_->check().empty());
+  advance(kSec / 2);  // 0.5 s: far below the 2 s silence timeout
+  // Bad reports are refused without closing the stream and open nothing.
+  v1::HangReport bad = stuckReport("", 5, kSec);
+  Verdict v = ingest_.hangReport(ranks_[1]->session, bad);
+  EXPECT_FALSE(v.ok());
+  EXPECT_FALSE(v.close_stream);
+  bad = stuckReport("ncclAllReduce", 5, -1);
+  EXPECT_FALSE(ingest_.hangReport(ranks_[1]->session, bad).ok());
+  EXPECT_TRUE(monitor_->check().empty());
+
+  ASSERT_TRUE(
+      ingest_.hangReport(ranks_[1]->session, stuckReport("ncclAllReduce", 5, 1200'000'000)).ok());
+  auto inc = monitor_->check();
+  ASSERT_EQ(inc.size(), 1u);
+  EXPECT_EQ(inc[0].triggered_by, "watchdog");
+  EXPECT_NE(inc[0].trigger.find("rank 1's ncclAllReduce on communicator dp seq 5"),
+            std::string::npos)
+      << inc[0].trigger;
+  // The onset is when the stuck op became its stream's head: received - age.
+  EXPECT_EQ(inc[0].onset_ns, kNow + kSec / 2 - 1200'000'000);
+  ASSERT_EQ(inc[0].watchdog.size(), 1u);
+  EXPECT_EQ(inc[0].watchdog[0].rank, 1);
+  ASSERT_EQ(inc[0].diagnosis.suspects.size(), 1u);
+  EXPECT_EQ(inc[0].diagnosis.suspects[0].rank, 2);
+
+  // Another rank's report and then the silence: the same episode, the report joins it.
+  ASSERT_TRUE(
+      ingest_.hangReport(ranks_[3]->session, stuckReport("ncclAllReduce", 5, 1500'000'000)).ok());
+  EXPECT_TRUE(monitor_->check().empty());
+  advance(5 * kSec);
+  EXPECT_TRUE(monitor_->check().empty());
+  const auto all = monitor_->incidents("job");
+  ASSERT_EQ(all.size(), 1u);
+  ASSERT_EQ(all[0].watchdog.size(), 2u);
+  EXPECT_EQ(all[0].watchdog[1].rank, 3);
+  const std::string json = monitor_->incidentsJson("job");
+  EXPECT_NE(json.find("\"triggeredBy\":\"watchdog\""), std::string::npos) << json;
+  EXPECT_NE(json.find("\"first\":{\"op\":\"ncclAllReduce\",\"kind\":\"collective\","
+                      "\"communicator\":\"dp\",\"seq\":5,"),
+            std::string::npos)
+      << json;
+  EXPECT_NE(json.find("\"progress\":[{\"communicator\":\"dp\""), std::string::npos) << json;
+  PromWriter w;
+  ingest_.writeMetrics(w);
+  EXPECT_NE(w.text().find("flare_hang_reports_total 2"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace flare::engine

@@ -268,6 +268,7 @@ Ingest::HelloOutcome Ingest::hello(const v1::RankHello& h,
   counters_.hellos_accepted.fetch_add(1, std::memory_order_relaxed);
   out.ack.set_accepted(true);
   out.ack.set_session_id(out.session_id);
+  out.ack.set_hang_reports(true);
   FLARE_LOG_DEBUG("engine", "session {}: job {} rank {}/{} host {} pid {}", out.session_id,
                   h.job_id(), h.rank(), h.world_size(), h.host(), h.pid());
   return out;
@@ -608,6 +609,44 @@ Verdict Ingest::commandResult(uint64_t session_id, const v1::CommandResult& resu
   while (job.results.size() > kMaxResultsPerJob) job.results.erase(job.results.begin());
   counters_.command_results.fetch_add(1, std::memory_order_relaxed);
   return {};
+}
+
+Verdict Ingest::hangReport(uint64_t session_id, const v1::HangReport& report) {
+  {
+    std::lock_guard lock(mu_);
+    const auto sit = sessions_.find(session_id);
+    if (sit == sessions_.end()) {
+      return reject(Reason::kSessionReplaced, Code::kFailedPrecondition,
+                    "stream is no longer the rank's session", true);
+    }
+    bool valid = report.has_first() && !report.first().name().empty() &&
+                 report.first().age_ns() >= 0 && report.stuck_size() <= 1024;
+    for (const v1::StuckOp& op : report.stuck()) valid = valid && op.age_ns() >= 0;
+    if (!valid) {
+      return reject(Reason::kBadRecord, Code::kInvalidArgument,
+                    "hang report without a named first op, with a negative age or too many ops");
+    }
+    if (hang_reports_.size() >= config_.max_hang_reports) {
+      counters_.hang_reports_dropped.fetch_add(1, std::memory_order_relaxed);
+      return {};
+    }
+    ReceivedHangReport r;
+    r.job_id = sit->second.job->job_id;
+    r.rank = sit->second.rank;
+    r.received_ns = wall_.nowNs();
+    r.report = report;
+    hang_reports_.push_back(std::move(r));
+    counters_.hang_reports.fetch_add(1, std::memory_order_relaxed);
+  }
+  if (config_.on_hang_report) config_.on_hang_report();
+  return {};
+}
+
+std::vector<ReceivedHangReport> Ingest::takeHangReports() {
+  std::lock_guard lock(mu_);
+  std::vector<ReceivedHangReport> out;
+  out.swap(hang_reports_);
+  return out;
 }
 
 v1::ListJobsResponse Ingest::listJobs(const v1::ListJobsRequest& req) {
@@ -979,6 +1018,12 @@ void Ingest::writeMetrics(PromWriter& w) const {
   w.sample("flare_commands_total", c(counters_.commands_dropped), {{"outcome", "dropped"}});
   w.family("flare_command_results_total", "counter", "Command results received from ranks.");
   w.sample("flare_command_results_total", c(counters_.command_results));
+  w.family("flare_hang_reports_total", "counter",
+           "Suspected-hang reports received from ranks' watchdogs.");
+  w.sample("flare_hang_reports_total", c(counters_.hang_reports));
+  w.family("flare_hang_reports_dropped_total", "counter",
+           "Hang reports dropped: the hang monitor's queue was full.");
+  w.sample("flare_hang_reports_dropped_total", c(counters_.hang_reports_dropped));
   size_t jobs = 0, ranks = 0, sessions = 0;
   {
     std::lock_guard lock(mu_);

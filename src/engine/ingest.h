@@ -130,6 +130,17 @@ struct IngestConfig {
   // it (rank-local table ids): the detectors' feed (analyzer.h). Empty: nothing is called.
   std::function<void(const std::string& job_id, int32_t rank, const v1::RecordBatch& batch)>
       on_batch;
+  // Called after an accepted HangReport, outside the ingest lock (wakes the hang monitor).
+  std::function<void()> on_hang_report;
+  size_t max_hang_reports = 4096;  // received and not yet taken; beyond: dropped (counted)
+};
+
+// A rank's HangReport as the daemon received it (takeHangReports).
+struct ReceivedHangReport {
+  std::string job_id;
+  int32_t rank = 0;
+  int64_t received_ns = 0;  // daemon wall clock
+  v1::HangReport report;
 };
 
 // Counters of one Ingest; all monotonic.
@@ -151,6 +162,8 @@ struct IngestCounters {
   std::atomic<uint64_t> commands_queued{0};
   std::atomic<uint64_t> commands_dropped{0};
   std::atomic<uint64_t> command_results{0};
+  std::atomic<uint64_t> hang_reports{0};          // accepted
+  std::atomic<uint64_t> hang_reports_dropped{0};  // the queue for the hang monitor was full
   // Sum over ranks of the increases of each DropCounters field (index = field number - 1).
   std::array<std::atomic<uint64_t>, 11> rank_drops{};
 };
@@ -178,6 +191,11 @@ class Ingest {
   HelloOutcome hello(const v1::RankHello& hello, std::shared_ptr<CommandChannel> channel);
   Verdict batch(uint64_t session_id, const v1::RecordBatch& batch);
   Verdict commandResult(uint64_t session_id, const v1::CommandResult& result);
+  // A rank's watchdog suspects a hang: validated (a first op with a name, ages >= 0), queued
+  // for the hang monitor. Bad content is rejected (kBadRecord) without closing the stream.
+  Verdict hangReport(uint64_t session_id, const v1::HangReport& report);
+  // The reports received since the last call, oldest first (the hang monitor's thread).
+  std::vector<ReceivedHangReport> takeHangReports();
   void close(uint64_t session_id);
   // Counts a refusal the transport decided itself (e.g. a second hello).
   void countRejected(Reason r);
@@ -294,6 +312,7 @@ class Ingest {
   std::unordered_map<std::string, std::vector<RawRecord>> pending_raw_;  // by job
   size_t pending_raw_count_ = 0;
   std::vector<WindowSummaryRow> pending_windows_;  // closed by a batch of a later window
+  std::vector<ReceivedHangReport> hang_reports_;  // guarded by mu_
   IngestCounters counters_;
 };
 

@@ -41,6 +41,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (msg.has_hello()) ingest.hello(msg.hello(), ch);
     if (msg.has_batch()) ingest.batch(hello.session_id, msg.batch());
     if (msg.has_command_result()) ingest.commandResult(hello.session_id, msg.command_result());
+    if (msg.has_hang_report()) ingest.hangReport(hello.session_id, msg.hang_report());
   }
   // The same bytes as a bare batch of this rank.
   v1::RecordBatch b;

@@ -138,7 +138,8 @@ Suspect makeSuspect(const RankEvidence& e, std::string reason) {
 }
 
 struct EdgeSide {
-  uint64_t key;  // channel << 40 | sender << 20 | receiver
+  uint32_t comm;  // communicator index (0: connections with global peers)
+  uint64_t key;   // channel << 40 | sender << 20 | receiver
   uint64_t step;
   bool send;
 };
@@ -150,23 +151,81 @@ uint64_t edgeKey(int channel, int sender, int receiver) {
   return uint64_t(channel) << 40 | uint64_t(sender) << 20 | uint64_t(receiver);
 }
 
+// One rank's connections with global peers (sub-communicator peers translated).
+struct Conn {
+  int channel;
+  int peer;  // global rank
+  uint64_t step;
+  bool send;
+  uint32_t comm;  // index into JoinInput::comm_names
+};
+struct RankConns {
+  int rank;
+  std::vector<Conn> conns;
+};
+struct JoinInput {
+  std::vector<RankConns> ranks;  // inspected ranks only, ascending
+  std::vector<std::string> comm_names{""};
+};
+
+// Translates sub-communicator peers (ConnectionStep.communicator set: `peer` is a rank of that
+// communicator) to global ranks, from what every rank says its rank in each communicator is
+// (CollectiveProgress.comm_rank from DumpStacks, ConnectionStep.comm_rank from Inspect).
+// Connections whose peer cannot be translated are counted and left out.
+JoinInput translateConnections(const std::vector<const RankEvidence*>& ranks, Diagnosis& d) {
+  JoinInput in;
+  std::map<std::pair<std::string, int>, int> global;  // (communicator, comm rank) -> rank
+  std::map<std::string, uint32_t> comm_index;
+  for (const RankEvidence* e : ranks) {
+    for (const auto& c : e->stacks.collectives()) {
+      if (c.nranks() > 0) global.try_emplace({c.communicator(), c.comm_rank()}, e->rank);
+    }
+    if (!e->inspected) continue;
+    for (const auto& c : e->connections) {
+      if (!c.communicator().empty()) global.try_emplace({c.communicator(), c.comm_rank()}, e->rank);
+    }
+  }
+  for (const RankEvidence* e : ranks) {
+    if (!e->inspected) continue;
+    RankConns rc{e->rank, {}};
+    for (const auto& c : e->connections) {
+      int peer = c.peer();
+      uint32_t comm = 0;
+      if (!c.communicator().empty()) {
+        auto it = global.find({c.communicator(), c.peer()});
+        if (it == global.end()) {
+          d.untranslated_connections++;
+          continue;
+        }
+        peer = it->second;
+        auto [ci, added] =
+            comm_index.try_emplace(c.communicator(), static_cast<uint32_t>(in.comm_names.size()));
+        if (added) in.comm_names.push_back(c.communicator());
+        comm = ci->second;
+      }
+      rc.conns.push_back(Conn{c.channel(), peer, c.step(), c.send(), comm});
+    }
+    in.ranks.push_back(std::move(rc));
+  }
+  return in;
+}
+
 // The topology join of rule 4. Fills d.link (when one edge is the unique slowest in the most
 // channels), the connection counters and evidence lines.
 // Rule 4b: after an inspection that names no link, a rank every connection of which (its own
 // reports and its peers' reports about it) is at step 0 while some other connection moved never
 // reached the collective on its GPU (the stream is stuck before it): it holds the others.
-std::vector<int> neverArrived(const std::vector<const RankEvidence*>& ranks) {
+std::vector<int> neverArrived(const JoinInput& in) {
   std::map<int, bool> moved;  // rank -> any connection touching it above step 0
   bool any_moved = false;
-  for (const RankEvidence* e : ranks) {
-    if (!e->inspected) continue;
-    moved.try_emplace(e->rank, false);
-    for (const auto& c : e->connections) {
-      if (c.peer() < 0 || c.peer() == e->rank) continue;
-      moved.try_emplace(c.peer(), false);
-      if (c.step() > 0) {
-        moved[e->rank] = true;
-        moved[c.peer()] = true;
+  for (const RankConns& e : in.ranks) {
+    moved.try_emplace(e.rank, false);
+    for (const Conn& c : e.conns) {
+      if (c.peer < 0 || c.peer == e.rank) continue;
+      moved.try_emplace(c.peer, false);
+      if (c.step > 0) {
+        moved[e.rank] = true;
+        moved[c.peer] = true;
         any_moved = true;
       }
     }
@@ -179,25 +238,26 @@ std::vector<int> neverArrived(const std::vector<const RankEvidence*>& ranks) {
   return out;
 }
 
-void joinConnections(const std::vector<const RankEvidence*>& ranks, Diagnosis& d) {
+// Channels are per communicator: channel c of the tensor-parallel group and channel c of the
+// data-parallel group are different rings, so each (communicator, channel) votes on its own.
+void joinConnections(const JoinInput& in, Diagnosis& d) {
   std::vector<EdgeSide> sides;
   std::unordered_set<int> inspected;
-  for (const RankEvidence* e : ranks) {
-    if (!e->inspected) continue;
-    inspected.insert(e->rank);
-    for (const auto& c : e->connections) {
-      if (c.channel() < 0 || c.channel() > kMaxChannel || c.peer() < 0 || c.peer() > kMaxJoinRank ||
-          e->rank > kMaxJoinRank || c.peer() == e->rank) {
+  for (const RankConns& e : in.ranks) {
+    inspected.insert(e.rank);
+    for (const Conn& c : e.conns) {
+      if (c.channel < 0 || c.channel > kMaxChannel || c.peer < 0 || c.peer > kMaxJoinRank ||
+          e.rank > kMaxJoinRank || c.peer == e.rank) {
         d.invalid_connections++;
         continue;
       }
-      sides.push_back(c.send()
-                          ? EdgeSide{edgeKey(c.channel(), e->rank, c.peer()), c.step(), true}
-                          : EdgeSide{edgeKey(c.channel(), c.peer(), e->rank), c.step(), false});
+      sides.push_back(c.send ? EdgeSide{c.comm, edgeKey(c.channel, e.rank, c.peer), c.step, true}
+                             : EdgeSide{c.comm, edgeKey(c.channel, c.peer, e.rank), c.step, false});
     }
   }
   if (sides.empty()) return;
   std::sort(sides.begin(), sides.end(), [](const EdgeSide& a, const EdgeSide& b) {
+    if (a.comm != b.comm) return a.comm < b.comm;
     return a.key != b.key ? a.key < b.key : a.send > b.send;
   });
 
@@ -206,12 +266,13 @@ void joinConnections(const std::vector<const RankEvidence*>& ranks, Diagnosis& d
     uint64_t best = UINT64_MAX;
     uint64_t second = UINT64_MAX;
   };
-  std::map<int, ChannelMin> channels;
+  std::map<std::pair<uint32_t, int>, ChannelMin> channels;  // (communicator, channel)
   for (size_t i = 0; i < sides.size();) {
     size_t j = i;
     bool has_send = false, has_recv = false;
     uint64_t send_step = 0, recv_step = 0;
-    for (; j < sides.size() && sides[j].key == sides[i].key; ++j) {
+    for (; j < sides.size() && sides[j].key == sides[i].key && sides[j].comm == sides[i].comm;
+         ++j) {
       if (sides[j].send && !has_send) {
         has_send = true;
         send_step = sides[j].step;
@@ -233,7 +294,7 @@ void joinConnections(const std::vector<const RankEvidence*>& ranks, Diagnosis& d
       if (inspected.count(has_send ? receiver : sender)) d.unmatched_connections++;
       progress = has_send ? send_step : recv_step;
     }
-    ChannelMin& m = channels[channel];
+    ChannelMin& m = channels[{sides[i].comm, channel}];
     if (progress < m.best) {
       m.second = m.best;
       m.best = progress;
@@ -241,7 +302,6 @@ void joinConnections(const std::vector<const RankEvidence*>& ranks, Diagnosis& d
     } else if (progress < m.second) {
       m.second = progress;
     }
-    (void)sender;
     i = j;
   }
 
@@ -250,14 +310,18 @@ void joinConnections(const std::vector<const RankEvidence*>& ranks, Diagnosis& d
     int votes = 0;
     uint64_t step = UINT64_MAX;
     int first_channel = -1;
+    uint32_t comm = 0;
   };
   std::map<uint64_t, Vote> votes;  // key without channel
-  for (const auto& [channel, m] : channels) {
+  for (const auto& [cc, m] : channels) {
     if (m.best == m.second) continue;  // a tie: this channel names no edge
     Vote& v = votes[m.key & ((uint64_t(1) << 40) - 1)];
     v.votes++;
     v.step = std::min(v.step, m.best);
-    if (v.first_channel < 0) v.first_channel = channel;
+    if (v.first_channel < 0) {
+      v.first_channel = cc.second;
+      v.comm = cc.first;
+    }
   }
   const int total = int(channels.size());
   if (votes.empty()) {
@@ -288,11 +352,14 @@ void joinConnections(const std::vector<const RankEvidence*>& ranks, Diagnosis& d
   link.step = best->second.step;
   link.channels_agreeing = best->second.votes;
   link.channels_total = total;
+  link.communicator = in.comm_names[best->second.comm];
   d.link = link;
   d.evidence.push_back("slowest connection: rank " + std::to_string(link.sender) + " -> rank " +
-                       std::to_string(link.receiver) + " at step " + std::to_string(link.step) +
-                       " (slowest in " + std::to_string(link.channels_agreeing) + " of " +
-                       std::to_string(total) + " channels)");
+                       std::to_string(link.receiver) +
+                       (link.communicator.empty() ? "" : " on communicator " + link.communicator) +
+                       " at step " + std::to_string(link.step) + " (slowest in " +
+                       std::to_string(link.channels_agreeing) + " of " + std::to_string(total) +
+                       " channels)");
 }
 
 std::vector<int> sortedUnique(std::vector<int> v) {
@@ -503,6 +570,28 @@ Diagnosis analyze(std::span<const RankEvidence> input) {
     d.lagging.push_back(std::move(l));
   }
   not_issued = sortedUnique(std::move(not_issued));
+  // A rank that never issued one communicator's collective while it waits in another's (issued,
+  // not completed) is blocked by that one (its host waits there), not a culprit: e.g. with
+  // tensor and data parallelism, the ranks of a data-parallel group hung on one link never
+  // issue the next tensor-parallel all-reduce their partners wait in.
+  {
+    std::vector<int> waiting_somewhere;
+    for (const LaggingCollective& l : d.lagging) {
+      waiting_somewhere.insert(waiting_somewhere.end(), l.waiting.begin(), l.waiting.end());
+    }
+    waiting_somewhere = sortedUnique(std::move(waiting_somewhere));
+    std::vector<int> blocked, free;
+    for (int r : not_issued) {
+      (std::binary_search(waiting_somewhere.begin(), waiting_somewhere.end(), r) ? blocked : free)
+          .push_back(r);
+    }
+    if (!blocked.empty()) {
+      d.evidence.push_back("ranks " + compactRanges(blocked) +
+                           " never issued a collective but wait in another communicator's: "
+                           "blocked, not culprits");
+    }
+    not_issued = std::move(free);
+  }
 
   auto addSuspects = [&](const std::vector<int>& rs, const std::string& reason) {
     for (int r : rs) d.suspects.push_back(makeSuspect(*by_rank.at(r), reason));
@@ -564,7 +653,8 @@ Diagnosis analyze(std::span<const RankEvidence> input) {
   }
   if ((outside.empty() || counters_wait) && not_issued.empty()) {
     d.kind = HangKind::kCommunication;
-    joinConnections(ranks, d);
+    const JoinInput join = translateConnections(ranks, d);
+    joinConnections(join, d);
     if (d.link) {
       const RankEvidence* s = by_rank.count(d.link->sender) ? by_rank.at(d.link->sender) : nullptr;
       const RankEvidence* r =
@@ -585,7 +675,7 @@ Diagnosis analyze(std::span<const RankEvidence> input) {
       bool any_inspected = std::any_of(ranks.begin(), ranks.end(),
                                        [](const RankEvidence* e) { return e->inspected; });
       d.needs_inspection = !any_inspected;
-      const std::vector<int> absent = any_inspected ? neverArrived(ranks) : std::vector<int>{};
+      const std::vector<int> absent = any_inspected ? neverArrived(join) : std::vector<int>{};
       if (!absent.empty() && absent.size() < ranks.size()) {
         d.kind = HangKind::kNonCommunication;
         d.evidence.push_back("ranks " + compactRanges(absent) +

@@ -132,6 +132,7 @@ struct SuspectLink {
   uint64_t step = 0;          // the edge's progress: min(send step, receive step)
   int channels_agreeing = 0;  // channels where this edge is the unique slowest
   int channels_total = 0;
+  std::string communicator;  // the sub-communicator of its first channel ("": global peers)
 };
 
 struct Diagnosis {
@@ -150,6 +151,7 @@ struct Diagnosis {
   uint64_t unmatched_connections = 0;     // a side without the peer's matching side
   uint64_t inconsistent_connections = 0;  // receive step ahead of the matching send step
   uint64_t invalid_connections = 0;       // bad channel/peer (negative, self, out of range)
+  uint64_t untranslated_connections = 0;  // sub-communicator peer with no known global rank
 };
 
 // The analysis. Ranks may come in any order; a rank listed twice counts in duplicate_ranks

@@ -366,5 +366,94 @@ TEST(AnalyzeScale, EightThousandRanks) {
   }
 }
 
+// 8 ranks, tensor parallel 2 x data parallel 4: tp groups {2g, 2g+1}, dp groups {0,2,4,6}
+// ("dpA") and {1,3,5,7} ("dpB"). dpA hangs on its ring link comm rank 1 -> 2 (global 2 -> 4);
+// dpB finished; the odd ranks then wait in the next tp all-reduce, which their even partners
+// (stuck in dpA) never issue. Peers come as communicator ranks and must be translated.
+std::vector<RankEvidence> tpDpJob(bool inspected) {
+  std::vector<RankEvidence> job;
+  for (int r = 0; r < 8; ++r) {
+    RankEvidence e;
+    e.rank = r;
+    e.host = "node" + std::to_string(r / 4);
+    e.gpu_index = r % 4;
+    e.stacks = testing::allReduceStacks();
+    const bool even = r % 2 == 0;
+    auto* dp = e.stacks.add_collectives();
+    dp->set_communicator(even ? "dpA" : "dpB");
+    dp->set_comm_rank(r / 2);
+    dp->set_nranks(4);
+    dp->set_last_issued_seq(10);
+    dp->set_last_completed_seq(even ? 9 : 10);
+    dp->set_last_issued_op("ncclAllReduce");
+    auto* tp = e.stacks.add_collectives();
+    tp->set_communicator("tp" + std::to_string(r / 2));
+    tp->set_comm_rank(r % 2);
+    tp->set_nranks(2);
+    tp->set_last_issued_seq(even ? 30 : 31);
+    tp->set_last_completed_seq(30);
+    tp->set_last_issued_op("ncclAllReduce");
+    e.inspected = inspected;
+    if (inspected && even) {
+      for (auto c : testing::ringSteps(r / 2, 4, 2, /*stalled comm rank*/ 1)) {
+        c.set_communicator("dpA");
+        c.set_comm_rank(r / 2);
+        e.connections.push_back(c);
+      }
+    }
+    if (inspected && !even) {  // the tp all-reduce whose partner never arrived: all at 0
+      for (int ch = 0; ch < 2; ++ch) {
+        for (bool send : {true, false}) {
+          flare::v1::ConnectionStep c;
+          c.set_channel(ch);
+          c.set_peer(0);
+          c.set_step(0);
+          c.set_send(send);
+          c.set_communicator("tp" + std::to_string(r / 2));
+          c.set_comm_rank(1);
+          e.connections.push_back(c);
+        }
+      }
+    }
+    job.push_back(std::move(e));
+  }
+  return job;
+}
+
+TEST(Analyze, BlockedRanksThatNeverIssuedAreNotCulprits) {
+  const Diagnosis d = analyze(tpDpJob(false));
+  EXPECT_EQ(d.kind, HangKind::kCommunication) << formatDiagnosis(d);
+  EXPECT_TRUE(d.needs_inspection);
+  EXPECT_TRUE(d.suspects.empty()) << formatDiagnosis(d);
+  bool blocked_line = false;
+  for (const auto& e : d.evidence) blocked_line |= e.find("ranks 0,2,4,6 never issued") == 0;
+  EXPECT_TRUE(blocked_line) << formatDiagnosis(d);
+}
+
+TEST(Analyze, SubCommunicatorLinkIsJoinedPerCommunicatorAndTranslated) {
+  std::vector<RankEvidence> job = tpDpJob(true);
+  flare::v1::ConnectionStep ghost;  // a communicator nobody reported a rank in
+  ghost.set_channel(0);
+  ghost.set_peer(3);
+  ghost.set_step(1);
+  ghost.set_send(true);
+  ghost.set_communicator("ghost");
+  ghost.set_comm_rank(0);
+  job[1].connections.push_back(ghost);
+  const Diagnosis d = analyze(job);
+  EXPECT_EQ(d.kind, HangKind::kCommunication) << formatDiagnosis(d);
+  ASSERT_TRUE(d.link) << formatDiagnosis(d);
+  EXPECT_EQ(d.link->sender, 2);
+  EXPECT_EQ(d.link->receiver, 4);
+  EXPECT_EQ(d.link->communicator, "dpA");
+  EXPECT_EQ(d.link->step, testing::kStalledStep);
+  EXPECT_EQ(d.link->channels_agreeing, 2);
+  EXPECT_EQ(suspectRanks(d), (std::vector<int>{2, 4}));
+  EXPECT_EQ(d.untranslated_connections, 1u);
+  // The odd ranks' one-sided tp connections (4 ranks x 2 channels x send and receive): their
+  // even peers were inspected too.
+  EXPECT_EQ(d.unmatched_connections, 16u);
+}
+
 }  // namespace
 }  // namespace flare::hang

@@ -67,7 +67,9 @@ TEST(HangWatchdog, ProgressEndsTheEpisodeAndANewStallRaisesAgain) {
 }
 
 TEST(HangWatchdog, AllStuckStreamsAreListedLongestFirst) {
-  HangWatchdog w(WatchdogOptions{10 * kS, 4.0});
+  WatchdogOptions o;
+  o.timeout_ns = 10 * kS;
+  HangWatchdog w(o);
   w.setHead(1, op(1, 5));
   w.setHead(2, op(2, 0, true));
   w.setHead(3, op(3, 18));  // not stuck yet at 20 s
@@ -79,6 +81,125 @@ TEST(HangWatchdog, AllStuckStreamsAreListedLongestFirst) {
   // Progress on a stream other than the one that raised it keeps the episode.
   w.setHead(1, op(4, 21));
   EXPECT_TRUE(w.inEpisode());
+}
+
+TEST(HangWatchdog, PerOpOverrideByNameThenByClass) {
+  WatchdogOptions o;
+  o.timeout_ns = 10 * kS;
+  o.op_timeouts = {{"ncclAllReduce", 100 * kS}, {"collective", 50 * kS}};
+  HangWatchdog w(o);
+  HeadOp ar = op(1, 5, true);
+  ar.kind = "collective";
+  HeadOp ag = op(2, 5, true);
+  ag.name = "ncclAllGather";
+  ag.kind = "collective";
+  HeadOp gemm = op(3, 0);
+  gemm.kind = "gemm";
+  EXPECT_EQ(w.thresholdNs(ar), 100 * kS);  // its name
+  EXPECT_EQ(w.thresholdNs(ag), 50 * kS);   // its class
+  EXPECT_EQ(w.thresholdNs(gemm), 10 * kS);
+  w.setHead(1, ar);
+  w.setHead(2, ag);
+  w.setHead(3, gemm);
+  // The gemm's stream raises first (10 s); the collectives are not listed before their bound.
+  auto s = w.poll(11 * kS);
+  ASSERT_TRUE(s);
+  ASSERT_EQ(s->stuck.size(), 1u);
+  EXPECT_EQ(s->first.stream, 3u);
+  EXPECT_EQ(s->first.threshold_ns, 10 * kS);
+}
+
+TEST(HangWatchdog, AllReduceBelowItsOverrideNeverRaisesAboveItDoes) {
+  WatchdogOptions o;
+  o.timeout_ns = 2 * kS;
+  o.op_timeouts = {{"ncclAllReduce", 20 * kS}};
+  HangWatchdog w(o);
+  w.setHead(1, op(1, 0, true));
+  for (int t = 1; t <= 20; ++t) EXPECT_FALSE(w.poll(t * kS)) << t;
+  auto s = w.poll(21 * kS);
+  ASSERT_TRUE(s);
+  EXPECT_EQ(s->first.waited_ns, 21 * kS);
+}
+
+TEST(HangWatchdog, LearnsTheLongestDurationOfASignature) {
+  WatchdogOptions o;
+  o.timeout_ns = 10 * kS;
+  o.learn_factor = 3.0;
+  HangWatchdog w(o);
+  HeadOp barrier = op(1, 0, true);
+  barrier.signature = 42;
+  EXPECT_EQ(w.thresholdNs(barrier), 10 * kS);  // nothing learned yet
+  w.learn(42, 2 * kS);
+  w.learn(42, 8 * kS);   // a checkpoint barrier took 8 s
+  w.learn(42, 1 * kS);   // shorter ones do not lower it
+  w.learn(7, 100 * kS);  // another signature
+  EXPECT_EQ(w.thresholdNs(barrier), 24 * kS);
+  w.setHead(5, barrier);
+  EXPECT_FALSE(w.poll(23 * kS));  // a second long barrier: healthy
+  EXPECT_TRUE(w.poll(25 * kS));
+  // learn_factor 0 learns nothing.
+  WatchdogOptions off = o;
+  off.learn_factor = 0;
+  HangWatchdog w2(off);
+  w2.learn(42, 100 * kS);
+  EXPECT_EQ(w2.thresholdNs(barrier), 10 * kS);
+}
+
+TEST(HangWatchdog, ParsesOpTimeoutsAndNamesBadEntries) {
+  std::vector<OpTimeout> t;
+  std::vector<std::string> errors;
+  EXPECT_TRUE(parseOpTimeouts(" ncclAllReduce=30m, collective=900 ,barrier=1h", &t, &errors));
+  ASSERT_EQ(t.size(), 3u);
+  EXPECT_EQ(t[0].op, "ncclAllReduce");
+  EXPECT_EQ(t[0].timeout_ns, 1800 * kS);
+  EXPECT_EQ(t[1].timeout_ns, 900 * kS);
+  EXPECT_EQ(t[2].timeout_ns, 3600 * kS);
+  EXPECT_TRUE(errors.empty());
+
+  t.clear();
+  EXPECT_FALSE(parseOpTimeouts("ncclAllReduce,=5,x=abc,y=-3,z=0,ok=500ms,ok=2", &t, &errors));
+  ASSERT_EQ(t.size(), 1u);  // the later "ok" replaces the earlier one
+  EXPECT_EQ(t[0].op, "ok");
+  EXPECT_EQ(t[0].timeout_ns, 2 * kS);
+  ASSERT_EQ(errors.size(), 5u);
+  EXPECT_NE(errors[0].find("'ncclAllReduce'"), std::string::npos);
+  EXPECT_NE(errors[0].find("NAME=DURATION"), std::string::npos);
+  EXPECT_NE(errors[1].find("empty op name"), std::string::npos);
+  EXPECT_NE(errors[2].find("'x=abc'"), std::string::npos);
+  EXPECT_NE(errors[3].find("'y=-3'"), std::string::npos);
+  EXPECT_NE(errors[4].find("'z=0'"), std::string::npos);
+  EXPECT_TRUE(parseOpTimeouts("", &t, &errors));
+}
+
+TEST(HangWatchdog, KernelWaitingBehindAHealthyLongCollectiveIsNotStuck) {
+  WatchdogOptions o;
+  o.timeout_ns = 2 * kS;
+  o.op_timeouts = {{"ncclAllReduce", 20 * kS}};
+  HangWatchdog w(o);
+  w.setHead(1, op(1, 0, true));  // the all-reduce, head since 0 s (bound 20 s)
+  w.setHead(2, op(2, 1));        // the optimizer kernel after it, head since 1 s (bound 2 s)
+  EXPECT_FALSE(w.poll(10 * kS));
+  EXPECT_FALSE(w.poll(20 * kS));
+  // Past the collective's own bound both are stuck: the collective is reported first.
+  auto s = w.poll(21 * kS);
+  ASSERT_TRUE(s);
+  EXPECT_EQ(s->first.stream, 1u);
+  EXPECT_EQ(s->stuck.size(), 2u);
+}
+
+TEST(HangWatchdog, KernelStuckBeforeTheCollectiveIsReported) {
+  // A compute kernel that never finishes, with the collective queued after it (it waits for
+  // the kernel): the kernel was the head first, so it is stuck after the timeout.
+  WatchdogOptions o;
+  o.timeout_ns = 2 * kS;
+  o.op_timeouts = {{"ncclAllReduce", 20 * kS}};
+  HangWatchdog w(o);
+  w.setHead(2, op(2, 0));        // the kernel, head since 0 s
+  w.setHead(1, op(1, 1, true));  // the all-reduce, head since 1 s
+  auto s = w.poll(3 * kS);
+  ASSERT_TRUE(s);
+  EXPECT_EQ(s->first.stream, 2u);
+  EXPECT_EQ(s->first.op.name, "gemm");
 }
 
 }  // namespace

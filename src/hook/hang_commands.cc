@@ -13,13 +13,8 @@
 
 namespace flare::hook {
 
-std::string communicatorName(uint64_t hash) {
-  char buf[17];
-  std::snprintf(buf, sizeof(buf), "%016llx", static_cast<unsigned long long>(hash));
-  return buf;
-}
-
 void CollectiveTracker::onSignature(uint32_t id, const timing::Signature& sig) {
+  if (watch_ != nullptr) watch_->onSignature(id, sig);
   inner_->onSignature(id, sig);
 }
 
@@ -29,6 +24,7 @@ void CollectiveTracker::onOps(std::span<const timing::CompletedOp> ops) {
       noteCollectiveCompleted(op.info.comm_hash, op.info.seq);
     }
   }
+  if (watch_ != nullptr) watch_->onOps(ops);
   inner_->onOps(ops);
 }
 
@@ -50,6 +46,8 @@ void dumpStacks(const flare::v1::DumpStacks& req, flare::v1::CommandResult* resu
     c->set_last_issued_seq(p.issued);
     c->set_last_completed_seq(p.completed);
     c->set_last_issued_op(p.last_op);
+    c->set_comm_rank(p.rank);
+    c->set_nranks(p.nranks);
   }
   // The collective progress alone is evidence: answer ok even when no stack could be taken.
   result->set_ok(ok || dump->collectives_size() > 0);
@@ -60,28 +58,31 @@ void inspect(const flare::v1::Inspect& req, int rank, int world_size,
              flare::v1::CommandResult* result) {
   flare::v1::InspectResult* out = result->mutable_inspect();
   if (auto fn = reinterpret_cast<StepsFn>(dlsym(RTLD_DEFAULT, "flareSimNcclConnectionSteps"))) {
-    int skipped = 0;
+    int sub = 0;
     for (const CommProgress& p : commProgress()) {
       FlareSimConnStep steps[64];
       uint64_t seq = 0;
       const int n = fn(static_cast<ncclComm_t>(p.comm), steps, 64, &seq);
       if (n <= 0) continue;
-      // Peers are communicator ranks; they are global ranks only for a job-wide communicator.
-      if (p.nranks != world_size || p.rank != rank) {
-        skipped += n;
-        continue;
-      }
+      // Peers are communicator ranks: global ranks for a job-wide communicator; for a smaller
+      // one the daemon translates them from every rank's (communicator, comm rank).
+      const bool job_wide = p.nranks == world_size && p.rank == rank;
+      if (!job_wide) sub += n;
       for (int i = 0; i < n; ++i) {
         flare::v1::ConnectionStep* c = out->add_connections();
         c->set_channel(steps[i].channel);
         c->set_peer(steps[i].peer);
         c->set_step(steps[i].step);
         c->set_send(steps[i].send != 0);
+        if (!job_wide) {
+          c->set_communicator(communicatorName(p.hash));
+          c->set_comm_rank(p.rank);
+        }
       }
     }
     out->set_raw_output("simulated NCCL: " + std::to_string(out->connections_size()) +
-                        " connections; " + std::to_string(skipped) +
-                        " skipped (communicators smaller than the job)");
+                        " connections, " + std::to_string(sub) +
+                        " of them on communicators smaller than the job");
     result->set_ok(true);
     return;
   }

@@ -27,6 +27,7 @@
 #include <string>
 #include <vector>
 
+#include "src/hook/hang_watch.h"
 #include "src/timing/exporter.h"
 #include "src/timing/timing.h"
 
@@ -46,10 +47,12 @@ std::vector<CommProgress> commProgress();
 // Raises the communicator's completed seq to `seq` (never lowers it).
 void noteCollectiveCompleted(uint64_t comm_hash, uint64_t seq);
 
-// Forwards everything to `inner`; notes completed collectives first.
+// Forwards everything to `inner`; notes completed collectives first, and hands signatures and
+// completed ops to the rank's hang watch (when there is one).
 class CollectiveTracker final : public timing::Sink {
  public:
-  explicit CollectiveTracker(timing::Sink* inner) : inner_(inner) {}
+  explicit CollectiveTracker(timing::Sink* inner, HangWatch* watch = nullptr)
+      : inner_(inner), watch_(watch) {}
   void onSignature(uint32_t id, const timing::Signature& sig) override;
   void onOps(std::span<const timing::CompletedOp> ops) override;
   void onDrops(const timing::DropCounters& totals) override { inner_->onDrops(totals); }
@@ -62,6 +65,7 @@ class CollectiveTracker final : public timing::Sink {
 
  private:
   timing::Sink* inner_;
+  HangWatch* watch_;  // not owned; may be null
 };
 
 class HangCommands final : public timing::CommandHandler {
@@ -73,8 +77,5 @@ class HangCommands final : public timing::CommandHandler {
   int rank_;
   int world_size_;
 };
-
-// The communicator's name in CollectiveProgress: 16 hex digits of its hash.
-std::string communicatorName(uint64_t hash);
 
 }  // namespace flare::hook

@@ -121,6 +121,7 @@ struct State {
   std::unique_ptr<timing::Sink> sink;
   timing::GrpcExporter* exporter = nullptr;    // == sink when streaming to flared
   std::unique_ptr<HangCommands> commands;      // DumpStacks / Inspect (hang_commands.h)
+  std::unique_ptr<HangWatch> watch;            // rank watchdog (FLARE_HANG_TIMEOUT)
   std::unique_ptr<CollectiveTracker> tracker;  // wraps sink: completed collectives
   std::unique_ptr<timing::Tracer> tracer;
 };
@@ -301,9 +302,20 @@ void init() {
     state->sink =
         std::make_unique<timing::SpoolSink>(dir, id.job_id, id.rank, id.pid, std::move(spool));
   }
-  state->tracker = std::make_unique<CollectiveTracker>(state->sink.get());
   timing::TracerOptions opts;
   opts.flush_interval_ns = batchIntervalNs();
+  hang::WatchdogOptions watch_opts;
+  if (HangWatch::optionsFromEnv(&watch_opts)) {
+    timing::GrpcExporter* exporter = state->exporter;
+    state->watch = std::make_unique<HangWatch>(
+        std::move(watch_opts),
+        [exporter](const flare::v1::HangReport& r) {
+          if (exporter != nullptr) exporter->reportHang(r);
+        },
+        [] { return common::realtimeNs(); });
+    opts.head_observer = state->watch.get();
+  }
+  state->tracker = std::make_unique<CollectiveTracker>(state->sink.get(), state->watch.get());
   state->tracer = std::make_unique<timing::Tracer>(state->timer.get(), &common::systemClock(),
                                                    state->tracker.get(), opts);
   g_init_pid = getpid();

@@ -275,7 +275,9 @@ ncclResult_t add(ncclComm* comm, Part part, cudaStream_t stream) {
     if (part.kind == Part::kCollective) {
       part.seq = ++comm->next_seq;
       const int64_t hang = flareSimHangStep("collective");
-      if (hang >= 0 && flareSimStep() >= hang) {
+      const int64_t hang_nranks = flareSimHangStep("collective_nranks");
+      if (hang >= 0 && flareSimStep() >= hang &&
+          (hang_nranks <= 0 || hang_nranks == comm->nranks)) {
         static std::atomic<bool> fired{false};
         if (!fired.exchange(true)) {
           part.hang = true;

@@ -72,7 +72,7 @@ Settings loadSettings() {
   s.clock_factor = factorFor("FLARE_SIM_CLOCK_FACTOR", s.rank, &s.clock_from_step);
   s.link_factor = factorFor("FLARE_SIM_LINK_FACTOR", s.rank);
   if (auto raw = common::getEnv("FLARE_SIM_HANG")) {
-    auto list = common::parseRankList("FLARE_SIM_HANG", *raw, 2, 2);
+    auto list = common::parseRankList("FLARE_SIM_HANG", *raw, 2, 3);
     for (const auto& e : list) {
       if (e.rank != s.rank && e.rank != -1) continue;
       auto step = common::parseInt(e.fields[1]);
@@ -83,6 +83,15 @@ Settings loadSettings() {
       }
       if (e.fields[0] == "collective") {
         s.hang_collective_step = *step;
+        if (e.fields.size() == 3) {  // only a collective on a communicator of this size
+          auto n = common::parseInt(e.fields[2]);
+          if (!n || *n < 2) {
+            common::configWarning("flare: FLARE_SIM_HANG communicator size '" + e.fields[2] +
+                                  "' is not an integer >= 2; any communicator hangs");
+          } else {
+            s.hang_collective_nranks = static_cast<int>(*n);
+          }
+        }
       } else if (e.fields[0] == "compute") {
         s.hang_compute_step = *step;
       } else if (e.fields[0] == "skip") {
@@ -662,6 +671,7 @@ __attribute__((visibility("default"))) int64_t flareSimHangStep(const char* kind
   if (!kind) return -1;
   const std::string_view k(kind);
   if (k == "collective") return s.hang_collective_step;
+  if (k == "collective_nranks") return s.hang_collective_nranks;
   if (k == "compute") return s.hang_compute_step;
   if (k == "skip") return s.hang_skip_step;
   return -1;

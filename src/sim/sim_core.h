@@ -49,6 +49,7 @@ struct Settings {
   int64_t clock_from_step = 0;  // the step the clock factor starts at (FLARE_SIM_CLOCK_FACTOR)
   double link_factor = 1.0;   // this rank
   int64_t hang_collective_step = -1;
+  int hang_collective_nranks = 0;  // FLARE_SIM_HANG RANK:collective:STEP:NRANKS (0: any)
   int64_t hang_compute_step = -1;
   int64_t hang_skip_step = -1;
 };

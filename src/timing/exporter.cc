@@ -74,6 +74,7 @@ struct GrpcExporter::Stream {
   bool accepted = false;
   std::string ack_error;
   uint64_t resume_after_seq = 0;  // HelloAck: the daemon holds batches up to this one
+  bool hang_reports = false;      // HelloAck: the daemon reads RankMessage.hang_report
 };
 
 GrpcExporter::GrpcExporter(std::unique_ptr<Transport> transport, ExporterOptions options)
@@ -429,6 +430,7 @@ void GrpcExporter::readLoop(Stream* s) {
       s->accepted = msg.ack().accepted();
       s->ack_error = msg.ack().error();
       s->resume_after_seq = msg.ack().resume_after_seq();
+      s->hang_reports = msg.ack().hang_reports();
       if (msg.ack().accepted() && msg.ack().mode() != flare::v1::MODE_UNSPECIFIED) {
         mode_.store(static_cast<int>(msg.ack().mode()));
       }
@@ -595,6 +597,23 @@ bool GrpcExporter::streamOnce() {
     const bool spool_pending = spoolPending();
     if (spool_pending) spill(options_.buffer_bytes / 2);  // newer batches wait behind the spool
     std::unique_lock<std::mutex> lock(mu_);
+    if (!hang_pending_.empty()) {  // a suspected hang goes out before anything else
+      std::string r = std::move(hang_pending_);
+      hang_pending_.clear();
+      if (!s.hang_reports) {
+        stats_.hang_reports_unsent++;
+        lock.unlock();
+        common::logOnce(common::LogLevel::kWarn, kLog, "export-hang-unsupported",
+                        "flare: the daemon does not read hang reports (older flared); this "
+                        "rank's suspected hangs are only logged");
+        continue;
+      }
+      lock.unlock();
+      failed = !s.t->write(r);
+      lock.lock();
+      if (!failed) stats_.hang_reports_sent++;
+      continue;
+    }
     if (!results_.empty()) {
       std::string r = std::move(results_.front());
       results_.pop_front();
@@ -667,6 +686,18 @@ bool GrpcExporter::streamOnce() {
                    status.empty() ? "ended by the daemon" : status, spool_path_);
   }
   return true;
+}
+
+void GrpcExporter::reportHang(const flare::v1::HangReport& report) {
+  if (forked_.load(std::memory_order_acquire)) return;
+  flare::v1::RankMessage m;
+  *m.mutable_hang_report() = report;
+  std::string bytes;
+  m.SerializeToString(&bytes);
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!hang_pending_.empty()) stats_.hang_reports_unsent++;  // replaced before it went out
+  hang_pending_ = std::move(bytes);
+  cv_.notify_all();
 }
 
 void GrpcExporter::remember(Item&& item) {

@@ -110,6 +110,8 @@ struct ExporterStats {
   uint64_t spool_dropped = 0;     // batches whose records were dropped: spool full or failing
   uint64_t records_dropped = 0;   // kernel records of those batches
   uint64_t commands = 0;          // commands received
+  uint64_t hang_reports_sent = 0;    // HangReports written to a stream
+  uint64_t hang_reports_unsent = 0;  // replaced by a newer one, or the daemon does not read them
   bool refused = false;           // the daemon refused the hello
   bool connected = false;
   size_t queue_bytes = 0;
@@ -144,6 +146,12 @@ class GrpcExporter final : public Sink {
   bool shutdown(int64_t timeout_ns);
   // In a forked child: every later call is a no-op; threads and the stream are the parent's.
   void disableAfterFork() { forked_.store(true, std::memory_order_release); }
+
+  // Any thread: sends `report` (a suspected hang, src/hook/hang_watch.h) on the stream ahead of
+  // queued batches; while disconnected the latest report waits for the next stream. Never
+  // blocks. Dropped (counted in hang_reports_unsent) when the daemon's HelloAck does not say
+  // hang_reports.
+  void reportHang(const flare::v1::HangReport& report);
 
   ExporterStats stats() const;
   flare::v1::Mode mode() const { return static_cast<flare::v1::Mode>(mode_.load()); }
@@ -187,6 +195,7 @@ class GrpcExporter final : public Sink {
   std::deque<Item> queue_;           // guarded by mu_
   size_t queue_bytes_ = 0;
   std::deque<std::string> results_;  // serialized RankMessage{command_result}, to write
+  std::string hang_pending_;         // serialized RankMessage{hang_report}; empty: none
   bool stopping_ = false;
   int64_t stop_deadline_ns_ = 0;
   bool sender_done_ = false;

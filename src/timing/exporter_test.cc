@@ -51,6 +51,7 @@ class FakeIngest final : public flare::v1::Ingest::Service {
     flare::v1::DaemonMessage ack;
     ack.mutable_ack()->set_protocol_version(flare::v1::kProtocolVersion);
     ack.mutable_ack()->set_accepted(accepted);
+    ack.mutable_ack()->set_hang_reports(read_hang_reports);
     if (advertise_resume) {
       std::lock_guard<std::mutex> lock(mu);
       uint64_t held = 0;
@@ -73,6 +74,7 @@ class FakeIngest final : public flare::v1::Ingest::Service {
       std::lock_guard<std::mutex> lock(mu);
       if (m.has_batch()) batches.emplace_back(sid, m.batch());
       if (m.has_command_result()) results.push_back(m.command_result());
+      if (m.has_hang_report()) hang_reports.push_back(m.hang_report());
     }
     return grpc::Status::OK;
   }
@@ -80,11 +82,13 @@ class FakeIngest final : public flare::v1::Ingest::Service {
   std::mutex mu;
   std::string token;               // expected; "" = any
   bool advertise_resume = false;   // HelloAck.resume_after_seq = the highest batch_seq held
+  bool read_hang_reports = true;   // HelloAck.hang_reports
   std::atomic<bool> stall{false};  // after the ack, read nothing
   std::vector<flare::v1::Command> to_send;
   std::vector<flare::v1::RankHello> hellos;
   std::vector<std::pair<int, RecordBatch>> batches;  // (stream number from 1, batch)
   std::vector<flare::v1::CommandResult> results;
+  std::vector<flare::v1::HangReport> hang_reports;
 };
 
 class FakeServer {
@@ -496,6 +500,50 @@ TEST_F(ExporterTest, CommandsAreAnswered) {
   EXPECT_EQ(service.results[1].command_id(), 12u);
   EXPECT_FALSE(service.results[1].ok());
   EXPECT_EQ(service.results[1].error(), "not supported yet");
+}
+
+// A suspected hang goes up the stream to a daemon that reads reports; an older daemon (no
+// hang_reports in its HelloAck) never gets one (it would close the stream), and the drop is
+// counted.
+TEST_F(ExporterTest, HangReportsGoOnlyToADaemonThatReadsThem) {
+  flare::v1::HangReport report;
+  report.set_episode(1);
+  report.mutable_first()->set_name("ncclAllReduce");
+  report.mutable_first()->set_seq(42);
+  for (bool reads : {true, false}) {
+    FakeIngest service;
+    service.read_hang_reports = reads;
+    FakeServer server(&service);
+    server.start();
+    GrpcExporter exporter(transportTo(server.address()), options());
+    ASSERT_TRUE(waitFor([&] { return exporter.stats().connected; }));
+    exporter.reportHang(report);
+    if (reads) {
+      ASSERT_TRUE(waitFor([&] {
+        std::lock_guard<std::mutex> lock(service.mu);
+        return service.hang_reports.size() == 1;
+      }));
+      EXPECT_EQ(exporter.stats().hang_reports_sent, 1u);
+      EXPECT_EQ(exporter.stats().hang_reports_unsent, 0u);
+    } else {
+      ASSERT_TRUE(waitFor([&] { return exporter.stats().hang_reports_unsent == 1; }));
+      EXPECT_EQ(exporter.stats().hang_reports_sent, 0u);
+    }
+    // The stream is still up and carries batches after the report.
+    feed(exporter, 10, 1);
+    exporter.flush();
+    exporter.shutdown(2'000'000'000);
+    std::lock_guard<std::mutex> lock(service.mu);
+    if (reads) {
+      ASSERT_EQ(service.hang_reports.size(), 1u);
+      EXPECT_EQ(service.hang_reports[0].first().name(), "ncclAllReduce");
+      EXPECT_EQ(service.hang_reports[0].first().seq(), 42u);
+    } else {
+      EXPECT_TRUE(service.hang_reports.empty());
+    }
+    EXPECT_FALSE(service.batches.empty());
+    EXPECT_EQ(service.hellos.size(), 1u);
+  }
 }
 
 // The daemon's SetMode(MODE_SUMMARY) turns the stream's compute records into KernelSummary

@@ -152,12 +152,38 @@ class Sink {
   virtual void onDeepTrace(std::span<const DeepTraceRecord> /*records*/) {}
 };
 
+// The oldest pending op of one stream: the op the stream waits for (issued, every earlier op of
+// the stream completed), for the rank's hang watchdog (src/hook/hang_watch.h).
+struct StreamHead {
+  int32_t device = 0;
+  uint64_t stream_id = 0;
+  OpInfo info;
+  int64_t issue_ns = 0;
+  // When it became the head: its issue time, or the poller's time when it saw the previous head
+  // complete, whichever is later (host monotonic ns).
+  int64_t since_ns = 0;
+  uint64_t key = 0;    // the same while the same op is the head; unique among pending ops
+  size_t pending = 0;  // ops queued on the stream, the head included
+};
+
+// Sees the heads of the streams (the timing side of hang detection). Called on the poller
+// thread only; must not block.
+class HeadObserver {
+ public:
+  virtual ~HeadObserver() = default;
+  // Every TracerOptions::head_interval_ns: every stream that has pending ops (streams without
+  // any are absent: idle), in no particular order. `now_ns` is the Tracer's clock.
+  virtual void onHeads(int64_t now_ns, std::span<const StreamHead> heads) = 0;
+};
+
 struct TracerOptions {
   size_t ring_capacity = 4096;  // pending ops per launching thread
   size_t max_events = 65536;    // bound of the event pool (2 per in-flight op)
   int64_t poll_interval_ns = 1'000'000;
   int64_t flush_interval_ns = 1'000'000'000;  // the sink's flush(): a batch's time bound
   int64_t recalibrate_ns = 10'000'000'000;
+  HeadObserver* head_observer = nullptr;  // not owned; outlives the Tracer
+  int64_t head_interval_ns = 200'000'000;
 };
 
 // Owns the event pool, the rings, the poller thread. Thread-safe as documented per method.

@@ -36,6 +36,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <climits>
 #include <condition_variable>
 #include <cstring>
 #include <deque>
@@ -243,6 +244,7 @@ struct Tracer::Impl {
   void calibrate();
   void referenceFailed(int device, DeviceCal& cal, int64_t now_ns);
   void processQueues();
+  void observeHeads();
   void finish(const PendingOp& op, uint64_t pass);
   void returnEvents();
   void emitOps();
@@ -312,6 +314,7 @@ struct Tracer::Impl {
   struct OpQueue {
     std::vector<Queued> items;
     size_t head = 0;
+    int64_t last_done_ns = 0;  // when the poller last saw a head of this stream complete
 
     bool empty() const { return head == items.size(); }
     size_t size() const { return items.size() - head; }
@@ -355,6 +358,8 @@ struct Tracer::Impl {
   uint32_t apis_announced_ = 0;
   DropCounters last_drops_;
   int64_t last_flush_ns_ = 0;
+  std::vector<StreamHead> heads_out_;
+  int64_t last_heads_ns_ = INT64_MIN;
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -808,6 +813,7 @@ void Tracer::Impl::pollOnce(uint64_t pass) {
   emitDeepTrace();
   calibrate();
   processQueues();
+  observeHeads();
   returnEvents();
   emitOps();
   sendDrops();
@@ -971,6 +977,7 @@ void Tracer::Impl::referenceFailed(int device, DeviceCal& cal, int64_t now_ns) {
 }
 
 void Tracer::Impl::processQueues() {
+  const int64_t pass_ns = opts_.head_observer != nullptr ? clock_->nowNs() : 0;
   for (auto it = queues_.begin(); it != queues_.end();) {
     OpQueue& queue = it->second;
     const DeviceCal& cal = cals_[it->first.device];
@@ -1002,6 +1009,7 @@ void Tracer::Impl::processQueues() {
       if (!emitted) counters_.event_errors.fetch_add(1, std::memory_order_relaxed);
       finish(head.op, head.pass);
       queue.popFront();
+      queue.last_done_ns = pass_ns;
       if (out_.size() >= kEmitBatch) emitOps();
     }
     // Empty queues are kept (with their storage) unless streams come and go by the hundred.
@@ -1011,6 +1019,27 @@ void Tracer::Impl::processQueues() {
       ++it;
     }
   }
+}
+
+// The hang watchdog's view: the head of every stream with pending ops, every head_interval_ns.
+void Tracer::Impl::observeHeads() {
+  if (opts_.head_observer == nullptr) return;
+  const int64_t now_ns = clock_->nowNs();
+  if (last_heads_ns_ != INT64_MIN && now_ns - last_heads_ns_ < opts_.head_interval_ns) return;
+  last_heads_ns_ = now_ns;
+  heads_out_.clear();
+  for (const auto& [key, queue] : queues_) {
+    if (queue.empty()) continue;
+    const PendingOp& op = queue.front().op;
+    heads_out_.push_back(StreamHead{.device = key.device,
+                                    .stream_id = key.stream_id,
+                                    .info = op.info,
+                                    .issue_ns = op.issue_ns,
+                                    .since_ns = std::max(op.issue_ns, queue.last_done_ns),
+                                    .key = reinterpret_cast<uintptr_t>(op.end),
+                                    .pending = queue.size()});
+  }
+  opts_.head_observer->onHeads(now_ns, heads_out_);
 }
 
 void Tracer::Impl::finish(const PendingOp& op, uint64_t pass) {

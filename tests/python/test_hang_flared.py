@@ -1,8 +1,9 @@
 """Hang diagnosis end to end: 8 sim ranks stream to the real flared through `flare run`; a hang
-makes every rank silent, flared opens one incident, asks every rank for its stacks and
-collective progress (DumpStacks, answered by libflare_hook.so on its stream thread), runs the
-analysis and raises one "hang" alert (operations) naming the culprit rank, served at
-/api/v1/jobs/{job}/hangs. The truth is the injected fault (FLARE_SIM_HANG, SIGSTOP)."""
+makes every rank silent, or a rank's watchdog (FLARE_HANG_TIMEOUT) reports its stuck op first,
+flared opens one incident, asks every rank for its stacks and collective progress (DumpStacks,
+answered by libflare_hook.so on its stream thread), runs the analysis and raises one "hang"
+alert (operations) naming the culprit rank, served at /api/v1/jobs/{job}/hangs. The truth is
+the injected fault (FLARE_SIM_HANG, FLARE_SIM_CRASH, SIGSTOP)."""
 
 import json
 import os
@@ -18,12 +19,12 @@ HANG_TIMEOUT_S = 2
 
 
 class Daemon:
-    def __init__(self, build_dir, workdir):
+    def __init__(self, build_dir, workdir, hang_timeout_s=HANG_TIMEOUT_S):
         self.log_path = os.path.join(str(workdir), "flared.log")
         self.proc = subprocess.Popen(
             [os.path.join(build_dir, "bin", "flared"), "--listen", "127.0.0.1:0", "--http",
              "127.0.0.1:0", "--db", os.path.join(str(workdir), "flared.db"),
-             "--diagnose-interval-s", "0", "--hang-timeout-s", str(HANG_TIMEOUT_S),
+             "--diagnose-interval-s", "0", "--hang-timeout-s", str(hang_timeout_s),
              "--hang-answer-timeout-s", "2"],
             stdout=open(self.log_path, "w"), stderr=subprocess.STDOUT)
         for _ in range(200):
@@ -53,14 +54,16 @@ def daemon(build_dir, tmp_path):
         d.proc.kill()
 
 
-def start_job(build_dir, daemon, tmp_path, job, fault_env=None, steps=40, timeout_s=25):
+def start_job(build_dir, daemon, tmp_path, job, fault_env=None, steps=40, timeout_s=25,
+              extra=(), stdout=subprocess.DEVNULL):
     env = dict(os.environ, FLARE_OUTPUT_DIR=str(tmp_path / ("spool-" + job)), **(fault_env or {}))
     return subprocess.Popen(
         [os.path.join(build_dir, "bin", "flare"), "run", "--daemon", "127.0.0.1:%d" % daemon.grpc,
          "--job-id", job, "--quiet", "--", os.path.join(build_dir, "bin", "flare-sim-train"),
          "--ranks", "8", "--steps", str(steps), "--layers", "4", "--tp", "2", "--quiet",
-         "--timeout", str(timeout_s)],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+         "--timeout", str(timeout_s)] + list(extra),
+        env=env, stdout=stdout, stderr=subprocess.STDOUT if stdout != subprocess.DEVNULL
+        else subprocess.DEVNULL, start_new_session=True)
 
 
 def wait_incidents(daemon, job, timeout=20):
@@ -207,5 +210,199 @@ def test_gpu_side_hangs_are_located_with_the_connection_steps(build_dir, daemon,
         alerts = hang_alerts(daemon, job)
         assert len(alerts) == 1 and alerts[0]["team"] == "operations"
         assert "connection steps inspected" in alerts[0]["message"]
+    finally:
+        finish(proc)
+
+
+# ---- the rank watchdog (FLARE_HANG_TIMEOUT) and crashed ranks ---------------------------------
+
+SILENCE_S = 60  # the daemon's silence timeout in these tests: far beyond the watchdog's
+WATCHDOG_S = 2
+
+
+@pytest.fixture
+def slow_silence_daemon(build_dir, tmp_path):
+    if not os.path.exists(os.path.join(build_dir, "bin", "flared")):
+        pytest.skip("build/bin/flared not built")
+    d = Daemon(build_dir, tmp_path, hang_timeout_s=SILENCE_S)
+    yield d
+    d.proc.send_signal(signal.SIGTERM)
+    try:
+        d.proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        d.proc.kill()
+
+
+def metric(daemon, name):
+    with urllib.request.urlopen("http://127.0.0.1:%d/metrics" % daemon.http, timeout=10) as r:
+        for line in r.read().decode().splitlines():
+            if line.startswith(name + " "):
+                return float(line.split()[1])
+    return None
+
+
+def test_watchdog_opens_the_incident_before_the_silence_timeout(build_dir, slow_silence_daemon,
+                                                                tmp_path):
+    daemon = slow_silence_daemon
+    rank = 5
+    job = "watchdog-skip"
+    proc = start_job(build_dir, daemon, tmp_path, job,
+                     {"FLARE_SIM_HANG": "%d:skip:3" % rank,
+                      "FLARE_HANG_TIMEOUT": str(WATCHDOG_S)}, timeout_s=14)
+    try:
+        incidents = wait_incidents(daemon, job, timeout=15)
+        assert len(incidents) == 1, incidents
+        inc = incidents[0]
+        assert inc["triggeredBy"] == "watchdog", inc["trigger"]
+        assert "watchdog of ranks" in inc["trigger"]
+        assert inc["kind"] == "non-communication hang", inc["text"]
+        assert [s["rank"] for s in inc["suspects"]] == [rank]
+        # Onset (the stuck op became its stream's head) to diagnosis: the watchdog's timeout
+        # plus one report and one command round, far below the silence timeout.
+        took = (inc["diagnosedUnixNs"] - inc["onsetUnixNs"]) / 1e9
+        assert WATCHDOG_S <= took < WATCHDOG_S + 4, took
+        print("onset-to-diagnosis %.2f s (watchdog, skip), diagnosis %.2f s" %
+              (took, inc["diagnosisSeconds"]))
+        # The stuck op each rank reported is the collective it waits in, by the independent
+        # count of issued/completed collectives that DumpStacks returned.
+        assert inc["watchdog"], inc
+        lagging = {(l["communicator"], l["seq"]) for l in inc["lagging"]}
+        for w in inc["watchdog"]:
+            assert w["rank"] != rank  # the culprit is on the host, its streams are idle
+            op = w["first"]
+            assert op["op"] == "ncclAllReduce" and op["kind"] == "collective", w
+            assert (op["communicator"], op["seq"]) in lagging, (w, inc["lagging"])
+            assert op["ageS"] >= WATCHDOG_S and op["thresholdS"] >= WATCHDOG_S
+        assert metric(daemon, "flare_hang_reports_total") >= len(inc["watchdog"])
+        alerts = hang_alerts(daemon, job)
+        assert [(a["rank"], a["team"]) for a in alerts] == [(rank, "operations")]
+        assert "watchdog:" in alerts[0]["message"]
+        # One incident per episode while more ranks' reports and the silence keep coming.
+        time.sleep(2)
+        assert len(daemon.get("/api/v1/jobs/%s/hangs" % job)["incidents"]) == 1
+        # `flare hang` shows it: the suspect, the groups, the progress, the watchdog.
+        cli = subprocess.run(
+            [os.path.join(build_dir, "bin", "flare"), "hang", "--job", job, "--daemon-http",
+             "127.0.0.1:%d" % daemon.http], capture_output=True, text=True, timeout=30)
+        assert cli.returncode == 3, cli.stderr
+        assert "(triggered by watchdog)" in cli.stdout
+        assert "suspect: rank %d on " % rank in cli.stdout
+        assert "never issued" in cli.stdout
+        assert "stack groups:" in cli.stdout and "last collective issued / completed:" in cli.stdout
+        assert ": ncclAllReduce on " in cli.stdout and "stuck up to" in cli.stdout
+    finally:
+        finish(proc)
+
+
+@pytest.mark.parametrize("override", [True, False])
+def test_long_collective_below_its_override_is_not_a_hang(build_dir, slow_silence_daemon,
+                                                          tmp_path, override):
+    # Rank 2's host stalls 3 s at steps 0 and 4 (a checkpoint-like pause): every other rank
+    # waits 3 s in its all-reduce, twice the watchdog's 1.5 s. With ncclAllReduce=20 s the
+    # job runs to its end without a report; without it, the same job raises one (the test
+    # can fail).
+    daemon = slow_silence_daemon
+    job = "longar-%s" % ("override" if override else "none")
+    env = {"FLARE_SIM_HOST_STALL": "2:3000:4", "FLARE_HANG_TIMEOUT": "1.5"}
+    if override:
+        env["FLARE_HANG_TIMEOUT_OPS"] = "ncclAllReduce=20"
+    proc = start_job(build_dir, daemon, tmp_path, job, env, steps=6, timeout_s=40)
+    try:
+        if override:
+            assert proc.wait(timeout=60) == 0
+            time.sleep(1.5)  # a report would have been sent before the job ended
+            assert daemon.get("/api/v1/jobs/%s/hangs" % job)["incidents"] == []
+            assert metric(daemon, "flare_hang_reports_total") == 0
+            assert hang_alerts(daemon, job) == []
+        else:
+            incidents = wait_incidents(daemon, job, timeout=30)
+            assert len(incidents) >= 1
+            assert incidents[0]["triggeredBy"] == "watchdog"
+            assert incidents[0]["watchdog"][0]["first"]["op"] == "ncclAllReduce"
+            assert metric(daemon, "flare_hang_reports_total") >= 1
+    finally:
+        finish(proc)
+
+
+def test_bad_op_override_is_reported_and_ignored(build_dir, slow_silence_daemon, tmp_path):
+    # A malformed FLARE_HANG_TIMEOUT_OPS entry gives one clear warning naming it; the valid
+    # entry still applies and the job is not harmed.
+    daemon = slow_silence_daemon
+    job = "badops"
+    log = tmp_path / "badops.log"
+    proc = start_job(build_dir, daemon, tmp_path, job,
+                     {"FLARE_HANG_TIMEOUT_OPS": "ncclAllReduce,collective=600",
+                      "FLARE_HANG_TIMEOUT": "30"}, steps=3, timeout_s=30,
+                     stdout=open(log, "w"))
+    try:
+        assert proc.wait(timeout=60) == 0
+        text = open(log).read()
+        assert "FLARE_HANG_TIMEOUT_OPS entry 'ncclAllReduce': expected NAME=DURATION" in text, text
+        assert "collective=600'" not in text
+    finally:
+        finish(proc)
+
+
+@pytest.mark.parametrize("trigger", ["watchdog", "silence"])
+def test_crashed_rank_is_named_while_the_survivors_wait(build_dir, daemon, slow_silence_daemon,
+                                                        tmp_path, trigger):
+    # --keep-going: the launcher leaves the survivors running, waiting in the collective the
+    # crashed rank never joins (like a real NCCL job). Its stream closed without an answer:
+    # the silence is the evidence.
+    d = slow_silence_daemon if trigger == "watchdog" else daemon
+    rank = 4
+    job = "crash-%s" % trigger
+    env = {"FLARE_SIM_CRASH": "%d:3" % rank}
+    env["FLARE_HANG_TIMEOUT"] = str(WATCHDOG_S) if trigger == "watchdog" else "0"
+    proc = start_job(build_dir, d, tmp_path, job, env, timeout_s=14, extra=["--keep-going"])
+    try:
+        incidents = wait_incidents(d, job, timeout=15)
+        assert len(incidents) == 1, incidents
+        inc = incidents[0]
+        assert inc["triggeredBy"] == trigger
+        assert inc["kind"] == "unresponsive rank", inc["text"]
+        assert [s["rank"] for s in inc["suspects"]] == [rank]
+        assert "crashed" in inc["suspects"][0]["reason"]
+        assert inc["crashed"] == [rank]
+        assert inc["answered"] == [r for r in range(8) if r != rank]
+        # The survivors were alive and waiting when the stacks were taken.
+        assert proc.poll() is None
+        took = (inc["diagnosedUnixNs"] - inc["onsetUnixNs"]) / 1e9
+        limit = WATCHDOG_S if trigger == "watchdog" else HANG_TIMEOUT_S
+        assert limit <= took < limit + 5, took
+        print("onset-to-diagnosis %.2f s (crash, %s)" % (took, trigger))
+        alerts = hang_alerts(d, job)
+        assert [(a["rank"], a["severity"]) for a in alerts] == [(rank, "critical")]
+        assert "1 crashed" in alerts[0]["message"]
+    finally:
+        finish(proc)
+
+
+def test_communication_hang_on_one_link_of_a_data_parallel_sub_communicator(build_dir, daemon,
+                                                                           tmp_path):
+    # --tp 2: data-parallel groups {0,2,4,6} and {1,3,5,7}. Rank 2's all-reduce on its 4-rank
+    # communicator hangs on its ring link (comm rank 1 -> 2, i.e. global 2 -> 4). The ranks of
+    # the other group then wait in the next tensor-parallel all-reduce their partners never
+    # issue (blocked, not culprits); Inspect reports communicator-local peers, flared translates
+    # them and joins channels per communicator.
+    job = "dp-link"
+    proc = start_job(build_dir, daemon, tmp_path, job,
+                     {"FLARE_SIM_HANG": "2:collective:3:4"}, timeout_s=14)
+    try:
+        incidents = wait_incidents(daemon, job)
+        assert len(incidents) == 1, incidents
+        inc = incidents[0]
+        assert inc["inspected"] is True, inc["text"]
+        assert inc["kind"] == "communication hang", inc["text"]
+        assert (inc["link"]["sender"], inc["link"]["receiver"]) == (2, 4), inc["link"]
+        assert inc["link"]["channelsAgreeing"] == 2
+        assert inc["link"]["communicator"] != ""
+        assert [s["rank"] for s in inc["suspects"]] == [2, 4], inc["text"]
+        # The hung communicator is the one the link names: its 4 ranks wait in it.
+        hung = [l for l in inc["lagging"] if l["communicator"] == inc["link"]["communicator"]]
+        assert hung and hung[0]["waiting"] == [0, 2, 4, 6], inc["lagging"]
+        took = (inc["diagnosedUnixNs"] - inc["onsetUnixNs"]) / 1e9
+        assert HANG_TIMEOUT_S <= took < HANG_TIMEOUT_S + 5, took
+        print("onset-to-diagnosis %.2f s (dp sub-communicator link)" % took)
     finally:
         finish(proc)

@@ -2,14 +2,16 @@
 //
 //   flare-sim-train --ranks N --steps S [--layers L] [--hidden H] [--seq S] [--tp T]
 //                   [--data-ms MS] [--python] [--python-exe PATH] [--timeout SEC]
-//                   [--json FILE] [--quiet]
+//                   [--json FILE] [--quiet] [--keep-going]
 //
 // Each rank gets torchrun's variables (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE,
 // MASTER_ADDR, MASTER_PORT, TORCHELASTIC_RUN_ID) and inherits LD_PRELOAD and every FLARE_*
 // variable. The ranks find the simulated libraries through LD_LIBRARY_PATH (prepended) and
 // FLARE_SIM_LIB_DIR. Rank output is prefixed with the rank; step lines are collected and a
 // per-rank table of step times and GEMM times is printed at the end. If a rank fails, the
-// others are stopped and the launcher exits 1 (like torchrun); on --timeout, exit 124.
+// others are stopped and the launcher exits 1 (like torchrun); with --keep-going they are left
+// running, so survivors wait in their next collective for the dead peer like a real NCCL job
+// (hang diagnosis tests; --timeout or a signal ends them). On --timeout, exit 124.
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
@@ -42,6 +44,7 @@ struct Args {
   double timeout_s = 0;
   std::string json;
   bool quiet = false;
+  bool keep_going = false;  // a failed rank does not stop the others
 };
 
 [[noreturn]] void usage(const char* msg) {
@@ -51,7 +54,7 @@ struct Args {
                "                       [--micro-batch B] [--tp T] [--data-ms MS] [--ffn F]\n"
                "                       [--extra-kernels N] [--copies N] [--python]\n"
                "                       [--python-exe PATH] [--timeout SEC] [--json FILE]"
-               " [--quiet]\n");
+               " [--quiet] [--keep-going]\n");
   std::exit(2);
 }
 
@@ -72,6 +75,10 @@ Args parse(int argc, char** argv) {
     }
     if (k == "--quiet") {
       a.quiet = true;
+      continue;
+    }
+    if (k == "--keep-going") {
+      a.keep_going = true;
       continue;
     }
     if (k == "-h" || k == "--help") usage(nullptr);
@@ -362,10 +369,17 @@ int main(int argc, char** argv) {
         const bool ok = WIFEXITED(k.status) && WEXITSTATUS(k.status) == 0;
         if (!ok && failed < 0 && !timed_out && !g_interrupted) {
           failed = r;
-          std::fprintf(stderr, "flare-sim-train: rank %d failed (%s); stopping the other ranks\n",
-                       r, describe(k.status).c_str());
-          stopAll(SIGTERM);
-          kill_deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+          if (a.keep_going) {
+            std::fprintf(stderr,
+                         "flare-sim-train: rank %d failed (%s); the other ranks keep running "
+                         "(--keep-going)\n",
+                         r, describe(k.status).c_str());
+          } else {
+            std::fprintf(stderr, "flare-sim-train: rank %d failed (%s); stopping the other ranks\n",
+                         r, describe(k.status).c_str());
+            stopAll(SIGTERM);
+            kill_deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+          }
         }
       }
     }
