@@ -98,24 +98,22 @@ void HangWatchdog::setIdle(uint64_t stream) {
 std::optional<Suspicion> HangWatchdog::poll(int64_t now_ns) {
   if (episode_open_) return std::nullopt;
   std::vector<StuckStream> stuck;
-  // While a collective head is still within its bound, a kernel at the head of another stream
-  // may be waiting for it through a cross-stream dependency (cudaStreamWaitEvent on its end),
-  // whichever became head first (the optimizer's kernel can head the compute stream before the
-  // gradient all-reduce heads the communication stream): the collective's bound, not the
-  // kernel's, decides. A kernel really stuck holds back this rank's later collectives too, which
-  // then exceed their own bound (or the daemon's silence trigger fires).
-  bool healthy_collective = false;
+  // The oldest collective head still within its bound: ops that became heads after it may be
+  // waiting for it through a cross-stream dependency (cudaStreamWaitEvent on its end), so its
+  // bound, not theirs, decides.
+  int64_t healthy_collective_since = INT64_MAX;
   for (const auto& [stream, op] : heads_) {
     const int64_t waited = now_ns - op.since_ns;
     const int64_t threshold = thresholdNs(op);
     if (waited > threshold) {
       stuck.push_back({stream, op, waited, threshold});
     } else if (op.collective) {
-      healthy_collective = true;
+      healthy_collective_since = std::min(healthy_collective_since, op.since_ns);
     }
   }
-  std::erase_if(stuck,
-                [&](const StuckStream& s) { return !s.op.collective && healthy_collective; });
+  std::erase_if(stuck, [&](const StuckStream& s) {
+    return !s.op.collective && s.op.since_ns >= healthy_collective_since;
+  });
   if (stuck.empty()) return std::nullopt;
   std::sort(stuck.begin(), stuck.end(), [](const StuckStream& a, const StuckStream& b) {
     return a.waited_ns != b.waited_ns ? a.waited_ns > b.waited_ns : a.stream < b.stream;

@@ -124,6 +124,7 @@ void loadModule() {
   g_host.close_span = hostCloseSpan;
   g_host.now_ns = hostNowNs;
   g_host.log = hostLog;
+  g_host.before_exit = finishAtExit;
   void* audit = install != nullptr ? install(&g_host) : nullptr;
   if (audit == nullptr) {
     FLARE_LOG_WARN("pyprof",

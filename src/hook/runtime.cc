@@ -256,10 +256,13 @@ void atForkChild() {
   if (timing::GrpcExporter* e = g_exporter.load()) e->disableAfterFork();
 }
 
+std::atomic<bool> g_exit_done{false};
+
 void atExit() {
   timing::Tracer* t = g_tracer.load();
   if (!t || getpid() != g_init_pid) return;
-  deepTraceAtExit();  // its last records reach the Tracer before the drain
+  if (g_exit_done.exchange(true)) return;  // once: Python's atexit (finishAtExit) or exit()
+  deepTraceAtExit();                       // its last records reach the Tracer before the drain
   // Write out what completed; never hold the exit up for long (a hung stream stays hung).
   if (!t->drain(1'000'000'000)) {
     common::logOnce(common::LogLevel::kInfo, "hook", "exit-undrained",
@@ -351,6 +354,10 @@ timing::Tracer* tracer() {
 
 void postCommandResult(const flare::v1::CommandResult& result) {
   if (timing::GrpcExporter* e = g_exporter.load()) e->postCommandResult(result);
+}
+
+void finishAtExit() {
+  atExit();
 }
 
 timing::Tracer* activeTracer() {

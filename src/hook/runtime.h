@@ -35,6 +35,11 @@ struct Guard {
 // The tracer, or nullptr when tracing is off (disabled, failed, forked child, exiting).
 timing::Tracer* tracer();
 
+// Flare's exit work now (drain the tracer, flush the exporter; once per process, also from the
+// exit handler): called by the Python tracing from an atexit callback, before the interpreter is
+// finalized (src/pyprof/pyprof_api.h, before_exit).
+void finishAtExit();
+
 // The tracer if it is up already, without starting it (the Python span path, src/hook/python.cc:
 // spans must not start the Tracer before the CUDA runtime is loaded).
 timing::Tracer* activeTracer();

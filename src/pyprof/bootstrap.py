@@ -336,3 +336,10 @@ def _start():
 
 
 _start()
+
+# Flare's exit work (drain, flush) as the last Python exit callback, while the interpreter is
+# still whole, rather than in the C exit handler after finalization, where a daemon thread
+# waking up can crash CPython (pyprof_api.h, before_exit).
+import atexit  # noqa: E402
+
+atexit.register(_c._before_exit)

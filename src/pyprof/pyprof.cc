@@ -27,6 +27,7 @@
 #include <frameobject.h>
 #include <unistd.h>
 
+#include <cstddef>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -255,6 +256,19 @@ PyObject* isTraced(PyObject*, PyObject* code) {
   return PyBool_FromLong(lookup(code) != 0);
 }
 
+// _before_exit(): the bootstrap registers it with atexit (the last Python exit callback to
+// run): Flare's exit work while the interpreter is whole, the GIL released so that daemon
+// threads keep running meanwhile.
+PyObject* beforeExit(PyObject*, PyObject*) {
+  if (g_host != nullptr &&
+      g_host->size >= offsetof(FlarePyprofHost, before_exit) + sizeof(g_host->before_exit) &&
+      g_host->before_exit != nullptr) {
+    Py_BEGIN_ALLOW_THREADS g_host->before_exit();
+    Py_END_ALLOW_THREADS
+  }
+  Py_RETURN_NONE;
+}
+
 #if defined(__GNUC__)
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wcast-function-type"
@@ -271,6 +285,7 @@ PyMethodDef kMethods[] = {
     {"_thread_start", reinterpret_cast<PyCFunction>(threadStart), METH_FASTCALL, nullptr},
     {"_install_all_threads", installAllThreads, METH_NOARGS, nullptr},
 #endif
+    {"_before_exit", beforeExit, METH_NOARGS, nullptr},
     {nullptr, nullptr, 0, nullptr},
 };
 #if defined(__GNUC__)

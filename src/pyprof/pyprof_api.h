@@ -38,6 +38,11 @@ typedef struct FlarePyprofHost {
   int64_t (*now_ns)(void);
   // One log line through Flare's logging (subsystem "pyprof").
   void (*log)(int level, const char* message);
+  // Flare's exit work (drain the tracer, flush the exporter), run from a Python atexit callback
+  // on the main thread with the GIL released, while the interpreter is still whole: done there,
+  // the process's own exit handler has nothing left to wait for after Py_FinalizeEx (a daemon
+  // thread waking in that window crashes CPython <= 3.12; a long exit drain widened it).
+  void (*before_exit)(void);
 } FlarePyprofHost;
 
 // Exported by each libflare_pyprof_cpXY.so. Called with the GIL held from the hook's audit hook,

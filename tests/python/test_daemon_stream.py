@@ -357,7 +357,9 @@ def stored_per_rank_pg(host, job):
 @pytest.mark.parametrize("db", ["sqlite", "postgresql"])
 def test_flared_killed_and_restarted_mid_run_holds_every_record_exactly_once(
         sim_train, build_dir, tmp_path, flared, baseline, request, db):
-    steps = 120
+    # Long enough that every rank's first checkpoint is committed well before the run ends, even
+    # on a loaded machine (a PostgreSQL commit can take a second there).
+    steps = 240
     extra = ["--persist-interval-ms", "500"]
     if db == "postgresql":
         uri, pg_host = request.getfixturevalue("postgres")
