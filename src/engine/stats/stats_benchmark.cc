@@ -1,6 +1,7 @@
 // Cost of one kernel-duration summary (clusterDurations: log, bandwidth, binned KDE, valleys,
 // per-cluster order statistics) for n = 100, 10k and 1M durations, bimodal log-normal; and of
-// the W1 between two rebuilt summaries, two raw samples and two sketches.
+// the W1 between two rebuilt summaries, two raw samples and two sketches; and the cross-rank
+// summary outlier check of one signature over 8 to 10,000 ranks.
 //
 //   build/bin/stats_benchmark
 #include <benchmark/benchmark.h>
@@ -10,6 +11,7 @@
 #include <vector>
 
 #include "src/engine/stats/kde.h"
+#include "src/engine/stats/outliers.h"
 #include "src/engine/stats/sketch.h"
 #include "src/engine/stats/wasserstein.h"
 
@@ -53,6 +55,22 @@ void BM_W1Exact(benchmark::State& state) {
     benchmark::DoNotOptimize(wasserstein1(std::span<const double>(a), std::span<const double>(b)));
 }
 BENCHMARK(BM_W1Exact)->Arg(10000)->Unit(benchmark::kMicrosecond);
+
+// The cross-rank check of one signature (summaryOutliers) over n ranks' two-cluster summaries:
+// exact pairwise means up to OutlierOptions::maxReferences (128) ranks, the quantile grid above.
+void BM_SummaryOutliers(benchmark::State& state) {
+  const size_t n = static_cast<size_t>(state.range(0));
+  std::vector<std::vector<DurationCluster>> members;
+  for (size_t i = 0; i < n; ++i) members.push_back(clusterDurations(durations(200, i)).clusters);
+  for (auto _ : state) benchmark::DoNotOptimize(summaryOutliers(members));
+  state.SetItemsProcessed(state.iterations() * state.range(0));
+}
+BENCHMARK(BM_SummaryOutliers)
+    ->Arg(8)
+    ->Arg(256)
+    ->Arg(1024)
+    ->Arg(10000)
+    ->Unit(benchmark::kMillisecond);
 
 void BM_SketchAdd(benchmark::State& state) {
   const auto a = durations(100000, 4);

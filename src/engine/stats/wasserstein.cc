@@ -112,6 +112,46 @@ double wasserstein1(const PiecewiseDistribution& p, const PiecewiseDistribution&
   return total;
 }
 
+std::vector<double> quantileGrid(const PiecewiseDistribution& p, size_t G) {
+  std::vector<double> out;
+  if (G == 0 || !(p.totalMass() > 0)) return out;
+  std::vector<Event> ev;
+  addEvents(p, +1, ev);
+  if (ev.empty()) return out;
+  std::sort(ev.begin(), ev.end(), [](const Event& l, const Event& r) { return l.x < r.x; });
+  out.reserve(G);
+  // F is piecewise linear between events (slope `slope`) and jumps at point masses; walk it once
+  // while the targets u_g rise.
+  double f = 0, slope = 0, x = ev.front().x;
+  size_t i = 0, g = 0;
+  auto target = [G](size_t k) { return (static_cast<double>(k) + 0.5) / static_cast<double>(G); };
+  while (g < G) {
+    const bool more = i < ev.size();
+    const double x1 = more ? ev[i].x : x;
+    const double f1 = f + slope * (x1 - x);
+    // Targets reached inside the linear stretch [x, x1).
+    while (g < G && target(g) <= f1 && slope > 0) {
+      out.push_back(x + (target(g) - f) / slope);
+      ++g;
+    }
+    if (!more) break;
+    f = f1;
+    x = x1;
+    for (; i < ev.size() && ev[i].x == x1; ++i) {
+      f += ev[i].jump;
+      slope += ev[i].dslope;
+    }
+    // Targets inside a jump (a point mass) sit at the jump.
+    while (g < G && target(g) <= f) {
+      out.push_back(x);
+      ++g;
+    }
+  }
+  // Rounding can leave the last targets just above F's final value: they sit at the maximum.
+  while (out.size() < G) out.push_back(x);
+  return out;
+}
+
 PiecewiseDistribution rebuildMixture(std::span<const DurationCluster> clusters) {
   PiecewiseDistribution out;
   for (const DurationCluster& c : clusters) {

@@ -40,6 +40,11 @@ struct PiecewiseDistribution {
 // non-positive mass are ignored; NaN when either side has no mass left.
 double wasserstein1(const PiecewiseDistribution& p, const PiecewiseDistribution& q);
 
+// The quantile function of p at the midpoints u = (g + ½)/G, g = 0..G−1 (p normalized; exact for
+// the piecewise-linear CDF). The mean of |Q_p − Q_q| over such a grid is the midpoint rule for
+// W1(p, q) = ∫₀¹ |Q_p(u) − Q_q(u)| du. Empty when p has no mass or G = 0.
+std::vector<double> quantileGrid(const PiecewiseDistribution& p, size_t G);
+
 // Rebuilds the distribution a kernel summary stands for. Each cluster (count, p50, p99, sum —
 // the wire fields; min/max are not used) becomes a piecewise-linear quantile function through
 //   Q(0) = a, Q(0.5) = p50, Q(0.99) = p99, Q(1) = b,
