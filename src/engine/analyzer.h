@@ -16,8 +16,8 @@
 // baselines of its backend (device name of its ranks) and scale (world size): issue-latency
 // regression with the learned W1 threshold, void thresholds learned from history.
 //
-// Threading: onBatch() is called on gRPC threads, run() and the accessors on flared's main
-// thread or the HTTP thread; one mutex guards the windows and the baselines. run() and
+// Threading: onBatch() is called on gRPC threads, run() on flared's analysis thread, the accessors
+// on the main thread or the HTTP thread; one mutex guards the windows and the baselines. run() and
 // diagnoseJob() hold it only to trim and copy a job's window (and history): the metrics and the
 // detectors run on the copy without it, so ingest never waits for a large job's pairwise
 // comparisons (it did: 1,000 summary-mode ranks stalled ingest and /metrics). The copy costs

@@ -6,7 +6,7 @@
 // few steps of CUPTI overhead and the daemon a few MB); alerts naming no single rank (-1) or a
 // rank the job does not have are ignored. `steps` = 0 turns it off (flared --deep-trace-steps 0).
 //
-// Threading: onAlerts() on one thread (flared's main thread, after each detector run); the
+// Threading: onAlerts() on one thread (flared's analysis thread, after each detector run); the
 // counters may be read from any thread. The
 // decisions are plain functions of (alerts, ranks, now) so that tests pass an injected time.
 #pragma once

@@ -348,6 +348,7 @@ int main(int argc, char** argv) {
     if (ingest_ptr == nullptr) return meta;
     flare::v1::ListRanksRequest req;
     req.set_job_id(job);
+    req.set_rank(rank);  // one rank: asking for all of them per new rank was O(ranks²)
     flare::v1::ListRanksResponse out;
     if (ingest_ptr->ranks(req, &out) != Code::kOk) return meta;
     for (const auto& r : out.ranks()) {
@@ -551,17 +552,40 @@ int main(int argc, char** argv) {
   const auto maintain_every = std::chrono::seconds(std::max<int64_t>(maintain_s, 1));
   auto next_persist = std::chrono::steady_clock::now() + persist_every;
   auto next_maintain = std::chrono::steady_clock::now() + std::chrono::seconds(1);
-  auto next_diagnose = std::chrono::steady_clock::now() + std::chrono::seconds(diagnose_s);
+  // The detectors run on their own thread, so that a long analysis (thousands of ranks) never
+  // delays checkpoints and retention on this one. The next run starts --diagnose-interval-s after
+  // the last one ended, or three times its duration when that is longer: the analysis takes at
+  // most about a quarter of a core whatever the jobs' size, and ingest keeps the rest.
+  std::thread analysis;
+  if (diagnose_s > 0) {
+    analysis = std::thread([&] {
+      const auto interval = std::chrono::seconds(diagnose_s);
+      auto next = std::chrono::steady_clock::now() + interval;
+      bool said = false;
+      while (!g_stop) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        if (std::chrono::steady_clock::now() < next) continue;
+        const auto t0 = std::chrono::steady_clock::now();
+        deep_trace.onAlerts(analyzer.run(wall.nowNs()), wall.nowNs());
+        const auto t1 = std::chrono::steady_clock::now();
+        const auto took = t1 - t0;
+        next = t1 + std::max<std::chrono::steady_clock::duration>(interval, 3 * took);
+        if (3 * took > interval && !said) {
+          said = true;
+          FLARE_LOG_WARN("engine",
+                         "a detector run took {:.1f} s; runs are spaced by 3x their duration "
+                         "instead of --diagnose-interval-s {} while that lasts (said once)",
+                         std::chrono::duration<double>(took).count(), diagnose_s);
+        }
+      }
+    });
+  }
   while (!g_stop) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
     const auto now = std::chrono::steady_clock::now();
     if (now >= next_persist) {
       ingest.persist();
       next_persist = now + persist_every;
-    }
-    if (diagnose_s > 0 && now >= next_diagnose) {
-      deep_trace.onAlerts(analyzer.run(wall.nowNs()), wall.nowNs());
-      next_diagnose = now + std::chrono::seconds(diagnose_s);
     }
     if (now >= next_maintain) {
       const MaintenanceResult m = store->maintain(wall.nowNs(), retention);
@@ -575,6 +599,7 @@ int main(int argc, char** argv) {
   hangs.stop();
   http.stop();
   grpc.shutdown();
+  if (analysis.joinable()) analysis.join();
   if (diagnose_s > 0) analyzer.run(wall.nowNs());  // what arrived since the last run
   if (webhook) webhook->drain(2 * static_cast<int64_t>(num("webhook-timeout-ms")));
   ingest.persist(/*final=*/true);

@@ -725,7 +725,13 @@ Code Ingest::ranks(const v1::ListRanksRequest& req, v1::ListRanksResponse* out) 
   const JobState* job = findJob(req.job_id());
   if (job == nullptr) return Code::kNotFound;
   out->set_job_id(job->job_id);
-  for (const auto& [rank, rs] : job->ranks) {
+  auto first = job->ranks.begin(), last = job->ranks.end();
+  if (req.has_rank()) {  // one rank
+    first = job->ranks.lower_bound(req.rank());
+    last = job->ranks.upper_bound(req.rank());
+  }
+  for (auto it = first; it != last; ++it) {
+    const auto& [rank, rs] = *it;
     v1::RankInfo* r = out->add_ranks();
     r->set_rank(rank);
     r->set_host(rs.host);

@@ -339,6 +339,16 @@ TEST_F(IngestTest, ReconnectReplacesSessionAndDeliversQueuedCommands) {
   ASSERT_EQ(ingest_->ranks(lr, &ranks), Code::kOk);
   ASSERT_EQ(ranks.ranks_size(), 1);
   EXPECT_TRUE(ranks.ranks(0).connected());
+  // One rank asked for: that one, or none.
+  lr.set_rank(0);
+  v1::ListRanksResponse one;
+  ASSERT_EQ(ingest_->ranks(lr, &one), Code::kOk);
+  ASSERT_EQ(one.ranks_size(), 1);
+  EXPECT_EQ(one.ranks(0).rank(), 0);
+  lr.set_rank(5);
+  v1::ListRanksResponse none;
+  ASSERT_EQ(ingest_->ranks(lr, &none), Code::kOk);
+  EXPECT_EQ(none.ranks_size(), 0);
 }
 
 TEST_F(IngestTest, SendCommandNeedsTheJobsToken) {

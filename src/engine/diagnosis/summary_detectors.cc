@@ -55,13 +55,22 @@ void detectSlowGpuFromSummaries(const JobModel& job, const DiagnoseOptions& opt,
   for (const Diagnosis& d : *out) {
     if (d.kind == "gpu_slow") already.insert(d.ranks.begin(), d.ranks.end());
   }
-  // signature -> rank -> concatenated clusters
+  // signature -> rank -> concatenated clusters. The means use every window; the distributions
+  // compared by W1 use the newest windows up to a budget of kClusterBudget clusters per signature
+  // over all ranks (at least kMinClusters per rank): all of them for the usual job (8 ranks × a
+  // minute of 1 s windows), the last few seconds per rank for 10,000 ranks, whose distance
+  // computations would otherwise dominate the daemon.
+  constexpr size_t kClusterBudget = 200000, kMinClusters = 16;
+  const size_t per_rank_clusters =
+      std::max(kMinClusters, kClusterBudget / std::max<size_t>(job.ranks().size(), 1));
   std::map<uint32_t, std::map<int, Member>> by_sig;
   for (const auto& [rank, r] : job.ranks()) {
-    for (const SummaryWindow& w : r.summaries) {
+    for (auto it = r.summaries.rbegin(); it != r.summaries.rend(); ++it) {
+      const SummaryWindow& w = *it;
       if (!isComputeKind(job.signatures()[w.sig].kind())) continue;
       Member& m = by_sig[w.sig][rank];
-      m.clusters.insert(m.clusters.end(), w.clusters.begin(), w.clusters.end());
+      if (m.clusters.size() < per_rank_clusters)
+        m.clusters.insert(m.clusters.end(), w.clusters.begin(), w.clusters.end());
       m.count += w.count();
       m.sum += w.sumNs();
     }

@@ -8,7 +8,9 @@
 // high outlier whose mean duration is also at least gpu_min_effect above the ranks' median mean
 // is flagged for that signature. A rank flagged on at least half of the compute time (weighted
 // by the signatures' total time) is diagnosed gpu_slow, like the raw detector, with the same
-// kind, team and cause. Ranks already diagnosed gpu_slow by the raw path are skipped.
+// kind, team and cause. Ranks already diagnosed gpu_slow by the raw path are skipped. The
+// W1 comparison reads each rank's newest windows up to 200,000 clusters per signature over the
+// job (at least 16 per rank): every window for small jobs, the last seconds at 10,000 ranks.
 //
 // Threading: pure functions over a JobModel; one caller at a time per model.
 #pragma once
