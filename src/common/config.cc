@@ -164,8 +164,9 @@ constexpr ParamInfo kParams[] = {
     {"FLARE_SIM_LAUNCH_LATENCY_US", "double", "4", "sim",
      "Host-side cost in microseconds of one simulated kernel launch."},
     {"FLARE_SIM_DEVICES", "int", "8", "sim", "Number of simulated GPUs per host."},
-    {"FLARE_SIM_DEVICE_NAME", "string", "NVIDIA H100 80GB HBM3", "sim",
-     "Device name the simulated runtime reports."},
+    {"FLARE_SIM_DEVICE_NAME", "string", "Flare Simulated GPU", "sim",
+     "Device name the simulated runtime reports (flared's peak table has an entry for the "
+     "default, matching FLARE_SIM_PEAK_TFLOPS' default)."},
     {"FLARE_SIM_TIME_SCALE", "double", "1.0", "sim",
      "Multiplies every simulated duration (use < 1 to make tests faster)."},
     {"FLARE_SIM_RUN_ID", "string", "", "sim",

@@ -344,7 +344,7 @@ TEST(ParamTableTest, DeclaresTheRequiredSettings) {
       {"FLARE_SIM_BUSBW_GBPS", "double", "100", "sim"},
       {"FLARE_SIM_LAUNCH_LATENCY_US", "double", "4", "sim"},
       {"FLARE_SIM_DEVICES", "int", "8", "sim"},
-      {"FLARE_SIM_DEVICE_NAME", "string", "NVIDIA H100 80GB HBM3", "sim"},
+      {"FLARE_SIM_DEVICE_NAME", "string", "Flare Simulated GPU", "sim"},
       {"FLARE_SIM_TIME_SCALE", "double", "1.0", "sim"},
       {"FLARE_SIM_RDZV_DIR", "string", "/tmp", "sim"},
   };

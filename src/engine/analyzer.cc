@@ -5,6 +5,7 @@
 
 #include "src/common/log.h"
 #include "src/engine/diagnosis/job_metrics.h"
+#include "src/engine/ingest.h"
 #include "src/engine/metrics.h"
 #include "src/engine/store.h"
 
@@ -38,19 +39,34 @@ void Analyzer::onBatch(const std::string& job_id, int32_t rank, const v1::Record
     for (const auto& s : batch.summaries()) w.newest_ns = std::max(w.newest_ns, s.window_end_ns());
     w.fresh = true;
     ask = options_.rank_meta && w.known_ranks.insert(rank).second;
+    if (!ask && batch.has_device() && validDeviceInfo(batch.device())) {
+      // The GPU, named after the hello (the timing thread describes it at its first op).
+      auto it = w.model.ranks().find(rank);
+      w.model.setRankInfo(rank, it != w.model.ranks().end() ? it->second.host : std::string(),
+                          batch.device().name());
+      noteBackend(w, rank, batch.device().name());
+    }
   }
   if (!ask) return;
   const RankMeta meta = options_.rank_meta(job_id, rank);  // outside the lock: it may lock Ingest
   std::lock_guard lock(mu_);
   JobWindow& w = jobs_[job_id];
-  w.model.setRankInfo(rank, meta.host, meta.device_name);
+  // A DeviceInfo in this very batch is newer than what Ingest held when it was asked.
+  const std::string device = batch.has_device() && validDeviceInfo(batch.device())
+                                 ? batch.device().name()
+                                 : meta.device_name;
+  w.model.setRankInfo(rank, meta.host, device);
   w.world_size = std::max(w.world_size, meta.world_size);
-  // The backend: the device name of the lowest rank that reported one.
-  for (const auto& [r, data] : w.model.ranks()) {
-    if (!data.device_name.empty()) {
-      w.backend = data.device_name;
-      break;
-    }
+  noteBackend(w, rank, device);
+}
+
+// The backend: the device name of the lowest rank that reported one. O(1) per report (a scan
+// of every rank per new rank was O(ranks²) at 10,000 ranks without device names).
+void Analyzer::noteBackend(JobWindow& w, int32_t rank, const std::string& device_name) {
+  if (device_name.empty()) return;
+  if (w.backend.empty() || rank <= w.backend_rank) {
+    w.backend = device_name;
+    w.backend_rank = rank;
   }
 }
 
@@ -333,6 +349,13 @@ void Analyzer::writeMetrics(PromWriter& w) const {
     if (m.has_baseline())
       w.sample("flare_job_issue_latency_w1_threshold_seconds",
                m.issue_latency_w1_threshold_ns() / 1e9, {{"job", job}});
+  });
+  w.family("flare_job_bytes_per_rank_step", "gauge",
+           "Encoded bytes a rank sends per training step (batches over steps in the detectors' "
+           "window, median over ranks): the volume of FLARE_MODE.");
+  each([&](const std::string& job, const v1::JobMetrics& m) {
+    if (m.bytes_per_rank_step() > 0)
+      w.sample("flare_job_bytes_per_rank_step", m.bytes_per_rank_step(), {{"job", job}});
   });
   w.family("flare_job_void_inter_ratio", "gauge",
            "V_inter: GPU idle around the DataLoader call, share of the step (median over ranks).");

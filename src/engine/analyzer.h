@@ -109,6 +109,7 @@ class Analyzer {
     std::map<std::pair<std::string, std::vector<int>>, int> active;
     std::set<int32_t> known_ranks;  // rank_meta asked
     std::string backend;            // device name of its lowest rank that reported one
+    int32_t backend_rank = 0;       // the rank `backend` came from
     int32_t world_size = 0;
     std::optional<v1::JobMetrics> metrics;
   };
@@ -116,6 +117,7 @@ class Analyzer {
   // The history of a job's backend and scale (cached; null when there is none). Under mu_.
   const History* historyFor(const JobWindow& w) const;
   static int32_t scaleOf(const JobWindow& w);
+  static void noteBackend(JobWindow& w, int32_t rank, const std::string& device_name);
 
   Store* store_;
   AnalyzerOptions options_;

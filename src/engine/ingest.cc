@@ -66,6 +66,17 @@ bool isCollective(v1::OpKind k) {
 
 }  // namespace
 
+bool validDeviceInfo(const v1::DeviceInfo& device) {
+  auto ok = [](const std::string& text, size_t max) {
+    if (text.size() > max) return false;
+    for (unsigned char c : text) {
+      if (c < 0x20 || c == 0x7f) return false;
+    }
+    return true;
+  };
+  return ok(device.name(), 256) && ok(device.uuid(), 64) && ok(device.pci_bus_id(), 64);
+}
+
 const char* reasonName(Reason r) {
   const auto i = static_cast<size_t>(r);
   return i < std::size(kReasonNames) ? kReasonNames[i] : "unknown";
@@ -240,8 +251,14 @@ Ingest::HelloOutcome Ingest::hello(const v1::RankHello& h,
     rs.host = h.host();
     rs.pid = h.pid();
     rs.local_rank = h.local_rank();
-    rs.device_name = h.device().name();
-    rs.device_uuid = h.device().uuid();
+    if (validDeviceInfo(h.device())) {
+      rs.device_name = h.device().name();
+      rs.device_uuid = h.device().uuid();
+    } else {
+      counters_.bad_device_info.fetch_add(1, std::memory_order_relaxed);
+      rs.device_name.clear();
+      rs.device_uuid.clear();
+    }
     rs.mode = h.mode();
     rs.last_seen_ns = now;
     rs.dirty = true;
@@ -569,6 +586,18 @@ Verdict Ingest::batch(uint64_t session_id, const v1::RecordBatch& b) {
       st.dirty = true;
     }
     if (b.has_drops()) applyDrops(rs, b.drops());
+    if (b.has_device()) {
+      // The rank's GPU, sent once the timing thread saw its first op (the hello went earlier).
+      if (validDeviceInfo(b.device())) {
+        rs.device_name = b.device().name();
+        rs.device_uuid = b.device().uuid();
+      } else {
+        counters_.bad_device_info.fetch_add(1, std::memory_order_relaxed);
+        common::logOnce(common::LogLevel::kWarn, "engine", "bad-device-info",
+                        "ignoring a DeviceInfo with an overlong or non-printable name or UUID "
+                        "(flare_ingest_bad_device_info_total)");
+      }
+    }
     ++rs.batches;
     rs.records += static_cast<uint64_t>(b.kernels_size()) + summarized;
     rs.last_seen_ns = now;
@@ -1002,6 +1031,9 @@ void Ingest::writeMetrics(PromWriter& w) const {
   w.sample("flare_ingest_records_total", c(counters_.summaries), {{"type", "summary"}});
   w.sample("flare_ingest_records_total", c(counters_.spans), {{"type", "span"}});
   w.sample("flare_ingest_records_total", c(counters_.steps), {{"type", "step"}});
+  w.family("flare_ingest_bad_device_info_total", "counter",
+           "DeviceInfo (hello or batch) ignored: overlong or non-printable name or UUID.");
+  w.sample("flare_ingest_bad_device_info_total", c(counters_.bad_device_info));
   w.family("flare_ingest_summarized_kernels_total", "counter",
            "Kernel executions carried by accepted summaries.");
   w.sample("flare_ingest_summarized_kernels_total", c(counters_.summarized_kernels));

@@ -143,6 +143,11 @@ struct ReceivedHangReport {
   v1::HangReport report;
 };
 
+// A DeviceInfo's name and UUID as the daemon keeps them: at most 256 and 64 bytes, printable
+// ASCII/UTF-8 without control characters. false: the DeviceInfo is ignored (counted), the batch
+// or hello that carried it is not.
+bool validDeviceInfo(const v1::DeviceInfo& device);
+
 // Counters of one Ingest; all monotonic.
 struct IngestCounters {
   std::array<std::atomic<uint64_t>, static_cast<size_t>(Reason::kCount)> rejected{};
@@ -151,6 +156,7 @@ struct IngestCounters {
   std::atomic<uint64_t> batches{0};
   std::atomic<uint64_t> kernel_records{0};
   std::atomic<uint64_t> deep_trace_records{0};  // CUPTI records of deep traces
+  std::atomic<uint64_t> bad_device_info{0};  // DeviceInfo ignored (overlong or control characters)
   std::atomic<uint64_t> summaries{0};
   std::atomic<uint64_t> summarized_kernels{0};
   std::atomic<uint64_t> spans{0};
@@ -312,7 +318,7 @@ class Ingest {
   std::unordered_map<std::string, std::vector<RawRecord>> pending_raw_;  // by job
   size_t pending_raw_count_ = 0;
   std::vector<WindowSummaryRow> pending_windows_;  // closed by a batch of a later window
-  std::vector<ReceivedHangReport> hang_reports_;  // guarded by mu_
+  std::vector<ReceivedHangReport> hang_reports_;   // guarded by mu_
   IngestCounters counters_;
 };
 

@@ -163,6 +163,50 @@ TEST_F(IngestTest, DecodeExpandsCollectiveBlocksAndRefusesHostileOnes) {
   EXPECT_FALSE(v.close_stream);
 }
 
+TEST_F(IngestTest, DeviceInfoInABatchNamesTheRanksGpuAndHostileOnesAreIgnored) {
+  make();
+  const uint64_t s0 = connect("job", 0, 2);
+  const uint64_t s1 = connect("job", 1, 2);
+  auto device_of = [&](int rank) {
+    v1::ListRanksRequest lr;
+    lr.set_job_id("job");
+    lr.set_rank(rank);
+    v1::ListRanksResponse out;
+    EXPECT_EQ(ingest_->ranks(lr, &out), Code::kOk);
+    return out.ranks_size() == 1 ? out.ranks(0).device_name() : std::string("?");
+  };
+  // The hello left before CUDA was up: no device yet. The first batch after the rank's first
+  // op carries it.
+  EXPECT_EQ(device_of(0), "");
+  v1::RecordBatch b;
+  b.set_rank(0);
+  b.set_batch_seq(1);
+  b.mutable_device()->set_name("NVIDIA H100 80GB HBM3");
+  b.mutable_device()->set_uuid("GPU-0123");
+  *b.add_signatures() = gemmSig(1, 4096, 4096, 4096);
+  addKernel(&b, 1, kNow, 1000000);
+  ASSERT_TRUE(ingest_->batch(s0, b).ok());
+  EXPECT_EQ(device_of(0), "NVIDIA H100 80GB HBM3");
+  // An overlong name and one with a control character: ignored and counted; the batch's records
+  // are kept.
+  v1::RecordBatch h;
+  h.set_rank(1);
+  h.set_batch_seq(1);
+  h.mutable_device()->set_name(std::string(300, 'A'));
+  *h.add_signatures() = gemmSig(1, 4096, 4096, 4096);
+  addKernel(&h, 1, kNow, 1000000);
+  ASSERT_TRUE(ingest_->batch(s1, h).ok());
+  v1::RecordBatch h2;
+  h2.set_rank(1);
+  h2.set_batch_seq(2);
+  h2.mutable_device()->set_name(std::string("GPU\n\x1b[31mred", 12));
+  addKernel(&h2, 1, kNow + 2000000, 1000000);
+  ASSERT_TRUE(ingest_->batch(s1, h2).ok());
+  EXPECT_EQ(device_of(1), "");
+  EXPECT_EQ(ingest_->counters().bad_device_info.load(), 2u);
+  EXPECT_EQ(ingest_->counters().kernel_records.load(), 3u);
+}
+
 TEST_F(IngestTest, ReportComputesTflopsBusbwShareAndQuantiles) {
   make();
   const uint64_t s0 = connect("job", 0, 8);

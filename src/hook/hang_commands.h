@@ -59,6 +59,7 @@ class CollectiveTracker final : public timing::Sink {
   void flush() override { inner_->flush(); }
   void onApiName(uint32_t id, const std::string& name) override { inner_->onApiName(id, name); }
   void onSpans(std::span<const timing::CompletedSpan> spans) override { inner_->onSpans(spans); }
+  void onDevice(const timing::DeviceDescription& device) override { inner_->onDevice(device); }
   void onDeepTrace(std::span<const timing::DeepTraceRecord> records) override {
     inner_->onDeepTrace(records);
   }

@@ -6,10 +6,12 @@
 #include <pthread.h>
 #include <unistd.h>
 
+#include <cuda.h>
 #include <cuda_runtime_api.h>
 
 #include <atomic>
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -36,6 +38,31 @@ namespace flare::hook {
 thread_local int t_depth = 0;
 
 namespace {
+
+// Driver calls that describe a device (they create no context). Resolved lazily, on the timing
+// thread, the first time an op completes.
+struct DeviceQueryFns {
+  RealFn<CUresult (*)(CUdevice*, int)> get{"cuDeviceGet", "libcuda.so"};
+  RealFn<CUresult (*)(char*, int, CUdevice)> name{"cuDeviceGetName", "libcuda.so"};
+  RealFn<CUresult (*)(CUuuid*, CUdevice)> uuid{"cuDeviceGetUuid_v2", "libcuda.so"};
+  RealFn<CUresult (*)(size_t*, CUdevice)> totalMem{"cuDeviceTotalMem_v2", "libcuda.so"};
+  RealFn<CUresult (*)(int*, CUdevice_attribute, CUdevice)> attribute{"cuDeviceGetAttribute",
+                                                                     "libcuda.so"};
+};
+DeviceQueryFns g_device_query;
+
+// "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx", as nvidia-smi prints it.
+std::string uuidText(const CUuuid& u) {
+  static const char* hex = "0123456789abcdef";
+  std::string out = "GPU-";
+  for (int i = 0; i < 16; ++i) {
+    if (i == 4 || i == 6 || i == 8 || i == 10) out += '-';
+    const auto b = static_cast<unsigned char>(u.bytes[i]);
+    out += hex[b >> 4];
+    out += hex[b & 15];
+  }
+  return out;
+}
 
 // DeviceTimer on the real CUDA runtime.
 class CudaDeviceTimer final : public timing::DeviceTimer {
@@ -90,6 +117,39 @@ class CudaDeviceTimer final : public timing::DeviceTimer {
     int d = 0;
     g_cudart.getDevice.get()(&d);
     return d;
+  }
+  // Timing thread, once: the driver's name, UUID and figures of `device`.
+  bool describeDevice(int device, timing::DeviceDescription* out) override {
+    auto get = g_device_query.get.get();
+    auto name = g_device_query.name.get();
+    CUdevice dev = 0;
+    char text[256] = {};
+    if (!get || !name || get(&dev, device) != CUDA_SUCCESS ||
+        name(text, sizeof(text) - 1, dev) != CUDA_SUCCESS) {
+      return false;
+    }
+    out->index = device;
+    out->name = text;
+    CUuuid u{};
+    if (auto f = g_device_query.uuid.get(); f && f(&u, dev) == CUDA_SUCCESS)
+      out->uuid = uuidText(u);
+    size_t bytes = 0;
+    if (auto f = g_device_query.totalMem.get(); f && f(&bytes, dev) == CUDA_SUCCESS)
+      out->memory_bytes = bytes;
+    auto attr = [&](CUdevice_attribute a) {
+      int v = 0;
+      auto f = g_device_query.attribute.get();
+      return f && f(&v, a, dev) == CUDA_SUCCESS && v > 0 ? static_cast<uint32_t>(v) : 0u;
+    };
+    out->sm_count = attr(CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT);
+    out->clock_khz = attr(CU_DEVICE_ATTRIBUTE_CLOCK_RATE);
+    out->cc_major = attr(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR);
+    out->cc_minor = attr(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR);
+    char bus[32];
+    std::snprintf(bus, sizeof(bus), "%08x:%02x:%02x.0", attr(CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID),
+                  attr(CU_DEVICE_ATTRIBUTE_PCI_BUS_ID), attr(CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID));
+    out->pci_bus_id = bus;
+    return true;
   }
   // Poller thread only: a private non-blocking stream per device carries the reference.
   bool recordReference(int device, void** event) override {

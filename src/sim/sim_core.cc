@@ -63,7 +63,7 @@ Settings loadSettings() {
   Settings s;
   s.rank = rankFromEnv();
   s.devices = static_cast<int>(common::envInt("FLARE_SIM_DEVICES", 8, 1, 1024));
-  s.device_name = common::envString("FLARE_SIM_DEVICE_NAME", "NVIDIA H100 80GB HBM3");
+  s.device_name = common::envString("FLARE_SIM_DEVICE_NAME", "Flare Simulated GPU");
   s.peak_tflops = common::envDouble("FLARE_SIM_PEAK_TFLOPS", 400, 0.001, 1e6);
   s.mem_bw_gbps = common::envDouble("FLARE_SIM_MEM_BW_GBPS", 2000, 0.001, 1e6);
   s.busbw_gbps = common::envDouble("FLARE_SIM_BUSBW_GBPS", 100, 0.001, 1e6);

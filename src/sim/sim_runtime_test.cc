@@ -192,7 +192,7 @@ TEST(SimRuntime, DevicePropertiesLookLikeTheConfiguredGpu) {
   EXPECT_EQ(n, 8);
   cudaDeviceProp prop;
   ASSERT_EQ(cudaGetDeviceProperties(&prop, 3), cudaSuccess);
-  EXPECT_STREQ(prop.name, "NVIDIA H100 80GB HBM3");
+  EXPECT_STREQ(prop.name, "Flare Simulated GPU");
   EXPECT_EQ(prop.major, 9);
   EXPECT_EQ(prop.multiProcessorCount, 132);
   cudaDeviceProp prop0;

@@ -1,5 +1,6 @@
 #include "src/timing/batch_builder.h"
 
+#include <algorithm>
 #include <cctype>
 #include <string_view>
 #include <utility>
@@ -256,14 +257,32 @@ void BatchBuilder::setDrops(const DropCounters& totals) {
   drops_dirty_ = true;
 }
 
+flare::v1::DeviceInfo toProtoDevice(const DeviceDescription& d) {
+  flare::v1::DeviceInfo out;
+  out.set_index(static_cast<uint32_t>(std::max(d.index, 0)));
+  out.set_name(d.name);
+  out.set_uuid(d.uuid);
+  out.set_pci_bus_id(d.pci_bus_id);
+  out.set_sm_count(d.sm_count);
+  out.set_clock_khz(d.clock_khz);
+  out.set_cc_major(d.cc_major);
+  out.set_cc_minor(d.cc_minor);
+  out.set_memory_bytes(d.memory_bytes);
+  return out;
+}
+
+void BatchBuilder::setDevice(const DeviceDescription& device) {
+  device_ = toProtoDevice(device);
+}
+
 void BatchBuilder::flush() {
   if (!aggregator_.empty()) addSummaries();
   const bool has_records =
-      batch_open_ && (batch_.signatures_size() > 0 || batch_.kernels_size() > 0 ||
-                      batch_.summaries_size() > 0 || batch_.collective_blocks_size() > 0 ||
-                      batch_.spans_size() > 0 || batch_.api_names_size() > 0 ||
-                      batch_.deep_trace_size() > 0);
-  if (!has_records && !drops_dirty_) return;
+      batch_open_ &&
+      (batch_.signatures_size() > 0 || batch_.kernels_size() > 0 || batch_.summaries_size() > 0 ||
+       batch_.collective_blocks_size() > 0 || batch_.spans_size() > 0 ||
+       batch_.api_names_size() > 0 || batch_.deep_trace_size() > 0);
+  if (!has_records && !drops_dirty_ && !device_) return;
   if (!batch_open_) openBatch();
   closeBatch();
 }
@@ -282,6 +301,10 @@ void BatchBuilder::closeBatch() {
   drops->set_log_once_suppressed(common::logCounters().once_suppressed);
   if (options_.extra_drops) options_.extra_drops(drops);
   batch_.set_created_ns(common::realtimeNs());
+  if (device_) {
+    *batch_.mutable_device() = std::move(*device_);
+    device_.reset();
+  }
   drops_dirty_ = false;
   batch_size_ = 0;
   emit_(std::move(batch_));

@@ -14,6 +14,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <span>
 #include <string>
 #include <unordered_map>
@@ -59,7 +60,8 @@ class BatchBuilder {
   void addSpans(std::span<const CompletedSpan> spans);
   // Deep-trace (CUPTI) records: always raw, whatever the mode.
   void addDeepTrace(std::span<const DeepTraceRecord> records);
-  void setDrops(const DropCounters& totals);  // cumulative; goes out with the next batch
+  void setDrops(const DropCounters& totals);        // cumulative; goes out with the next batch
+  void setDevice(const DeviceDescription& device);  // goes out once, with the next batch
   // Closes the open batch if it holds anything (or the drop counters changed).
   void flush();
 
@@ -81,12 +83,16 @@ class BatchBuilder {
   common::ClockMap clock_map_;
   DropCounters drops_;
   bool drops_dirty_ = false;
+  std::optional<flare::v1::DeviceInfo> device_;  // not sent yet
   SummaryAggregator aggregator_;
   CollectiveBlockWriter collectives_;              // the open batch's collective blocks
   flare::v1::KernelRecord scratch_;                // a collective being added to a block
   std::unordered_set<uint32_t> summarised_syncs_;  // kSync signatures summarised in MODE_SUMMARY
   std::unordered_map<uint32_t, uint64_t> collective_counts_;  // signature id → count (shape[0])
 };
+
+// The wire form of a DeviceDescription.
+flare::v1::DeviceInfo toProtoDevice(const DeviceDescription& d);
 
 // The wire enum of an OpKind and of a dtype string ("bf16", "fp16", "float32", ...).
 flare::v1::OpKind toProtoKind(OpKind kind);

@@ -161,6 +161,13 @@ void GrpcExporter::onDrops(const DropCounters& totals) {
   builder_.setDrops(totals);
 }
 
+void GrpcExporter::onDevice(const DeviceDescription& device) {
+  if (forked_.load(std::memory_order_relaxed)) return;
+  builder_.setDevice(device);
+  std::lock_guard<std::mutex> lock(mu_);
+  hello_device_ = toProtoDevice(device);
+}
+
 void GrpcExporter::flush() {
   if (forked_.load(std::memory_order_relaxed)) return;
   builder_.flush();
@@ -498,6 +505,10 @@ bool GrpcExporter::streamOnce() {
   hello->set_start_time_unix_ns(start_unix_ns_);
   hello->set_mode(mode());
   hello->set_identity_source(id.source);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (hello_device_) *hello->mutable_device() = *hello_device_;
+  }
   std::string hello_bytes;
   hello_msg.SerializeToString(&hello_bytes);
 

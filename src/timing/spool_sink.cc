@@ -124,6 +124,11 @@ void SpoolSink::onSpans(std::span<const CompletedSpan> spans) {
   }
 }
 
+void SpoolSink::onDevice(const DeviceDescription& device) {
+  if (disabled()) return;
+  builder_.setDevice(device);
+}
+
 void SpoolSink::onDrops(const DropCounters& totals) {
   builder_.setDrops(totals);
 }

@@ -64,6 +64,7 @@ class SpoolSink final : public Sink {
   void onApiName(uint32_t id, const std::string& qualified_name) override;
   void onSpans(std::span<const CompletedSpan> spans) override;
   void onDeepTrace(std::span<const DeepTraceRecord> records) override;
+  void onDevice(const DeviceDescription& device) override;
 
   const std::string& path() const { return path_; }
   bool disabled() const { return disabled_.load(std::memory_order_acquire); }

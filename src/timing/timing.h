@@ -59,6 +59,20 @@ struct OpInfo {
   int32_t peer = -1;       // p2p: peer rank (-1 for groups with several peers)
 };
 
+// What the driver says of a GPU (DeviceTimer::describeDevice): name, UUID and the figures the
+// daemon's peak table and history key use.
+struct DeviceDescription {
+  int index = 0;
+  std::string name;  // "NVIDIA H100 80GB HBM3"
+  std::string uuid;  // "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx"
+  std::string pci_bus_id;
+  uint32_t sm_count = 0;
+  uint32_t clock_khz = 0;
+  uint32_t cc_major = 0;
+  uint32_t cc_minor = 0;
+  uint64_t memory_bytes = 0;
+};
+
 // A completed op, in host monotonic nanoseconds.
 struct CompletedOp {
   OpInfo info;
@@ -126,6 +140,9 @@ class DeviceTimer {
   virtual bool isCapturing(void* stream) = 0;
   virtual uint64_t streamId(void* stream) = 0;
   virtual int currentDevice() = 0;
+  // The device's description from the driver (timing thread, once per device, never on the
+  // launch path). false: unknown (the default; test timers).
+  virtual bool describeDevice(int /*device*/, DeviceDescription* /*out*/) { return false; }
   // Clock calibration, called on the poller thread: creates an event on `device` and records it
   // at once on a stream of that device with no queued work, so that the GPU timestamps it as
   // soon as it reaches it (its GPU time is then the host time of the call plus launch latency).
@@ -148,6 +165,8 @@ class Sink {
   // Traced Python APIs: a name is announced once, before the first span that uses its id.
   virtual void onApiName(uint32_t /*id*/, const std::string& /*qualified_name*/) {}
   virtual void onSpans(std::span<const CompletedSpan> /*spans*/) {}
+  // The GPU of the first op the tracer completed (once per process).
+  virtual void onDevice(const DeviceDescription& /*device*/) {}
   // Deep-trace records (Tracer::pushDeepTrace), in the order they were pushed.
   virtual void onDeepTrace(std::span<const DeepTraceRecord> /*records*/) {}
 };

@@ -357,6 +357,7 @@ struct Tracer::Impl {
   size_t announced_ = 0;
   uint32_t apis_announced_ = 0;
   DropCounters last_drops_;
+  bool device_described_ = false;  // onDevice sent (or the driver could not say)
   int64_t last_flush_ns_ = 0;
   std::vector<StreamHead> heads_out_;
   int64_t last_heads_ns_ = INT64_MIN;
@@ -1079,6 +1080,16 @@ void Tracer::Impl::emitOps() {
     std::vector<CompletedOp>& ops;
     ~Clear() { ops.clear(); }
   } clear{out_};
+  if (!device_described_) {
+    // The first GPU op names the rank's device: ask the driver once, on this thread.
+    for (const CompletedOp& op : out_) {
+      if (op.info.kind == OpKind::kSync) continue;
+      device_described_ = true;
+      DeviceDescription d;
+      if (timer_->describeDevice(op.device, &d)) sink_->onDevice(d);
+      break;
+    }
+  }
   sink_->onOps(out_);
 }
 

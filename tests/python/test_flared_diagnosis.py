@@ -106,3 +106,33 @@ def test_flared_alerts_on_the_underclocked_rank_once_and_not_on_the_healthy_job(
 def test_flare_alerts_fails_clearly_without_a_daemon(build_dir):
     res = flare(build_dir, "alerts", "--daemon-http", "127.0.0.1:1")
     assert res.returncode != 0 and "flare:" in res.stderr
+
+
+def test_flared_learns_each_ranks_gpu_from_the_stream_and_compares_gemms_with_its_peak(
+        build_dir, daemon, tmp_path):
+    # The hello leaves before CUDA is up; the timing thread names the GPU (driver API) with its
+    # first op, in the next batch. flared keys history by it and looks it up in its peak table.
+    run_job(build_dir, daemon, tmp_path, "gpu-named")
+    ranks = json.loads(daemon.get("/api/v1/jobs/gpu-named/ranks"))["ranks"]
+    assert len(ranks) == 8
+    assert {r.get("deviceName") for r in ranks} == {"Flare Simulated GPU"}
+    assert all(r.get("deviceUuid", "").startswith("GPU-") for r in ranks)
+    wait_alerts(daemon, "gpu-named", 1, timeout=3)
+    report = json.loads(daemon.get("/api/v1/jobs/gpu-named/report"))
+    assert report.get("backend") == "Flare Simulated GPU"
+    # At its defaults the simulated GPU reaches what its peak-table entry expects: no alert.
+    assert json.loads(daemon.get("/api/v1/alerts?job=gpu-named"))["alerts"] == []
+    # The volume a rank sends per step, as the daemon measures it (raw mode, 4 layers: every
+    # kernel a record, tens of bytes each, ~150 per step; tables amortized over 6 steps).
+    volume = report["metrics"]["bytesPerRankStep"]
+    assert 2000 < volume < 60000, volume
+    m = re.search(r'flare_job_bytes_per_rank_step\{job="gpu-named"\} ([0-9.e+]+)',
+                  daemon.get("/metrics"))
+    assert m and float(m.group(1)) == pytest.approx(volume, rel=0.05)
+    # The same GPU name with a quarter of the tensor throughput (every GEMM, aligned or not, is
+    # slow, so the job's own best GEMM is no reference): only the device's expected TFLOPS for
+    # each shape shows it.
+    run_job(build_dir, daemon, tmp_path, "gpu-quarter", {"FLARE_SIM_PEAK_TFLOPS": "100"})
+    alerts = wait_alerts(daemon, "gpu-quarter", 1)
+    assert [(a["kind"], a["team"]) for a in alerts] == [("unoptimized_gemm", "infrastructure")]
+    assert "expected for the shape on Flare Simulated GPU" in alerts[0]["message"]

@@ -75,6 +75,16 @@ flare::v1::JobMetrics computeJobMetrics(const JobModel& job, const History* hist
     counts.push_back(n);
   }
   m.set_steps(static_cast<uint32_t>(median(counts)));
+  // Volume: each rank's batch bytes in the window over its step boundaries in the window.
+  std::vector<double> volume;
+  for (const auto& [rank, r] : job.ranks()) {
+    const size_t steps = job.stepStarts(rank).size();
+    if (steps == 0 || r.batch_bytes.empty()) continue;
+    double bytes = 0;
+    for (const auto& b : r.batch_bytes) bytes += static_cast<double>(b.second);
+    volume.push_back(bytes / static_cast<double>(steps));
+  }
+  if (!volume.empty()) m.set_bytes_per_rank_step(median(volume));
   m.set_steps_per_second(median(rates));
   const uint64_t samples = samples_per_step > 0 ? samples_per_step : reported_samples;
   m.set_samples_per_second(m.steps_per_second() * static_cast<double>(samples));

@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <span>
 
 #include "src/engine/diagnosis/detectors.h"
@@ -86,6 +87,17 @@ TEST(JobMetrics, ThroughputTflopsAndBusbwMatchHandComputedValues) {
   EXPECT_EQ(m.busbw(0).instances(), 3u);
   EXPECT_NEAR(m.busbw(0).busbw_gbps(), 15.0, 1e-9);
   EXPECT_FALSE(m.has_baseline());
+  // Volume: each rank's one batch over its 5 step boundaries; ranks' batches differ only in the
+  // step times' varint lengths, so the median is one of them.
+  std::vector<double> per_rank;
+  for (const auto& [rank, r] : job.ranks()) {
+    ASSERT_EQ(r.batch_bytes.size(), 1u);
+    per_rank.push_back(static_cast<double>(r.batch_bytes[0].second) / 5);
+  }
+  std::sort(per_rank.begin(), per_rank.end());
+  EXPECT_GT(m.bytes_per_rank_step(), 0);
+  EXPECT_GE(m.bytes_per_rank_step(), per_rank.front());
+  EXPECT_LE(m.bytes_per_rank_step(), per_rank.back());
 }
 
 stats::LatencySketch sketchOf(int64_t first_us, int64_t last_us) {

@@ -54,6 +54,16 @@ void JobModel::setRankInfo(int rank, const std::string& host, const std::string&
 void JobModel::addBatch(int rank, const flare::v1::RecordBatch& batch) {
   RankData& r = ranks_[rank];
   r.rank = rank;
+  r.batch_bytes.emplace_back(batch.created_ns(), batch.ByteSizeLong());
+  if (batch.has_device()) {
+    // The rank's GPU (sent once, after its first op): offline spools carry it too. A name that
+    // is empty, overlong or holds control characters is ignored.
+    const std::string& name = batch.device().name();
+    const bool printable = std::none_of(name.begin(), name.end(), [](char c) {
+      return static_cast<unsigned char>(c) < 0x20 || c == 0x7f;
+    });
+    if (!name.empty() && name.size() <= 256 && printable) r.device_name = name;
+  }
   for (const auto& s : batch.signatures()) r.sig_ids[s.id()] = internSignature(s);
   for (const auto& a : batch.api_names()) r.api_ids[a.id()] = internApi(a.qualified_name());
   for (const auto& k : batch.kernels()) {
@@ -147,6 +157,7 @@ void JobModel::trim(int64_t before_ns, size_t max_ops_per_rank) {
     std::erase_if(r.spans, [before_ns](const Span& s) { return s.end < before_ns; });
     std::erase_if(r.summaries, [before_ns](const SummaryWindow& w) { return w.end < before_ns; });
     std::erase_if(r.step_starts, [before_ns](int64_t t) { return t < before_ns; });
+    std::erase_if(r.batch_bytes, [before_ns](const auto& b) { return b.first < before_ns; });
   }
 }
 
@@ -191,6 +202,9 @@ JobModel JobModel::sinceStep(size_t step) const {
     }
     for (int64_t t : r.step_starts) {
       if (t >= t0) o.step_starts.push_back(t);
+    }
+    for (const auto& b : r.batch_bytes) {
+      if (b.first >= t0) o.batch_bytes.push_back(b);
     }
   }
   return out;

@@ -69,10 +69,12 @@ struct RankData {
   std::string device_name;
   std::vector<Op> ops;
   std::vector<Span> spans;
-  std::vector<SummaryWindow> summaries;            // MODE_SUMMARY: compute ops arrive only as these
-  std::vector<int64_t> step_starts;                // explicit step markers, if the rank sent any
-  uint64_t step_samples = 0;                       // batch size of its latest step marker (0: ?)
-  flare::v1::DropCounters drops;                   // the latest cumulative counters
+  std::vector<SummaryWindow> summaries;  // MODE_SUMMARY: compute ops arrive only as these
+  std::vector<int64_t> step_starts;      // explicit step markers, if the rank sent any
+  uint64_t step_samples = 0;             // batch size of its latest step marker (0: ?)
+  flare::v1::DropCounters drops;         // the latest cumulative counters
+  // Encoded size of each batch (its created_ns, bytes): what the rank sends per step.
+  std::vector<std::pair<int64_t, uint64_t>> batch_bytes;
   std::unordered_map<uint32_t, uint32_t> sig_ids;  // rank's signature id -> job id
   std::unordered_map<uint32_t, uint32_t> api_ids;  // rank's API id -> job id
   uint64_t unknown_signature_records = 0;          // records whose table entry never came

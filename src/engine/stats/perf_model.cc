@@ -103,6 +103,10 @@ const PeakTable& PeakTable::builtin() {
     t.add(entry("A800 PCIe", 19.5, 156, 312, 312, 0, 1935, 108, {{"a800", "pcie"}}));
     t.add(entry("B200", 75, 1125, 2250, 2250, 4500, 8000, 148, {{"b200"}}));
     t.add(entry("L40S", 91.6, 183, 362, 362, 733, 864, 142, {{"l40s"}}));
+    // src/sim's GPU at its defaults (FLARE_SIM_PEAK_TFLOPS 400, FLARE_SIM_MEM_BW_GBPS 2000):
+    // the simulated stack is not an H100 and does not claim to be one.
+    t.add(
+        entry("Flare Simulated GPU", 50, 200, 400, 400, 800, 2000, 132, {{"flare", "simulated"}}));
     return t;
   }();
   return table;
