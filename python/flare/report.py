@@ -257,6 +257,74 @@ def flatten(value, prefix=""):
         yield prefix, value
 
 
+def _fmt_bytes(n):
+    n = float(n)
+    return "%.0f B" % n if n < 1024 else ("%.2f KiB" % (n / 1024) if n < 1 << 20
+                                         else "%.2f MiB" % (n / (1 << 20)))
+
+
+def format_reported(reported):
+    """The daemon's own figures (GetReportResponse beyond the kernel table: the detectors' five
+    metrics, the history key): readable lines; fields this version does not know are printed
+    as key/value pairs rather than dropped."""
+    out = []
+    rep = dict(reported or {})
+    jm = dict(rep.pop("metrics", None) or {})
+    backend, scale = rep.pop("backend", None), rep.pop("scale", None)
+    runs = rep.pop("baselineRuns", None)
+    if backend or scale:
+        out.append("  %-16s %s, %s ranks; %s healthy baseline run%s of this backend and scale" % (
+            "device", backend or "(unknown)", scale if scale is not None else "?",
+            runs or 0, "" if runs == 1 else "s"))
+    if jm:
+        jm.pop("computedUnixNs", None)
+        jm.pop("baselineRuns", None)
+        steps, sps = jm.pop("steps", 0), _num(jm.pop("stepsPerSecond", 0))
+        samples = _num(jm.pop("samplesPerSecond", 0))
+        if steps or sps:
+            out.append("  %-16s %.2f steps/s over %s steps%s" % (
+                "throughput", sps, steps,
+                ", %.0f samples/s" % samples if samples else " (batch size unknown)"))
+        tflops = _num(jm.pop("tflops", 0))
+        per_rank = jm.pop("rankTflops", []) or []
+        if tflops or per_rank:
+            line = "  %-16s %.1f TFLOPS job-wide (GEMM/attention)" % ("FLOPS", tflops)
+            if per_rank:
+                vals = sorted((_num(r.get("tflops")), r.get("rank", 0)) for r in per_rank)
+                line += "; per rank %.1f (r%s) .. %.1f (r%s), median %.1f" % (
+                    vals[0][0], vals[0][1], vals[-1][0], vals[-1][1],
+                    _median([v for v, _ in vals]))
+            out.append(line)
+            if per_rank and len(per_rank) <= 16:
+                cells = ["r%s %.1f" % (r.get("rank", 0), _num(r.get("tflops")))
+                         for r in sorted(per_rank, key=lambda r: r.get("rank", 0))]
+                out.append("  %-16s %s" % ("", "  ".join(cells)))
+        for bw in jm.pop("busbw", []) or []:
+            out.append("  %-16s %s: %.1f GB/s over %s instances" % (
+                "bus bandwidth", bw.get("kind", "?"), _num(bw.get("busbwGbps")),
+                bw.get("instances", 0)))
+        has_base = jm.pop("hasBaseline", False)
+        w1, thr = jm.pop("issueLatencyW1Ns", None), jm.pop("issueLatencyW1ThresholdNs", None)
+        if has_base:
+            over = _num(w1) > _num(thr) > 0
+            out.append("  %-16s W1 %s from healthy history (threshold %s)%s" % (
+                "issue latency", fmt_ns(_num(w1)), fmt_ns(_num(thr)),
+                " — ABOVE" if over else ""))
+        vi, vm = jm.pop("vInter", None), jm.pop("vMinority", None)
+        if vi is not None or vm is not None:
+            out.append("  %-16s V_inter %s, V_minority %s (median over ranks)" % (
+                "void", fmt_pct(_num(vi)), fmt_pct(_num(vm))))
+        volume = jm.pop("bytesPerRankStep", None)
+        if volume:
+            out.append("  %-16s %s per rank per step (as received)" % ("volume",
+                                                                        _fmt_bytes(volume)))
+        for key, value in flatten(jm, "metrics"):
+            out.append("  %-16s %s" % (key, value))
+    for key, value in flatten(rep):
+        out.append("  %-16s %s" % (key, value))
+    return out
+
+
 def format_text(data, top=25):
     out = []
     ranks = data.get("ranks", [])
@@ -305,8 +373,7 @@ def format_text(data, top=25):
         out.append(line)
     if data.get("series") is None:
         out.append("  (no per-step series: the daemon has no detector window for this job)")
-    for key, value in flatten(m.get("reported", {})):
-        out.append("  %-16s %s" % (key, value))
+    out.extend(format_reported(m.get("reported", {})))
     out.append("")
     kernels = data.get("kernels", [])
     shown = kernels[:top] if top else kernels

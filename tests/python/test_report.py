@@ -5,6 +5,7 @@ step times, the HTML page in headless Chromium (DOM after its script ran, and a 
 the failure paths (daemon down, unknown job, bad input)."""
 import html.parser
 import json
+import re
 import os
 import shutil
 import signal
@@ -185,6 +186,11 @@ def test_report_text_names_the_rank_the_kernels_and_the_metrics(build_dir, job):
     assert "Flare report: job slowgpu (8 ranks" in out
     assert "[operations] rank 3: GPU slow" in out
     assert "step time        median" in out and "issue latency    p50" in out
+    # The daemon's five metrics as readable lines, not raw JSON paths.
+    assert "metrics.rankTflops" not in out and "rankTflops[" not in out
+    assert re.search(r"throughput +\d+\.\d+ steps/s over \d+ steps", out), out
+    assert re.search(r"FLOPS +\d+\.\d TFLOPS job-wide .*per rank [\d.]+ \(r3\)", out), out
+    assert "device           Flare Simulated GPU, 8 ranks" in out
     report = job["daemon"].get("/api/v1/jobs/slowgpu/report")
     rows = [line for line in out.splitlines() if line.startswith("  cublas")]
     gemms = [s for s in report["signatures"] if s["signature"]["name"].startswith("cublas")]
@@ -429,6 +435,36 @@ def test_unknown_report_fields_are_rendered_not_dropped():
     assert "fiveMetrics.voidInter" in page and "changeVsHistory" in page
     assert "j&lt;1&gt;" in page and "j<1>" not in page  # escaped
     assert 'id="no-series"' in page
+
+
+def test_daemon_metrics_are_formatted_for_people():
+    sys.path.insert(0, os.path.join(ROOT, "python"))
+    try:
+        from flare import report
+    finally:
+        sys.path.pop(0)
+    lines = report.format_reported({
+        "backend": "NVIDIA H100 80GB HBM3", "scale": 8, "baselineRuns": 2,
+        "metrics": {"steps": 40, "stepsPerSecond": 2.5, "samplesPerSecond": 80, "tflops": 312.4,
+                    "rankTflops": [{"rank": 0, "tflops": 330.0}, {"rank": 1, "tflops": 250.5},
+                                   {"rank": 2, "tflops": 331.0}],
+                    "busbw": [{"kind": "all_reduce", "busbwGbps": 180.25, "instances": "64"}],
+                    "hasBaseline": True, "issueLatencyW1Ns": 3000000,
+                    "issueLatencyW1ThresholdNs": 1000000, "vInter": 0.125, "vMinority": 0.05,
+                    "bytesPerRankStep": 2300, "computedUnixNs": "1", "newField": 7},
+        "somethingNew": {"a": 1}})
+    text = "\n".join(lines)
+    assert "NVIDIA H100 80GB HBM3, 8 ranks; 2 healthy baseline runs" in text
+    assert "2.50 steps/s over 40 steps, 80 samples/s" in text
+    assert "312.4 TFLOPS job-wide" in text and "250.5 (r1) .. 331.0 (r2), median 330.0" in text
+    assert "r0 330.0  r1 250.5  r2 331.0" in text
+    assert "all_reduce: 180.2 GB/s over 64 instances" in text
+    assert "W1 3.00 ms from healthy history (threshold 1.00 ms) — ABOVE" in text
+    assert "V_inter 12.5%, V_minority 5.0%" in text
+    assert "2.25 KiB per rank per step" in text
+    # Unknown fields stay visible; known ones are not repeated raw.
+    assert "metrics.newField" in text and "somethingNew.a" in text
+    assert "rankTflops" not in text and "computedUnixNs" not in text
 
 
 def test_report_after_a_daemon_restart_keeps_the_kernels_and_alerts(build_dir, job):
