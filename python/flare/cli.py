@@ -33,6 +33,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.parse
@@ -103,8 +104,138 @@ TOOLS = {"export": "flare-export", "timeline": "flare-timeline",
 
 def run_tool(what, rest):
     """export / timeline / diagnose-spool on an offline spool: the C++ programs, their arguments
-    passed through, their exit code returned."""
-    return subprocess.call([find_tool(TOOLS[what])] + list(rest))
+    passed through, their exit code returned. `flare timeline|export --job ID` without --input
+    first fetches the job's records from flared into a temporary spool (fetch_job_records)."""
+    rest = list(rest)
+    if what in ("timeline", "export") and "--input" not in rest and "--job" in rest:
+        return run_tool_on_daemon(what, rest)
+    return subprocess.call([find_tool(TOOLS[what])] + rest)
+
+
+class Progress:
+    """A one-line progress indicator on stderr, only when stderr is a terminal (and not
+    --quiet): `what  i/n  bytes`, rewritten in place, cleared at the end."""
+
+    def __init__(self, what, total, quiet=False, stream=None):
+        self.stream = stream or sys.stderr
+        self.on = not quiet and hasattr(self.stream, "isatty") and self.stream.isatty()
+        self.what, self.total, self.done, self.bytes = what, total, 0, 0
+
+    def step(self, nbytes):
+        self.done += 1
+        self.bytes += nbytes
+        if self.on:
+            width = 24
+            fill = int(width * self.done / max(self.total, 1))
+            self.stream.write("\r%s [%s%s] %d/%d ranks, %.1f MiB" % (
+                self.what, "#" * fill, "." * (width - fill), self.done, self.total,
+                self.bytes / (1 << 20)))
+            self.stream.flush()
+
+    def close(self):
+        if self.on:
+            self.stream.write("\r\033[K")
+            self.stream.flush()
+
+
+def _take(args, flag, has_value=True):
+    """Removes `flag` (and its value) from args; returns the value (True for a bare flag)."""
+    for i, a in enumerate(args):
+        if a == flag:
+            if not has_value:
+                del args[i]
+                return True
+            if i + 1 >= len(args):
+                raise CliError("%s needs a value" % flag, code=2)
+            value = args[i + 1]
+            del args[i:i + 2]
+            return value
+        if has_value and a.startswith(flag + "="):
+            del args[i]
+            return a.split("=", 1)[1]
+    return None
+
+
+def fetch_job_records(base, job, ranks, folder, timeout=60.0, quiet=False):
+    """The job's records from flared (GET /api/v1/jobs/{job}/records, one request per rank so
+    that progress can be shown) written as an offline spool: FOLDER/<job>/<rank>/records-0.pb.
+    Returns the number of ranks written."""
+    quoted = urllib.parse.quote(job, safe="")
+    listed = http_get(base, "/api/v1/jobs/%s/ranks" % quoted, timeout)
+    known = sorted(as_int(r.get("rank", 0)) for r in listed.get("ranks", []))
+    wanted = [r for r in known if ranks is None or r in ranks]
+    if not wanted:
+        raise CliError("job %s has no %s at the daemon" % (
+            job, "ranks" if ranks is None else "ranks in --ranks"), code=1)
+    progress = Progress("fetching %s" % job, len(wanted), quiet)
+    written = 0
+    try:
+        for rank in wanted:
+            url = "http://%s/api/v1/jobs/%s/records?ranks=%d" % (base, quoted, rank)
+            try:
+                with urllib.request.urlopen(url, timeout=timeout) as resp:
+                    data = resp.read()
+            except urllib.error.HTTPError as e:
+                try:
+                    why = json.loads(e.read()).get("error", "")
+                except (ValueError, AttributeError):
+                    why = ""
+                raise CliError("daemon at %s answered %d for the records of job %s%s" % (
+                    base, e.code, job, (": " + why) if why else ""), code=3)
+            except (urllib.error.URLError, OSError) as e:
+                raise CliError("cannot reach the daemon's HTTP API at %s: %s" % (
+                    base, getattr(e, "reason", e)), code=3)
+            progress.step(len(data))
+            if not data:
+                continue
+            out = os.path.join(folder, job, str(rank))
+            os.makedirs(out, exist_ok=True)
+            with open(os.path.join(out, "records-0.pb"), "wb") as f:
+                f.write(data)
+            written += 1
+    finally:
+        progress.close()
+    return written
+
+
+def parse_rank_list(text):
+    ranks = set()
+    for item in text.split(","):
+        item = item.strip()
+        if not item:
+            continue
+        try:
+            if "-" in item:
+                a, b = item.split("-", 1)
+                ranks.update(range(int(a), int(b) + 1))
+            else:
+                ranks.add(int(item))
+        except ValueError:
+            raise CliError("--ranks: a list like 0-7,64 (got %r)" % text, code=2)
+    return ranks
+
+
+def run_tool_on_daemon(what, rest):
+    """`flare timeline --job ID [--ranks L] [--steps A-B] -o FILE [--daemon-http H]` and `flare
+    export --job ID`: the records flared holds for the job, fetched into a temporary spool, then
+    the same offline tool."""
+    base = _take(rest, "--daemon-http") or os.environ.get("FLARE_DAEMON_HTTP") or DEFAULT_HTTP
+    quiet = bool(_take(rest, "--quiet", has_value=False))
+    timeout = float(_take(rest, "--timeout") or 60.0)
+    job = rest[rest.index("--job") + 1] if rest.index("--job") + 1 < len(rest) else None
+    if not job:
+        raise CliError("--job needs a value", code=2)
+    ranks = None
+    if "--ranks" in rest and rest.index("--ranks") + 1 < len(rest):
+        ranks = parse_rank_list(rest[rest.index("--ranks") + 1])
+    with tempfile.TemporaryDirectory(prefix="flare-records-") as folder:
+        fetch_job_records(base, job, ranks, folder, timeout=timeout, quiet=quiet)
+        if what == "export":
+            _take(rest, "--job")  # flare-export reads one folder
+            _take(rest, "--ranks")
+            return subprocess.call([find_tool(TOOLS[what]), "--input",
+                                    os.path.join(folder, job)] + rest)
+        return subprocess.call([find_tool(TOOLS[what]), "--input", folder] + rest)
 
 
 def append_preload(current, hook):
@@ -715,9 +846,10 @@ def build_parser():
     d.add_argument("--timeout", type=float, default=5.0, help="seconds per request")
     d.set_defaults(func=cmd_deep_trace)
     add_hang_parser(sub)
-    for name, what in (("export", "records of an offline spool as JSON lines (flare-export)"),
-                       ("timeline", "a Perfetto/Kineto trace from an offline spool "
-                                    "(flare-timeline)"),
+    for name, what in (("export", "records of an offline spool (or of a job flared holds: --job "
+                                  "ID) as JSON lines (flare-export)"),
+                       ("timeline", "a Perfetto/Kineto trace from an offline spool, or of a "
+                                    "job flared holds (--job ID without --input; flare-timeline)"),
                        ("diagnose-spool", "the detectors on an offline spool (flare-diagnose)")):
         # Dispatched in main() before parsing, so that every argument reaches the tool.
         sub.add_parser(name, help=what, add_help=False,

@@ -265,6 +265,25 @@ void Analyzer::enrichReport(v1::GetReportResponse* report) const {
   }
 }
 
+std::optional<std::vector<v1::RecordBatch>> Analyzer::recordBatches(
+    const std::string& job_id, const std::vector<int>& ranks) const {
+  std::lock_guard lock(mu_);
+  auto it = jobs_.find(job_id);
+  if (it == jobs_.end()) return std::nullopt;
+  std::vector<v1::RecordBatch> out;
+  const JobModel& model = it->second.model;
+  if (ranks.empty()) {
+    for (const auto& [rank, data] : model.ranks()) {
+      if (auto b = model.rankBatch(rank)) out.push_back(std::move(*b));
+    }
+  } else {
+    for (int rank : ranks) {
+      if (auto b = model.rankBatch(rank)) out.push_back(std::move(*b));
+    }
+  }
+  return out;
+}
+
 std::optional<std::string> Analyzer::seriesJson(const std::string& job_id,
                                                 const SeriesOptions& options,
                                                 const std::string& baseline_job) {

@@ -77,6 +77,10 @@ class Analyzer {
   std::vector<v1::Alert> run(int64_t now_ns);
   // The current diagnoses of one job (not deduplicated): the on-demand query.
   std::vector<Diagnosis> diagnoseJob(const std::string& job_id);
+  // The records of `ranks` (all when empty) in the job's window, one RecordBatch per rank
+  // (JobModel::rankBatch), in rank order; nullopt when the job has no window.
+  std::optional<std::vector<v1::RecordBatch>> recordBatches(const std::string& job_id,
+                                                            const std::vector<int>& ranks) const;
   // The plot series of one job's window as JSON (diagnosis/series.h); nullopt when the job has
   // no window. `baseline_job` names a job whose window is the issue-latency reference (empty or
   // unknown: no baseline).

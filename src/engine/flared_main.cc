@@ -2,6 +2,7 @@
 // starts the gRPC and HTTP adapters, and runs the persistence/maintenance loop on the main
 // thread until SIGINT/SIGTERM. See src/engine/README.md and docs/configuration.md.
 #include <google/protobuf/stubs/logging.h>
+#include <google/protobuf/util/delimited_message_util.h>
 #include <google/protobuf/util/json_util.h>
 #include <signal.h>
 #include <unistd.h>
@@ -207,6 +208,53 @@ HttpResponse seriesResponse(Analyzer& analyzer, const std::string& job, const Ht
         "{\"error\":" + flare::common::jsonQuote("no detector window for job " + job) + "}\n"};
   }
   return HttpResponse{200, "application/json", *out};
+}
+
+// GET /api/v1/jobs/{job}/records[?ranks=0-7,64]: the raw records flared holds for a job — the
+// detectors' window (every rank's ops, spans, step markers and kernel summaries; one batch per
+// rank) followed by the deep-trace (CUPTI) records the store keeps of those ranks — as a
+// protobuf delimited stream of RecordBatch, the spool file format (src/timing/spool_sink.h), so
+// that `flare timeline --job` and `flare export --job` run the offline tools on it.
+HttpResponse recordsResponse(const Analyzer& analyzer, Store* store, const std::string& job,
+                             const HttpRequest& r) {
+  auto fail = [](int status, const std::string& what) {
+    return HttpResponse{status, "application/json",
+                        "{\"error\":" + flare::common::jsonQuote(what) + "}\n"};
+  };
+  std::vector<int> ranks;
+  if (const auto it = r.query.find("ranks"); it != r.query.end()) {
+    std::stringstream list(it->second);
+    std::string item;
+    while (std::getline(list, item, ',')) {
+      if (item.empty()) continue;
+      const size_t dash = item.find('-');
+      uint64_t a = 0, b = 0;
+      const bool ok = dash == std::string::npos ? parseU64(item, &a) && (b = a, true)
+                                                : parseU64(item.substr(0, dash), &a) &&
+                                                      parseU64(item.substr(dash + 1), &b);
+      if (!ok || a > b || b > (1u << 30) || b - a > (1u << 20))
+        return fail(400, "ranks: a list like 0-7,64");
+      for (uint64_t v = a; v <= b; ++v) ranks.push_back(static_cast<int>(v));
+    }
+  }
+  const auto batches = analyzer.recordBatches(job, ranks);
+  if (!batches) {
+    return fail(404, "no records of job " + job +
+                         " in flared's window (finished more than the window ago, or flared "
+                         "restarted since; export the ranks' spools offline instead)");
+  }
+  std::ostringstream body;
+  for (const auto& b : *batches) {
+    google::protobuf::util::SerializeDelimitedToOstream(b, &body);
+    if (store == nullptr) continue;
+    flare::v1::RecordBatch deep;
+    deep.set_rank(b.rank());
+    for (DeepTraceRow& row : store->deepTrace(job, b.rank(), 1000000))
+      *deep.add_deep_trace() = std::move(row.record);
+    if (deep.deep_trace_size() > 0)
+      google::protobuf::util::SerializeDelimitedToOstream(deep, &body);
+  }
+  return HttpResponse{200, "application/x-protobuf", body.str()};
 }
 
 }  // namespace
@@ -470,6 +518,16 @@ int main(int argc, char** argv) {
       const std::string job =
           r.path.substr(prefix.size(), r.path.size() - prefix.size() - suffix.size());
       return HttpResponse{200, "application/json", diagnosesToJson(analyzer.diagnoseJob(job))};
+    }
+    // /api/v1/jobs/{job}/records: the job's raw records (flare timeline/export --job).
+    const std::string rsuffix = "/records";
+    if (r.path.size() > prefix.size() + rsuffix.size() && r.path.rfind(prefix, 0) == 0 &&
+        r.path.compare(r.path.size() - rsuffix.size(), rsuffix.size(), rsuffix) == 0) {
+      if (r.method != "GET")
+        return HttpResponse{405, "application/json", "{\"error\":\"GET only\"}\n"};
+      return recordsResponse(
+          analyzer, store.get(),
+          r.path.substr(prefix.size(), r.path.size() - prefix.size() - rsuffix.size()), r);
     }
     // /api/v1/jobs/{job}/series: per rank x step series for plots (flare report --html).
     const std::string ssuffix = "/series";

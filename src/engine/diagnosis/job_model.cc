@@ -82,6 +82,7 @@ void JobModel::addBatch(int rank, const flare::v1::RecordBatch& batch) {
     op.start = k.start_ns();
     op.end = std::max(k.end_ns(), k.start_ns());
     op.stream = k.stream_id();
+    op.device = k.device();
     op.flops = k.flops() ? k.flops() : signatures_[op.sig].flops_per_call();
     op.bytes = k.bytes() ? k.bytes() : signatures_[op.sig].bytes_per_call();
     op.parent_span = k.parent_span_id();
@@ -132,6 +133,74 @@ void JobModel::addBatch(int rank, const flare::v1::RecordBatch& batch) {
     if (st.samples() > 0) r.step_samples = st.samples();
   }
   if (batch.has_drops()) r.drops = batch.drops();
+}
+
+std::optional<flare::v1::RecordBatch> JobModel::rankBatch(int rank) const {
+  auto it = ranks_.find(rank);
+  if (it == ranks_.end()) return std::nullopt;
+  const RankData& r = it->second;
+  flare::v1::RecordBatch b;
+  b.set_rank(rank);
+  for (size_t i = 0; i < signatures_.size(); ++i) {
+    flare::v1::Signature* s = b.add_signatures();
+    *s = signatures_[i];
+    s->set_id(static_cast<uint32_t>(i + 1));
+  }
+  for (size_t i = 0; i < apis_.size(); ++i) {
+    flare::v1::ApiName* a = b.add_api_names();
+    a->set_id(static_cast<uint32_t>(i + 1));
+    a->set_qualified_name(apis_[i]);
+  }
+  for (const Op& op : r.ops) {
+    flare::v1::KernelRecord* k = b.add_kernels();
+    k->set_signature_id(op.sig + 1);
+    k->set_stream_id(op.stream);
+    k->set_device(op.device);
+    k->set_issue_ns(op.issue);
+    k->set_start_ns(op.start);
+    k->set_end_ns(op.end);
+    k->set_issue_latency_ns(op.start - op.issue);
+    if (op.flops != signatures_[op.sig].flops_per_call()) k->set_flops(op.flops);
+    if (op.bytes != signatures_[op.sig].bytes_per_call()) k->set_bytes(op.bytes);
+    k->set_parent_span_id(op.parent_span);
+    k->set_thread_id(op.thread);
+    if (op.comm != 0 || op.nranks != 0) {
+      k->mutable_collective()->set_comm_hash(op.comm);
+      k->mutable_collective()->set_seq(op.seq);
+      k->mutable_collective()->set_nranks(op.nranks);
+    }
+  }
+  for (const Span& s : r.spans) {
+    flare::v1::ApiSpan* a = b.add_spans();
+    a->set_id(s.id);
+    a->set_api_id(s.api + 1);
+    a->set_thread_id(s.thread);
+    a->set_start_ns(s.start);
+    a->set_end_ns(s.end);
+    if (s.gc_generation >= 0) a->mutable_gc()->set_generation(s.gc_generation);
+  }
+  for (const SummaryWindow& w : r.summaries) {
+    flare::v1::KernelSummary* ks = b.add_summaries();
+    ks->set_signature_id(w.sig + 1);
+    ks->set_stream_id(w.stream);
+    ks->set_window_start_ns(w.start);
+    ks->set_window_end_ns(w.end);
+    for (const stats::DurationCluster& c : w.clusters) {
+      auto* out = ks->add_clusters();
+      out->set_count(c.count);
+      out->set_p50_ns(static_cast<int64_t>(c.p50));
+      out->set_p99_ns(static_cast<int64_t>(c.p99));
+      out->set_sum_ns(static_cast<int64_t>(c.sum));
+    }
+  }
+  for (size_t i = 0; i < r.step_starts.size(); ++i) {
+    flare::v1::StepMarker* st = b.add_steps();
+    st->set_step(i);
+    st->set_start_ns(r.step_starts[i]);
+  }
+  if (!r.device_name.empty()) b.mutable_device()->set_name(r.device_name);
+  *b.mutable_drops() = r.drops;
+  return b;
 }
 
 uint64_t SummaryWindow::count() const {

@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -33,6 +34,7 @@ struct Op {
   uint64_t comm = 0;  // collectives: communicator hash
   uint64_t seq = 0;
   int32_t nranks = 0;
+  int32_t device = 0;  // CUDA device ordinal in the rank's process
   uint64_t flops = 0;
   uint64_t bytes = 0;
   uint64_t parent_span = 0;
@@ -99,6 +101,13 @@ class JobModel {
   const std::map<int, RankData>& ranks() const { return ranks_; }
   const std::vector<flare::v1::Signature>& signatures() const { return signatures_; }
   const std::vector<std::string>& apis() const { return apis_; }
+
+  // What the model holds of `rank` as one RecordBatch (job-wide signature and API ids + 1 as the
+  // batch's ids; every signature and API name of the job in its tables; ops as KernelRecords,
+  // spans, step boundaries as StepMarkers, kernel summaries): the records flared exports for a
+  // timeline (GET /api/v1/jobs/{job}/records). Correlation ids and span parents are not kept by
+  // the model and stay 0. nullopt when the rank is unknown.
+  std::optional<flare::v1::RecordBatch> rankBatch(int rank) const;
 
   // Step boundaries of a rank: explicit markers, else the starts of its DataLoader `__next__`
   // spans (the definition). Empty when neither was recorded.
