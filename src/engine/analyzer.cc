@@ -179,16 +179,23 @@ std::vector<Diagnosis> Analyzer::diagnoseJob(const std::string& job_id) {
 std::optional<v1::HealthyBaseline> Analyzer::addBaseline(const std::string& job_id,
                                                          const std::string& backend, int64_t now_ns,
                                                          std::string* error) {
-  std::lock_guard lock(mu_);
+  std::unique_lock lock(mu_);
   auto it = jobs_.find(job_id);
+  std::optional<StoredJob> stored;
   if (it == jobs_.end() || it->second.model.opCount() == 0) {
-    *error = "job " + job_id +
-             " has no records in the detectors' window (flared keeps each job's last records "
-             "since it started)";
-    return std::nullopt;
+    // Not in memory (flared restarted, or the job left the window): from its stored records.
+    lock.unlock();
+    stored = jobFromStore(job_id);
+    lock.lock();
+    if (!stored || stored->model.opCount() == 0) {
+      *error = "job " + job_id +
+               " has no records in the detectors' window nor raw records in the store (run "
+               "flared with --store-raw 1, the default, to mark finished jobs later)";
+      return std::nullopt;
+    }
   }
-  const JobWindow& w = it->second;
-  v1::HealthyBaseline b = makeBaseline(w.model);
+  const JobModel& model = stored ? stored->model : jobs_.at(job_id).model;
+  v1::HealthyBaseline b = makeBaseline(model);
   auto sketch = stats::LatencySketch::deserialize(std::span<const uint8_t>(
       reinterpret_cast<const uint8_t*>(b.issue_latency().data()), b.issue_latency().size()));
   if (!sketch || sketch->count() < 30) {
@@ -196,8 +203,14 @@ std::optional<v1::HealthyBaseline> Analyzer::addBaseline(const std::string& job_
     return std::nullopt;
   }
   b.set_job_id(job_id);
-  b.set_backend(backend.empty() ? w.backend : backend);
-  b.set_scale(scaleOf(w));
+  if (stored) {
+    b.set_backend(backend.empty() ? stored->backend : backend);
+    b.set_scale(stored->scale);
+  } else {
+    const JobWindow& w = jobs_.at(job_id);
+    b.set_backend(backend.empty() ? w.backend : backend);
+    b.set_scale(scaleOf(w));
+  }
   b.set_added_unix_ns(now_ns);
   if (store_ != nullptr) {
     store_->putBaseline(kBaselinePrefix + job_id, b.SerializeAsString(), now_ns);
@@ -265,13 +278,70 @@ void Analyzer::enrichReport(v1::GetReportResponse* report) const {
   }
 }
 
+std::optional<Analyzer::StoredJob> Analyzer::jobFromStore(const std::string& job_id) const {
+  if (store_ == nullptr) return std::nullopt;
+  constexpr size_t kMaxRecords = 4'000'000;  // ~100 B each in memory
+  const std::vector<RawRecord> rows = store_->rawRecords(job_id, INT64_MIN, INT64_MAX, kMaxRecords);
+  if (rows.empty()) return std::nullopt;
+  if (rows.size() == kMaxRecords) {
+    FLARE_LOG_WARN("engine", "job {}: only its oldest {} stored raw records are used", job_id,
+                   kMaxRecords);
+  }
+  std::vector<v1::Signature> sigs;
+  for (const SignatureRow& row : store_->loadSignatures()) {
+    if (row.job_id != job_id) continue;
+    v1::Signature s;
+    if (!s.ParseFromString(row.signature)) continue;
+    s.set_id(row.sig_id);
+    sigs.push_back(std::move(s));
+  }
+  std::map<int32_t, v1::RecordBatch> batches;
+  for (const RawRecord& r : rows) {
+    v1::RecordBatch& b = batches[r.rank];
+    if (b.signatures_size() == 0) {
+      b.set_rank(r.rank);
+      for (const auto& s : sigs) *b.add_signatures() = s;
+    }
+    v1::KernelRecord* k = b.add_kernels();
+    k->set_signature_id(r.sig_id);
+    k->set_stream_id(r.stream);
+    k->set_issue_ns(r.issue_ns);
+    k->set_start_ns(r.start_ns);
+    k->set_end_ns(r.end_ns);
+    k->set_issue_latency_ns(r.start_ns - r.issue_ns);
+    k->set_flops(r.flops);
+    k->set_bytes(r.bytes);
+  }
+  StoredJob out;
+  for (const auto& [rank, b] : batches) out.model.addBatch(rank, b);
+  int32_t backend_rank = INT32_MAX;
+  for (const RankRow& row : store_->loadRanks()) {
+    if (row.job_id != job_id || !out.model.ranks().contains(row.rank)) continue;
+    out.model.setRankInfo(row.rank, row.host, row.device_name);
+    if (!row.device_name.empty() && row.rank < backend_rank) {
+      backend_rank = row.rank;
+      out.backend = row.device_name;
+    }
+  }
+  for (const JobRow& row : store_->loadJobs()) {
+    if (row.job_id == job_id) out.scale = row.world_size;
+  }
+  if (out.scale <= 0) out.scale = static_cast<int32_t>(out.model.ranks().size());
+  return out;
+}
+
 std::optional<std::vector<v1::RecordBatch>> Analyzer::recordBatches(
     const std::string& job_id, const std::vector<int>& ranks) const {
-  std::lock_guard lock(mu_);
+  std::unique_lock lock(mu_);
   auto it = jobs_.find(job_id);
-  if (it == jobs_.end()) return std::nullopt;
+  std::optional<StoredJob> stored;
+  if (it == jobs_.end()) {
+    lock.unlock();  // the store has its own locks; ingest must not wait for this read
+    stored = jobFromStore(job_id);
+    if (!stored) return std::nullopt;
+  }
   std::vector<v1::RecordBatch> out;
-  const JobModel& model = it->second.model;
+  const JobModel& model = stored ? stored->model : it->second.model;
   if (ranks.empty()) {
     for (const auto& [rank, data] : model.ranks()) {
       if (auto b = model.rankBatch(rank)) out.push_back(std::move(*b));

@@ -122,6 +122,15 @@ class Analyzer {
   const History* historyFor(const JobWindow& w) const;
   static int32_t scaleOf(const JobWindow& w);
   static void noteBackend(JobWindow& w, int32_t rank, const std::string& device_name);
+  // A job no longer in memory (flared restarted, or it left the window), rebuilt from the store:
+  // its signatures and raw kernel records (no Python spans, no communicator of collectives: the
+  // store keeps neither), with host, device name and world size from its job and rank rows.
+  struct StoredJob {
+    JobModel model;
+    std::string backend;
+    int32_t scale = 0;
+  };
+  std::optional<StoredJob> jobFromStore(const std::string& job_id) const;
 
   Store* store_;
   AnalyzerOptions options_;

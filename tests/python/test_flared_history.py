@@ -4,6 +4,7 @@ add` on two healthy runs, then a run with a synchronize in every layer raises
 issue_latency_regression with the learned threshold while a third healthy run raises nothing;
 each new diagnosis is posted to a webhook (retried, failures counted)."""
 
+import collections
 import http.server
 import json
 import os
@@ -269,3 +270,45 @@ def test_bad_webhook_url_is_a_clear_error(build_dir, tmp_path):
                           "https://example.com/x", "--db", str(tmp_path / "f.db")],
                          capture_output=True, text=True, timeout=30)
     assert res.returncode == 2 and "http://" in res.stderr
+
+
+def test_a_job_flared_no_longer_holds_is_rebuilt_from_the_store(build_dir, tmp_path):
+    """After a restart flared has no window of the job; `flare baseline add` and `flare timeline`
+    then use its stored raw records, signatures and rank rows."""
+    d = start(build_dir, tmp_path)
+    try:
+        run_job(build_dir, d, tmp_path, "done")
+        wait_for(lambda: d.json("/api/v1/jobs/done/ranks")["ranks"])
+        live_stats = {s["signature"]["name"] + repr(s["signature"].get("shape")): int(s["count"])
+                      for s in d.json("/api/v1/jobs/done/report")["signatures"]}
+    finally:
+        d.stop()
+    d = start(build_dir, tmp_path)  # same database
+    try:
+        http = "127.0.0.1:%d" % d.http
+        res = flare(build_dir, "baseline", "add", "--daemon-http", http, "--job", "done", "--json")
+        assert res.returncode == 0, res.stderr
+        added = json.loads(res.stdout)
+        assert added["jobId"] == "done" and added["scale"] == RANKS
+        assert added["backend"] == "Flare Simulated GPU"
+        listed = json.loads(flare(build_dir, "baseline", "list", "--daemon-http", http,
+                                  "--json").stdout)
+        assert [b["jobId"] for b in listed["baselines"]] == ["done"]
+        # The timeline of the stored records: every GPU op the daemon counted, on its rank's
+        # GPU tracks (no Python spans: the store does not keep them).
+        out = tmp_path / "trace.json"
+        res = flare(build_dir, "timeline", "--daemon-http", http, "--job", "done", "-o", str(out))
+        assert res.returncode == 0, res.stderr
+        events = json.loads(out.read_text())["traceEvents"]
+        gpu = collections.Counter(e["name"] for e in events
+                                  if e["ph"] == "X" and e["cat"] == "kernel")
+        report = d.json("/api/v1/jobs/done/report")
+        kernels = collections.Counter()
+        for s in report["signatures"]:
+            if s["signature"].get("kind") in ("OP_KIND_KERNEL", "OP_KIND_GEMM",
+                                              "OP_KIND_ATTENTION"):
+                kernels[s["signature"]["name"]] += int(s["count"])
+        assert kernels and all(gpu[name] == n for name, n in kernels.items()), (gpu, kernels)
+        assert sum(live_stats.values()) > 0
+    finally:
+        d.stop()
