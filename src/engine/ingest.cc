@@ -585,6 +585,17 @@ Verdict Ingest::batch(uint64_t session_id, const v1::RecordBatch& b) {
       }
       st.dirty = true;
     }
+    if (b.deep_trace_size() > 0 && config_.store_raw && store_) {
+      // Stored with the next checkpoint, like raw records (exactly once across a crash).
+      const auto n = static_cast<size_t>(b.deep_trace_size());
+      if (pending_raw_count_ + n <= config_.max_pending_raw) {
+        std::vector<DeepTraceRow>& deep = pending_deep_[job.job_id];
+        for (const v1::DeepTraceRecord& d : b.deep_trace()) deep.push_back(DeepTraceRow{rank, d});
+        pending_raw_count_ += n;
+      } else {
+        counters_.raw_dropped.fetch_add(n, std::memory_order_relaxed);
+      }
+    }
     if (b.has_drops()) applyDrops(rs, b.drops());
     if (b.has_device()) {
       // The rank's GPU, sent once the timing thread saw its first op (the hello went earlier).
@@ -610,12 +621,6 @@ Verdict Ingest::batch(uint64_t session_id, const v1::RecordBatch& b) {
     counters_.summarized_kernels.fetch_add(summarized, std::memory_order_relaxed);
     counters_.spans.fetch_add(b.spans_size(), std::memory_order_relaxed);
     counters_.steps.fetch_add(b.steps_size(), std::memory_order_relaxed);
-  }
-  if (store_ && config_.store_raw && b.deep_trace_size() > 0) {
-    std::vector<DeepTraceRow> deep;
-    deep.reserve(static_cast<size_t>(b.deep_trace_size()));
-    for (const v1::DeepTraceRecord& d : b.deep_trace()) deep.push_back(DeepTraceRow{rank, d});
-    store_->appendDeepTrace(job_id, std::move(deep));
   }
   counters_.deep_trace_records.fetch_add(static_cast<uint64_t>(b.deep_trace_size()),
                                          std::memory_order_relaxed);
@@ -864,6 +869,10 @@ void Ingest::persist(bool final) {
     if (!recs.empty()) cp.raw.emplace_back(job_id, std::move(recs));
   }
   pending_raw_.clear();
+  for (auto& [job_id, rows] : pending_deep_) {
+    if (!rows.empty()) cp.deep_trace.emplace_back(job_id, std::move(rows));
+  }
+  pending_deep_.clear();
   pending_raw_count_ = 0;
   // Rows close when the clock enters a new window: scan the open ones only then.
   const bool close_windows = final || current != last_window_flush_;

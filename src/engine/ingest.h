@@ -317,6 +317,8 @@ class Ingest {
   // Applied since the last checkpoint, written with it (persist()).
   std::unordered_map<std::string, std::vector<RawRecord>> pending_raw_;  // by job
   size_t pending_raw_count_ = 0;
+  // Deep-trace records accepted since the last checkpoint (counted in pending_raw_count_).
+  std::unordered_map<std::string, std::vector<DeepTraceRow>> pending_deep_;
   std::vector<WindowSummaryRow> pending_windows_;  // closed by a batch of a later window
   std::vector<ReceivedHangReport> hang_reports_;   // guarded by mu_
   IngestCounters counters_;

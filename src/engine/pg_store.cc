@@ -48,6 +48,9 @@ CREATE TABLE IF NOT EXISTS batch_seqs(
   PRIMARY KEY(job_id, rank, pid, start_ns));
 CREATE TABLE IF NOT EXISTS open_windows(job_id TEXT, rank BIGINT, rows BYTEA,
   PRIMARY KEY(job_id, rank));
+CREATE TABLE IF NOT EXISTS deep_trace(
+  id BIGSERIAL PRIMARY KEY, job_id TEXT, rank BIGINT, start_ns BIGINT, record BYTEA);
+CREATE INDEX IF NOT EXISTS deep_trace_by_job ON deep_trace(job_id, rank, start_ns);
 )sql";
 
 // Parameters of one statement: text, or binary for BYTEA columns.
@@ -209,6 +212,23 @@ uint64_t writeRaw(PGconn* c, const std::string& job_id, const std::vector<RawRec
       p.u64(r.flops).u64(r.bytes).u64(r.coll_seq);
     }
     if (p.run(c, sql.c_str())) ok += n;
+  }
+  return ok;
+}
+
+uint64_t writeDeepTrace(PGconn* c, const std::string& job_id,
+                        const std::vector<DeepTraceRow>& rows) {
+  uint64_t ok = 0;
+  std::string blob;
+  for (const DeepTraceRow& r : rows) {
+    r.record.SerializeToString(&blob);
+    ok += Params().text(job_id)
+                  .i64(r.rank)
+                  .i64(r.record.start_ns())
+                  .blob(blob)
+                  .run(c, "INSERT INTO deep_trace(job_id,rank,start_ns,record) VALUES($1,$2,$3,$4)")
+              ? 1
+              : 0;
   }
   return ok;
 }
@@ -385,6 +405,18 @@ void PgStore::appendRaw(const std::string& job_id, std::vector<RawRecord> record
       n);
 }
 
+void PgStore::appendDeepTrace(const std::string& job_id, std::vector<DeepTraceRow> rows) {
+  if (rows.empty()) return;
+  const size_t n = rows.size();
+  enqueue(
+      [this, job_id, rows = std::move(rows)](PGconn* c) {
+        const uint64_t ok = writeDeepTrace(c, job_id, rows);
+        raw_written_ += ok;
+        errors_ += rows.size() - ok;
+      },
+      n);
+}
+
 void PgStore::putWindowSummaries(std::vector<WindowSummaryRow> rows) {
   if (rows.empty()) return;
   enqueue(
@@ -400,11 +432,13 @@ void PgStore::putCheckpoint(Checkpoint cp) {
   if (cp.empty()) return;
   size_t raw = 0;
   for (const auto& [job, recs] : cp.raw) raw += recs.size();
+  for (const auto& [job, rows] : cp.deep_trace) raw += rows.size();
   {
     std::lock_guard lock(queue_mu_);
     if (queued_raw_ + raw > options_.max_queued_raw) {
       dropped_.fetch_add(raw, std::memory_order_relaxed);
       cp.raw.clear();
+      cp.deep_trace.clear();
       raw = 0;
     }
   }
@@ -419,6 +453,10 @@ void PgStore::putCheckpoint(Checkpoint cp) {
         for (const auto& [job, recs] : cp.raw) {
           raw_ok += writeRaw(c, job, recs);
           raw_n += recs.size();
+        }
+        for (const auto& [job, rows] : cp.deep_trace) {
+          raw_ok += writeDeepTrace(c, job, rows);
+          raw_n += rows.size();
         }
         const uint64_t win_ok = writeWindows(c, cp.windows);
         ok += win_ok;
@@ -699,6 +737,28 @@ std::vector<v1::Alert> PgStore::alerts(const std::string& job_id, int64_t since_
   return out;
 }
 
+std::vector<DeepTraceRow> PgStore::deepTrace(const std::string& job_id, int32_t rank,
+                                             size_t limit) {
+  std::lock_guard lock(read_mu_);
+  std::vector<DeepTraceRow> out;
+  PGresult* r = nullptr;
+  if (!Params().text(job_id).i64(rank).u64(limit).run(
+          read_,
+          "SELECT rank, record FROM deep_trace WHERE job_id=$1 AND ($2::bigint<0 OR "
+          "rank=$2::bigint) "
+          "ORDER BY rank, start_ns, id LIMIT $3",
+          &r))
+    return out;
+  for (int i = 0; i < PQntuples(r); ++i) {
+    DeepTraceRow row;
+    row.rank = static_cast<int32_t>(geti(r, i, 0));
+    if (!row.record.ParseFromString(gets(r, i, 1))) continue;
+    out.push_back(std::move(row));
+  }
+  PQclear(r);
+  return out;
+}
+
 std::optional<std::string> PgStore::baseline(const std::string& key) {
   std::lock_guard lock(read_mu_);
   PGresult* r = nullptr;
@@ -744,6 +804,8 @@ MaintenanceResult PgStore::maintain(int64_t now_ns, const RetentionPolicy& polic
       result.raw_summarized = changed(r);
       PQclear(r);
     }
+    // Deep-trace records live as long as raw records (as in SqliteStore).
+    Params().i64(raw_cutoff).run(write_, "DELETE FROM deep_trace WHERE start_ns<$1");
   }
   const int64_t cutoff = now_ns - policy.summary_window_ns;
   for (const char* sql :

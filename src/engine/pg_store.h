@@ -40,6 +40,7 @@ class PgStore final : public Store {
   void putSignature(const SignatureRow& row) override;
   void putSignatureStats(const SignatureStatsRow& row) override;
   void appendRaw(const std::string& job_id, std::vector<RawRecord> records) override;
+  void appendDeepTrace(const std::string& job_id, std::vector<DeepTraceRow> rows) override;
   void putWindowSummaries(std::vector<WindowSummaryRow> rows) override;
   void putCheckpoint(Checkpoint checkpoint) override;
   uint64_t putAlert(v1::Alert alert) override;
@@ -58,6 +59,8 @@ class PgStore final : public Store {
   std::vector<WindowSummaryRow> windowSummaries(const std::string& job_id, int64_t since_ns,
                                                 size_t limit) override;
   std::vector<v1::Alert> alerts(const std::string& job_id, int64_t since_ns, size_t limit) override;
+  std::vector<DeepTraceRow> deepTrace(const std::string& job_id, int32_t rank,
+                                      size_t limit) override;
   std::optional<std::string> baseline(const std::string& key) override;
   std::vector<std::pair<std::string, std::string>> baselines(const std::string& prefix) override;
 

@@ -222,6 +222,11 @@ TEST_F(PgStoreTest, CheckpointsResumeEachRankExactlyOnceAfterACrash) {
     c->set_p50_ns(1000);
     c->set_p99_ns(2000);
     c->set_sum_ns(10000);
+    v1::DeepTraceRecord* d = b.add_deep_trace();  // stored with the checkpoint: once
+    d->set_kind(v1::DeepTraceRecord::KIND_KERNEL);
+    d->set_name("k" + std::to_string(seq));
+    d->set_start_ns(t0 + static_cast<int64_t>(seq) * 100000);
+    d->set_end_ns(t0 + static_cast<int64_t>(seq) * 100000 + 100);
     return b;
   };
   {
@@ -239,6 +244,7 @@ TEST_F(PgStoreTest, CheckpointsResumeEachRankExactlyOnceAfterACrash) {
   }  // the "crash": 4 and 5 never reach a checkpoint
   auto s = open();
   ASSERT_TRUE(s);
+  EXPECT_EQ(s->deepTrace("job", -1, 100).size(), 3u);
   Ingest ingest({}, s.get(), clock);
   ingest.loadFromStore();
   auto out = ingest.hello(makeHello("job", 0, 1), nullptr);
@@ -250,6 +256,11 @@ TEST_F(PgStoreTest, CheckpointsResumeEachRankExactlyOnceAfterACrash) {
   ingest.persist(/*final=*/true);
   s->flush();
   EXPECT_EQ(s->rawRecords("job", 0, INT64_MAX, 100).size(), 20u);
+  const auto deep = s->deepTrace("job", -1, 100);
+  ASSERT_EQ(deep.size(), 5u);
+  EXPECT_EQ(deep[4].record.name(), "k5");
+  EXPECT_EQ(s->deepTrace("job", 0, 2).size(), 2u);
+  EXPECT_TRUE(s->deepTrace("job", 3, 100).empty());
   const auto ranks = s->loadRanks();
   ASSERT_EQ(ranks.size(), 1u);
   EXPECT_EQ(ranks[0].records, 70u);

@@ -360,6 +360,20 @@ uint64_t writeRaw(W& w, const std::string& job_id, const std::vector<RawRecord>&
 }
 
 template <typename W>
+uint64_t writeDeepTrace(W& w, const std::string& job_id, const std::vector<DeepTraceRow>& rows) {
+  Stmt s(w, "INSERT INTO deep_trace(job_id,rank,start_ns,record) VALUES(?,?,?,?)");
+  s.bind(1, job_id);
+  uint64_t ok = 0;
+  std::string blob;
+  for (const DeepTraceRow& r : rows) {
+    r.record.SerializeToString(&blob);
+    s.bind(2, int64_t{r.rank}).bind(3, r.record.start_ns()).blob(4, blob);
+    ok += s.run() ? 1 : 0;
+  }
+  return ok;
+}
+
+template <typename W>
 uint64_t writeWindows(W& w, const std::vector<WindowSummaryRow>& rows) {
   Stmt s(w,
          "INSERT INTO window_summaries(job_id,rank,sig_id,stream,window_start_ns,"
@@ -416,15 +430,7 @@ void SqliteStore::appendDeepTrace(const std::string& job_id, std::vector<DeepTra
   const size_t n = rows.size();
   enqueue(
       [this, job_id, rows = std::move(rows)](Writer& w) {
-        Stmt s(w, "INSERT INTO deep_trace(job_id,rank,start_ns,record) VALUES(?,?,?,?)");
-        s.bind(1, job_id);
-        uint64_t ok = 0;
-        std::string blob;
-        for (const DeepTraceRow& r : rows) {
-          r.record.SerializeToString(&blob);
-          s.bind(2, int64_t{r.rank}).bind(3, r.record.start_ns()).blob(4, blob);
-          ok += s.run() ? 1 : 0;
-        }
+        const uint64_t ok = writeDeepTrace(w, job_id, rows);
         raw_written_.fetch_add(ok, std::memory_order_relaxed);
         errors_.fetch_add(rows.size() - ok, std::memory_order_relaxed);
       },
@@ -463,12 +469,14 @@ void SqliteStore::putCheckpoint(Checkpoint cp) {
   if (cp.empty()) return;
   size_t raw = 0;
   for (const auto& [job, recs] : cp.raw) raw += recs.size();
+  for (const auto& [job, rows] : cp.deep_trace) raw += rows.size();
   {
     std::lock_guard lock(queue_mu_);
     if (queued_raw_ + raw > options_.max_queued_raw) {
       // Over the raw cap: the raw records go, counted; the state and the marks still commit.
       dropped_.fetch_add(raw, std::memory_order_relaxed);
       cp.raw.clear();
+      cp.deep_trace.clear();
       raw = 0;
     }
   }
@@ -483,6 +491,10 @@ void SqliteStore::putCheckpoint(Checkpoint cp) {
     for (const auto& [job, recs] : cp.raw) {
       raw_ok += writeRaw(w, job, recs);
       raw_n += recs.size();
+    }
+    for (const auto& [job, rows] : cp.deep_trace) {
+      raw_ok += writeDeepTrace(w, job, rows);
+      raw_n += rows.size();
     }
     const uint64_t win_ok = writeWindows(w, cp.windows);
     ok += win_ok;

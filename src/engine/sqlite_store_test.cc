@@ -339,6 +339,12 @@ TEST_F(StoreTest, CheckpointsResumeEachRankExactlyOnceAfterACrash) {
     c->set_p50_ns(1000);
     c->set_p99_ns(2000);
     c->set_sum_ns(10000);
+    // One CUPTI record of a deep trace per batch: stored with the checkpoint, so once.
+    v1::DeepTraceRecord* d = b.add_deep_trace();
+    d->set_kind(v1::DeepTraceRecord::KIND_KERNEL);
+    d->set_name("k" + std::to_string(seq));
+    d->set_start_ns(t0 + static_cast<int64_t>(seq) * 100000);
+    d->set_end_ns(t0 + static_cast<int64_t>(seq) * 100000 + 100);
     return b;
   };
   {
@@ -355,6 +361,7 @@ TEST_F(StoreTest, CheckpointsResumeEachRankExactlyOnceAfterACrash) {
   }
   auto s = open();
   EXPECT_EQ(s->rawRecords("job", 0, INT64_MAX, 100).size(), 12u);
+  EXPECT_EQ(s->deepTrace("job", -1, 100).size(), 3u);  // the checkpointed batches' only
   Ingest ingest({}, s.get(), clock);
   ingest.loadFromStore();
   auto out = ingest.hello(makeHello("job", 0, 1), nullptr);
@@ -370,8 +377,12 @@ TEST_F(StoreTest, CheckpointsResumeEachRankExactlyOnceAfterACrash) {
   EXPECT_EQ(ingest.counters().rejected[static_cast<size_t>(Reason::kDuplicateBatch)].load(), 3u);
   ingest.persist(/*final=*/true);
   s->flush();
-  // Every record once: 5 batches of 4 kernels, 5 summaries of 10.
+  // Every record once: 5 batches of 4 kernels, 5 summaries of 10, 5 deep-trace records.
   EXPECT_EQ(s->rawRecords("job", 0, INT64_MAX, 100).size(), 20u);
+  const auto deep = s->deepTrace("job", -1, 100);
+  ASSERT_EQ(deep.size(), 5u);
+  for (size_t i = 0; i < deep.size(); ++i)
+    EXPECT_EQ(deep[i].record.name(), "k" + std::to_string(i + 1));
   v1::ListRanksRequest lr;
   lr.set_job_id("job");
   v1::ListRanksResponse ranks;

@@ -136,9 +136,12 @@ struct Checkpoint {
   std::vector<WindowSummaryRow> windows;                            // closed rows
   std::vector<OpenWindowsRow> open_windows;
   std::vector<BatchSeqRow> seqs;
+  // Deep-trace (CUPTI) records by job: in the same transaction as the batch_seq marks, so a
+  // batch re-sent after a crash stores them once.
+  std::vector<std::pair<std::string, std::vector<DeepTraceRow>>> deep_trace;
   bool empty() const {
     return jobs.empty() && ranks.empty() && signature_stats.empty() && raw.empty() &&
-           windows.empty() && open_windows.empty() && seqs.empty();
+           windows.empty() && open_windows.empty() && seqs.empty() && deep_trace.empty();
   }
 };
 

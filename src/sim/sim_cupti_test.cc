@@ -112,7 +112,9 @@ TEST(SimCupti, RecordsExactlyTheOpsIssuedWhileEnabled) {
   for (int i = 0; i < 3; ++i) {
     EXPECT_EQ(g_seen[i].kind, "kernel");
     EXPECT_EQ(g_seen[i].name, "_Z12cupti_kernely");
-    EXPECT_NEAR(static_cast<double>(g_seen[i].end - g_seen[i].start), 2e6, 1e3);  // the model
+    // The model's 2 ms: the simulated stream sleeps it, so a loaded machine can only add.
+    EXPECT_GE(static_cast<double>(g_seen[i].end - g_seen[i].start), 2e6 - 1e3);
+    EXPECT_LT(static_cast<double>(g_seen[i].end - g_seen[i].start), 2e6 * 1.5);
     EXPECT_GE(g_seen[i].start, t0);  // our monotonic timebase
     if (i > 0) {
       EXPECT_GE(g_seen[i].start, g_seen[i - 1].end);  // stream order
