@@ -1077,17 +1077,20 @@ std::map<int, ArrivalStats> collectiveArrivals(const JobModel& job) {
   return out;
 }
 
-std::optional<FailSlow> findFailSlow(const JobModel& job, const DiagnoseOptions& options) {
-  // The job's step time per step: the median over ranks of each rank's step (a synchronous job
-  // steps together; the median ignores one rank's missing marker).
+namespace {
+
+// The job's step time per step from step 1 on (series[i] is step i + 1): the median over ranks
+// of each rank's step (a synchronous job steps together; the median ignores one rank's missing
+// marker). Empty without step boundaries.
+std::vector<double> jobStepSeries(const JobModel& job) {
   size_t steps = SIZE_MAX;
   std::map<int, std::vector<int64_t>> starts;
   for (const auto& [rank, r] : job.ranks()) {
     starts[rank] = job.stepStarts(rank);
     if (starts[rank].size() >= 2) steps = std::min(steps, starts[rank].size() - 1);
   }
-  if (steps == SIZE_MAX || steps < 2 * options.fail_slow_min_steps + 1) return std::nullopt;
   std::vector<double> series;
+  if (steps == SIZE_MAX) return series;
   for (size_t i = 1; i < steps; ++i) {  // step 0 is warm-up
     std::vector<double> per_rank;
     for (const auto& [rank, s] : starts) {
@@ -1095,6 +1098,38 @@ std::optional<FailSlow> findFailSlow(const JobModel& job, const DiagnoseOptions&
     }
     series.push_back(median(per_rank));
   }
+  return series;
+}
+
+}  // namespace
+
+std::optional<Jitter> findJitter(const JobModel& job, const DiagnoseOptions& options) {
+  const std::vector<double> series = jobStepSeries(job);
+  if (series.size() < 2 * options.jitter_min_spikes + 2) return std::nullopt;
+  const double med = median(series);
+  const auto fences = stats::tukeyFences(series, 3.0);
+  const double threshold = std::max(fences.upper, med * (1.0 + options.jitter_min_relative));
+  Jitter j;
+  std::vector<double> spikes;
+  for (size_t i = 0; i < series.size(); ++i) {
+    if (series[i] > threshold) {
+      j.steps.push_back(i + 1);
+      spikes.push_back(series[i]);
+    }
+  }
+  if (j.steps.size() < options.jitter_min_spikes ||
+      static_cast<double>(j.steps.size()) > options.jitter_max_share * series.size()) {
+    return std::nullopt;
+  }
+  j.median_ns = med;
+  j.spike_ns = median(spikes);
+  j.fence_ns = threshold;
+  return j;
+}
+
+std::optional<FailSlow> findFailSlow(const JobModel& job, const DiagnoseOptions& options) {
+  const std::vector<double> series = jobStepSeries(job);
+  if (series.size() + 1 < 2 * options.fail_slow_min_steps + 1) return std::nullopt;
   stats::SegmentationOptions seg;
   seg.minSegment = options.fail_slow_min_steps;
   const auto changes = stats::detectMeanShifts(series, seg);
@@ -1249,15 +1284,38 @@ std::vector<Diagnosis> diagnose(const JobModel& whole, const DiagnoseOptions& op
   std::optional<JobModel> recent;
   if (fail_slow) recent = whole.sinceStep(fail_slow->step);
   const JobModel& job = recent ? *recent : whole;
-  const auto arrivals = collectiveArrivals(job);
+  // Jitter (no level shift, spikes in a minority of steps): the GPU and network culprits are
+  // looked for in the spike steps only; the other detectors keep the whole window.
+  const std::optional<Jitter> jitter = fail_slow ? std::nullopt : findJitter(whole, options);
+  std::optional<JobModel> spiky;
+  if (jitter) spiky = whole.onlySteps(jitter->steps);
+  const JobModel& culprit_job = spiky ? *spiky : job;
+  const auto arrivals = collectiveArrivals(culprit_job);
   const size_t first_culprit = out.size();
-  detectSlowGpu(job, options, arrivals, &out);
-  detectSlowGpuFromSummaries(job, options, arrivals, &out);
-  detectSlowLink(job, options, &out);
+  detectSlowGpu(culprit_job, options, arrivals, &out);
+  detectSlowGpuFromSummaries(culprit_job, options, arrivals, &out);
+  detectSlowLink(culprit_job, options, &out);
+  if (jitter) {
+    std::string steps;
+    for (size_t i = 0; i < jitter->steps.size() && i < 12; ++i)
+      steps += (i ? "," : "") + std::to_string(jitter->steps[i]);
+    if (jitter->steps.size() > 12) steps += ",...";
+    char text[256];
+    std::snprintf(text, sizeof(text),
+                  "step-time jitter: %zu steps (%s) took %.3f ms (median) against %.3f ms for "
+                  "the job's median step (threshold %.3f ms); those steps were analysed",
+                  jitter->steps.size(), steps.c_str(), jitter->spike_ns / 1e6,
+                  jitter->median_ns / 1e6, jitter->fence_ns / 1e6);
+    for (size_t i = first_culprit; i < out.size(); ++i) {
+      out[i].evidence.insert(out[i].evidence.begin(), Evidence{"step_time_jitter", text,
+                                                               jitter->spike_ns, jitter->fence_ns});
+    }
+  }
+  const auto job_arrivals = spiky ? collectiveArrivals(job) : arrivals;
   // MODE_SUMMARY: compute ops arrive only as summaries, so GPU idle time and issue latencies
   // cannot be measured from ops; those detectors need raw records (summary_detectors.h).
   const bool raw = !hasSummaries(job);
-  if (raw) detectIssueStall(job, options, arrivals, &out);
+  if (raw) detectIssueStall(job, options, job_arrivals, &out);
   // A rank named GPU-slow is not also named host-stalled: its slow GPU shifts its own host timing
   // and GPU idle pattern (the host waits on it at blocking calls, its collectives wait less),
   // which the stall signals can read as a stall; the slow GPU is the cause (docs/metrics.md).

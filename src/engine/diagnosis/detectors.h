@@ -93,6 +93,12 @@ struct DiagnoseOptions {
   // this many steps on each side.
   double fail_slow_min_relative = 0.05;
   size_t fail_slow_min_steps = 3;
+  // Jitter window (intermittent slowness, no level shift): steps whose time exceeds both the
+  // series' far-out Tukey fence (Q3 + 3·IQR) and (1 + jitter_min_relative) × its median; at
+  // least jitter_min_spikes of them, at most jitter_max_share of the steps.
+  double jitter_min_relative = 0.10;
+  size_t jitter_min_spikes = 3;
+  double jitter_max_share = 0.4;
 };
 
 // Per-rank arrival statistics at collectives (complete instances only).
@@ -116,6 +122,18 @@ struct FailSlow {
   double after_ns = 0;
 };
 std::optional<FailSlow> findFailSlow(const JobModel& job, const DiagnoseOptions& options);
+
+// A jitter window: the job's step time (same series) spikes in a minority of steps while its
+// level does not move (a flapping link, a GPU that throttles now and then). `steps` are the
+// spike steps (job step numbering, warm-up step 0); the GPU and network culprit detectors then
+// look at those steps only (JobModel::onlySteps), where the cause lives.
+struct Jitter {
+  std::vector<size_t> steps;
+  double median_ns = 0;  // of every step
+  double spike_ns = 0;   // median of the spike steps
+  double fence_ns = 0;   // the threshold a spike passed
+};
+std::optional<Jitter> findJitter(const JobModel& job, const DiagnoseOptions& options);
 
 // Per rank, per step (the first skipped), over the GPU ops the rank issued in that step: the mean
 // host issue offset (issue time − the rank's own step start: how late its host issued the step's

@@ -244,6 +244,46 @@ JobModel JobModel::untilStep(size_t step) const {
   return out;
 }
 
+JobModel JobModel::onlySteps(const std::vector<size_t>& steps) const {
+  JobModel out;
+  out.signatures_ = signatures_;
+  out.signature_index_ = signature_index_;
+  out.apis_ = apis_;
+  out.api_index_ = api_index_;
+  for (const auto& [rank, r] : ranks_) {
+    const auto starts = stepStarts(rank);
+    RankData& o = out.ranks_[rank];
+    o.rank = rank;
+    o.host = r.host;
+    o.device_name = r.device_name;
+    o.step_samples = r.step_samples;
+    o.drops = r.drops;
+    std::vector<std::pair<int64_t, int64_t>> kept;
+    for (size_t k : steps) {
+      if (k + 1 < starts.size()) kept.emplace_back(starts[k], starts[k + 1]);
+    }
+    if (kept.empty()) continue;
+    std::sort(kept.begin(), kept.end());
+    auto inside = [&](int64_t t) {
+      auto it = std::upper_bound(kept.begin(), kept.end(), std::make_pair(t, INT64_MAX));
+      return it != kept.begin() && t < std::prev(it)->second;
+    };
+    for (const Op& op : r.ops) {
+      if (inside(op.issue)) o.ops.push_back(op);
+    }
+    for (const Span& s : r.spans) {
+      if (inside(s.start)) o.spans.push_back(s);
+    }
+    for (const SummaryWindow& w : r.summaries) {
+      if (inside(w.start)) o.summaries.push_back(w);
+    }
+    const auto first = std::find(starts.begin(), starts.end(), kept.front().first);
+    if (first != starts.begin()) o.step_starts.push_back(*std::prev(first));
+    for (const auto& [a, b] : kept) o.step_starts.push_back(a);
+  }
+  return out;
+}
+
 JobModel JobModel::sinceStep(size_t step) const {
   JobModel out;
   out.signatures_ = signatures_;

@@ -94,6 +94,11 @@ class JobModel {
   // A copy holding only what each rank recorded from its step `step` on (ranks with fewer steps
   // keep nothing): the detectors' view after a fail-slow's onset.
   JobModel sinceStep(size_t step) const;
+  // A copy holding only what each rank recorded inside the given steps (each rank's step k runs
+  // from its k-th step boundary to the next; a rank without a boundary keeps nothing). The
+  // copy's step boundaries are the kept steps' and, first, the boundary before the first kept
+  // step (so that the detectors' warm-up skip drops nothing kept). For jitter windows.
+  JobModel onlySteps(const std::vector<size_t>& steps) const;
   // A copy holding only what each rank issued before its step `step` began (a rank with fewer
   // step boundaries keeps everything): the job as the detectors would have seen it then.
   JobModel untilStep(size_t step) const;
