@@ -243,6 +243,7 @@ Ingest::HelloOutcome Ingest::hello(const v1::RankHello& h,
     rs.device_name = h.device().name();
     rs.device_uuid = h.device().uuid();
     rs.mode = h.mode();
+    rs.hang_kill = h.hang_kill();
     rs.last_seen_ns = now;
     rs.dirty = true;
     Session s;
@@ -740,6 +741,7 @@ Code Ingest::ranks(const v1::ListRanksRequest& req, v1::ListRanksResponse* out) 
     r->set_mode(rs.mode);
     r->set_device_name(rs.device_name);
     r->set_device_uuid(rs.device_uuid);
+    r->set_hang_kill(rs.hang_kill);
   }
   return Code::kOk;
 }

@@ -243,6 +243,7 @@ class Ingest {
     std::string device_name;
     std::string device_uuid;
     v1::Mode mode = v1::MODE_UNSPECIFIED;
+    bool hang_kill = false;  // RankHello.hang_kill of the live process
     int64_t last_seen_ns = 0;
     uint64_t batches = 0;
     uint64_t records = 0;
@@ -312,7 +313,7 @@ class Ingest {
   std::unordered_map<std::string, std::vector<RawRecord>> pending_raw_;  // by job
   size_t pending_raw_count_ = 0;
   std::vector<WindowSummaryRow> pending_windows_;  // closed by a batch of a later window
-  std::vector<ReceivedHangReport> hang_reports_;  // guarded by mu_
+  std::vector<ReceivedHangReport> hang_reports_;   // guarded by mu_
   IngestCounters counters_;
 };
 

@@ -498,6 +498,7 @@ bool GrpcExporter::streamOnce() {
   hello->set_start_time_unix_ns(start_unix_ns_);
   hello->set_mode(mode());
   hello->set_identity_source(id.source);
+  hello->set_hang_kill(options_.hang_kill);
   std::string hello_bytes;
   hello_msg.SerializeToString(&hello_bytes);
 
