@@ -90,8 +90,12 @@ void HangWatchdog::setHead(uint64_t stream, HeadOp op) {
   heads_[stream] = std::move(op);
 }
 
-void HangWatchdog::setStarted(uint64_t stream, bool started) {
-  if (auto it = heads_.find(stream); it != heads_.end()) it->second.started = started;
+void HangWatchdog::setStarted(uint64_t stream, bool started, int64_t now_ns) {
+  auto it = heads_.find(stream);
+  if (it == heads_.end()) return;
+  HeadOp& op = it->second;
+  if (started && !op.started) op.since_ns = std::max(op.since_ns, now_ns);
+  op.started = started;
 }
 
 void HangWatchdog::setIdle(uint64_t stream) {

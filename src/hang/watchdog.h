@@ -95,8 +95,10 @@ class HangWatchdog {
 
   // `op` is now at the head of `stream` (the previous head completed, or the stream was idle).
   void setHead(uint64_t stream, HeadOp op);
-  // The head of `stream` started (or not) on the GPU; no progress (the same head).
-  void setStarted(uint64_t stream, bool started);
+  // The head of `stream` started (or not) on the GPU at about `now_ns`; no progress (the same
+  // head). A head that starts after waiting (for another stream's work: the optimizer kernel
+  // after the gradient all-reduce) is timed from its start: the wait was the other stream's.
+  void setStarted(uint64_t stream, bool started, int64_t now_ns);
   // `stream` has nothing pending.
   void setIdle(uint64_t stream);
   // An op of `signature` completed after `duration_ns` (its GPU time): ops of that signature

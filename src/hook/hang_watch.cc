@@ -78,7 +78,7 @@ void HangWatch::onHeads(int64_t now_ns, std::span<const timing::StreamHead> head
     seen[id] = h.key;
     auto k = head_keys_.find(id);
     if (k != head_keys_.end() && k->second == h.key) {  // same head as before
-      watchdog_.setStarted(id, h.started);
+      watchdog_.setStarted(id, h.started, now_ns);
       continue;
     }
     hang::HeadOp op;
