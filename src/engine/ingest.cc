@@ -753,6 +753,11 @@ Code Ingest::sendCommand(const v1::SendCommandRequest& req, const std::string& t
     countRejected(Reason::kUnauthenticated);
     return Code::kUnauthenticated;
   }
+  if (req.command().has_exit()) {
+    // Only flared's hang monitor ends ranks (FLARE_HANG_KILL, after a stored diagnosis).
+    *error = "exit is sent only by flared after a hang diagnosis (FLARE_HANG_KILL)";
+    return Code::kPermissionDenied;
+  }
   return sendCommandTrusted(req, out, error);
 }
 

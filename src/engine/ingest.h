@@ -205,7 +205,8 @@ class Ingest {
   // Code::kNotFound for an unknown job.
   Code report(const v1::GetReportRequest& req, v1::GetReportResponse* out);
   Code ranks(const v1::ListRanksRequest& req, v1::ListRanksResponse* out);
-  // `token`: the client's token, checked against the job's when tokens are configured.
+  // `token`: the client's token, checked against the job's when tokens are configured. Exit
+  // (FLARE_HANG_KILL) is refused (kPermissionDenied): only the hang monitor sends it.
   Code sendCommand(const v1::SendCommandRequest& req, const std::string& token,
                    v1::SendCommandResponse* out, std::string* error);
   // The same without the token check: for the daemon's own commands (hang_monitor.h).
