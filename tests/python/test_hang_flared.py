@@ -446,7 +446,15 @@ def test_hang_kill_ends_every_opted_in_rank_after_the_diagnosis(build_dir, daemo
         inc = incidents[0]
         assert inc["kind"] == "non-communication hang", inc["text"]
         assert [s["rank"] for s in inc["suspects"]] == [5], inc["text"]
+        # The incident is listed as soon as it is stored; the alert (the store's writer) and the
+        # Exit commands (sent right after) follow within moments.
+        deadline = time.time() + 10
+        while time.time() < deadline and (not hang_alerts(daemon, job) or (
+                opt_in and daemon.get("/api/v1/jobs/%s/hangs" % job)["incidents"][0][
+                    "exitSent"] != 8)):
+            time.sleep(0.05)
         assert len(hang_alerts(daemon, job)) == 1
+        inc = daemon.get("/api/v1/jobs/%s/hangs" % job)["incidents"][0]
         if opt_in:
             assert inc["exitSent"] == 8, inc
             # Every rank ends by itself: the launcher, then `flare run`, end when the last did.
@@ -458,6 +466,10 @@ def test_hang_kill_ends_every_opted_in_rank_after_the_diagnosis(build_dir, daemo
             assert log.count("FLARE_HANG_KILL: ending this process") == 8, log
             assert "rank " in log and "(exit code 75)" in log, log
             assert metric(daemon, "flare_hang_exits_sent_total") == 8
+            # The ranks' exits are not a new hang (the episode is over, the job finished).
+            time.sleep(HANG_TIMEOUT_S + 1)
+            assert len(daemon.get("/api/v1/jobs/%s/hangs" % job)["incidents"]) == 1
+            assert len(hang_alerts(daemon, job)) == 1
         else:
             assert inc["exitSent"] == 0, inc
             time.sleep(3)
