@@ -314,7 +314,7 @@ class Ingest {
   std::unordered_map<std::string, std::vector<RawRecord>> pending_raw_;  // by job
   size_t pending_raw_count_ = 0;
   std::vector<WindowSummaryRow> pending_windows_;  // closed by a batch of a later window
-  std::vector<ReceivedHangReport> hang_reports_;   // guarded by mu_
+  std::vector<ReceivedHangReport> hang_reports_;  // guarded by mu_
   IngestCounters counters_;
 };
 

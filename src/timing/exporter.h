@@ -100,20 +100,20 @@ struct ExporterOptions {
 };
 
 struct ExporterStats {
-  uint64_t streams_opened = 0;       // hellos accepted
-  uint64_t connect_failures = 0;     // attempts that did not get an accepted hello
-  uint64_t batches_sent = 0;         // written to a stream (re-sends included)
-  uint64_t batches_resent = 0;       // of which re-sends after a broken stream
-  uint64_t batches_spooled = 0;      // written to the spool file
-  uint64_t batches_replayed = 0;     // read back from the spool and sent
-  uint64_t batches_skipped = 0;      // re-sends and replays the daemon already held (resume point)
-  uint64_t send_failed = 0;          // batches whose records were dropped: memory queue full
-  uint64_t spool_dropped = 0;        // batches whose records were dropped: spool full or failing
-  uint64_t records_dropped = 0;      // kernel records of those batches
-  uint64_t commands = 0;             // commands received
+  uint64_t streams_opened = 0;    // hellos accepted
+  uint64_t connect_failures = 0;  // attempts that did not get an accepted hello
+  uint64_t batches_sent = 0;      // written to a stream (re-sends included)
+  uint64_t batches_resent = 0;    // of which re-sends after a broken stream
+  uint64_t batches_spooled = 0;   // written to the spool file
+  uint64_t batches_replayed = 0;  // read back from the spool and sent
+  uint64_t batches_skipped = 0;   // re-sends and replays the daemon already held (resume point)
+  uint64_t send_failed = 0;       // batches whose records were dropped: memory queue full
+  uint64_t spool_dropped = 0;     // batches whose records were dropped: spool full or failing
+  uint64_t records_dropped = 0;   // kernel records of those batches
+  uint64_t commands = 0;          // commands received
   uint64_t hang_reports_sent = 0;    // HangReports written to a stream
   uint64_t hang_reports_unsent = 0;  // replaced by a newer one, or the daemon does not read them
-  bool refused = false;              // the daemon refused the hello
+  bool refused = false;           // the daemon refused the hello
   bool connected = false;
   size_t queue_bytes = 0;
   uint64_t spool_bytes = 0;  // not yet replayed
