@@ -96,6 +96,10 @@ constexpr ParamInfo kParams[] = {
     {"FLARE_HANG_LEARN_FACTOR", "double", "4", "hang",
      "An op is stuck only after this many times the longest completed duration of its "
      "signature (long barriers learned from earlier instances); 0 learns nothing."},
+    {"FLARE_HANG_KILL", "bool", "0", "hang",
+     "Rank: accept the daemon's Exit command after a conclusive hang diagnosis (flared "
+     "--hang-kill, on by default, sends it only to ranks that set this): the rank logs the "
+     "reason, flushes its records (bounded) and exits with code 75. Unset: nothing is killed."},
     {"FLARE_CUDA_GDB_SCRIPT", "string", "", "hang",
      "The daemon's Inspect command runs cuda-gdb on the hung rank with this script "
      "(tools/cuda-gdb-scripts/flare_nccl_steps.py); unset: Inspect is answered only on the "

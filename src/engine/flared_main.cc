@@ -116,6 +116,9 @@ std::map<std::string, Flag> defaultFlags() {
       "when a detector raises a new alert naming one rank, deep-trace (CUPTI) that rank and a "
       "healthy peer for N steps; 0: off");
   add("deep-trace-interval-s", "S", "600", "at most one automatic deep trace per job this often");
+  add("hang-kill", "0|1", "1",
+      "after a conclusive hang diagnosis (stored, alert posted), send Exit to the ranks that "
+      "opted in with FLARE_HANG_KILL=1 (0: never, whatever the ranks set)");
   add("ready-file", "PATH", "", "write 'GRPC_PORT HTTP_PORT' here once listening (tests, scripts)");
   return f;
 }
@@ -442,6 +445,7 @@ int main(int argc, char** argv) {
   hmo.answer_timeout_ns = static_cast<int64_t>(num("hang-answer-timeout-s")) * 1'000'000'000;
   hmo.poll_interval_ns = std::clamp<int64_t>(hmo.hang_timeout_ns / 8, 50'000'000, 1'000'000'000);
   if (hmo.hang_timeout_ns <= 0) hmo.poll_interval_ns = 1'000'000'000;
+  hmo.kill_after_diagnosis = num("hang-kill") != 0;
   HangMonitor hangs(ingest, store.get(), wall, hmo);
   hangs.start();
   hang_monitor.store(&hangs);

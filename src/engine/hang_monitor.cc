@@ -369,6 +369,38 @@ HangIncident HangMonitor::diagnose(const std::string& job_id, const v1::ListRank
     no_answer_total_ += inc.no_answer.size();
     incidents_[job_id].push_back(inc);
   }
+  // FLARE_HANG_KILL: only now, with the diagnosis stored and the alert posted, the ranks that
+  // opted in are told to exit. The answers are not awaited: a rank that cannot act on it
+  // (stopped, in uninterruptible sleep) stays as it is and blocks no one else.
+  if (options_.kill_after_diagnosis && inc.diagnosis.kind != hang::HangKind::kInconclusive) {
+    v1::SendCommandRequest req;
+    req.set_job_id(job_id);
+    for (const v1::RankInfo& r : ranks.ranks()) {
+      if (r.connected() && r.hang_kill()) req.add_ranks(r.rank());
+    }
+    if (req.ranks_size() > 0) {
+      req.mutable_command()->mutable_exit()->set_reason(
+          "flared diagnosed a hang (incident " + std::to_string(inc.id) + ", alert " +
+          std::to_string(inc.alert_id) + ": " +
+          std::string(hang::hangKindName(inc.diagnosis.kind)) + ")");
+      v1::SendCommandResponse sent;
+      std::string error;
+      if (ingest_.sendCommandTrusted(req, &sent, &error) == Code::kOk) {
+        FLARE_LOG_WARN("engine",
+                       "hang of job {}: exit sent to {} of {} opted-in ranks "
+                       "(FLARE_HANG_KILL)",
+                       job_id, sent.delivered(), req.ranks_size());
+        std::lock_guard lock(mu_);
+        inc.exit_sent = static_cast<int>(sent.delivered());
+        exits_sent_ += sent.delivered();
+        for (HangIncident& stored : incidents_[job_id]) {
+          if (stored.id == inc.id) stored.exit_sent = inc.exit_sent;
+        }
+      } else {
+        FLARE_LOG_WARN("engine", "hang of job {}: exit not sent: {}", job_id, error);
+      }
+    }
+  }
   return inc;
 }
 
@@ -393,6 +425,7 @@ std::string incidentToJson(const HangIncident& inc) {
       ",\"answered\":" + jsonInts(inc.answered) + ",\"noAnswer\":" + jsonInts(inc.no_answer) +
       ",\"crashed\":" + jsonInts(inc.crashed) +
       ",\"inspected\":" + (inc.inspected ? "true" : "false") +
+      ",\"exitSent\":" + std::to_string(inc.exit_sent) +
       ",\"needsInspection\":" + (d.needs_inspection ? "true" : "false") +
       ",\"alertId\":" + std::to_string(inc.alert_id) + ",\"suspects\":[";
   for (size_t i = 0; i < d.suspects.size(); ++i) {
@@ -473,6 +506,9 @@ void HangMonitor::writeMetrics(PromWriter& w) const {
   w.family("flare_hang_unanswered_ranks_total", "counter",
            "Ranks that did not answer DumpStacks during hang incidents");
   w.sample("flare_hang_unanswered_ranks_total", no_answer_total_);
+  w.family("flare_hang_exits_sent_total", "counter",
+           "Exit commands delivered to opted-in ranks after hang diagnoses (FLARE_HANG_KILL)");
+  w.sample("flare_hang_exits_sent_total", exits_sent_);
 }
 
 }  // namespace flare::engine

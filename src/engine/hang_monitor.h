@@ -44,6 +44,10 @@ struct HangMonitorOptions {
   int64_t answer_timeout_ns = 10'000'000'000;  // per command round (DumpStacks, Inspect)
   int64_t poll_interval_ns = 1'000'000'000;
   int64_t answer_poll_ns = 20'000'000;  // how often results are checked while waiting
+  // --hang-kill: after a conclusive diagnosis is stored and its alert posted, send Exit to the
+  // connected ranks that opted in (FLARE_HANG_KILL=1, RankInfo.hang_kill); ranks that did not
+  // opt in are never sent it (and refuse it). false: never.
+  bool kill_after_diagnosis = true;
 };
 
 // A rank's watchdog report, as evidence of an incident.
@@ -66,6 +70,7 @@ struct HangIncident {
   double took_s = 0;  // the diagnosis itself (command rounds and analysis)
   std::vector<int> answered, no_answer, crashed;
   bool inspected = false;
+  int exit_sent = 0;  // opted-in ranks the Exit command was delivered to (FLARE_HANG_KILL)
   hang::Diagnosis diagnosis;
   std::string text;  // formatDiagnosis()
   uint64_t alert_id = 0;
@@ -122,6 +127,7 @@ class HangMonitor {
   std::map<std::string, std::vector<HangIncident>> incidents_;  // guarded by mu_
   uint64_t next_id_ = 1;                                        // guarded by mu_
   uint64_t no_answer_total_ = 0;                                // guarded by mu_
+  uint64_t exits_sent_ = 0;                                     // guarded by mu_
   std::condition_variable cv_;
   bool stopping_ = false;                     // guarded by mu_
   bool wake_ = false;                         // guarded by mu_

@@ -9,6 +9,7 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <thread>
 #include <vector>
 
@@ -47,17 +48,24 @@ struct FakeRank {
 
 class HangMonitorTest : public ::testing::Test {
  protected:
-  HangMonitorTest() : clock_(kNow), ingest_(IngestConfig{}, nullptr, clock_) {
+  HangMonitorTest() : clock_(kNow), ingest_(IngestConfig{}, nullptr, clock_) {}
+  void SetUp() override { start(true, {}); }
+  // `kill`: HangMonitorOptions::kill_after_diagnosis; `opt_in`: ranks whose hello sets
+  // hang_kill (FLARE_HANG_KILL=1).
+  void start(bool kill, std::set<int> opt_in) {
     HangMonitorOptions o;
     o.hang_timeout_ns = 2 * kSec;
     o.answer_timeout_ns = 300'000'000;
     o.answer_poll_ns = 2'000'000;
+    o.kill_after_diagnosis = kill;
     monitor_ = std::make_unique<HangMonitor>(ingest_, nullptr, clock_, o);
     for (int r = 0; r < 4; ++r) {
       ranks_.push_back(std::make_unique<FakeRank>());
       FakeRank& f = *ranks_.back();
       f.rank = r;
-      auto out = ingest_.hello(makeHello("job", r, 4), f.channel);
+      v1::RankHello hello = makeHello("job", r, 4);
+      hello.set_hang_kill(opt_in.contains(r));
+      auto out = ingest_.hello(hello, f.channel);
       EXPECT_TRUE(out.ack.accepted());
       f.session = out.session_id;
     }
@@ -70,7 +78,14 @@ class HangMonitorTest : public ::testing::Test {
   }
   ~HangMonitorTest() override {
     stop_ = true;
-    responder_.join();
+    if (responder_.joinable()) responder_.join();
+  }
+  // Exit commands a rank received (they stay queued: the responder leaves them for the test).
+  int exitsTo(FakeRank& f) {
+    std::lock_guard lock(f.channel->mu);
+    int n = 0;
+    for (const v1::Command& c : f.channel->commands) n += c.has_exit();
+    return n;
   }
 
   void answer(FakeRank& f) {
@@ -81,6 +96,11 @@ class HangMonitorTest : public ::testing::Test {
       cmds.swap(f.channel->commands);
     }
     for (const v1::Command& c : cmds) {
+      if (c.has_exit()) {  // kept for exitsTo(); a real rank would answer and exit
+        std::lock_guard lock(f.channel->mu);
+        f.channel->commands.push_back(c);
+        continue;
+      }
       v1::CommandResult res;
       res.set_command_id(c.id());
       res.set_ok(true);
@@ -237,6 +257,62 @@ TEST_F(HangMonitorTest, WatchdogReportOpensTheIncidentAtOnceAndLaterReportsJoinI
   PromWriter w;
   ingest_.writeMetrics(w);
   EXPECT_NE(w.text().find("flare_hang_reports_total 2"), std::string::npos);
+}
+
+class HangKillTest : public HangMonitorTest {
+ protected:
+  void SetUp() override {}
+};
+
+TEST_F(HangKillTest, ExitGoesOnlyToOptedInRanksAfterTheDiagnosisIsStored) {
+  // Ranks 0, 1 and 3 opted in (FLARE_HANG_KILL=1), rank 2 (the culprit) did not; rank 3 does
+  // not answer (stopped): it is still sent the Exit, and blocks nobody.
+  start(true, {0, 1, 3});
+  ranks_[1]->issued = 4;  // rank 1 never issued collective #5
+  ranks_[3]->answers = false;
+  for (auto& f : ranks_) progress(*f);
+  EXPECT_TRUE(monitor_->check().empty());
+  advance(3 * kSec);
+  auto inc = monitor_->check();
+  ASSERT_EQ(inc.size(), 1u);
+  EXPECT_NE(inc[0].diagnosis.kind, hang::HangKind::kInconclusive);
+  EXPECT_EQ(inc[0].exit_sent, 3);
+  EXPECT_EQ(exitsTo(*ranks_[0]), 1);
+  EXPECT_EQ(exitsTo(*ranks_[1]), 1);
+  EXPECT_EQ(exitsTo(*ranks_[2]), 0);  // did not opt in: never sent
+  EXPECT_EQ(exitsTo(*ranks_[3]), 1);
+  // Stored with it (the incident list, the JSON, the metric).
+  ASSERT_EQ(monitor_->incidents("job").size(), 1u);
+  EXPECT_EQ(monitor_->incidents("job")[0].exit_sent, 3);
+  EXPECT_NE(monitor_->incidentsJson("job").find("\"exitSent\":3"), std::string::npos);
+  PromWriter w;
+  monitor_->writeMetrics(w);
+  EXPECT_NE(w.text().find("flare_hang_exits_sent_total 3"), std::string::npos) << w.text();
+}
+
+TEST_F(HangKillTest, NoExitWhenTheDaemonSwitchIsOffOrNoRankOptedIn) {
+  start(false, {0, 1, 2, 3});  // flared --hang-kill 0
+  ranks_[2]->issued = 4;
+  for (auto& f : ranks_) progress(*f);
+  EXPECT_TRUE(monitor_->check().empty());
+  advance(3 * kSec);
+  auto inc = monitor_->check();
+  ASSERT_EQ(inc.size(), 1u);
+  EXPECT_EQ(inc[0].exit_sent, 0);
+  for (auto& f : ranks_) EXPECT_EQ(exitsTo(*f), 0);
+}
+
+TEST_F(HangKillTest, NoExitWithoutOptIn) {
+  start(true, {});
+  ranks_[2]->issued = 4;
+  for (auto& f : ranks_) progress(*f);
+  EXPECT_TRUE(monitor_->check().empty());
+  advance(3 * kSec);
+  auto inc = monitor_->check();
+  ASSERT_EQ(inc.size(), 1u);
+  EXPECT_EQ(inc[0].diagnosis.kind, hang::HangKind::kNonCommunication);
+  EXPECT_EQ(inc[0].exit_sent, 0);
+  for (auto& f : ranks_) EXPECT_EQ(exitsTo(*f), 0);
 }
 
 }  // namespace

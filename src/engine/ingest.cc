@@ -260,6 +260,7 @@ Ingest::HelloOutcome Ingest::hello(const v1::RankHello& h,
       rs.device_uuid.clear();
     }
     rs.mode = h.mode();
+    rs.hang_kill = h.hang_kill();
     rs.last_seen_ns = now;
     rs.dirty = true;
     Session s;
@@ -780,6 +781,7 @@ Code Ingest::ranks(const v1::ListRanksRequest& req, v1::ListRanksResponse* out) 
     r->set_mode(rs.mode);
     r->set_device_name(rs.device_name);
     r->set_device_uuid(rs.device_uuid);
+    r->set_hang_kill(rs.hang_kill);
   }
   return Code::kOk;
 }
@@ -790,6 +792,11 @@ Code Ingest::sendCommand(const v1::SendCommandRequest& req, const std::string& t
     *error = "missing or wrong token for job " + req.job_id();
     countRejected(Reason::kUnauthenticated);
     return Code::kUnauthenticated;
+  }
+  if (req.command().has_exit()) {
+    // Only flared's hang monitor ends ranks (FLARE_HANG_KILL, after a stored diagnosis).
+    *error = "exit is sent only by flared after a hang diagnosis (FLARE_HANG_KILL)";
+    return Code::kPermissionDenied;
   }
   return sendCommandTrusted(req, out, error);
 }

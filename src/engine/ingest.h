@@ -211,7 +211,8 @@ class Ingest {
   // Code::kNotFound for an unknown job.
   Code report(const v1::GetReportRequest& req, v1::GetReportResponse* out);
   Code ranks(const v1::ListRanksRequest& req, v1::ListRanksResponse* out);
-  // `token`: the client's token, checked against the job's when tokens are configured.
+  // `token`: the client's token, checked against the job's when tokens are configured. Exit
+  // (FLARE_HANG_KILL) is refused (kPermissionDenied): only the hang monitor sends it.
   Code sendCommand(const v1::SendCommandRequest& req, const std::string& token,
                    v1::SendCommandResponse* out, std::string* error);
   // The same without the token check: for the daemon's own commands (hang_monitor.h).
@@ -249,6 +250,7 @@ class Ingest {
     std::string device_name;
     std::string device_uuid;
     v1::Mode mode = v1::MODE_UNSPECIFIED;
+    bool hang_kill = false;  // RankHello.hang_kill of the live process
     int64_t last_seen_ns = 0;
     uint64_t batches = 0;
     uint64_t records = 0;

@@ -408,6 +408,10 @@ TEST_F(IngestTest, SendCommandNeedsTheJobsToken) {
   EXPECT_EQ(ingest_->sendCommand(req, "x", &resp, &err), Code::kUnauthenticated);
   EXPECT_EQ(ingest_->sendCommand(req, "t", &resp, &err), Code::kOk);
   EXPECT_EQ(resp.delivered(), 1);
+  // Exit (FLARE_HANG_KILL) is the hang monitor's alone, even with the job's token.
+  req.mutable_command()->mutable_exit()->set_reason("operator");
+  EXPECT_EQ(ingest_->sendCommand(req, "t", &resp, &err), Code::kPermissionDenied);
+  EXPECT_NE(err.find("hang diagnosis"), std::string::npos) << err;
 }
 
 v1::RecordBatch seqBatch(uint64_t seq, bool spool) {

@@ -90,6 +90,14 @@ void HangWatchdog::setHead(uint64_t stream, HeadOp op) {
   heads_[stream] = std::move(op);
 }
 
+void HangWatchdog::setStarted(uint64_t stream, bool started, int64_t now_ns) {
+  auto it = heads_.find(stream);
+  if (it == heads_.end()) return;
+  HeadOp& op = it->second;
+  if (started && !op.started) op.since_ns = std::max(op.since_ns, now_ns);
+  op.started = started;
+}
+
 void HangWatchdog::setIdle(uint64_t stream) {
   progress(stream, ~uint64_t(0));
   heads_.erase(stream);
@@ -98,22 +106,22 @@ void HangWatchdog::setIdle(uint64_t stream) {
 std::optional<Suspicion> HangWatchdog::poll(int64_t now_ns) {
   if (episode_open_) return std::nullopt;
   std::vector<StuckStream> stuck;
-  // The oldest collective head still within its bound: ops that became heads after it may be
-  // waiting for it through a cross-stream dependency (cudaStreamWaitEvent on its end), so its
-  // bound, not theirs, decides.
-  int64_t healthy_collective_since = INT64_MAX;
+  // A collective running on the GPU (started) and within its bound: other heads may wait for it
+  // through a cross-stream dependency (cudaStreamWaitEvent on its end), so its bound, not
+  // theirs, decides. A collective that has not started waits itself (possibly for the kernel).
+  bool collective_running = false;
   for (const auto& [stream, op] : heads_) {
     const int64_t waited = now_ns - op.since_ns;
     const int64_t threshold = thresholdNs(op);
     if (waited > threshold) {
       stuck.push_back({stream, op, waited, threshold});
-    } else if (op.collective) {
-      healthy_collective_since = std::min(healthy_collective_since, op.since_ns);
+    } else if (op.collective && op.started) {
+      collective_running = true;
     }
   }
-  std::erase_if(stuck, [&](const StuckStream& s) {
-    return !s.op.collective && s.op.since_ns >= healthy_collective_since;
-  });
+  if (collective_running) {
+    std::erase_if(stuck, [](const StuckStream& s) { return !s.op.collective; });
+  }
   if (stuck.empty()) return std::nullopt;
   std::sort(stuck.begin(), stuck.end(), [](const StuckStream& a, const StuckStream& b) {
     return a.waited_ns != b.waited_ns ? a.waited_ns > b.waited_ns : a.stream < b.stream;

@@ -11,11 +11,14 @@
 // by op class such as "collective") or the timeout (FLARE_HANG_TIMEOUT). So a long collective
 // (a checkpoint barrier: configured, or learned from its earlier instances) or a chain of long
 // ones — each completion restarts the clock — never raises a false hang. An idle
-// stream is never stuck (a silent rank is the daemon's to detect). A non-collective head that
-// became the head no earlier than a collective head still within its bound is not stuck
-// either: it may wait for that collective through a cross-stream dependency (the optimizer
-// kernel after the gradient all-reduce), so a long collective under its override does not
-// raise through the kernels queued behind it. One episode = one report:
+// stream is never stuck (a silent rank is the daemon's to detect). A non-collective head is not
+// stuck either while a collective head of the rank has started on the GPU (its start event
+// completed) and is still within its bound: the kernel may wait for that collective through a
+// cross-stream dependency (the optimizer kernel after the gradient all-reduce, whichever became
+// head first), so a long collective under its override does not raise through the kernels
+// queued behind it. While no collective has started (the collective waits for the kernel: a
+// compute kernel that never finishes), a kernel is judged by its own bound. One episode = one
+// report:
 // after a suspicion, poll() reports nothing until the stream that raised it makes progress.
 //
 // Pure logic with injected time (now_ns arguments); no thread of its own. Not thread-safe: one
@@ -60,8 +63,12 @@ struct HeadOp {
   bool collective = false;  // NCCL collective or p2p
   int64_t expected_ns = 0;  // 0: unknown
   int64_t since_ns = 0;     // when it became the head of its stream
-  std::string kind;         // the op class for FLARE_HANG_TIMEOUT_OPS ("collective", "gemm", ...)
-  uint32_t signature = 0;   // what learn() keys on (0: nothing learned)
+  // Its start event completed: it runs on the GPU (false: its stream waits before it, e.g. on
+  // another stream's work through cudaStreamWaitEvent; also: not known). Updated with
+  // setStarted().
+  bool started = false;
+  std::string kind;        // the op class for FLARE_HANG_TIMEOUT_OPS ("collective", "gemm", ...)
+  uint32_t signature = 0;  // what learn() keys on (0: nothing learned)
   // Evidence only (collectives): communicator identity, per-communicator sequence number, size.
   uint64_t comm_hash = 0;
   uint64_t seq = 0;
@@ -88,6 +95,10 @@ class HangWatchdog {
 
   // `op` is now at the head of `stream` (the previous head completed, or the stream was idle).
   void setHead(uint64_t stream, HeadOp op);
+  // The head of `stream` started (or not) on the GPU at about `now_ns`; no progress (the same
+  // head). A head that starts after waiting (for another stream's work: the optimizer kernel
+  // after the gradient all-reduce) is timed from its start: the wait was the other stream's.
+  void setStarted(uint64_t stream, bool started, int64_t now_ns);
   // `stream` has nothing pending.
   void setIdle(uint64_t stream);
   // An op of `signature` completed after `duration_ns` (its GPU time): ops of that signature

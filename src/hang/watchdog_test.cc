@@ -176,8 +176,10 @@ TEST(HangWatchdog, KernelWaitingBehindAHealthyLongCollectiveIsNotStuck) {
   o.timeout_ns = 2 * kS;
   o.op_timeouts = {{"ncclAllReduce", 20 * kS}};
   HangWatchdog w(o);
-  w.setHead(1, op(1, 0, true));  // the all-reduce, head since 0 s (bound 20 s)
-  w.setHead(2, op(2, 1));        // the optimizer kernel after it, head since 1 s (bound 2 s)
+  HeadOp all_reduce = op(1, 0, true);  // head since 0 s (bound 20 s), running on the GPU
+  all_reduce.started = true;
+  w.setHead(1, all_reduce);
+  w.setHead(2, op(2, 1));  // the optimizer kernel after it, head since 1 s (bound 2 s)
   EXPECT_FALSE(w.poll(10 * kS));
   EXPECT_FALSE(w.poll(20 * kS));
   // Past the collective's own bound both are stuck: the collective is reported first.
@@ -200,6 +202,84 @@ TEST(HangWatchdog, KernelStuckBeforeTheCollectiveIsReported) {
   ASSERT_TRUE(s);
   EXPECT_EQ(s->first.stream, 2u);
   EXPECT_EQ(s->first.op.name, "gemm");
+}
+
+TEST(HangWatchdog, KernelHeadFirstWaitingForARunningCollectiveIsNotStuck) {
+  // The false positive of a loaded machine: the optimizer kernel heads the compute stream (it
+  // waits on the all-reduce through cudaStreamWaitEvent) before the all-reduce heads the
+  // communication stream. The all-reduce has started on the GPU: its bound decides.
+  WatchdogOptions o;
+  o.timeout_ns = 2 * kS;
+  o.op_timeouts = {{"ncclAllReduce", 20 * kS}};
+  HangWatchdog w(o);
+  w.setHead(2, op(2, 0));         // the optimizer kernel, head since 0 s (not started)
+  w.setHead(1, op(1, 1, true));   // the all-reduce, head since 1 s, not started yet
+  w.setStarted(1, true, 1 * kS);  // now it runs
+  EXPECT_FALSE(w.poll(3 * kS));
+  EXPECT_FALSE(w.poll(21 * kS));
+  auto s = w.poll(22 * kS);  // past the all-reduce's own bound: both are stuck
+  ASSERT_TRUE(s);
+  EXPECT_EQ(s->first.stream, 2u);  // the kernel waited longest
+  EXPECT_EQ(s->stuck.size(), 2u);
+}
+
+TEST(HangWatchdog, KernelIsJudgedByItsOwnBoundWhileNoCollectiveRuns) {
+  // The all-reduce became head before the kernel but has not started (it waits itself): the
+  // kernel is not excused by it, whatever the order.
+  WatchdogOptions o;
+  o.timeout_ns = 2 * kS;
+  o.op_timeouts = {{"ncclAllReduce", 20 * kS}};
+  HangWatchdog w(o);
+  w.setHead(1, op(1, 0, true));
+  w.setHead(2, op(2, 1));
+  auto s = w.poll(4 * kS);
+  ASSERT_TRUE(s);
+  EXPECT_EQ(s->first.stream, 2u);
+  EXPECT_EQ(s->stuck.size(), 1u);
+  // A collective that stops running (setStarted false) no longer excuses anything either; and
+  // setStarted on an idle stream is ignored.
+  HangWatchdog w2(o);
+  HeadOp running = op(1, 0, true);
+  running.started = true;
+  w2.setHead(1, running);
+  w2.setHead(2, op(2, 0));
+  w2.setStarted(3, true, 0);
+  EXPECT_FALSE(w2.poll(5 * kS));
+  w2.setStarted(1, false, 5 * kS);
+  auto s2 = w2.poll(6 * kS);
+  ASSERT_TRUE(s2);
+  EXPECT_EQ(s2->first.stream, 2u);
+}
+
+TEST(HangWatchdog, KernelThatStartsAfterWaitingIsTimedFromItsStart) {
+  // The optimizer kernel waits 10 s for the all-reduce (running, within its 20 s); the
+  // all-reduce ends and, in the same pass, the kernel starts: its 2 s count from there, not
+  // from when it became head (seen on the sim: the pass that saw the all-reduce complete
+  // reported the kernel).
+  WatchdogOptions o;
+  o.timeout_ns = 2 * kS;
+  o.op_timeouts = {{"ncclAllReduce", 20 * kS}};
+  HangWatchdog w(o);
+  HeadOp all_reduce = op(1, 0, true);
+  all_reduce.started = true;
+  w.setHead(1, all_reduce);
+  w.setHead(2, op(2, 0));  // not started: it waits for the all-reduce
+  EXPECT_FALSE(w.poll(10 * kS));
+  w.setIdle(1);
+  w.setStarted(2, true, 10 * kS);
+  EXPECT_FALSE(w.poll(10 * kS));
+  EXPECT_FALSE(w.poll(12 * kS));
+  auto s = w.poll(12 * kS + 1);  // then it runs past its own bound: stuck
+  ASSERT_TRUE(s);
+  EXPECT_EQ(s->first.stream, 2u);
+  EXPECT_EQ(s->first.waited_ns, 2 * kS + 1);
+  // A head that was started when it became the head keeps its time (no reset on repeats).
+  HangWatchdog w2(o);
+  HeadOp running = op(3, 0);
+  running.started = true;
+  w2.setHead(3, running);
+  w2.setStarted(3, true, 5 * kS);
+  ASSERT_TRUE(w2.poll(5 * kS));
 }
 
 }  // namespace

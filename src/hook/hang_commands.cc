@@ -1,14 +1,20 @@
 #include "src/hook/hang_commands.h"
 
 #include <dlfcn.h>
+#include <unistd.h>
 
+#include <atomic>
+#include <chrono>
 #include <cstdio>
+#include <thread>
 #include <vector>
 
 #include "src/common/config.h"
+#include "src/common/log.h"
 #include "src/hang/inspect.h"
 #include "src/hang/stack_capture.h"
 #include "src/hook/deep_trace.h"
+#include "src/hook/runtime.h"
 #include "src/sim/flare_sim_nccl.h"
 
 namespace flare::hook {
@@ -29,6 +35,36 @@ void CollectiveTracker::onOps(std::span<const timing::CompletedOp> ops) {
 }
 
 namespace {
+
+// FLARE_HANG_KILL=1: answer, then end the (hung) process from a thread of its own, so that the
+// answer goes out first and this (the exporter's reader) thread is not the one flushing the
+// exporter. Records are flushed with the exit handler's bounds (drain 1 s, send
+// FLARE_EXIT_FLUSH_SECONDS), then _exit: the main thread is stuck, so exit() and its handlers
+// could block on it. Once per process.
+void exitCommand(const flare::v1::Exit& req, flare::v1::CommandResult* result) {
+  if (!common::envBool("FLARE_HANG_KILL", false)) {
+    result->set_ok(false);
+    result->set_error("refused: this rank did not opt in (FLARE_HANG_KILL=1)");
+    FLARE_LOG_WARN("hang",
+                   "flare: the daemon asked this process to exit ({}); refused: "
+                   "FLARE_HANG_KILL is not set",
+                   req.reason());
+    return;
+  }
+  result->set_ok(true);
+  static std::atomic<bool> started{false};
+  if (started.exchange(true)) return;
+  FLARE_LOG_ERROR("hang",
+                  "flare: FLARE_HANG_KILL: ending this process after a hang diagnosis (exit "
+                  "code {}): {}",
+                  kHangKillExitCode, req.reason());
+  std::thread([] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));  // let the answer go out
+    finishAtExit();
+    std::fflush(nullptr);
+    _exit(kHangKillExitCode);
+  }).detach();
+}
 
 using StepsFn = int (*)(ncclComm_t, FlareSimConnStep*, int, uint64_t*);
 
@@ -111,6 +147,8 @@ void HangCommands::handle(const flare::v1::Command& command, flare::v1::CommandR
     inspect(command.inspect(), rank_, world_size_, result);
   } else if (command.has_deep_trace()) {
     deepTraceCommand(command, result);  // src/hook/deep_trace.h
+  } else if (command.has_exit()) {
+    exitCommand(command.exit(), result);
   } else {
     result->set_ok(false);
     result->set_error("not supported yet");

@@ -11,6 +11,8 @@
 //     therefore lags the GPU by the poll interval and, under load, by the ring; it never runs
 //     ahead of it. The communicator name is the hex hash of its ncclUniqueId (the same on every
 //     rank).
+//   Exit: refused unless FLARE_HANG_KILL=1; then answers ok, flushes the records (bounded) and
+//     _exits with kHangKillExitCode from a thread of its own (once).
 //   Inspect: on the simulated NCCL (the symbol flareSimNcclConnectionSteps exists, found with
 //     dlsym), the connection steps of each communicator's in-flight collective, peers
 //     translated to global ranks only for communicators that span the whole job (comm rank ==
@@ -68,6 +70,10 @@ class CollectiveTracker final : public timing::Sink {
   timing::Sink* inner_;
   HangWatch* watch_;  // not owned; may be null
 };
+
+// The exit status of a rank ended by the daemon's Exit command (FLARE_HANG_KILL=1): 75
+// (EX_TEMPFAIL, "try again": the launcher may restart the job).
+inline constexpr int kHangKillExitCode = 75;
 
 class HangCommands final : public timing::CommandHandler {
  public:

@@ -77,7 +77,10 @@ void HangWatch::onHeads(int64_t now_ns, std::span<const timing::StreamHead> head
     const uint64_t id = it->second;
     seen[id] = h.key;
     auto k = head_keys_.find(id);
-    if (k != head_keys_.end() && k->second == h.key) continue;  // same head as before
+    if (k != head_keys_.end() && k->second == h.key) {  // same head as before
+      watchdog_.setStarted(id, h.started, now_ns);
+      continue;
+    }
     hang::HeadOp op;
     op.op_id = h.key;
     auto sig = sigs_.find(h.info.signature_id);
@@ -87,6 +90,7 @@ void HangWatch::onHeads(int64_t now_ns, std::span<const timing::StreamHead> head
     op.collective =
         h.info.kind == timing::OpKind::kCollective || h.info.kind == timing::OpKind::kP2P;
     op.since_ns = h.since_ns;
+    op.started = h.started;
     op.signature = h.info.signature_id;
     op.comm_hash = h.info.comm_hash;
     op.seq = h.info.seq;

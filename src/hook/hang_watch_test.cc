@@ -184,6 +184,40 @@ TEST_F(HangWatchTest, LongCollectiveBelowItsOverrideIsNotAHang) {
   EXPECT_EQ(r[0].first().threshold_ns(), 2 * kS);
 }
 
+// The heads' start-event state decides a cross-stream wait, whichever op became head first.
+TEST_F(HangWatchTest, KernelWaitingForAStartedCollectiveIsNotStuckButOneBeforeItIs) {
+  hang::WatchdogOptions o;
+  o.timeout_ns = 2 * kS;
+  std::vector<std::string> errors;
+  ASSERT_TRUE(hang::parseOpTimeouts("ncclAllReduce=20", &o.op_timeouts, &errors));
+  start(o);
+  const uint32_t ar = tracer_->intern(sig("ncclAllReduce", timing::OpKind::kCollective));
+  const uint32_t adam = tracer_->intern(sig("adam", timing::OpKind::kKernel));
+  // The optimizer kernel heads the compute stream first (it waits on the all-reduce: its start
+  // event does not complete), then the all-reduce heads the communication stream and starts.
+  launch(kCompute, adam, timing::OpKind::kKernel);
+  at(100 * kS + 1000);
+  launch(kNccl, ar, timing::OpKind::kCollective, 1);
+  ASSERT_TRUE(timer_.completeNext(kNccl, 100 * kS));  // the all-reduce's start event
+  at(110 * kS);  // the kernel has headed 10 s (its bound: 2 s), the all-reduce 10 s of 20
+  EXPECT_TRUE(reports().empty());
+  // The all-reduce ends, so does the kernel: no report ever.
+  ASSERT_TRUE(timer_.completeNext(kNccl, 111 * kS));
+  ASSERT_TRUE(timer_.completeOp(kCompute, 111 * kS, 111 * kS + 1000));
+  at(112 * kS);
+  EXPECT_TRUE(reports().empty());
+
+  // A kernel that never finishes (started), the next all-reduce queued behind it on the other
+  // stream (waits for it: not started). The kernel is stuck after its own 2 s.
+  launch(kCompute, adam, timing::OpKind::kKernel);
+  ASSERT_TRUE(timer_.completeNext(kCompute, 112 * kS));  // runs
+  launch(kNccl, ar, timing::OpKind::kCollective, 2);
+  at(115 * kS);
+  auto r = reports();
+  ASSERT_EQ(r.size(), 1u);
+  EXPECT_EQ(r[0].first().name(), "adam");
+}
+
 TEST_F(HangWatchTest, LearnedBoundCoversASecondLongBarrier) {
   hang::WatchdogOptions o;
   o.timeout_ns = 5 * kS;

@@ -286,6 +286,7 @@ std::unique_ptr<timing::GrpcExporter> makeExporter(const common::Identity& id,
   o.mode = summaryMode() ? flare::v1::MODE_SUMMARY : flare::v1::MODE_RAW;
   o.token = common::envString("FLARE_TOKEN", "");
   o.flare_version = FLARE_VERSION_STRING;
+  o.hang_kill = common::envBool("FLARE_HANG_KILL", false);
   o.spool_dir = dir;
   o.handler = handler;
   o.buffer_bytes = static_cast<size_t>(

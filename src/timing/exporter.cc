@@ -509,6 +509,7 @@ bool GrpcExporter::streamOnce() {
     std::lock_guard<std::mutex> lock(mu_);
     if (hello_device_) *hello->mutable_device() = *hello_device_;
   }
+  hello->set_hang_kill(options_.hang_kill);
   std::string hello_bytes;
   hello_msg.SerializeToString(&hello_bytes);
 

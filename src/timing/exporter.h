@@ -80,6 +80,7 @@ struct ExporterOptions {
   std::string token;          // FLARE_TOKEN, sent in the hello
   std::string spool_dir;      // FLARE_OUTPUT_DIR
   std::string flare_version;  // Versions.flare in the hello
+  bool hang_kill = false;     // RankHello.hang_kill (FLARE_HANG_KILL)
   size_t batch_bytes = 64 * 1024;
   size_t buffer_bytes = 8u << 20;         // memory queue bound
   uint64_t spool_max_bytes = 1ull << 30;  // spool file bound

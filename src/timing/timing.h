@@ -183,6 +183,10 @@ struct StreamHead {
   int64_t since_ns = 0;
   uint64_t key = 0;    // the same while the same op is the head; unique among pending ops
   size_t pending = 0;  // ops queued on the stream, the head included
+  // Its start event has completed (queried without blocking at each pass): the op runs on the
+  // GPU. false: the stream waits before it (a cudaStreamWaitEvent on another stream's work).
+  // An event error counts as started; host spans are started.
+  bool started = true;
 };
 
 // Sees the heads of the streams (the timing side of hang detection). Called on the poller

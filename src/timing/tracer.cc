@@ -1032,13 +1032,17 @@ void Tracer::Impl::observeHeads() {
   for (const auto& [key, queue] : queues_) {
     if (queue.empty()) continue;
     const PendingOp& op = queue.front().op;
+    // Non-blocking; one query per stream with pending work, every head_interval_ns.
+    const bool started = op.start == nullptr ||
+                         timer_->queryEvent(op.start->handle) != DeviceTimer::Status::kNotReady;
     heads_out_.push_back(StreamHead{.device = key.device,
                                     .stream_id = key.stream_id,
                                     .info = op.info,
                                     .issue_ns = op.issue_ns,
                                     .since_ns = std::max(op.issue_ns, queue.last_done_ns),
                                     .key = reinterpret_cast<uintptr_t>(op.end),
-                                    .pending = queue.size()});
+                                    .pending = queue.size(),
+                                    .started = started});
   }
   opts_.head_observer->onHeads(now_ns, heads_out_);
 }

@@ -294,21 +294,16 @@ def test_watchdog_opens_the_incident_before_the_silence_timeout(build_dir, slow_
         finish(proc)
 
 
-@pytest.mark.parametrize("override", [
-    # Known false positive (docs: src/hang/README.md): on a loaded machine the optimizer kernel
-    # that waits (cudaStreamWaitEvent) for the long all-reduce can become the head of its stream
-    # before the all-reduce heads the communication stream; the watchdog cannot tell the
-    # direction of a cross-stream dependency without the ops' start-event state, so it reports
-    # the kernel. Not strict: it passes where the heads come in the usual order.
-    pytest.param(True, marks=pytest.mark.xfail(
-        strict=False, reason="kernel waiting for a later-heading collective is reported")),
-    False])
+@pytest.mark.parametrize("override", [True, False])
 def test_long_collective_below_its_override_is_not_a_hang(build_dir, slow_silence_daemon,
                                                           tmp_path, override):
     # Rank 2's host stalls 3 s at steps 0 and 4 (a checkpoint-like pause): every other rank
     # waits 3 s in its all-reduce, twice the watchdog's 1.5 s. With ncclAllReduce=20 s the
     # job runs to its end without a report; without it, the same job raises one (the test
-    # can fail).
+    # can fail). The optimizer kernel that waits (cudaStreamWaitEvent) for the all-reduce is
+    # excused while the all-reduce runs on the GPU (its start event completed), also when the
+    # kernel became the head of its stream first (a loaded machine: this used to be a false
+    # positive, src/hang/README.md).
     daemon = slow_silence_daemon
     job = "longar-%s" % ("override" if override else "none")
     env = {"FLARE_SIM_HOST_STALL": "2:3000:4", "FLARE_HANG_TIMEOUT": "1.5"}
@@ -412,5 +407,76 @@ def test_communication_hang_on_one_link_of_a_data_parallel_sub_communicator(buil
         took = (inc["diagnosedUnixNs"] - inc["onsetUnixNs"]) / 1e9
         assert HANG_TIMEOUT_S <= took < HANG_TIMEOUT_S + 5, took
         print("onset-to-diagnosis %.2f s (dp sub-communicator link)" % took)
+    finally:
+        finish(proc)
+
+
+# ---- FLARE_HANG_KILL: the ranks that opted in exit after the diagnosis -------------------------
+
+def live_processes(pgid):
+    """Processes of the job's process group that still run (zombies excluded)."""
+    out = subprocess.run(["ps", "-o", "stat=,pid=,args=", "-g", str(pgid)], capture_output=True,
+                         text=True).stdout.splitlines()
+    return [line for line in out if line.strip() and not line.strip().startswith("Z")]
+
+
+@pytest.mark.parametrize("opt_in", [True, False])
+def test_hang_kill_ends_every_opted_in_rank_after_the_diagnosis(build_dir, daemon, tmp_path,
+                                                                opt_in):
+    # Rank 5's kernel never finishes (the others wait in the next all-reduce). With
+    # FLARE_HANG_KILL=1 every rank process ends itself (exit code 75) once the diagnosis is
+    # stored; --keep-going: the launcher stops nobody, so each exit is the rank's own. Without
+    # the opt-in flared sends nothing and every rank stays (hung) until the test ends the job.
+    job = "kill-%s" % ("on" if opt_in else "off")
+    env = dict(os.environ, FLARE_OUTPUT_DIR=str(tmp_path / ("spool-" + job)),
+               FLARE_SIM_HANG="5:compute:3")
+    env.pop("FLARE_HANG_KILL", None)
+    if opt_in:
+        env["FLARE_HANG_KILL"] = "1"
+    log_path = tmp_path / (job + ".log")
+    proc = subprocess.Popen(
+        [os.path.join(build_dir, "bin", "flare"), "run", "--daemon", "127.0.0.1:%d" % daemon.grpc,
+         "--job-id", job, "--quiet", "--", os.path.join(build_dir, "bin", "flare-sim-train"),
+         "--ranks", "8", "--steps", "40", "--layers", "4", "--tp", "1", "--quiet", "--timeout",
+         "60", "--keep-going"], env=env, stdout=open(log_path, "w"), stderr=subprocess.STDOUT,
+        start_new_session=True)
+    try:
+        incidents = wait_incidents(daemon, job)
+        assert len(incidents) == 1, incidents
+        inc = incidents[0]
+        assert inc["kind"] == "non-communication hang", inc["text"]
+        assert [s["rank"] for s in inc["suspects"]] == [5], inc["text"]
+        # The incident is listed as soon as it is stored; the alert (the store's writer) and the
+        # Exit commands (sent right after) follow within moments.
+        deadline = time.time() + 10
+        while time.time() < deadline and (not hang_alerts(daemon, job) or (
+                opt_in and daemon.get("/api/v1/jobs/%s/hangs" % job)["incidents"][0][
+                    "exitSent"] != 8)):
+            time.sleep(0.05)
+        assert len(hang_alerts(daemon, job)) == 1
+        inc = daemon.get("/api/v1/jobs/%s/hangs" % job)["incidents"][0]
+        if opt_in:
+            assert inc["exitSent"] == 8, inc
+            # Every rank ends by itself: the launcher, then `flare run`, end when the last did.
+            assert proc.wait(timeout=20) != 0
+            ended_ns = time.time_ns()
+            assert inc["diagnosedUnixNs"] < ended_ns
+            assert live_processes(proc.pid) == []
+            log = open(log_path).read()
+            assert log.count("FLARE_HANG_KILL: ending this process") == 8, log
+            assert "rank " in log and "(exit code 75)" in log, log
+            assert metric(daemon, "flare_hang_exits_sent_total") == 8
+            # The ranks' exits are not a new hang (the episode is over, the job finished).
+            time.sleep(HANG_TIMEOUT_S + 1)
+            assert len(daemon.get("/api/v1/jobs/%s/hangs" % job)["incidents"]) == 1
+            assert len(hang_alerts(daemon, job)) == 1
+        else:
+            assert inc["exitSent"] == 0, inc
+            time.sleep(3)
+            assert proc.poll() is None
+            ranks = [p for p in live_processes(proc.pid) if "flare-sim-rank" in p]
+            assert len(ranks) == 8, live_processes(proc.pid)
+            assert "FLARE_HANG_KILL" not in open(log_path).read()
+            assert metric(daemon, "flare_hang_exits_sent_total") == 0
     finally:
         finish(proc)
