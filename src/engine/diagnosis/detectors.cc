@@ -745,48 +745,13 @@ struct VoidSteps {
 std::map<int, VoidSteps> voidPerStep(const JobModel& job) {
   std::map<int, VoidSteps> result;
   for (const auto& [rank, r] : job.ranks()) {
-    const auto starts = job.stepStarts(rank);
-    if (starts.size() < 3) continue;
-    // DataLoader spans by start, to find each step's input wait.
-    std::vector<std::pair<int64_t, int64_t>> loader;
-    for (const Span& s : r.spans) {
-      const std::string& name = job.apis()[s.api];
-      if (name.size() >= 8 && name.compare(name.size() - 8, 8, "__next__") == 0)
-        loader.push_back({s.start, s.end});
-    }
-    std::sort(loader.begin(), loader.end());
-    std::vector<std::pair<int64_t, int64_t>> gpu;
-    for (const Op& op : r.ops) {
-      if (isGpuOp(job.signatures()[op.sig].kind())) gpu.push_back({op.start, op.end});
-    }
-    std::sort(gpu.begin(), gpu.end());
+    // The shared per-step definition (src/timing/step_stats.h), the first step skipped (warm-up).
+    const auto steps = job.stepStats(rank);
     std::vector<double> v_inter, v_minority;
-    for (size_t i = 1; i + 1 < starts.size(); ++i) {  // skip the first step (warm-up)
-      const int64_t s0 = starts[i], s1 = starts[i + 1];
-      const double t_step = static_cast<double>(s1 - s0);
-      if (t_step <= 0) continue;
-      double t_inter = 0;
-      auto l = std::lower_bound(loader.begin(), loader.end(), std::make_pair(s0, INT64_MIN));
-      if (l != loader.end() && l->first < s1) {
-        // Last GPU work ending before the loader call, first starting after it.
-        int64_t last_end = INT64_MIN;
-        for (const auto& [gs, ge] : gpu) {
-          if (gs >= l->first) break;
-          last_end = std::max(last_end, ge);
-        }
-        auto first = std::lower_bound(gpu.begin(), gpu.end(), std::make_pair(l->second, INT64_MIN));
-        if (last_end > INT64_MIN && first != gpu.end())
-          t_inter = static_cast<double>(std::max<int64_t>(0, first->first - last_end));
-      }
-      std::vector<std::pair<int64_t, int64_t>> minority;
-      for (const Op& op : r.ops) {
-        if (job.signatures()[op.sig].kind() != flare::v1::OP_KIND_KERNEL) continue;
-        const int64_t a = std::max(op.start, s0), b = std::min(op.end, s1);
-        if (b > a) minority.push_back({a, b});
-      }
-      v_inter.push_back(std::min(1.0, t_inter / t_step));
-      const double rest = t_step - t_inter;
-      if (rest > 0) v_minority.push_back(std::min(1.0, unionLength(minority) / rest));
+    for (const timing::StepStats& st : steps) {
+      if (st.step == 0) continue;
+      v_inter.push_back(st.vInter());
+      if (st.end_ns - st.start_ns - st.inter_ns > 0) v_minority.push_back(st.vMinority());
     }
     if (v_inter.empty()) continue;
     result[rank] = {std::move(v_inter), std::move(v_minority)};

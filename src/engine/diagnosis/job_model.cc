@@ -338,4 +338,26 @@ std::vector<int64_t> JobModel::stepStarts(int rank) const {
   return starts;
 }
 
+std::vector<timing::StepStats> JobModel::stepStats(int rank) const {
+  const auto it = ranks_.find(rank);
+  if (it == ranks_.end()) return {};
+  const std::vector<int64_t> starts = stepStarts(rank);
+  if (starts.size() < 2) return {};
+  const RankData& r = it->second;
+  std::vector<timing::StepOp> ops;
+  ops.reserve(r.ops.size());
+  for (const Op& op : r.ops) {
+    const auto kind = signatures_[op.sig].kind();
+    if (kind == flare::v1::OP_KIND_SYNC) continue;  // host-side, not GPU work
+    ops.push_back({op.issue, op.start, op.end, kind == flare::v1::OP_KIND_KERNEL});
+  }
+  std::vector<timing::StepSpan> loader;
+  for (const Span& s : r.spans) {
+    const std::string& name = apis_[s.api];
+    if (name.size() >= 8 && name.compare(name.size() - 8, 8, "__next__") == 0)
+      loader.push_back({s.start, s.end});
+  }
+  return timing::computeStepStats(ops, loader, starts);
+}
+
 }  // namespace flare::engine

@@ -18,6 +18,7 @@
 
 #include "flare/v1/records.pb.h"
 #include "src/engine/stats/kde.h"
+#include "src/timing/step_stats.h"
 
 namespace flare::engine {
 
@@ -117,6 +118,11 @@ class JobModel {
   // Step boundaries of a rank: explicit markers, else the starts of its DataLoader `__next__`
   // spans (the definition). Empty when neither was recorded.
   std::vector<int64_t> stepStarts(int rank) const;
+
+  // Per-step statistics of a rank computed from its ops and spans with the rank's own definition
+  // (src/timing/step_stats.h): one entry per complete step between stepStarts(rank), step = its
+  // index there. Empty when the rank has fewer than two step starts.
+  std::vector<timing::StepStats> stepStats(int rank) const;
 
  private:
   uint32_t internSignature(const flare::v1::Signature& sig);

@@ -30,27 +30,6 @@ bool computesFlops(OpKind kind) {
          kind == flare::v1::OP_KIND_CUSTOM;
 }
 
-bool isLoaderApi(const std::string& name) {
-  return name.size() >= 8 && name.compare(name.size() - 8, 8, "__next__") == 0;
-}
-
-double unionLength(std::vector<Interval> v) {
-  std::sort(v.begin(), v.end());
-  double total = 0;
-  int64_t cur_s = 0, cur_e = INT64_MIN;
-  for (const auto& [s, e] : v) {
-    if (s > cur_e) {
-      if (cur_e > INT64_MIN) total += static_cast<double>(cur_e - cur_s);
-      cur_s = s;
-      cur_e = e;
-    } else {
-      cur_e = std::max(cur_e, e);
-    }
-  }
-  if (cur_e > INT64_MIN) total += static_cast<double>(cur_e - cur_s);
-  return total;
-}
-
 // Issue latencies of a rank's GPU ops issued after its warm-up (its second step start).
 void issueLatencies(const JobModel& job, const RankData& r, std::vector<double>* out) {
   const auto starts = job.stepStarts(r.rank);
@@ -70,64 +49,22 @@ LatencyQuantiles quantilesOf(std::vector<double>& v, const std::vector<double>& 
   return q;
 }
 
-// Per step interval of one rank: step time, V_inter, V_minority.
+// Per step interval of one rank: step time, V_inter, V_minority, from the shared per-step
+// definition (JobModel::stepStats, src/timing/step_stats.h); NaN where undefined.
 void rankSteps(const JobModel& job, const RankData& r, const std::vector<int64_t>& starts,
                std::vector<double>* step_ns, std::vector<double>* v_inter,
                std::vector<double>* v_minority) {
-  std::vector<Interval> loader;
-  for (const Span& s : r.spans) {
-    if (isLoaderApi(job.apis()[s.api])) loader.push_back({s.start, s.end});
-  }
-  std::sort(loader.begin(), loader.end());
-  std::vector<Interval> gpu, minority;
-  int64_t minority_max = 0;
-  for (const Op& op : r.ops) {
-    const OpKind kind = job.signatures()[op.sig].kind();
-    if (!isGpuOp(kind)) continue;
-    gpu.push_back({op.start, op.end});
-    if (kind == flare::v1::OP_KIND_KERNEL) {
-      minority.push_back({op.start, op.end});
-      minority_max = std::max(minority_max, op.end - op.start);
-    }
-  }
-  std::sort(gpu.begin(), gpu.end());
-  std::sort(minority.begin(), minority.end());
-  std::vector<int64_t> end_prefix_max(gpu.size());  // max end of gpu[0..i]
-  int64_t m = INT64_MIN;
-  for (size_t i = 0; i < gpu.size(); ++i) end_prefix_max[i] = m = std::max(m, gpu[i].second);
-
+  const auto steps = job.stepStats(r.rank);
   for (size_t i = 0; i + 1 < starts.size(); ++i) {
-    const int64_t s0 = starts[i], s1 = starts[i + 1];
-    const double t_step = static_cast<double>(s1 - s0);
-    step_ns->push_back(t_step);
-    if (t_step <= 0) {
-      v_inter->push_back(kNaN);
-      v_minority->push_back(kNaN);
-      continue;
-    }
-    // T_inter: from the last GPU op ending before the step's DataLoader call to the first one
-    // starting after it.
-    double t_inter = 0;
-    auto l = std::lower_bound(loader.begin(), loader.end(), Interval{s0, INT64_MIN});
-    if (l != loader.end() && l->first < s1) {
-      const auto before = std::lower_bound(gpu.begin(), gpu.end(), Interval{l->first, INT64_MIN});
-      const auto first = std::lower_bound(gpu.begin(), gpu.end(), Interval{l->second, INT64_MIN});
-      if (before != gpu.begin() && first != gpu.end()) {
-        const int64_t last_end = end_prefix_max[static_cast<size_t>(before - gpu.begin()) - 1];
-        t_inter = static_cast<double>(std::max<int64_t>(0, first->first - last_end));
-      }
-    }
-    v_inter->push_back(std::min(1.0, t_inter / t_step));
-    // T_minority: OP_KIND_KERNEL time inside the step (clipped to it).
-    std::vector<Interval> in;
-    for (auto it = std::lower_bound(minority.begin(), minority.end(),
-                                    Interval{s0 - minority_max, INT64_MIN});
-         it != minority.end() && it->first < s1; ++it) {
-      const int64_t a = std::max(it->first, s0), b = std::min(it->second, s1);
-      if (b > a) in.push_back({a, b});
-    }
-    const double rest = t_step - t_inter;
-    v_minority->push_back(rest > 0 ? std::min(1.0, unionLength(std::move(in)) / rest) : kNaN);
+    step_ns->push_back(static_cast<double>(starts[i + 1] - starts[i]));
+    v_inter->push_back(kNaN);
+    v_minority->push_back(kNaN);
+  }
+  for (const timing::StepStats& st : steps) {
+    const auto i = static_cast<size_t>(st.step);
+    if (i >= v_inter->size()) continue;
+    (*v_inter)[i] = st.vInter();
+    (*v_minority)[i] = st.end_ns - st.start_ns - st.inter_ns > 0 ? st.vMinority() : kNaN;
   }
 }
 

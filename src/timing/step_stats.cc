@@ -1,0 +1,122 @@
+#include "src/timing/step_stats.h"
+
+#include <algorithm>
+#include <climits>
+#include <utility>
+
+namespace flare::timing {
+namespace {
+
+using Interval = std::pair<int64_t, int64_t>;
+
+// Length of the union of intervals (sorted in place).
+int64_t unionLength(std::vector<Interval>* v) {
+  std::sort(v->begin(), v->end());
+  int64_t total = 0, cur_s = 0, cur_e = INT64_MIN;
+  for (const auto& [s, e] : *v) {
+    if (e <= s) continue;
+    if (cur_e == INT64_MIN || s > cur_e) {
+      if (cur_e != INT64_MIN) total += cur_e - cur_s;
+      cur_s = s;
+      cur_e = e;
+    } else {
+      cur_e = std::max(cur_e, e);
+    }
+  }
+  if (cur_e != INT64_MIN) total += cur_e - cur_s;
+  return total;
+}
+
+}  // namespace
+
+double StepStats::vInter() const {
+  const double t = static_cast<double>(end_ns - start_ns);
+  return t > 0 ? std::min(1.0, static_cast<double>(inter_ns) / t) : 0.0;
+}
+
+double StepStats::vMinority() const {
+  const double rest = static_cast<double>(end_ns - start_ns - inter_ns);
+  return rest > 0 ? std::min(1.0, static_cast<double>(minority_ns) / rest) : 0.0;
+}
+
+std::vector<StepStats> computeStepStats(std::span<const StepOp> ops,
+                                        std::span<const StepSpan> loader,
+                                        std::span<const int64_t> starts) {
+  std::vector<StepStats> out;
+  if (starts.size() < 2) return out;
+  // Ops by start (interval side) and by issue (issue side); O((ops + steps) log ops) overall,
+  // plus the ops overlapping each step.
+  std::vector<const StepOp*> by_start, by_issue;
+  by_start.reserve(ops.size());
+  int64_t max_len = 0;
+  for (const StepOp& op : ops) {
+    by_start.push_back(&op);
+    max_len = std::max(max_len, op.end - op.start);
+  }
+  by_issue = by_start;
+  std::sort(by_start.begin(), by_start.end(), [](const StepOp* a, const StepOp* b) {
+    return a->start != b->start ? a->start < b->start : a->end < b->end;
+  });
+  std::sort(by_issue.begin(), by_issue.end(),
+            [](const StepOp* a, const StepOp* b) { return a->issue < b->issue; });
+  std::vector<int64_t> end_prefix_max(by_start.size());  // max end of by_start[0..i]
+  int64_t m = INT64_MIN;
+  for (size_t i = 0; i < by_start.size(); ++i)
+    end_prefix_max[i] = m = std::max(m, by_start[i]->end);
+  auto firstStartAtOrAfter = [&](int64_t t) {
+    return static_cast<size_t>(
+        std::lower_bound(by_start.begin(), by_start.end(), t,
+                         [](const StepOp* op, int64_t v) { return op->start < v; }) -
+        by_start.begin());
+  };
+  std::vector<Interval> loads;
+  loads.reserve(loader.size());
+  for (const StepSpan& s : loader) loads.push_back({s.start, s.end});
+  std::sort(loads.begin(), loads.end());
+
+  std::vector<Interval> busy, minority;
+  for (size_t i = 0; i + 1 < starts.size(); ++i) {
+    const int64_t s0 = starts[i], s1 = starts[i + 1];
+    if (s1 <= s0) continue;
+    StepStats st;
+    st.step = static_cast<int64_t>(i);
+    st.start_ns = s0;
+    st.end_ns = s1;
+    // T_inter: the step's first DataLoader call; the last GPU op (by start) starting before it,
+    // by its end; the first GPU op starting at or after the call's end.
+    auto l = std::lower_bound(loads.begin(), loads.end(), Interval{s0, INT64_MIN});
+    if (l != loads.end() && l->first < s1) {
+      const size_t before = firstStartAtOrAfter(l->first);
+      const size_t first = firstStartAtOrAfter(l->second);
+      if (before > 0 && first < by_start.size())
+        st.inter_ns = std::max<int64_t>(0, by_start[first]->start - end_prefix_max[before - 1]);
+    }
+    busy.clear();
+    minority.clear();
+    const int64_t from = max_len > INT64_MAX / 2 ? INT64_MIN : s0 - max_len;
+    for (size_t k = firstStartAtOrAfter(from); k < by_start.size() && by_start[k]->start < s1;
+         ++k) {
+      const StepOp& op = *by_start[k];
+      const int64_t a = std::max(op.start, s0), b = std::min(op.end, s1);
+      if (b <= a) continue;
+      busy.push_back({a, b});
+      if (op.kernel) minority.push_back({a, b});
+    }
+    auto it = std::lower_bound(by_issue.begin(), by_issue.end(), s0,
+                               [](const StepOp* op, int64_t v) { return op->issue < v; });
+    for (; it != by_issue.end() && (*it)->issue < s1; ++it) {
+      const StepOp& op = **it;
+      const double lat = static_cast<double>(op.start - op.issue);
+      ++st.gpu_ops;
+      st.issue_latency_sum_ns += lat;
+      st.issue_offset_sum_ns += static_cast<double>(op.issue - s0);
+      st.latency.add(lat);
+    }
+    st.gpu_busy_ns = unionLength(&busy);
+    st.minority_ns = unionLength(&minority);
+    out.push_back(std::move(st));
+  }
+  return out;
+}
+
+}  // namespace flare::timing

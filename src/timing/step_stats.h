@@ -1,0 +1,61 @@
+// step_stats.h — the per-step statistics of one rank (issue 6), as ONE pure definition meant to
+// be shared by the rank (summary mode, where raw compute ops never leave the process) and by
+// flared (raw mode, from received ops). It reproduces what detectors.cc computes from ops:
+//   - inter_ns: T_inter of voidPerStep (gap from the last GPU op starting before the step's first
+//     DataLoader `__next__` span, by its end, to the first GPU op starting at/after the span end);
+//   - minority_ns: union of OP_KIND_KERNEL op intervals clipped to the step;
+//   - gpu_busy_ns: union of GPU op intervals clipped to the step;
+//   - gpu_ops, issue_latency_sum_ns, issue_offset_sum_ns: the GPU ops *issued* in the step, as
+//     stepIssueLatency sums them for the paired stall test;
+//   - latency: a LatencySketch of those ops' issue latencies (mergeable across steps/ranks).
+// Not yet wired into the Tracer, the proto or the detectors (see src/timing/README.md).
+// Pure functions: no globals, no I/O; thread-compatible. Inputs are borrowed, output owned.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "src/engine/stats/sketch.h"
+
+namespace flare::timing {
+
+// One GPU op as the step computation needs it (rank clock, ns).
+struct StepOp {
+  int64_t issue = 0;
+  int64_t start = 0;
+  int64_t end = 0;
+  bool kernel = false;  // OP_KIND_KERNEL (the "minority" kernels of V_minority)
+};
+
+// A host interval (a DataLoader `__next__` span).
+struct StepSpan {
+  int64_t start = 0;
+  int64_t end = 0;
+};
+
+struct StepStats {
+  int64_t step = 0;  // index into the step boundaries
+  int64_t start_ns = 0, end_ns = 0;
+  int64_t gpu_busy_ns = 0;
+  int64_t inter_ns = 0;
+  int64_t minority_ns = 0;
+  uint64_t gpu_ops = 0;
+  double issue_latency_sum_ns = 0;
+  double issue_offset_sum_ns = 0;
+  stats::LatencySketch latency{kStepSketchAccuracy};
+
+  static constexpr double kStepSketchAccuracy = 0.02;
+
+  // V_inter and V_minority as detectors.cc defines them (0 when undefined).
+  double vInter() const;
+  double vMinority() const;
+};
+
+// Computes one StepStats per complete step [starts[i], starts[i+1]). `ops` must be GPU ops only;
+// neither ops nor loader need be sorted. Steps with a non-positive length are skipped.
+std::vector<StepStats> computeStepStats(std::span<const StepOp> ops,
+                                        std::span<const StepSpan> loader,
+                                        std::span<const int64_t> starts);
+
+}  // namespace flare::timing
