@@ -2,8 +2,15 @@
 
 #include <google/protobuf/util/json_util.h>
 
+#include <algorithm>
+#include <optional>
+#include <sstream>
 #include <string_view>
 #include <vector>
+
+#include "src/common/text.h"
+#include "src/engine/analyzer.h"
+#include "src/engine/hang_monitor.h"
 
 namespace flare::engine {
 namespace {
@@ -58,6 +65,57 @@ bool parseI64(const std::string& s, int64_t* out) {
   }
 }
 
+bool parseU64(const std::string& s, uint64_t* out) {
+  if (s.empty() || s[0] == '-') return false;
+  try {
+    size_t used = 0;
+    *out = std::stoull(s, &used);
+    return used == s.size();
+  } catch (...) {
+    return false;
+  }
+}
+
+// GET /api/v1/jobs/{job}/series[?max_steps=N&max_ranks=N&max_signatures=N&points=N&ranks=3,5
+// &baseline=JOB]: the plot series of the job's detector window (diagnosis/series.h). Limits are
+// clamped to the kSeries* hard limits; bad numbers are a 400, a job without a window a 404.
+HttpResponse seriesResponse(Analyzer& analyzer, const std::string& job, const HttpRequest& r) {
+  auto bad = [](const std::string& what) {
+    return HttpResponse{400, "application/json", "{\"error\":\"" + what + "\"}\n"};
+  };
+  SeriesOptions opt;
+  const std::pair<const char*, size_t*> limits[] = {{"max_steps", &opt.max_steps},
+                                                    {"max_ranks", &opt.max_ranks},
+                                                    {"max_signatures", &opt.max_signatures},
+                                                    {"points", &opt.quantile_points}};
+  for (const auto& [name, field] : limits) {
+    const auto it = r.query.find(name);
+    if (it == r.query.end()) continue;
+    uint64_t v = 0;
+    if (!parseU64(it->second, &v) || v == 0) return bad(std::string(name) + ": positive integer");
+    *field = static_cast<size_t>(std::min<uint64_t>(v, 1u << 20));
+  }
+  if (const auto it = r.query.find("ranks"); it != r.query.end()) {
+    std::stringstream list(it->second);
+    std::string item;
+    while (std::getline(list, item, ',')) {
+      uint64_t v = 0;
+      if (item.empty()) continue;
+      if (!parseU64(item, &v) || v > (1u << 30)) return bad("ranks: comma-separated rank ids");
+      opt.priority_ranks.push_back(static_cast<int>(v));
+    }
+  }
+  const auto base = r.query.find("baseline");
+  const auto out =
+      analyzer.seriesJson(job, opt, base == r.query.end() ? std::string() : base->second);
+  if (!out) {
+    return HttpResponse{
+        404, "application/json",
+        "{\"error\":" + flare::common::jsonQuote("no detector window for job " + job) + "}\n"};
+  }
+  return HttpResponse{200, "application/json", *out};
+}
+
 }  // namespace
 
 int httpStatus(Code code) {
@@ -95,7 +153,76 @@ Code QueryApi::report(const v1::GetReportRequest& req, v1::GetReportResponse* ou
   return c;
 }
 
+// The detector, baseline and hang routes (they need the Analyzer and the HangMonitor): matched
+// on the path's suffix, before the other routes. False when the path is none of them.
+std::optional<HttpResponse> QueryApi::analysisRoute(const HttpRequest& r) {
+  if (analyzer_ == nullptr || hangs_ == nullptr || wall_ == nullptr) return std::nullopt;
+  // /api/v1/jobs/{job}/diagnoses: the detectors on the job's current window, on demand.
+  const std::string prefix = "/api/v1/jobs/", suffix = "/diagnoses";
+  if (r.path.size() > prefix.size() + suffix.size() && r.path.rfind(prefix, 0) == 0 &&
+      r.path.compare(r.path.size() - suffix.size(), suffix.size(), suffix) == 0) {
+    const std::string job =
+        r.path.substr(prefix.size(), r.path.size() - prefix.size() - suffix.size());
+    return HttpResponse{200, "application/json", diagnosesToJson(analyzer_->diagnoseJob(job))};
+  }
+  // /api/v1/jobs/{job}/series: per rank x step series for plots (flare report --html).
+  const std::string ssuffix = "/series";
+  if (r.path.size() > prefix.size() + ssuffix.size() && r.path.rfind(prefix, 0) == 0 &&
+      r.path.compare(r.path.size() - ssuffix.size(), ssuffix.size(), ssuffix) == 0) {
+    return seriesResponse(
+        *analyzer_, r.path.substr(prefix.size(), r.path.size() - prefix.size() - ssuffix.size()),
+        r);
+  }
+  // Healthy history: POST/DELETE /api/v1/jobs/{job}/baseline, GET /api/v1/baselines.
+  if (r.path == "/api/v1/baselines") {
+    if (r.method != "GET")
+      return HttpResponse{405, "application/json", "{\"error\":\"GET only\"}\n"};
+    return jsonResponse(analyzer_->listBaselines());
+  }
+  const std::string bsuffix = "/baseline";
+  if (r.path.size() > prefix.size() + bsuffix.size() && r.path.rfind(prefix, 0) == 0 &&
+      r.path.compare(r.path.size() - bsuffix.size(), bsuffix.size(), bsuffix) == 0) {
+    const std::string job =
+        r.path.substr(prefix.size(), r.path.size() - prefix.size() - bsuffix.size());
+    auto err = [](int status, const std::string& msg) {
+      std::string q;
+      for (char c : msg) {
+        if (c == '"' || c == '\\') q += '\\';
+        if (static_cast<unsigned char>(c) >= 0x20) q += c;
+      }
+      return HttpResponse{status, "application/json", "{\"error\":\"" + q + "\"}\n"};
+    };
+    if (job.empty() || job.find('/') != std::string::npos) return err(404, "no such endpoint");
+    if (r.method == "DELETE") {
+      if (!analyzer_->removeBaseline(job)) return err(404, "job " + job + " is not a baseline");
+      return HttpResponse{200, "application/json", "{\"removed\":true}\n"};
+    }
+    if (r.method != "POST") return err(405, "POST (add) or DELETE (remove)");
+    flare::v1::HealthyBaseline given;  // body: {"backend": "..."} (optional)
+    if (!r.body.empty() && !google::protobuf::util::JsonStringToMessage(r.body, &given).ok()) {
+      return err(400, "body: {\"backend\": \"NAME\"} or nothing");
+    }
+    std::string why;
+    auto added = analyzer_->addBaseline(job, given.backend(), wall_->nowNs(), &why);
+    if (!added) return err(404, why);
+    added->clear_issue_latency();
+    added->clear_issue_latency_by_kind();
+    added->clear_signatures();
+    return jsonResponse(*added);
+  }
+  // /api/v1/jobs/{job}/hangs: the job's hang incidents (hang_monitor.h).
+  const std::string hsuffix = "/hangs";
+  if (r.path.size() > prefix.size() + hsuffix.size() && r.path.rfind(prefix, 0) == 0 &&
+      r.path.compare(r.path.size() - hsuffix.size(), hsuffix.size(), hsuffix) == 0) {
+    const std::string job =
+        r.path.substr(prefix.size(), r.path.size() - prefix.size() - hsuffix.size());
+    return HttpResponse{200, "application/json", hangs_->incidentsJson(job)};
+  }
+  return std::nullopt;
+}
+
 HttpResponse QueryApi::http(const HttpRequest& req) {
+  if (auto routed = analysisRoute(req)) return *std::move(routed);
   const std::vector<std::string> p = split(req.path);
   const bool get = req.method == "GET" || req.method == "HEAD";
   if (req.path == "/healthz") return {200, "text/plain; charset=utf-8", "ok\n"};

@@ -169,46 +169,6 @@ bool loadTokens(const std::string& path, IngestConfig* cfg, std::string* error) 
   return true;
 }
 
-// GET /api/v1/jobs/{job}/series[?max_steps=N&max_ranks=N&max_signatures=N&points=N&ranks=3,5
-// &baseline=JOB]: the plot series of the job's detector window (diagnosis/series.h). Limits are
-// clamped to the kSeries* hard limits; bad numbers are a 400, a job without a window a 404.
-HttpResponse seriesResponse(Analyzer& analyzer, const std::string& job, const HttpRequest& r) {
-  auto bad = [](const std::string& what) {
-    return HttpResponse{400, "application/json", "{\"error\":\"" + what + "\"}\n"};
-  };
-  SeriesOptions opt;
-  const std::pair<const char*, size_t*> limits[] = {{"max_steps", &opt.max_steps},
-                                                    {"max_ranks", &opt.max_ranks},
-                                                    {"max_signatures", &opt.max_signatures},
-                                                    {"points", &opt.quantile_points}};
-  for (const auto& [name, field] : limits) {
-    const auto it = r.query.find(name);
-    if (it == r.query.end()) continue;
-    uint64_t v = 0;
-    if (!parseU64(it->second, &v) || v == 0) return bad(std::string(name) + ": positive integer");
-    *field = static_cast<size_t>(std::min<uint64_t>(v, 1u << 20));
-  }
-  if (const auto it = r.query.find("ranks"); it != r.query.end()) {
-    std::stringstream list(it->second);
-    std::string item;
-    while (std::getline(list, item, ',')) {
-      uint64_t v = 0;
-      if (item.empty()) continue;
-      if (!parseU64(item, &v) || v > (1u << 30)) return bad("ranks: comma-separated rank ids");
-      opt.priority_ranks.push_back(static_cast<int>(v));
-    }
-  }
-  const auto base = r.query.find("baseline");
-  const auto out =
-      analyzer.seriesJson(job, opt, base == r.query.end() ? std::string() : base->second);
-  if (!out) {
-    return HttpResponse{
-        404, "application/json",
-        "{\"error\":" + flare::common::jsonQuote("no detector window for job " + job) + "}\n"};
-  }
-  return HttpResponse{200, "application/json", *out};
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -448,6 +408,7 @@ int main(int argc, char** argv) {
   };
   QueryApi api(ingest, store.get(), metrics);
   api.setReportEnricher([&analyzer](flare::v1::GetReportResponse* r) { analyzer.enrichReport(r); });
+  api.setAnalysis(&analyzer, &hangs, &wall);
 
   GrpcOptions go;
   go.listen = str("listen");
@@ -461,70 +422,7 @@ int main(int argc, char** argv) {
     return 1;
   }
   grpc_ptr = &grpc;
-  HttpServer http([&](const HttpRequest& r) {
-    // /api/v1/jobs/{job}/diagnoses: the detectors on the job's current window, on demand.
-    const std::string prefix = "/api/v1/jobs/", suffix = "/diagnoses";
-    if (r.path.size() > prefix.size() + suffix.size() && r.path.rfind(prefix, 0) == 0 &&
-        r.path.compare(r.path.size() - suffix.size(), suffix.size(), suffix) == 0) {
-      const std::string job =
-          r.path.substr(prefix.size(), r.path.size() - prefix.size() - suffix.size());
-      return HttpResponse{200, "application/json", diagnosesToJson(analyzer.diagnoseJob(job))};
-    }
-    // /api/v1/jobs/{job}/series: per rank x step series for plots (flare report --html).
-    const std::string ssuffix = "/series";
-    if (r.path.size() > prefix.size() + ssuffix.size() && r.path.rfind(prefix, 0) == 0 &&
-        r.path.compare(r.path.size() - ssuffix.size(), ssuffix.size(), ssuffix) == 0) {
-      return seriesResponse(
-          analyzer, r.path.substr(prefix.size(), r.path.size() - prefix.size() - ssuffix.size()),
-          r);
-    }
-    // Healthy history: POST/DELETE /api/v1/jobs/{job}/baseline, GET /api/v1/baselines.
-    if (r.path == "/api/v1/baselines") {
-      if (r.method != "GET")
-        return HttpResponse{405, "application/json", "{\"error\":\"GET only\"}\n"};
-      return jsonResponse(analyzer.listBaselines());
-    }
-    const std::string bsuffix = "/baseline";
-    if (r.path.size() > prefix.size() + bsuffix.size() && r.path.rfind(prefix, 0) == 0 &&
-        r.path.compare(r.path.size() - bsuffix.size(), bsuffix.size(), bsuffix) == 0) {
-      const std::string job =
-          r.path.substr(prefix.size(), r.path.size() - prefix.size() - bsuffix.size());
-      auto err = [](int status, const std::string& msg) {
-        std::string q;
-        for (char c : msg) {
-          if (c == '"' || c == '\\') q += '\\';
-          if (static_cast<unsigned char>(c) >= 0x20) q += c;
-        }
-        return HttpResponse{status, "application/json", "{\"error\":\"" + q + "\"}\n"};
-      };
-      if (job.empty() || job.find('/') != std::string::npos) return err(404, "no such endpoint");
-      if (r.method == "DELETE") {
-        if (!analyzer.removeBaseline(job)) return err(404, "job " + job + " is not a baseline");
-        return HttpResponse{200, "application/json", "{\"removed\":true}\n"};
-      }
-      if (r.method != "POST") return err(405, "POST (add) or DELETE (remove)");
-      flare::v1::HealthyBaseline given;  // body: {"backend": "..."} (optional)
-      if (!r.body.empty() && !google::protobuf::util::JsonStringToMessage(r.body, &given).ok()) {
-        return err(400, "body: {\"backend\": \"NAME\"} or nothing");
-      }
-      std::string why;
-      auto added = analyzer.addBaseline(job, given.backend(), wall.nowNs(), &why);
-      if (!added) return err(404, why);
-      added->clear_issue_latency();
-      added->clear_issue_latency_by_kind();
-      added->clear_signatures();
-      return jsonResponse(*added);
-    }
-    // /api/v1/jobs/{job}/hangs: the job's hang incidents (hang_monitor.h).
-    const std::string hsuffix = "/hangs";
-    if (r.path.size() > prefix.size() + hsuffix.size() && r.path.rfind(prefix, 0) == 0 &&
-        r.path.compare(r.path.size() - hsuffix.size(), hsuffix.size(), hsuffix) == 0) {
-      const std::string job =
-          r.path.substr(prefix.size(), r.path.size() - prefix.size() - hsuffix.size());
-      return HttpResponse{200, "application/json", hangs.incidentsJson(job)};
-    }
-    return api.http(r);
-  });
+  HttpServer http([&](const HttpRequest& r) { return api.http(r); });
   if (str("http") != "off" && !str("http").empty()) {
     if (!http.start(str("http"), &error)) {
       std::fprintf(stderr, "flared: %s\n", error.c_str());
