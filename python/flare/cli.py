@@ -118,8 +118,9 @@ def human_bytes(n):
 
 def run_with_progress(command, out_path, stream=None, interval=0.2):
     """Runs a tool and draws one carriage-return progress line on `stream` (stderr): bytes
-    written and, for output on stdout (JSON lines), records; cleared when the tool exits. Output on stdout is
-    copied through unchanged; output to a file is measured by polling its size."""
+    written and, for output on stdout (JSON lines), records; cleared when the tool exits.
+    Output on stdout is copied through unchanged; output to a file is measured by polling its
+    size."""
     stream = stream or sys.stderr
     last = [0.0]
 
