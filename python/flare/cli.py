@@ -102,14 +102,95 @@ TOOLS = {"export": "flare-export", "timeline": "flare-timeline",
          "diagnose-spool": "flare-diagnose"}
 
 
+def output_file(rest):
+    """The -o FILE a tool writes to, or None when it writes to stdout."""
+    for i, a in enumerate(rest):
+        if a == "-o" and i + 1 < len(rest):
+            return rest[i + 1]
+    return None
+
+
+def human_bytes(n):
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return ("%d %s" % (n, unit)) if unit == "B" else ("%.1f %s" % (n, unit))
+        n /= 1024.0
+
+
+def run_with_progress(command, out_path, stream=None, interval=0.2):
+    """Runs a tool and draws one carriage-return progress line on `stream` (stderr): bytes
+    written and, for output on stdout (JSON lines), records; cleared when the tool exits.
+    Output on stdout is copied through unchanged; output to a file is measured by polling its
+    size."""
+    stream = stream or sys.stderr
+    last = [0.0]
+
+    def draw(nbytes, records, final=False):
+        now = time.monotonic()
+        if not final and now - last[0] < interval:
+            return
+        last[0] = now
+        text = "flare: %s" % human_bytes(nbytes)
+        if records is not None:
+            text += ", %d records" % records
+        print("\r%-40s" % text, end="", file=stream, flush=True)
+
+    if out_path is None:
+        proc = subprocess.Popen(command, stdout=subprocess.PIPE)
+        out = sys.stdout.buffer
+        nbytes = records = 0
+        while True:
+            chunk = proc.stdout.read1(1 << 16)
+            if not chunk:
+                break
+            out.write(chunk)
+            nbytes += len(chunk)
+            records += chunk.count(b"\n")
+            draw(nbytes, records)
+        out.flush()
+        code = proc.wait()
+        draw(nbytes, records, final=True)
+    else:
+        proc = subprocess.Popen(command)
+        while True:
+            try:
+                code = proc.wait(timeout=interval)
+                break
+            except subprocess.TimeoutExpired:
+                pass
+            try:
+                draw(os.path.getsize(out_path), None)
+            except OSError:
+                pass
+        try:
+            draw(os.path.getsize(out_path), None, final=True)
+        except OSError:
+            pass
+    print("\r%40s\r" % "", end="", file=stream, flush=True)
+    return code
+
+
 def run_tool(what, rest):
     """export / timeline / diagnose-spool on an offline spool: the C++ programs, their arguments
-    passed through, their exit code returned. `flare timeline|export --job ID` without --input
-    first fetches the job's records from flared into a temporary spool (fetch_job_records)."""
+    passed through (but --quiet, which is ours), their exit code returned. export and timeline
+    draw a progress line on stderr when it is a terminal, unless --quiet. `flare timeline|export
+    --job ID` without --input first fetches the job's records from flared into a temporary spool
+    (fetch_job_records)."""
     rest = list(rest)
     if what in ("timeline", "export") and "--input" not in rest and "--job" in rest:
         return run_tool_on_daemon(what, rest)
-    return subprocess.call([find_tool(TOOLS[what])] + rest)
+    return run_offline_tool(what, rest)
+
+
+def run_offline_tool(what, rest):
+    quiet = "--quiet" in rest and what in ("export", "timeline")
+    if quiet:
+        rest = [a for a in rest if a != "--quiet"]
+    command = [find_tool(TOOLS[what])] + rest
+    wants_help = any(a in ("-h", "--help") for a in rest)
+    if what in ("export", "timeline") and not quiet and not wants_help and sys.stderr.isatty():
+        return run_with_progress(command, output_file(rest))
+    return subprocess.call(command)
 
 
 class Progress:
@@ -230,12 +311,13 @@ def run_tool_on_daemon(what, rest):
         ranks = parse_rank_list(rest[rest.index("--ranks") + 1])
     with tempfile.TemporaryDirectory(prefix="flare-records-") as folder:
         fetch_job_records(base, job, ranks, folder, timeout=timeout, quiet=quiet)
+        if quiet:
+            rest.append("--quiet")
         if what == "export":
             _take(rest, "--job")  # flare-export reads one folder
             _take(rest, "--ranks")
-            return subprocess.call([find_tool(TOOLS[what]), "--input",
-                                    os.path.join(folder, job)] + rest)
-        return subprocess.call([find_tool(TOOLS[what]), "--input", folder] + rest)
+            return run_offline_tool(what, ["--input", os.path.join(folder, job)] + rest)
+        return run_offline_tool(what, ["--input", folder] + rest)
 
 
 def append_preload(current, hook):
@@ -847,9 +929,11 @@ def build_parser():
     d.set_defaults(func=cmd_deep_trace)
     add_hang_parser(sub)
     for name, what in (("export", "records of an offline spool (or of a job flared holds: --job "
-                                  "ID) as JSON lines (flare-export)"),
+                                  "ID) as JSON lines (flare-export; progress on stderr when a "
+                                  "terminal, --quiet for none)"),
                        ("timeline", "a Perfetto/Kineto trace from an offline spool, or of a "
-                                    "job flared holds (--job ID without --input; flare-timeline)"),
+                                    "job flared holds (--job ID without --input; flare-timeline; "
+                                    "progress on stderr when a terminal, --quiet for none)"),
                        ("diagnose-spool", "the detectors on an offline spool (flare-diagnose)")):
         # Dispatched in main() before parsing, so that every argument reaches the tool.
         sub.add_parser(name, help=what, add_help=False,

@@ -12,20 +12,36 @@
 //   POST /api/v1/jobs/{job}/commands          body: SendCommandRequest JSON (job_id from the path),
 //                                             header X-Flare-Token when tokens are configured
 //   /api/v1/jobs/{job}/commands/{id}          GetCommandResultsResponse
-//   /api/v1/jobs/{job}/deep-trace[?rank=R//   /api/v1/jobs/{job}/commands/{id}
-//   GetCommandResultsResponselimit=N]  stored deep-trace (CUPTI) records, JSON
+//   /api/v1/jobs/{job}/deep-trace[?rank=R&limit=N]  stored deep-trace (CUPTI) records, JSON
+// With setAnalysis (flared sets it):
+//   /api/v1/jobs/{job}/diagnoses              the detectors on the job's window, now
+//   /api/v1/jobs/{job}/records[?ranks=0-7,64] the job's raw records, delimited RecordBatches
+//                                             (window, else the store; + stored deep trace)
+//   /api/v1/jobs/{job}/series[?max_steps=N&max_ranks=N&max_signatures=N&points=N&ranks=3,5
+//     &baseline=JOB]                          plot series (diagnosis/series.h)
+//   POST|DELETE /api/v1/jobs/{job}/baseline   mark / unmark a job as healthy history
+//   /api/v1/baselines                         the healthy baselines
+//   /api/v1/jobs/{job}/hangs                  the job's hang incidents (hang_monitor.h)
 //
 // Thread-safe (it holds no state of its own). Does not own the Ingest or the Store.
 #pragma once
 
 #include <functional>
+#include <optional>
 #include <string>
 
 #include "flare/v1/service.pb.h"
 #include "src/engine/http_server.h"
 #include "src/engine/ingest.h"
 
+namespace flare::common {
+class Clock;
+}
+
 namespace flare::engine {
+
+class Analyzer;
+class HangMonitor;
 
 class QueryApi {
  public:
@@ -36,6 +52,14 @@ class QueryApi {
   // the five metrics and the change against history. Set before serving.
   void setReportEnricher(std::function<void(v1::GetReportResponse*)> fn) {
     enrich_report_ = std::move(fn);
+  }
+
+  // The diagnoses / series / baseline / hang routes: without it (nullptr) they are 404s. Not
+  // owned; set before serving.
+  void setAnalysis(Analyzer* analyzer, HangMonitor* hangs, const flare::common::Clock* wall) {
+    analyzer_ = analyzer;
+    hangs_ = hangs;
+    wall_ = wall;
   }
 
   Code listAlerts(const v1::ListAlertsRequest& req, v1::ListAlertsResponse* out);
@@ -49,6 +73,11 @@ class QueryApi {
   Store* store_;
   std::function<std::string()> metrics_;
   std::function<void(v1::GetReportResponse*)> enrich_report_;
+  Analyzer* analyzer_ = nullptr;
+  HangMonitor* hangs_ = nullptr;
+  const flare::common::Clock* wall_ = nullptr;
+
+  std::optional<HttpResponse> analysisRoute(const HttpRequest& r);
 };
 
 // The protobuf JSON mapping of a message (lowerCamelCase, every primitive field printed), as

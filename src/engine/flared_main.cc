@@ -173,93 +173,6 @@ bool loadTokens(const std::string& path, IngestConfig* cfg, std::string* error) 
   return true;
 }
 
-// GET /api/v1/jobs/{job}/series[?max_steps=N&max_ranks=N&max_signatures=N&points=N&ranks=3,5
-// &baseline=JOB]: the plot series of the job's detector window (diagnosis/series.h). Limits are
-// clamped to the kSeries* hard limits; bad numbers are a 400, a job without a window a 404.
-HttpResponse seriesResponse(Analyzer& analyzer, const std::string& job, const HttpRequest& r) {
-  auto bad = [](const std::string& what) {
-    return HttpResponse{400, "application/json", "{\"error\":\"" + what + "\"}\n"};
-  };
-  SeriesOptions opt;
-  const std::pair<const char*, size_t*> limits[] = {{"max_steps", &opt.max_steps},
-                                                    {"max_ranks", &opt.max_ranks},
-                                                    {"max_signatures", &opt.max_signatures},
-                                                    {"points", &opt.quantile_points}};
-  for (const auto& [name, field] : limits) {
-    const auto it = r.query.find(name);
-    if (it == r.query.end()) continue;
-    uint64_t v = 0;
-    if (!parseU64(it->second, &v) || v == 0) return bad(std::string(name) + ": positive integer");
-    *field = static_cast<size_t>(std::min<uint64_t>(v, 1u << 20));
-  }
-  if (const auto it = r.query.find("ranks"); it != r.query.end()) {
-    std::stringstream list(it->second);
-    std::string item;
-    while (std::getline(list, item, ',')) {
-      uint64_t v = 0;
-      if (item.empty()) continue;
-      if (!parseU64(item, &v) || v > (1u << 30)) return bad("ranks: comma-separated rank ids");
-      opt.priority_ranks.push_back(static_cast<int>(v));
-    }
-  }
-  const auto base = r.query.find("baseline");
-  const auto out =
-      analyzer.seriesJson(job, opt, base == r.query.end() ? std::string() : base->second);
-  if (!out) {
-    return HttpResponse{
-        404, "application/json",
-        "{\"error\":" + flare::common::jsonQuote("no detector window for job " + job) + "}\n"};
-  }
-  return HttpResponse{200, "application/json", *out};
-}
-
-// GET /api/v1/jobs/{job}/records[?ranks=0-7,64]: the raw records flared holds for a job — the
-// detectors' window (every rank's ops, spans, step markers and kernel summaries; one batch per
-// rank) followed by the deep-trace (CUPTI) records the store keeps of those ranks — as a
-// protobuf delimited stream of RecordBatch, the spool file format (src/timing/spool_sink.h), so
-// that `flare timeline --job` and `flare export --job` run the offline tools on it.
-HttpResponse recordsResponse(const Analyzer& analyzer, Store* store, const std::string& job,
-                             const HttpRequest& r) {
-  auto fail = [](int status, const std::string& what) {
-    return HttpResponse{status, "application/json",
-                        "{\"error\":" + flare::common::jsonQuote(what) + "}\n"};
-  };
-  std::vector<int> ranks;
-  if (const auto it = r.query.find("ranks"); it != r.query.end()) {
-    std::stringstream list(it->second);
-    std::string item;
-    while (std::getline(list, item, ',')) {
-      if (item.empty()) continue;
-      const size_t dash = item.find('-');
-      uint64_t a = 0, b = 0;
-      const bool ok = dash == std::string::npos ? parseU64(item, &a) && (b = a, true)
-                                                : parseU64(item.substr(0, dash), &a) &&
-                                                      parseU64(item.substr(dash + 1), &b);
-      if (!ok || a > b || b > (1u << 30) || b - a > (1u << 20))
-        return fail(400, "ranks: a list like 0-7,64");
-      for (uint64_t v = a; v <= b; ++v) ranks.push_back(static_cast<int>(v));
-    }
-  }
-  const auto batches = analyzer.recordBatches(job, ranks);
-  if (!batches) {
-    return fail(404, "no records of job " + job +
-                         " in flared's window (finished more than the window ago, or flared "
-                         "restarted since; export the ranks' spools offline instead)");
-  }
-  std::ostringstream body;
-  for (const auto& b : *batches) {
-    google::protobuf::util::SerializeDelimitedToOstream(b, &body);
-    if (store == nullptr) continue;
-    flare::v1::RecordBatch deep;
-    deep.set_rank(b.rank());
-    for (DeepTraceRow& row : store->deepTrace(job, b.rank(), 1000000))
-      *deep.add_deep_trace() = std::move(row.record);
-    if (deep.deep_trace_size() > 0)
-      google::protobuf::util::SerializeDelimitedToOstream(deep, &body);
-  }
-  return HttpResponse{200, "application/x-protobuf", body.str()};
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -501,6 +414,7 @@ int main(int argc, char** argv) {
   };
   QueryApi api(ingest, store.get(), metrics);
   api.setReportEnricher([&analyzer](flare::v1::GetReportResponse* r) { analyzer.enrichReport(r); });
+  api.setAnalysis(&analyzer, &hangs, &wall);
 
   GrpcOptions go;
   go.listen = str("listen");
@@ -514,80 +428,7 @@ int main(int argc, char** argv) {
     return 1;
   }
   grpc_ptr = &grpc;
-  HttpServer http([&](const HttpRequest& r) {
-    // /api/v1/jobs/{job}/diagnoses: the detectors on the job's current window, on demand.
-    const std::string prefix = "/api/v1/jobs/", suffix = "/diagnoses";
-    if (r.path.size() > prefix.size() + suffix.size() && r.path.rfind(prefix, 0) == 0 &&
-        r.path.compare(r.path.size() - suffix.size(), suffix.size(), suffix) == 0) {
-      const std::string job =
-          r.path.substr(prefix.size(), r.path.size() - prefix.size() - suffix.size());
-      return HttpResponse{200, "application/json", diagnosesToJson(analyzer.diagnoseJob(job))};
-    }
-    // /api/v1/jobs/{job}/records: the job's raw records (flare timeline/export --job).
-    const std::string rsuffix = "/records";
-    if (r.path.size() > prefix.size() + rsuffix.size() && r.path.rfind(prefix, 0) == 0 &&
-        r.path.compare(r.path.size() - rsuffix.size(), rsuffix.size(), rsuffix) == 0) {
-      if (r.method != "GET")
-        return HttpResponse{405, "application/json", "{\"error\":\"GET only\"}\n"};
-      return recordsResponse(
-          analyzer, store.get(),
-          r.path.substr(prefix.size(), r.path.size() - prefix.size() - rsuffix.size()), r);
-    }
-    // /api/v1/jobs/{job}/series: per rank x step series for plots (flare report --html).
-    const std::string ssuffix = "/series";
-    if (r.path.size() > prefix.size() + ssuffix.size() && r.path.rfind(prefix, 0) == 0 &&
-        r.path.compare(r.path.size() - ssuffix.size(), ssuffix.size(), ssuffix) == 0) {
-      return seriesResponse(
-          analyzer, r.path.substr(prefix.size(), r.path.size() - prefix.size() - ssuffix.size()),
-          r);
-    }
-    // Healthy history: POST/DELETE /api/v1/jobs/{job}/baseline, GET /api/v1/baselines.
-    if (r.path == "/api/v1/baselines") {
-      if (r.method != "GET")
-        return HttpResponse{405, "application/json", "{\"error\":\"GET only\"}\n"};
-      return jsonResponse(analyzer.listBaselines());
-    }
-    const std::string bsuffix = "/baseline";
-    if (r.path.size() > prefix.size() + bsuffix.size() && r.path.rfind(prefix, 0) == 0 &&
-        r.path.compare(r.path.size() - bsuffix.size(), bsuffix.size(), bsuffix) == 0) {
-      const std::string job =
-          r.path.substr(prefix.size(), r.path.size() - prefix.size() - bsuffix.size());
-      auto err = [](int status, const std::string& msg) {
-        std::string q;
-        for (char c : msg) {
-          if (c == '"' || c == '\\') q += '\\';
-          if (static_cast<unsigned char>(c) >= 0x20) q += c;
-        }
-        return HttpResponse{status, "application/json", "{\"error\":\"" + q + "\"}\n"};
-      };
-      if (job.empty() || job.find('/') != std::string::npos) return err(404, "no such endpoint");
-      if (r.method == "DELETE") {
-        if (!analyzer.removeBaseline(job)) return err(404, "job " + job + " is not a baseline");
-        return HttpResponse{200, "application/json", "{\"removed\":true}\n"};
-      }
-      if (r.method != "POST") return err(405, "POST (add) or DELETE (remove)");
-      flare::v1::HealthyBaseline given;  // body: {"backend": "..."} (optional)
-      if (!r.body.empty() && !google::protobuf::util::JsonStringToMessage(r.body, &given).ok()) {
-        return err(400, "body: {\"backend\": \"NAME\"} or nothing");
-      }
-      std::string why;
-      auto added = analyzer.addBaseline(job, given.backend(), wall.nowNs(), &why);
-      if (!added) return err(404, why);
-      added->clear_issue_latency();
-      added->clear_issue_latency_by_kind();
-      added->clear_signatures();
-      return jsonResponse(*added);
-    }
-    // /api/v1/jobs/{job}/hangs: the job's hang incidents (hang_monitor.h).
-    const std::string hsuffix = "/hangs";
-    if (r.path.size() > prefix.size() + hsuffix.size() && r.path.rfind(prefix, 0) == 0 &&
-        r.path.compare(r.path.size() - hsuffix.size(), hsuffix.size(), hsuffix) == 0) {
-      const std::string job =
-          r.path.substr(prefix.size(), r.path.size() - prefix.size() - hsuffix.size());
-      return HttpResponse{200, "application/json", hangs.incidentsJson(job)};
-    }
-    return api.http(r);
-  });
+  HttpServer http([&](const HttpRequest& r) { return api.http(r); });
   if (str("http") != "off" && !str("http").empty()) {
     if (!http.start(str("http"), &error)) {
       std::fprintf(stderr, "flared: %s\n", error.c_str());
