@@ -2,7 +2,6 @@
 // starts the gRPC and HTTP adapters, and runs the persistence/maintenance loop on the main
 // thread until SIGINT/SIGTERM. See src/engine/README.md and docs/configuration.md.
 #include <google/protobuf/stubs/logging.h>
-#include <google/protobuf/util/delimited_message_util.h>
 #include <google/protobuf/util/json_util.h>
 #include <signal.h>
 #include <unistd.h>
