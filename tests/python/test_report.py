@@ -179,6 +179,11 @@ def test_series_bounds_and_bad_input(job):
 # ---- flare report: text and JSON --------------------------------------------------------------
 
 def test_report_text_names_the_rank_the_kernels_and_the_metrics(build_dir, job):
+    # The five metrics come from the detectors' runs (every second here): wait for the first.
+    deadline = time.time() + 20
+    while "metrics" not in job["daemon"].get("/api/v1/jobs/slowgpu/report") and \
+            time.time() < deadline:
+        time.sleep(0.2)
     res = flare(build_dir, "report", "--daemon-http", job["http"], "--job", "slowgpu", "--top",
                 "0")
     assert res.returncode == 0, res.stderr
