@@ -230,10 +230,20 @@ def test_timeline_from_flared_fails_clearly_and_shows_progress_only_on_a_termina
     res = flare_cli(build_dir, "timeline", "--daemon-http", flared_job, "--job", "tl", "-o",
                     str(tmp_path / "a.json"))
     assert res.returncode == 0 and "fetching" not in res.stderr
+    rc, seen = stderr_on_a_terminal(build_dir, "timeline", "--daemon-http", flared_job, "--job",
+                                    "tl", "-o", str(tmp_path / "b.json"))
+    assert rc == 0 and b"fetching tl [" in seen and b"8/8 ranks" in seen
+    # --quiet: none even on a terminal.
+    rc, seen = stderr_on_a_terminal(build_dir, "timeline", "--daemon-http", flared_job, "--job",
+                                    "tl", "--quiet", "-o", str(tmp_path / "c.json"))
+    assert rc == 0 and b"fetching" not in seen
+
+
+def stderr_on_a_terminal(build_dir, *args):
+    """Runs `flare ARGS` with stderr on a pseudo-terminal; (exit code, what it wrote there)."""
     import pty
     main, sub = pty.openpty()
-    proc = subprocess.Popen([os.path.join(build_dir, "bin", "flare"), "timeline", "--daemon-http",
-                             flared_job, "--job", "tl", "-o", str(tmp_path / "b.json")],
+    proc = subprocess.Popen([os.path.join(build_dir, "bin", "flare"), *args],
                             stdout=subprocess.DEVNULL, stderr=sub, stdin=subprocess.DEVNULL)
     os.close(sub)
     seen = b""
@@ -245,21 +255,5 @@ def test_timeline_from_flared_fails_clearly_and_shows_progress_only_on_a_termina
         if not chunk:
             break
         seen += chunk
-    assert proc.wait(timeout=120) == 0
-    assert b"fetching tl [" in seen and b"8/8 ranks" in seen
-    # --quiet: none even on a terminal.
-    main, sub = pty.openpty()
-    proc = subprocess.Popen([os.path.join(build_dir, "bin", "flare"), "timeline", "--daemon-http",
-                             flared_job, "--job", "tl", "--quiet", "-o", str(tmp_path / "c.json")],
-                            stdout=subprocess.DEVNULL, stderr=sub, stdin=subprocess.DEVNULL)
-    os.close(sub)
-    seen = b""
-    while True:
-        try:
-            chunk = os.read(main, 4096)
-        except OSError:
-            break
-        if not chunk:
-            break
-        seen += chunk
-    assert proc.wait(timeout=120) == 0 and b"fetching" not in seen
+    os.close(main)
+    return proc.wait(timeout=120), seen

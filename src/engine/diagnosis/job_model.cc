@@ -244,20 +244,29 @@ JobModel JobModel::untilStep(size_t step) const {
   return out;
 }
 
-JobModel JobModel::onlySteps(const std::vector<size_t>& steps) const {
+JobModel JobModel::emptyCopy() const {
   JobModel out;
   out.signatures_ = signatures_;
   out.signature_index_ = signature_index_;
   out.apis_ = apis_;
   out.api_index_ = api_index_;
+  return out;
+}
+
+void JobModel::copyRankIdentity(const RankData& r, RankData* o) {
+  o->rank = r.rank;
+  o->host = r.host;
+  o->device_name = r.device_name;
+  o->step_samples = r.step_samples;
+  o->drops = r.drops;
+}
+
+JobModel JobModel::onlySteps(const std::vector<size_t>& steps) const {
+  JobModel out = emptyCopy();
   for (const auto& [rank, r] : ranks_) {
     const auto starts = stepStarts(rank);
     RankData& o = out.ranks_[rank];
-    o.rank = rank;
-    o.host = r.host;
-    o.device_name = r.device_name;
-    o.step_samples = r.step_samples;
-    o.drops = r.drops;
+    copyRankIdentity(r, &o);
     std::vector<std::pair<int64_t, int64_t>> kept;
     for (size_t k : steps) {
       if (k + 1 < starts.size()) kept.emplace_back(starts[k], starts[k + 1]);
@@ -285,19 +294,11 @@ JobModel JobModel::onlySteps(const std::vector<size_t>& steps) const {
 }
 
 JobModel JobModel::sinceStep(size_t step) const {
-  JobModel out;
-  out.signatures_ = signatures_;
-  out.signature_index_ = signature_index_;
-  out.apis_ = apis_;
-  out.api_index_ = api_index_;
+  JobModel out = emptyCopy();
   for (const auto& [rank, r] : ranks_) {
     const auto starts = stepStarts(rank);
     RankData& o = out.ranks_[rank];
-    o.rank = rank;
-    o.host = r.host;
-    o.device_name = r.device_name;
-    o.step_samples = r.step_samples;
-    o.drops = r.drops;
+    copyRankIdentity(r, &o);
     if (starts.size() <= step) continue;
     const int64_t t0 = starts[step];
     for (const Op& op : r.ops) {

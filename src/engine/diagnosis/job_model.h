@@ -125,6 +125,10 @@ class JobModel {
   std::vector<timing::StepStats> stepStats(int rank) const;
 
  private:
+  // The tables (signatures, API names) without any rank: the start of a filtered copy.
+  JobModel emptyCopy() const;
+  // What a filtered copy keeps of a rank whatever the filter: identity, device, counters.
+  static void copyRankIdentity(const RankData& r, RankData* o);
   uint32_t internSignature(const flare::v1::Signature& sig);
   uint32_t internApi(const std::string& name);
 
