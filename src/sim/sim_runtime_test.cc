@@ -183,7 +183,10 @@ TEST(SimRuntime, DriverLaunchThroughModuleFunction) {
   ASSERT_EQ(cuEventSynchronize(b), CUDA_SUCCESS);
   float ms;
   ASSERT_EQ(cuEventElapsedTime(&ms, a, b), CUDA_SUCCESS);
-  EXPECT_NEAR(ms, 0.1, 0.001);  // BYTES cost: from the parameter, not the grid
+  // BYTES cost: from the parameter, not the grid. The simulated stream sleeps the 0.1 ms, so a
+  // loaded machine can only add (0.105 ms was seen under ctest -j2).
+  EXPECT_GE(ms, 0.099);
+  EXPECT_LT(ms, 0.15);
 }
 
 TEST(SimRuntime, DevicePropertiesLookLikeTheConfiguredGpu) {
