@@ -252,20 +252,8 @@ def fetch_job_records(base, job, ranks, folder, timeout=60.0, quiet=False):
     written = 0
     try:
         for rank in wanted:
-            url = "http://%s/api/v1/jobs/%s/records?ranks=%d" % (base, quoted, rank)
-            try:
-                with urllib.request.urlopen(url, timeout=timeout) as resp:
-                    data = resp.read()
-            except urllib.error.HTTPError as e:
-                try:
-                    why = json.loads(e.read()).get("error", "")
-                except (ValueError, AttributeError):
-                    why = ""
-                raise CliError("daemon at %s answered %d for the records of job %s%s" % (
-                    base, e.code, job, (": " + why) if why else ""), code=3)
-            except (urllib.error.URLError, OSError) as e:
-                raise CliError("cannot reach the daemon's HTTP API at %s: %s" % (
-                    base, getattr(e, "reason", e)), code=3)
+            data = http_bytes(base, "GET", "/api/v1/jobs/%s/records?ranks=%d" % (quoted, rank),
+                              timeout)
             progress.step(len(data))
             if not data:
                 continue
@@ -389,18 +377,18 @@ def http_get(base, path, timeout):
         raise CliError("daemon at %s sent something that is not JSON for %s" % (base, path), code=3)
 
 
-def http_send(base, method, path, body, timeout, token=None):
-    """POST/DELETE with a JSON body (and the job's token, for commands); the daemon's JSON
-    answer. Error answers raise CliError carrying the daemon's own message."""
+def http_bytes(base, method, path, timeout, data=None, token=None, content_type=None):
+    """One request to flared's HTTP API; the raw answer. Error answers raise CliError carrying
+    the daemon's own message."""
     url = "http://%s%s" % (base, path)
-    data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(url, data=data, method=method,
-                                 headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(url, data=data, method=method)
+    if content_type:
+        req.add_header("Content-Type", content_type)
     if token:
         req.add_header("X-Flare-Token", token)
     try:
         with urllib.request.urlopen(req, timeout=timeout) as resp:
-            raw = resp.read()
+            return resp.read()
     except urllib.error.HTTPError as e:
         try:
             why = json.loads(e.read()).get("error", "")
@@ -411,6 +399,13 @@ def http_send(base, method, path, body, timeout, token=None):
     except (urllib.error.URLError, OSError) as e:
         reason = getattr(e, "reason", e)
         raise CliError("cannot reach the daemon's HTTP API at %s: %s" % (base, reason), code=3)
+
+
+def http_send(base, method, path, body, timeout, token=None):
+    """POST/DELETE with a JSON body (and the job's token, for commands); the daemon's JSON
+    answer. Error answers raise CliError carrying the daemon's own message."""
+    data = None if body is None else json.dumps(body).encode()
+    raw = http_bytes(base, method, path, timeout, data, token, "application/json")
     try:
         return json.loads(raw)
     except ValueError:

@@ -66,17 +66,6 @@ bool parseI64(const std::string& s, int64_t* out) {
   }
 }
 
-bool parseU64(const std::string& s, uint64_t* out) {
-  if (s.empty() || s[0] == '-') return false;
-  try {
-    size_t used = 0;
-    *out = std::stoull(s, &used);
-    return used == s.size();
-  } catch (...) {
-    return false;
-  }
-}
-
 // GET /api/v1/jobs/{job}/series[?max_steps=N&max_ranks=N&max_signatures=N&points=N&ranks=3,5
 // &baseline=JOB]: the plot series of the job's detector window (diagnosis/series.h). Limits are
 // clamped to the kSeries* hard limits; bad numbers are a 400, a job without a window a 404.
@@ -382,6 +371,17 @@ HttpResponse QueryApi::http(const HttpRequest& req) {
     }
   }
   return error(404, "no such endpoint");
+}
+
+bool parseU64(const std::string& s, uint64_t* out) {
+  if (s.empty() || s[0] == '-') return false;
+  try {
+    size_t used = 0;
+    *out = std::stoull(s, &used);
+    return used == s.size();
+  } catch (...) {
+    return false;
+  }
 }
 
 }  // namespace flare::engine

@@ -43,6 +43,9 @@ namespace flare::engine {
 class Analyzer;
 class HangMonitor;
 
+// A non-negative decimal integer, the whole string (query parameters, flags).
+bool parseU64(const std::string& s, uint64_t* out);
+
 class QueryApi {
  public:
   QueryApi(Ingest& ingest, Store* store, std::function<std::string()> metrics)

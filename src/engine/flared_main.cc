@@ -133,17 +133,6 @@ void usage(const std::map<std::string, Flag>& flags) {
   }
 }
 
-bool parseU64(const std::string& s, uint64_t* out) {
-  if (s.empty() || s[0] == '-') return false;
-  try {
-    size_t used = 0;
-    *out = std::stoull(s, &used);
-    return used == s.size();
-  } catch (...) {
-    return false;
-  }
-}
-
 bool loadTokens(const std::string& path, IngestConfig* cfg, std::string* error) {
   std::ifstream in(path);
   if (!in) {
