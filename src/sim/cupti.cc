@@ -28,10 +28,12 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -55,10 +57,11 @@ struct State {
   CUpti_BuffersCallbackRequestFunc request = nullptr;    // guarded by mu
   CUpti_BuffersCallbackCompleteFunc complete = nullptr;  // guarded by mu
   CUpti_TimestampCallbackFunc timestamp = nullptr;       // guarded by mu
-  uint32_t mask = 0;                                     // guarded by mu: enabled sim kinds
-  Buffer current;                                        // guarded by mu
-  std::vector<Buffer> full;                              // guarded by mu: to deliver
-  uint64_t dropped = 0;                                  // guarded by mu: since last query
+  std::optional<int64_t> offset;  // guarded by mu: client time − CLOCK_MONOTONIC, see clientOffset
+  uint32_t mask = 0;              // guarded by mu: enabled sim kinds
+  Buffer current;                 // guarded by mu
+  std::vector<Buffer> full;       // guarded by mu: to deliver
+  uint64_t dropped = 0;           // guarded by mu: since last query
 };
 
 State& state() {
@@ -72,11 +75,25 @@ int64_t clockNs(clockid_t id) {
   return static_cast<int64_t>(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
 }
 
-// A simulated (CLOCK_MONOTONIC) time in the client's timebase. Mutex held.
-uint64_t toClientTime(int64_t monotonic_ns, CUpti_TimestampCallbackFunc ts) {
-  const int64_t now_mono = clockNs(CLOCK_MONOTONIC);
-  const int64_t now_client = ts ? static_cast<int64_t>(ts()) : clockNs(CLOCK_REALTIME);
-  return static_cast<uint64_t>(monotonic_ns + (now_client - now_mono));
+// The offset from simulated (CLOCK_MONOTONIC) time to the client's timebase, sampled once per
+// timebase (the tightest of a few brackets) and kept: every record is converted with the same
+// offset, so durations and stream order survive the conversion (per-record samples moved
+// records by the sampling noise, up to microseconds when preempted). Mutex held.
+int64_t clientOffset(State& s) {
+  if (s.offset) return *s.offset;
+  int64_t best_width = INT64_MAX, best = 0;
+  for (int i = 0; i < 5; ++i) {
+    const int64_t before = clockNs(CLOCK_MONOTONIC);
+    const int64_t client =
+        s.timestamp ? static_cast<int64_t>(s.timestamp()) : clockNs(CLOCK_REALTIME);
+    const int64_t after = clockNs(CLOCK_MONOTONIC);
+    if (after - before < best_width) {
+      best_width = after - before;
+      best = client - (before + (after - before) / 2);
+    }
+  }
+  s.offset = best;
+  return best;
 }
 
 size_t recordSize(CUpti_ActivityKind kind) {
@@ -139,8 +156,9 @@ void onActivity(const FlareSimActivity* a) {
     } else {
       uint8_t* at = s.current.data + s.current.valid;
       std::memset(at, 0, bytes);
-      const uint64_t start = toClientTime(a->start_ns, s.timestamp);
-      const uint64_t end = toClientTime(a->end_ns, s.timestamp);
+      const int64_t offset = clientOffset(s);
+      const auto start = static_cast<uint64_t>(a->start_ns + offset);
+      const auto end = static_cast<uint64_t>(a->end_ns + offset);
       if (kind == CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL) {
         auto* r = reinterpret_cast<CUpti_ActivityKernel10*>(at);
         r->kind = kind;
@@ -276,6 +294,7 @@ SIM_API CUptiResult cuptiActivityRegisterTimestampCallback(CUpti_TimestampCallba
   State& s = state();
   std::lock_guard<std::mutex> lock(s.mu);
   s.timestamp = fn;
+  s.offset.reset();  // a new timebase
   return CUPTI_SUCCESS;
 }
 
