@@ -60,11 +60,14 @@ constexpr ParamInfo kParams[] = {
      "The last batches written to a stream, up to this size, are kept in memory and sent again "
      "after the stream breaks (the daemon drops the duplicates): what a killed or wedged daemon "
      "had received but not processed; 0 turns re-sending off."},
-    {"FLARE_MODE", "string", "raw", "exporter",
-     "raw: every timed op is sent as a KernelRecord; summary: compute kernels (kernels, GEMMs, "
-     "attention, memcpy/memset, graphs) leave as per-signature, per-stream KernelSummary clusters "
-     "once a second, while collectives, p2p and sync spans stay raw. The daemon's SetMode "
-     "overrides it for a stream."},
+    {"FLARE_MODE", "string", "summary with FLARE_DAEMON, else raw", "exporter",
+     "summary: compute kernels (kernels, GEMMs, attention, memcpy/memset, graphs) leave as "
+     "per-signature, per-stream KernelSummary clusters once a second and each step as one "
+     "StepStats (GPU busy, T_inter, minority time, issue-latency sketch, host causes), while "
+     "collectives, p2p, blocking syncs and step markers stay raw: what the detectors need, at "
+     "2-3 KB per rank per step; raw: every timed op is sent as a KernelRecord (timelines, "
+     "exports). Unset: summary when streaming to flared, raw for a local spool. The daemon's "
+     "SetMode overrides it for a stream."},
     {"FLARE_EXIT_FLUSH_SECONDS", "duration", "2", "exporter",
      "At process exit, time given to send queued batches to the daemon; the rest is spooled."},
     {"FLARE_BATCH_BYTES", "int", "65536", "exporter",

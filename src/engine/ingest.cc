@@ -1,11 +1,14 @@
 #include "src/engine/ingest.h"
 
 #include <algorithm>
+#include <cmath>
+#include <span>
 #include <utility>
 
 #include "flare/v1/protocol.h"
 #include "src/common/log.h"
 #include "src/engine/metrics.h"
+#include "src/engine/stats/sketch.h"
 #include "src/timing/collective_blocks.h"
 
 namespace flare::engine {
@@ -16,6 +19,17 @@ constexpr size_t kMaxNameBytes = 4096;
 constexpr size_t kMaxShapeDims = 16;
 constexpr size_t kMaxShortString = 1024;
 constexpr size_t kMaxClusters = 64;
+constexpr size_t kMaxStepCauses = 64;          // host causes in one StepStats
+constexpr size_t kMaxSketchBytes = 16 * 1024;  // a serialized issue-latency sketch
+
+// A serialized LatencySketch from a StepStats: decodes, within size, at most `max_count` values
+// (exactly `max_count` when `exact`).
+bool validStepSketch(const std::string& bytes, uint64_t max_count, bool exact) {
+  if (bytes.size() > kMaxSketchBytes) return false;
+  const auto sketch = stats::LatencySketch::deserialize(
+      std::span(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size()));
+  return sketch && (exact ? sketch->count() == max_count : sketch->count() <= max_count);
+}
 constexpr size_t kMaxResultsPerJob = 64;
 constexpr size_t kMaxHostBytes = 256;
 
@@ -314,7 +328,8 @@ size_t Ingest::activeSessions() const {
 Verdict Ingest::validate(const Session& s, const v1::RecordBatch& b, int64_t now,
                          std::unordered_map<uint32_t, uint32_t>* new_sigs) {
   const size_t items = static_cast<size_t>(b.kernels_size()) + b.summaries_size() + b.spans_size() +
-                       b.steps_size() + b.signatures_size() + b.api_names_size();
+                       b.steps_size() + b.signatures_size() + b.api_names_size() +
+                       b.step_stats_size();
   if (items > config_.max_batch_items) {
     return reject(Reason::kOversized, Code::kResourceExhausted,
                   "batch of " + std::to_string(items) + " items is over --max-batch-items");
@@ -395,6 +410,29 @@ Verdict Ingest::validate(const Session& s, const v1::RecordBatch& b, int64_t now
   for (const v1::StepMarker& st : b.steps()) {
     if (badTime(st.start_ns(), st.end_ns())) {
       return reject(Reason::kBadTimestamp, Code::kInvalidArgument, "step times out of range");
+    }
+  }
+  for (const v1::StepStats& st : b.step_stats()) {
+    if (badTime(st.start_ns(), st.end_ns()) || st.end_ns() == st.start_ns()) {
+      return reject(Reason::kBadTimestamp, Code::kInvalidArgument, "step statistics out of range");
+    }
+    const int64_t len = st.end_ns() - st.start_ns();
+    auto within = [len](int64_t v) { return v >= 0 && v <= len; };
+    if (!within(st.gpu_busy_ns()) || !within(st.inter_ns()) || !within(st.minority_ns()) ||
+        st.gpu_ops() > (1ULL << 40) || !std::isfinite(st.issue_latency_sum_ns()) ||
+        !std::isfinite(st.issue_offset_sum_ns()) ||
+        static_cast<size_t>(st.causes_size()) > kMaxStepCauses ||
+        !validStepSketch(st.issue_latency(), st.gpu_ops(), true)) {
+      return reject(Reason::kBadRecord, Code::kInvalidArgument,
+                    "step statistics: a time outside the step, too many causes or a sketch that "
+                    "does not decode to the step's ops");
+    }
+    for (const v1::HostCause& c : st.causes()) {
+      if (c.name().empty() || c.name().size() > kMaxShortString ||
+          !validStepSketch(c.issue_latency(), st.gpu_ops(), false)) {
+        return reject(Reason::kBadRecord, Code::kInvalidArgument,
+                      "step statistics: a host cause without a name or with a bad sketch");
+      }
     }
   }
   if (b.created_ns() != 0 && (b.created_ns() < min_ts || b.created_ns() > max_ts)) {

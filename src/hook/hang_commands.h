@@ -59,6 +59,7 @@ class CollectiveTracker final : public timing::Sink {
   void onOps(std::span<const timing::CompletedOp> ops) override;
   void onDrops(const timing::DropCounters& totals) override { inner_->onDrops(totals); }
   void flush() override { inner_->flush(); }
+  void finish() override { inner_->finish(); }
   void onApiName(uint32_t id, const std::string& name) override { inner_->onApiName(id, name); }
   void onSpans(std::span<const timing::CompletedSpan> spans) override { inner_->onSpans(spans); }
   void onDevice(const timing::DeviceDescription& device) override { inner_->onDevice(device); }

@@ -199,14 +199,18 @@ std::string hookDirectory() {
   return slash == std::string::npos ? "." : path.substr(0, slash);
 }
 
-// FLARE_MODE: summary sends compute kernels as per-window KernelSummary messages (collectives,
-// p2p and sync spans stay raw); raw (the default) sends every op. Anything else: one warning, raw.
-bool summaryMode() {
-  const std::string mode = common::envString("FLARE_MODE", "raw");
+// FLARE_MODE: summary sends compute kernels as per-window KernelSummary messages and each step as
+// StepStats (collectives, p2p and sync spans stay raw); raw sends every op. Unset: summary when
+// streaming to flared (always-on monitoring), raw for a local spool (offline tracing is for
+// timelines, which need every op). Anything else: one warning, the default.
+bool summaryMode(bool streaming) {
+  const char* fallback = streaming ? "summary" : "raw";
+  const std::string mode = common::envString("FLARE_MODE", fallback);
   if (mode == "summary") return true;
   if (mode != "raw") {
     common::logOnce(common::LogLevel::kWarn, "hook", "bad-mode",
-                    "flare: FLARE_MODE={} is not raw|summary; using raw", mode);
+                    "flare: FLARE_MODE={} is not raw|summary; using {}", mode, fallback);
+    return streaming;
   }
   return false;
 }
@@ -283,7 +287,7 @@ std::unique_ptr<timing::GrpcExporter> makeExporter(const common::Identity& id,
   }
   timing::ExporterOptions o;
   o.identity = id;
-  o.mode = summaryMode() ? flare::v1::MODE_SUMMARY : flare::v1::MODE_RAW;
+  o.mode = summaryMode(true) ? flare::v1::MODE_SUMMARY : flare::v1::MODE_RAW;
   o.token = common::envString("FLARE_TOKEN", "");
   o.flare_version = FLARE_VERSION_STRING;
   o.hang_kill = common::envBool("FLARE_HANG_KILL", false);
@@ -361,7 +365,7 @@ void init() {
   }
   if (!state->sink) {
     timing::SpoolSinkOptions spool;
-    spool.summary = summaryMode();
+    spool.summary = summaryMode(false);
     spool.batch_bytes = batchBytes();
     state->sink =
         std::make_unique<timing::SpoolSink>(dir, id.job_id, id.rank, id.pid, std::move(spool));

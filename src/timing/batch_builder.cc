@@ -137,6 +137,7 @@ void BatchBuilder::addSignature(uint32_t id, const Signature& sig) {
     if (!sig.shape.empty()) collective_counts_[id] = static_cast<uint64_t>(sig.shape[0]);
   }
   out->set_library(libraryOf(sig.name));
+  if (sig.kind == OpKind::kSync) sync_names_[id] = sig.name;
   if (sig.kind == OpKind::kSync && sig.name != FLARE_STEP_MARKER_NAME &&
       sig.name.find("Synchronize") == std::string::npos)
     summarised_syncs_.insert(id);
@@ -145,7 +146,23 @@ void BatchBuilder::addSignature(uint32_t id, const Signature& sig) {
 
 void BatchBuilder::addOps(std::span<const CompletedOp> ops) {
   const bool summarize = options_.summary_mode && options_.summary_mode();
+  if (summarize != accumulating_) {
+    steps_.reset();  // a mode change starts the per-step figures afresh
+    accumulating_ = summarize;
+  }
   for (const CompletedOp& op : ops) {
+    if (summarize) {
+      if (op.info.kind != OpKind::kSync) {
+        steps_.addGpuOp(op.issue_ns, op.start_ns, op.end_ns, op.info.kind == OpKind::kKernel,
+                        op.thread_id);
+      } else if (auto name = sync_names_.find(op.info.signature_id); name != sync_names_.end()) {
+        if (name->second == FLARE_STEP_MARKER_NAME) {
+          steps_.addStepMarker(op.start_ns);
+        } else {
+          steps_.addHostEvent(op.start_ns, op.end_ns, op.thread_id, name->second);
+        }
+      }
+    }
     if (summarize &&
         (SummaryAggregator::shouldSummarize(op.info.kind) ||
          (op.info.kind == OpKind::kSync && summarised_syncs_.count(op.info.signature_id) > 0))) {
@@ -183,6 +200,33 @@ void BatchBuilder::addOps(std::span<const CompletedOp> ops) {
     account(compact ? collectives_.add(*rec, &batch_) : rec->ByteSizeLong());
   }
   if (aggregator_.due()) addSummaries();
+  if (summarize) addStepStats(false);
+}
+
+void BatchBuilder::addStepStats(bool final) {
+  for (StepResult& r : steps_.take(final)) {
+    if (!batch_open_) openBatch();
+    flare::v1::StepStats* out = batch_.add_step_stats();
+    const StepStats& st = r.stats;
+    out->set_start_ns(clock_map_.fromMonotonic(st.start_ns));
+    out->set_end_ns(clock_map_.fromMonotonic(st.end_ns));
+    out->set_gpu_busy_ns(st.gpu_busy_ns);
+    out->set_inter_ns(st.inter_ns);
+    out->set_minority_ns(st.minority_ns);
+    out->set_gpu_ops(st.gpu_ops);
+    out->set_issue_latency_sum_ns(st.issue_latency_sum_ns);
+    out->set_issue_offset_sum_ns(st.issue_offset_sum_ns);
+    const std::vector<uint8_t> sketch = st.latency.serialize();
+    out->set_issue_latency(sketch.data(), sketch.size());
+    for (const auto& [name, latencies] : r.causes) {
+      flare::v1::HostCause* cause = out->add_causes();
+      cause->set_name(name);
+      const std::vector<uint8_t> bytes = latencies.serialize();
+      cause->set_issue_latency(bytes.data(), bytes.size());
+    }
+    out->set_late_ops(r.late_ops);
+    account(out->ByteSizeLong());
+  }
 }
 
 void BatchBuilder::addSummaries() {
@@ -210,11 +254,21 @@ void BatchBuilder::addApiName(uint32_t id, const std::string& qualified_name) {
   flare::v1::ApiName* out = batch_.add_api_names();
   out->set_id(id);
   out->set_qualified_name(qualified_name);
+  api_names_[id] = qualified_name;
   account(out->ByteSizeLong());
 }
 
 void BatchBuilder::addSpans(std::span<const CompletedSpan> spans) {
   for (const CompletedSpan& span : spans) {
+    if (accumulating_) {
+      // MODE_SUMMARY: a traced call may hold up launches; `__next__` marks the input wait.
+      if (auto name = api_names_.find(span.api_id); name != api_names_.end()) {
+        steps_.addHostEvent(span.start_ns, span.end_ns, span.thread_id, name->second);
+        const std::string& n = name->second;
+        if (n.size() >= 8 && n.compare(n.size() - 8, 8, "__next__") == 0)
+          steps_.addLoaderSpan(span.start_ns, span.end_ns);
+      }
+    }
     if (!batch_open_) openBatch();
     flare::v1::ApiSpan* out = batch_.add_spans();
     out->set_id(span.id);
@@ -275,13 +329,18 @@ void BatchBuilder::setDevice(const DeviceDescription& device) {
   device_ = toProtoDevice(device);
 }
 
+void BatchBuilder::finish() {
+  if (accumulating_) addStepStats(true);
+  flush();
+}
+
 void BatchBuilder::flush() {
   if (!aggregator_.empty()) addSummaries();
   const bool has_records =
       batch_open_ &&
       (batch_.signatures_size() > 0 || batch_.kernels_size() > 0 || batch_.summaries_size() > 0 ||
-       batch_.collective_blocks_size() > 0 || batch_.spans_size() > 0 ||
-       batch_.api_names_size() > 0 || batch_.deep_trace_size() > 0);
+       batch_.step_stats_size() > 0 || batch_.collective_blocks_size() > 0 ||
+       batch_.spans_size() > 0 || batch_.api_names_size() > 0 || batch_.deep_trace_size() > 0);
   if (!has_records && !drops_dirty_ && !device_) return;
   if (!batch_open_) openBatch();
   closeBatch();

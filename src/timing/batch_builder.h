@@ -23,6 +23,7 @@
 #include "flare/v1/records.pb.h"
 #include "src/common/clock.h"
 #include "src/timing/collective_blocks.h"
+#include "src/timing/step_accumulator.h"
 #include "src/timing/summary_aggregator.h"
 #include "src/timing/timing.h"
 
@@ -42,7 +43,10 @@ struct BatchBuilderOptions {
   // summarised too. The records that stay raw leave out thread, parent span and correlation id
   // (the host-side join keys of the timeline and issue-stall analysis, which summary mode
   // gives up anyway), and the collectives among them leave as compact CollectiveBlocks
-  // (collective_blocks.h: ~10 bytes per instance instead of ~60). Unset: raw.
+  // (collective_blocks.h: ~10 bytes per instance instead of ~60). Each completed step leaves as
+  // one StepStats (step_accumulator.h: GPU busy, T_inter, minority time, issue-latency sums and
+  // sketch, host causes), what the void, issue-stall and regression detectors read in place
+  // of the raw ops. Unset: raw.
   std::function<bool()> summary_mode;
   int64_t summary_window_ns = 1'000'000'000;
 };
@@ -64,6 +68,8 @@ class BatchBuilder {
   void setDevice(const DeviceDescription& device);  // goes out once, with the next batch
   // Closes the open batch if it holds anything (or the drop counters changed).
   void flush();
+  // The last flush (tracing stops): MODE_SUMMARY's last complete step goes out too.
+  void finish();
 
   uint64_t batchesClosed() const { return batch_seq_; }
 
@@ -71,7 +77,8 @@ class BatchBuilder {
   void openBatch();
   void account(size_t bytes);  // closes the batch once it is full
   void closeBatch();
-  void addSummaries();  // the aggregator's open window, as KernelSummary messages
+  void addSummaries();            // the aggregator's open window, as KernelSummary messages
+  void addStepStats(bool final);  // MODE_SUMMARY: the accumulator's completed steps
 
   const int rank_;
   BatchBuilderOptions options_;
@@ -89,6 +96,10 @@ class BatchBuilder {
   flare::v1::KernelRecord scratch_;                // a collective being added to a block
   std::unordered_set<uint32_t> summarised_syncs_;  // kSync signatures summarised in MODE_SUMMARY
   std::unordered_map<uint32_t, uint64_t> collective_counts_;  // signature id → count (shape[0])
+  StepAccumulator steps_;                                     // MODE_SUMMARY's per-step statistics
+  bool accumulating_ = false;                                 // the mode of the last addOps
+  std::unordered_map<uint32_t, std::string> sync_names_;      // kSync signature id → name
+  std::unordered_map<uint32_t, std::string> api_names_;       // API id → qualified name
 };
 
 // The wire form of a DeviceDescription.

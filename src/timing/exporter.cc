@@ -174,8 +174,15 @@ void GrpcExporter::flush() {
   checkStall();
 }
 
+void GrpcExporter::finish() {
+  if (forked_.load(std::memory_order_relaxed)) return;
+  builder_.finish();
+  checkStall();
+}
+
 void GrpcExporter::stripRecords(flare::v1::RecordBatch* batch) {
   batch->clear_kernels();
+  batch->clear_step_stats();
   batch->clear_spans();
   batch->clear_summaries();
   batch->clear_collective_blocks();

@@ -132,6 +132,7 @@ class GrpcExporter final : public Sink {
   void onOps(std::span<const CompletedOp> ops) override;
   void onDrops(const DropCounters& totals) override;
   void flush() override;
+  void finish() override;
   void onApiName(uint32_t id, const std::string& qualified_name) override;
   void onSpans(std::span<const CompletedSpan> spans) override;
   void onDeepTrace(std::span<const DeepTraceRecord> records) override;

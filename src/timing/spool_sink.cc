@@ -142,6 +142,15 @@ void SpoolSink::flush() {
   }
 }
 
+void SpoolSink::finish() {
+  if (disabled()) return;
+  try {
+    builder_.finish();
+  } catch (...) {
+    disable("encoding", ENOMEM);
+  }
+}
+
 void SpoolSink::write(const flare::v1::RecordBatch& batch) {
   if (disabled()) {
     dropped_.fetch_add(recordCount(batch), std::memory_order_relaxed);

@@ -162,6 +162,9 @@ class Sink {
   virtual void onOps(std::span<const CompletedOp> ops) = 0;
   virtual void onDrops(const DropCounters& totals) = 0;
   virtual void flush() = 0;
+  // The last flush, when tracing stops: what waits for a later op (MODE_SUMMARY's last
+  // complete step) goes out too.
+  virtual void finish() { flush(); }
   // Traced Python APIs: a name is announced once, before the first span that uses its id.
   virtual void onApiName(uint32_t /*id*/, const std::string& /*qualified_name*/) {}
   virtual void onSpans(std::span<const CompletedSpan> /*spans*/) {}

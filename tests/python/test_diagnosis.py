@@ -22,6 +22,11 @@ def run_job(build_dir, out, job, env=None, steps=6, layers=4, hidden=4096, extra
     assert res.returncode == 0, res.stderr
 
 
+# The detectors read the same figures from raw ops and from what summary mode sends (kernel
+# summaries, per-step statistics, raw collectives): the scenarios run in both.
+BOTH_MODES = pytest.mark.parametrize("mode", ["raw", "summary"])
+
+
 def diagnose(build_dir, out, *extra):
     res = subprocess.run([os.path.join(build_dir, "bin", "flare-diagnose"), "--input", str(out),
                           "--json", *extra], capture_output=True, text=True, timeout=120)
@@ -31,9 +36,10 @@ def diagnose(build_dir, out, *extra):
     return found
 
 
-@pytest.mark.parametrize("hidden,layers", [(4096, 4), (8192, 2), (2048, 6)])
-def test_healthy_jobs_raise_nothing(build_dir, tmp_path, hidden, layers):
-    run_job(build_dir, tmp_path, "healthy", hidden=hidden, layers=layers)
+@pytest.mark.parametrize("hidden,layers,mode", [(4096, 4, "raw"), (8192, 2, "summary"),
+                                               (2048, 6, "raw"), (4096, 4, "summary")])
+def test_healthy_jobs_raise_nothing(build_dir, tmp_path, hidden, layers, mode):
+    run_job(build_dir, tmp_path, "healthy", {"FLARE_MODE": mode}, hidden=hidden, layers=layers)
     assert diagnose(build_dir, tmp_path) == []
 
 
@@ -60,8 +66,9 @@ def test_slow_link_names_the_rank_in_every_slow_communicator(build_dir, tmp_path
         assert e["value"] / e["reference"] == pytest.approx(0.5, abs=0.05)
 
 
-def test_host_stall_names_the_rank_and_the_algorithm_team(build_dir, tmp_path):
-    run_job(build_dir, tmp_path, "stall", {"FLARE_SIM_HOST_STALL": "6:5"})
+@BOTH_MODES
+def test_host_stall_names_the_rank_and_the_algorithm_team(build_dir, tmp_path, mode):
+    run_job(build_dir, tmp_path, "stall", {"FLARE_SIM_HOST_STALL": "6:5", "FLARE_MODE": mode})
     found = diagnose(build_dir, tmp_path)
     assert [d["kind"] for d in found] == ["issue_stall"], found
     d = found[0]
@@ -70,9 +77,11 @@ def test_host_stall_names_the_rank_and_the_algorithm_team(build_dir, tmp_path):
     assert "likely cause" not in d["summary"]
 
 
+@BOTH_MODES
 def test_unaligned_gemms_are_one_unoptimized_kernel_diagnosis_for_infrastructure(build_dir,
-                                                                               tmp_path):
-    run_job(build_dir, tmp_path, "odd", extra=("--ffn", "16380"))  # FFN width per rank 8190
+                                                                               tmp_path, mode):
+    # FFN width per rank 8190
+    run_job(build_dir, tmp_path, "odd", {"FLARE_MODE": mode}, extra=("--ffn", "16380"))
     found = diagnose(build_dir, tmp_path)
     assert [d["kind"] for d in found] == ["unoptimized_gemm"], found
     d = found[0]
@@ -85,8 +94,9 @@ def test_unaligned_gemms_are_one_unoptimized_kernel_diagnosis_for_infrastructure
         assert e["value"] / e["reference"] == pytest.approx(0.5, abs=0.05)
 
 
-def test_extra_elementwise_kernels_raise_v_minority(build_dir, tmp_path):
-    run_job(build_dir, tmp_path, "minority", extra=("--extra-kernels", "120"))
+@BOTH_MODES
+def test_extra_elementwise_kernels_raise_v_minority(build_dir, tmp_path, mode):
+    run_job(build_dir, tmp_path, "minority", {"FLARE_MODE": mode}, extra=("--extra-kernels", "120"))
     found = diagnose(build_dir, tmp_path)
     assert [d["kind"] for d in found] == ["void_minority"], found
     assert found[0]["ranks"] == list(range(RANKS)) and found[0]["team"] == "algorithm"
@@ -116,9 +126,12 @@ def run_python_job(build_dir, out, job, env=None, data_ms=2):
     assert res.returncode == 0, res.stderr
 
 
-def test_synchronize_in_every_layer_is_an_issue_latency_regression_naming_it(build_dir, tmp_path):
-    run_python_job(build_dir, tmp_path / "base", "base")
-    run_python_job(build_dir, tmp_path / "sync", "sync", {"FLARE_SIM_INJECT_SYNC": "1"})
+@BOTH_MODES
+def test_synchronize_in_every_layer_is_an_issue_latency_regression_naming_it(build_dir, tmp_path,
+                                                                              mode):
+    run_python_job(build_dir, tmp_path / "base", "base", {"FLARE_MODE": mode})
+    run_python_job(build_dir, tmp_path / "sync", "sync",
+                   {"FLARE_SIM_INJECT_SYNC": "1", "FLARE_MODE": mode})
     assert diagnose(build_dir, tmp_path / "base") == []
     assert diagnose(build_dir, tmp_path / "base", "--baseline", str(tmp_path / "base")) == []
     found = diagnose(build_dir, tmp_path / "sync", "--baseline", str(tmp_path / "base"))
@@ -129,8 +142,9 @@ def test_synchronize_in_every_layer_is_an_issue_latency_regression_naming_it(bui
     assert "sim_train@injected_sync" in d["summary"] and "cudaDeviceSynchronize" in d["summary"]
 
 
-def test_slow_dataloader_raises_v_inter(build_dir, tmp_path):
-    run_python_job(build_dir, tmp_path / "slow", "slow", data_ms=25)
+@BOTH_MODES
+def test_slow_dataloader_raises_v_inter(build_dir, tmp_path, mode):
+    run_python_job(build_dir, tmp_path / "slow", "slow", {"FLARE_MODE": mode}, data_ms=25)
     found = diagnose(build_dir, tmp_path / "slow")
     assert [d["kind"] for d in found] == ["void_inter"], found
     d = found[0]
@@ -158,10 +172,13 @@ def test_fail_slow_in_the_middle_of_the_run_is_found_from_its_onset(build_dir, t
 
 # ---- small faults found by paired and baseline statistics (docs/metrics.md) ------------------
 
-def test_small_host_stall_in_every_step_is_found_by_the_paired_step_test(build_dir, tmp_path):
+@BOTH_MODES
+def test_small_host_stall_in_every_step_is_found_by_the_paired_step_test(build_dir, tmp_path,
+                                                                          mode):
     # 2 ms per ~30 ms step on rank 4: the GPU's queue absorbs it (no idle time, step times
     # unchanged), but rank 4's host issues each step's work later than its peers in every step.
-    run_job(build_dir, tmp_path, "stall2", {"FLARE_SIM_HOST_STALL": "4:2"}, steps=16)
+    run_job(build_dir, tmp_path, "stall2", {"FLARE_SIM_HOST_STALL": "4:2", "FLARE_MODE": mode},
+            steps=16)
     found = diagnose(build_dir, tmp_path)
     assert [d["kind"] for d in found] == ["issue_stall"], found
     d = found[0]

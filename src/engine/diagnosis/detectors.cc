@@ -81,6 +81,16 @@ std::string rankList(const std::vector<int>& ranks) {
   return out;
 }
 
+// A GEMM's flops per call from its signature's shape [m, n, k, batch] (the hook's count).
+uint64_t gemmFlops(const flare::v1::Signature& sig) {
+  if (sig.kind() != flare::v1::OP_KIND_GEMM || sig.shape_size() < 3) return 0;
+  double f =
+      2.0 * static_cast<double>(sig.shape(0)) * static_cast<double>(sig.shape(1)) *
+      static_cast<double>(sig.shape(2)) *
+      (sig.shape_size() >= 4 ? static_cast<double>(std::max<int64_t>(sig.shape(3), 1)) : 1.0);
+  return f > 0 && f < 1.8e19 ? static_cast<uint64_t>(f) : 0;
+}
+
 std::optional<stats::Dtype> statsDtype(flare::v1::DType t) {
   switch (t) {
     case flare::v1::DTYPE_F32:
@@ -134,7 +144,6 @@ CollectiveIntervals collectiveIntervals(const JobModel& job, const RankData& r) 
 }
 
 int64_t warmupEnd(const JobModel& job, int rank);
-double unionLength(std::vector<std::pair<int64_t, int64_t>> v);
 
 // ---- A. slow GPU ------------------------------------------------------------------------
 
@@ -350,9 +359,33 @@ int64_t warmupEnd(const JobModel& job, int rank) {
   return starts.size() >= 2 ? starts[1] : INT64_MIN;
 }
 
+// A sketch's contents as values: each bucket's midpoint, as often as it counts (within the
+// sketch's 2% of the exact values).
+void appendSketchValues(const stats::LatencySketch& sketch, std::vector<double>* out) {
+  sketch.forEachBucket([out](double lo, double hi, uint64_t count) {
+    out->insert(out->end(), count, 0.5 * (lo + hi));
+  });
+}
+
+// How many of a sketch's values lie below `x` (by bucket midpoint).
+uint64_t countBelow(const stats::LatencySketch& sketch, double x) {
+  uint64_t n = 0;
+  sketch.forEachBucket([&n, x](double lo, double hi, uint64_t count) {
+    if (0.5 * (lo + hi) < x) n += count;
+  });
+  return n;
+}
+
+// The issue latencies of a rank's GPU ops issued after its warm-up step: from its raw ops, or
+// in MODE_SUMMARY rebuilt from the per-step sketches it sent.
 std::vector<double> issueLatencies(const JobModel& job, const RankData& r) {
-  const int64_t after = warmupEnd(job, r.rank);
   std::vector<double> v;
+  if (!r.steps.empty()) {
+    for (const ReceivedStep* st : job.receivedSteps(r.rank))
+      appendSketchValues(st->stats.latency, &v);
+    return v;
+  }
+  const int64_t after = warmupEnd(job, r.rank);
   for (const Op& op : r.ops) {
     if (op.issue >= after && isGpuOp(job.signatures()[op.sig].kind()))
       v.push_back(static_cast<double>(op.issueLatency()));
@@ -408,29 +441,54 @@ std::vector<std::pair<std::string, int>> causesBefore(const JobModel& job, const
 }
 
 // Per rank: median over steps (the first skipped) of the time no GPU op ran, and the median step
-// time. Needs step boundaries; ranks without them are absent.
+// time, from the per-step statistics (the rank's own in MODE_SUMMARY). Ranks without a complete
+// step after the warm-up are absent.
 std::map<int, std::pair<double, double>> idlePerStep(const JobModel& job) {
   std::map<int, std::pair<double, double>> out;
   for (const auto& [rank, r] : job.ranks()) {
-    const auto starts = job.stepStarts(rank);
-    if (starts.size() < 3) continue;
-    std::vector<std::pair<int64_t, int64_t>> gpu;
-    for (const Op& op : r.ops) {
-      if (isGpuOp(job.signatures()[op.sig].kind())) gpu.push_back({op.start, op.end});
-    }
     std::vector<double> idle, steps;
-    for (size_t i = 1; i + 1 < starts.size(); ++i) {
-      std::vector<std::pair<int64_t, int64_t>> in;
-      for (const auto& [a, b] : gpu) {
-        const int64_t x = std::max(a, starts[i]), y = std::min(b, starts[i + 1]);
-        if (y > x) in.push_back({x, y});
-      }
-      const double step = static_cast<double>(starts[i + 1] - starts[i]);
-      idle.push_back(step - unionLength(in));
+    for (const timing::StepStats& st : job.stepStats(rank)) {
+      if (st.step == 0) continue;
+      const double step = static_cast<double>(st.end_ns - st.start_ns);
+      idle.push_back(step - static_cast<double>(st.gpu_busy_ns));
       steps.push_back(step);
     }
-    out[rank] = {median(idle), median(steps)};
+    if (!idle.empty()) out[rank] = {median(idle), median(steps)};
   }
+  return out;
+}
+
+// The kernels a stall starved (issue latency below `low`) and what held the host just before
+// them: from the raw ops (causesBefore) or, in MODE_SUMMARY, from the host causes the rank sent
+// per step (the same rule, applied on the rank; counts by sketch bucket).
+struct Starved {
+  size_t count = 0;
+  std::vector<std::pair<std::string, int>> causes;  // most frequent first
+};
+Starved starvedBy(const JobModel& job, const RankData& r, double low) {
+  Starved out;
+  if (!r.steps.empty()) {
+    std::map<std::string, int> counts;
+    for (const ReceivedStep* st : job.receivedSteps(r.rank)) {
+      out.count += countBelow(st->stats.latency, low);
+      for (const auto& [api, sketch] : st->causes)
+        counts[job.apis()[api]] += static_cast<int>(countBelow(sketch, low));
+    }
+    for (const auto& [name, n] : counts) {
+      if (n > 0) out.causes.emplace_back(name, n);
+    }
+    std::stable_sort(out.causes.begin(), out.causes.end(),
+                     [](const auto& a, const auto& b) { return a.second > b.second; });
+    return out;
+  }
+  std::vector<const Op*> starved;
+  const int64_t after = warmupEnd(job, r.rank);
+  for (const Op& op : r.ops) {
+    if (op.issue >= after && isGpuOp(job.signatures()[op.sig].kind()) && op.issueLatency() < low)
+      starved.push_back(&op);
+  }
+  out.count = starved.size();
+  out.causes = causesBefore(job, r, starved);
   return out;
 }
 
@@ -512,12 +570,7 @@ void detectIssueStall(const JobModel& job, const DiagnoseOptions& opt,
     std::sort(others_sorted.begin(), others_sorted.end());
     const double low = quantile(others_sorted, 0.05);
     const RankData& r = job.ranks().at(rank);
-    std::vector<const Op*> starved;
-    const int64_t after = warmupEnd(job, rank);
-    for (const Op& op : r.ops) {
-      if (op.issue >= after && isGpuOp(job.signatures()[op.sig].kind()) && op.issueLatency() < low)
-        starved.push_back(&op);
-    }
+    const Starved starved = starvedBy(job, r, low);
     Diagnosis d;
     d.kind = "issue_stall";
     d.team = Team::kAlgorithm;
@@ -551,40 +604,34 @@ void detectIssueStall(const JobModel& job, const DiagnoseOptions& opt,
                             idle.at(rank).first, idle.at(rank).first - idle_excess});
     }
     d.evidence.push_back({"starved_kernels",
-                          std::to_string(starved.size()) +
+                          std::to_string(starved.count) +
                               " kernels issued to an idle GPU (issue "
                               "latency below the other ranks' 5th percentile, " +
                               fmtMs(low) + ")",
-                          static_cast<double>(starved.size()), 0});
+                          static_cast<double>(starved.count), 0});
     if (auto arrival = arrivalEvidence(arrivals, rank)) d.evidence.push_back(*arrival);
     // A cause is named when it precedes this rank's starved kernels clearly more often than
     // it precedes the other ranks' low-latency kernels (a per-step loss.item() drains every
     // rank's GPU alike and is not this rank's problem).
-    const auto causes = causesBefore(job, r, starved);
     std::map<std::string, int> other_counts;
     size_t other_starved = 0;
     for (const auto& [o, ro] : job.ranks()) {
       if (o == rank) continue;
-      std::vector<const Op*> low_ops;
-      const int64_t o_after = warmupEnd(job, o);
-      for (const Op& op : ro.ops) {
-        if (op.issue >= o_after && isGpuOp(job.signatures()[op.sig].kind()) &&
-            op.issueLatency() < low)
-          low_ops.push_back(&op);
-      }
-      other_starved += low_ops.size();
-      for (const auto& [name, n] : causesBefore(job, ro, low_ops)) other_counts[name] += n;
+      const Starved low_ops = starvedBy(job, ro, low);
+      other_starved += low_ops.count;
+      for (const auto& [name, n] : low_ops.causes) other_counts[name] += n;
     }
     std::string named;
-    for (const auto& [name, n] : causes) {
-      const double share = starved.empty() ? 0 : static_cast<double>(n) / starved.size();
+    for (const auto& [name, n] : starved.causes) {
+      const double share =
+          starved.count == 0 ? 0 : static_cast<double>(n) / static_cast<double>(starved.count);
       const double other_share =
           other_starved ? static_cast<double>(other_counts[name]) / other_starved : 0;
       if (share >= 0.25 && share >= 2 * other_share) {
         named = name;
         d.evidence.push_back({"api_before",
                               named + " held the host just before " + std::to_string(n) + " of " +
-                                  std::to_string(starved.size()) + " starved kernels (" +
+                                  std::to_string(starved.count) + " starved kernels (" +
                                   fmtPct(other_share) + " on the other ranks)",
                               share, other_share});
         break;
@@ -721,23 +768,6 @@ void detectRegressionFromHistory(const JobModel& job, const History& history,
 
 // ---- D. void percentages --------------------------------------------------------------------
 
-double unionLength(std::vector<std::pair<int64_t, int64_t>> v) {
-  std::sort(v.begin(), v.end());
-  double total = 0;
-  int64_t cur_s = 0, cur_e = INT64_MIN;
-  for (const auto& [s, e] : v) {
-    if (s > cur_e) {
-      if (cur_e > INT64_MIN) total += static_cast<double>(cur_e - cur_s);
-      cur_s = s;
-      cur_e = e;
-    } else {
-      cur_e = std::max(cur_e, e);
-    }
-  }
-  if (cur_e > INT64_MIN) total += static_cast<double>(cur_e - cur_s);
-  return total;
-}
-
 // Per rank: V_inter and V_minority per step (the first skipped).
 struct VoidSteps {
   std::vector<double> v_inter, v_minority;
@@ -863,33 +893,57 @@ void detectUnoptimized(const JobModel& job, const DiagnoseOptions& opt,
     double time = 0;
   };
   std::map<uint32_t, Stat> stats;
-  std::map<uint32_t, std::vector<double>> durations;
+  // Per GEMM signature: (duration, how many ops took it) — raw ops one each; in MODE_SUMMARY
+  // each cluster's median for its count — the total time, and the flops of one call.
+  struct Durations {
+    std::vector<std::pair<double, uint64_t>> values;
+    uint64_t count = 0;
+    double time = 0;
+    uint64_t flops = 0;
+  };
+  std::map<uint32_t, Durations> durations;
   for (const auto& [rank, r] : job.ranks()) {
     for (const Op& op : r.ops) {
       const auto& sig = job.signatures()[op.sig];
       if (sig.kind() != flare::v1::OP_KIND_GEMM || op.flops < opt.unoptimized_min_flops) continue;
-      durations[op.sig].push_back(static_cast<double>(op.duration()));
+      Durations& d = durations[op.sig];
+      d.values.emplace_back(static_cast<double>(op.duration()), 1);
+      d.count += 1;
+      d.time += static_cast<double>(op.duration());
+      if (d.flops == 0) d.flops = op.flops;
+    }
+    for (const SummaryWindow& w : r.summaries) {
+      const auto& sig = job.signatures()[w.sig];
+      // Summaries carry no per-op flops: the hook's GEMM count, 2·m·n·k·batch of the shape.
+      const uint64_t flops = gemmFlops(sig);
+      if (sig.kind() != flare::v1::OP_KIND_GEMM || flops < opt.unoptimized_min_flops) continue;
+      Durations& d = durations[w.sig];
+      for (const stats::DurationCluster& c : w.clusters) {
+        d.values.emplace_back(c.p50, c.count);
+        d.count += c.count;
+        d.time += c.sum;
+      }
+      if (d.flops == 0) d.flops = flops;
     }
   }
   std::map<flare::v1::DType, double> best;
-  for (const auto& [sig_id, d] : durations) {
-    if (static_cast<int>(d.size()) < opt.min_samples) continue;
+  for (auto& [sig_id, d] : durations) {
+    if (d.count < static_cast<uint64_t>(std::max(opt.min_samples, 1))) continue;
     const auto& sig = job.signatures()[sig_id];
     const double flops = static_cast<double>(sig.flops_per_call() ? sig.flops_per_call() : 0);
-    uint64_t f = 0;
-    for (const auto& [rank, r] : job.ranks()) {
-      for (const Op& op : r.ops) {
-        if (op.sig == sig_id) {
-          f = op.flops;
-          break;
-        }
+    // The weighted median duration.
+    std::sort(d.values.begin(), d.values.end());
+    uint64_t seen = 0;
+    double m = 0;
+    for (const auto& [value, n] : d.values) {
+      seen += n;
+      if (2 * seen >= d.count) {
+        m = value;
+        break;
       }
-      if (f) break;
     }
-    const double m = median(d);
     if (m <= 0) continue;
-    stats[sig_id] = {static_cast<double>(flops > 0 ? flops : static_cast<double>(f)) / m / 1e3,
-                     std::accumulate(d.begin(), d.end(), 0.0)};
+    stats[sig_id] = {(flops > 0 ? flops : static_cast<double>(d.flops)) / m / 1e3, d.time};
     best[sig.dtype()] = std::max(best[sig.dtype()], stats[sig_id].tflops);
   }
   // One diagnosis for the job (duplicates merged): every slow GEMM shape as evidence, the ones
@@ -1128,6 +1182,14 @@ ApiRates apiRates(const JobModel& m) {
   uint64_t ops = 0;
   for (const auto& [rank, r] : m.ranks()) {
     ops += r.ops.size();
+    // MODE_SUMMARY: the summarised ops count too (host spans such as cudaStreamWaitEvent among
+    // them, as syncs), so that rates compare across modes.
+    for (const SummaryWindow& w : r.summaries) {
+      ops += w.count();
+      const auto& sig = m.signatures()[w.sig];
+      if (sig.kind() == flare::v1::OP_KIND_SYNC && sig.name() != FLARE_STEP_MARKER_NAME)
+        found.syncs[sig.name()] += static_cast<double>(w.count());
+    }
     for (const Span& s : r.spans) found.spans[m.apis()[s.api]] += 1;
     for (const Op& op : r.ops) {
       const auto& sig = m.signatures()[op.sig];
@@ -1184,14 +1246,12 @@ StepIssueLatency stepIssueLatency(const JobModel& job) {
   const double tolerance = 0.5 * out.median_step_ns;
   for (const auto& [rank, s] : starts) {
     std::vector<double> means(n_steps, NAN), offsets(n_steps, NAN);
-    const RankData& r = job.ranks().at(rank);
-    // Ops by issue time, to sum each step's issue latencies.
-    std::vector<std::pair<int64_t, double>> ops;
-    for (const Op& op : r.ops) {
-      if (isGpuOp(job.signatures()[op.sig].kind()))
-        ops.push_back({op.issue, static_cast<double>(op.issueLatency())});
+    // Each step's issue-latency and issue-offset sums (the rank's own in MODE_SUMMARY).
+    std::map<int64_t, timing::StepStats> by_step;
+    for (timing::StepStats& st : job.stepStats(rank)) {
+      const int64_t k = st.step;
+      by_step.insert_or_assign(k, std::move(st));
     }
-    std::sort(ops.begin(), ops.end());
     for (size_t g = 0; g < n_steps; ++g) {
       const int64_t target = ref[g + 1];
       // This rank's complete step (not its first) starting nearest the grid's step.
@@ -1205,16 +1265,11 @@ StepIssueLatency stepIssueLatency(const JobModel& job) {
         }
       }
       if (best == 0 || best_dist > tolerance) continue;
-      auto lo = std::lower_bound(ops.begin(), ops.end(), std::make_pair(s[best], -HUGE_VAL));
-      auto hi = std::lower_bound(ops.begin(), ops.end(), std::make_pair(s[best + 1], -HUGE_VAL));
-      if (hi - lo < 1) continue;
-      double sum = 0, offset = 0;
-      for (auto it = lo; it != hi; ++it) {
-        sum += it->second;
-        offset += static_cast<double>(it->first - s[best]);
-      }
-      means[g] = sum / static_cast<double>(hi - lo);
-      offsets[g] = offset / static_cast<double>(hi - lo);
+      auto st = by_step.find(static_cast<int64_t>(best));
+      if (st == by_step.end() || st->second.gpu_ops < 1) continue;
+      const auto n = static_cast<double>(st->second.gpu_ops);
+      means[g] = st->second.issue_latency_sum_ns / n;
+      offsets[g] = st->second.issue_offset_sum_ns / n;
     }
     out.ranks.push_back(rank);
     out.means.push_back(std::move(means));
@@ -1277,10 +1332,9 @@ std::vector<Diagnosis> diagnose(const JobModel& whole, const DiagnoseOptions& op
     }
   }
   const auto job_arrivals = spiky ? collectiveArrivals(job) : arrivals;
-  // MODE_SUMMARY: compute ops arrive only as summaries, so GPU idle time and issue latencies
-  // cannot be measured from ops; those detectors need raw records (summary_detectors.h).
-  const bool raw = !hasSummaries(job);
-  if (raw) detectIssueStall(job, options, job_arrivals, &out);
+  // MODE_SUMMARY: GPU idle time and issue latencies come from the per-step statistics the ranks
+  // sent (JobModel::stepStats, issueLatencies), the same definitions as from raw ops.
+  detectIssueStall(job, options, job_arrivals, &out);
   // A rank named GPU-slow is not also named host-stalled: its slow GPU shifts its own host timing
   // and GPU idle pattern (the host waits on it at blocking calls, its collectives wait less),
   // which the stall signals can read as a stall; the slow GPU is the cause (docs/metrics.md).
@@ -1304,12 +1358,12 @@ std::vector<Diagnosis> diagnose(const JobModel& whole, const DiagnoseOptions& op
           Evidence{"step_time_change", text, fail_slow->after_ns, fail_slow->before_ns});
     }
   }
-  if (baseline != nullptr && raw) {
+  if (baseline != nullptr) {
     detectRegression(job, *baseline, options, &out);
-  } else if (history != nullptr && raw) {
+  } else if (history != nullptr) {
     detectRegressionFromHistory(job, *history, &out);
   }
-  if (raw) detectVoid(job, options, baseline, history, &out);
+  detectVoid(job, options, baseline, history, &out);
   detectUnoptimized(job, options, &out);
   std::stable_sort(out.begin(), out.end(),
                    [](const Diagnosis& a, const Diagnosis& b) { return a.severity > b.severity; });

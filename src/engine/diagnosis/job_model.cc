@@ -128,6 +128,33 @@ void JobModel::addBatch(int rank, const flare::v1::RecordBatch& batch) {
     }
     if (!w.clusters.empty()) r.summaries.push_back(std::move(w));
   }
+  for (const auto& st : batch.step_stats()) {
+    ReceivedStep rs;
+    std::string error;
+    auto latency = stats::LatencySketch::deserialize(
+        std::span(reinterpret_cast<const uint8_t*>(st.issue_latency().data()),
+                  st.issue_latency().size()),
+        &error);
+    if (!latency || st.end_ns() <= st.start_ns()) {
+      ++r.bad_step_stats;
+      continue;
+    }
+    rs.stats.start_ns = st.start_ns();
+    rs.stats.end_ns = st.end_ns();
+    rs.stats.gpu_busy_ns = st.gpu_busy_ns();
+    rs.stats.inter_ns = st.inter_ns();
+    rs.stats.minority_ns = st.minority_ns();
+    rs.stats.gpu_ops = st.gpu_ops();
+    rs.stats.issue_latency_sum_ns = st.issue_latency_sum_ns();
+    rs.stats.issue_offset_sum_ns = st.issue_offset_sum_ns();
+    rs.stats.latency = std::move(*latency);
+    for (const auto& c : st.causes()) {
+      auto sketch = stats::LatencySketch::deserialize(std::span(
+          reinterpret_cast<const uint8_t*>(c.issue_latency().data()), c.issue_latency().size()));
+      if (sketch) rs.causes.emplace_back(internApi(c.name()), std::move(*sketch));
+    }
+    r.steps.push_back(std::move(rs));
+  }
   for (const auto& st : batch.steps()) {
     r.step_starts.push_back(st.start_ns());
     if (st.samples() > 0) r.step_samples = st.samples();
@@ -225,6 +252,8 @@ void JobModel::trim(int64_t before_ns, size_t max_ops_per_rank) {
     }
     std::erase_if(r.spans, [before_ns](const Span& s) { return s.end < before_ns; });
     std::erase_if(r.summaries, [before_ns](const SummaryWindow& w) { return w.end < before_ns; });
+    std::erase_if(r.steps,
+                  [before_ns](const ReceivedStep& st) { return st.stats.end_ns < before_ns; });
     std::erase_if(r.step_starts, [before_ns](int64_t t) { return t < before_ns; });
     std::erase_if(r.batch_bytes, [before_ns](const auto& b) { return b.first < before_ns; });
   }
@@ -239,6 +268,7 @@ JobModel JobModel::untilStep(size_t step) const {
     std::erase_if(o.ops, [t1](const Op& op) { return op.issue >= t1; });
     std::erase_if(o.spans, [t1](const Span& sp) { return sp.start > t1; });  // keeps the boundary
     std::erase_if(o.summaries, [t1](const SummaryWindow& w) { return w.start >= t1; });
+    std::erase_if(o.steps, [t1](const ReceivedStep& st) { return st.stats.start_ns >= t1; });
     std::erase_if(o.step_starts, [t1](int64_t t) { return t > t1; });
   }
   return out;
@@ -286,6 +316,9 @@ JobModel JobModel::onlySteps(const std::vector<size_t>& steps) const {
     for (const SummaryWindow& w : r.summaries) {
       if (inside(w.start)) o.summaries.push_back(w);
     }
+    for (const ReceivedStep& st : r.steps) {
+      if (inside(st.stats.start_ns)) o.steps.push_back(st);
+    }
     const auto first = std::find(starts.begin(), starts.end(), kept.front().first);
     if (first != starts.begin()) o.step_starts.push_back(*std::prev(first));
     for (const auto& [a, b] : kept) o.step_starts.push_back(a);
@@ -309,6 +342,9 @@ JobModel JobModel::sinceStep(size_t step) const {
     }
     for (const SummaryWindow& w : r.summaries) {
       if (w.start >= t0) o.summaries.push_back(w);
+    }
+    for (const ReceivedStep& st : r.steps) {
+      if (st.stats.start_ns >= t0) o.steps.push_back(st);
     }
     for (int64_t t : r.step_starts) {
       if (t >= t0) o.step_starts.push_back(t);
@@ -339,12 +375,53 @@ std::vector<int64_t> JobModel::stepStarts(int rank) const {
   return starts;
 }
 
+namespace {
+
+// The index among a rank's step starts of a step it sent, [t, end): the nearest start within
+// a quarter of the step (the step and its marker may have been converted to epoch time with
+// different clock samples), else the number of starts before it (0: before them all).
+int64_t stepIndex(const std::vector<int64_t>& starts, int64_t t, int64_t end) {
+  const auto it = std::lower_bound(starts.begin(), starts.end(), t);
+  const int64_t tolerance = (end - t) / 4;
+  if (it != starts.end() && *it - t <= tolerance) return it - starts.begin();
+  if (it != starts.begin() && t - *std::prev(it) <= tolerance) return it - starts.begin() - 1;
+  return it - starts.begin();
+}
+
+}  // namespace
+
+std::vector<const ReceivedStep*> JobModel::receivedSteps(int rank) const {
+  const auto it = ranks_.find(rank);
+  if (it == ranks_.end() || it->second.steps.empty()) return {};
+  const std::vector<int64_t> starts = stepStarts(rank);
+  std::vector<const ReceivedStep*> out;
+  for (const ReceivedStep& st : it->second.steps) {
+    if (stepIndex(starts, st.stats.start_ns, st.stats.end_ns) >= 1) out.push_back(&st);
+  }
+  std::sort(out.begin(), out.end(), [](const ReceivedStep* a, const ReceivedStep* b) {
+    return a->stats.start_ns < b->stats.start_ns;
+  });
+  return out;
+}
+
 std::vector<timing::StepStats> JobModel::stepStats(int rank) const {
   const auto it = ranks_.find(rank);
   if (it == ranks_.end()) return {};
   const std::vector<int64_t> starts = stepStarts(rank);
-  if (starts.size() < 2) return {};
   const RankData& r = it->second;
+  if (!r.steps.empty()) {  // MODE_SUMMARY: the rank's own figures
+    std::vector<timing::StepStats> out;
+    out.reserve(r.steps.size());
+    for (const ReceivedStep& st : r.steps) {
+      out.push_back(st.stats);
+      out.back().step = stepIndex(starts, st.stats.start_ns, st.stats.end_ns);
+    }
+    std::sort(out.begin(), out.end(), [](const timing::StepStats& a, const timing::StepStats& b) {
+      return a.start_ns < b.start_ns;
+    });
+    return out;
+  }
+  if (starts.size() < 2) return {};
   std::vector<timing::StepOp> ops;
   ops.reserve(r.ops.size());
   for (const Op& op : r.ops) {

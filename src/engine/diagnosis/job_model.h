@@ -66,6 +66,14 @@ struct SummaryWindow {
   double sumNs() const;
 };
 
+// One step's statistics as the rank computed them (MODE_SUMMARY, RecordBatch.step_stats): the
+// detectors read these in place of the raw compute ops (stepStats()).
+struct ReceivedStep {
+  timing::StepStats stats;  // step = 0; JobModel::stepStats numbers it
+  // Job-wide API id (apis()) of a host cause → issue latencies of the ops it held up.
+  std::vector<std::pair<uint32_t, stats::LatencySketch>> causes;
+};
+
 struct RankData {
   int rank = 0;
   std::string host;
@@ -73,6 +81,8 @@ struct RankData {
   std::vector<Op> ops;
   std::vector<Span> spans;
   std::vector<SummaryWindow> summaries;  // MODE_SUMMARY: compute ops arrive only as these
+  std::vector<ReceivedStep> steps;       // MODE_SUMMARY: the rank's own per-step figures
+  uint64_t bad_step_stats = 0;           // step statistics that did not decode (ignored)
   std::vector<int64_t> step_starts;      // explicit step markers, if the rank sent any
   uint64_t step_samples = 0;             // batch size of its latest step marker (0: ?)
   flare::v1::DropCounters drops;         // the latest cumulative counters
@@ -119,10 +129,15 @@ class JobModel {
   // spans (the issue's definition). Empty when neither was recorded.
   std::vector<int64_t> stepStarts(int rank) const;
 
-  // Per-step statistics of a rank computed from its ops and spans with the rank's own definition
-  // (src/timing/step_stats.h): one entry per complete step between stepStarts(rank), step = its
-  // index there. Empty when the rank has fewer than two step starts.
+  // Per-step statistics of a rank: the ones it sent (MODE_SUMMARY), else computed from its ops
+  // and spans with the same definition (src/timing/step_stats.h): one entry per complete step,
+  // oldest first, step = the index of its start among stepStarts(rank) (0: the window's first,
+  // the warm-up the detectors skip). Empty when the rank sent none and has fewer than two step
+  // starts.
   std::vector<timing::StepStats> stepStats(int rank) const;
+  // The steps a rank sent (MODE_SUMMARY) from its second step boundary on (the warm-up skipped),
+  // oldest first; empty in raw mode.
+  std::vector<const ReceivedStep*> receivedSteps(int rank) const;
 
  private:
   // The tables (signatures, API names) without any rank: the start of a filtered copy.

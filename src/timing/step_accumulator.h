@@ -1,0 +1,94 @@
+// StepAccumulator: the rank side of MODE_SUMMARY's per-step statistics (issue 6). The
+// BatchBuilder feeds it what the poller thread sees — GPU ops, host events (traced Python spans
+// and host synchronization calls), DataLoader `__next__` spans and step markers — and takes the
+// steps that are complete, each as the StepStats flared would compute from the raw records
+// (computeStepStats, step_stats.h: one definition for both sides) plus the host causes the
+// issue-stall detector names:
+//
+//   for every GPU op issued in the step, the host gap since the previous launch on its thread;
+//   each host event on that thread that ended inside the gap and lasted at least half of it is
+//   a cause of that op (detectors.cc causesBefore, the raw-mode definition); per cause name, a
+//   LatencySketch of the issue latencies of the ops it held up.
+//
+// Step boundaries: step markers when the rank has sent any, else the starts of DataLoader
+// `__next__` spans (JobModel::stepStarts). Step k = [b_k, b_k+1) is taken once the boundary
+// b_k+2 exists — one step of slack for ops issued in step k that complete late — or at
+// finish(). An op of a step already taken is counted in `late_ops` and left out of that step's
+// figures. Memory: the ops of about two steps; at most `max_ops` ops are held (a job without
+// boundaries, or a step larger than that, loses its oldest ops, counted in `overflow_ops`).
+//
+// Times are CLOCK_MONOTONIC ns (the caller converts boundaries to epoch ns on the wire).
+// Not thread-safe: the poller thread only.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "src/engine/stats/sketch.h"
+#include "src/timing/step_stats.h"
+
+namespace flare::timing {
+
+struct StepResult {
+  StepStats stats;
+  // Cause name → issue latencies of the step's GPU ops it held up (2% sketches).
+  std::vector<std::pair<std::string, stats::LatencySketch>> causes;
+  uint64_t late_ops = 0;  // ops of earlier, already taken steps seen since the previous result
+};
+
+class StepAccumulator {
+ public:
+  static constexpr size_t kDefaultMaxOps = size_t{1} << 18;
+  explicit StepAccumulator(size_t max_ops = kDefaultMaxOps) : max_ops_(max_ops) {}
+
+  // A GPU op (any op that is not a host synchronization): kernel = OP_KIND_KERNEL.
+  void addGpuOp(int64_t issue, int64_t start, int64_t end, bool kernel, uint64_t thread);
+  // A host event that may hold up launches: a traced Python call or a synchronization call.
+  void addHostEvent(int64_t start, int64_t end, uint64_t thread, const std::string& name);
+  // A DataLoader `__next__` span (also a host event: add it there too).
+  void addLoaderSpan(int64_t start, int64_t end);
+  void addStepMarker(int64_t t);
+
+  // The steps complete with one step of slack (all complete ones when `final`), oldest first.
+  std::vector<StepResult> take(bool final);
+  // Forgets everything (the mode changed).
+  void reset();
+
+  uint64_t overflowOps() const { return overflow_ops_; }
+  bool idle() const { return ops_.empty() && markers_.empty() && loader_.empty(); }
+
+ private:
+  struct PendingOp {
+    StepOp op;
+    uint64_t thread = 0;
+  };
+  struct HostEvent {
+    int64_t start = 0, end = 0;
+    uint32_t name = 0;  // index into names_
+  };
+  const std::vector<int64_t>& boundaries() const {
+    return markers_.empty() && !saw_marker_ ? loader_starts_ : markers_;
+  }
+  StepResult computeStep(int64_t s0, int64_t s1);
+  void forgetBefore(int64_t s0, int64_t s1);
+
+  size_t max_ops_;
+  std::vector<PendingOp> ops_;
+  std::map<uint64_t, std::vector<HostEvent>> host_;  // thread → events (unsorted)
+  std::vector<StepSpan> loader_;
+  std::vector<int64_t> loader_starts_;      // sorted, not taken yet
+  std::vector<int64_t> markers_;            // sorted, not taken yet
+  bool saw_marker_ = false;                 // markers decide the boundaries from the first on
+  int64_t taken_until_ = INT64_MIN;         // end of the last step taken
+  std::map<uint64_t, int64_t> last_issue_;  // thread → latest launch of a taken step
+  std::vector<std::string> names_;
+  std::map<std::string, uint32_t> name_index_;
+  uint64_t late_ops_ = 0;
+  uint64_t overflow_ops_ = 0;
+};
+
+}  // namespace flare::timing

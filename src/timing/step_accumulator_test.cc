@@ -1,0 +1,149 @@
+// The rank's StepAccumulator (MODE_SUMMARY) against the daemon's definition: fed ops and spans
+// in the order the poller sees them, it must produce the StepStats computeStepStats gives for
+// the whole record set, name the host causes as causesBefore does, and count what it could not.
+#include "src/timing/step_accumulator.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <map>
+#include <random>
+#include <string>
+
+namespace flare::timing {
+namespace {
+
+// A job of `steps` steps of ~1 ms: each step a DataLoader call, then 40 ops on one stream
+// (one thread), some of them plain kernels; random gaps. Ops reach the accumulator when they
+// end (the poller's order), spans when they end.
+TEST(StepAccumulator, SameStatsAsTheDaemonsDefinitionInPollerOrder) {
+  std::mt19937_64 rng(7);
+  std::uniform_int_distribution<int64_t> gap(1'000, 20'000), dur(2'000, 15'000);
+  std::vector<StepOp> ops;
+  std::vector<StepSpan> loader;
+  int64_t host = 1'000'000, gpu = 0;
+  for (int s = 0; s < 12; ++s) {
+    const int64_t load_start = host;
+    host += 50'000 + gap(rng) * 5;  // the input wait
+    loader.push_back({load_start, host});
+    for (int k = 0; k < 40; ++k) {
+      host += gap(rng);
+      const int64_t start = std::max(host + 3'000, gpu);
+      gpu = start + dur(rng);
+      ops.push_back({host, start, gpu, k % 3 == 0});
+    }
+  }
+  struct Arrival {
+    int64_t at;
+    int which;  // 0 op, 1 span
+    size_t index;
+  };
+  std::vector<Arrival> arrivals;
+  for (size_t i = 0; i < ops.size(); ++i) arrivals.push_back({ops[i].end, 0, i});
+  for (size_t i = 0; i < loader.size(); ++i) arrivals.push_back({loader[i].end, 1, i});
+  std::stable_sort(arrivals.begin(), arrivals.end(),
+                   [](const Arrival& a, const Arrival& b) { return a.at < b.at; });
+  StepAccumulator acc;
+  std::vector<StepResult> got;
+  for (const Arrival& a : arrivals) {
+    if (a.which == 0) {
+      const StepOp& op = ops[a.index];
+      acc.addGpuOp(op.issue, op.start, op.end, op.kernel, 1);
+    } else {
+      acc.addHostEvent(loader[a.index].start, loader[a.index].end, 1, "DataLoader.__next__");
+      acc.addLoaderSpan(loader[a.index].start, loader[a.index].end);
+    }
+    for (auto& r : acc.take(false)) got.push_back(std::move(r));
+  }
+  const size_t before_final = got.size();
+  for (auto& r : acc.take(true)) got.push_back(std::move(r));
+  EXPECT_EQ(before_final, 10u);  // one step of slack
+  std::vector<int64_t> starts;
+  for (const StepSpan& l : loader) starts.push_back(l.start);
+  const auto want = computeStepStats(ops, loader, starts);
+  ASSERT_EQ(want.size(), 11u);
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i) {
+    SCOPED_TRACE(i);
+    EXPECT_EQ(got[i].stats.start_ns, want[i].start_ns);
+    EXPECT_EQ(got[i].stats.end_ns, want[i].end_ns);
+    EXPECT_EQ(got[i].stats.gpu_busy_ns, want[i].gpu_busy_ns);
+    EXPECT_EQ(got[i].stats.inter_ns, want[i].inter_ns);
+    EXPECT_EQ(got[i].stats.minority_ns, want[i].minority_ns);
+    EXPECT_EQ(got[i].stats.gpu_ops, want[i].gpu_ops);
+    EXPECT_DOUBLE_EQ(got[i].stats.issue_latency_sum_ns, want[i].issue_latency_sum_ns);
+    EXPECT_DOUBLE_EQ(got[i].stats.issue_offset_sum_ns, want[i].issue_offset_sum_ns);
+    EXPECT_EQ(got[i].stats.latency.count(), want[i].gpu_ops);
+    EXPECT_EQ(got[i].late_ops, 0u);
+    if (i == 0) continue;  // nothing ran before the first DataLoader call
+    EXPECT_GT(got[i].stats.inter_ns, 0);
+    // The first op after each DataLoader call waited on it: the loader is its cause.
+    ASSERT_EQ(got[i].causes.size(), 1u);
+    EXPECT_EQ(got[i].causes[0].first, "DataLoader.__next__");
+    EXPECT_EQ(got[i].causes[0].second.count(), 1u);
+  }
+  EXPECT_TRUE(acc.take(true).empty());
+}
+
+// causesBefore's rule by hand: a host event on the launching thread that ended inside the gap
+// before a launch and lasted at least half of it.
+TEST(StepAccumulator, HostCausesByHand) {
+  StepAccumulator acc;
+  acc.addStepMarker(0);
+  acc.addGpuOp(100, 110, 150, false, 1);
+  acc.addHostEvent(110, 190, 1, "gc.collect");      // 80 of the 100 gap: a cause
+  acc.addHostEvent(150, 160, 1, "torch.item");      // 10 of it: not
+  acc.addHostEvent(120, 195, 2, "other.thread");    // another thread: not
+  acc.addGpuOp(200, 205, 260, false, 1);            // latency 5, held up by gc.collect
+  acc.addGpuOp(210, 262, 300, false, 1);            // gap 10: nothing ended inside it
+  acc.addHostEvent(300, 600, 1, "torch.cuda.synchronize");
+  acc.addStepMarker(1000);
+  acc.addGpuOp(700, 701, 720, true, 1);  // the sync (300 of the 490 gap) held it up
+  acc.addStepMarker(2000);
+  auto r = acc.take(true);
+  ASSERT_EQ(r.size(), 2u);
+  ASSERT_EQ(r[0].causes.size(), 2u);
+  EXPECT_EQ(r[0].stats.gpu_ops, 4u);
+  std::map<std::string, uint64_t> counts;
+  for (const auto& [name, sk] : r[0].causes) counts[name] = sk.count();
+  EXPECT_EQ(counts["gc.collect"], 1u);
+  EXPECT_EQ(counts["torch.cuda.synchronize"], 1u);
+  for (const auto& [name, sk] : r[0].causes) {
+    if (name == "gc.collect") {
+      EXPECT_NEAR(sk.quantile(0.5), 5, 0.2);
+    }
+  }
+  EXPECT_TRUE(r[1].causes.empty());
+  EXPECT_EQ(r[1].stats.gpu_ops, 0u);
+}
+
+// Markers decide the boundaries once seen (DataLoader spans no longer do); an op of a step
+// already sent is counted late; a job without boundaries keeps a bounded number of ops.
+TEST(StepAccumulator, MarkersLateOpsAndOverflow) {
+  StepAccumulator acc(64);
+  acc.addLoaderSpan(0, 10);
+  acc.addStepMarker(100);
+  acc.addLoaderSpan(150, 160);
+  acc.addStepMarker(200);
+  acc.addStepMarker(300);
+  acc.addGpuOp(120, 130, 140, false, 1);
+  auto r = acc.take(false);
+  ASSERT_EQ(r.size(), 1u);
+  EXPECT_EQ(r[0].stats.start_ns, 100);
+  EXPECT_EQ(r[0].stats.end_ns, 200);
+  EXPECT_EQ(r[0].stats.gpu_ops, 1u);
+  acc.addGpuOp(150, 160, 170, false, 1);  // step [100,200) was sent
+  acc.addStepMarker(400);
+  r = acc.take(false);
+  ASSERT_EQ(r.size(), 1u);
+  EXPECT_EQ(r[0].late_ops, 1u);
+  EXPECT_EQ(r[0].stats.gpu_ops, 0u);
+
+  StepAccumulator none(64);
+  for (int i = 0; i < 1000; ++i) none.addGpuOp(i, i, i + 1, false, 1);
+  EXPECT_GT(none.overflowOps(), 900u);
+  EXPECT_TRUE(none.take(true).empty());
+}
+
+}  // namespace
+}  // namespace flare::timing
