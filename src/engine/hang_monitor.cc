@@ -177,6 +177,10 @@ std::vector<HangIncident> HangMonitor::check() {
       if (!reported.empty()) addWatchdog(job.job_id(), w.incident_id, std::move(reported));
       if (progressed) {
         w.episode_open = false;  // the job moves again: the episode is over
+        // Silence is counted afresh from here: the ranks that waited for the culprit resume
+        // and report over the next flush interval, and are not a new hang (a second incident
+        // was raised when the culprit's first batch beat theirs by one pass).
+        for (auto& [rank, rw] : w.ranks) rw.changed_ns = std::max(rw.changed_ns, now);
         FLARE_LOG_INFO("engine", "hang episode of job {} ended: ranks progress again",
                        job.job_id());
       }

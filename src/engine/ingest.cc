@@ -597,6 +597,8 @@ Verdict Ingest::batch(uint64_t session_id, const v1::RecordBatch& b) {
         }
         w->window_end_ns = std::max(w->window_end_ns, sm.window_end_ns());
       }
+      st.flops += static_cast<double>(sm.flops());  // totals of the summarised ops
+      st.bytes += static_cast<double>(sm.bytes());
       for (const auto& c : sm.clusters()) {
         if (c.count() == 0) continue;
         const int64_t lo = std::min(c.p50_ns(), c.p99_ns());
@@ -608,8 +610,10 @@ Verdict Ingest::batch(uint64_t session_id, const v1::RecordBatch& b) {
         const uint64_t tail = c.count() >= 100 ? c.count() / 100 : 0;
         st.hist.add(c.p50_ns(), c.count() - tail);
         if (tail > 0) st.hist.add(c.p99_ns(), tail);
-        st.flops += static_cast<double>(c.count()) * static_cast<double>(st.sig.flops_per_call());
-        st.bytes += static_cast<double>(c.count()) * static_cast<double>(st.sig.bytes_per_call());
+        if (sm.flops() == 0)
+          st.flops += static_cast<double>(c.count()) * static_cast<double>(st.sig.flops_per_call());
+        if (sm.bytes() == 0)
+          st.bytes += static_cast<double>(c.count()) * static_cast<double>(st.sig.bytes_per_call());
         if (w != nullptr) {
           const double n0 = static_cast<double>(w->count);
           const double n1 = static_cast<double>(c.count());

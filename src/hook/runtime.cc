@@ -329,7 +329,7 @@ void atExit() {
   if (g_exit_done.exchange(true)) return;  // once: Python's atexit (finishAtExit) or exit()
   deepTraceAtExit();                       // its last records reach the Tracer before the drain
   // Write out what completed; never hold the exit up for long (a hung stream stays hung).
-  if (!t->drain(1'000'000'000)) {
+  if (!t->drain(1'000'000'000, /*final=*/true)) {
     common::logOnce(common::LogLevel::kInfo, "hook", "exit-undrained",
                     "flare: exiting with GPU work still in flight; unfinished ops not recorded");
   }

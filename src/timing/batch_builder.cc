@@ -7,6 +7,7 @@
 
 #include "flare/step.h"
 #include "src/common/log.h"
+#include "src/timing/step_stats_wire.h"
 
 namespace flare::timing {
 namespace {
@@ -207,24 +208,8 @@ void BatchBuilder::addStepStats(bool final) {
   for (StepResult& r : steps_.take(final)) {
     if (!batch_open_) openBatch();
     flare::v1::StepStats* out = batch_.add_step_stats();
-    const StepStats& st = r.stats;
-    out->set_start_ns(clock_map_.fromMonotonic(st.start_ns));
-    out->set_end_ns(clock_map_.fromMonotonic(st.end_ns));
-    out->set_gpu_busy_ns(st.gpu_busy_ns);
-    out->set_inter_ns(st.inter_ns);
-    out->set_minority_ns(st.minority_ns);
-    out->set_gpu_ops(st.gpu_ops);
-    out->set_issue_latency_sum_ns(st.issue_latency_sum_ns);
-    out->set_issue_offset_sum_ns(st.issue_offset_sum_ns);
-    const std::vector<uint8_t> sketch = st.latency.serialize();
-    out->set_issue_latency(sketch.data(), sketch.size());
-    for (const auto& [name, latencies] : r.causes) {
-      flare::v1::HostCause* cause = out->add_causes();
-      cause->set_name(name);
-      const std::vector<uint8_t> bytes = latencies.serialize();
-      cause->set_issue_latency(bytes.data(), bytes.size());
-    }
-    out->set_late_ops(r.late_ops);
+    encodeStepStats(
+        r, [this](int64_t t) { return clock_map_.fromMonotonic(t); }, out);
     account(out->ByteSizeLong());
   }
 }
@@ -238,6 +223,8 @@ void BatchBuilder::addSummaries() {
     out->set_device(s.device);
     out->set_window_start_ns(clock_map_.fromMonotonic(s.window_start_ns));
     out->set_window_end_ns(clock_map_.fromMonotonic(s.window_end_ns));
+    out->set_flops(s.flops);
+    out->set_bytes(s.bytes);
     for (const SummaryCluster& c : s.clusters) {
       flare::v1::KernelSummary::Cluster* cl = out->add_clusters();
       cl->set_count(c.count);

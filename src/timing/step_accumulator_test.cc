@@ -91,11 +91,11 @@ TEST(StepAccumulator, HostCausesByHand) {
   StepAccumulator acc;
   acc.addStepMarker(0);
   acc.addGpuOp(100, 110, 150, false, 1);
-  acc.addHostEvent(110, 190, 1, "gc.collect");      // 80 of the 100 gap: a cause
-  acc.addHostEvent(150, 160, 1, "torch.item");      // 10 of it: not
-  acc.addHostEvent(120, 195, 2, "other.thread");    // another thread: not
-  acc.addGpuOp(200, 205, 260, false, 1);            // latency 5, held up by gc.collect
-  acc.addGpuOp(210, 262, 300, false, 1);            // gap 10: nothing ended inside it
+  acc.addHostEvent(110, 190, 1, "gc.collect");    // 80 of the 100 gap: a cause
+  acc.addHostEvent(150, 160, 1, "torch.item");    // 10 of it: not
+  acc.addHostEvent(120, 195, 2, "other.thread");  // another thread: not
+  acc.addGpuOp(200, 205, 260, false, 1);          // latency 5, held up by gc.collect
+  acc.addGpuOp(210, 262, 300, false, 1);          // gap 10: nothing ended inside it
   acc.addHostEvent(300, 600, 1, "torch.cuda.synchronize");
   acc.addStepMarker(1000);
   acc.addGpuOp(700, 701, 720, true, 1);  // the sync (300 of the 490 gap) held it up

@@ -41,6 +41,8 @@ void SummaryAggregator::add(const CompletedOp& op) {
     acc.last_end = std::max(acc.last_end, op.end_ns);
   }
   acc.durations.push_back(static_cast<double>(std::max<int64_t>(0, op.end_ns - op.start_ns)));
+  acc.flops += op.info.flops;
+  acc.bytes += op.info.bytes;
   if (!open_) {
     open_ = true;
     first_start_ns_ = op.start_ns;
@@ -70,8 +72,11 @@ std::vector<OpSummary> SummaryAggregator::take() {
     for (const stats::DurationCluster& c : clustering.clusters) {
       s.clusters.push_back(SummaryCluster{c.count, roundNs(c.p50), roundNs(c.p99), roundNs(c.sum)});
     }
+    s.flops = acc.flops;
+    s.bytes = acc.bytes;
     out.push_back(std::move(s));
     acc.durations.clear();  // keeps the capacity for the next window
+    acc.flops = acc.bytes = 0;
     ++it;
   }
   open_ = false;

@@ -39,6 +39,8 @@ struct OpSummary {
   int64_t window_start_ns = 0;           // earliest GPU start of the window's ops of this key
   int64_t window_end_ns = 0;             // latest GPU end
   std::vector<SummaryCluster> clusters;  // ascending durations; counts sum to the ops added
+  uint64_t flops = 0;                    // totals over the window's ops of this key
+  uint64_t bytes = 0;
 };
 
 class SummaryAggregator {
@@ -62,6 +64,8 @@ class SummaryAggregator {
     std::vector<double> durations;
     int64_t first_start = 0;
     int64_t last_end = 0;
+    uint64_t flops = 0;
+    uint64_t bytes = 0;
   };
   int64_t window_ns_;
   bool open_ = false;

@@ -243,7 +243,9 @@ class Tracer {
 
   // Any thread: waits until every op pushed before the call is completed or dropped (or
   // `timeout_ns` passes), then flushes the sink. Returns true when everything was drained.
-  bool drain(int64_t timeout_ns);
+  // `final` (at process exit): the sink finishes instead (Sink::finish: what waits for a later
+  // op, such as MODE_SUMMARY's last complete step, goes out too); later flushes finish too.
+  bool drain(int64_t timeout_ns, bool final = false);
   DropCounters drops() const;
   // Called in a forked child: the poller thread does not exist there; disables tracing.
   void disableAfterFork();

@@ -250,6 +250,7 @@ struct Tracer::Impl {
   void emitOps();
   void sendDrops();
   void finishDrains();
+  void flushSink();  // Sink::flush, or Sink::finish after a final drain
   void shutdownPass();
 
   DeviceTimer* const timer_;
@@ -291,13 +292,14 @@ struct Tracer::Impl {
 
   // Poller coordination.
   std::mutex wake_mu_;
-  std::condition_variable wake_cv_;  // the poller waits here
-  std::condition_variable done_cv_;  // drain() waits here
-  bool stop_ = false;                // guarded by wake_mu_
-  bool flush_requested_ = false;     // guarded by wake_mu_
-  bool poller_exited_ = false;       // guarded by wake_mu_
-  uint64_t drain_requested_ = 0;     // guarded by wake_mu_
-  uint64_t drain_done_ = 0;          // guarded by wake_mu_
+  std::condition_variable wake_cv_;       // the poller waits here
+  std::condition_variable done_cv_;       // drain() waits here
+  bool stop_ = false;                     // guarded by wake_mu_
+  bool flush_requested_ = false;          // guarded by wake_mu_
+  bool poller_exited_ = false;            // guarded by wake_mu_
+  uint64_t drain_requested_ = 0;          // guarded by wake_mu_
+  std::atomic<bool> final_drain_{false};  // drain(.., final): flushes finish the sink
+  uint64_t drain_done_ = 0;               // guarded by wake_mu_
   std::unique_ptr<std::thread> poller_;
 
   // Deep-trace records waiting for the poller (pushDeepTrace, any thread).
@@ -762,7 +764,7 @@ void Tracer::Impl::pollerMain() noexcept {
         finishDrains();
         const int64_t now_ns = clock_->nowNs();
         if (flush || now_ns - last_flush_ns_ >= opts_.flush_interval_ns) {
-          sink_->flush();
+          flushSink();
           last_flush_ns_ = now_ns;
         }
       }
@@ -1104,6 +1106,14 @@ void Tracer::Impl::sendDrops() {
   sink_->onDrops(totals);
 }
 
+void Tracer::Impl::flushSink() {
+  if (final_drain_.load(std::memory_order_relaxed)) {
+    sink_->finish();
+  } else {
+    sink_->flush();
+  }
+}
+
 void Tracer::Impl::finishDrains() {
   const uint64_t oldest =
       outstanding_.empty() ? std::numeric_limits<uint64_t>::max() : outstanding_.begin()->first;
@@ -1113,7 +1123,7 @@ void Tracer::Impl::finishDrains() {
     drain_waits_.pop_front();
   }
   if (satisfied == 0) return;
-  sink_->flush();
+  flushSink();
   last_flush_ns_ = clock_->nowNs();
   {
     std::lock_guard<std::mutex> lock(wake_mu_);
@@ -1158,7 +1168,8 @@ void Tracer::hostSpan(const OpInfo& info, int64_t start_ns, int64_t end_ns) {
 uint32_t Tracer::intern(const Signature& sig) {
   return impl_->intern(sig);
 }
-bool Tracer::drain(int64_t timeout_ns) {
+bool Tracer::drain(int64_t timeout_ns, bool final) {
+  if (final) impl_->final_drain_.store(true, std::memory_order_relaxed);
   return impl_->drain(timeout_ns);
 }
 DropCounters Tracer::drops() const {

@@ -88,8 +88,11 @@ def assert_in_order(records):
 
 
 def hook_env(build_dir, tmp_path, **extra):
+    # Raw mode: these tests check that every record the rank timed reaches flared (summary
+    # mode, the default when streaming, is covered by test_summary_mode.py).
     env = {"LD_PRELOAD": os.path.join(build_dir, "lib", "libflare_hook.so"),
-           "FLARE_OUTPUT_DIR": str(tmp_path / "spool"), "FLARE_JOB_ID": "streamtest"}
+           "FLARE_OUTPUT_DIR": str(tmp_path / "spool"), "FLARE_JOB_ID": "streamtest",
+           "FLARE_MODE": "raw"}
     env.update({k: str(v) for k, v in extra.items()})
     return env
 

@@ -277,7 +277,9 @@ def test_a_job_flared_no_longer_holds_is_rebuilt_from_the_store(build_dir, tmp_p
     then use its stored raw records, signatures and rank rows."""
     d = start(build_dir, tmp_path)
     try:
-        run_job(build_dir, d, tmp_path, "done")
+        # Raw mode: the store keeps raw records, not summaries or step statistics (a summary-mode
+        # job rebuilt from it has its collectives and syncs only; docs/architecture.md).
+        run_job(build_dir, d, tmp_path, "done", {"FLARE_MODE": "raw"})
         wait_for(lambda: d.json("/api/v1/jobs/done/ranks")["ranks"])
         live_stats = {s["signature"]["name"] + repr(s["signature"].get("shape")): int(s["count"])
                       for s in d.json("/api/v1/jobs/done/report")["signatures"]}

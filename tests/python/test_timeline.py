@@ -158,7 +158,9 @@ def flared_job(build_dir, tmp_path_factory):
              "--job-id", "tl", "--quiet", "--", os.path.join(build_dir, "bin", "flare-sim-train"),
              "--ranks", str(RANKS), "--steps", str(STEPS), "--layers", str(LAYERS), "--hidden",
              "1024", "--seq", "512", "--tp", "2", "--quiet"],
-            capture_output=True, text=True, timeout=300)
+            # A timeline needs every op: raw mode (summary mode, the default when streaming,
+            # sends kernel summaries in place of compute ops).
+            env=dict(os.environ, FLARE_MODE="raw"), capture_output=True, text=True, timeout=300)
         assert res.returncode == 0, res.stderr
         yield http
     finally:

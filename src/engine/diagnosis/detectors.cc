@@ -914,8 +914,12 @@ void detectUnoptimized(const JobModel& job, const DiagnoseOptions& opt,
     }
     for (const SummaryWindow& w : r.summaries) {
       const auto& sig = job.signatures()[w.sig];
-      // Summaries carry no per-op flops: the hook's GEMM count, 2·m·n·k·batch of the shape.
-      const uint64_t flops = gemmFlops(sig);
+      // The flops of one call: the summary's total over its count (else the hook's GEMM count,
+      // 2·m·n·k·batch of the shape).
+      const uint64_t n_ops = w.count();
+      const uint64_t flops = w.flops > 0 && n_ops > 0
+                                 ? static_cast<uint64_t>(w.flops / static_cast<double>(n_ops))
+                                 : gemmFlops(sig);
       if (sig.kind() != flare::v1::OP_KIND_GEMM || flops < opt.unoptimized_min_flops) continue;
       Durations& d = durations[w.sig];
       for (const stats::DurationCluster& c : w.clusters) {

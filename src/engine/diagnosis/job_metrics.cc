@@ -99,6 +99,12 @@ flare::v1::JobMetrics computeJobMetrics(const JobModel& job, const History* hist
       flops += static_cast<double>(op.flops);
       ns += static_cast<double>(op.duration());
     }
+    for (const SummaryWindow& w : r.summaries) {  // MODE_SUMMARY
+      // A window (1 s) may hold the warm-up too: the ones ending after it count.
+      if (w.end < after || !isCompute(job.signatures()[w.sig].kind()) || w.flops <= 0) continue;
+      flops += w.flops;
+      ns += w.sumNs();
+    }
     if (ns <= 0) continue;
     auto* rt = m.add_rank_tflops();
     rt->set_rank(rank);

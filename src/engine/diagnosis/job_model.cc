@@ -126,6 +126,11 @@ void JobModel::addBatch(int rank, const flare::v1::RecordBatch& batch) {
       dc.sum = static_cast<double>(std::max<int64_t>(0, c.sum_ns()));
       w.clusters.push_back(dc);
     }
+    const auto& sig_row = signatures_[w.sig];
+    w.flops = ks.flops() != 0 ? static_cast<double>(ks.flops())
+                              : static_cast<double>(w.count()) * sig_row.flops_per_call();
+    w.bytes = ks.bytes() != 0 ? static_cast<double>(ks.bytes())
+                              : static_cast<double>(w.count()) * sig_row.bytes_per_call();
     if (!w.clusters.empty()) r.summaries.push_back(std::move(w));
   }
   for (const auto& st : batch.step_stats()) {
@@ -212,6 +217,8 @@ std::optional<flare::v1::RecordBatch> JobModel::rankBatch(int rank) const {
     ks->set_stream_id(w.stream);
     ks->set_window_start_ns(w.start);
     ks->set_window_end_ns(w.end);
+    ks->set_flops(static_cast<uint64_t>(w.flops));
+    ks->set_bytes(static_cast<uint64_t>(w.bytes));
     for (const stats::DurationCluster& c : w.clusters) {
       auto* out = ks->add_clusters();
       out->set_count(c.count);

@@ -62,6 +62,8 @@ struct SummaryWindow {
   int64_t start = 0;  // window, rank's epoch ns
   int64_t end = 0;
   std::vector<stats::DurationCluster> clusters;
+  double flops = 0;  // totals over the window's ops (the signature's per-call figures × count
+  double bytes = 0;  // when the rank sent none)
   uint64_t count() const;
   double sumNs() const;
 };

@@ -3,11 +3,16 @@
 // are known; one rank's host pauses before the same kernel in every step.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <map>
+#include <string>
 
 #include "flare/step.h"
 #include "src/engine/diagnosis/detectors.h"
 #include "src/engine/diagnosis/job_model.h"
+#include "src/timing/step_accumulator.h"
+#include "src/timing/step_stats_wire.h"
 
 namespace flare::engine {
 namespace {
@@ -140,6 +145,111 @@ TEST(PairedStall, UntilStepKeepsTheFirstSteps) {
   EXPECT_EQ(first.ranks().at(0).ops.size(), static_cast<size_t>(5 * kKernels));
   // Four paired steps (1..4) cannot reach p × 8 ≤ 0.01: nothing is diagnosed yet.
   EXPECT_GT(pairedStallTest(stepIssueLatency(first), 4).p_adjusted, 0.01);
+}
+
+// ---- the same job as summary mode sends it -------------------------------------------------
+
+// Rank 4's host pauses in a traced gc.collect: a span from just after kernel 4's launch to just
+// before kernel 5's in every step, and a short one in each later gap (thread 0, like the
+// kernels): every kernel it starves is preceded by one.
+void addGcSpans(flare::v1::RecordBatch* b) {
+  auto* api = b->add_api_names();
+  api->set_id(1);
+  api->set_qualified_name("gc.collect");
+  const int64_t skew = 100'000 * 4;
+  uint64_t id = 0;
+  for (int s = 0; s < kSteps; ++s) {
+    const int64_t t0 = 1'000'000'000 + s * kStepNs + skew;
+    for (int k = 5; k < kKernels; ++k) {
+      auto* sp = b->add_spans();
+      sp->set_id(++id);
+      sp->set_api_id(1);
+      sp->set_start_ns(t0 + issueAt(4, s, k - 1, 4, 2'000'000) + 5'000);
+      sp->set_end_ns(t0 + issueAt(4, s, k, 4, 2'000'000) - 5'000);
+    }
+  }
+}
+
+// What summary mode sends of a raw batch: tables, spans and step markers as they are, every
+// other op only through the rank's StepAccumulator (one StepStats per step).
+flare::v1::RecordBatch asSummary(const flare::v1::RecordBatch& raw) {
+  flare::v1::RecordBatch out;
+  out.set_rank(raw.rank());
+  *out.mutable_signatures() = raw.signatures();
+  *out.mutable_api_names() = raw.api_names();
+  *out.mutable_spans() = raw.spans();
+  std::map<uint32_t, std::string> apis;
+  for (const auto& a : raw.api_names()) apis[a.id()] = a.qualified_name();
+  timing::StepAccumulator acc;
+  for (const auto& sp : raw.spans())
+    acc.addHostEvent(sp.start_ns(), sp.end_ns(), sp.thread_id(), apis[sp.api_id()]);
+  for (const auto& k : raw.kernels()) {
+    if (k.signature_id() == 1) {
+      *out.add_kernels() = k;
+      acc.addStepMarker(k.start_ns());
+    } else {
+      acc.addGpuOp(k.issue_ns(), k.start_ns(), k.end_ns(), true, k.thread_id());
+    }
+  }
+  for (const auto& r : acc.take(true))
+    timing::encodeStepStats(
+        r, [](int64_t t) { return t; }, out.add_step_stats());
+  return out;
+}
+
+JobModel buildWithGc(bool summary) {
+  JobModel m;
+  for (int r = 0; r < 8; ++r) {
+    flare::v1::RecordBatch b = rankBatch(r, 4, 2'000'000);
+    if (r == 4) addGcSpans(&b);
+    m.addBatch(r, summary ? asSummary(b) : b);
+  }
+  return m;
+}
+
+TEST(PairedStall, SummaryModeStepStatsGiveTheRawFiguresAndDiagnosis) {
+  // Raw up to the last step marker: summary mode has no figures for the unfinished step 11.
+  const JobModel raw = buildWithGc(false).untilStep(kSteps - 1), summary = buildWithGc(true);
+  for (int r = 0; r < 8; ++r) {
+    EXPECT_EQ(summary.ranks().at(r).ops.size(), 0u);  // no compute op left
+    EXPECT_EQ(summary.ranks().at(r).steps.size(), static_cast<size_t>(kSteps - 1));
+  }
+  // The per-step sums are the same arithmetic on both sides.
+  const StepIssueLatency a = stepIssueLatency(raw), b = stepIssueLatency(summary);
+  ASSERT_EQ(a.ranks, b.ranks);
+  ASSERT_EQ(a.offsets.size(), b.offsets.size());
+  for (size_t r = 0; r < a.offsets.size(); ++r) {
+    ASSERT_EQ(a.offsets[r].size(), b.offsets[r].size());
+    for (size_t s = 0; s < a.offsets[r].size(); ++s) {
+      EXPECT_DOUBLE_EQ(a.offsets[r][s], b.offsets[r][s]);
+      EXPECT_DOUBLE_EQ(a.means[r][s], b.means[r][s]);
+    }
+  }
+  // Issue latencies rebuilt from the step sketches: every op after the warm-up, within 2%.
+  auto lat_raw = rankIssueLatencies(raw, 4), lat_sum = rankIssueLatencies(summary, 4);
+  ASSERT_EQ(lat_raw.size(), lat_sum.size());
+  std::sort(lat_raw.begin(), lat_raw.end());
+  std::sort(lat_sum.begin(), lat_sum.end());
+  for (size_t i = 0; i < lat_raw.size(); ++i)
+    EXPECT_NEAR(lat_sum[i], lat_raw[i], 0.02 * lat_raw[i]);
+  // Both name rank 4 and the traced gc.collect that held its host before the starved kernels
+  // (kernels 5..9 of steps 1..10, and a few more of its lowest latencies: the other ranks' 5th
+  // percentile is the bar, within the sketch's 2% in summary mode).
+  std::vector<double> starved;
+  for (const JobModel* m : {&raw, &summary}) {
+    const auto found = diagnose(*m, DiagnoseOptions{});
+    ASSERT_EQ(found.size(), 1u);
+    EXPECT_EQ(found[0].kind, "issue_stall");
+    EXPECT_EQ(found[0].ranks, std::vector<int>{4});
+    EXPECT_NE(found[0].summary.find("likely cause: gc.collect"), std::string::npos)
+        << found[0].summary;
+    for (const Evidence& e : found[0].evidence) {
+      if (e.metric == "starved_kernels") starved.push_back(e.value);
+    }
+  }
+  ASSERT_EQ(starved.size(), 2u);
+  EXPECT_GE(starved[0], 50);
+  EXPECT_NEAR(starved[1], starved[0], 0.1 * starved[0]);
 }
 
 }  // namespace

@@ -176,7 +176,7 @@ JobSeries computeSeries(const JobModel& job, const SeriesOptions& options,
       Acc& a = acc[w.sig][r];
       a.count += w.count();
       a.total_ns += w.sumNs();
-      a.flops += static_cast<double>(w.count()) * static_cast<double>(sig.flops_per_call());
+      a.flops += w.flops;
       for (const auto& c : w.clusters) a.cluster_p50.push_back({c.p50, c.count});
     }
   }

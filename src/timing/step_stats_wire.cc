@@ -1,0 +1,29 @@
+#include "src/timing/step_stats_wire.h"
+
+#include <vector>
+
+namespace flare::timing {
+
+void encodeStepStats(const StepResult& r, const std::function<int64_t(int64_t)>& to_epoch,
+                     flare::v1::StepStats* out) {
+  const StepStats& st = r.stats;
+  out->set_start_ns(to_epoch(st.start_ns));
+  out->set_end_ns(to_epoch(st.end_ns));
+  out->set_gpu_busy_ns(st.gpu_busy_ns);
+  out->set_inter_ns(st.inter_ns);
+  out->set_minority_ns(st.minority_ns);
+  out->set_gpu_ops(st.gpu_ops);
+  out->set_issue_latency_sum_ns(st.issue_latency_sum_ns);
+  out->set_issue_offset_sum_ns(st.issue_offset_sum_ns);
+  const std::vector<uint8_t> sketch = st.latency.serialize();
+  out->set_issue_latency(sketch.data(), sketch.size());
+  for (const auto& [name, latencies] : r.causes) {
+    flare::v1::HostCause* cause = out->add_causes();
+    cause->set_name(name);
+    const std::vector<uint8_t> bytes = latencies.serialize();
+    cause->set_issue_latency(bytes.data(), bytes.size());
+  }
+  out->set_late_ops(r.late_ops);
+}
+
+}  // namespace flare::timing
