@@ -63,12 +63,16 @@ flare::v1::HealthyBaseline makeBaseline(const JobModel& job) {
     const auto starts = job.stepStarts(rank);
     const int64_t after = starts.size() >= 2 ? starts[1] : INT64_MIN;
     ops += r.ops.size();
+    for (const SummaryWindow& w : r.summaries) ops += w.count();
+    // Per op kind: the raw ops (in MODE_SUMMARY the collectives and syncs only).
     for (const Op& op : r.ops) {
       const auto& sig = job.signatures()[op.sig];
       if (op.issue < after || sig.kind() == flare::v1::OP_KIND_SYNC) continue;
-      const auto v = static_cast<double>(op.issueLatency());
+      by_kind[opKindName(sig)].add(static_cast<double>(op.issueLatency()));
+    }
+    // Every GPU op after the warm-up: raw, or rebuilt from MODE_SUMMARY's step sketches.
+    for (double v : rankIssueLatencies(job, rank)) {
       all.add(v);
-      by_kind[opKindName(sig)].add(v);
       pooled.push_back(v);
       per_rank[rank].push_back(v);
     }
@@ -114,6 +118,14 @@ flare::v1::HealthyBaseline makeBaseline(const JobModel& job) {
         continue;
       durations[op.sig].push_back(static_cast<double>(op.duration()));
       if (op.flops > 0) flops[op.sig] = static_cast<double>(op.flops);
+    }
+    // MODE_SUMMARY: each cluster's median for its count; windows that end after the warm-up.
+    for (const SummaryWindow& w : r.summaries) {
+      const auto& sig = job.signatures()[w.sig];
+      if (w.end < after || sig.kind() == flare::v1::OP_KIND_SYNC) continue;
+      std::vector<double>& d = durations[w.sig];
+      for (const auto& c : w.clusters) d.insert(d.end(), c.count, c.p50);
+      if (w.flops > 0 && w.count() > 0) flops[w.sig] = w.flops / static_cast<double>(w.count());
     }
   }
   const auto busbw = collectiveBusbw(job);
