@@ -62,7 +62,7 @@ struct DiagnoseOptions {
   // `stall_paired_min_share` of the step time and above the Tukey fence of the ranks' median
   // delays (docs/metrics.md).
   double stall_paired_alpha = 0.01;
-  double stall_paired_min_share = 0.01;
+  double stall_paired_min_share = 0.025;
   double v_inter_threshold = 0.25;
   double v_minority_threshold = 0.30;
   // With a healthy baseline, the void thresholds are learned from it instead: the baseline's

@@ -131,10 +131,12 @@ TEST(PairedStall, DiagnoseNamesTheRankWithPairedEvidence) {
   DiagnoseOptions no_paired;
   no_paired.stall_paired_alpha = 0;
   EXPECT_TRUE(diagnose(build(4, 2'000'000), no_paired).empty());
-  // The same job without the stall, or with one whose mean delay (0.2 ms: half of 0.4 ms) is
-  // under the floor (1% of 30 ms), raises nothing.
+  // The same job without the stall, or with one whose mean delay (0.2 ms: half of 0.4 ms; 0.6
+  // ms: half of 1.2 ms, 2% of the step, what a loaded shared host did to a healthy rank) is
+  // under the floor (2.5% of 30 ms), raises nothing.
   EXPECT_TRUE(diagnose(build(4, 0), DiagnoseOptions{}).empty());
   EXPECT_TRUE(diagnose(build(4, 400'000), DiagnoseOptions{}).empty());
+  EXPECT_TRUE(diagnose(build(4, 1'200'000), DiagnoseOptions{}).empty());
 }
 
 TEST(PairedStall, UntilStepKeepsTheFirstSteps) {
