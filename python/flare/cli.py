@@ -248,6 +248,14 @@ def fetch_job_records(base, job, ranks, folder, timeout=60.0, quiet=False):
     if not wanted:
         raise CliError("job %s has no %s at the daemon" % (
             job, "ranks" if ranks is None else "ranks in --ranks"), code=1)
+    summarised = [as_int(r.get("rank", 0)) for r in listed.get("ranks", [])
+                  if r.get("mode") == "MODE_SUMMARY" and as_int(r.get("rank", 0)) in wanted]
+    if summarised and not quiet:
+        # Summary mode (the default when streaming) sends compute kernels as summaries: their
+        # ranks' GPU tracks hold the collectives and syncs only.
+        print("flare: ranks %s streamed in summary mode: compute kernels are summaries, not in the "
+              "timeline; run the job with FLARE_MODE=raw, or take a deep trace (flare deep-trace), "
+              "for every kernel" % compact_ranges(summarised), file=sys.stderr)
     progress = Progress("fetching %s" % job, len(wanted), quiet)
     written = 0
     try:

@@ -159,6 +159,7 @@ void BatchBuilder::addOps(std::span<const CompletedOp> ops) {
       } else if (auto name = sync_names_.find(op.info.signature_id); name != sync_names_.end()) {
         if (name->second == FLARE_STEP_MARKER_NAME) {
           steps_.addStepMarker(op.start_ns);
+          noteStepBoundary();
         } else {
           steps_.addHostEvent(op.start_ns, op.end_ns, op.thread_id, name->second);
         }
@@ -202,6 +203,15 @@ void BatchBuilder::addOps(std::span<const CompletedOp> ops) {
   }
   if (aggregator_.due()) addSummaries();
   if (summarize) addStepStats(false);
+}
+
+void BatchBuilder::noteStepBoundary() {
+  // The warm-up step gets windows of its own (the detectors leave it out, as in raw mode): the
+  // open window closes at the first two step boundaries, then every summary_window_ns.
+  if (boundaries_seen_ < 2) {
+    ++boundaries_seen_;
+    if (!aggregator_.empty()) addSummaries();
+  }
 }
 
 void BatchBuilder::addStepStats(bool final) {
@@ -252,8 +262,10 @@ void BatchBuilder::addSpans(std::span<const CompletedSpan> spans) {
       if (auto name = api_names_.find(span.api_id); name != api_names_.end()) {
         steps_.addHostEvent(span.start_ns, span.end_ns, span.thread_id, name->second);
         const std::string& n = name->second;
-        if (n.size() >= 8 && n.compare(n.size() - 8, 8, "__next__") == 0)
+        if (n.size() >= 8 && n.compare(n.size() - 8, 8, "__next__") == 0) {
           steps_.addLoaderSpan(span.start_ns, span.end_ns);
+          noteStepBoundary();
+        }
       }
     }
     if (!batch_open_) openBatch();

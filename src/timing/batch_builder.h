@@ -79,6 +79,7 @@ class BatchBuilder {
   void closeBatch();
   void addSummaries();            // the aggregator's open window, as KernelSummary messages
   void addStepStats(bool final);  // MODE_SUMMARY: the accumulator's completed steps
+  void noteStepBoundary();        // MODE_SUMMARY: closes the warm-up's summary windows
 
   const int rank_;
   BatchBuilderOptions options_;
@@ -98,8 +99,9 @@ class BatchBuilder {
   std::unordered_map<uint32_t, uint64_t> collective_counts_;  // signature id → count (shape[0])
   StepAccumulator steps_;                                     // MODE_SUMMARY's per-step statistics
   bool accumulating_ = false;                                 // the mode of the last addOps
-  std::unordered_map<uint32_t, std::string> sync_names_;      // kSync signature id → name
-  std::unordered_map<uint32_t, std::string> api_names_;       // API id → qualified name
+  int boundaries_seen_ = 0;  // MODE_SUMMARY step boundaries seen, up to 2
+  std::unordered_map<uint32_t, std::string> sync_names_;  // kSync signature id → name
+  std::unordered_map<uint32_t, std::string> api_names_;   // API id → qualified name
 };
 
 // The wire form of a DeviceDescription.

@@ -184,6 +184,17 @@ def test_flared_alerts_on_the_underclocked_rank_from_summaries(build_dir, tmp_pa
         alerts = wait_alerts(d, "sumgpu", 1)
         assert [(a["kind"], a["rank"], a["team"]) for a in alerts] == [("gpu_slow", 3, "operations")]
         assert "kernel summaries" in alerts[0]["message"]
+        # A timeline of a summary-mode job says what it lacks and how to get it.
+        trace = tmp_path / "sumgpu.json"
+        res = subprocess.run([os.path.join(build_dir, "bin", "flare"), "timeline", "--job",
+                              "sumgpu", "--daemon-http", "127.0.0.1:%d" % d.http, "-o",
+                              str(trace)], capture_output=True, text=True, timeout=120)
+        assert res.returncode == 0, res.stderr
+        assert "ranks 0-7 streamed in summary mode" in res.stderr, res.stderr
+        assert "FLARE_MODE=raw" in res.stderr
+        events = json.load(open(trace))
+        events = events["traceEvents"] if isinstance(events, dict) else events
+        assert any("ncclAllReduce" in e.get("name", "") for e in events)
     finally:
         if d.proc.poll() is None:
             d.proc.kill()

@@ -320,8 +320,11 @@ JobModel JobModel::onlySteps(const std::vector<size_t>& steps) const {
     for (const Span& s : r.spans) {
       if (inside(s.start)) o.spans.push_back(s);
     }
-    for (const SummaryWindow& w : r.summaries) {
-      if (inside(w.start)) o.summaries.push_back(w);
+    for (const SummaryWindow& w : r.summaries) {  // windows overlapping a kept step
+      auto it = std::lower_bound(kept.begin(), kept.end(), std::make_pair(w.end, INT64_MAX));
+      bool overlaps = inside(w.start);
+      for (auto k = kept.begin(); !overlaps && k != it; ++k) overlaps = k->second > w.start;
+      if (overlaps) o.summaries.push_back(w);
     }
     for (const ReceivedStep& st : r.steps) {
       if (inside(st.stats.start_ns)) o.steps.push_back(st);
@@ -347,8 +350,10 @@ JobModel JobModel::sinceStep(size_t step) const {
     for (const Span& s : r.spans) {
       if (s.start >= t0) o.spans.push_back(s);
     }
+    // A summary window (1 s) may straddle the step: kept when it ends after it (a short job's
+    // only window holds the steps since the onset too, diluted by the ones before).
     for (const SummaryWindow& w : r.summaries) {
-      if (w.start >= t0) o.summaries.push_back(w);
+      if (w.end >= t0) o.summaries.push_back(w);
     }
     for (const ReceivedStep& st : r.steps) {
       if (st.stats.start_ns >= t0) o.steps.push_back(st);

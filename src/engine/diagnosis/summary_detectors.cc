@@ -65,9 +65,17 @@ void detectSlowGpuFromSummaries(const JobModel& job, const DiagnoseOptions& opt,
       std::max(kMinClusters, kClusterBudget / std::max<size_t>(job.ranks().size(), 1));
   std::map<uint32_t, std::map<int, Member>> by_sig;
   for (const auto& [rank, r] : job.ranks()) {
+    // The warm-up step (first launches, allocator growth) is left out as in raw mode: ranks close
+    // a summary window at their first two step boundaries, so windows that start before the
+    // second boundary hold the warm-up; skipped when the rank has later windows.
+    const auto starts = job.stepStarts(rank);
+    const int64_t warm = starts.size() >= 2 ? starts[1] : INT64_MIN;
+    const bool has_later = std::any_of(r.summaries.begin(), r.summaries.end(),
+                                       [warm](const SummaryWindow& w) { return w.start >= warm; });
     for (auto it = r.summaries.rbegin(); it != r.summaries.rend(); ++it) {
       const SummaryWindow& w = *it;
       if (!isComputeKind(job.signatures()[w.sig].kind())) continue;
+      if (has_later && w.start < warm) continue;
       Member& m = by_sig[w.sig][rank];
       if (m.clusters.size() < per_rank_clusters)
         m.clusters.insert(m.clusters.end(), w.clusters.begin(), w.clusters.end());
