@@ -132,7 +132,7 @@ std::vector<StepResult> StepAccumulator::take(bool final) {
   std::vector<int64_t>& b = saw_marker_ ? markers_ : loader_starts_;
   std::sort(b.begin(), b.end());
   b.erase(std::unique(b.begin(), b.end()), b.end());
-  const size_t need = final ? 2 : 3;
+  const size_t need = final ? 2 : 2 + kSlackSteps;
   while (b.size() >= need) {
     const int64_t s0 = b[0], s1 = b[1];
     out.push_back(computeStep(s0, s1));

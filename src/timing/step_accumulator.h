@@ -12,7 +12,7 @@
 //
 // Step boundaries: step markers when the rank has sent any, else the starts of DataLoader
 // `__next__` spans (JobModel::stepStarts). Step k = [b_k, b_k+1) is taken once the boundary
-// b_k+2 exists — one step of slack for ops issued in step k that complete late — or at
+// b_k+3 exists — two steps of slack for ops issued in step k that complete late — or at
 // finish(). An op of a step already taken is counted in `late_ops` and left out of that step's
 // figures. Memory: the ops of about two steps; at most `max_ops` ops are held (a job without
 // boundaries, or a step larger than that, loses its oldest ops, counted in `overflow_ops`).
@@ -43,6 +43,11 @@ struct StepResult {
 class StepAccumulator {
  public:
   static constexpr size_t kDefaultMaxOps = size_t{1} << 18;
+  // Steps of slack: step k leaves once boundary k+1+kSlackSteps exists. The host runs ahead of
+  // the GPU by up to a step where it synchronizes on the previous step's event (the sim, and
+  // double-buffered loops): one step of slack lost the late ops of such steps (their GPU time
+  // and issue latencies), which raised GPU-idle stalls and hid minority kernels.
+  static constexpr size_t kSlackSteps = 2;
   explicit StepAccumulator(size_t max_ops = kDefaultMaxOps) : max_ops_(max_ops) {}
 
   // A GPU op (any op that is not a host synchronization): kernel = OP_KIND_KERNEL.
