@@ -60,6 +60,7 @@ class CollectiveTracker final : public timing::Sink {
   void onDrops(const timing::DropCounters& totals) override { inner_->onDrops(totals); }
   void flush() override { inner_->flush(); }
   void finish() override { inner_->finish(); }
+  void onWatermark(int64_t issued_before_ns) override { inner_->onWatermark(issued_before_ns); }
   void onApiName(uint32_t id, const std::string& name) override { inner_->onApiName(id, name); }
   void onSpans(std::span<const timing::CompletedSpan> spans) override { inner_->onSpans(spans); }
   void onDevice(const timing::DeviceDescription& device) override { inner_->onDevice(device); }

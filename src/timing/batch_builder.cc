@@ -205,6 +205,11 @@ void BatchBuilder::addOps(std::span<const CompletedOp> ops) {
   if (summarize) addStepStats(false);
 }
 
+void BatchBuilder::setWatermark(int64_t issued_before_ns) {
+  steps_.setWatermark(issued_before_ns);
+  if (accumulating_) addStepStats(false);
+}
+
 void BatchBuilder::noteStepBoundary() {
   // The warm-up step gets windows of its own (the detectors leave it out, as in raw mode): the
   // open window closes at the first two step boundaries, then every summary_window_ns.

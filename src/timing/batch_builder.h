@@ -70,6 +70,9 @@ class BatchBuilder {
   void flush();
   // The last flush (tracing stops): MODE_SUMMARY's last complete step goes out too.
   void finish();
+  // Every op issued before `issued_before_ns` (monotonic) has been added: MODE_SUMMARY's steps
+  // that ended before it are final (StepAccumulator::setWatermark).
+  void setWatermark(int64_t issued_before_ns);
 
   uint64_t batchesClosed() const { return batch_seq_; }
 

@@ -62,6 +62,7 @@ class SpoolSink final : public Sink {
   void onDrops(const DropCounters& totals) override;
   void flush() override;
   void finish() override;
+  void onWatermark(int64_t issued_before_ns) override { builder_.setWatermark(issued_before_ns); }
   void onApiName(uint32_t id, const std::string& qualified_name) override;
   void onSpans(std::span<const CompletedSpan> spans) override;
   void onDeepTrace(std::span<const DeepTraceRecord> records) override;

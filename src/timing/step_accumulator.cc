@@ -53,7 +53,11 @@ void StepAccumulator::addStepMarker(int64_t t) {
 }
 
 void StepAccumulator::reset() {
+  const int64_t watermark = watermark_;
+  const bool has_watermark = has_watermark_;
   *this = StepAccumulator(max_ops_);
+  watermark_ = watermark;
+  has_watermark_ = has_watermark;
 }
 
 StepResult StepAccumulator::computeStep(int64_t s0, int64_t s1) {
@@ -132,8 +136,13 @@ std::vector<StepResult> StepAccumulator::take(bool final) {
   std::vector<int64_t>& b = saw_marker_ ? markers_ : loader_starts_;
   std::sort(b.begin(), b.end());
   b.erase(std::unique(b.begin(), b.end()), b.end());
-  const size_t need = final ? 2 : 2 + kSlackSteps;
-  while (b.size() >= need) {
+  auto ready = [&] {
+    if (b.size() < 2) return false;
+    if (final) return true;
+    if (has_watermark_) return watermark_ >= b[1] || b.size() >= 2 + kMaxSlackSteps;
+    return b.size() >= 2 + kSlackSteps;
+  };
+  while (ready()) {
     const int64_t s0 = b[0], s1 = b[1];
     out.push_back(computeStep(s0, s1));
     forgetBefore(s0, s1);

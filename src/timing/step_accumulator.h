@@ -48,6 +48,7 @@ class StepAccumulator {
   // double-buffered loops): one step of slack lost the late ops of such steps (their GPU time
   // and issue latencies), which raised GPU-idle stalls and hid minority kernels.
   static constexpr size_t kSlackSteps = 2;
+  static constexpr size_t kMaxSlackSteps = 8;
   explicit StepAccumulator(size_t max_ops = kDefaultMaxOps) : max_ops_(max_ops) {}
 
   // A GPU op (any op that is not a host synchronization): kernel = OP_KIND_KERNEL.
@@ -58,7 +59,14 @@ class StepAccumulator {
   void addLoaderSpan(int64_t start, int64_t end);
   void addStepMarker(int64_t t);
 
-  // The steps complete with one step of slack (all complete ones when `final`), oldest first.
+  // Every op issued before `issued_before_ns` has been added (the Tracer's watermark): a step
+  // that ends at or before it is final. Without a watermark, steps leave with kSlackSteps of
+  // slack; with one, at most kMaxSlackSteps late (a stuck stream holds the watermark back).
+  void setWatermark(int64_t issued_before_ns) {
+    watermark_ = std::max(watermark_, issued_before_ns);
+    has_watermark_ = true;
+  }
+  // The steps that are final (all complete ones when `final`), oldest first.
   std::vector<StepResult> take(bool final);
   // Forgets everything (the mode changed).
   void reset();
@@ -93,6 +101,8 @@ class StepAccumulator {
   std::vector<std::string> names_;
   std::map<std::string, uint32_t> name_index_;
   uint64_t late_ops_ = 0;
+  int64_t watermark_ = INT64_MIN;
+  bool has_watermark_ = false;
   uint64_t overflow_ops_ = 0;
 };
 

@@ -147,5 +147,31 @@ TEST(StepAccumulator, MarkersLateOpsAndOverflow) {
   EXPECT_TRUE(none.take(true).empty());
 }
 
+// With the Tracer's watermark a step leaves as soon as every op issued in it has completed,
+// however far the GPU lags (no op lost as late), and a stuck stream delays it at most
+// kMaxSlackSteps.
+TEST(StepAccumulator, WatermarkDecidesWhenAStepIsFinal) {
+  StepAccumulator acc;
+  acc.setWatermark(0);
+  for (int64_t t : {100, 200, 300, 400, 500}) acc.addStepMarker(t);
+  // The GPU runs three steps behind: step [100,200)'s op completes only now.
+  EXPECT_TRUE(acc.take(false).empty());
+  acc.addGpuOp(150, 450, 460, false, 1);
+  acc.setWatermark(199);
+  EXPECT_TRUE(acc.take(false).empty());
+  acc.setWatermark(200);
+  auto r = acc.take(false);
+  ASSERT_EQ(r.size(), 1u);
+  EXPECT_EQ(r[0].stats.gpu_ops, 1u);
+  EXPECT_EQ(r[0].late_ops, 0u);
+  // A stream that never completes again: the watermark stays; the steps leave kMaxSlackSteps late.
+  for (int64_t t = 600; t < 600 + 100 * static_cast<int64_t>(StepAccumulator::kMaxSlackSteps);
+       t += 100)
+    acc.addStepMarker(t);
+  r = acc.take(false);
+  EXPECT_FALSE(r.empty());
+  EXPECT_EQ(r.front().stats.start_ns, 200);
+}
+
 }  // namespace
 }  // namespace flare::timing

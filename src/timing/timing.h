@@ -170,6 +170,9 @@ class Sink {
   virtual void onSpans(std::span<const CompletedSpan> /*spans*/) {}
   // The GPU of the first op the tracer completed (once per process).
   virtual void onDevice(const DeviceDescription& /*device*/) {}
+  // After every poller pass: every op issued (CLOCK_MONOTONIC) before `issued_before_ns` has
+  // completed and been handed to onOps (or dropped), so figures over earlier times are final.
+  virtual void onWatermark(int64_t /*issued_before_ns*/) {}
   // Deep-trace records (Tracer::pushDeepTrace), in the order they were pushed.
   virtual void onDeepTrace(std::span<const DeepTraceRecord> /*records*/) {}
 };

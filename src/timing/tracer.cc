@@ -361,6 +361,7 @@ struct Tracer::Impl {
   DropCounters last_drops_;
   bool device_described_ = false;  // onDevice sent (or the driver could not say)
   int64_t last_flush_ns_ = 0;
+  int64_t prev_pass_start_ns_ = INT64_MIN;  // poller thread
   std::vector<StreamHead> heads_out_;
   int64_t last_heads_ns_ = INT64_MIN;
 };
@@ -786,6 +787,7 @@ void Tracer::Impl::pollerMain() noexcept {
 }
 
 void Tracer::Impl::pollOnce(uint64_t pass) {
+  const int64_t pass_start_ns = clock_->nowNs();
   refreshThreads();
   last_queue_ = nullptr;  // queues may have been erased since the last pass
   taken_this_pass_ = 0;
@@ -820,6 +822,15 @@ void Tracer::Impl::pollOnce(uint64_t pass) {
   returnEvents();
   emitOps();
   sendDrops();
+  // The watermark: every op issued before it has completed and been handed to the sink — the
+  // oldest pending op of each stream bounds it, and the previous pass's start bounds the ops a
+  // launching thread may still be pushing into its ring.
+  int64_t watermark = prev_pass_start_ns_;
+  for (const auto& [key, queue] : queues_) {
+    if (!queue.empty()) watermark = std::min(watermark, queue.front().op.issue_ns);
+  }
+  sink_->onWatermark(watermark);
+  prev_pass_start_ns_ = pass_start_ns;
 }
 
 void Tracer::Impl::refreshThreads() {
