@@ -14,6 +14,7 @@
 
 #include "src/common/text.h"
 #include "src/timing/spool_sink.h"
+#include "src/timing/step_stats.h"
 
 namespace flare::timeline {
 namespace {
@@ -99,10 +100,6 @@ uint64_t mix(uint64_t x) {  // splitmix64's finalizer
   return x ^ (x >> 31);
 }
 
-bool isStepApi(const std::string& name) {
-  return name.size() >= 8 && name.compare(name.size() - 8, 8, "__next__") == 0;
-}
-
 // What the first pass keeps of every rank.
 struct Pass1 {
   std::map<int, std::map<CollKey, int64_t>> ends;   // rank -> collective -> end time
@@ -133,7 +130,8 @@ bool firstPass(const std::vector<RankSource>& sources, Pass1* p1, Summary* summa
     for (const auto& s : data.spans) {
       p1->base_ns = std::min(p1->base_ns, s.start_ns());
       auto api = data.apis.find(s.api_id());
-      if (api != data.apis.end() && isStepApi(api->second)) starts.push_back(s.start_ns());
+      if (api != data.apis.end() && timing::isStepApiName(api->second))
+        starts.push_back(s.start_ns());
     }
     std::sort(starts.begin(), starts.end());
     p1->step_starts[src.rank] = std::move(starts);
@@ -692,7 +690,7 @@ std::vector<int64_t> stepStarts(const std::vector<flare::v1::RecordBatch>& batch
     for (const auto& a : b.api_names()) apis[a.id()] = a.qualified_name();
     for (const auto& s : b.spans()) {
       auto it = apis.find(s.api_id());
-      if (it != apis.end() && isStepApi(it->second)) starts.push_back(s.start_ns());
+      if (it != apis.end() && timing::isStepApiName(it->second)) starts.push_back(s.start_ns());
     }
   }
   std::sort(starts.begin(), starts.end());

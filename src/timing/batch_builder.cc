@@ -138,10 +138,11 @@ void BatchBuilder::addSignature(uint32_t id, const Signature& sig) {
     if (!sig.shape.empty()) collective_counts_[id] = static_cast<uint64_t>(sig.shape[0]);
   }
   out->set_library(libraryOf(sig.name));
-  if (sig.kind == OpKind::kSync) sync_names_[id] = sig.name;
-  if (sig.kind == OpKind::kSync && sig.name != FLARE_STEP_MARKER_NAME &&
-      sig.name.find("Synchronize") == std::string::npos)
-    summarised_syncs_.insert(id);
+  if (sig.kind == OpKind::kSync) {
+    const bool marker = sig.name == FLARE_STEP_MARKER_NAME;
+    syncs_[id] = SyncSignature{sig.name, marker,
+                               !marker && sig.name.find("Synchronize") == std::string::npos};
+  }
   account(out->ByteSizeLong());
 }
 
@@ -153,23 +154,24 @@ void BatchBuilder::addOps(std::span<const CompletedOp> ops) {
   }
   for (const CompletedOp& op : ops) {
     if (summarize) {
+      const SyncSignature* sync = nullptr;
       if (op.info.kind != OpKind::kSync) {
         steps_.addGpuOp(op.issue_ns, op.start_ns, op.end_ns, op.info.kind == OpKind::kKernel,
                         op.thread_id);
-      } else if (auto name = sync_names_.find(op.info.signature_id); name != sync_names_.end()) {
-        if (name->second == FLARE_STEP_MARKER_NAME) {
+      } else if (auto it = syncs_.find(op.info.signature_id); it != syncs_.end()) {
+        sync = &it->second;
+        if (sync->marker) {
           steps_.addStepMarker(op.start_ns);
           noteStepBoundary();
         } else {
-          steps_.addHostEvent(op.start_ns, op.end_ns, op.thread_id, name->second);
+          steps_.addHostEvent(op.start_ns, op.end_ns, op.thread_id, sync->name);
         }
       }
-    }
-    if (summarize &&
-        (SummaryAggregator::shouldSummarize(op.info.kind) ||
-         (op.info.kind == OpKind::kSync && summarised_syncs_.count(op.info.signature_id) > 0))) {
-      aggregator_.add(op);
-      continue;
+      if (SummaryAggregator::shouldSummarize(op.info.kind) ||
+          (sync != nullptr && sync->summarised)) {
+        aggregator_.add(op);
+        continue;
+      }
     }
     if (!batch_open_) openBatch();
     // MODE_SUMMARY's collectives go into the batch's compact collective blocks.
@@ -266,8 +268,7 @@ void BatchBuilder::addSpans(std::span<const CompletedSpan> spans) {
       // MODE_SUMMARY: a traced call may hold up launches; `__next__` marks the input wait.
       if (auto name = api_names_.find(span.api_id); name != api_names_.end()) {
         steps_.addHostEvent(span.start_ns, span.end_ns, span.thread_id, name->second);
-        const std::string& n = name->second;
-        if (n.size() >= 8 && n.compare(n.size() - 8, 8, "__next__") == 0) {
+        if (isStepApiName(name->second)) {
           steps_.addLoaderSpan(span.start_ns, span.end_ns);
           noteStepBoundary();
         }

@@ -18,7 +18,6 @@
 #include <span>
 #include <string>
 #include <unordered_map>
-#include <unordered_set>
 
 #include "flare/v1/records.pb.h"
 #include "src/common/clock.h"
@@ -96,15 +95,21 @@ class BatchBuilder {
   bool drops_dirty_ = false;
   std::optional<flare::v1::DeviceInfo> device_;  // not sent yet
   SummaryAggregator aggregator_;
-  CollectiveBlockWriter collectives_;              // the open batch's collective blocks
-  flare::v1::KernelRecord scratch_;                // a collective being added to a block
-  std::unordered_set<uint32_t> summarised_syncs_;  // kSync signatures summarised in MODE_SUMMARY
+  CollectiveBlockWriter collectives_;                         // the open batch's collective blocks
+  flare::v1::KernelRecord scratch_;                           // a collective being added to a block
   std::unordered_map<uint32_t, uint64_t> collective_counts_;  // signature id → count (shape[0])
   StepAccumulator steps_;                                     // MODE_SUMMARY's per-step statistics
   bool accumulating_ = false;                                 // the mode of the last addOps
   int boundaries_seen_ = 0;  // MODE_SUMMARY step boundaries seen, up to 2
-  std::unordered_map<uint32_t, std::string> sync_names_;  // kSync signature id → name
-  std::unordered_map<uint32_t, std::string> api_names_;   // API id → qualified name
+  // kSync signatures: name, step marker?, summarised in MODE_SUMMARY (not a marker, not a
+  // blocking "Synchronize" call)?
+  struct SyncSignature {
+    std::string name;
+    bool marker = false;
+    bool summarised = false;
+  };
+  std::unordered_map<uint32_t, SyncSignature> syncs_;
+  std::unordered_map<uint32_t, std::string> api_names_;  // API id → qualified name
 };
 
 // The wire form of a DeviceDescription.

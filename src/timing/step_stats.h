@@ -14,6 +14,7 @@
 
 #include <cstdint>
 #include <span>
+#include <string_view>
 #include <vector>
 
 #include "src/engine/stats/sketch.h"
@@ -51,6 +52,12 @@ struct StepStats {
   double vInter() const;
   double vMinority() const;
 };
+
+// A DataLoader iterator's `__next__` (a traced API's qualified name): the input wait, and the
+// step boundary where a rank sends no step markers. The one test, for the rank and flared.
+inline bool isStepApiName(std::string_view qualified_name) {
+  return qualified_name.ends_with("__next__");
+}
 
 // Computes one StepStats per complete step [starts[i], starts[i+1]). `ops` must be GPU ops only;
 // neither ops nor loader need be sorted. Steps with a non-positive length are skipped.

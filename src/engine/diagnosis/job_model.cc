@@ -16,14 +16,6 @@ std::string signatureKey(const flare::v1::Signature& sig) {
   return key;
 }
 
-namespace {
-
-bool isStepApi(const std::string& name) {
-  return name.size() >= 8 && name.compare(name.size() - 8, 8, "__next__") == 0;
-}
-
-}  // namespace
-
 uint32_t JobModel::internSignature(const flare::v1::Signature& sig) {
   const std::string key = signatureKey(sig);
   auto it = signature_index_.find(key);
@@ -380,7 +372,7 @@ std::vector<int64_t> JobModel::stepStarts(int rank) const {
   std::vector<int64_t> starts = it->second.step_starts;
   if (starts.empty()) {
     for (const Span& s : it->second.spans) {
-      if (isStepApi(apis_[s.api])) starts.push_back(s.start);
+      if (timing::isStepApiName(apis_[s.api])) starts.push_back(s.start);
     }
   }
   std::sort(starts.begin(), starts.end());
@@ -443,9 +435,7 @@ std::vector<timing::StepStats> JobModel::stepStats(int rank) const {
   }
   std::vector<timing::StepSpan> loader;
   for (const Span& s : r.spans) {
-    const std::string& name = apis_[s.api];
-    if (name.size() >= 8 && name.compare(name.size() - 8, 8, "__next__") == 0)
-      loader.push_back({s.start, s.end});
+    if (timing::isStepApiName(apis_[s.api])) loader.push_back({s.start, s.end});
   }
   return timing::computeStepStats(ops, loader, starts);
 }
