@@ -33,7 +33,9 @@ void Analyzer::onBatch(const std::string& job_id, int32_t rank, const v1::Record
   bool ask = false;
   {
     std::lock_guard lock(mu_);
-    JobWindow& w = jobs_[job_id];
+    auto [it, created] = jobs_.try_emplace(job_id);
+    JobWindow& w = it->second;
+    if (created) w.model.setCompaction(options_.fold_after_ns, options_.fold_bucket_ns);
     w.model.addBatch(rank, batch);
     for (const auto& k : batch.kernels()) w.newest_ns = std::max(w.newest_ns, k.end_ns());
     for (const auto& s : batch.summaries()) w.newest_ns = std::max(w.newest_ns, s.window_end_ns());

@@ -57,6 +57,10 @@ struct RankMeta {
 struct AnalyzerOptions {
   int64_t window_ns = 120LL * 1000000000LL;
   size_t max_ops_per_rank = 200000;
+  // MODE_SUMMARY ranks' summaries and step sketches older than this (before the rank's newest)
+  // are folded into buckets of `fold_bucket_ns` (JobModel::setCompaction); 0: never.
+  int64_t fold_after_ns = 20LL * 1000000000LL;
+  int64_t fold_bucket_ns = 10LL * 1000000000LL;
   int forget_after_runs = 6;
   DiagnoseOptions diagnose;
   HistoryOptions history;

@@ -95,6 +95,9 @@ std::map<std::string, Flag> defaultFlags() {
   add("maintain-interval-s", "S", "60", "how often retention and the size cap run");
   add("diagnose-interval-s", "S", "10",
       "how often the detectors run over each job's last 2 minutes of records (0: off)");
+  add("fold-after-s", "S", "20",
+      "summary-mode ranks' kernel summaries and step sketches older than this are folded into "
+      "10-second buckets in the detectors' window (bounds the daemon's memory per rank; 0: never)");
   add("hang-timeout-s", "S", "300",
       "a connected rank with no new records this long opens a hang incident (0: only ranks' "
       "watchdog reports open incidents)");
@@ -283,6 +286,7 @@ int main(int argc, char** argv) {
   Ingest* ingest_ptr = nullptr;  // set once the Ingest exists (before any batch arrives)
   AnalyzerOptions ao;
   ao.samples_per_step = num("samples-per-step");
+  ao.fold_after_ns = static_cast<int64_t>(num("fold-after-s")) * 1000000000LL;
   // The per-device peak table of the un-optimized GEMM detector, with --device-peak on top.
   flare::stats::PeakTable peaks = flare::stats::PeakTable::builtin();
   if (!str("device-peak").empty()) {

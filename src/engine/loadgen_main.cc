@@ -6,7 +6,9 @@
 // shared by all streams (generic byte-buffer stubs), and --procs forks several generators.
 //
 //   summary mode: every rank sends one batch per --interval-ms: --sigs kernel summaries (two
-//                 clusters each), a step marker and drop counters; signatures in the first batch.
+//                 clusters each), the step's statistics (issue-latency sketch of --ops-per-step
+//                 ops, two host causes), a step marker and drop counters; signatures in the
+//                 first batch.
 //   raw mode:     every rank sends batches of --records-per-batch kernel records back to back
 //                 (one write in flight per stream).
 #include <arpa/inet.h>
@@ -20,6 +22,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
@@ -35,6 +38,8 @@
 
 #include "flare/v1/protocol.h"
 #include "flare/v1/service.grpc.pb.h"
+#include "src/engine/stats/sketch.h"
+#include "src/timing/step_stats.h"
 
 namespace {
 
@@ -55,6 +60,7 @@ struct Options {
   int interval_ms = 1000;
   int records_per_batch = 1000;
   int sigs = 50;
+  int ops_per_step = 1000;  // summary mode: ops in each step's statistics (0: none sent)
   int duration_s = 20;
   int warmup_s = 5;
   int channels = 0;  // 0: one per 100 streams
@@ -137,6 +143,39 @@ std::shared_ptr<const Blocks> makeBlocks(const Options& o, const grpc::Slice& si
       }
     }
     blocks->body_items = static_cast<size_t>(o.sigs);
+    if (o.ops_per_step > 0) {
+      // The step's statistics as a rank's StepAccumulator sends them: issue latencies of
+      // --ops-per-step ops spread log-uniformly over 5 us .. 50 ms (a 2%-accuracy sketch of
+      // ~230 buckets) and two host causes holding 1% of them each.
+      v1::StepStats* st = b.add_step_stats();
+      const int64_t len = o.interval_ms * 1000000LL;
+      st->set_start_ns(now - len);
+      st->set_end_ns(now);
+      st->set_gpu_busy_ns(len * 9 / 10);
+      st->set_inter_ns(len / 20);
+      st->set_minority_ns(len / 10);
+      st->set_gpu_ops(static_cast<uint64_t>(o.ops_per_step));
+      stats::LatencySketch all(timing::StepStats::kStepSketchAccuracy);
+      stats::LatencySketch cause(timing::StepStats::kStepSketchAccuracy);
+      double sum = 0;
+      for (int i = 0; i < o.ops_per_step; ++i) {
+        const double v = 5e3 * std::pow(1e4, static_cast<double>(i) / o.ops_per_step);
+        all.add(v);
+        sum += v;
+        if (i % 100 == 0) cause.add(v);
+      }
+      st->set_issue_latency_sum_ns(sum);
+      st->set_issue_offset_sum_ns(0.5 * static_cast<double>(len) * o.ops_per_step);
+      const auto bytes = all.serialize();
+      st->set_issue_latency(bytes.data(), bytes.size());
+      const auto cause_bytes = cause.serialize();
+      for (const char* name : {"torch.cuda.synchronize", "gc.collect"}) {
+        v1::HostCause* c = st->add_causes();
+        c->set_name(name);
+        c->set_issue_latency(cause_bytes.data(), cause_bytes.size());
+      }
+      ++blocks->body_items;
+    }
   }
   blocks->body = grpc::Slice(serialized(b));
   return blocks;
@@ -464,6 +503,7 @@ int main(int argc, char** argv) {
       std::printf(
           "usage: flare-loadgen [--target HOST:PORT] [--http-port P] [--ranks N] [--jobs J]\n"
           "  [--mode summary|raw] [--interval-ms MS] [--records-per-batch K] [--sigs S]\n"
+          "  [--ops-per-step N]\n"
           "  [--duration-s D] [--warmup-s W] [--channels C] [--daemon-pid PID] [--token T]\n"
           "  [--procs P]   (P generator processes share the ranks; default 1)\n");
       return 0;
@@ -486,6 +526,8 @@ int main(int argc, char** argv) {
       num = &o.interval_ms;
     else if (k == "--records-per-batch")
       num = &o.records_per_batch;
+    else if (k == "--ops-per-step")
+      num = &o.ops_per_step;
     else if (k == "--sigs")
       num = &o.sigs;
     else if (k == "--duration-s")

@@ -24,6 +24,11 @@ namespace {
 
 using flare::v1::OpKind;
 
+// Up to this many ranks, a rank's issue latencies are compared with the other ranks' exactly;
+// beyond, with every rank's pooled, each rank represented by a quantile sample of this size.
+constexpr size_t kExactPeerRanks = 128;
+constexpr size_t kRankLatencySample = 256;
+
 double quantile(std::vector<double>& sorted, double q) {
   return stats::quantileSorted(sorted, q);
 }
@@ -377,18 +382,54 @@ uint64_t countBelow(const stats::LatencySketch& sketch, double x) {
 }
 
 // The issue latencies of a rank's GPU ops issued after its warm-up step: from its raw ops, or
-// in MODE_SUMMARY rebuilt from the per-step sketches it sent.
-std::vector<double> issueLatencies(const JobModel& job, const RankData& r) {
+// in MODE_SUMMARY rebuilt from the per-step sketches it sent. At most `max_values` of them:
+// beyond, an evenly spaced quantile sample (the values of rank ⌊(k + ½)·n / max_values⌋,
+// ascending), which keeps the distribution a W1 or a median reads at a bounded size.
+std::vector<double> issueLatencies(const JobModel& job, const RankData& r,
+                                   size_t max_values = SIZE_MAX) {
   std::vector<double> v;
   if (!r.steps.empty()) {
-    for (const ReceivedStep* st : job.receivedSteps(r.rank))
-      appendSketchValues(st->stats.latency, &v);
+    std::vector<std::pair<double, uint64_t>> buckets;  // (midpoint, count)
+    uint64_t total = 0;
+    auto add = [&](double lo, double hi, uint64_t count) {
+      buckets.emplace_back(0.5 * (lo + hi), count);
+      total += count;
+    };
+    for (const ReceivedStep* st : job.receivedSteps(r.rank)) st->stats.latency.forEachBucket(add);
+    for (const CoarseSteps& c : r.coarse_steps) c.latency.forEachBucket(add);  // folded steps
+    if (total <= max_values) {
+      v.reserve(total);
+      for (const auto& [value, count] : buckets) v.insert(v.end(), count, value);
+      return v;
+    }
+    std::sort(buckets.begin(), buckets.end());
+    v.reserve(max_values);
+    size_t i = 0;
+    uint64_t below = 0;  // values in buckets before i
+    for (size_t k = 0; k < max_values; ++k) {
+      const auto target =
+          static_cast<uint64_t>((static_cast<double>(k) + 0.5) * static_cast<double>(total) /
+                                static_cast<double>(max_values));
+      while (i + 1 < buckets.size() && below + buckets[i].second <= target)
+        below += buckets[i++].second;
+      v.push_back(buckets[i].first);
+    }
     return v;
   }
   const int64_t after = warmupEnd(job, r.rank);
   for (const Op& op : r.ops) {
     if (op.issue >= after && isGpuOp(job.signatures()[op.sig].kind()))
       v.push_back(static_cast<double>(op.issueLatency()));
+  }
+  if (v.size() > max_values) {
+    std::sort(v.begin(), v.end());
+    std::vector<double> sample(max_values);
+    for (size_t k = 0; k < max_values; ++k) {
+      sample[k] =
+          v[static_cast<size_t>((static_cast<double>(k) + 0.5) * static_cast<double>(v.size()) /
+                                static_cast<double>(max_values))];
+    }
+    v = std::move(sample);
   }
   return v;
 }
@@ -474,6 +515,11 @@ Starved starvedBy(const JobModel& job, const RankData& r, double low) {
       for (const auto& [api, sketch] : st->causes)
         counts[job.apis()[api]] += static_cast<int>(countBelow(sketch, low));
     }
+    for (const CoarseSteps& c : r.coarse_steps) {  // folded steps (JobModel::setCompaction)
+      out.count += countBelow(c.latency, low);
+      for (const auto& [api, sketch] : c.causes)
+        counts[job.apis()[api]] += static_cast<int>(countBelow(sketch, low));
+    }
     for (const auto& [name, n] : counts) {
       if (n > 0) out.causes.emplace_back(name, n);
     }
@@ -494,15 +540,41 @@ Starved starvedBy(const JobModel& job, const RankData& r, double low) {
 
 void detectIssueStall(const JobModel& job, const DiagnoseOptions& opt,
                       const std::map<int, ArrivalStats>& arrivals, std::vector<Diagnosis>* out) {
+  // A large job compares each rank with every rank's pooled distribution instead of the other
+  // ranks' (a 1/n difference), from a bounded quantile sample of each rank: O(n) instead of
+  // O(n² × ops) — 10,000 ranks of 120 steps' sketches in well under a second.
+  const bool pooled_reference = job.ranks().size() > kExactPeerRanks;
+  const size_t cap = pooled_reference
+                         ? std::max<size_t>(kRankLatencySample,
+                                            static_cast<size_t>(std::max(opt.min_samples * 10, 1)))
+                         : SIZE_MAX;
   std::map<int, std::vector<double>> lat;
   for (const auto& [rank, r] : job.ranks()) {
-    auto v = issueLatencies(job, r);
+    auto v = issueLatencies(job, r, cap);
     if (static_cast<int>(v.size()) >= opt.min_samples * 10) lat[rank] = std::move(v);
   }
   if (lat.size() < 3) return;
+  std::vector<double> pooled;  // pooled_reference: every rank's sample, ascending
+  if (pooled_reference) {
+    for (const auto& [rank, v] : lat) pooled.insert(pooled.end(), v.begin(), v.end());
+    std::sort(pooled.begin(), pooled.end());
+  }
   std::map<int, double> score;
   std::map<int, double> others_median;
-  for (const auto& [rank, v] : lat) {
+  for (auto& [rank, v] : lat) {
+    if (pooled_reference) {
+      // W1 by the midpoint rule: the rank's i-th of m sorted values against the pooled
+      // quantile at (i + ½)/m.
+      std::sort(v.begin(), v.end());
+      double w1 = 0;
+      for (size_t i = 0; i < v.size(); ++i) {
+        const double q = (static_cast<double>(i) + 0.5) / static_cast<double>(v.size());
+        w1 += std::abs(v[i] - stats::quantileSorted(pooled, q));
+      }
+      score[rank] = w1 / static_cast<double>(v.size());
+      others_median[rank] = stats::quantileSorted(pooled, 0.5);
+      continue;
+    }
     std::vector<double> others;
     for (const auto& [o, w] : lat) {
       if (o != rank) others.insert(others.end(), w.begin(), w.end());
@@ -516,7 +588,7 @@ void detectIssueStall(const JobModel& job, const DiagnoseOptions& opt,
   // Second signal: GPU idle time per step. The stalled rank's GPU has nothing to run while its
   // host is stuck; its peers' GPUs are not idle but waiting inside a collective kernel.
   const auto idle = idlePerStep(job);
-  double idle_fence = 0, idle_floor = 0;
+  double idle_fence = 0, idle_floor = 0, idle_median = 0;
   {
     std::vector<double> values, steps;
     for (const auto& [rank, v] : idle) {
@@ -524,6 +596,7 @@ void detectIssueStall(const JobModel& job, const DiagnoseOptions& opt,
       steps.push_back(v.second);
     }
     idle_fence = values.size() >= 3 ? tukeyUpperFence(values, opt.tukey_alpha) : 0;
+    idle_median = values.empty() ? 0 : median(values);
     idle_floor = steps.empty() ? 0 : opt.idle_min_share * median(steps);
   }
   // Third signal, paired by step: a small stall in every step lowers this rank's mean issue
@@ -532,15 +605,18 @@ void detectIssueStall(const JobModel& job, const DiagnoseOptions& opt,
   const StepIssueLatency per_step = stepIssueLatency(job);
   std::map<int, PairedStall> paired;
   std::vector<double> delays;
+  const std::vector<PairedStall> tests = pairedStallTests(per_step);
   for (size_t i = 0; i < per_step.ranks.size(); ++i) {
-    paired[per_step.ranks[i]] = pairedStallTest(per_step, i);
-    delays.push_back(paired[per_step.ranks[i]].median_delay_ns);
+    paired[per_step.ranks[i]] = tests[i];
+    delays.push_back(tests[i].median_delay_ns);
   }
   // The rank's median delay must also stand out from the ranks' (Tukey fence): on a shared host
   // one rank's process may be scheduled a little later in every step, consistently but by no more
   // than the others differ among themselves.
   const double delay_fence =
       delays.size() >= 3 ? tukeyUpperFence(delays, opt.tukey_alpha) : INFINITY;
+  std::optional<Starved> all_starved;  // pooled_reference: every rank's, summed
+  std::map<std::string, int> all_counts;
   for (const auto& [rank, s] : score) {
     const double floor = std::max(opt.issue_w1_floor_ns, 0.2 * std::abs(others_median[rank]));
     const double own_median = median(lat[rank]);
@@ -553,22 +629,31 @@ void detectIssueStall(const JobModel& job, const DiagnoseOptions& opt,
     double idle_excess = 0;
     bool idle_outlier = false;
     if (auto it = idle.find(rank); it != idle.end() && idle.size() >= 3) {
-      std::vector<double> others;
-      for (const auto& [o, v] : idle) {
-        if (o != rank) others.push_back(v.first);
+      double others_idle = idle_median;  // pooled_reference: every rank's
+      if (!pooled_reference) {
+        std::vector<double> others;
+        for (const auto& [o, v] : idle) {
+          if (o != rank) others.push_back(v.first);
+        }
+        others_idle = median(others);
       }
-      idle_excess = it->second.first - median(others);
+      idle_excess = it->second.first - others_idle;
       idle_outlier = it->second.first > idle_fence && idle_excess > idle_floor;
     }
     if (!latency_outlier && !idle_outlier && !paired_outlier) continue;
     // The starved kernels: issued when the GPU had nothing queued (issue latency below the
     // other ranks' 5th percentile).
-    std::vector<double> others_sorted;
-    for (const auto& [o, w] : lat) {
-      if (o != rank) others_sorted.insert(others_sorted.end(), w.begin(), w.end());
+    double low = 0;
+    if (pooled_reference) {
+      low = stats::quantileSorted(pooled, 0.05);
+    } else {
+      std::vector<double> others_sorted;
+      for (const auto& [o, w] : lat) {
+        if (o != rank) others_sorted.insert(others_sorted.end(), w.begin(), w.end());
+      }
+      std::sort(others_sorted.begin(), others_sorted.end());
+      low = quantile(others_sorted, 0.05);
     }
-    std::sort(others_sorted.begin(), others_sorted.end());
-    const double low = quantile(others_sorted, 0.05);
     const RankData& r = job.ranks().at(rank);
     const Starved starved = starvedBy(job, r, low);
     Diagnosis d;
@@ -615,11 +700,26 @@ void detectIssueStall(const JobModel& job, const DiagnoseOptions& opt,
     // rank's GPU alike and is not this rank's problem).
     std::map<std::string, int> other_counts;
     size_t other_starved = 0;
-    for (const auto& [o, ro] : job.ranks()) {
-      if (o == rank) continue;
-      const Starved low_ops = starvedBy(job, ro, low);
-      other_starved += low_ops.count;
-      for (const auto& [name, n] : low_ops.causes) other_counts[name] += n;
+    if (pooled_reference) {
+      // One `low` for every rank: the job's totals once, this rank's own taken out.
+      if (!all_starved) {
+        all_starved.emplace();
+        for (const auto& [o, ro] : job.ranks()) {
+          const Starved low_ops = starvedBy(job, ro, low);
+          all_starved->count += low_ops.count;
+          for (const auto& [name, n] : low_ops.causes) all_counts[name] += n;
+        }
+      }
+      other_starved = all_starved->count - starved.count;
+      other_counts = all_counts;
+      for (const auto& [name, n] : starved.causes) other_counts[name] -= n;
+    } else {
+      for (const auto& [o, ro] : job.ranks()) {
+        if (o == rank) continue;
+        const Starved low_ops = starvedBy(job, ro, low);
+        other_starved += low_ops.count;
+        for (const auto& [name, n] : low_ops.causes) other_counts[name] += n;
+      }
     }
     std::string named;
     for (const auto& [name, n] : starved.causes) {
@@ -1282,20 +1382,38 @@ StepIssueLatency stepIssueLatency(const JobModel& job) {
   return out;
 }
 
-PairedStall pairedStallTest(const StepIssueLatency& s, size_t rank_index) {
+namespace {
+
+// The test from a rank's per-step excess offsets (`delay`) and excess issue latencies.
+PairedStall pairedFrom(const std::vector<double>& delay, std::vector<double> shift, size_t ranks) {
   PairedStall out;
-  if (rank_index >= s.offsets.size() || s.offsets.size() < 3) return out;
-  // Positive = this rank's host issued the step's work later than its peers' median.
-  const std::vector<double> delay = stats::excessOverPeers(s.offsets, rank_index, 2);
   const stats::SignTestResult t = stats::signTest(delay);
   out.steps = delay.size();
   out.later = t.positive;
   out.p_value = t.p_value;
-  out.p_adjusted = std::min(1.0, t.p_value * static_cast<double>(s.ranks.size()));
+  out.p_adjusted = std::min(1.0, t.p_value * static_cast<double>(ranks));
   out.median_delay_ns = delay.empty() ? 0 : median(delay);
-  std::vector<double> shift = stats::excessOverPeers(s.means, rank_index, 2);
   for (double& x : shift) x = -x;
   out.latency_shift_ns = shift.empty() ? 0 : median(shift);
+  return out;
+}
+
+}  // namespace
+
+PairedStall pairedStallTest(const StepIssueLatency& s, size_t rank_index) {
+  if (rank_index >= s.offsets.size() || s.offsets.size() < 3) return {};
+  // Positive = this rank's host issued the step's work later than its peers' median.
+  return pairedFrom(stats::excessOverPeers(s.offsets, rank_index, 2),
+                    stats::excessOverPeers(s.means, rank_index, 2), s.ranks.size());
+}
+
+std::vector<PairedStall> pairedStallTests(const StepIssueLatency& s) {
+  std::vector<PairedStall> out(s.offsets.size());
+  if (s.offsets.size() < 3) return out;
+  const auto delays = stats::excessOverPeersAll(s.offsets, 2);
+  auto shifts = stats::excessOverPeersAll(s.means, 2);
+  for (size_t i = 0; i < out.size(); ++i)
+    out[i] = pairedFrom(delays[i], std::move(shifts[i]), s.ranks.size());
   return out;
 }
 

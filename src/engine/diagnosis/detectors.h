@@ -163,6 +163,9 @@ struct PairedStall {
   double latency_shift_ns = 0;  // median over steps of (peers' median − own issue latency)
 };
 PairedStall pairedStallTest(const StepIssueLatency& s, size_t rank_index);
+// The same test for every rank (index into `s.ranks`), the same results, in O(steps · n log n)
+// (stats::excessOverPeersAll) instead of O(steps · n²): what the detector runs.
+std::vector<PairedStall> pairedStallTests(const StepIssueLatency& s);
 
 // The largest W1 between the pooled issue-latency samples (each rank's first step left out) of
 // any two of `baselines`, every sample clipped at the median of the first baseline's — the

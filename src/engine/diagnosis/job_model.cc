@@ -1,6 +1,8 @@
 #include "src/engine/diagnosis/job_model.h"
 
 #include <algorithm>
+#include <cmath>
+#include <unordered_map>
 
 #include "flare/step.h"
 
@@ -157,6 +159,154 @@ void JobModel::addBatch(int rank, const flare::v1::RecordBatch& batch) {
     if (st.samples() > 0) r.step_samples = st.samples();
   }
   if (batch.has_drops()) r.drops = batch.drops();
+  if (compact_fine_ns_ > 0) {
+    for (const SummaryWindow& w : r.summaries) r.newest_ns = std::max(r.newest_ns, w.end);
+    if (!r.steps.empty()) r.newest_ns = std::max(r.newest_ns, r.steps.back().stats.end_ns);
+    if (r.next_compaction_ns == INT64_MIN && r.newest_ns != INT64_MIN)
+      r.next_compaction_ns = r.newest_ns + compact_fine_ns_;
+    if (r.newest_ns >= r.next_compaction_ns && r.next_compaction_ns != INT64_MIN) compactRank(r);
+  }
+}
+
+void JobModel::setCompaction(int64_t fine_ns, int64_t bucket_ns) {
+  compact_fine_ns_ = std::max<int64_t>(0, fine_ns);
+  compact_bucket_ns_ = std::max<int64_t>(1, bucket_ns);
+}
+
+namespace {
+
+constexpr size_t kMaxFoldedClusters = 8;
+constexpr double kFoldedClusterRatio = 1.05;  // clusters whose p50s are this close merge
+
+void mergeCluster(stats::DurationCluster* into, const stats::DurationCluster& c) {
+  const double n = static_cast<double>(into->count) + static_cast<double>(c.count);
+  if (n > 0) {
+    into->p50 =
+        (into->p50 * static_cast<double>(into->count) + c.p50 * static_cast<double>(c.count)) / n;
+  }
+  into->min = into->count == 0 ? c.min : std::min(into->min, c.min);
+  into->max = std::max(into->max, c.max);
+  into->count += c.count;
+  into->p99 = std::max(into->p99, c.p99);
+  into->sum += c.sum;
+}
+
+// Clusters of one signature from several windows, as few: neighbours (by p50) within 5% merge
+// (count-weighted p50, p99 the larger, sums added), then the closest pairs until at most 8.
+void foldClusters(std::vector<stats::DurationCluster>* clusters) {
+  auto& c = *clusters;
+  std::sort(c.begin(), c.end(), [](const auto& a, const auto& b) { return a.p50 < b.p50; });
+  std::vector<stats::DurationCluster> out;
+  out.reserve(c.size());
+  for (const auto& x : c) {
+    if (!out.empty() && x.p50 <= out.back().p50 * kFoldedClusterRatio)
+      mergeCluster(&out.back(), x);
+    else
+      out.push_back(x);
+  }
+  while (out.size() > kMaxFoldedClusters) {
+    size_t best = 0;
+    double best_ratio = INFINITY;
+    for (size_t i = 0; i + 1 < out.size(); ++i) {
+      const double ratio = out[i + 1].p50 / std::max(out[i].p50, 1.0);
+      if (ratio < best_ratio) {
+        best_ratio = ratio;
+        best = i;
+      }
+    }
+    mergeCluster(&out[best], out[best + 1]);
+    out.erase(out.begin() + static_cast<std::ptrdiff_t>(best) + 1);
+  }
+  c = std::move(out);
+}
+
+int64_t floorDiv(int64_t a, int64_t b) {
+  return a / b - ((a % b != 0) && ((a < 0) != (b < 0)) ? 1 : 0);
+}
+
+void mergeSketch(std::vector<std::pair<uint32_t, stats::LatencySketch>>* into, uint32_t api,
+                 const stats::LatencySketch& sketch) {
+  for (auto& [id, s] : *into) {
+    if (id == api) {
+      s.merge(sketch);
+      return;
+    }
+  }
+  into->emplace_back(api, sketch);
+}
+
+}  // namespace
+
+void JobModel::compactRank(RankData& r) {
+  r.next_compaction_ns = r.newest_ns + compact_bucket_ns_;
+  const std::vector<int64_t> starts = stepStarts(r.rank);
+  if (starts.size() < 2) return;  // the warm-up is not known yet: nothing is folded
+  const int64_t warm = starts[1];
+  const int64_t cutoff = r.newest_ns - compact_fine_ns_;
+  // Kernel summaries: [coarse..., fine...] → [coarse + newly folded..., the rest of fine...].
+  struct Key {
+    uint32_t sig;
+    uint64_t stream;
+    int64_t bucket;
+    bool operator==(const Key&) const = default;
+  };
+  struct KeyHash {
+    size_t operator()(const Key& k) const {
+      return std::hash<uint64_t>()(k.stream * 0x9e3779b97f4a7c15ULL ^
+                                   (static_cast<uint64_t>(k.bucket) << 20) ^ k.sig);
+    }
+  };
+  std::unordered_map<Key, size_t, KeyHash> index;
+  std::vector<SummaryWindow> folded, fine;
+  folded.reserve(r.coarse_summaries + 64);
+  for (size_t i = 0; i < r.summaries.size(); ++i) {
+    SummaryWindow& w = r.summaries[i];
+    const bool coarse = i < r.coarse_summaries;
+    if (!coarse && (w.end >= cutoff || w.start < warm)) {
+      fine.push_back(std::move(w));
+      continue;
+    }
+    const Key key{w.sig, w.stream, floorDiv(w.start, compact_bucket_ns_)};
+    auto [it, inserted] = index.try_emplace(key, folded.size());
+    if (inserted) {
+      folded.push_back(std::move(w));
+      continue;
+    }
+    SummaryWindow& into = folded[it->second];
+    into.start = std::min(into.start, w.start);
+    into.end = std::max(into.end, w.end);
+    into.flops += w.flops;
+    into.bytes += w.bytes;
+    into.clusters.insert(into.clusters.end(), w.clusters.begin(), w.clusters.end());
+    foldClusters(&into.clusters);
+  }
+  r.coarse_summaries = folded.size();
+  folded.insert(folded.end(), std::make_move_iterator(fine.begin()),
+                std::make_move_iterator(fine.end()));
+  r.summaries = std::move(folded);
+  // Step sketches: merged into the bucket of the step's start; the step keeps its figures.
+  for (ReceivedStep& st : r.steps) {
+    if (st.stats.end_ns >= cutoff || st.stats.start_ns < warm) continue;
+    if (st.stats.latency.count() == 0 && st.causes.empty()) continue;  // folded before
+    const int64_t bucket = floorDiv(st.stats.start_ns, compact_bucket_ns_);
+    auto it = std::find_if(r.coarse_steps.rbegin(), r.coarse_steps.rend(), [&](const auto& c) {
+      return floorDiv(c.start, compact_bucket_ns_) == bucket;
+    });
+    CoarseSteps* into = nullptr;
+    if (it != r.coarse_steps.rend()) {
+      into = &*it;
+    } else {
+      into = &r.coarse_steps.emplace_back();
+      into->start = st.stats.start_ns;
+      into->end = st.stats.end_ns;
+    }
+    into->start = std::min(into->start, st.stats.start_ns);
+    into->end = std::max(into->end, st.stats.end_ns);
+    into->latency.merge(st.stats.latency);
+    for (const auto& [api, sketch] : st.causes) mergeSketch(&into->causes, api, sketch);
+    st.stats.latency = stats::LatencySketch(timing::StepStats::kStepSketchAccuracy);
+    std::vector<std::pair<uint32_t, stats::LatencySketch>>().swap(st.causes);
+  }
 }
 
 std::optional<flare::v1::RecordBatch> JobModel::rankBatch(int rank) const {
@@ -250,7 +400,18 @@ void JobModel::trim(int64_t before_ns, size_t max_ops_per_rank) {
       r.ops.erase(r.ops.begin(), r.ops.end() - static_cast<std::ptrdiff_t>(max_ops_per_rank));
     }
     std::erase_if(r.spans, [before_ns](const Span& s) { return s.end < before_ns; });
-    std::erase_if(r.summaries, [before_ns](const SummaryWindow& w) { return w.end < before_ns; });
+    {
+      size_t kept = 0, kept_coarse = 0;
+      for (size_t i = 0; i < r.summaries.size(); ++i) {
+        if (r.summaries[i].end < before_ns) continue;
+        if (i < r.coarse_summaries) ++kept_coarse;
+        if (kept != i) r.summaries[kept] = std::move(r.summaries[i]);
+        ++kept;
+      }
+      r.summaries.resize(kept);
+      r.coarse_summaries = kept_coarse;
+    }
+    std::erase_if(r.coarse_steps, [before_ns](const CoarseSteps& c) { return c.end < before_ns; });
     std::erase_if(r.steps,
                   [before_ns](const ReceivedStep& st) { return st.stats.end_ns < before_ns; });
     std::erase_if(r.step_starts, [before_ns](int64_t t) { return t < before_ns; });
@@ -266,7 +427,18 @@ JobModel JobModel::untilStep(size_t step) const {
     const int64_t t1 = starts[step];
     std::erase_if(o.ops, [t1](const Op& op) { return op.issue >= t1; });
     std::erase_if(o.spans, [t1](const Span& sp) { return sp.start > t1; });  // keeps the boundary
-    std::erase_if(o.summaries, [t1](const SummaryWindow& w) { return w.start >= t1; });
+    {
+      size_t kept = 0, kept_coarse = 0;
+      for (size_t i = 0; i < o.summaries.size(); ++i) {
+        if (o.summaries[i].start >= t1) continue;
+        if (i < o.coarse_summaries) ++kept_coarse;
+        if (kept != i) o.summaries[kept] = std::move(o.summaries[i]);
+        ++kept;
+      }
+      o.summaries.resize(kept);
+      o.coarse_summaries = kept_coarse;
+    }
+    std::erase_if(o.coarse_steps, [t1](const CoarseSteps& c) { return c.start >= t1; });
     std::erase_if(o.steps, [t1](const ReceivedStep& st) { return st.stats.start_ns >= t1; });
     std::erase_if(o.step_starts, [t1](int64_t t) { return t > t1; });
   }
@@ -312,11 +484,14 @@ JobModel JobModel::onlySteps(const std::vector<size_t>& steps) const {
     for (const Span& s : r.spans) {
       if (inside(s.start)) o.spans.push_back(s);
     }
-    for (const SummaryWindow& w : r.summaries) {  // windows overlapping a kept step
+    for (size_t i = 0; i < r.summaries.size(); ++i) {  // windows overlapping a kept step
+      const SummaryWindow& w = r.summaries[i];
       auto it = std::lower_bound(kept.begin(), kept.end(), std::make_pair(w.end, INT64_MAX));
       bool overlaps = inside(w.start);
       for (auto k = kept.begin(); !overlaps && k != it; ++k) overlaps = k->second > w.start;
-      if (overlaps) o.summaries.push_back(w);
+      if (!overlaps) continue;
+      o.summaries.push_back(w);
+      if (i < r.coarse_summaries) o.coarse_summaries = o.summaries.size();
     }
     for (const ReceivedStep& st : r.steps) {
       if (inside(st.stats.start_ns)) o.steps.push_back(st);
@@ -344,8 +519,10 @@ JobModel JobModel::sinceStep(size_t step) const {
     }
     // A summary window (1 s) may straddle the step: kept when it ends after it (a short job's
     // only window holds the steps since the onset too, diluted by the ones before).
-    for (const SummaryWindow& w : r.summaries) {
-      if (w.end >= t0) o.summaries.push_back(w);
+    for (size_t i = 0; i < r.summaries.size(); ++i) {
+      if (r.summaries[i].end < t0) continue;
+      o.summaries.push_back(r.summaries[i]);
+      if (i < r.coarse_summaries) o.coarse_summaries = o.summaries.size();
     }
     for (const ReceivedStep& st : r.steps) {
       if (st.stats.start_ns >= t0) o.steps.push_back(st);
@@ -417,8 +594,16 @@ std::vector<timing::StepStats> JobModel::stepStats(int rank) const {
     std::vector<timing::StepStats> out;
     out.reserve(r.steps.size());
     for (const ReceivedStep& st : r.steps) {
-      out.push_back(st.stats);
-      out.back().step = stepIndex(starts, st.stats.start_ns, st.stats.end_ns);
+      timing::StepStats& o = out.emplace_back();  // the figures, not the sketch (see the header)
+      o.start_ns = st.stats.start_ns;
+      o.end_ns = st.stats.end_ns;
+      o.gpu_busy_ns = st.stats.gpu_busy_ns;
+      o.inter_ns = st.stats.inter_ns;
+      o.minority_ns = st.stats.minority_ns;
+      o.gpu_ops = st.stats.gpu_ops;
+      o.issue_latency_sum_ns = st.stats.issue_latency_sum_ns;
+      o.issue_offset_sum_ns = st.stats.issue_offset_sum_ns;
+      o.step = stepIndex(starts, st.stats.start_ns, st.stats.end_ns);
     }
     std::sort(out.begin(), out.end(), [](const timing::StepStats& a, const timing::StepStats& b) {
       return a.start_ns < b.start_ns;

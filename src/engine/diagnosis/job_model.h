@@ -76,6 +76,14 @@ struct ReceivedStep {
   std::vector<std::pair<uint32_t, stats::LatencySketch>> causes;
 };
 
+// Steps folded by JobModel::setCompaction: the issue-latency sketches (and host causes) of a
+// rank's steps that started in one bucket of time, merged; the steps keep their figures.
+struct CoarseSteps {
+  int64_t start = 0, end = 0;  // of the steps folded in, rank's epoch ns
+  stats::LatencySketch latency{timing::StepStats::kStepSketchAccuracy};
+  std::vector<std::pair<uint32_t, stats::LatencySketch>> causes;  // as ReceivedStep::causes
+};
+
 struct RankData {
   int rank = 0;
   std::string host;
@@ -84,10 +92,16 @@ struct RankData {
   std::vector<Span> spans;
   std::vector<SummaryWindow> summaries;  // MODE_SUMMARY: compute ops arrive only as these
   std::vector<ReceivedStep> steps;       // MODE_SUMMARY: the rank's own per-step figures
-  uint64_t bad_step_stats = 0;           // step statistics that did not decode (ignored)
-  std::vector<int64_t> step_starts;      // explicit step markers, if the rank sent any
-  uint64_t step_samples = 0;             // batch size of its latest step marker (0: ?)
-  flare::v1::DropCounters drops;         // the latest cumulative counters
+  // setCompaction: the first `coarse_summaries` entries of `summaries` are folded windows; the
+  // steps folded into `coarse_steps` keep their figures but not their sketches.
+  size_t coarse_summaries = 0;
+  std::vector<CoarseSteps> coarse_steps;
+  int64_t newest_ns = INT64_MIN;  // the latest summary window or step end seen
+  int64_t next_compaction_ns = INT64_MIN;
+  uint64_t bad_step_stats = 0;       // step statistics that did not decode (ignored)
+  std::vector<int64_t> step_starts;  // explicit step markers, if the rank sent any
+  uint64_t step_samples = 0;         // batch size of its latest step marker (0: ?)
+  flare::v1::DropCounters drops;     // the latest cumulative counters
   // Encoded size of each batch (its created_ns, bytes): what the rank sends per step.
   std::vector<std::pair<int64_t, uint64_t>> batch_bytes;
   std::unordered_map<uint32_t, uint32_t> sig_ids;  // rank's signature id -> job id
@@ -100,6 +114,16 @@ class JobModel {
   // Adds one batch of `rank` (tables first, then records, as the batch orders them).
   void addBatch(int rank, const flare::v1::RecordBatch& batch);
   void setRankInfo(int rank, const std::string& host, const std::string& device_name);
+  // The daemon's memory bound for MODE_SUMMARY ranks: kernel summaries and step sketches that
+  // ended more than `fine_ns` before the rank's newest are folded as they age (each rank once
+  // per `bucket_ns`, as its batches arrive): windows into one per signature, stream and
+  // `bucket_ns` of time (clusters within 5% merged, at most 8), steps' issue-latency sketches
+  // and host causes into one CoarseSteps per bucket. The warm-up (before the rank's second step
+  // boundary) is never folded, nor is anything of a rank without two boundaries yet. Aggregates
+  // over the window (means, distributions, counts, FLOPS) are unchanged; what a view of a few
+  // steps (sinceStep, onlySteps) reads of a folded bucket is its windows whole, and no folded
+  // step sketch. Off by default (0): offline tools keep full resolution.
+  void setCompaction(int64_t fine_ns, int64_t bucket_ns);
   // Forgets ops, spans and step markers that ended before `before_ns`, and the oldest ops of a
   // rank beyond `max_ops_per_rank` (the daemon keeps a sliding window per job).
   void trim(int64_t before_ns, size_t max_ops_per_rank);
@@ -135,7 +159,8 @@ class JobModel {
   // and spans with the same definition (src/timing/step_stats.h): one entry per complete step,
   // oldest first, step = the index of its start among stepStarts(rank) (0: the window's first,
   // the warm-up the detectors skip). Empty when the rank sent none and has fewer than two step
-  // starts.
+  // starts. A step the rank sent comes without its issue-latency sketch (`latency` empty: copying
+  // a sketch per step per call would dominate at 10,000 ranks); receivedSteps() has them.
   std::vector<timing::StepStats> stepStats(int rank) const;
   // The steps a rank sent (MODE_SUMMARY) from its second step boundary on (the warm-up skipped),
   // oldest first; empty in raw mode.
@@ -146,10 +171,13 @@ class JobModel {
   JobModel emptyCopy() const;
   // What a filtered copy keeps of a rank whatever the filter: identity, device, counters.
   static void copyRankIdentity(const RankData& r, RankData* o);
+  void compactRank(RankData& r);
   uint32_t internSignature(const flare::v1::Signature& sig);
   uint32_t internApi(const std::string& name);
 
   std::map<int, RankData> ranks_;
+  int64_t compact_fine_ns_ = 0;  // setCompaction; 0: off
+  int64_t compact_bucket_ns_ = 0;
   std::vector<flare::v1::Signature> signatures_;
   std::unordered_map<std::string, uint32_t> signature_index_;
   std::vector<std::string> apis_;

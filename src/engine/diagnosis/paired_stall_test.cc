@@ -115,6 +115,17 @@ TEST(PairedStall, ConsistentShiftInEveryStepIsSignificant) {
       EXPECT_GT(pairedStallTest(s, i).p_adjusted, 0.01) << s.ranks[i];
     }
   }
+  // The all-ranks form the detector runs gives every rank the same result.
+  const std::vector<PairedStall> all = pairedStallTests(s);
+  ASSERT_EQ(all.size(), s.ranks.size());
+  for (size_t i = 0; i < s.ranks.size(); ++i) {
+    const PairedStall one = pairedStallTest(s, i);
+    EXPECT_EQ(all[i].steps, one.steps);
+    EXPECT_EQ(all[i].later, one.later);
+    EXPECT_EQ(all[i].p_adjusted, one.p_adjusted);
+    EXPECT_EQ(all[i].median_delay_ns, one.median_delay_ns);
+    EXPECT_EQ(all[i].latency_shift_ns, one.latency_shift_ns);
+  }
 }
 
 TEST(PairedStall, DiagnoseNamesTheRankWithPairedEvidence) {

@@ -124,4 +124,34 @@ std::vector<double> excessOverPeers(std::span<const std::vector<double>> values,
   return out;
 }
 
+std::vector<std::vector<double>> excessOverPeersAll(std::span<const std::vector<double>> values,
+                                                    size_t minPeers) {
+  std::vector<std::vector<double>> out(values.size());
+  size_t blocks = 0;
+  for (const auto& v : values) blocks = std::max(blocks, v.size());
+  std::vector<std::pair<double, size_t>> column;  // (value, member), sorted
+  for (size_t b = 0; b < blocks; ++b) {
+    column.clear();
+    for (size_t j = 0; j < values.size(); ++j) {
+      if (b < values[j].size() && std::isfinite(values[j][b])) column.emplace_back(values[j][b], j);
+    }
+    // Every member with a value here has column.size() − 1 peers.
+    if (column.size() < 2 || column.size() - 1 < std::max<size_t>(minPeers, 1)) continue;
+    std::sort(column.begin(), column.end());
+    const size_t peers = column.size() - 1;
+    const double pos = 0.5 * static_cast<double>(peers - 1);
+    const auto lo = static_cast<size_t>(std::floor(pos));
+    const size_t hi = std::min(lo + 1, peers - 1);
+    const double frac = pos - static_cast<double>(lo);
+    for (size_t k = 0; k < column.size(); ++k) {
+      // The peers in order: the column without entry k (ties leave the same values).
+      auto peer = [&](size_t i) { return column[i < k ? i : i + 1].first; };
+      const double a = peer(lo);
+      const double median = frac == 0.0 ? a : a + (peer(hi) - a) * frac;
+      out[column[k].second].push_back(column[k].first - median);
+    }
+  }
+  return out;
+}
+
 }  // namespace flare::stats

@@ -52,4 +52,11 @@ WilcoxonResult wilcoxonSignedRank(std::span<const double> differences);
 std::vector<double> excessOverPeers(std::span<const std::vector<double>> values, size_t m,
                                     size_t minPeers = 2);
 
+// excessOverPeers for every member at once: out[m] == excessOverPeers(values, m, minPeers), the
+// same numbers, in O(blocks · n log n) instead of O(blocks · n²) (each block is sorted once and
+// a member's peers' median read from it with the member left out): 10,000 ranks of 120 steps in
+// well under a second instead of minutes.
+std::vector<std::vector<double>> excessOverPeersAll(std::span<const std::vector<double>> values,
+                                                    size_t minPeers);
+
 }  // namespace flare::stats

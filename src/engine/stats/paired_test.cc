@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <random>
 #include <vector>
 
 namespace flare::stats {
@@ -77,6 +78,30 @@ TEST(Paired, ExcessOverPeersPairsBlocks) {
   EXPECT_DOUBLE_EQ(e[3], 41 - 39.5);  // median(40, 39): member 2 has no block 3
   EXPECT_EQ(excessOverPeers(v, 1, 3).size(), 2u);
   EXPECT_TRUE(excessOverPeers(v, 9).empty());
+}
+
+TEST(Paired, ExcessOverPeersAllEqualsEachMembersOwn) {
+  // Ragged members, NaN holes, ties and odd and even peer counts: every member's result is the
+  // one-member function's, bit for bit.
+  std::mt19937 rng(7);
+  std::uniform_int_distribution<int> value(0, 9);  // small range: many ties
+  std::uniform_real_distribution<double> hole(0, 1);
+  for (size_t n : {2u, 3u, 4u, 7u, 40u, 41u}) {
+    std::vector<std::vector<double>> v(n);
+    for (size_t m = 0; m < n; ++m) {
+      v[m].resize(10 + m % 3);
+      for (double& x : v[m]) x = hole(rng) < 0.1 ? NAN : value(rng) + 0.25 * value(rng);
+    }
+    for (size_t min_peers : {1u, 2u, 5u}) {
+      const auto all = excessOverPeersAll(v, min_peers);
+      ASSERT_EQ(all.size(), n);
+      for (size_t m = 0; m < n; ++m) {
+        const auto one = excessOverPeers(v, m, min_peers);
+        ASSERT_EQ(all[m].size(), one.size()) << "n " << n << " member " << m;
+        for (size_t i = 0; i < one.size(); ++i) EXPECT_EQ(all[m][i], one[i]);
+      }
+    }
+  }
 }
 
 }  // namespace

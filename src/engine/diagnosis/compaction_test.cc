@@ -1,0 +1,177 @@
+// The daemon's folding of summary-mode windows and step sketches (JobModel::setCompaction), and
+// the detectors' large-job paths (issue stall at 10,000 summary-mode ranks).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <map>
+
+#include "src/engine/diagnosis/detectors.h"
+#include "src/engine/diagnosis/job_model.h"
+#include "src/engine/stats/sketch.h"
+
+namespace flare::engine {
+namespace {
+
+constexpr int64_t kSec = 1'000'000'000;
+
+// One second of a summary-mode rank: 3 GEMM signatures' summaries (two clusters each, `factor`
+// times longer on a slow rank), a step marker at the second's start and the step's statistics
+// with `ops` issue latencies log-uniform over [lo, lo·100).
+flare::v1::RecordBatch second(int rank, int64_t t, double factor, double lo, int ops = 100) {
+  flare::v1::RecordBatch b;
+  b.set_rank(rank);
+  if (t == 0) {
+    for (int s = 1; s <= 3; ++s) {
+      auto* sig = b.add_signatures();
+      sig->set_id(s);
+      sig->set_name("gemm" + std::to_string(s));
+      sig->set_kind(flare::v1::OP_KIND_GEMM);
+      sig->add_shape(1024 * s);
+    }
+  }
+  auto* marker = b.add_steps();
+  marker->set_start_ns(t * kSec);
+  for (int s = 1; s <= 3; ++s) {
+    auto* w = b.add_summaries();
+    w->set_signature_id(s);
+    w->set_stream_id(7);
+    w->set_window_start_ns(t * kSec);
+    w->set_window_end_ns((t + 1) * kSec);
+    for (int c = 0; c < 2; ++c) {
+      auto* cl = w->add_clusters();
+      const double p50 = (100'000.0 * s * (c + 1) + 37.0 * static_cast<double>(t % 5)) * factor;
+      cl->set_count(c == 0 ? 90 : 10);
+      cl->set_p50_ns(static_cast<int64_t>(p50));
+      cl->set_p99_ns(static_cast<int64_t>(p50 * 1.04));
+      cl->set_sum_ns(static_cast<int64_t>(p50 * static_cast<double>(cl->count())));
+    }
+  }
+  auto* st = b.add_step_stats();
+  st->set_start_ns(t * kSec);
+  st->set_end_ns((t + 1) * kSec);
+  st->set_gpu_busy_ns(kSec * 9 / 10);
+  st->set_gpu_ops(static_cast<uint64_t>(ops));
+  stats::LatencySketch sketch(timing::StepStats::kStepSketchAccuracy);
+  double sum = 0;
+  for (int i = 0; i < ops; ++i) {
+    const double v = lo * std::pow(100.0, (i + 0.5 * static_cast<double>(t % 2)) / ops);
+    sketch.add(v);
+    sum += v;
+  }
+  st->set_issue_latency_sum_ns(sum);
+  const auto bytes = sketch.serialize();
+  st->set_issue_latency(bytes.data(), bytes.size());
+  return b;
+}
+
+// 8 ranks × `seconds` one-second batches; rank 3's GEMMs 1.25× slower.
+JobModel job(int seconds, bool fold) {
+  JobModel m;
+  if (fold) m.setCompaction(20 * kSec, 10 * kSec);
+  for (int64_t t = 0; t < seconds; ++t) {
+    for (int r = 0; r < 8; ++r) m.addBatch(r, second(r, t, r == 3 ? 1.25 : 1.0, 50'000));
+  }
+  return m;
+}
+
+std::map<uint32_t, std::pair<uint64_t, double>> totals(const RankData& r) {
+  std::map<uint32_t, std::pair<uint64_t, double>> out;
+  for (const SummaryWindow& w : r.summaries) {
+    out[w.sig].first += w.count();
+    out[w.sig].second += w.sumNs();
+  }
+  return out;
+}
+
+TEST(Compaction, FoldsAgedWindowsAndKeepsTheirTotals) {
+  const JobModel full = job(90, false);
+  const JobModel folded = job(90, true);
+  const RankData& a = full.ranks().at(0);
+  const RankData& b = folded.ranks().at(0);
+  EXPECT_EQ(a.summaries.size(), 270u);
+  // Fine: the last ~20-30 s (folding runs once per 10 s); coarse: one window per signature and
+  // 10 s bucket before that, plus the warm-up second kept whole.
+  EXPECT_LE(b.summaries.size(), 3u * (30 + 9 + 1));
+  EXPECT_GT(b.coarse_summaries, 0u);
+  for (size_t i = 0; i < b.coarse_summaries; ++i) {
+    EXPECT_LE(b.summaries[i].clusters.size(), 8u);
+    EXPECT_LE(b.summaries[i].end - b.summaries[i].start, 10 * kSec);
+  }
+  // The warm-up window (before the second step boundary, 1 s) is never folded.
+  EXPECT_TRUE(std::any_of(b.summaries.begin(), b.summaries.end(),
+                          [](const SummaryWindow& w) { return w.start == 0 && w.end == kSec; }));
+  // Every kernel and every nanosecond is still counted.
+  const auto ta = totals(a), tb = totals(b);
+  ASSERT_EQ(ta.size(), tb.size());
+  for (const auto& [sig, t] : ta) {
+    EXPECT_EQ(tb.at(sig).first, t.first);
+    EXPECT_NEAR(tb.at(sig).second, t.second, 1e-9 * t.second);
+  }
+  // Step sketches: most folded into coarse buckets; the steps keep their figures.
+  EXPECT_FALSE(b.coarse_steps.empty());
+  EXPECT_EQ(b.steps.size(), a.steps.size());
+  EXPECT_EQ(folded.stepStats(0).size(), full.stepStats(0).size());
+  // The issue latencies the detectors read: as many, each within the sketch's 2% (a merged
+  // sketch clips its edge buckets to its own min and max, not each step's).
+  auto la = rankIssueLatencies(full, 0), lb = rankIssueLatencies(folded, 0);
+  std::sort(la.begin(), la.end());
+  std::sort(lb.begin(), lb.end());
+  ASSERT_EQ(la.size(), lb.size());
+  for (size_t i = 0; i < la.size(); ++i) ASSERT_NEAR(lb[i], la[i], 0.02 * la[i]) << i;
+}
+
+TEST(Compaction, DetectorsAgreeOnTheFoldedWindow) {
+  const auto a = diagnose(job(90, false), DiagnoseOptions{});
+  const auto b = diagnose(job(90, true), DiagnoseOptions{});
+  ASSERT_EQ(a.size(), 1u);
+  ASSERT_EQ(b.size(), 1u);
+  EXPECT_EQ(b[0].kind, "gpu_slow");
+  EXPECT_EQ(b[0].ranks, std::vector<int>{3});
+  EXPECT_NEAR(b[0].severity, a[0].severity, 0.005);
+}
+
+TEST(Compaction, TrimDropsWholeBucketsAndKeepsTheLayout) {
+  JobModel m = job(90, true);
+  m.trim(45 * kSec, 1000);
+  const RankData& r = m.ranks().at(0);
+  ASSERT_LE(r.coarse_summaries, r.summaries.size());
+  for (const SummaryWindow& w : r.summaries) EXPECT_GE(w.end, 45 * kSec);
+  for (const CoarseSteps& c : r.coarse_steps) EXPECT_GE(c.end, 45 * kSec);
+  for (size_t i = r.coarse_summaries; i < r.summaries.size(); ++i) {
+    EXPECT_EQ(r.summaries[i].end - r.summaries[i].start, kSec);  // the fine part stays fine
+  }
+}
+
+TEST(Compaction, OffByDefault) {
+  const JobModel m = job(40, false);
+  EXPECT_EQ(m.ranks().at(0).coarse_summaries, 0u);
+  EXPECT_TRUE(m.ranks().at(0).coarse_steps.empty());
+}
+
+TEST(LargeJob, IssueStallAmongTenThousandSummaryRanks) {
+  // 10,000 summary-mode ranks × 24 steps; rank 4242's host stalls: its kernels' issue latencies
+  // are 100× lower (its GPU waits for work) and its GPU idles. The pooled-reference path names
+  // it; the exact leave-one-out comparison (O(n² × ops)) would take hours here.
+  JobModel m;
+  for (int64_t t = 0; t < 24; ++t) {
+    for (int r = 0; r < 10000; ++r) {
+      flare::v1::RecordBatch b = second(r, t, 1.0, r == 4242 ? 500 : 50'000, 40);
+      b.clear_summaries();
+      if (r == 4242) b.mutable_step_stats(0)->set_gpu_busy_ns(kSec / 2);
+      m.addBatch(r, b);
+    }
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto found = diagnose(m, DiagnoseOptions{});
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ASSERT_EQ(found.size(), 1u);
+  EXPECT_EQ(found[0].kind, "issue_stall");
+  EXPECT_EQ(found[0].ranks, std::vector<int>{4242});
+  RecordProperty("diagnose_seconds", std::to_string(seconds));
+}
+
+}  // namespace
+}  // namespace flare::engine
