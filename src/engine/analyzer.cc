@@ -33,19 +33,20 @@ void Analyzer::onBatch(const std::string& job_id, int32_t rank, const v1::Record
   bool ask = false;
   {
     std::lock_guard lock(mu_);
-    auto [it, created] = jobs_.try_emplace(job_id);
-    JobWindow& w = it->second;
+    auto [slot, created] = jobs_.try_emplace(job_id);
+    JobWindow& w = slot->second;
+    // `model` is only touched under analysis_mu_, except here, before any reader can see it.
     if (created) w.model.setCompaction(options_.fold_after_ns, options_.fold_bucket_ns);
-    w.model.addBatch(rank, batch);
+    w.incoming.addBatch(rank, batch);
     for (const auto& k : batch.kernels()) w.newest_ns = std::max(w.newest_ns, k.end_ns());
     for (const auto& s : batch.summaries()) w.newest_ns = std::max(w.newest_ns, s.window_end_ns());
     w.fresh = true;
     ask = options_.rank_meta && w.known_ranks.insert(rank).second;
     if (!ask && batch.has_device() && validDeviceInfo(batch.device())) {
       // The GPU, named after the hello (the timing thread describes it at its first op).
-      auto it = w.model.ranks().find(rank);
-      w.model.setRankInfo(rank, it != w.model.ranks().end() ? it->second.host : std::string(),
-                          batch.device().name());
+      auto it = w.incoming.ranks().find(rank);
+      w.incoming.setRankInfo(rank, it != w.incoming.ranks().end() ? it->second.host : std::string(),
+                             batch.device().name());
       noteBackend(w, rank, batch.device().name());
     }
   }
@@ -57,7 +58,7 @@ void Analyzer::onBatch(const std::string& job_id, int32_t rank, const v1::Record
   const std::string device = batch.has_device() && validDeviceInfo(batch.device())
                                  ? batch.device().name()
                                  : meta.device_name;
-  w.model.setRankInfo(rank, meta.host, device);
+  w.incoming.setRankInfo(rank, meta.host, device);
   w.world_size = std::max(w.world_size, meta.world_size);
   noteBackend(w, rank, device);
 }
@@ -87,7 +88,7 @@ v1::Alert toAlert(const std::string& job_id, const Diagnosis& d, int64_t now_ns)
 }
 
 int32_t Analyzer::scaleOf(const JobWindow& w) {
-  return w.world_size > 0 ? w.world_size : static_cast<int32_t>(w.model.ranks().size());
+  return w.world_size > 0 ? w.world_size : static_cast<int32_t>(w.incoming.ranks().size());
 }
 
 const History* Analyzer::historyFor(const JobWindow& w) const {
@@ -111,12 +112,16 @@ const History* Analyzer::historyFor(const JobWindow& w) const {
 }
 
 std::vector<v1::Alert> Analyzer::run(int64_t now_ns) {
-  // Under the lock only: trim each fresh job's window and copy it (and its history). The
-  // metrics and detectors then run on the copies without the lock, so ingest (onBatch, from
-  // every rank stream) never waits for the pairwise comparisons of a large job.
+  // Under mu_ only: hand each fresh job's new records over (O(ranks)) and copy its history. The
+  // window is then trimmed, folded and diagnosed under analysis_mu_ alone, so ingest (onBatch,
+  // from every rank stream) never waits for the detectors of a large job, and nothing copies
+  // the window.
+  std::lock_guard analysis_lock(analysis_mu_);
   struct Work {
     std::string job_id;
-    JobModel model;
+    JobWindow* window;
+    JobModel taken;
+    int64_t newest_ns;
     std::optional<History> history;
   };
   std::vector<Work> work;
@@ -126,22 +131,25 @@ std::vector<v1::Alert> Analyzer::run(int64_t now_ns) {
     for (auto& [job_id, w] : jobs_) {
       if (!w.fresh) continue;
       w.fresh = false;
-      w.model.trim(w.newest_ns - options_.window_ns, options_.max_ops_per_rank);
       // A job never compares with its own baseline (it would learn nothing and alarm on nothing).
       const History* history = baselines_.contains(job_id) ? nullptr : historyFor(w);
-      work.push_back({job_id, w.model, history ? std::optional<History>(*history) : std::nullopt});
+      work.push_back({job_id, &w, w.incoming.takeRecords(), w.newest_ns,
+                      history ? std::optional<History>(*history) : std::nullopt});
     }
   }
   std::vector<v1::Alert> raised;
   for (Work& job : work) {
+    JobModel& model = job.window->model;
+    model.absorb(std::move(job.taken));
+    model.trim(job.newest_ns - options_.window_ns, options_.max_ops_per_rank);
     const History* history = job.history ? &*job.history : nullptr;
-    v1::JobMetrics metrics = computeJobMetrics(job.model, history, options_.samples_per_step);
+    v1::JobMetrics metrics = computeJobMetrics(model, history, options_.samples_per_step);
     metrics.set_computed_unix_ns(now_ns);
-    const std::vector<Diagnosis> found = diagnose(job.model, options_.diagnose, nullptr, history);
+    const std::vector<Diagnosis> found = diagnose(model, options_.diagnose, nullptr, history);
+    const size_t ops = model.opCount();
     std::lock_guard lock(mu_);
-    auto wit = jobs_.find(job.job_id);
-    if (wit == jobs_.end()) continue;
-    JobWindow& w = wit->second;
+    JobWindow& w = *job.window;
+    w.window_ops = ops;
     w.metrics = std::move(metrics);
     for (auto& [key, age] : w.active) ++age;
     for (const Diagnosis& d : found) {
@@ -164,15 +172,28 @@ std::vector<v1::Alert> Analyzer::run(int64_t now_ns) {
   return raised;
 }
 
-std::vector<Diagnosis> Analyzer::diagnoseJob(const std::string& job_id) {
-  std::optional<JobModel> model;  // a copy: the detectors run without the lock (see run())
-  std::optional<History> history;
+JobModel* Analyzer::syncedModel(const std::string& job_id) {
+  JobWindow* w = nullptr;
+  JobModel taken;
   {
     std::lock_guard lock(mu_);
     auto it = jobs_.find(job_id);
-    if (it == jobs_.end()) return {};
-    model = it->second.model;
-    const History* h = baselines_.contains(job_id) ? nullptr : historyFor(it->second);
+    if (it == jobs_.end()) return nullptr;
+    w = &it->second;
+    taken = w->incoming.takeRecords();
+  }
+  w->model.absorb(std::move(taken));
+  return &w->model;
+}
+
+std::vector<Diagnosis> Analyzer::diagnoseJob(const std::string& job_id) {
+  std::lock_guard analysis_lock(analysis_mu_);
+  JobModel* model = syncedModel(job_id);
+  if (model == nullptr) return {};
+  std::optional<History> history;
+  {
+    std::lock_guard lock(mu_);
+    const History* h = baselines_.contains(job_id) ? nullptr : historyFor(jobs_.at(job_id));
     if (h != nullptr) history = *h;
   }
   return diagnose(*model, options_.diagnose, nullptr, history ? &*history : nullptr);
@@ -181,14 +202,12 @@ std::vector<Diagnosis> Analyzer::diagnoseJob(const std::string& job_id) {
 std::optional<v1::HealthyBaseline> Analyzer::addBaseline(const std::string& job_id,
                                                          const std::string& backend, int64_t now_ns,
                                                          std::string* error) {
-  std::unique_lock lock(mu_);
-  auto it = jobs_.find(job_id);
+  std::lock_guard analysis_lock(analysis_mu_);
+  const JobModel* live = syncedModel(job_id);
   std::optional<StoredJob> stored;
-  if (it == jobs_.end() || it->second.model.opCount() == 0) {
+  if (live == nullptr || live->opCount() == 0) {
     // Not in memory (flared restarted, or the job left the window): from its stored records.
-    lock.unlock();
     stored = jobFromStore(job_id);
-    lock.lock();
     if (!stored || stored->model.opCount() == 0) {
       *error = "job " + job_id +
                " has no records in the detectors' window nor raw records in the store (run "
@@ -196,7 +215,7 @@ std::optional<v1::HealthyBaseline> Analyzer::addBaseline(const std::string& job_
       return std::nullopt;
     }
   }
-  const JobModel& model = stored ? stored->model : jobs_.at(job_id).model;
+  const JobModel& model = stored ? stored->model : *live;
   v1::HealthyBaseline b = makeBaseline(model);
   auto sketch = stats::LatencySketch::deserialize(std::span<const uint8_t>(
       reinterpret_cast<const uint8_t*>(b.issue_latency().data()), b.issue_latency().size()));
@@ -205,6 +224,7 @@ std::optional<v1::HealthyBaseline> Analyzer::addBaseline(const std::string& job_
     return std::nullopt;
   }
   b.set_job_id(job_id);
+  std::lock_guard lock(mu_);
   if (stored) {
     b.set_backend(backend.empty() ? stored->backend : backend);
     b.set_scale(stored->scale);
@@ -332,18 +352,17 @@ std::optional<Analyzer::StoredJob> Analyzer::jobFromStore(const std::string& job
   return out;
 }
 
-std::optional<std::vector<v1::RecordBatch>> Analyzer::recordBatches(
-    const std::string& job_id, const std::vector<int>& ranks) const {
-  std::unique_lock lock(mu_);
-  auto it = jobs_.find(job_id);
+std::optional<std::vector<v1::RecordBatch>> Analyzer::recordBatches(const std::string& job_id,
+                                                                    const std::vector<int>& ranks) {
+  std::lock_guard analysis_lock(analysis_mu_);  // ingest does not wait for this read
+  const JobModel* live = syncedModel(job_id);
   std::optional<StoredJob> stored;
-  if (it == jobs_.end()) {
-    lock.unlock();  // the store has its own locks; ingest must not wait for this read
+  if (live == nullptr) {
     stored = jobFromStore(job_id);
     if (!stored) return std::nullopt;
   }
   std::vector<v1::RecordBatch> out;
-  const JobModel& model = stored ? stored->model : it->second.model;
+  const JobModel& model = stored ? stored->model : *live;
   if (ranks.empty()) {
     for (const auto& [rank, data] : model.ranks()) {
       if (auto b = model.rankBatch(rank)) out.push_back(std::move(*b));
@@ -359,14 +378,13 @@ std::optional<std::vector<v1::RecordBatch>> Analyzer::recordBatches(
 std::optional<std::string> Analyzer::seriesJson(const std::string& job_id,
                                                 const SeriesOptions& options,
                                                 const std::string& baseline_job) {
-  std::lock_guard lock(mu_);
-  auto it = jobs_.find(job_id);
-  if (it == jobs_.end()) return std::nullopt;
-  auto base =
-      baseline_job.empty() || baseline_job == job_id ? jobs_.end() : jobs_.find(baseline_job);
-  const JobModel* reference = base == jobs_.end() ? nullptr : &base->second.model;
-  const JobSeries series = computeSeries(it->second.model, options, reference);
-  return seriesToJson(job_id, it->second.model, series, reference ? baseline_job : "");
+  std::lock_guard analysis_lock(analysis_mu_);  // ingest does not wait for this read
+  const JobModel* model = syncedModel(job_id);
+  if (model == nullptr) return std::nullopt;
+  const JobModel* reference =
+      baseline_job.empty() || baseline_job == job_id ? nullptr : syncedModel(baseline_job);
+  const JobSeries series = computeSeries(*model, options, reference);
+  return seriesToJson(job_id, *model, series, reference ? baseline_job : "");
 }
 
 void Analyzer::writeMetrics(PromWriter& w) const {
@@ -378,9 +396,9 @@ void Analyzer::writeMetrics(PromWriter& w) const {
     w.sample("flare_alerts_total", n, {{"job", job}, {"kind", kind}, {"team", team}});
   }
   w.family("flare_analyzer_window_ops", "gauge",
-           "GPU ops held in the detectors' sliding window, by job.");
+           "GPU ops held in the detectors' sliding window as of their last run, by job.");
   for (const auto& [job, win] : jobs_) {
-    w.sample("flare_analyzer_window_ops", static_cast<double>(win.model.opCount()), {{"job", job}});
+    w.sample("flare_analyzer_window_ops", static_cast<double>(win.window_ops), {{"job", job}});
   }
   w.family("flare_analyzer_runs_total", "counter", "Detector runs over all jobs.");
   w.sample("flare_analyzer_runs_total", runs_, {});

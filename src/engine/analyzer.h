@@ -84,7 +84,7 @@ class Analyzer {
   // The records of `ranks` (all when empty) in the job's window, one RecordBatch per rank
   // (JobModel::rankBatch), in rank order; nullopt when the job has no window.
   std::optional<std::vector<v1::RecordBatch>> recordBatches(const std::string& job_id,
-                                                            const std::vector<int>& ranks) const;
+                                                            const std::vector<int>& ranks);
   // The plot series of one job's window as JSON (diagnosis/series.h); nullopt when the job has
   // no window. `baseline_job` names a job whose window is the issue-latency reference (empty or
   // unknown: no baseline).
@@ -109,9 +109,15 @@ class Analyzer {
   void enrichReport(v1::GetReportResponse* report) const;
 
  private:
+  // A job's window in two halves (JobModel::takeRecords/absorb): ingest adds every batch to
+  // `incoming` under mu_; the detectors and the queries read `model`, the analysed window,
+  // under analysis_mu_, after moving what arrived into it. Neither waits for the other beyond
+  // that O(ranks) hand-over, and the window is never copied.
   struct JobWindow {
-    JobModel model;
-    bool fresh = false;  // data since the last run
+    JobModel incoming;      // under mu_
+    JobModel model;         // under analysis_mu_
+    size_t window_ops = 0;  // model.opCount() after the last run (for /metrics), under mu_
+    bool fresh = false;     // data since the last run
     int64_t newest_ns = 0;
     // (kind, ranks) -> runs since it was last seen (0: seen in the last run)
     std::map<std::pair<std::string, std::vector<int>>, int> active;
@@ -124,6 +130,9 @@ class Analyzer {
 
   // The history of a job's backend and scale (cached; null when there is none). Under mu_.
   const History* historyFor(const JobWindow& w) const;
+  // The job's analysed window with everything that arrived moved into it; null for an unknown
+  // job. Caller holds analysis_mu_ (not mu_, which this takes).
+  JobModel* syncedModel(const std::string& job_id);
   static int32_t scaleOf(const JobWindow& w);
   static void noteBackend(JobWindow& w, int32_t rank, const std::string& device_name);
   // A job no longer in memory (flared restarted, or it left the window), rebuilt from the store:
@@ -138,8 +147,9 @@ class Analyzer {
 
   Store* store_;
   AnalyzerOptions options_;
+  std::mutex analysis_mu_;  // the JobWindows' `model`; taken before mu_, never after
   mutable std::mutex mu_;
-  std::map<std::string, JobWindow> jobs_;
+  std::map<std::string, JobWindow> jobs_;  // never erased: a JobWindow's address is stable
   std::map<std::tuple<std::string, std::string, std::string>, uint64_t>
       alerts_total_;  // job, kind, team
   uint64_t runs_ = 0;

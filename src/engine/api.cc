@@ -113,7 +113,7 @@ HttpResponse seriesResponse(Analyzer& analyzer, const std::string& job, const Ht
 // rank) followed by the deep-trace (CUPTI) records the store keeps of those ranks — as a
 // protobuf delimited stream of RecordBatch, the spool file format (src/timing/spool_sink.h), so
 // that `flare timeline --job` and `flare export --job` run the offline tools on it.
-HttpResponse recordsResponse(const Analyzer& analyzer, Store* store, const std::string& job,
+HttpResponse recordsResponse(Analyzer& analyzer, Store* store, const std::string& job,
                              const HttpRequest& r) {
   auto fail = [](int status, const std::string& what) {
     return HttpResponse{status, "application/json",

@@ -144,6 +144,41 @@ TEST(Compaction, TrimDropsWholeBucketsAndKeepsTheLayout) {
   }
 }
 
+TEST(Compaction, HandOverInPiecesEqualsOneModel) {
+  // The daemon's path: batches go to a feeding model; every 7 s what arrived is taken and
+  // absorbed by the analysed (folding) model. The result holds what one folding model fed every
+  // batch holds, and the feeding model keeps its tables (later batches carry no signatures).
+  JobModel incoming, analysed, direct;
+  analysed.setCompaction(20 * kSec, 10 * kSec);
+  direct.setCompaction(20 * kSec, 10 * kSec);
+  for (int64_t t = 0; t < 90; ++t) {
+    for (int r = 0; r < 8; ++r) {
+      const auto b = second(r, t, r == 3 ? 1.25 : 1.0, 50'000);
+      incoming.addBatch(r, b);
+      direct.addBatch(r, b);
+    }
+    if (t % 7 == 6) analysed.absorb(incoming.takeRecords());
+  }
+  analysed.absorb(incoming.takeRecords());
+  EXPECT_TRUE(incoming.ranks().at(0).summaries.empty());
+  EXPECT_EQ(incoming.ranks().at(0).unknown_signature_records, 0u);
+  EXPECT_EQ(analysed.signatures().size(), direct.signatures().size());
+  for (int r = 0; r < 8; ++r) {
+    const RankData& a = analysed.ranks().at(r);
+    const RankData& d = direct.ranks().at(r);
+    EXPECT_EQ(a.steps.size(), d.steps.size());
+    EXPECT_EQ(a.step_starts.size(), d.step_starts.size());
+    EXPECT_EQ(a.unknown_signature_records, 0u);
+    const auto ta = totals(a), td = totals(d);
+    ASSERT_EQ(ta.size(), td.size());
+    for (const auto& [sig, t] : td) EXPECT_EQ(ta.at(sig).first, t.first);
+    EXPECT_GT(a.coarse_summaries, 0u);
+  }
+  const auto found = diagnose(analysed, DiagnoseOptions{});
+  ASSERT_EQ(found.size(), 1u);
+  EXPECT_EQ(found[0].ranks, std::vector<int>{3});
+}
+
 TEST(Compaction, OffByDefault) {
   const JobModel m = job(40, false);
   EXPECT_EQ(m.ranks().at(0).coarse_summaries, 0u);

@@ -364,14 +364,6 @@ int64_t warmupEnd(const JobModel& job, int rank) {
   return starts.size() >= 2 ? starts[1] : INT64_MIN;
 }
 
-// A sketch's contents as values: each bucket's midpoint, as often as it counts (within the
-// sketch's 2% of the exact values).
-void appendSketchValues(const stats::LatencySketch& sketch, std::vector<double>* out) {
-  sketch.forEachBucket([out](double lo, double hi, uint64_t count) {
-    out->insert(out->end(), count, 0.5 * (lo + hi));
-  });
-}
-
 // How many of a sketch's values lie below `x` (by bucket midpoint).
 uint64_t countBelow(const stats::LatencySketch& sketch, double x) {
   uint64_t n = 0;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <unordered_map>
+#include <utility>
 
 #include "flare/step.h"
 
@@ -159,12 +160,68 @@ void JobModel::addBatch(int rank, const flare::v1::RecordBatch& batch) {
     if (st.samples() > 0) r.step_samples = st.samples();
   }
   if (batch.has_drops()) r.drops = batch.drops();
-  if (compact_fine_ns_ > 0) {
-    for (const SummaryWindow& w : r.summaries) r.newest_ns = std::max(r.newest_ns, w.end);
-    if (!r.steps.empty()) r.newest_ns = std::max(r.newest_ns, r.steps.back().stats.end_ns);
-    if (r.next_compaction_ns == INT64_MIN && r.newest_ns != INT64_MIN)
-      r.next_compaction_ns = r.newest_ns + compact_fine_ns_;
-    if (r.newest_ns >= r.next_compaction_ns && r.next_compaction_ns != INT64_MIN) compactRank(r);
+  maybeCompact(r);
+}
+
+void JobModel::maybeCompact(RankData& r) {
+  if (compact_fine_ns_ <= 0) return;
+  for (size_t i = r.coarse_summaries; i < r.summaries.size(); ++i)
+    r.newest_ns = std::max(r.newest_ns, r.summaries[i].end);
+  if (!r.steps.empty()) r.newest_ns = std::max(r.newest_ns, r.steps.back().stats.end_ns);
+  if (r.newest_ns == INT64_MIN) return;
+  if (r.next_compaction_ns == INT64_MIN) r.next_compaction_ns = r.newest_ns + compact_fine_ns_;
+  if (r.newest_ns >= r.next_compaction_ns) compactRank(r);
+}
+
+JobModel JobModel::takeRecords() {
+  JobModel out = emptyCopy();
+  for (auto& [rank, r] : ranks_) {
+    RankData& o = out.ranks_[rank];
+    copyRankIdentity(r, &o);
+    o.ops = std::move(r.ops);
+    o.spans = std::move(r.spans);
+    o.summaries = std::move(r.summaries);
+    o.steps = std::move(r.steps);
+    o.step_starts = std::move(r.step_starts);
+    o.batch_bytes = std::move(r.batch_bytes);
+    o.unknown_signature_records = std::exchange(r.unknown_signature_records, 0);
+    o.bad_step_stats = std::exchange(r.bad_step_stats, 0);
+    r.ops.clear();  // moved-from vectors: valid, and empty from here on
+    r.spans.clear();
+    r.summaries.clear();
+    r.steps.clear();
+    r.step_starts.clear();
+    r.batch_bytes.clear();
+  }
+  return out;
+}
+
+void JobModel::absorb(JobModel&& newer) {
+  signatures_ = std::move(newer.signatures_);
+  signature_index_ = std::move(newer.signature_index_);
+  apis_ = std::move(newer.apis_);
+  api_index_ = std::move(newer.api_index_);
+  auto append = [](auto& into, auto& from) {
+    if (into.empty()) {
+      into = std::move(from);
+    } else {
+      into.insert(into.end(), std::make_move_iterator(from.begin()),
+                  std::make_move_iterator(from.end()));
+    }
+  };
+  for (auto& [rank, n] : newer.ranks_) {
+    RankData& r = ranks_[rank];
+    copyRankIdentity(n, &r);
+    append(r.ops, n.ops);
+    append(r.spans, n.spans);
+    if (r.summaries.empty()) r.coarse_summaries = 0;
+    append(r.summaries, n.summaries);
+    append(r.steps, n.steps);
+    append(r.step_starts, n.step_starts);
+    append(r.batch_bytes, n.batch_bytes);
+    r.unknown_signature_records += n.unknown_signature_records;
+    r.bad_step_stats += n.bad_step_stats;
+    maybeCompact(r);
   }
 }
 

@@ -124,6 +124,16 @@ class JobModel {
   // steps (sinceStep, onlySteps) reads of a folded bucket is its windows whole, and no folded
   // step sketch. Off by default (0): offline tools keep full resolution.
   void setCompaction(int64_t fine_ns, int64_t bucket_ns);
+  // The daemon's two halves of a job's window. takeRecords() moves every rank's records (ops,
+  // spans, summaries, steps, step boundaries, batch sizes, bad-record counts) into a new model
+  // with this one's tables and rank identities, and leaves this one its tables (the ids its
+  // ranks' batches refer to) and ranks, empty of records: O(ranks). absorb() appends such a
+  // model, taken from the model that feeds this one, after this one's records: its tables and
+  // rank identities (host, device, latest counters) replace this one's, and aged records are
+  // folded (setCompaction). Ingest adds batches to the feeding model; the detectors read this
+  // one, which nothing else writes, so that neither waits for the other nor copies the window.
+  JobModel takeRecords();
+  void absorb(JobModel&& newer);
   // Forgets ops, spans and step markers that ended before `before_ns`, and the oldest ops of a
   // rank beyond `max_ops_per_rank` (the daemon keeps a sliding window per job).
   void trim(int64_t before_ns, size_t max_ops_per_rank);
@@ -172,6 +182,8 @@ class JobModel {
   // What a filtered copy keeps of a rank whatever the filter: identity, device, counters.
   static void copyRankIdentity(const RankData& r, RankData* o);
   void compactRank(RankData& r);
+  // Notes the rank's newest summary or step end and folds it when due (setCompaction).
+  void maybeCompact(RankData& r);
   uint32_t internSignature(const flare::v1::Signature& sig);
   uint32_t internApi(const std::string& name);
 
