@@ -38,6 +38,7 @@ void Analyzer::onBatch(const std::string& job_id, int32_t rank, const v1::Record
     // `model` is only touched under analysis_mu_, except here, before any reader can see it.
     if (created) w.model.setCompaction(options_.fold_after_ns, options_.fold_bucket_ns);
     w.incoming.addBatch(rank, batch);
+    w.pending = true;
     for (const auto& k : batch.kernels()) w.newest_ns = std::max(w.newest_ns, k.end_ns());
     for (const auto& s : batch.summaries()) w.newest_ns = std::max(w.newest_ns, s.window_end_ns());
     w.fresh = true;
@@ -133,6 +134,7 @@ std::vector<v1::Alert> Analyzer::run(int64_t now_ns) {
       w.fresh = false;
       // A job never compares with its own baseline (it would learn nothing and alarm on nothing).
       const History* history = baselines_.contains(job_id) ? nullptr : historyFor(w);
+      w.pending = false;
       work.push_back({job_id, &w, w.incoming.takeRecords(), w.newest_ns,
                       history ? std::optional<History>(*history) : std::nullopt});
     }
@@ -180,10 +182,25 @@ JobModel* Analyzer::syncedModel(const std::string& job_id) {
     auto it = jobs_.find(job_id);
     if (it == jobs_.end()) return nullptr;
     w = &it->second;
+    w->pending = false;
     taken = w->incoming.takeRecords();
   }
   w->model.absorb(std::move(taken));
   return &w->model;
+}
+
+void Analyzer::handOver() {
+  std::lock_guard analysis_lock(analysis_mu_);
+  std::vector<std::pair<JobWindow*, JobModel>> taken;
+  {
+    std::lock_guard lock(mu_);
+    for (auto& [job_id, w] : jobs_) {
+      if (!w.pending) continue;
+      w.pending = false;
+      taken.emplace_back(&w, w.incoming.takeRecords());
+    }
+  }
+  for (auto& [w, records] : taken) w->model.absorb(std::move(records));
 }
 
 std::vector<Diagnosis> Analyzer::diagnoseJob(const std::string& job_id) {

@@ -59,7 +59,7 @@ struct AnalyzerOptions {
   size_t max_ops_per_rank = 200000;
   // MODE_SUMMARY ranks' summaries and step sketches older than this (before the rank's newest)
   // are folded into buckets of `fold_bucket_ns` (JobModel::setCompaction); 0: never.
-  int64_t fold_after_ns = 20LL * 1000000000LL;
+  int64_t fold_after_ns = 10LL * 1000000000LL;
   int64_t fold_bucket_ns = 10LL * 1000000000LL;
   int forget_after_runs = 6;
   DiagnoseOptions diagnose;
@@ -79,6 +79,10 @@ class Analyzer {
   void onBatch(const std::string& job_id, int32_t rank, const v1::RecordBatch& batch);
   // Diagnoses every job with new data; returns the alerts raised by this run.
   std::vector<v1::Alert> run(int64_t now_ns);
+  // Moves what arrived into each job's analysed window (folding it) without running the
+  // detectors. The daemon calls it about once a second between runs, so that records wait in
+  // the ingest half for a second rather than a whole run interval (memory per rank).
+  void handOver();
   // The current diagnoses of one job (not deduplicated): the on-demand query.
   std::vector<Diagnosis> diagnoseJob(const std::string& job_id);
   // The records of `ranks` (all when empty) in the job's window, one RecordBatch per rank
@@ -118,6 +122,7 @@ class Analyzer {
     JobModel model;         // under analysis_mu_
     size_t window_ops = 0;  // model.opCount() after the last run (for /metrics), under mu_
     bool fresh = false;     // data since the last run
+    bool pending = false;   // data in `incoming`
     int64_t newest_ns = 0;
     // (kind, ranks) -> runs since it was last seen (0: seen in the last run)
     std::map<std::pair<std::string, std::vector<int>>, int> active;

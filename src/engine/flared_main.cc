@@ -3,6 +3,7 @@
 // thread until SIGINT/SIGTERM. See src/engine/README.md and docs/configuration.md.
 #include <google/protobuf/stubs/logging.h>
 #include <google/protobuf/util/json_util.h>
+#include <malloc.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -95,7 +96,7 @@ std::map<std::string, Flag> defaultFlags() {
   add("maintain-interval-s", "S", "60", "how often retention and the size cap run");
   add("diagnose-interval-s", "S", "10",
       "how often the detectors run over each job's last 2 minutes of records (0: off)");
-  add("fold-after-s", "S", "20",
+  add("fold-after-s", "S", "10",
       "summary-mode ranks' kernel summaries and step sketches older than this are folded into "
       "10-second buckets in the detectors' window (bounds the daemon's memory per rank; 0: never)");
   add("hang-timeout-s", "S", "300",
@@ -167,6 +168,12 @@ bool loadTokens(const std::string& path, IngestConfig* cfg, std::string* error) 
 }  // namespace
 
 int main(int argc, char** argv) {
+  // The detectors' windows are many per-rank vectors that grow, fold and shrink every few
+  // seconds. With glibc's defaults the larger ones are mmap'd and the heap's top is returned to
+  // the kernel, so each regrowth faults in freshly zeroed pages: a quarter of the daemon's CPU
+  // at 10,000 ranks (perf, docs/benchmarks.md). Keep freed memory for reuse instead.
+  mallopt(M_MMAP_THRESHOLD, 32 << 20);
+  mallopt(M_TRIM_THRESHOLD, 512 << 20);
   auto flags = defaultFlags();
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
@@ -456,10 +463,16 @@ int main(int argc, char** argv) {
     analysis = std::thread([&] {
       const auto interval = std::chrono::seconds(diagnose_s);
       auto next = std::chrono::steady_clock::now() + interval;
+      auto next_hand_over = std::chrono::steady_clock::now() + std::chrono::seconds(1);
       bool said = false;
       while (!g_stop) {
         std::this_thread::sleep_for(std::chrono::milliseconds(20));
-        if (std::chrono::steady_clock::now() < next) continue;
+        const auto now = std::chrono::steady_clock::now();
+        if (now >= next_hand_over) {  // arriving records join the analysed window each second
+          analyzer.handOver();
+          next_hand_over = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+        }
+        if (now < next) continue;
         const auto t0 = std::chrono::steady_clock::now();
         deep_trace.onAlerts(analyzer.run(wall.nowNs()), wall.nowNs());
         const auto t1 = std::chrono::steady_clock::now();
