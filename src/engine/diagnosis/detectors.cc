@@ -381,31 +381,36 @@ std::vector<double> issueLatencies(const JobModel& job, const RankData& r,
                                    size_t max_values = SIZE_MAX) {
   std::vector<double> v;
   if (!r.steps.empty()) {
-    std::vector<std::pair<double, uint64_t>> buckets;  // (midpoint, count)
+    const std::vector<const ReceivedStep*> steps = job.receivedSteps(r.rank);
     uint64_t total = 0;
-    auto add = [&](double lo, double hi, uint64_t count) {
-      buckets.emplace_back(0.5 * (lo + hi), count);
-      total += count;
+    for (const ReceivedStep* st : steps) total += st->stats.latency.count();
+    for (const CoarseSteps& c : r.coarse_steps) total += c.latency.count();  // folded steps
+    auto add = [&v](double lo, double hi, uint64_t count) {
+      v.insert(v.end(), count, 0.5 * (lo + hi));
     };
-    for (const ReceivedStep* st : job.receivedSteps(r.rank)) st->stats.latency.forEachBucket(add);
-    for (const CoarseSteps& c : r.coarse_steps) c.latency.forEachBucket(add);  // folded steps
     if (total <= max_values) {
       v.reserve(total);
-      for (const auto& [value, count] : buckets) v.insert(v.end(), count, value);
+      for (const ReceivedStep* st : steps) st->stats.latency.forEachBucket(add);
+      for (const CoarseSteps& c : r.coarse_steps) c.latency.forEachBucket(add);
       return v;
     }
-    std::sort(buckets.begin(), buckets.end());
+    // The quantile sample from the steps' merged sketch (its buckets come in ascending order).
+    stats::LatencySketch merged(timing::StepStats::kStepSketchAccuracy);
+    for (const ReceivedStep* st : steps) merged.merge(st->stats.latency);
+    for (const CoarseSteps& c : r.coarse_steps) merged.merge(c.latency);
     v.reserve(max_values);
-    size_t i = 0;
-    uint64_t below = 0;  // values in buckets before i
-    for (size_t k = 0; k < max_values; ++k) {
-      const auto target =
-          static_cast<uint64_t>((static_cast<double>(k) + 0.5) * static_cast<double>(total) /
-                                static_cast<double>(max_values));
-      while (i + 1 < buckets.size() && below + buckets[i].second <= target)
-        below += buckets[i++].second;
-      v.push_back(buckets[i].first);
-    }
+    uint64_t below = 0;  // values in the buckets before this one
+    size_t k = 0;
+    merged.forEachBucket([&](double lo, double hi, uint64_t count) {
+      for (; k < max_values; ++k) {
+        const auto target = static_cast<uint64_t>((static_cast<double>(k) + 0.5) *
+                                                  static_cast<double>(merged.count()) /
+                                                  static_cast<double>(max_values));
+        if (target >= below + count) break;
+        v.push_back(0.5 * (lo + hi));
+      }
+      below += count;
+    });
     return v;
   }
   const int64_t after = warmupEnd(job, r.rank);
@@ -1027,17 +1032,7 @@ void detectUnoptimized(const JobModel& job, const DiagnoseOptions& opt,
     if (d.count < static_cast<uint64_t>(std::max(opt.min_samples, 1))) continue;
     const auto& sig = job.signatures()[sig_id];
     const double flops = static_cast<double>(sig.flops_per_call() ? sig.flops_per_call() : 0);
-    // The weighted median duration.
-    std::sort(d.values.begin(), d.values.end());
-    uint64_t seen = 0;
-    double m = 0;
-    for (const auto& [value, n] : d.values) {
-      seen += n;
-      if (2 * seen >= d.count) {
-        m = value;
-        break;
-      }
-    }
+    const double m = stats::weightedMedian(d.values, d.count);
     if (m <= 0) continue;
     stats[sig_id] = {(flops > 0 ? flops : static_cast<double>(d.flops)) / m / 1e3, d.time};
     best[sig.dtype()] = std::max(best[sig.dtype()], stats[sig_id].tflops);

@@ -64,7 +64,11 @@ void detectSlowGpuFromSummaries(const JobModel& job, const DiagnoseOptions& opt,
   const size_t per_rank_clusters =
       std::max(kMinClusters, kClusterBudget / std::max<size_t>(job.ranks().size(), 1));
   std::map<uint32_t, std::map<int, Member>> by_sig;
+  // This rank's Member of each signature, looked up once per (rank, signature) rather than once
+  // per window (10,000 ranks hold millions of windows).
+  std::vector<Member*> member_of(job.signatures().size(), nullptr);
   for (const auto& [rank, r] : job.ranks()) {
+    std::fill(member_of.begin(), member_of.end(), nullptr);
     // The warm-up step (first launches, allocator growth) is left out as in raw mode: ranks close
     // a summary window at their first two step boundaries, so windows that start before the
     // second boundary hold the warm-up; skipped when the rank has later windows.
@@ -76,7 +80,9 @@ void detectSlowGpuFromSummaries(const JobModel& job, const DiagnoseOptions& opt,
       const SummaryWindow& w = *it;
       if (!isComputeKind(job.signatures()[w.sig].kind())) continue;
       if (has_later && w.start < warm) continue;
-      Member& m = by_sig[w.sig][rank];
+      Member*& slot = member_of[w.sig];
+      if (slot == nullptr) slot = &by_sig[w.sig][rank];
+      Member& m = *slot;
       if (m.clusters.size() < per_rank_clusters)
         m.clusters.insert(m.clusters.end(), w.clusters.begin(), w.clusters.end());
       m.count += w.count();

@@ -56,4 +56,26 @@ double stddev(std::span<const double> x) {
   return std::sqrt(ss / static_cast<double>(x.size() - 1));
 }
 
+double weightedMedian(std::vector<std::pair<double, uint64_t>>& v, uint64_t total) {
+  uint64_t need = (total + 1) / 2;  // 2·seen ≥ total
+  size_t lo = 0, hi = v.size();
+  while (lo < hi) {
+    const size_t mid = lo + (hi - lo) / 2;
+    const auto first = v.begin() + static_cast<std::ptrdiff_t>(lo);
+    std::nth_element(first, v.begin() + static_cast<std::ptrdiff_t>(mid),
+                     v.begin() + static_cast<std::ptrdiff_t>(hi));
+    uint64_t left = 0;
+    for (size_t i = lo; i < mid; ++i) left += v[i].second;
+    if (left >= need) {
+      hi = mid;
+    } else if (left + v[mid].second >= need) {
+      return v[mid].first;
+    } else {
+      need -= left + v[mid].second;
+      lo = mid + 1;
+    }
+  }
+  return v.empty() ? 0 : v[std::min(lo, v.size() - 1)].first;
+}
+
 }  // namespace flare::stats

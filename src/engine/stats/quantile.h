@@ -6,7 +6,9 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <span>
+#include <utility>
 #include <vector>
 
 namespace flare::stats {
@@ -19,6 +21,11 @@ double quantileSorted(std::span<const double> sorted, double q);
 // The same for an unsorted sample, in O(n) with nth_element. Reorders `values`.
 double quantileInPlace(std::vector<double>& values, double q);
 double quantileInPlace(std::span<double> values, double q);
+
+// The weighted (lower) median of (value, count) pairs whose counts sum to `total`: the smallest
+// value whose cumulative count (in ascending order) reaches half of `total` — what sorting and
+// scanning gives, by weighted selection in O(n) expected. Reorders `v`; 0 when empty.
+double weightedMedian(std::vector<std::pair<double, uint64_t>>& v, uint64_t total);
 
 // Arithmetic mean (NaN when empty).
 double mean(std::span<const double> x);

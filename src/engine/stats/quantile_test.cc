@@ -2,7 +2,9 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <random>
 #include <vector>
 
 namespace flare::stats {
@@ -28,6 +30,34 @@ TEST(Quantile, MeanAndSampleStddev) {
   EXPECT_DOUBLE_EQ(mean(x), 5);
   EXPECT_DOUBLE_EQ(stddev(x), std::sqrt(32.0 / 7));  // Σ(x−5)² = 32, n−1 = 7
   EXPECT_EQ(stddev(std::vector<double>{3}), 0);
+}
+
+TEST(Quantile, WeightedMedianEqualsSortAndScan) {
+  std::mt19937 rng(3);
+  std::uniform_int_distribution<int> value(0, 50), count(0, 9);
+  for (size_t n : {1u, 2u, 3u, 10u, 101u, 5000u}) {
+    std::vector<std::pair<double, uint64_t>> v(n);
+    uint64_t total = 0;
+    for (auto& [x, c] : v) {
+      x = value(rng) * 0.5;
+      c = static_cast<uint64_t>(count(rng));
+      total += c;
+    }
+    auto sorted = v;
+    std::sort(sorted.begin(), sorted.end());
+    double want = 0;
+    uint64_t seen = 0;
+    for (const auto& [x, c] : sorted) {
+      seen += c;
+      if (2 * seen >= total) {
+        want = x;
+        break;
+      }
+    }
+    EXPECT_EQ(weightedMedian(v, total), want) << n;
+  }
+  std::vector<std::pair<double, uint64_t>> none;
+  EXPECT_EQ(weightedMedian(none, 0), 0.0);
 }
 
 }  // namespace
