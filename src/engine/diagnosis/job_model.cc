@@ -120,6 +120,8 @@ void JobModel::addBatch(int rank, const flare::v1::RecordBatch& batch) {
       dc.p99 = std::max(dc.p50, static_cast<double>(c.p99_ns()));
       dc.sum = static_cast<double>(std::max<int64_t>(0, c.sum_ns()));
       w.clusters.push_back(dc);
+      w.n += dc.count;
+      w.sum_ns += dc.sum;
     }
     const auto& sig_row = signatures_[w.sig];
     w.flops = ks.flops() != 0 ? static_cast<double>(ks.flops())
@@ -334,6 +336,8 @@ void JobModel::compactRank(RankData& r) {
     into.end = std::max(into.end, w.end);
     into.flops += w.flops;
     into.bytes += w.bytes;
+    into.n += w.n;
+    into.sum_ns += w.sum_ns;
     into.clusters.insert(into.clusters.end(), w.clusters.begin(), w.clusters.end());
     foldClusters(&into.clusters);
   }
@@ -434,18 +438,6 @@ std::optional<flare::v1::RecordBatch> JobModel::rankBatch(int rank) const {
   if (!r.device_name.empty()) b.mutable_device()->set_name(r.device_name);
   *b.mutable_drops() = r.drops;
   return b;
-}
-
-uint64_t SummaryWindow::count() const {
-  uint64_t n = 0;
-  for (const auto& c : clusters) n += c.count;
-  return n;
-}
-
-double SummaryWindow::sumNs() const {
-  double s = 0;
-  for (const auto& c : clusters) s += c.sum;
-  return s;
 }
 
 void JobModel::trim(int64_t before_ns, size_t max_ops_per_rank) {

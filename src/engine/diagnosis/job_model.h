@@ -64,8 +64,12 @@ struct SummaryWindow {
   std::vector<stats::DurationCluster> clusters;
   double flops = 0;  // totals over the window's ops (the signature's per-call figures × count
   double bytes = 0;  // when the rank sent none)
-  uint64_t count() const;
-  double sumNs() const;
+  // The clusters' total count and duration, kept by JobModel with `clusters` (read for every
+  // window by the detectors: without following the clusters' heap block).
+  uint64_t n = 0;
+  double sum_ns = 0;
+  uint64_t count() const { return n; }
+  double sumNs() const { return sum_ns; }
 };
 
 // One step's statistics as the rank computed them (MODE_SUMMARY, RecordBatch.step_stats): the

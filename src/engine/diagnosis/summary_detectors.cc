@@ -67,6 +67,9 @@ void detectSlowGpuFromSummaries(const JobModel& job, const DiagnoseOptions& opt,
   // This rank's Member of each signature, looked up once per (rank, signature) rather than once
   // per window (10,000 ranks hold millions of windows).
   std::vector<Member*> member_of(job.signatures().size(), nullptr);
+  std::vector<char> compute(job.signatures().size());
+  for (size_t i = 0; i < compute.size(); ++i)
+    compute[i] = isComputeKind(job.signatures()[i].kind());
   for (const auto& [rank, r] : job.ranks()) {
     std::fill(member_of.begin(), member_of.end(), nullptr);
     // The warm-up step (first launches, allocator growth) is left out as in raw mode: ranks close
@@ -78,8 +81,7 @@ void detectSlowGpuFromSummaries(const JobModel& job, const DiagnoseOptions& opt,
                                        [warm](const SummaryWindow& w) { return w.start >= warm; });
     for (auto it = r.summaries.rbegin(); it != r.summaries.rend(); ++it) {
       const SummaryWindow& w = *it;
-      if (!isComputeKind(job.signatures()[w.sig].kind())) continue;
-      if (has_later && w.start < warm) continue;
+      if (!compute[w.sig] || (has_later && w.start < warm)) continue;
       Member*& slot = member_of[w.sig];
       if (slot == nullptr) slot = &by_sig[w.sig][rank];
       Member& m = *slot;
