@@ -517,6 +517,8 @@ JobModel JobModel::onlySteps(const std::vector<size_t>& steps) const {
     const auto starts = stepStarts(rank);
     RankData& o = out.ranks_[rank];
     copyRankIdentity(r, &o);
+    if (starts.size() >= 2)
+      o.warmup_end_ns = r.warmup_end_ns != INT64_MIN ? r.warmup_end_ns : starts[1];
     std::vector<std::pair<int64_t, int64_t>> kept;
     for (size_t k : steps) {
       if (k + 1 < starts.size()) kept.emplace_back(starts[k], starts[k + 1]);
@@ -558,6 +560,8 @@ JobModel JobModel::sinceStep(size_t step) const {
     const auto starts = stepStarts(rank);
     RankData& o = out.ranks_[rank];
     copyRankIdentity(r, &o);
+    if (starts.size() >= 2)
+      o.warmup_end_ns = r.warmup_end_ns != INT64_MIN ? r.warmup_end_ns : starts[1];
     if (starts.size() <= step) continue;
     const int64_t t0 = starts[step];
     for (const Op& op : r.ops) {

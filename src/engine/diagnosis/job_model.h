@@ -105,7 +105,11 @@ struct RankData {
   uint64_t bad_step_stats = 0;       // step statistics that did not decode (ignored)
   std::vector<int64_t> step_starts;  // explicit step markers, if the rank sent any
   uint64_t step_samples = 0;         // batch size of its latest step marker (0: ?)
-  flare::v1::DropCounters drops;     // the latest cumulative counters
+  // A view of some steps (sinceStep, onlySteps): the end of the rank's warm-up in the whole
+  // model (its second step boundary), which the view's own first steps are not. INT64_MIN: the
+  // model's own (stepStarts()[1]).
+  int64_t warmup_end_ns = INT64_MIN;
+  flare::v1::DropCounters drops;  // the latest cumulative counters
   // Encoded size of each batch (its created_ns, bytes): what the rank sends per step.
   std::vector<std::pair<int64_t, uint64_t>> batch_bytes;
   std::unordered_map<uint32_t, uint32_t> sig_ids;  // rank's signature id -> job id

@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <utility>
+#include <vector>
 
 #include "src/engine/diagnosis/detectors.h"
 #include "src/engine/diagnosis/job_model.h"
@@ -101,6 +103,55 @@ TEST(SummaryGpuSlow, TenThousandRanksNameTheSlowOneQuickly) {
   EXPECT_EQ(found[0].ranks, std::vector<int>{7777});
   EXPECT_NEAR(found[0].severity, 0.25, 0.01);
   RecordProperty("diagnose_seconds", std::to_string(seconds));
+}
+
+TEST(SummaryGpuSlow, FailSlowViewKeepsAWindowThatStraddlesTheOnset) {
+  // A short job (16 steps of 60 ms, then 70 ms from step 8: rank 3's GPU slowed): each rank's
+  // summary window after its warm-up covers steps 2..14 whole, and the exit's flush step 15. The
+  // fail-slow view keeps the long window (it straddles the onset) and must not take it for the
+  // view's warm-up (which would leave only the flush's 2 ops, too few to compare).
+  JobModel model;
+  for (int r = 0; r < 8; ++r) {
+    flare::v1::RecordBatch b;
+    b.set_rank(r);
+    auto* sig = b.add_signatures();
+    sig->set_id(1);
+    sig->set_name("cublasGemmEx");
+    sig->set_kind(flare::v1::OP_KIND_GEMM);
+    sig->add_shape(8192);
+    std::vector<int64_t> starts;
+    int64_t t = 1'000'000'000;
+    for (int k = 0; k <= 16; ++k) {
+      starts.push_back(t);
+      if (k < 16) b.add_steps()->set_start_ns(t);
+      t += k < 8 ? 60'000'000 : 70'000'000;
+    }
+    auto window = [&](int64_t a, int64_t e, uint64_t fast, uint64_t slow) {
+      auto* w = b.add_summaries();
+      w->set_signature_id(1);
+      w->set_stream_id(7);
+      w->set_window_start_ns(a);
+      w->set_window_end_ns(e);
+      for (auto [n, p50] : {std::pair{fast, 1'892'784.0}, std::pair{slow, 1'892'784.0 * 1.25}}) {
+        if (n == 0) continue;
+        auto* c = w->add_clusters();
+        c->set_count(n);
+        c->set_p50_ns(static_cast<int64_t>(p50));
+        c->set_p99_ns(static_cast<int64_t>(p50 * 1.01));
+        c->set_sum_ns(static_cast<int64_t>(p50 * static_cast<double>(n)));
+      }
+    };
+    window(starts[0], starts[1], 20, 0);  // the warm-up windows, closed at the boundaries
+    window(starts[1], starts[2], 20, 0);
+    window(starts[2], starts[15], r == 3 ? 120 : 260, r == 3 ? 140 : 0);
+    window(starts[15], starts[16], r == 3 ? 0 : 2, r == 3 ? 2 : 0);  // the exit's flush: 2 ops
+    model.addBatch(r, b);
+  }
+  const auto found = diagnose(model, DiagnoseOptions{});
+  ASSERT_EQ(found.size(), 1u);
+  EXPECT_EQ(found[0].kind, "gpu_slow");
+  EXPECT_EQ(found[0].ranks, std::vector<int>{3});
+  EXPECT_EQ(found[0].evidence[0].text.rfind("fail-slow", 0), 0u) << found[0].evidence[0].text;
 }
 
 }  // namespace
