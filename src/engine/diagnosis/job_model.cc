@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <tuple>
 #include <unordered_map>
 #include <utility>
 
@@ -303,43 +304,49 @@ void JobModel::compactRank(RankData& r) {
   const int64_t warm = starts[1];
   const int64_t cutoff = r.newest_ns - compact_fine_ns_;
   // Kernel summaries: [coarse..., fine...] → [coarse + newly folded..., the rest of fine...].
-  struct Key {
+  // The windows to fold are sorted by (bucket, signature, stream, position) and each run of one
+  // key merged: no per-window allocation (a hash map's nodes were a fifth of flared's CPU at
+  // 10,000 ranks), and the folded windows come in bucket order.
+  struct Keyed {
+    int64_t bucket;
     uint32_t sig;
     uint64_t stream;
-    int64_t bucket;
-    bool operator==(const Key&) const = default;
+    size_t index;
+    auto tie() const { return std::tie(bucket, sig, stream, index); }
   };
-  struct KeyHash {
-    size_t operator()(const Key& k) const {
-      return std::hash<uint64_t>()(k.stream * 0x9e3779b97f4a7c15ULL ^
-                                   (static_cast<uint64_t>(k.bucket) << 20) ^ k.sig);
-    }
-  };
-  std::unordered_map<Key, size_t, KeyHash> index;
-  std::vector<SummaryWindow> folded, fine;
-  folded.reserve(r.coarse_summaries + 64);
+  std::vector<Keyed> keyed;
+  std::vector<SummaryWindow> fine;
+  keyed.reserve(r.summaries.size());
   for (size_t i = 0; i < r.summaries.size(); ++i) {
     SummaryWindow& w = r.summaries[i];
-    const bool coarse = i < r.coarse_summaries;
-    if (!coarse && (w.end >= cutoff || w.start < warm)) {
+    if (i >= r.coarse_summaries && (w.end >= cutoff || w.start < warm)) {
       fine.push_back(std::move(w));
       continue;
     }
-    const Key key{w.sig, w.stream, floorDiv(w.start, compact_bucket_ns_)};
-    auto [it, inserted] = index.try_emplace(key, folded.size());
-    if (inserted) {
-      folded.push_back(std::move(w));
-      continue;
+    keyed.push_back({floorDiv(w.start, compact_bucket_ns_), w.sig, w.stream, i});
+  }
+  std::sort(keyed.begin(), keyed.end(),
+            [](const Keyed& a, const Keyed& b) { return a.tie() < b.tie(); });
+  std::vector<SummaryWindow> folded;
+  folded.reserve(keyed.size() / 2 + fine.size() + 1);
+  for (size_t a = 0; a < keyed.size();) {
+    size_t b = a + 1;
+    SummaryWindow into = std::move(r.summaries[keyed[a].index]);
+    for (; b < keyed.size() && keyed[b].bucket == keyed[a].bucket && keyed[b].sig == keyed[a].sig &&
+           keyed[b].stream == keyed[a].stream;
+         ++b) {
+      const SummaryWindow& w = r.summaries[keyed[b].index];
+      into.start = std::min(into.start, w.start);
+      into.end = std::max(into.end, w.end);
+      into.flops += w.flops;
+      into.bytes += w.bytes;
+      into.n += w.n;
+      into.sum_ns += w.sum_ns;
+      into.clusters.insert(into.clusters.end(), w.clusters.begin(), w.clusters.end());
     }
-    SummaryWindow& into = folded[it->second];
-    into.start = std::min(into.start, w.start);
-    into.end = std::max(into.end, w.end);
-    into.flops += w.flops;
-    into.bytes += w.bytes;
-    into.n += w.n;
-    into.sum_ns += w.sum_ns;
-    into.clusters.insert(into.clusters.end(), w.clusters.begin(), w.clusters.end());
-    foldClusters(&into.clusters);
+    if (b - a > 1) foldClusters(&into.clusters);
+    folded.push_back(std::move(into));
+    a = b;
   }
   r.coarse_summaries = folded.size();
   folded.insert(folded.end(), std::make_move_iterator(fine.begin()),
