@@ -12,6 +12,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -109,6 +110,10 @@ class FakeDeviceTimer : public DeviceTimer {
       ev->gpu_ns = clock_->nowNs() + offset(device);
     }
     *event = ev;
+    if (after_reference_) {  // e.g. the caller's thread preempted right after the call
+      after_reference_();
+      after_reference_ = nullptr;
+    }
     return true;
   }
 
@@ -170,6 +175,12 @@ class FakeDeviceTimer : public DeviceTimer {
     std::lock_guard<std::mutex> lock(mu_);
     hold_references_ = on;
   }
+  // Runs `fn` once inside the next recordReference, after the reference is stamped.
+  void afterNextReference(std::function<void()> fn) {
+    std::lock_guard<std::mutex> lock(mu_);
+    after_reference_ = std::move(fn);
+  }
+
   void releaseReferences() {
     std::lock_guard<std::mutex> lock(mu_);
     for (Ev* ev : held_) {
@@ -232,6 +243,7 @@ class FakeDeviceTimer : public DeviceTimer {
   }
 
   const common::Clock* clock_;
+  std::function<void()> after_reference_;  // runs once, inside the next recordReference
   std::mutex mu_;
   std::vector<std::unique_ptr<Ev>> events_;
   std::map<void*, std::deque<Ev*>> pending_;

@@ -67,7 +67,12 @@ constexpr size_t kEmitBatch = 1024;    // CompletedOps per Sink::onOps call at m
 constexpr int64_t kDrainPollNs = 1'000'000;  // poll at least this often while drain() waits
 constexpr int64_t kMinPollNs = 10'000;
 constexpr int64_t kMaxWaitNs = 100'000'000'000'000'000;  // ~3 years: no overflow in wait_for
-constexpr int kReferenceAttempts = 3;       // before a device without calibration drops its ops
+constexpr int kReferenceAttempts = 3;  // before a device without calibration drops its ops
+// A reference whose record call took longer than this to bracket (the poller preempted around
+// it) may be off by that much: it is taken again after kLooseRetryNs, and replaces the one in
+// use only if it is tighter.
+constexpr int64_t kTightReferenceNs = 100'000;
+constexpr int64_t kLooseRetryNs = 50'000'000;
 constexpr int kMaxDevices = 1024;           // device ordinals index the pool's free lists
 constexpr int kReturnTries = 8;             // passes the poller may defer returning events
 constexpr size_t kMaxIdleQueues = 256;      // stream queues kept while empty
@@ -166,11 +171,14 @@ struct StreamKeyHash {
 struct DeviceCal {
   void* ref = nullptr;  // completed reference in use
   int64_t ref_host_ns = 0;
-  void* pending = nullptr;  // recorded, not completed yet; replaces `ref` when it completes
+  int64_t ref_width_ns = 0;  // host time around its recordReference call
+  void* pending = nullptr;   // recorded, not completed yet; replaces `ref` when it completes
   int64_t pending_host_ns = 0;
-  int64_t attempt_ns = 0;  // host time of the last recordReference()
-  int failures = 0;        // consecutive failed attempts
-  bool broken = false;     // no reference after kReferenceAttempts tries: its ops are dropped
+  int64_t pending_width_ns = 0;
+  bool retry_soon = false;  // the last reference was loose (wider than kTightReferenceNs)
+  int64_t attempt_ns = 0;   // host time of the last recordReference()
+  int failures = 0;         // consecutive failed attempts
+  bool broken = false;      // no reference after kReferenceAttempts tries: its ops are dropped
 };
 
 bool sameCounters(const DropCounters& a, const DropCounters& b) {
@@ -934,7 +942,12 @@ void Tracer::Impl::emitDeepTrace() {
 //   - drift between recalibrations: the GPU clock against CLOCK_MONOTONIC, times the age of
 //     the reference (e.g. 10 ppm × 10 s = 100 µs at worst with the default recalibrate_ns;
 //     durations on the GPU, end - start, carry only drift × duration);
-//   - the resolution of elapsedNs (cudaEventElapsedTime: about 0.5 µs).
+//   - the resolution of elapsedNs (cudaEventElapsedTime: about 0.5 µs);
+//   - a preemption of the poller between the record call and the host read puts every mapped
+//     time late by its length: the host clock is read around the call, and a reference whose
+//     bracket is wider than kTightReferenceNs is recorded again kLooseRetryNs later, the
+//     tighter one kept (one such 0.67 ms offset on one rank of a loaded 2-core machine made a
+//     healthy communicator look 25% slow, docs/benchmarks.md).
 // A new reference is recorded every
 // recalibrate_ns; the old one stays in use until the new one completes, so ops are never held
 // back by a recalibration. Ops of a device wait (in their queue) only until its first
@@ -943,13 +956,16 @@ void Tracer::Impl::calibrate() {
   const int64_t now_ns = clock_->nowNs();
   for (auto& [device, cal] : cals_) {
     if (cal.pending == nullptr) {
-      const bool due =
-          (cal.ref == nullptr && !cal.broken) || now_ns - cal.attempt_ns >= opts_.recalibrate_ns;
+      const bool due = (cal.ref == nullptr && !cal.broken) ||
+                       now_ns - cal.attempt_ns >= opts_.recalibrate_ns ||
+                       (cal.retry_soon && now_ns - cal.attempt_ns >= kLooseRetryNs);
       if (due) {
         void* event = nullptr;
+        const int64_t before = clock_->nowNs();
         if (timer_->recordReference(device, &event) && event != nullptr) {
           cal.pending = event;
           cal.pending_host_ns = clock_->nowNs();
+          cal.pending_width_ns = cal.pending_host_ns - before;
           cal.attempt_ns = cal.pending_host_ns;
         } else {
           referenceFailed(device, cal, now_ns);
@@ -958,14 +974,23 @@ void Tracer::Impl::calibrate() {
     }
     if (cal.pending != nullptr) {
       switch (timer_->queryEvent(cal.pending)) {
-        case DeviceTimer::Status::kReady:
+        case DeviceTimer::Status::kReady: {
+          const bool loose = cal.pending_width_ns > kTightReferenceNs;
+          cal.retry_soon = loose;
+          cal.failures = 0;
+          if (cal.ref != nullptr && loose && cal.pending_width_ns > cal.ref_width_ns) {
+            timer_->destroyEvent(cal.pending);  // the one in use is tighter
+            cal.pending = nullptr;
+            break;
+          }
           if (cal.ref != nullptr) timer_->destroyEvent(cal.ref);
           cal.ref = cal.pending;
           cal.ref_host_ns = cal.pending_host_ns;
+          cal.ref_width_ns = cal.pending_width_ns;
           cal.pending = nullptr;
-          cal.failures = 0;
           cal.broken = false;
           break;
+        }
         case DeviceTimer::Status::kNotReady:
           break;
         case DeviceTimer::Status::kError:

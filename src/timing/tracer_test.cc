@@ -247,6 +247,39 @@ TEST_F(TracerTest, ClockMappingFollowsRecalibrationAndDevices) {
   EXPECT_EQ(timer_.misuse(), 0);  // no elapsedNs across devices, no event of the wrong device
 }
 
+TEST_F(TracerTest, ALooseReferenceIsTakenAgainAndTheTighterOneMapsTimes) {
+  // The poller is preempted for 700 µs right after recording the first reference: mapped with
+  // it, every time would be 700 µs late. The reference is taken again 50 ms later, tight, and
+  // replaces it.
+  timer_.afterNextReference([this] { clock_.advanceNs(700'000); });
+  TracerOptions opts = quietOptions();
+  Tracer tracer(&timer_, &clock_, &sink_, opts);
+  // The op in flight is pending while the references come and go: each drain() with a short
+  // wait runs one poller pass and reports (false) that the op has not completed.
+  constexpr int64_t kOnePass = 1'000'000;
+  ASSERT_TRUE(launch(tracer, kStreamA, opInfo(1)));
+  EXPECT_FALSE(tracer.drain(kOnePass));  // records the loose reference (adopted: no other)
+  EXPECT_EQ(timer_.references(), 1);
+  clock_.advanceNs(10'000'000);
+  EXPECT_FALSE(tracer.drain(kOnePass));  // not yet due again
+  EXPECT_EQ(timer_.references(), 1);
+  clock_.advanceNs(50'000'000);
+  EXPECT_FALSE(tracer.drain(kOnePass));  // the retry, tight: adopted
+  EXPECT_EQ(timer_.references(), 2);
+  EXPECT_EQ(timer_.liveReferences(), 1);
+  const int64_t host = clock_.nowNs() + 5'000;
+  ASSERT_TRUE(timer_.completeOp(kStreamA, host, host + 3'000));
+  ASSERT_TRUE(tracer.drain(kLongWait));
+  const std::vector<CompletedOp> ops = sink_.ops();
+  ASSERT_EQ(ops.size(), 1u);
+  EXPECT_EQ(ops[0].start_ns, host);  // not host + 700 µs
+  EXPECT_EQ(ops[0].end_ns, host + 3'000);
+  // Tight now: no more retries until recalibrate_ns.
+  clock_.advanceNs(200'000'000);
+  ASSERT_TRUE(tracer.drain(kLongWait));
+  EXPECT_EQ(timer_.references(), 2);
+}
+
 TEST_F(TracerTest, OpsWaitForTheFirstReferenceAndOldReferenceServesUntilTheNewCompletes) {
   int64_t offset = 1'000'000;
   timer_.setGpuOffset(0, offset);
