@@ -134,8 +134,7 @@ std::vector<v1::Alert> Analyzer::run(int64_t now_ns) {
       w.fresh = false;
       // A job never compares with its own baseline (it would learn nothing and alarm on nothing).
       const History* history = baselines_.contains(job_id) ? nullptr : historyFor(w);
-      w.pending = false;
-      work.push_back({job_id, &w, w.incoming.takeRecords(), w.newest_ns,
+      work.push_back({job_id, &w, takePending(w), w.newest_ns,
                       history ? std::optional<History>(*history) : std::nullopt});
     }
   }
@@ -174,6 +173,11 @@ std::vector<v1::Alert> Analyzer::run(int64_t now_ns) {
   return raised;
 }
 
+JobModel Analyzer::takePending(JobWindow& w) {
+  w.pending = false;
+  return w.incoming.takeRecords();
+}
+
 JobModel* Analyzer::syncedModel(const std::string& job_id) {
   JobWindow* w = nullptr;
   JobModel taken;
@@ -182,8 +186,7 @@ JobModel* Analyzer::syncedModel(const std::string& job_id) {
     auto it = jobs_.find(job_id);
     if (it == jobs_.end()) return nullptr;
     w = &it->second;
-    w->pending = false;
-    taken = w->incoming.takeRecords();
+    taken = takePending(*w);
   }
   w->model.absorb(std::move(taken));
   return &w->model;
@@ -195,9 +198,7 @@ void Analyzer::handOver() {
   {
     std::lock_guard lock(mu_);
     for (auto& [job_id, w] : jobs_) {
-      if (!w.pending) continue;
-      w.pending = false;
-      taken.emplace_back(&w, w.incoming.takeRecords());
+      if (w.pending) taken.emplace_back(&w, takePending(w));
     }
   }
   for (auto& [w, records] : taken) w->model.absorb(std::move(records));

@@ -138,6 +138,8 @@ class Analyzer {
   // The job's analysed window with everything that arrived moved into it; null for an unknown
   // job. Caller holds analysis_mu_ (not mu_, which this takes).
   JobModel* syncedModel(const std::string& job_id);
+  // What arrived in `w.incoming` since the last hand-over (JobModel::takeRecords). Under mu_.
+  static JobModel takePending(JobWindow& w);
   static int32_t scaleOf(const JobWindow& w);
   static void noteBackend(JobWindow& w, int32_t rank, const std::string& device_name);
   // A job no longer in memory (flared restarted, or it left the window), rebuilt from the store:

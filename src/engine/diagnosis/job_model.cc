@@ -129,7 +129,9 @@ void JobModel::addBatch(int rank, const flare::v1::RecordBatch& batch) {
                               : static_cast<double>(w.count()) * sig_row.flops_per_call();
     w.bytes = ks.bytes() != 0 ? static_cast<double>(ks.bytes())
                               : static_cast<double>(w.count()) * sig_row.bytes_per_call();
-    if (!w.clusters.empty()) r.summaries.push_back(std::move(w));
+    if (w.clusters.empty()) continue;
+    r.newest_ns = std::max(r.newest_ns, w.end);
+    r.summaries.push_back(std::move(w));
   }
   for (const auto& st : batch.step_stats()) {
     ReceivedStep rs;
@@ -156,6 +158,7 @@ void JobModel::addBatch(int rank, const flare::v1::RecordBatch& batch) {
           reinterpret_cast<const uint8_t*>(c.issue_latency().data()), c.issue_latency().size()));
       if (sketch) rs.causes.emplace_back(internApi(c.name()), std::move(*sketch));
     }
+    r.newest_ns = std::max(r.newest_ns, rs.stats.end_ns);
     r.steps.push_back(std::move(rs));
   }
   for (const auto& st : batch.steps()) {
@@ -167,11 +170,7 @@ void JobModel::addBatch(int rank, const flare::v1::RecordBatch& batch) {
 }
 
 void JobModel::maybeCompact(RankData& r) {
-  if (compact_fine_ns_ <= 0) return;
-  for (size_t i = r.coarse_summaries; i < r.summaries.size(); ++i)
-    r.newest_ns = std::max(r.newest_ns, r.summaries[i].end);
-  if (!r.steps.empty()) r.newest_ns = std::max(r.newest_ns, r.steps.back().stats.end_ns);
-  if (r.newest_ns == INT64_MIN) return;
+  if (compact_fine_ns_ <= 0 || r.newest_ns == INT64_MIN) return;
   if (r.next_compaction_ns == INT64_MIN) r.next_compaction_ns = r.newest_ns + compact_fine_ns_;
   if (r.newest_ns >= r.next_compaction_ns) compactRank(r);
 }
@@ -181,20 +180,15 @@ JobModel JobModel::takeRecords() {
   for (auto& [rank, r] : ranks_) {
     RankData& o = out.ranks_[rank];
     copyRankIdentity(r, &o);
-    o.ops = std::move(r.ops);
-    o.spans = std::move(r.spans);
-    o.summaries = std::move(r.summaries);
-    o.steps = std::move(r.steps);
-    o.step_starts = std::move(r.step_starts);
-    o.batch_bytes = std::move(r.batch_bytes);
+    o.newest_ns = r.newest_ns;
+    o.ops = std::exchange(r.ops, {});
+    o.spans = std::exchange(r.spans, {});
+    o.summaries = std::exchange(r.summaries, {});
+    o.steps = std::exchange(r.steps, {});
+    o.step_starts = std::exchange(r.step_starts, {});
+    o.batch_bytes = std::exchange(r.batch_bytes, {});
     o.unknown_signature_records = std::exchange(r.unknown_signature_records, 0);
     o.bad_step_stats = std::exchange(r.bad_step_stats, 0);
-    r.ops.clear();  // moved-from vectors: valid, and empty from here on
-    r.spans.clear();
-    r.summaries.clear();
-    r.steps.clear();
-    r.step_starts.clear();
-    r.batch_bytes.clear();
   }
   return out;
 }
@@ -224,6 +218,7 @@ void JobModel::absorb(JobModel&& newer) {
     append(r.batch_bytes, n.batch_bytes);
     r.unknown_signature_records += n.unknown_signature_records;
     r.bad_step_stats += n.bad_step_stats;
+    r.newest_ns = std::max(r.newest_ns, n.newest_ns);
     maybeCompact(r);
   }
 }
@@ -299,9 +294,8 @@ void mergeSketch(std::vector<std::pair<uint32_t, stats::LatencySketch>>* into, u
 
 void JobModel::compactRank(RankData& r) {
   r.next_compaction_ns = r.newest_ns + compact_bucket_ns_;
-  const std::vector<int64_t> starts = stepStarts(r.rank);
-  if (starts.size() < 2) return;  // the warm-up is not known yet: nothing is folded
-  const int64_t warm = starts[1];
+  const int64_t warm = warmupEnd(r.rank);
+  if (warm == INT64_MIN) return;  // the warm-up is not known yet: nothing is folded
   const int64_t cutoff = r.newest_ns - compact_fine_ns_;
   // Kernel summaries: [coarse..., fine...] → [coarse + newly folded..., the rest of fine...].
   // The windows to fold are sorted by (bucket, signature, stream, position) and each run of one
@@ -447,6 +441,25 @@ std::optional<flare::v1::RecordBatch> JobModel::rankBatch(int rank) const {
   return b;
 }
 
+namespace {
+
+// Removes the windows `drop` selects, keeping RankData::coarse_summaries the count of the folded
+// ones still at the front.
+template <typename Pred>
+void eraseSummaries(RankData* r, Pred drop) {
+  size_t kept = 0, kept_coarse = 0;
+  for (size_t i = 0; i < r->summaries.size(); ++i) {
+    if (drop(r->summaries[i])) continue;
+    if (i < r->coarse_summaries) ++kept_coarse;
+    if (kept != i) r->summaries[kept] = std::move(r->summaries[i]);
+    ++kept;
+  }
+  r->summaries.resize(kept);
+  r->coarse_summaries = kept_coarse;
+}
+
+}  // namespace
+
 void JobModel::trim(int64_t before_ns, size_t max_ops_per_rank) {
   for (auto& [rank, r] : ranks_) {
     std::erase_if(r.ops, [before_ns](const Op& op) { return op.end < before_ns; });
@@ -456,17 +469,7 @@ void JobModel::trim(int64_t before_ns, size_t max_ops_per_rank) {
       r.ops.erase(r.ops.begin(), r.ops.end() - static_cast<std::ptrdiff_t>(max_ops_per_rank));
     }
     std::erase_if(r.spans, [before_ns](const Span& s) { return s.end < before_ns; });
-    {
-      size_t kept = 0, kept_coarse = 0;
-      for (size_t i = 0; i < r.summaries.size(); ++i) {
-        if (r.summaries[i].end < before_ns) continue;
-        if (i < r.coarse_summaries) ++kept_coarse;
-        if (kept != i) r.summaries[kept] = std::move(r.summaries[i]);
-        ++kept;
-      }
-      r.summaries.resize(kept);
-      r.coarse_summaries = kept_coarse;
-    }
+    eraseSummaries(&r, [before_ns](const SummaryWindow& w) { return w.end < before_ns; });
     std::erase_if(r.coarse_steps, [before_ns](const CoarseSteps& c) { return c.end < before_ns; });
     std::erase_if(r.steps,
                   [before_ns](const ReceivedStep& st) { return st.stats.end_ns < before_ns; });
@@ -483,17 +486,7 @@ JobModel JobModel::untilStep(size_t step) const {
     const int64_t t1 = starts[step];
     std::erase_if(o.ops, [t1](const Op& op) { return op.issue >= t1; });
     std::erase_if(o.spans, [t1](const Span& sp) { return sp.start > t1; });  // keeps the boundary
-    {
-      size_t kept = 0, kept_coarse = 0;
-      for (size_t i = 0; i < o.summaries.size(); ++i) {
-        if (o.summaries[i].start >= t1) continue;
-        if (i < o.coarse_summaries) ++kept_coarse;
-        if (kept != i) o.summaries[kept] = std::move(o.summaries[i]);
-        ++kept;
-      }
-      o.summaries.resize(kept);
-      o.coarse_summaries = kept_coarse;
-    }
+    eraseSummaries(&o, [t1](const SummaryWindow& w) { return w.start >= t1; });
     std::erase_if(o.coarse_steps, [t1](const CoarseSteps& c) { return c.start >= t1; });
     std::erase_if(o.steps, [t1](const ReceivedStep& st) { return st.stats.start_ns >= t1; });
     std::erase_if(o.step_starts, [t1](int64_t t) { return t > t1; });
@@ -524,8 +517,7 @@ JobModel JobModel::onlySteps(const std::vector<size_t>& steps) const {
     const auto starts = stepStarts(rank);
     RankData& o = out.ranks_[rank];
     copyRankIdentity(r, &o);
-    if (starts.size() >= 2)
-      o.warmup_end_ns = r.warmup_end_ns != INT64_MIN ? r.warmup_end_ns : starts[1];
+    o.warmup_end_ns = warmupEnd(rank);
     std::vector<std::pair<int64_t, int64_t>> kept;
     for (size_t k : steps) {
       if (k + 1 < starts.size()) kept.emplace_back(starts[k], starts[k + 1]);
@@ -567,8 +559,7 @@ JobModel JobModel::sinceStep(size_t step) const {
     const auto starts = stepStarts(rank);
     RankData& o = out.ranks_[rank];
     copyRankIdentity(r, &o);
-    if (starts.size() >= 2)
-      o.warmup_end_ns = r.warmup_end_ns != INT64_MIN ? r.warmup_end_ns : starts[1];
+    o.warmup_end_ns = warmupEnd(rank);
     if (starts.size() <= step) continue;
     const int64_t t0 = starts[step];
     for (const Op& op : r.ops) {
@@ -614,6 +605,13 @@ std::vector<int64_t> JobModel::stepStarts(int rank) const {
   }
   std::sort(starts.begin(), starts.end());
   return starts;
+}
+
+int64_t JobModel::warmupEnd(int rank) const {
+  auto it = ranks_.find(rank);
+  if (it != ranks_.end() && it->second.warmup_end_ns != INT64_MIN) return it->second.warmup_end_ns;
+  const std::vector<int64_t> starts = stepStarts(rank);
+  return starts.size() >= 2 ? starts[1] : INT64_MIN;
 }
 
 namespace {

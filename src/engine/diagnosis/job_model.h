@@ -172,6 +172,9 @@ class JobModel {
   // Step boundaries of a rank: explicit markers, else the starts of its DataLoader `__next__`
   // spans (the definition). Empty when neither was recorded.
   std::vector<int64_t> stepStarts(int rank) const;
+  // The end of a rank's warm-up: its second step boundary, or in a view of some steps
+  // (sinceStep, onlySteps) the whole model's (RankData::warmup_end_ns). INT64_MIN when unknown.
+  int64_t warmupEnd(int rank) const;
 
   // Per-step statistics of a rank: the ones it sent (MODE_SUMMARY), else computed from its ops
   // and spans with the same definition (src/timing/step_stats.h): one entry per complete step,
@@ -190,7 +193,7 @@ class JobModel {
   // What a filtered copy keeps of a rank whatever the filter: identity, device, counters.
   static void copyRankIdentity(const RankData& r, RankData* o);
   void compactRank(RankData& r);
-  // Notes the rank's newest summary or step end and folds it when due (setCompaction).
+  // Folds the rank when due (setCompaction); RankData::newest_ns is kept where records arrive.
   void maybeCompact(RankData& r);
   uint32_t internSignature(const flare::v1::Signature& sig);
   uint32_t internApi(const std::string& name);

@@ -77,10 +77,7 @@ void detectSlowGpuFromSummaries(const JobModel& job, const DiagnoseOptions& opt,
     // second boundary hold the warm-up; skipped when the rank has later windows.
     // In a view of later steps (a fail-slow's, a jitter's), the whole model's warm-up: a window
     // kept there straddles the view's first boundary and is not the warm-up.
-    const auto starts = job.stepStarts(rank);
-    const int64_t warm = r.warmup_end_ns != INT64_MIN ? r.warmup_end_ns
-                         : starts.size() >= 2         ? starts[1]
-                                                      : INT64_MIN;
+    const int64_t warm = job.warmupEnd(rank);
     const bool has_later = std::any_of(r.summaries.begin(), r.summaries.end(),
                                        [warm](const SummaryWindow& w) { return w.start >= warm; });
     for (auto it = r.summaries.rbegin(); it != r.summaries.rend(); ++it) {
