@@ -4,11 +4,13 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <utility>
 #include <vector>
 
 #include "src/common/log.h"
 #include "src/engine/metrics.h"
+#include "src/engine/raw_chunks.h"
 
 namespace flare::engine {
 namespace {
@@ -29,10 +31,10 @@ CREATE TABLE IF NOT EXISTS signature_stats(
   job_id TEXT, sig_id BIGINT, count BIGINT, total_ns BIGINT, min_ns BIGINT, max_ns BIGINT,
   flops DOUBLE PRECISION, bytes DOUBLE PRECISION, nranks BIGINT, histogram BYTEA,
   PRIMARY KEY(job_id, sig_id));
-CREATE TABLE IF NOT EXISTS raw_records(
-  id BIGSERIAL PRIMARY KEY, job_id TEXT, rank BIGINT, sig_id BIGINT, stream BIGINT,
-  issue_ns BIGINT, start_ns BIGINT, end_ns BIGINT, flops BIGINT, bytes BIGINT, coll_seq BIGINT);
-CREATE INDEX IF NOT EXISTS raw_by_job_time ON raw_records(job_id, start_ns);
+CREATE TABLE IF NOT EXISTS raw_chunks(
+  id BIGSERIAL PRIMARY KEY, job_id TEXT, rank BIGINT, start_ns BIGINT, end_ns BIGINT,
+  count BIGINT, records BYTEA);
+CREATE INDEX IF NOT EXISTS raw_chunks_by_job_time ON raw_chunks(job_id, start_ns);
 CREATE TABLE IF NOT EXISTS window_summaries(
   id BIGSERIAL PRIMARY KEY, job_id TEXT, rank BIGINT, sig_id BIGINT, stream BIGINT,
   window_start_ns BIGINT, window_end_ns BIGINT, count BIGINT, sum_ns BIGINT,
@@ -190,28 +192,30 @@ bool writeSignatureStats(PGconn* c, const SignatureStatsRow& r) {
            "histogram=EXCLUDED.histogram");
 }
 
-// Multi-row INSERTs of up to kRawRowsPerStatement rows: one round trip per chunk, not per row.
-constexpr size_t kRawRowsPerStatement = 500;
+// Multi-row INSERTs of up to kChunksPerStatement packed chunks (raw_chunks.h): one round trip
+// per statement, not per chunk. Returns the records written.
+constexpr size_t kChunksPerStatement = 200;
+constexpr int kChunksPerPage = 256;  // chunks read per query page
 
-uint64_t writeRaw(PGconn* c, const std::string& job_id, const std::vector<RawRecord>& recs) {
+uint64_t writeRaw(PGconn* c, const std::string& job_id, std::vector<RawRecord> recs) {
+  const std::vector<RawChunk> chunks = packRawRecords(std::move(recs));
   uint64_t ok = 0;
-  for (size_t at = 0; at < recs.size(); at += kRawRowsPerStatement) {
-    const size_t n = std::min(kRawRowsPerStatement, recs.size() - at);
-    std::string sql =
-        "INSERT INTO raw_records(job_id,rank,sig_id,stream,issue_ns,start_ns,end_ns,flops,bytes,"
-        "coll_seq) VALUES";
+  for (size_t at = 0; at < chunks.size(); at += kChunksPerStatement) {
+    const size_t n = std::min(kChunksPerStatement, chunks.size() - at);
+    std::string sql = "INSERT INTO raw_chunks(job_id,rank,start_ns,end_ns,count,records) VALUES";
     Params p;
     p.text(job_id);
     int k = 2;
+    uint64_t records = 0;
     for (size_t i = 0; i < n; ++i) {
-      const RawRecord& r = recs[at + i];
+      const RawChunk& ch = chunks[at + i];
       sql += i == 0 ? "($1" : ",($1";
-      for (int f = 0; f < 9; ++f) sql += ",$" + std::to_string(k++);
+      for (int f = 0; f < 5; ++f) sql += ",$" + std::to_string(k++);
       sql += ")";
-      p.i64(r.rank).u64(r.sig_id).u64(r.stream).i64(r.issue_ns).i64(r.start_ns).i64(r.end_ns);
-      p.u64(r.flops).u64(r.bytes).u64(r.coll_seq);
+      p.i64(ch.rank).i64(ch.first_start_ns).i64(ch.last_start_ns).i64(ch.count).blob(ch.blob);
+      records += ch.count;
     }
-    if (p.run(c, sql.c_str())) ok += n;
+    if (p.run(c, sql.c_str())) ok += records;
   }
   return ok;
 }
@@ -257,6 +261,56 @@ uint64_t writeWindows(PGconn* c, const std::vector<WindowSummaryRow>& rows) {
   return ok;
 }
 
+// Schema 1 kept a row per raw record (raw_records); now they are packed (raw_chunks.h). A
+// database written by an older flared is converted once, in one transaction, on connect.
+bool migrateRawRecords(PGconn* c, std::string* error) {
+  PGresult* r = nullptr;
+  if (!Params().run(c, "SELECT to_regclass('raw_records') IS NOT NULL", &r)) {
+    *error = "cannot inspect the schema";
+    return false;
+  }
+  const bool old = PQntuples(r) == 1 && PQgetlength(r, 0, 0) == 1 && PQgetvalue(r, 0, 0)[0] != 0;
+  PQclear(r);
+  if (!old) return true;
+  if (!exec(c, "BEGIN", error)) return false;
+  uint64_t moved = 0;
+  bool ok = true;
+  std::string job;
+  for (int64_t after_id = -1; ok;) {
+    ok = Params().i64(after_id).run(
+        c,
+        "SELECT id, job_id, rank, sig_id, stream, issue_ns, start_ns, end_ns, flops, bytes, "
+        "coll_seq FROM raw_records WHERE id>$1 ORDER BY id LIMIT 100000",
+        &r);
+    if (!ok) break;
+    const int rows = PQntuples(r);
+    std::map<std::string, std::vector<RawRecord>> by_job;
+    for (int i = 0; i < rows; ++i) {
+      after_id = geti(r, i, 0);
+      by_job[gets(r, i, 1)].push_back(
+          RawRecord{static_cast<int32_t>(geti(r, i, 2)), static_cast<uint32_t>(geti(r, i, 3)),
+                    static_cast<uint64_t>(geti(r, i, 4)), geti(r, i, 5), geti(r, i, 6),
+                    geti(r, i, 7), static_cast<uint64_t>(geti(r, i, 8)),
+                    static_cast<uint64_t>(geti(r, i, 9)), static_cast<uint64_t>(geti(r, i, 10))});
+    }
+    PQclear(r);
+    for (auto& [j, recs] : by_job) {
+      const size_t n = recs.size();
+      const uint64_t written = writeRaw(c, j, std::move(recs));
+      ok = ok && written == n;
+      moved += written;
+    }
+    if (rows < 100000) break;
+  }
+  if (!ok || !exec(c, "DROP TABLE raw_records; COMMIT", error)) {
+    exec(c, "ROLLBACK");
+    *error = "converting raw_records to raw_chunks failed" + (error->empty() ? "" : ": " + *error);
+    return false;
+  }
+  FLARE_LOG_INFO("engine", "postgres: {} raw records converted to packed chunks", moved);
+  return true;
+}
+
 }  // namespace
 
 PgStore::PgStore(Options options) : options_(std::move(options)) {}
@@ -278,6 +332,10 @@ bool PgStore::init(std::string* error) {
   }
   exec(write_, "SET client_min_messages TO WARNING");
   if (!exec(write_, kSchema, error)) {
+    *error = "PostgreSQL schema: " + *error;
+    return false;
+  }
+  if (!migrateRawRecords(write_, error)) {
     *error = "PostgreSQL schema: " + *error;
     return false;
   }
@@ -397,10 +455,11 @@ void PgStore::appendRaw(const std::string& job_id, std::vector<RawRecord> record
   if (records.empty()) return;
   const size_t n = records.size();
   enqueue(
-      [this, job_id, recs = std::move(records)](PGconn* c) {
-        const uint64_t ok = writeRaw(c, job_id, recs);
+      [this, job_id, recs = std::move(records)](PGconn* c) mutable {
+        const size_t total = recs.size();
+        const uint64_t ok = writeRaw(c, job_id, std::move(recs));
         raw_written_ += ok;
-        errors_ += recs.size() - ok;
+        errors_ += total - ok;
       },
       n);
 }
@@ -443,16 +502,16 @@ void PgStore::putCheckpoint(Checkpoint cp) {
     }
   }
   enqueue(
-      [this, cp = std::move(cp)](PGconn* c) {
+      [this, cp = std::move(cp)](PGconn* c) mutable {
         uint64_t ok = 0, bad = 0;
         auto count = [&](bool good) { ++(good ? ok : bad); };
         for (const JobRow& r : cp.jobs) count(writeJob(c, r));
         for (const RankRow& r : cp.ranks) count(writeRank(c, r));
         for (const SignatureStatsRow& r : cp.signature_stats) count(writeSignatureStats(c, r));
         uint64_t raw_ok = 0, raw_n = 0;
-        for (const auto& [job, recs] : cp.raw) {
-          raw_ok += writeRaw(c, job, recs);
+        for (auto& [job, recs] : cp.raw) {
           raw_n += recs.size();
+          raw_ok += writeRaw(c, job, std::move(recs));
         }
         for (const auto& [job, rows] : cp.deep_trace) {
           raw_ok += writeDeepTrace(c, job, rows);
@@ -653,30 +712,41 @@ std::vector<OpenWindowsRow> PgStore::loadOpenWindows() {
 std::vector<RawRecord> PgStore::rawRecords(const std::string& job_id, int64_t since_ns,
                                            int64_t until_ns, size_t limit) {
   std::lock_guard lock(read_mu_);
-  std::vector<RawRecord> out;
-  PGresult* r = nullptr;
-  if (!Params().text(job_id).i64(since_ns).i64(until_ns).u64(limit).run(
-          read_,
-          "SELECT rank, sig_id, stream, issue_ns, start_ns, end_ns, flops, bytes, "
-          "coll_seq FROM raw_records WHERE job_id=$1 AND start_ns>=$2 AND start_ns<$3 "
-          "ORDER BY start_ns, id LIMIT $4",
-          &r))
-    return out;
-  for (int i = 0; i < PQntuples(r); ++i) {
-    RawRecord rec;
-    rec.rank = static_cast<int32_t>(geti(r, i, 0));
-    rec.sig_id = static_cast<uint32_t>(geti(r, i, 1));
-    rec.stream = static_cast<uint64_t>(geti(r, i, 2));
-    rec.issue_ns = geti(r, i, 3);
-    rec.start_ns = geti(r, i, 4);
-    rec.end_ns = geti(r, i, 5);
-    rec.flops = static_cast<uint64_t>(geti(r, i, 6));
-    rec.bytes = static_cast<uint64_t>(geti(r, i, 7));
-    rec.coll_seq = static_cast<uint64_t>(geti(r, i, 8));
-    out.push_back(rec);
+  RawSelection sel(since_ns, until_ns, limit);
+  // Pages of chunks in order of first start (keyset: start_ns, id), until the selection is
+  // complete.
+  int64_t after_start = rawChunkLowerBound(since_ns), after_id = -1;
+  for (bool more = true; more;) {
+    PGresult* r = nullptr;
+    if (!Params()
+             .text(job_id)
+             .i64(after_start)
+             .i64(after_id)
+             .i64(until_ns)
+             .i64(since_ns)
+             .i64(kChunksPerPage)
+             .run(read_,
+                  "SELECT rank, start_ns, records, id FROM raw_chunks WHERE job_id=$1 AND "
+                  "(start_ns, id) > ($2, $3) AND start_ns<$4 AND end_ns>=$5 "
+                  "ORDER BY start_ns, id LIMIT $6",
+                  &r))
+      break;
+    const int rows = PQntuples(r);
+    more = rows == kChunksPerPage;
+    for (int i = 0; i < rows; ++i) {
+      after_start = geti(r, i, 1);
+      after_id = geti(r, i, 3);
+      if (!sel.wants(after_start)) {
+        more = false;
+        break;
+      }
+      if (!sel.add(static_cast<int32_t>(geti(r, i, 0)), gets(r, i, 2))) {
+        noteCorruptRawChunk(&errors_);
+      }
+    }
+    PQclear(r);
   }
-  PQclear(r);
-  return out;
+  return sel.take();
 }
 
 std::vector<WindowSummaryRow> PgStore::windowSummaries(const std::string& job_id, int64_t since_ns,
@@ -790,19 +860,60 @@ MaintenanceResult PgStore::maintain(int64_t now_ns, const RetentionPolicy& polic
   const int64_t raw_cutoff = now_ns - policy.raw_window_ns;
   exec(write_, "BEGIN");
   PGresult* r = nullptr;
-  if (Params()
-          .i64(kRawFoldWindowNs)
-          .i64(raw_cutoff)
-          .run(write_,
-               "INSERT INTO window_summaries(job_id,rank,sig_id,stream,window_start_ns,"
-               "window_end_ns,count,sum_ns,p50_ns,p99_ns,source) "
-               "SELECT job_id, rank, sig_id, stream, (start_ns/$1)*$1, (start_ns/$1)*$1+$1, "
-               "COUNT(*), SUM(end_ns-start_ns), CAST(AVG(end_ns-start_ns) AS BIGINT), "
-               "MAX(end_ns-start_ns), 'raw' FROM raw_records WHERE start_ns<$2 "
-               "GROUP BY job_id, rank, sig_id, stream, start_ns/$1")) {
-    if (Params().i64(raw_cutoff).run(write_, "DELETE FROM raw_records WHERE start_ns<$1", &r)) {
-      result.raw_summarized = changed(r);
+  {
+    // Chunks holding a record past the window: their old records fold into window rows, the
+    // rest are packed again (raw_chunks.h, as in SqliteStore).
+    RawFold fold(kRawFoldWindowNs);
+    std::string ids = "{";
+    std::map<std::string, std::vector<RawRecord>> kept;
+    bool ok = true;
+    std::vector<RawRecord> recs;
+    for (int64_t after_id = -1;;) {
+      if (!Params()
+               .i64(raw_cutoff)
+               .i64(after_id)
+               .i64(kChunksPerPage)
+               .run(write_,
+                    "SELECT id, job_id, rank, records FROM raw_chunks WHERE start_ns<$1 AND id>$2 "
+                    "ORDER BY id LIMIT $3",
+                    &r)) {
+        ok = false;
+        break;
+      }
+      const int rows = PQntuples(r);
+      for (int i = 0; i < rows; ++i) {
+        after_id = geti(r, i, 0);
+        ids += (ids.size() > 1 ? "," : "") + std::to_string(after_id);
+        const std::string job = gets(r, i, 1);
+        recs.clear();
+        if (!unpackRawChunk(static_cast<int32_t>(geti(r, i, 2)), gets(r, i, 3), &recs)) {
+          noteCorruptRawChunk(&errors_);  // dropped with the others: it cannot be read
+          continue;
+        }
+        for (const RawRecord& rec : recs) {
+          if (rec.start_ns < raw_cutoff) {
+            fold.add(job, rec);
+          } else {
+            kept[job].push_back(rec);
+          }
+        }
+      }
       PQclear(r);
+      if (rows < kChunksPerPage) break;
+    }
+    ids += "}";
+    const std::vector<WindowSummaryRow> rows = fold.rows();
+    ok = ok && writeWindows(write_, rows) == rows.size();
+    ok =
+        ok && Params().text(ids).run(write_, "DELETE FROM raw_chunks WHERE id = ANY($1::BIGINT[])");
+    for (auto& [job, part] : kept) {
+      const size_t n = part.size();
+      ok = ok && writeRaw(write_, job, std::move(part)) == n;
+    }
+    if (ok) {
+      result.raw_summarized = fold.records();
+    } else {
+      errors_++;
     }
     // Deep-trace records live as long as raw records (as in SqliteStore).
     Params().i64(raw_cutoff).run(write_, "DELETE FROM deep_trace WHERE start_ns<$1");
@@ -823,7 +934,7 @@ MaintenanceResult PgStore::maintain(int64_t now_ns, const RetentionPolicy& polic
     if (Params().run(write_,
                      "SELECT CAST(COALESCE(SUM(pg_total_relation_size(c.oid)),0) AS BIGINT) FROM "
                      "pg_class c WHERE c.relname IN ('jobs','ranks','signatures',"
-                     "'signature_stats','raw_records','window_summaries','alerts','baselines',"
+                     "'signature_stats','raw_chunks','window_summaries','alerts','baselines',"
                      "'batch_seqs','open_windows')",
                      &s)) {
       n = geti(s, 0, 0);
@@ -835,12 +946,16 @@ MaintenanceResult PgStore::maintain(int64_t now_ns, const RetentionPolicy& polic
   // (PostgreSQL reuses the space after autovacuum; the figure drops after VACUUM.)
   for (int round = 0; round < 8 && live() > policy.max_bytes; ++round) {
     bool any = false;
-    for (const char* table : {"raw_records", "window_summaries"}) {
-      const std::string sql =
-          std::string("DELETE FROM ") + table + " WHERE id IN (SELECT id FROM " + table +
-          " ORDER BY id LIMIT GREATEST(1, (SELECT COUNT(*) FROM " + table + ")/10))";
+    for (const char* table : {"raw_chunks", "window_summaries"}) {
+      const bool raw = std::strcmp(table, "raw_chunks") == 0;
+      // Raw evictions count records (the chunks' counts), as the other counters do.
+      const std::string sql = std::string("WITH gone AS (DELETE FROM ") + table +
+                              " WHERE id IN (SELECT id FROM " + table +
+                              " ORDER BY id LIMIT GREATEST(1, (SELECT COUNT(*) FROM " + table +
+                              ")/10)) RETURNING " + (raw ? "count" : "1") +
+                              " AS n) SELECT CAST(COALESCE(SUM(n), 0) AS BIGINT) FROM gone";
       if (Params().run(write_, sql.c_str(), &r)) {
-        const uint64_t n = changed(r);
+        const auto n = static_cast<uint64_t>(geti(r, 0, 0));
         PQclear(r);
         result.evicted += n;
         if (n > 0) {
@@ -850,7 +965,7 @@ MaintenanceResult PgStore::maintain(int64_t now_ns, const RetentionPolicy& polic
       }
     }
     if (!any) break;
-    exec(write_, "VACUUM raw_records");
+    exec(write_, "VACUUM raw_chunks");
     exec(write_, "VACUUM window_summaries");
   }
   result.live_bytes = live();

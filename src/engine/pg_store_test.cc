@@ -5,6 +5,7 @@
 #include "src/engine/pg_store.h"
 
 #include <gtest/gtest.h>
+#include <libpq-fe.h>
 #include <pwd.h>
 #include <unistd.h>
 
@@ -271,6 +272,66 @@ TEST_F(PgStoreTest, CheckpointsResumeEachRankExactlyOnceAfterACrash) {
   const auto marks = s->loadBatchSeqs();
   ASSERT_EQ(marks.size(), 1u);
   EXPECT_EQ(marks[0].seq, 5u);
+}
+
+// Raw records packed into chunks (raw_chunks.h) in PostgreSQL: a database of the row-per-record
+// schema is converted on connect, queries page through many chunks in start order, and
+// retention folds the part of a chunk past the raw window and keeps the rest.
+TEST_F(PgStoreTest, RawRecordsAreConvertedPagedAndFoldedInChunks) {
+  const int64_t sec = 1000000000LL;
+  {
+    PGconn* c = PQconnectdb(conninfo_.c_str());
+    ASSERT_EQ(PQstatus(c), CONNECTION_OK) << PQerrorMessage(c);
+    PGresult* r = PQexec(
+        c,
+        "CREATE TABLE raw_records(id BIGSERIAL PRIMARY KEY, job_id TEXT, rank BIGINT, "
+        "sig_id BIGINT, stream BIGINT, issue_ns BIGINT, start_ns BIGINT, end_ns BIGINT, "
+        "flops BIGINT, bytes BIGINT, coll_seq BIGINT);"
+        "INSERT INTO raw_records(job_id,rank,sig_id,stream,issue_ns,start_ns,end_ns,flops,bytes,"
+        "coll_seq) VALUES('old',0,3,7,90,100,150,11,22,5),('old',1,3,7,80,90,95,0,0,0)");
+    ASSERT_EQ(PQresultStatus(r), PGRES_COMMAND_OK) << PQresultErrorMessage(r);
+    PQclear(r);
+    PQfinish(c);
+  }
+  auto s = open();
+  ASSERT_TRUE(s);
+  const auto old = s->rawRecords("old", 0, INT64_MAX, 10);
+  ASSERT_EQ(old.size(), 2u);
+  EXPECT_EQ(old[0].rank, 1);
+  EXPECT_EQ(old[1].flops, 11u);
+  EXPECT_EQ(old[1].coll_seq, 5u);
+  // 600 records 11 s apart: one chunk each (the span is 10 s), over two query pages.
+  std::vector<RawRecord> recs;
+  for (int64_t i = 0; i < 600; ++i) {
+    recs.push_back({2, 1, 7, kNow + i * 11 * sec - 5, kNow + i * 11 * sec,
+                    kNow + i * 11 * sec + 100, 0, 0, static_cast<uint64_t>(i + 1)});
+  }
+  s->appendRaw("job", recs);
+  s->flush();
+  const auto all = s->rawRecords("job", 0, INT64_MAX, 1000);
+  ASSERT_EQ(all.size(), 600u);
+  for (size_t i = 0; i < all.size(); ++i) ASSERT_EQ(all[i].coll_seq, i + 1);
+  const auto some = s->rawRecords("job", kNow + 300 * 11 * sec, INT64_MAX, 5);
+  ASSERT_EQ(some.size(), 5u);
+  EXPECT_EQ(some[0].coll_seq, 301u);
+  // A chunk straddling the raw window (8 records 1 s apart): 4 fold, 4 stay.
+  const int64_t cutoff = kNow + 10000 * sec;
+  std::vector<RawRecord> straddle;
+  for (int64_t i = -4; i < 4; ++i)
+    straddle.push_back(
+        {3, 1, 7, cutoff + i * sec, cutoff + i * sec, cutoff + i * sec + 10, 0, 0, 0});
+  s->appendRaw("split", straddle);
+  RetentionPolicy p;
+  p.raw_window_ns = 100 * sec;
+  const auto m = s->maintain(cutoff + 100 * sec, p);
+  EXPECT_EQ(m.raw_summarized, 600u + 2u + 4u);
+  EXPECT_TRUE(s->rawRecords("job", 0, INT64_MAX, 1000).empty());
+  const auto left = s->rawRecords("split", 0, INT64_MAX, 100);
+  ASSERT_EQ(left.size(), 4u);
+  EXPECT_EQ(left[0].start_ns, cutoff);
+  uint64_t folded = 0;
+  for (const auto& w : s->windowSummaries("split", 0, 100)) folded += w.count;
+  EXPECT_EQ(folded, 4u);
 }
 
 }  // namespace

@@ -3,11 +3,13 @@
 #include <sqlite3.h>
 
 #include <algorithm>
+#include <map>
 #include <unordered_map>
 #include <utility>
 
 #include "src/common/log.h"
 #include "src/engine/metrics.h"
+#include "src/engine/raw_chunks.h"
 
 namespace flare::engine {
 namespace {
@@ -17,7 +19,7 @@ constexpr int64_t kRawFoldWindowNs = 60LL * 1000000000LL;  // raw records fold i
 
 constexpr const char* kSchema = R"sql(
 CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value TEXT);
-INSERT OR IGNORE INTO meta VALUES('schema_version', '1');
+INSERT OR IGNORE INTO meta VALUES('schema_version', '2');
 CREATE TABLE IF NOT EXISTS jobs(
   job_id TEXT PRIMARY KEY, world_size INTEGER, start_ns INTEGER, last_seen_ns INTEGER);
 CREATE TABLE IF NOT EXISTS ranks(
@@ -29,11 +31,10 @@ CREATE TABLE IF NOT EXISTS signatures(
 CREATE TABLE IF NOT EXISTS signature_stats(
   job_id TEXT, sig_id INTEGER, count INTEGER, total_ns INTEGER, min_ns INTEGER, max_ns INTEGER,
   flops REAL, bytes REAL, nranks INTEGER, histogram BLOB, PRIMARY KEY(job_id, sig_id));
-CREATE TABLE IF NOT EXISTS raw_records(
-  id INTEGER PRIMARY KEY, job_id TEXT, rank INTEGER, sig_id INTEGER, stream INTEGER,
-  issue_ns INTEGER, start_ns INTEGER, end_ns INTEGER, flops INTEGER, bytes INTEGER,
-  coll_seq INTEGER);
-CREATE INDEX IF NOT EXISTS raw_by_job_time ON raw_records(job_id, start_ns);
+CREATE TABLE IF NOT EXISTS raw_chunks(
+  id INTEGER PRIMARY KEY, job_id TEXT, rank INTEGER, start_ns INTEGER, end_ns INTEGER,
+  count INTEGER, records BLOB);
+CREATE INDEX IF NOT EXISTS raw_chunks_by_job_time ON raw_chunks(job_id, start_ns);
 CREATE TABLE IF NOT EXISTS window_summaries(
   id INTEGER PRIMARY KEY, job_id TEXT, rank INTEGER, sig_id INTEGER, stream INTEGER,
   window_start_ns INTEGER, window_end_ns INTEGER, count INTEGER, sum_ns INTEGER,
@@ -226,8 +227,15 @@ bool SqliteStore::init(std::string* error) {
     }
     sqlite3_busy_timeout(*db, 5000);
   }
-  if (!exec(write_db_, "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;", error) ||
+  // 16 KiB pages (a new file only; an existing one keeps its size): a raw chunk of a few KB
+  // shares its page with others instead of leaving most of a 4 KiB page empty.
+  if (!exec(write_db_,
+            "PRAGMA page_size=16384; PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;", error) ||
       !exec(write_db_, kSchema, error) || !exec(read_db_, "PRAGMA query_only=1;", error)) {
+    *error = options_.path + ": " + *error;
+    return false;
+  }
+  if (!migrateRawRecords(error)) {
     *error = options_.path + ": " + *error;
     return false;
   }
@@ -342,19 +350,18 @@ bool writeSignatureStats(W& w, const SignatureStatsRow& r) {
   return s.run();
 }
 
-// Returns the rows written.
+// Returns the records written (raw_chunks.h: packed per rank).
 template <typename W>
-uint64_t writeRaw(W& w, const std::string& job_id, const std::vector<RawRecord>& recs) {
+uint64_t writeRaw(W& w, const std::string& job_id, std::vector<RawRecord> recs) {
   Stmt s(w,
-         "INSERT INTO raw_records(job_id,rank,sig_id,stream,issue_ns,start_ns,end_ns,flops,"
-         "bytes,coll_seq) VALUES(?,?,?,?,?,?,?,?,?,?)");
+         "INSERT INTO raw_chunks(job_id,rank,start_ns,end_ns,count,records) "
+         "VALUES(?,?,?,?,?,?)");
   s.bind(1, job_id);
   uint64_t ok = 0;
-  for (const RawRecord& r : recs) {
-    s.bind(2, int64_t{r.rank}).bindU(3, r.sig_id).bindU(4, r.stream).bind(5, r.issue_ns);
-    s.bind(6, r.start_ns).bind(7, r.end_ns).bindU(8, r.flops).bindU(9, r.bytes);
-    s.bindU(10, r.coll_seq);
-    ok += s.run() ? 1 : 0;
+  for (const RawChunk& c : packRawRecords(std::move(recs))) {
+    s.bind(2, int64_t{c.rank}).bind(3, c.first_start_ns).bind(4, c.last_start_ns);
+    s.bind(5, int64_t{c.count}).blob(6, c.blob);
+    ok += s.run() ? c.count : 0;
   }
   return ok;
 }
@@ -390,6 +397,51 @@ uint64_t writeWindows(W& w, const std::vector<WindowSummaryRow>& rows) {
 
 }  // namespace
 
+// Schema 1 kept a row per raw record (raw_records); schema 2 packs them (raw_chunks.h). A file
+// written by an older flared is converted once, in one transaction, on open.
+bool SqliteStore::migrateRawRecords(std::string* error) {
+  if (pragmaInt(write_db_,
+                "SELECT COUNT(*) FROM sqlite_master WHERE type='table' AND name='raw_records'") ==
+      0) {
+    return true;
+  }
+  if (!exec(write_db_, "BEGIN", error)) return false;
+  uint64_t moved = 0;
+  {
+    Writer w(write_db_);
+    Stmt s(write_db_,
+           "SELECT job_id, rank, sig_id, stream, issue_ns, start_ns, end_ns, flops, bytes, "
+           "coll_seq FROM raw_records ORDER BY job_id");
+    std::string job;
+    std::vector<RawRecord> recs;
+    auto put = [&] {
+      moved += writeRaw(w, job, std::move(recs));
+      recs.clear();
+    };
+    while (s.step() == SQLITE_ROW) {
+      if (s.str(0) != job || recs.size() >= 100000) {
+        if (!recs.empty()) put();
+        job = s.str(0);
+      }
+      recs.push_back(RawRecord{static_cast<int32_t>(s.i64(1)), static_cast<uint32_t>(s.i64(2)),
+                               static_cast<uint64_t>(s.i64(3)), s.i64(4), s.i64(5), s.i64(6),
+                               static_cast<uint64_t>(s.i64(7)), static_cast<uint64_t>(s.i64(8)),
+                               static_cast<uint64_t>(s.i64(9))});
+    }
+    if (!recs.empty()) put();
+  }
+  if (!exec(write_db_,
+            "DROP TABLE raw_records; "
+            "INSERT OR REPLACE INTO meta VALUES('schema_version', '2'); COMMIT",
+            error)) {
+    exec(write_db_, "ROLLBACK");
+    *error = "converting raw_records to raw_chunks: " + *error;
+    return false;
+  }
+  FLARE_LOG_INFO("engine", "store: {} raw records converted to packed chunks (schema 2)", moved);
+  return true;
+}
+
 void SqliteStore::putJob(const JobRow& r) {
   enqueue([this, r](Writer& w) { countResult(writeJob(w, r), rows_written_, errors_); }, 0);
 }
@@ -417,10 +469,11 @@ void SqliteStore::appendRaw(const std::string& job_id, std::vector<RawRecord> re
   if (records.empty()) return;
   const size_t n = records.size();
   enqueue(
-      [this, job_id, recs = std::move(records)](Writer& w) {
-        const uint64_t ok = writeRaw(w, job_id, recs);
+      [this, job_id, recs = std::move(records)](Writer& w) mutable {
+        const size_t total = recs.size();
+        const uint64_t ok = writeRaw(w, job_id, std::move(recs));
         raw_written_.fetch_add(ok, std::memory_order_relaxed);
-        errors_.fetch_add(recs.size() - ok, std::memory_order_relaxed);
+        errors_.fetch_add(total - ok, std::memory_order_relaxed);
       },
       n);
 }
@@ -480,7 +533,7 @@ void SqliteStore::putCheckpoint(Checkpoint cp) {
       raw = 0;
     }
   }
-  auto op = [this, cp = std::move(cp)](Writer& w) {
+  auto op = [this, cp = std::move(cp)](Writer& w) mutable {
     // The whole checkpoint is one op, hence inside one transaction (writerLoop).
     uint64_t ok = 0, bad = 0;
     auto count = [&](bool good) { ++(good ? ok : bad); };
@@ -488,9 +541,9 @@ void SqliteStore::putCheckpoint(Checkpoint cp) {
     for (const RankRow& r : cp.ranks) count(writeRank(w, r));
     for (const SignatureStatsRow& r : cp.signature_stats) count(writeSignatureStats(w, r));
     uint64_t raw_ok = 0, raw_n = 0;
-    for (const auto& [job, recs] : cp.raw) {
-      raw_ok += writeRaw(w, job, recs);
+    for (auto& [job, recs] : cp.raw) {
       raw_n += recs.size();
+      raw_ok += writeRaw(w, job, std::move(recs));
     }
     for (const auto& [job, rows] : cp.deep_trace) {
       raw_ok += writeDeepTrace(w, job, rows);
@@ -652,25 +705,15 @@ std::vector<OpenWindowsRow> SqliteStore::loadOpenWindows() {
 std::vector<RawRecord> SqliteStore::rawRecords(const std::string& job_id, int64_t since_ns,
                                                int64_t until_ns, size_t limit) {
   std::lock_guard lock(read_mu_);
-  std::vector<RawRecord> out;
+  RawSelection sel(since_ns, until_ns, limit);
   Stmt s(read_db_,
-         "SELECT rank, sig_id, stream, issue_ns, start_ns, end_ns, flops, bytes, coll_seq FROM "
-         "raw_records WHERE job_id=? AND start_ns>=? AND start_ns<? ORDER BY start_ns LIMIT ?");
-  s.bind(1, job_id).bind(2, since_ns).bind(3, until_ns).bindU(4, limit);
-  while (s.step() == SQLITE_ROW) {
-    RawRecord r;
-    r.rank = static_cast<int32_t>(s.i64(0));
-    r.sig_id = static_cast<uint32_t>(s.i64(1));
-    r.stream = static_cast<uint64_t>(s.i64(2));
-    r.issue_ns = s.i64(3);
-    r.start_ns = s.i64(4);
-    r.end_ns = s.i64(5);
-    r.flops = static_cast<uint64_t>(s.i64(6));
-    r.bytes = static_cast<uint64_t>(s.i64(7));
-    r.coll_seq = static_cast<uint64_t>(s.i64(8));
-    out.push_back(r);
+         "SELECT rank, start_ns, records FROM raw_chunks WHERE job_id=? AND start_ns>=? AND "
+         "start_ns<? AND end_ns>=? ORDER BY start_ns, id");
+  s.bind(1, job_id).bind(2, rawChunkLowerBound(since_ns)).bind(3, until_ns).bind(4, since_ns);
+  while (s.step() == SQLITE_ROW && sel.wants(s.i64(1))) {
+    if (!sel.add(static_cast<int32_t>(s.i64(0)), s.str(2))) noteCorruptRawChunk(&errors_);
   }
-  return out;
+  return sel.take();
 }
 
 std::vector<WindowSummaryRow> SqliteStore::windowSummaries(const std::string& job_id,
@@ -756,21 +799,46 @@ MaintenanceResult SqliteStore::maintain(int64_t now_ns, const RetentionPolicy& p
   const int64_t raw_cutoff = now_ns - policy.raw_window_ns;
   exec(db, "BEGIN");
   {
-    Stmt fold(db,
-              "INSERT INTO window_summaries(job_id,rank,sig_id,stream,window_start_ns,"
-              "window_end_ns,count,sum_ns,p50_ns,p99_ns,source) "
-              "SELECT job_id, rank, sig_id, stream, (start_ns/?1)*?1, (start_ns/?1)*?1+?1, "
-              "COUNT(*), SUM(end_ns-start_ns), CAST(AVG(end_ns-start_ns) AS INTEGER), "
-              "MAX(end_ns-start_ns), 'raw' FROM raw_records WHERE start_ns<?2 "
-              "GROUP BY job_id, rank, sig_id, stream, start_ns/?1");
-    fold.bind(1, kRawFoldWindowNs).bind(2, raw_cutoff);
+    // Chunks holding a record past the window: their old records fold, the rest are packed
+    // again (raw_chunks.h).
+    RawFold fold(kRawFoldWindowNs);
+    std::vector<int64_t> folded_ids;
+    std::map<std::string, std::vector<RawRecord>> kept;
+    {
+      Stmt q(db, "SELECT id, job_id, rank, records FROM raw_chunks WHERE start_ns<?");
+      q.bind(1, raw_cutoff);
+      std::vector<RawRecord> recs;
+      while (q.step() == SQLITE_ROW) {
+        folded_ids.push_back(q.i64(0));
+        const std::string job = q.str(1);
+        recs.clear();
+        if (!unpackRawChunk(static_cast<int32_t>(q.i64(2)), q.str(3), &recs)) {
+          noteCorruptRawChunk(&errors_);  // dropped with the others: it cannot be read
+          continue;
+        }
+        for (const RawRecord& r : recs) {
+          if (r.start_ns < raw_cutoff) {
+            fold.add(job, r);
+          } else {
+            kept[job].push_back(r);
+          }
+        }
+      }
+    }
+    Writer w(db);
+    const std::vector<WindowSummaryRow> rows = fold.rows();
+    bool ok = writeWindows(w, rows) == rows.size();
+    Stmt del(db, "DELETE FROM raw_chunks WHERE id=?");
+    for (int64_t id : folded_ids) ok = del.bind(1, id).run() && ok;
+    for (auto& [job, recs] : kept) {
+      const size_t n = recs.size();
+      ok = writeRaw(w, job, std::move(recs)) == n && ok;
+    }
     Stmt del_deep(db, "DELETE FROM deep_trace WHERE start_ns<?");  // same window as raw records
     del_deep.bind(1, raw_cutoff);
     del_deep.run();
-    Stmt del(db, "DELETE FROM raw_records WHERE start_ns<?");
-    del.bind(1, raw_cutoff);
-    if (fold.run() && del.run()) {
-      result.raw_summarized = static_cast<uint64_t>(sqlite3_changes(db));
+    if (ok) {
+      result.raw_summarized = fold.records();
     } else {
       errors_.fetch_add(1, std::memory_order_relaxed);
     }
@@ -796,18 +864,28 @@ MaintenanceResult SqliteStore::maintain(int64_t now_ns, const RetentionPolicy& p
            pragmaInt(db, "PRAGMA page_size");
   };
   for (int round = 0; round < 64 && live() > policy.max_bytes; ++round) {
-    const int64_t raw_rows = pragmaInt(db, "SELECT COUNT(*) FROM raw_records");
-    const char* table = raw_rows > 0 ? "raw_records" : "window_summaries";
+    const int64_t raw_rows = pragmaInt(db, "SELECT COUNT(*) FROM raw_chunks");
+    const char* table = raw_rows > 0 ? "raw_chunks" : "window_summaries";
     const int64_t rows =
         raw_rows > 0 ? raw_rows : pragmaInt(db, "SELECT COUNT(*) FROM window_summaries");
     if (rows == 0) break;
     const int64_t n = std::max<int64_t>(1, rows / 10);
+    // Raw evictions count records, as the other retention counters do.
+    int64_t raw_evicted = 0;
+    if (raw_rows > 0) {
+      Stmt records(db,
+                   "SELECT COALESCE(SUM(count), 0) FROM (SELECT count FROM raw_chunks "
+                   "ORDER BY id LIMIT ?)");
+      records.bind(1, n);
+      if (records.step() == SQLITE_ROW) raw_evicted = records.i64(0);
+    }
     const std::string sql = std::string("DELETE FROM ") + table + " WHERE id IN (SELECT id FROM " +
                             table + " ORDER BY id LIMIT ?)";
     Stmt d(db, sql.c_str());
     d.bind(1, n);
     if (!d.run()) break;
-    result.evicted += static_cast<uint64_t>(sqlite3_changes(db));
+    result.evicted += raw_rows > 0 ? static_cast<uint64_t>(raw_evicted)
+                                   : static_cast<uint64_t>(sqlite3_changes(db));
   }
   if (result.evicted > 0) exec(db, "PRAGMA wal_checkpoint(TRUNCATE)");
   result.live_bytes = live();

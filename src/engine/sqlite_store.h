@@ -74,6 +74,7 @@ class SqliteStore final : public Store {
   using Op = std::function<void(Writer&)>;
   explicit SqliteStore(Options options);
   bool init(std::string* error);
+  bool migrateRawRecords(std::string* error);
   void enqueue(Op op, size_t raw_records);
   void writerLoop();
 

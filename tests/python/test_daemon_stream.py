@@ -312,7 +312,8 @@ def stored_per_rank(db, job):
     con = sqlite3.connect("file:%s?mode=ro" % db, uri=True)
     try:
         records = dict(con.execute("SELECT rank, records FROM ranks WHERE job_id=?", (job,)))
-        raw = dict(con.execute("SELECT rank, COUNT(*) FROM raw_records WHERE job_id=? "
+        # Raw records are packed per rank into chunks (src/engine/raw_chunks.h).
+        raw = dict(con.execute("SELECT rank, SUM(count) FROM raw_chunks WHERE job_id=? "
                                "GROUP BY rank", (job,)))
     finally:
         con.close()
@@ -354,7 +355,7 @@ def stored_per_rank_pg(host, job):
                              timeout=60).stdout
         return {int(a): int(b) for a, b in (line.split() for line in out.splitlines() if line)}
     return (query("SELECT rank, records FROM ranks WHERE job_id='%s'" % job),
-            query("SELECT rank, COUNT(*) FROM raw_records WHERE job_id='%s' GROUP BY rank" % job))
+            query("SELECT rank, SUM(count) FROM raw_chunks WHERE job_id='%s' GROUP BY rank" % job))
 
 
 @pytest.mark.parametrize("db", ["sqlite", "postgresql"])
