@@ -607,6 +607,15 @@ void detectIssueStall(const JobModel& job, const DiagnoseOptions& opt,
     paired[per_step.ranks[i]] = tests[i];
     delays.push_back(tests[i].median_delay_ns);
   }
+  // The idle signal must hold step by step too: a stalled host idles its GPU in (nearly) every
+  // step, while on a shared host the scheduler's delays land on one rank in some steps and on
+  // another in others, and one rank's median can exceed the others' by chance.
+  std::map<int, stats::SignTestResult> idle_steps;
+  {
+    const auto excess = stats::excessOverPeersAll(per_step.idle, 2);
+    for (size_t i = 0; i < per_step.ranks.size(); ++i)
+      idle_steps[per_step.ranks[i]] = stats::signTest(excess[i]);
+  }
   // The rank's median delay must also stand out from the ranks' (Tukey fence): on a shared host
   // one rank's process may be scheduled a little later in every step, consistently but by no more
   // than the others differ among themselves.
@@ -635,7 +644,11 @@ void detectIssueStall(const JobModel& job, const DiagnoseOptions& opt,
         others_idle = median(others);
       }
       idle_excess = it->second.first - others_idle;
-      idle_outlier = it->second.first > idle_fence && idle_excess > idle_floor;
+      const auto steps = idle_steps.find(rank);
+      idle_outlier = it->second.first > idle_fence && idle_excess > idle_floor &&
+                     steps != idle_steps.end() &&
+                     steps->second.p_value * static_cast<double>(per_step.ranks.size()) <=
+                         opt.idle_steps_alpha;
     }
     if (!latency_outlier && !idle_outlier && !paired_outlier) continue;
     // The starved kernels: issued when the GPU had nothing queued (issue latency below the
@@ -680,9 +693,17 @@ void detectIssueStall(const JobModel& job, const DiagnoseOptions& opt,
         d.severity = std::max(d.severity, pair->median_delay_ns / per_step.median_step_ns);
     }
     if (idle_excess > 0) {
+      std::string steps_text;
+      if (auto t = idle_steps.find(rank); t != idle_steps.end() && t->second.n > 0) {
+        char buf[96];
+        std::snprintf(buf, sizeof(buf), " (above them in %zu of %zu steps, sign test p = %.2g)",
+                      t->second.positive, t->second.n, t->second.p_value);
+        steps_text = buf;
+      }
       d.evidence.push_back({"gpu_idle",
                             "GPU idle " + fmtMs(idle.at(rank).first) + " per step, " +
-                                fmtMs(idle_excess) + " more than the other ranks' median",
+                                fmtMs(idle_excess) + " more than the other ranks' median" +
+                                steps_text,
                             idle.at(rank).first, idle.at(rank).first - idle_excess});
     }
     d.evidence.push_back({"starved_kernels",
@@ -1336,7 +1357,7 @@ StepIssueLatency stepIssueLatency(const JobModel& job) {
   const size_t n_steps = ref.size() - 2;
   const double tolerance = 0.5 * out.median_step_ns;
   for (const auto& [rank, s] : starts) {
-    std::vector<double> means(n_steps, NAN), offsets(n_steps, NAN);
+    std::vector<double> means(n_steps, NAN), offsets(n_steps, NAN), idle(n_steps, NAN);
     // Each step's issue-latency and issue-offset sums (the rank's own in MODE_SUMMARY).
     std::map<int64_t, timing::StepStats> by_step;
     for (timing::StepStats& st : job.stepStats(rank)) {
@@ -1361,10 +1382,13 @@ StepIssueLatency stepIssueLatency(const JobModel& job) {
       const auto n = static_cast<double>(st->second.gpu_ops);
       means[g] = st->second.issue_latency_sum_ns / n;
       offsets[g] = st->second.issue_offset_sum_ns / n;
+      idle[g] = static_cast<double>(st->second.end_ns - st->second.start_ns) -
+                static_cast<double>(st->second.gpu_busy_ns);
     }
     out.ranks.push_back(rank);
     out.means.push_back(std::move(means));
     out.offsets.push_back(std::move(offsets));
+    out.idle.push_back(std::move(idle));
   }
   return out;
 }

@@ -56,6 +56,9 @@ struct DiagnoseOptions {
   double link_min_effect = 0.15;  // a communicator's busbw at least this much lower
   double issue_w1_floor_ns = 20'000;
   double idle_min_share = 0.08;  // a stalled rank's extra GPU idle time, share of the step
+  // ... and it must be above the other ranks' median in so many steps that the one-sided sign
+  // test's p-value times the number of ranks is at most this (docs/metrics.md).
+  double idle_steps_alpha = 0.05;
   // Paired per-step stall test: a rank whose host issued each step's work later than the other
   // ranks' median for that step in so many steps that the one-sided sign test's p-value times
   // the number of ranks (Bonferroni) is at most `stall_paired_alpha`, by a median of at least
@@ -145,6 +148,7 @@ struct StepIssueLatency {
   std::vector<int> ranks;                    // ascending
   std::vector<std::vector<double>> offsets;  // [rank index][step]
   std::vector<std::vector<double>> means;    // [rank index][step] issue latency
+  std::vector<std::vector<double>> idle;     // [rank index][step] GPU idle (step − GPU busy)
   double median_step_ns = 0;
 };
 StepIssueLatency stepIssueLatency(const JobModel& job);

@@ -150,6 +150,92 @@ TEST(PairedStall, DiagnoseNamesTheRankWithPairedEvidence) {
   EXPECT_TRUE(diagnose(build(4, 1'200'000), DiagnoseOptions{}).empty());
 }
 
+// GPU idle time per step, 4 ranks (the Python workload's size): each step 20 ms of kernels,
+// issued ahead of the GPU, in a 30 ms step. `short_steps` says in which steps a rank's kernels
+// run 3.5 ms shorter (its GPU idles 3.5 ms more: 12% of the step, above the 8% floor). Every
+// duration wobbles by up to ±0.3 ms, so no difference between ranks is exactly zero.
+JobModel idleJob(const std::vector<std::vector<bool>>& short_steps) {
+  JobModel m;
+  for (int rank = 0; rank < 4; ++rank) {
+    flare::v1::RecordBatch b;
+    b.set_rank(rank);
+    auto* marker = b.add_signatures();
+    marker->set_id(1);
+    marker->set_name(FLARE_STEP_MARKER_NAME);
+    marker->set_kind(flare::v1::OP_KIND_SYNC);
+    auto* kernel = b.add_signatures();
+    kernel->set_id(2);
+    kernel->set_name("gemm_kernel");
+    kernel->set_kind(flare::v1::OP_KIND_KERNEL);
+    for (int s = 0; s < 14; ++s) {
+      const int64_t t0 = 1'000'000'000 + s * kStepNs + 50'000 * rank;
+      auto* mk = b.add_kernels();
+      mk->set_signature_id(1);
+      mk->set_issue_ns(t0);
+      mk->set_start_ns(t0);
+      mk->set_end_ns(t0);
+      // Four back-to-back kernels of ~5 ms, all issued at the step's start.
+      int64_t at = t0 + 1'000'000;
+      for (int k = 0; k < 4; ++k) {
+        auto* op = b.add_kernels();
+        op->set_signature_id(2);
+        op->set_stream_id(7);
+        op->set_issue_ns(t0 + 500'000 + k * 10'000);
+        op->set_start_ns(at);
+        at += 5'000'000 + wobble(rank, s) / 2 - (short_steps[rank][s] ? 875'000 : 0);
+        op->set_end_ns(at);
+      }
+    }
+    m.addBatch(rank, b);
+  }
+  return m;
+}
+
+// A stalled host idles its GPU in every step; a shared host's scheduler delays one rank in some
+// steps and others in others. Both can give one rank a median idle time above the others' by
+// more than the floor; only the first holds step by step (the sign test over the steps).
+TEST(PairedStall, IdleTimeMustExceedThePeersStepByStep) {
+  // The issue-stall diagnoses only (one kernel outside any traced set is also V_minority here).
+  auto stalls = [](const JobModel& m, const DiagnoseOptions& o) {
+    std::vector<Diagnosis> out;
+    for (Diagnosis& d : diagnose(m, o)) {
+      if (d.kind == "issue_stall") out.push_back(std::move(d));
+    }
+    return out;
+  };
+  auto steps = [](std::initializer_list<int> which) {
+    std::vector<bool> v(14, false);
+    for (int s : which) v[static_cast<size_t>(s)] = true;
+    return v;
+  };
+  // Rank 2 idles more in every step: a stall.
+  const JobModel stalled = idleJob(
+      {steps({}), steps({}), steps({0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13}), steps({})});
+  auto found = stalls(stalled, DiagnoseOptions{});
+  ASSERT_EQ(found.size(), 1u);
+  EXPECT_EQ(found[0].kind, "issue_stall");
+  EXPECT_EQ(found[0].ranks, std::vector<int>{2});
+  bool idle_evidence = false;
+  for (const Evidence& e : found[0].evidence) {
+    if (e.metric == "gpu_idle") {
+      idle_evidence = true;
+      EXPECT_NE(e.text.find("above them in 12 of 12 steps"), std::string::npos) << e.text;
+    }
+  }
+  EXPECT_TRUE(idle_evidence);
+  // Rank 2 idles more in 7 of the 12 compared steps (1..12), the others in 2–3 each: its
+  // median is 3.5 ms above theirs, but it is above them in only ~8 of 12 steps.
+  const JobModel noisy = idleJob(
+      {steps({2, 6, 11}), steps({4, 9}), steps({1, 3, 5, 7, 8, 10, 12}), steps({2, 9, 13})});
+  EXPECT_TRUE(stalls(noisy, DiagnoseOptions{}).empty());
+  // Without the step-by-step test the median alone flags it.
+  DiagnoseOptions median_only;
+  median_only.idle_steps_alpha = 1e9;
+  found = stalls(noisy, median_only);
+  ASSERT_EQ(found.size(), 1u);
+  EXPECT_EQ(found[0].ranks, std::vector<int>{2});
+}
+
 TEST(PairedStall, UntilStepKeepsTheFirstSteps) {
   const JobModel m = build(4, 2'000'000);
   const JobModel first = m.untilStep(5);
