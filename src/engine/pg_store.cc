@@ -264,18 +264,31 @@ uint64_t writeWindows(PGconn* c, const std::vector<WindowSummaryRow>& rows) {
 // Schema 1 kept a row per raw record (raw_records); now they are packed (raw_chunks.h). A
 // database written by an older flared is converted once, in one transaction, on connect.
 bool migrateRawRecords(PGconn* c, std::string* error) {
-  PGresult* r = nullptr;
-  if (!Params().run(c, "SELECT to_regclass('raw_records') IS NOT NULL", &r)) {
+  auto exists = [c](bool* yes) {
+    PGresult* r = nullptr;
+    if (!Params().run(c, "SELECT to_regclass('raw_records') IS NOT NULL", &r)) return false;
+    *yes = PQntuples(r) == 1 && PQgetlength(r, 0, 0) == 1 && PQgetvalue(r, 0, 0)[0] != 0;
+    PQclear(r);
+    return true;
+  };
+  bool old = false;
+  if (!exists(&old)) {
     *error = "cannot inspect the schema";
     return false;
   }
-  const bool old = PQntuples(r) == 1 && PQgetlength(r, 0, 0) == 1 && PQgetvalue(r, 0, 0)[0] != 0;
-  PQclear(r);
   if (!old) return true;
+  // Daemons sharing the database may start together: the first to lock the table converts it,
+  // the others wait for the lock and then find the table gone.
   if (!exec(c, "BEGIN", error)) return false;
+  if (!exec(c, "LOCK TABLE raw_records IN ACCESS EXCLUSIVE MODE", error)) {
+    exec(c, "ROLLBACK");
+    if (exists(&old) && !old) return true;
+    *error = "cannot lock raw_records to convert it: " + *error;
+    return false;
+  }
+  PGresult* r = nullptr;
   uint64_t moved = 0;
   bool ok = true;
-  std::string job;
   for (int64_t after_id = -1; ok;) {
     ok = Params().i64(after_id).run(
         c,
