@@ -197,9 +197,9 @@ bool RawSelection::add(int32_t rank, const std::string& blob) {
   for (const RawRecord& r : scratch_) {
     if (r.start_ns >= since_ && r.start_ns < until_) kept_.push_back(r);
   }
-  // The first trim sets the threshold; later ones run at twice the limit (amortized O(1) a
-  // record).
-  if (kept_.size() >= (trimmed_ ? 2 * limit_ : limit_)) trim();
+  // The first trim sets the threshold; later ones run at 1.5 times the limit (each removes at
+  // least half a limit's records: amortized O(1) a record, at most 1.5 limits held).
+  if (kept_.size() >= (trimmed_ ? limit_ + limit_ / 2 + 1 : limit_)) trim();
   return true;
 }
 
