@@ -28,10 +28,10 @@ using flare::v1::OpKind;
 // beyond, with every rank's pooled, each rank represented by a quantile sample of this size.
 constexpr size_t kExactPeerRanks = 128;
 constexpr size_t kRankLatencySample = 256;
-
-double quantile(std::vector<double>& sorted, double q) {
-  return stats::quantileSorted(sorted, q);
-}
+// Up to kExactPeerRanks ranks, each rank's issue latencies are compared with the other ranks'
+// exactly (leave-one-out), from at most this many values a rank (a quantile sample beyond: a
+// summary-mode rank of 1,000 ops a step holds ~120,000 in a 120 s window).
+constexpr size_t kExactRankSample = 8192;
 
 double median(std::vector<double> v) {
   return stats::quantileInPlace(v, 0.5);
@@ -544,25 +544,29 @@ void detectIssueStall(const JobModel& job, const DiagnoseOptions& opt,
   const size_t cap = pooled_reference
                          ? std::max<size_t>(kRankLatencySample,
                                             static_cast<size_t>(std::max(opt.min_samples * 10, 1)))
-                         : SIZE_MAX;
+                         : kExactRankSample;
   std::map<int, std::vector<double>> lat;
   for (const auto& [rank, r] : job.ranks()) {
     auto v = issueLatencies(job, r, cap);
     if (static_cast<int>(v.size()) >= opt.min_samples * 10) lat[rank] = std::move(v);
   }
   if (lat.size() < 3) return;
-  std::vector<double> pooled;  // pooled_reference: every rank's sample, ascending
-  if (pooled_reference) {
-    for (const auto& [rank, v] : lat) pooled.insert(pooled.end(), v.begin(), v.end());
-    std::sort(pooled.begin(), pooled.end());
+  // Every rank's sample, ascending; each rank's own sorted too. Below kExactPeerRanks a rank is
+  // compared with the others' values (the pool without its own: leave-one-out, O(pool) a rank
+  // by stats::wasserstein1LeaveOneOut instead of building and sorting the others' values for
+  // every rank — at 128 summary-mode ranks of a 120 s window that took ~70 s a pass).
+  std::vector<double> pooled;
+  for (auto& [rank, v] : lat) {
+    std::sort(v.begin(), v.end());
+    pooled.insert(pooled.end(), v.begin(), v.end());
   }
+  std::sort(pooled.begin(), pooled.end());
   std::map<int, double> score;
   std::map<int, double> others_median;
   for (auto& [rank, v] : lat) {
     if (pooled_reference) {
       // W1 by the midpoint rule: the rank's i-th of m sorted values against the pooled
       // quantile at (i + ½)/m.
-      std::sort(v.begin(), v.end());
       double w1 = 0;
       for (size_t i = 0; i < v.size(); ++i) {
         const double q = (static_cast<double>(i) + 0.5) / static_cast<double>(v.size());
@@ -572,12 +576,8 @@ void detectIssueStall(const JobModel& job, const DiagnoseOptions& opt,
       others_median[rank] = stats::quantileSorted(pooled, 0.5);
       continue;
     }
-    std::vector<double> others;
-    for (const auto& [o, w] : lat) {
-      if (o != rank) others.insert(others.end(), w.begin(), w.end());
-    }
-    others_median[rank] = median(others);
-    score[rank] = wasserstein1(v, others);
+    others_median[rank] = stats::quantileLeaveOneOut(pooled, v, 0.5);
+    score[rank] = stats::wasserstein1LeaveOneOut(pooled, v);
   }
   std::vector<double> scores;
   for (const auto& [rank, s] : score) scores.push_back(s);
@@ -654,16 +654,8 @@ void detectIssueStall(const JobModel& job, const DiagnoseOptions& opt,
     // The starved kernels: issued when the GPU had nothing queued (issue latency below the
     // other ranks' 5th percentile).
     double low = 0;
-    if (pooled_reference) {
-      low = stats::quantileSorted(pooled, 0.05);
-    } else {
-      std::vector<double> others_sorted;
-      for (const auto& [o, w] : lat) {
-        if (o != rank) others_sorted.insert(others_sorted.end(), w.begin(), w.end());
-      }
-      std::sort(others_sorted.begin(), others_sorted.end());
-      low = quantile(others_sorted, 0.05);
-    }
+    low = pooled_reference ? stats::quantileSorted(pooled, 0.05)
+                           : stats::quantileLeaveOneOut(pooled, lat[rank], 0.05);
     const RankData& r = job.ranks().at(rank);
     const Starved starved = starvedBy(job, r, low);
     Diagnosis d;

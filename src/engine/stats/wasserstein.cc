@@ -70,6 +70,49 @@ double wasserstein1(std::span<const double> a, std::span<const double> b) {
   return total;
 }
 
+double wasserstein1LeaveOneOut(std::span<const double> pool, std::span<const double> own) {
+  if (own.empty() || pool.size() <= own.size()) return kNaN;
+  const double na = static_cast<double>(own.size());
+  const double nb = static_cast<double>(pool.size() - own.size());
+  // Walk the pool's distinct values; at each, count the pool's values (all members) and own's
+  // up to it: the others' count is the difference. Integrate |F_own − F_others| in between.
+  size_t i = 0, j = 0;
+  double cur = pool[0];
+  double total = 0;
+  while (i < pool.size()) {
+    while (i < pool.size() && pool[i] <= cur) ++i;
+    while (j < own.size() && own[j] <= cur) ++j;
+    if (i == pool.size()) break;
+    const double next = pool[i];
+    const double fa = static_cast<double>(j) / na;
+    const double fb = static_cast<double>(i - j) / nb;
+    total += std::fabs(fa - fb) * (next - cur);
+    cur = next;
+  }
+  return total;
+}
+
+double quantileLeaveOneOut(std::span<const double> pool, std::span<const double> own, double q) {
+  if (pool.size() <= own.size()) return kNaN;
+  const size_t n = pool.size() - own.size();
+  const double pos = std::clamp(q, 0.0, 1.0) * static_cast<double>(n - 1);
+  const auto lo = static_cast<size_t>(std::floor(pos));
+  const size_t hi = std::min(lo + 1, n - 1);
+  // The others' k-th value: the pool's values in order, own's matched ones skipped.
+  double at_lo = kNaN, at_hi = kNaN;
+  size_t k = 0, j = 0;
+  for (size_t i = 0; i < pool.size() && k <= hi; ++i) {
+    if (j < own.size() && own[j] == pool[i]) {
+      ++j;
+      continue;
+    }
+    if (k == lo) at_lo = pool[i];
+    if (k == hi) at_hi = pool[i];
+    ++k;
+  }
+  return at_lo + (at_hi - at_lo) * (pos - static_cast<double>(lo));
+}
+
 double PiecewiseDistribution::totalMass() const {
   double m = 0;
   for (const Piece& p : pieces)

@@ -21,6 +21,15 @@ namespace flare::stats {
 // values are ignored. NaN when either side has no finite value.
 double wasserstein1(std::span<const double> a, std::span<const double> b);
 
+// One member against the others without building the others: `pool` holds every member's
+// values and `own` is one member's (a sub-multiset of `pool`), both ascending and finite.
+// wasserstein1LeaveOneOut(pool, own) == wasserstein1(own, pool \ own) and
+// quantileLeaveOneOut(pool, own, q) == quantileSorted(pool \ own, q), in O(|pool|) instead of
+// building and sorting pool \ own for every member: n members of m values in O(n²·m), not
+// O(n²·m·log). NaN when either side is empty.
+double wasserstein1LeaveOneOut(std::span<const double> pool, std::span<const double> own);
+double quantileLeaveOneOut(std::span<const double> pool, std::span<const double> own, double q);
+
 // Mass `mass` spread uniformly over [lo, hi]; a point mass when lo == hi.
 struct Piece {
   double lo = 0;

@@ -2,12 +2,50 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 #include <vector>
 
+#include "src/engine/stats/quantile.h"
+
 namespace flare::stats {
 namespace {
+
+// One member against the pool without it (the issue-stall detector's leave-one-out) equals
+// building the others' values and comparing with them: ties between members included.
+TEST(Wasserstein, LeaveOneOutEqualsTheOthersBuilt) {
+  std::mt19937_64 rng(5);
+  for (int trial = 0; trial < 20; ++trial) {
+    std::vector<std::vector<double>> members(2 + trial % 6);
+    for (auto& m : members) {
+      m.resize(1 + rng() % 300);
+      // Values on a coarse grid (many ties, as sketch bucket midpoints are), shifted per member.
+      for (double& v : m) v = static_cast<double>(rng() % 40) + static_cast<double>(trial % 3);
+      std::sort(m.begin(), m.end());
+    }
+    std::vector<double> pool;
+    for (const auto& m : members) pool.insert(pool.end(), m.begin(), m.end());
+    std::sort(pool.begin(), pool.end());
+    for (size_t i = 0; i < members.size(); ++i) {
+      std::vector<double> others;
+      for (size_t j = 0; j < members.size(); ++j) {
+        if (j != i) others.insert(others.end(), members[j].begin(), members[j].end());
+      }
+      std::sort(others.begin(), others.end());
+      EXPECT_NEAR(wasserstein1LeaveOneOut(pool, members[i]), wasserstein1(members[i], others), 1e-9)
+          << trial << " " << i;
+      for (double q : {0.0, 0.05, 0.5, 0.9, 1.0}) {
+        EXPECT_DOUBLE_EQ(quantileLeaveOneOut(pool, members[i], q), quantileSorted(others, q))
+            << trial << " " << i << " " << q;
+      }
+    }
+  }
+  // Nothing left once the member is the whole pool.
+  const std::vector<double> only{1, 2, 3};
+  EXPECT_TRUE(std::isnan(wasserstein1LeaveOneOut(only, only)));
+  EXPECT_TRUE(std::isnan(quantileLeaveOneOut(only, only, 0.5)));
+}
 
 TEST(Wasserstein, EmpiricalByHand) {
   EXPECT_DOUBLE_EQ(wasserstein1(std::vector<double>{1}, std::vector<double>{4}), 3);
