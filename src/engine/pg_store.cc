@@ -880,7 +880,6 @@ MaintenanceResult PgStore::maintain(int64_t now_ns, const RetentionPolicy& polic
     std::string ids = "{";
     std::map<std::string, std::vector<RawRecord>> kept;
     bool ok = true;
-    std::vector<RawRecord> recs;
     for (int64_t after_id = -1;;) {
       if (!Params()
                .i64(raw_cutoff)
@@ -897,18 +896,10 @@ MaintenanceResult PgStore::maintain(int64_t now_ns, const RetentionPolicy& polic
       for (int i = 0; i < rows; ++i) {
         after_id = geti(r, i, 0);
         ids += (ids.size() > 1 ? "," : "") + std::to_string(after_id);
-        const std::string job = gets(r, i, 1);
-        recs.clear();
-        if (!unpackRawChunk(static_cast<int32_t>(geti(r, i, 2)), gets(r, i, 3), &recs)) {
-          noteCorruptRawChunk(&errors_);  // dropped with the others: it cannot be read
-          continue;
-        }
-        for (const RawRecord& rec : recs) {
-          if (rec.start_ns < raw_cutoff) {
-            fold.add(job, rec);
-          } else {
-            kept[job].push_back(rec);
-          }
+        // A chunk that does not decode goes with the others.
+        if (!splitRawChunk(gets(r, i, 1), static_cast<int32_t>(geti(r, i, 2)), gets(r, i, 3),
+                           raw_cutoff, &fold, &kept)) {
+          noteCorruptRawChunk(&errors_);
         }
       }
       PQclear(r);

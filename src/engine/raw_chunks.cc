@@ -232,6 +232,20 @@ std::vector<RawRecord> RawSelection::take() {
   return std::move(kept_);
 }
 
+bool splitRawChunk(const std::string& job, int32_t rank, const std::string& blob, int64_t cutoff,
+                   RawFold* fold, std::map<std::string, std::vector<RawRecord>>* kept) {
+  std::vector<RawRecord> recs;
+  if (!unpackRawChunk(rank, blob, &recs)) return false;
+  for (const RawRecord& r : recs) {
+    if (r.start_ns < cutoff) {
+      fold->add(job, r);
+    } else {
+      (*kept)[job].push_back(r);
+    }
+  }
+  return true;
+}
+
 void RawFold::add(const std::string& job_id, const RawRecord& r) {
   const int64_t w = r.start_ns / window_ns_ * window_ns_;
   Acc& a = acc_[{job_id, r.rank, r.sig_id, r.stream, w}];

@@ -78,6 +78,14 @@ class RawSelection {
 // since − kRawChunkSpanNs cannot hold a record at or after since.
 int64_t rawChunkLowerBound(int64_t since_ns);
 
+class RawFold;
+
+// Retention's split of one stored chunk at `cutoff`: its records that start before it go to
+// *fold, the rest to (*kept)[job] (to be packed again). False, and nothing added, if the blob
+// does not decode.
+bool splitRawChunk(const std::string& job, int32_t rank, const std::string& blob, int64_t cutoff,
+                   RawFold* fold, std::map<std::string, std::vector<RawRecord>>* kept);
+
 // One-minute (window_ns) window rows of raw records: count, sum, mean as p50, max as p99,
 // source "raw" — the fold the stores apply to records past the raw window.
 class RawFold {

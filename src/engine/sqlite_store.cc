@@ -807,21 +807,11 @@ MaintenanceResult SqliteStore::maintain(int64_t now_ns, const RetentionPolicy& p
     {
       Stmt q(db, "SELECT id, job_id, rank, records FROM raw_chunks WHERE start_ns<?");
       q.bind(1, raw_cutoff);
-      std::vector<RawRecord> recs;
       while (q.step() == SQLITE_ROW) {
-        folded_ids.push_back(q.i64(0));
-        const std::string job = q.str(1);
-        recs.clear();
-        if (!unpackRawChunk(static_cast<int32_t>(q.i64(2)), q.str(3), &recs)) {
-          noteCorruptRawChunk(&errors_);  // dropped with the others: it cannot be read
-          continue;
-        }
-        for (const RawRecord& r : recs) {
-          if (r.start_ns < raw_cutoff) {
-            fold.add(job, r);
-          } else {
-            kept[job].push_back(r);
-          }
+        folded_ids.push_back(q.i64(0));  // a chunk that does not decode goes with the others
+        if (!splitRawChunk(q.str(1), static_cast<int32_t>(q.i64(2)), q.str(3), raw_cutoff, &fold,
+                           &kept)) {
+          noteCorruptRawChunk(&errors_);
         }
       }
     }

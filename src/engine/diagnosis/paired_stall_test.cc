@@ -37,7 +37,8 @@ int64_t startAt(int k) {
   return 6'000'000 + k * 200'000;
 }
 
-flare::v1::RecordBatch rankBatch(int rank, int stalled, int64_t stall) {
+// A rank's batch with its signature table: 1, the step marker; 2, `kernel`.
+flare::v1::RecordBatch withSignatures(int rank, const char* kernel_name) {
   flare::v1::RecordBatch b;
   b.set_rank(rank);
   auto* marker = b.add_signatures();
@@ -46,8 +47,13 @@ flare::v1::RecordBatch rankBatch(int rank, int stalled, int64_t stall) {
   marker->set_kind(flare::v1::OP_KIND_SYNC);
   auto* kernel = b.add_signatures();
   kernel->set_id(2);
-  kernel->set_name("elementwise_kernel");
+  kernel->set_name(kernel_name);
   kernel->set_kind(flare::v1::OP_KIND_KERNEL);
+  return b;
+}
+
+flare::v1::RecordBatch rankBatch(int rank, int stalled, int64_t stall) {
+  flare::v1::RecordBatch b = withSignatures(rank, "elementwise_kernel");
   // Ranks start their steps up to 0.7 ms apart (a synchronous job's skew).
   const int64_t skew = 100'000 * rank;
   for (int s = 0; s < kSteps; ++s) {
@@ -157,16 +163,7 @@ TEST(PairedStall, DiagnoseNamesTheRankWithPairedEvidence) {
 JobModel idleJob(const std::vector<std::vector<bool>>& short_steps) {
   JobModel m;
   for (int rank = 0; rank < 4; ++rank) {
-    flare::v1::RecordBatch b;
-    b.set_rank(rank);
-    auto* marker = b.add_signatures();
-    marker->set_id(1);
-    marker->set_name(FLARE_STEP_MARKER_NAME);
-    marker->set_kind(flare::v1::OP_KIND_SYNC);
-    auto* kernel = b.add_signatures();
-    kernel->set_id(2);
-    kernel->set_name("gemm_kernel");
-    kernel->set_kind(flare::v1::OP_KIND_KERNEL);
+    flare::v1::RecordBatch b = withSignatures(rank, "gemm_kernel");
     for (int s = 0; s < 14; ++s) {
       const int64_t t0 = 1'000'000'000 + s * kStepNs + 50'000 * rank;
       auto* mk = b.add_kernels();
