@@ -22,7 +22,6 @@
 
 #include <atomic>
 #include <chrono>
-#include <cmath>
 #include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
@@ -38,12 +37,12 @@
 
 #include "flare/v1/protocol.h"
 #include "flare/v1/service.grpc.pb.h"
-#include "src/engine/stats/sketch.h"
-#include "src/timing/step_stats.h"
+#include "src/engine/load_shape.h"
 
 namespace {
 
 using namespace flare;
+namespace load = flare::engine::load;
 
 int64_t wallNs() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(
@@ -91,20 +90,7 @@ std::string serialized(const v1::RecordBatch& b) {
 
 grpc::Slice signaturesBlock(const Options& o) {
   v1::RecordBatch b;
-  for (int s = 1; s <= o.sigs; ++s) {
-    v1::Signature* sig = b.add_signatures();
-    sig->set_id(static_cast<uint32_t>(s));
-    sig->set_name(s % 5 == 0 ? "ncclAllReduce" : "ampere_bf16_s16816gemm_128x128");
-    sig->set_kind(s % 5 == 0 ? v1::OP_KIND_COLLECTIVE : v1::OP_KIND_GEMM);
-    sig->set_dtype(v1::DTYPE_BF16);
-    for (int64_t d : {int64_t{1}, int64_t{4096}, int64_t{128} * s, int64_t{4096}})
-      sig->add_shape(d);
-    sig->set_flops_per_call(2ull * 4096 * 128 * static_cast<uint64_t>(s) * 4096);
-    if (s % 5 == 0) {
-      sig->set_collective(v1::COLLECTIVE_KIND_ALL_REDUCE);
-      sig->set_bytes_per_call(64ull << 20);
-    }
-  }
+  load::addSignatures(&b, o.sigs);
   return grpc::Slice(serialized(b));
 }
 
@@ -128,54 +114,8 @@ std::shared_ptr<const Blocks> makeBlocks(const Options& o, const grpc::Slice& si
     }
     blocks->body_items = static_cast<size_t>(o.records_per_batch);
   } else {
-    for (int s = 1; s <= o.sigs; ++s) {
-      v1::KernelSummary* sm = b.add_summaries();
-      sm->set_signature_id(static_cast<uint32_t>(s));
-      sm->set_stream_id(7);
-      sm->set_window_start_ns(now - o.interval_ms * 1000000LL);
-      sm->set_window_end_ns(now);
-      for (int c = 0; c < 2; ++c) {
-        auto* cl = sm->add_clusters();
-        cl->set_count(c == 0 ? 190 : 10);
-        cl->set_p50_ns(100000 * (c + 1) + s * 100);
-        cl->set_p99_ns(130000 * (c + 1) + s * 100);
-        cl->set_sum_ns(static_cast<int64_t>(cl->count()) * cl->p50_ns());
-      }
-    }
-    blocks->body_items = static_cast<size_t>(o.sigs);
-    if (o.ops_per_step > 0) {
-      // The step's statistics as a rank's StepAccumulator sends them: issue latencies of
-      // --ops-per-step ops spread log-uniformly over 5 us .. 50 ms (a 2%-accuracy sketch of
-      // ~230 buckets) and two host causes holding 1% of them each.
-      v1::StepStats* st = b.add_step_stats();
-      const int64_t len = o.interval_ms * 1000000LL;
-      st->set_start_ns(now - len);
-      st->set_end_ns(now);
-      st->set_gpu_busy_ns(len * 9 / 10);
-      st->set_inter_ns(len / 20);
-      st->set_minority_ns(len / 10);
-      st->set_gpu_ops(static_cast<uint64_t>(o.ops_per_step));
-      stats::LatencySketch all(timing::StepStats::kStepSketchAccuracy);
-      stats::LatencySketch cause(timing::StepStats::kStepSketchAccuracy);
-      double sum = 0;
-      for (int i = 0; i < o.ops_per_step; ++i) {
-        const double v = 5e3 * std::pow(1e4, static_cast<double>(i) / o.ops_per_step);
-        all.add(v);
-        sum += v;
-        if (i % 100 == 0) cause.add(v);
-      }
-      st->set_issue_latency_sum_ns(sum);
-      st->set_issue_offset_sum_ns(0.5 * static_cast<double>(len) * o.ops_per_step);
-      const auto bytes = all.serialize();
-      st->set_issue_latency(bytes.data(), bytes.size());
-      const auto cause_bytes = cause.serialize();
-      for (const char* name : {"torch.cuda.synchronize", "gc.collect"}) {
-        v1::HostCause* c = st->add_causes();
-        c->set_name(name);
-        c->set_issue_latency(cause_bytes.data(), cause_bytes.size());
-      }
-      ++blocks->body_items;
-    }
+    blocks->body_items = static_cast<size_t>(
+        load::addSummaryInterval(&b, o.sigs, o.ops_per_step, now, o.interval_ms * 1000000LL));
   }
   blocks->body = grpc::Slice(serialized(b));
   return blocks;
@@ -314,11 +254,7 @@ class RankStream final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::
     header_.set_batch_seq(seq_);
     header_.set_created_ns(now);
     if (!raw()) {
-      v1::StepMarker* st = header_.add_steps();
-      st->set_step(seq_);
-      st->set_start_ns(now - o_.interval_ms * 1000000LL);
-      st->set_end_ns(now);
-      st->set_samples(1024);
+      load::addStepMarker(&header_, seq_, now, o_.interval_ms * 1000000LL);
       header_.mutable_drops()->set_ring_full(seq_ / 100);
     }
     std::string fields;

@@ -653,9 +653,8 @@ void detectIssueStall(const JobModel& job, const DiagnoseOptions& opt,
     if (!latency_outlier && !idle_outlier && !paired_outlier) continue;
     // The starved kernels: issued when the GPU had nothing queued (issue latency below the
     // other ranks' 5th percentile).
-    double low = 0;
-    low = pooled_reference ? stats::quantileSorted(pooled, 0.05)
-                           : stats::quantileLeaveOneOut(pooled, lat[rank], 0.05);
+    const double low = pooled_reference ? stats::quantileSorted(pooled, 0.05)
+                                        : stats::quantileLeaveOneOut(pooled, lat[rank], 0.05);
     const RankData& r = job.ranks().at(rank);
     const Starved starved = starvedBy(job, r, low);
     Diagnosis d;

@@ -70,7 +70,6 @@ void detectSlowGpuFromSummaries(const JobModel& job, const DiagnoseOptions& opt,
   // members are then built one signature at a time (every rank's member of every signature at
   // once held ~320 MB of copied clusters during each pass at 1,024 or 10,000 ranks).
   struct RankWindows {
-    int rank = 0;
     const RankData* data = nullptr;
     std::vector<std::pair<uint32_t, uint32_t>> order;  // (signature, window index)
   };
@@ -88,7 +87,6 @@ void detectSlowGpuFromSummaries(const JobModel& job, const DiagnoseOptions& opt,
     const bool has_later = std::any_of(r.summaries.begin(), r.summaries.end(),
                                        [warm](const SummaryWindow& w) { return w.start >= warm; });
     RankWindows& rw = windows.emplace_back();
-    rw.rank = rank;
     rw.data = &r;
     for (size_t i = r.summaries.size(); i-- > 0;) {
       const SummaryWindow& w = r.summaries[i];
@@ -113,7 +111,7 @@ void detectSlowGpuFromSummaries(const JobModel& job, const DiagnoseOptions& opt,
       const auto [lo, hi] = std::equal_range(rw.order.begin(), rw.order.end(),
                                              std::pair<uint32_t, uint32_t>{sig, 0}, bySig);
       if (lo == hi) continue;
-      Member& m = per_rank[rw.rank];
+      Member& m = per_rank[rw.data->rank];
       for (auto it = lo; it != hi; ++it) {
         const SummaryWindow& w = rw.data->summaries[it->second];
         if (m.clusters.size() < per_rank_clusters)
