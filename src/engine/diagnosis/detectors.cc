@@ -1031,7 +1031,7 @@ void detectUnoptimized(const JobModel& job, const DiagnoseOptions& opt,
                                  : gemmFlops(sig);
       if (sig.kind() != flare::v1::OP_KIND_GEMM || flops < opt.unoptimized_min_flops) continue;
       Durations& d = durations[w.sig];
-      for (const stats::DurationCluster& c : w.clusters) {
+      for (const WindowCluster& c : w.clusters) {
         d.values.emplace_back(c.p50, c.count);
         d.count += c.count;
         d.time += c.sum;

@@ -10,6 +10,57 @@
 
 namespace flare::engine {
 
+void ClusterList::release() {
+  if (cap_ > kInline) delete[] heap_;
+  size_ = 0;
+  cap_ = kInline;
+}
+
+void ClusterList::steal(ClusterList& o) noexcept {
+  size_ = o.size_;
+  cap_ = o.cap_;
+  if (cap_ > kInline) {
+    heap_ = o.heap_;
+  } else {
+    std::copy(o.inline_, o.inline_ + size_, inline_);
+  }
+  o.size_ = 0;
+  o.cap_ = kInline;
+}
+
+void ClusterList::assign(const WindowCluster* first, const WindowCluster* last) {
+  const size_t n = static_cast<size_t>(last - first);
+  if (n <= kInline) {
+    WindowCluster tmp[kInline];
+    std::copy(first, last, tmp);
+    release();
+    std::copy(tmp, tmp + n, inline_);
+  } else {
+    auto* block = new WindowCluster[n];
+    std::copy(first, last, block);
+    release();
+    heap_ = block;
+    cap_ = static_cast<uint32_t>(n);
+  }
+  size_ = static_cast<uint32_t>(n);
+}
+
+void ClusterList::push_back(const WindowCluster& c) {
+  if (size_ == cap_) {
+    const uint32_t cap = cap_ * 2;
+    auto* block = new WindowCluster[cap];
+    std::copy(begin(), end(), block);
+    block[size_] = c;  // `c` may be in this list: copied before the old block is freed
+    const uint32_t n = size_ + 1;
+    release();
+    heap_ = block;
+    cap_ = cap;
+    size_ = n;
+    return;
+  }
+  data()[size_++] = c;
+}
+
 std::string signatureKey(const flare::v1::Signature& sig) {
   std::string key = sig.name();
   key += '\x1f';
@@ -115,7 +166,7 @@ void JobModel::addBatch(int rank, const flare::v1::RecordBatch& batch) {
     w.end = std::max(ks.window_end_ns(), ks.window_start_ns());
     for (const auto& c : ks.clusters()) {
       if (c.count() == 0) continue;
-      stats::DurationCluster dc;
+      WindowCluster dc;
       dc.count = c.count();
       dc.p50 = static_cast<double>(std::max<int64_t>(0, c.p50_ns()));
       dc.p99 = std::max(dc.p50, static_cast<double>(c.p99_ns()));
@@ -233,14 +284,12 @@ namespace {
 constexpr size_t kMaxFoldedClusters = 8;
 constexpr double kFoldedClusterRatio = 1.05;  // clusters whose p50s are this close merge
 
-void mergeCluster(stats::DurationCluster* into, const stats::DurationCluster& c) {
+void mergeCluster(WindowCluster* into, const WindowCluster& c) {
   const double n = static_cast<double>(into->count) + static_cast<double>(c.count);
   if (n > 0) {
     into->p50 =
         (into->p50 * static_cast<double>(into->count) + c.p50 * static_cast<double>(c.count)) / n;
   }
-  into->min = into->count == 0 ? c.min : std::min(into->min, c.min);
-  into->max = std::max(into->max, c.max);
   into->count += c.count;
   into->p99 = std::max(into->p99, c.p99);
   into->sum += c.sum;
@@ -248,11 +297,10 @@ void mergeCluster(stats::DurationCluster* into, const stats::DurationCluster& c)
 
 // Clusters of one signature from several windows, as few: neighbours (by p50) within 5% merge
 // (count-weighted p50, p99 the larger, sums added), then the closest pairs until at most 8.
-void foldClusters(std::vector<stats::DurationCluster>* clusters) {
-  auto& c = *clusters;
+// `out` is scratch space, reused across calls.
+void foldClusters(std::vector<WindowCluster>& c, std::vector<WindowCluster>& out) {
   std::sort(c.begin(), c.end(), [](const auto& a, const auto& b) { return a.p50 < b.p50; });
-  std::vector<stats::DurationCluster> out;
-  out.reserve(c.size());
+  out.clear();
   for (const auto& x : c) {
     if (!out.empty() && x.p50 <= out.back().p50 * kFoldedClusterRatio)
       mergeCluster(&out.back(), x);
@@ -272,7 +320,6 @@ void foldClusters(std::vector<stats::DurationCluster>* clusters) {
     mergeCluster(&out[best], out[best + 1]);
     out.erase(out.begin() + static_cast<std::ptrdiff_t>(best) + 1);
   }
-  c = std::move(out);
 }
 
 int64_t floorDiv(int64_t a, int64_t b) {
@@ -322,10 +369,12 @@ void JobModel::compactRank(RankData& r) {
   std::sort(keyed.begin(), keyed.end(),
             [](const Keyed& a, const Keyed& b) { return a.tie() < b.tie(); });
   std::vector<SummaryWindow> folded;
-  folded.reserve(keyed.size() / 2 + fine.size() + 1);
+  folded.reserve(keyed.size());
+  std::vector<WindowCluster> gathered, merged;
   for (size_t a = 0; a < keyed.size();) {
     size_t b = a + 1;
     SummaryWindow into = std::move(r.summaries[keyed[a].index]);
+    gathered.assign(into.clusters.begin(), into.clusters.end());
     for (; b < keyed.size() && keyed[b].bucket == keyed[a].bucket && keyed[b].sig == keyed[a].sig &&
            keyed[b].stream == keyed[a].stream;
          ++b) {
@@ -336,16 +385,25 @@ void JobModel::compactRank(RankData& r) {
       into.bytes += w.bytes;
       into.n += w.n;
       into.sum_ns += w.sum_ns;
-      into.clusters.insert(into.clusters.end(), w.clusters.begin(), w.clusters.end());
+      gathered.insert(gathered.end(), w.clusters.begin(), w.clusters.end());
     }
-    if (b - a > 1) foldClusters(&into.clusters);
+    if (b - a > 1) {
+      foldClusters(gathered, merged);
+      into.clusters.assign(merged.data(), merged.data() + merged.size());
+    }
     folded.push_back(std::move(into));
     a = b;
   }
+  // Room for the windows still to come before the next fold (one bucket's worth at the rank's
+  // recent rate), and no more: a doubling vector held up to twice the window (~100 KB a rank).
+  size_t recent = 0;
+  for (const SummaryWindow& w : fine) recent += w.end >= r.newest_ns - compact_bucket_ns_;
+  std::vector<SummaryWindow> kept;
+  kept.reserve(folded.size() + fine.size() + recent + recent / 8);
+  std::move(folded.begin(), folded.end(), std::back_inserter(kept));
+  std::move(fine.begin(), fine.end(), std::back_inserter(kept));
   r.coarse_summaries = folded.size();
-  folded.insert(folded.end(), std::make_move_iterator(fine.begin()),
-                std::make_move_iterator(fine.end()));
-  r.summaries = std::move(folded);
+  r.summaries = std::move(kept);
   // Step sketches: merged into the bucket of the step's start; the step keeps its figures.
   for (ReceivedStep& st : r.steps) {
     if (st.stats.end_ns >= cutoff || st.stats.start_ns < warm) continue;
@@ -423,7 +481,7 @@ std::optional<flare::v1::RecordBatch> JobModel::rankBatch(int rank) const {
     ks->set_window_end_ns(w.end);
     ks->set_flops(static_cast<uint64_t>(w.flops));
     ks->set_bytes(static_cast<uint64_t>(w.bytes));
-    for (const stats::DurationCluster& c : w.clusters) {
+    for (const WindowCluster& c : w.clusters) {
       auto* out = ks->add_clusters();
       out->set_count(c.count);
       out->set_p50_ns(static_cast<int64_t>(c.p50));

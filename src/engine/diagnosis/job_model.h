@@ -54,14 +54,78 @@ struct Span {
   int32_t gc_generation = -1;
 };
 
+// One duration cluster of a kernel summary as it came on the wire (KernelSummary.Cluster): 32
+// bytes, where stats::DurationCluster also carries a min and max that summaries do not have.
+struct WindowCluster {
+  uint64_t count = 0;
+  double p50 = 0;
+  double p99 = 0;
+  double sum = 0;
+  stats::DurationCluster toDuration() const { return {count, p50, p99, sum, 0, 0}; }
+};
+
+// A summary window's clusters: up to kInline in place, more in one heap block of exactly their
+// number. Most windows carry one or two clusters, so the daemon's window of a 10,000-rank job
+// (~1,500 windows a rank) holds no heap block per window; a std::vector per window cost a
+// malloc on every window received, and its growth left folded windows with 20 clusters'
+// capacity for two kept (~530 KB a rank: docs/benchmarks.md, "Steady state").
+class ClusterList {
+ public:
+  static constexpr uint32_t kInline = 2;
+
+  ClusterList() noexcept {}
+  ClusterList(const ClusterList& o) { assign(o.begin(), o.end()); }
+  ClusterList(ClusterList&& o) noexcept { steal(o); }
+  ClusterList& operator=(const ClusterList& o) {
+    if (this != &o) assign(o.begin(), o.end());
+    return *this;
+  }
+  ClusterList& operator=(ClusterList&& o) noexcept {
+    if (this != &o) {
+      release();
+      steal(o);
+    }
+    return *this;
+  }
+  ~ClusterList() { release(); }
+
+  const WindowCluster* begin() const { return data(); }
+  const WindowCluster* end() const { return data() + size_; }
+  WindowCluster* begin() { return data(); }
+  WindowCluster* end() { return data() + size_; }
+  size_t size() const { return size_; }
+  bool empty() const { return size_ == 0; }
+  const WindowCluster& operator[](size_t i) const { return data()[i]; }
+  // Bytes held outside the object (0 when the clusters are in place).
+  size_t heapBytes() const { return cap_ > kInline ? cap_ * sizeof(WindowCluster) : 0; }
+
+  void push_back(const WindowCluster& c);
+  // Replaces the clusters with [first, last), in a block of exactly their number when they do
+  // not fit in place. `first` may point into this list.
+  void assign(const WindowCluster* first, const WindowCluster* last);
+
+ private:
+  WindowCluster* data() { return cap_ > kInline ? heap_ : inline_; }
+  const WindowCluster* data() const { return cap_ > kInline ? heap_ : inline_; }
+  void release();
+  void steal(ClusterList& o) noexcept;
+
+  uint32_t size_ = 0;
+  uint32_t cap_ = kInline;
+  union {
+    WindowCluster* heap_ = nullptr;
+    WindowCluster inline_[kInline];
+  };
+};
+
 // One KernelSummary of a rank (MODE_SUMMARY): the durations of one signature on one stream
-// over one window, as clusters (count, p50, p99, sum; min/max unknown, left 0).
+// over one window, as clusters (count, p50, p99, sum).
 struct SummaryWindow {
   uint32_t sig = 0;  // job-wide signature id
   uint64_t stream = 0;
   int64_t start = 0;  // window, rank's epoch ns
   int64_t end = 0;
-  std::vector<stats::DurationCluster> clusters;
+  ClusterList clusters;
   double flops = 0;  // totals over the window's ops (the signature's per-call figures × count
   double bytes = 0;  // when the rank sent none)
   // The clusters' total count and duration, kept by JobModel with `clusters` (read for every

@@ -114,8 +114,9 @@ void detectSlowGpuFromSummaries(const JobModel& job, const DiagnoseOptions& opt,
       Member& m = per_rank[rw.data->rank];
       for (auto it = lo; it != hi; ++it) {
         const SummaryWindow& w = rw.data->summaries[it->second];
-        if (m.clusters.size() < per_rank_clusters)
-          m.clusters.insert(m.clusters.end(), w.clusters.begin(), w.clusters.end());
+        if (m.clusters.size() < per_rank_clusters) {
+          for (const WindowCluster& c : w.clusters) m.clusters.push_back(c.toDuration());
+        }
         m.count += w.count();
         m.sum += w.sumNs();
       }

@@ -75,6 +75,11 @@ class LatencySketch {
   // the bucket's value range clipped to [min, max] (the zero bucket: [−zt, zt] clipped).
   void forEachBucket(const std::function<void(double lo, double hi, uint64_t count)>& fn) const;
 
+  // Bytes the sketch holds outside the object (its bucket arrays' capacity): for memory accounting.
+  size_t heapBytes() const {
+    return (pos_.counts.capacity() + neg_.counts.capacity()) * sizeof(uint64_t);
+  }
+
   std::vector<uint8_t> serialize() const;
   static std::optional<LatencySketch> deserialize(std::span<const uint8_t> bytes,
                                                   std::string* error = nullptr);
