@@ -32,13 +32,6 @@ double medianOf(std::vector<double> v) {
   return stats::quantileInPlace(v, 0.5);
 }
 
-struct Member {
-  std::vector<stats::DurationCluster> clusters;
-  uint64_t count = 0;
-  double sum = 0;
-  double mean() const { return count ? sum / static_cast<double>(count) : 0; }
-};
-
 }  // namespace
 
 bool hasSummaries(const JobModel& job) {
@@ -66,12 +59,20 @@ void detectSlowGpuFromSummaries(const JobModel& job, const DiagnoseOptions& opt,
   std::vector<char> compute(job.signatures().size());
   for (size_t i = 0; i < compute.size(); ++i)
     compute[i] = isComputeKind(job.signatures()[i].kind());
-  // Each rank's windows that count, as (signature, index), newest first within a signature: the
-  // members are then built one signature at a time (every rank's member of every signature at
-  // once held ~320 MB of copied clusters during each pass at 1,024 or 10,000 ranks).
+  // Each rank's windows that count, as (signature, index), newest first within a signature,
+  // with each signature's count and duration over all of them: the members are then built one
+  // signature at a time (every rank's member of every signature at once held ~320 MB of copied
+  // clusters during each pass at 1,024 or 10,000 ranks), reading only the windows they keep.
+  struct SigRun {
+    uint32_t sig;
+    uint32_t lo, hi;  // [lo, hi) in RankWindows::order
+    uint64_t count;
+    double sum;
+  };
   struct RankWindows {
     const RankData* data = nullptr;
     std::vector<std::pair<uint32_t, uint32_t>> order;  // (signature, window index)
+    std::vector<SigRun> runs;                          // by signature
   };
   std::vector<RankWindows> windows;
   windows.reserve(job.ranks().size());
@@ -99,30 +100,18 @@ void detectSlowGpuFromSummaries(const JobModel& job, const DiagnoseOptions& opt,
     }
     std::stable_sort(rw.order.begin(), rw.order.end(),
                      [](const auto& x, const auto& y) { return x.first < y.first; });
+    for (uint32_t a = 0; a < rw.order.size();) {
+      SigRun run{rw.order[a].first, a, a, 0, 0};
+      for (; run.hi < rw.order.size() && rw.order[run.hi].first == run.sig; ++run.hi) {
+        const SummaryWindow& w = r.summaries[rw.order[run.hi].second];
+        run.count += w.count();
+        run.sum += w.sumNs();
+      }
+      a = run.hi;
+      rw.runs.push_back(run);
+    }
   }
   std::sort(sigs.begin(), sigs.end());
-  // signature -> rank -> concatenated clusters, newest windows first up to per_rank_clusters;
-  // count and sum over every window.
-  auto membersOf = [&](uint32_t sig) {
-    std::map<int, Member> per_rank;
-    const auto bySig = [](const std::pair<uint32_t, uint32_t>& x,
-                          const std::pair<uint32_t, uint32_t>& y) { return x.first < y.first; };
-    for (const RankWindows& rw : windows) {
-      const auto [lo, hi] = std::equal_range(rw.order.begin(), rw.order.end(),
-                                             std::pair<uint32_t, uint32_t>{sig, 0}, bySig);
-      if (lo == hi) continue;
-      Member& m = per_rank[rw.data->rank];
-      for (auto it = lo; it != hi; ++it) {
-        const SummaryWindow& w = rw.data->summaries[it->second];
-        if (m.clusters.size() < per_rank_clusters) {
-          for (const WindowCluster& c : w.clusters) m.clusters.push_back(c.toDuration());
-        }
-        m.count += w.count();
-        m.sum += w.sumNs();
-      }
-    }
-    return per_rank;
-  };
   struct RankScore {
     double flagged_weight = 0;
     double total_weight = 0;
@@ -132,18 +121,31 @@ void detectSlowGpuFromSummaries(const JobModel& job, const DiagnoseOptions& opt,
     double top_mean = 0, top_reference = 0, top_score = 0, top_fence = 0;
   };
   std::map<int, RankScore> scores;
+  // One signature's members: each rank's clusters, newest windows first up to
+  // per_rank_clusters; mean over every window. Reused across signatures (no allocation per
+  // rank and signature once grown).
+  std::vector<std::vector<stats::DurationCluster>> members;
+  std::vector<int> ranks;
+  std::vector<double> means;
   for (const uint32_t sig : sigs) {
-    const std::map<int, Member> per_rank = membersOf(sig);
-    std::vector<int> ranks;
-    std::vector<std::vector<stats::DurationCluster>> members;
-    std::vector<double> means;
+    ranks.clear();
+    means.clear();
     double weight = 0;
-    for (const auto& [rank, m] : per_rank) {
-      if (m.count < static_cast<uint64_t>(std::max(opt.min_samples, 1))) continue;
-      ranks.push_back(rank);
-      members.push_back(m.clusters);
-      means.push_back(m.mean());
-      weight += m.sum;
+    for (const RankWindows& rw : windows) {
+      const auto run = std::lower_bound(rw.runs.begin(), rw.runs.end(), sig,
+                                        [](const SigRun& x, uint32_t s) { return x.sig < s; });
+      if (run == rw.runs.end() || run->sig != sig) continue;
+      if (run->count < static_cast<uint64_t>(std::max(opt.min_samples, 1))) continue;
+      if (ranks.size() == members.size()) members.emplace_back();
+      std::vector<stats::DurationCluster>& m = members[ranks.size()];
+      m.clear();
+      for (uint32_t k = run->lo; k < run->hi && m.size() < per_rank_clusters; ++k) {
+        for (const WindowCluster& c : rw.data->summaries[rw.order[k].second].clusters)
+          m.push_back(c.toDuration());
+      }
+      ranks.push_back(rw.data->rank);
+      means.push_back(run->sum / static_cast<double>(run->count));
+      weight += run->sum;
     }
     if (ranks.size() < 3) continue;  // two ranks cannot say which one is different
     const double reference = medianOf(means);
@@ -153,7 +155,8 @@ void detectSlowGpuFromSummaries(const JobModel& job, const DiagnoseOptions& opt,
     // W1 of two mixtures that differ by a factor (1 + e) is about e × the mean duration: noise
     // below half the minimum effect is no outlier.
     oo.minAbsoluteExcess = 0.5 * opt.gpu_min_effect * reference;
-    const stats::OutlierResult res = stats::summaryOutliers(members, oo);
+    const stats::OutlierResult res =
+        stats::summaryOutliers(std::span(members.data(), ranks.size()), oo);
     std::set<size_t> high(res.high.begin(), res.high.end());
     for (size_t i = 0; i < ranks.size(); ++i) {
       RankScore& s = scores[ranks[i]];

@@ -92,11 +92,12 @@ OutlierResult summaryOutliers(std::span<const std::vector<DurationCluster>> memb
     // Mean W1 to all others over a quantile grid: for each grid point the members' values are
     // sorted once, and Σ_j |v_i − v_j| comes from prefix sums (O(G·n·log n), not n² W1s).
     constexpr size_t kGrid = 64;
-    std::vector<std::vector<double>> q(n);
-    for (size_t i = 0; i < n; ++i) q[i] = quantileGrid(rebuildMixture(members[i]), kGrid);
+    std::vector<double> grids(n * kGrid);  // member i's grid at [i·kGrid, (i+1)·kGrid)
+    GridScratch scratch;
     std::vector<size_t> with_data;
     for (size_t i = 0; i < n; ++i)
-      if (q[i].size() == kGrid) with_data.push_back(i);
+      if (quantileGridOf(members[i], kGrid, &grids[i * kGrid], &scratch)) with_data.push_back(i);
+    auto q = [&](size_t i) { return &grids[i * kGrid]; };
     std::vector<double> score(n, std::nan(""));
     const size_t m = with_data.size();
     // References: every member up to kMaxGridReferences, else that many spread evenly over the
@@ -115,14 +116,14 @@ OutlierResult summaryOutliers(std::span<const std::vector<DurationCluster>> memb
       std::vector<double> sorted(kGrid * k), prefix(kGrid * (k + 1));
       for (size_t g = 0; g < kGrid; ++g) {
         double* col = &sorted[g * k];
-        for (size_t t = 0; t < k; ++t) col[t] = q[with_data[refs[t]]][g];
+        for (size_t t = 0; t < k; ++t) col[t] = q(with_data[refs[t]])[g];
         std::sort(col, col + k);
         double* pre = &prefix[g * (k + 1)];
         pre[0] = 0;
         for (size_t t = 0; t < k; ++t) pre[t + 1] = pre[t] + col[t];
       }
       for (size_t t = 0; t < m; ++t) {
-        const std::vector<double>& mine = q[with_data[t]];
+        const double* mine = q(with_data[t]);
         double total = 0;
         for (size_t g = 0; g < kGrid; ++g) {
           const double* col = &sorted[g * k];
@@ -146,11 +147,17 @@ OutlierResult summaryOutliers(std::span<const std::vector<DurationCluster>> memb
     }
     return findOutliers(score, options);
   }
-  std::vector<PiecewiseDistribution> rebuilt;
-  rebuilt.reserve(members.size());
-  for (const auto& m : members) rebuilt.push_back(rebuildMixture(m));
+  // Each mixture's CDF steps sorted once; a pair's W1 is then a merge (a sort per pair was most
+  // of a 128-rank pass).
+  std::vector<std::vector<CdfEvent>> steps;
+  steps.reserve(members.size());
+  for (const auto& m : members) steps.push_back(cdfEvents(rebuildMixture(m)));
   return outliersByMeanDistance(
-      members.size(), [&](size_t i, size_t j) { return wasserstein1(rebuilt[i], rebuilt[j]); },
+      members.size(),
+      [&](size_t i, size_t j) {
+        return wasserstein1(std::span<const CdfEvent>(steps[i]),
+                            std::span<const CdfEvent>(steps[j]));
+      },
       options);
 }
 

@@ -18,11 +18,7 @@ double absLinearIntegral(double d0, double d1, double w) {
   return 0.5 * (d0 * d0 + d1 * d1) / (std::fabs(d0) + std::fabs(d1)) * w;
 }
 
-struct Event {
-  double x;
-  double jump;
-  double dslope;
-};
+using Event = CdfEvent;
 
 void addEvents(const PiecewiseDistribution& p, double sign, std::vector<Event>& ev) {
   const double total = p.totalMass();
@@ -130,6 +126,40 @@ double PiecewiseDistribution::mean() const {
   return m > 0 ? s / m : kNaN;
 }
 
+std::vector<CdfEvent> cdfEvents(const PiecewiseDistribution& p) {
+  std::vector<Event> ev;
+  if (!(p.totalMass() > 0)) return ev;
+  ev.reserve(2 * p.pieces.size());
+  addEvents(p, +1, ev);
+  std::sort(ev.begin(), ev.end(), [](const Event& l, const Event& r) { return l.x < r.x; });
+  return ev;
+}
+
+double wasserstein1(std::span<const CdfEvent> p, std::span<const CdfEvent> q) {
+  if (p.empty() || q.empty()) return kNaN;
+  // As below, with the two sorted lists merged as they are walked (q's steps negated).
+  double d = 0, slope = 0, x = std::min(p.front().x, q.front().x), total = 0;
+  size_t i = 0, j = 0;
+  while (i < p.size() || j < q.size()) {
+    const double x0 = std::min(i < p.size() ? p[i].x : std::numeric_limits<double>::infinity(),
+                               j < q.size() ? q[j].x : std::numeric_limits<double>::infinity());
+    const double w = x0 - x;
+    const double d1 = d + slope * w;
+    total += absLinearIntegral(d, d1, w);
+    d = d1;
+    for (; i < p.size() && p[i].x == x0; ++i) {
+      d += p[i].jump;
+      slope += p[i].dslope;
+    }
+    for (; j < q.size() && q[j].x == x0; ++j) {
+      d -= q[j].jump;
+      slope -= q[j].dslope;
+    }
+    x = x0;
+  }
+  return total;
+}
+
 double wasserstein1(const PiecewiseDistribution& p, const PiecewiseDistribution& q) {
   if (!(p.totalMass() > 0) || !(q.totalMass() > 0)) return kNaN;
   std::vector<Event> ev;
@@ -155,14 +185,16 @@ double wasserstein1(const PiecewiseDistribution& p, const PiecewiseDistribution&
   return total;
 }
 
-std::vector<double> quantileGrid(const PiecewiseDistribution& p, size_t G) {
-  std::vector<double> out;
-  if (G == 0 || !(p.totalMass() > 0)) return out;
-  std::vector<Event> ev;
+namespace {
+
+// quantileGrid into out[0, G) with `ev` as scratch; false when p has no mass.
+bool quantileGridInto(const PiecewiseDistribution& p, size_t G, double* out,
+                      std::vector<Event>& ev) {
+  if (G == 0 || !(p.totalMass() > 0)) return false;
+  ev.clear();
   addEvents(p, +1, ev);
-  if (ev.empty()) return out;
+  if (ev.empty()) return false;
   std::sort(ev.begin(), ev.end(), [](const Event& l, const Event& r) { return l.x < r.x; });
-  out.reserve(G);
   // F is piecewise linear between events (slope `slope`) and jumps at point masses; walk it once
   // while the targets u_g rise.
   double f = 0, slope = 0, x = ev.front().x;
@@ -174,7 +206,7 @@ std::vector<double> quantileGrid(const PiecewiseDistribution& p, size_t G) {
     const double f1 = f + slope * (x1 - x);
     // Targets reached inside the linear stretch [x, x1).
     while (g < G && target(g) <= f1 && slope > 0) {
-      out.push_back(x + (target(g) - f) / slope);
+      out[g] = x + (target(g) - f) / slope;
       ++g;
     }
     if (!more) break;
@@ -186,17 +218,44 @@ std::vector<double> quantileGrid(const PiecewiseDistribution& p, size_t G) {
     }
     // Targets inside a jump (a point mass) sit at the jump.
     while (g < G && target(g) <= f) {
-      out.push_back(x);
+      out[g] = x;
       ++g;
     }
   }
   // Rounding can leave the last targets just above F's final value: they sit at the maximum.
-  while (out.size() < G) out.push_back(x);
+  for (; g < G; ++g) out[g] = x;
+  return true;
+}
+
+void rebuildMixtureInto(std::span<const DurationCluster> clusters, PiecewiseDistribution* out);
+
+}  // namespace
+
+std::vector<double> quantileGrid(const PiecewiseDistribution& p, size_t G) {
+  std::vector<double> out(G);
+  std::vector<Event> ev;
+  if (!quantileGridInto(p, G, out.data(), ev)) out.clear();
   return out;
+}
+
+bool quantileGridOf(std::span<const DurationCluster> clusters, size_t G, double* out,
+                    GridScratch* scratch) {
+  rebuildMixtureInto(clusters, &scratch->mixture);
+  return quantileGridInto(scratch->mixture, G, out, scratch->events);
 }
 
 PiecewiseDistribution rebuildMixture(std::span<const DurationCluster> clusters) {
   PiecewiseDistribution out;
+  rebuildMixtureInto(clusters, &out);
+  return out;
+}
+
+namespace {
+
+void rebuildMixtureInto(std::span<const DurationCluster> clusters, PiecewiseDistribution* mix) {
+  std::vector<Piece>& out = mix->pieces;
+  out.clear();
+  out.reserve(3 * clusters.size());
   for (const DurationCluster& c : clusters) {
     if (c.count == 0 || !std::isfinite(c.p50) || !std::isfinite(c.p99)) continue;
     const double w = static_cast<double>(c.count);
@@ -218,12 +277,13 @@ PiecewiseDistribution rebuildMixture(std::span<const DurationCluster> clusters) 
       b = p99 + (p99 - p50) * (0.01 / 0.49);
     }
     if (!std::isfinite(a) || !std::isfinite(b)) continue;
-    out.pieces.push_back({a, p50, 0.50 * w});
-    out.pieces.push_back({p50, p99, 0.49 * w});
-    out.pieces.push_back({p99, b, 0.01 * w});
+    out.push_back({a, p50, 0.50 * w});
+    out.push_back({p50, p99, 0.49 * w});
+    out.push_back({p99, b, 0.01 * w});
   }
-  return out;
 }
+
+}  // namespace
 
 double wasserstein1(std::span<const DurationCluster> a, std::span<const DurationCluster> b) {
   return wasserstein1(rebuildMixture(a), rebuildMixture(b));

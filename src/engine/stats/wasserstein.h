@@ -66,6 +66,33 @@ std::vector<double> quantileGrid(const PiecewiseDistribution& p, size_t G);
 // is a point mass. Clusters are weighted by count.
 PiecewiseDistribution rebuildMixture(std::span<const DurationCluster> clusters);
 
+// One step of a piecewise-linear CDF (internal to the grid and W1 computations; public only as
+// GridScratch's element).
+struct CdfEvent {
+  double x;
+  double jump;
+  double dslope;
+};
+
+// A distribution's CDF steps (normalized, ascending): built once per member, then the W1 of any
+// two by one merge of their lists (no sort per pair). Empty when p has no mass.
+std::vector<CdfEvent> cdfEvents(const PiecewiseDistribution& p);
+// wasserstein1(p, q) from cdfEvents(p) and cdfEvents(q), equal up to rounding. NaN when either is
+// empty.
+double wasserstein1(std::span<const CdfEvent> p, std::span<const CdfEvent> q);
+
+// Buffers quantileGridOf reuses between calls.
+struct GridScratch {
+  PiecewiseDistribution mixture;
+  std::vector<CdfEvent> events;
+};
+
+// quantileGrid(rebuildMixture(clusters), G) written to out[0, G), without allocating once the
+// scratch has grown: the summary detector computes one per rank and signature per pass. False
+// (out untouched) when the mixture has no mass.
+bool quantileGridOf(std::span<const DurationCluster> clusters, size_t G, double* out,
+                    GridScratch* scratch);
+
 // W1 between two summaries' rebuilt mixtures. NaN when either has no count.
 double wasserstein1(std::span<const DurationCluster> a, std::span<const DurationCluster> b);
 

@@ -205,5 +205,53 @@ TEST(Wasserstein, QuantileGridByHand) {
   EXPECT_TRUE(quantileGrid(PiecewiseDistribution{}, 8).empty());
 }
 
+// The summary detector's fast forms: a pair's W1 from each side's CDF steps sorted once, and a
+// member's quantile grid written into reused buffers, equal what the plain functions give, with
+// point masses, shared boundaries and empty members among them.
+TEST(Wasserstein, SortedStepsAndReusedGridsEqualThePlainForms) {
+  std::mt19937_64 rng(11);
+  std::uniform_real_distribution<double> p50(1e3, 5e3), spread(1.0, 1.5);
+  std::uniform_int_distribution<int> nclusters(0, 6), count(1, 500);
+  auto member = [&] {
+    std::vector<DurationCluster> m;
+    const int n = nclusters(rng);
+    for (int i = 0; i < n; ++i) {
+      DurationCluster c;
+      c.count = static_cast<uint64_t>(count(rng));
+      c.p50 = i == 1 && !m.empty() ? m[0].p50 : p50(rng);  // a boundary shared with another
+      c.p99 = i == 2 ? c.p50 : c.p50 * spread(rng);        // and a point mass
+      c.sum = i == 2 ? c.p50 * static_cast<double>(c.count) : 0;
+      m.push_back(c);
+    }
+    return m;
+  };
+  std::vector<std::vector<DurationCluster>> members;
+  for (int i = 0; i < 60; ++i) members.push_back(member());
+  GridScratch scratch;
+  for (size_t i = 0; i < members.size(); ++i) {
+    const PiecewiseDistribution pi = rebuildMixture(members[i]);
+    const std::vector<CdfEvent> ei = cdfEvents(pi);
+    const std::vector<double> plain = quantileGrid(pi, 64);
+    std::vector<double> reused(64, -1.0);
+    EXPECT_EQ(quantileGridOf(members[i], 64, reused.data(), &scratch), !plain.empty());
+    if (!plain.empty()) {
+      for (size_t g = 0; g < 64; ++g) EXPECT_DOUBLE_EQ(reused[g], plain[g]) << i << " " << g;
+    } else {
+      EXPECT_EQ(reused[0], -1.0);  // untouched
+    }
+    for (size_t j = 0; j < members.size(); ++j) {
+      const PiecewiseDistribution pj = rebuildMixture(members[j]);
+      const double want = wasserstein1(pi, pj);
+      const double got =
+          wasserstein1(std::span<const CdfEvent>(ei), std::span<const CdfEvent>(cdfEvents(pj)));
+      if (std::isnan(want)) {
+        EXPECT_TRUE(std::isnan(got)) << i << " " << j;
+      } else {
+        EXPECT_NEAR(got, want, 1e-9 * std::max(1.0, want)) << i << " " << j;
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace flare::stats
