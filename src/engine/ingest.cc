@@ -66,11 +66,6 @@ bool constantTimeEqual(const std::string& a, const std::string& b) {
   return diff == 0;
 }
 
-uint64_t mix(uint64_t h, uint64_t v) {
-  h ^= v + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2);
-  return h * 0xff51afd7ed558ccdULL;
-}
-
 bool computesFlops(v1::OpKind k) {
   return k == v1::OP_KIND_GEMM || k == v1::OP_KIND_ATTENTION || k == v1::OP_KIND_CUSTOM;
 }
@@ -79,6 +74,48 @@ bool isCollective(v1::OpKind k) {
 }
 
 }  // namespace
+
+WindowSummaryRow& OpenWindows::row(uint32_t sig, uint64_t stream) {
+  size_t i = hint_;
+  if (i >= rows_.size() || rows_[i].sig_id != sig || rows_[i].stream != stream) {
+    const std::pair<uint32_t, uint64_t> key{sig, stream};
+    auto it = std::lower_bound(index_.begin(), index_.end(), key,
+                               [](const auto& e, const auto& k) { return e.first < k; });
+    if (it != index_.end() && it->first == key) {
+      i = it->second;
+    } else {
+      i = rows_.size();
+      WindowSummaryRow& r = rows_.emplace_back();
+      r.sig_id = sig;
+      r.stream = stream;
+      index_.insert(it, {key, static_cast<uint32_t>(i)});
+    }
+  }
+  hint_ = i + 1;
+  return rows_[i];
+}
+
+WindowSummaryRow OpenWindows::take(WindowSummaryRow& row) {
+  WindowSummaryRow out = std::move(row);
+  row = WindowSummaryRow();
+  row.sig_id = out.sig_id;
+  row.stream = out.stream;
+  row.window_start_ns = out.window_start_ns;
+  return out;
+}
+
+void OpenWindows::dropIdle(int64_t before_ns) {
+  const size_t n = rows_.size();
+  std::erase_if(rows_, [before_ns](const WindowSummaryRow& r) {
+    return r.count == 0 && r.window_start_ns < before_ns;
+  });
+  if (rows_.size() == n) return;
+  index_.clear();
+  for (size_t i = 0; i < rows_.size(); ++i)
+    index_.push_back({{rows_[i].sig_id, rows_[i].stream}, static_cast<uint32_t>(i)});
+  std::sort(index_.begin(), index_.end());
+  hint_ = 0;
+}
 
 bool validDeviceInfo(const v1::DeviceInfo& device) {
   auto ok = [](const std::string& text, size_t max) {
@@ -581,12 +618,10 @@ Verdict Ingest::batch(uint64_t session_id, const v1::RecordBatch& b) {
               : sm.window_start_ns();
       WindowSummaryRow* w = nullptr;
       if (store_) {
-        w = &rs.open_windows[mix(mix(1, id), sm.stream_id())];
+        w = &rs.open_windows.row(id, sm.stream_id());
         rs.windows_dirty = true;
-        if (w->count > 0 && w->window_start_ns != win) {
-          pending_windows_.push_back(std::move(*w));
-          *w = WindowSummaryRow();
-        }
+        if (w->count > 0 && w->window_start_ns != win)
+          pending_windows_.push_back(OpenWindows::take(*w));
         if (w->count == 0) {
           w->job_id = job.job_id;
           w->rank = s.rank;
@@ -929,17 +964,16 @@ void Ingest::persist(bool final) {
   for (auto& [id, job] : jobs_) {
     for (auto& [rank, rs] : job->ranks) {
       if (!close_windows) break;
-      for (auto it = rs.open_windows.begin(); it != rs.open_windows.end();) {
+      for (WindowSummaryRow& w : rs.open_windows.slots()) {
         // A window is closed once the clock has left it (a rank's late summary for it
         // then starts a new row of the same window).
-        if (final || it->second.window_start_ns + config_.summary_window_ns <= current) {
-          if (it->second.count > 0) cp.windows.push_back(std::move(it->second));
-          it = rs.open_windows.erase(it);
+        if (w.count > 0 && (final || w.window_start_ns + config_.summary_window_ns <= current)) {
+          cp.windows.push_back(OpenWindows::take(w));
           rs.windows_dirty = true;
-        } else {
-          ++it;
         }
       }
+      // A slot free for a whole window is forgotten (a signature the rank no longer runs).
+      rs.open_windows.dropIdle(current - config_.summary_window_ns);
     }
     if (job->dirty) {
       cp.jobs.push_back({job->job_id, job->world_size, job->start_ns, job->last_seen_ns});
@@ -950,7 +984,7 @@ void Ingest::persist(bool final) {
         OpenWindowsRow& o = cp.open_windows.emplace_back();
         o.job_id = job->job_id;
         o.rank = rank;
-        for (const auto& [key, row] : rs.open_windows) {
+        for (const WindowSummaryRow& row : rs.open_windows.slots()) {
           if (row.count > 0) o.rows.push_back(row);
         }
         rs.windows_dirty = false;
@@ -1033,7 +1067,7 @@ void Ingest::loadFromStore() {
     for (WindowSummaryRow& w : row.rows) {
       w.job_id = row.job_id;
       w.rank = row.rank;
-      rs.open_windows[mix(mix(1, w.sig_id), w.stream)] = std::move(w);
+      rs.open_windows.row(w.sig_id, w.stream) = std::move(w);
     }
   }
   for (const SignatureRow& row : store_->loadSignatures()) {

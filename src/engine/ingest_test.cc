@@ -542,3 +542,46 @@ TEST(BusBwFactor, NcclTestsDefinitions) {
 
 }  // namespace
 }  // namespace flare::engine
+
+namespace flare::engine {
+namespace {
+
+// A rank's stored summary rows in progress: found by (signature, stream) whatever the order the
+// rank asks in, a taken row leaves a free slot with its key, and slots free for a whole window
+// are forgotten without losing the others.
+TEST(OpenWindowsTest, FindsRowsByKeyInAnyOrderAndForgetsIdleSlots) {
+  OpenWindows ow;
+  for (uint32_t sig = 1; sig <= 40; ++sig) {
+    WindowSummaryRow& r = ow.row(sig, sig % 3);
+    EXPECT_EQ(r.count, 0u);
+    r.count = sig;
+    r.window_start_ns = 100;
+  }
+  // The same order (the hint), reversed and strided orders (the index) find the same rows.
+  for (uint32_t sig = 1; sig <= 40; ++sig) EXPECT_EQ(ow.row(sig, sig % 3).count, sig);
+  for (uint32_t sig = 40; sig >= 1; --sig) EXPECT_EQ(ow.row(sig, sig % 3).count, sig);
+  for (uint32_t sig = 1; sig <= 40; sig += 7) EXPECT_EQ(ow.row(sig, sig % 3).count, sig);
+  // Same signature, another stream: another row.
+  EXPECT_EQ(ow.row(5, 99).count, 0u);
+  EXPECT_EQ(ow.slots().size(), 41u);
+  // Taking a row moves it out; its slot keeps the key and is found again, empty.
+  const WindowSummaryRow taken = OpenWindows::take(ow.row(7, 1));
+  EXPECT_EQ(taken.count, 7u);
+  EXPECT_EQ(taken.sig_id, 7u);
+  EXPECT_EQ(ow.row(7, 1).count, 0u);
+  EXPECT_EQ(ow.slots().size(), 41u);
+  // Free slots of windows before 200 are dropped (7's and the (5, 99) one); the rest are kept
+  // and still found.
+  ow.dropIdle(200);
+  EXPECT_EQ(ow.slots().size(), 39u);
+  for (uint32_t sig = 1; sig <= 40; ++sig) {
+    if (sig != 7) {
+      EXPECT_EQ(ow.row(sig, sig % 3).count, sig);
+    }
+  }
+  EXPECT_EQ(ow.row(7, 1).count, 0u);  // a new slot
+  EXPECT_EQ(ow.slots().size(), 40u);
+}
+
+}  // namespace
+}  // namespace flare::engine
