@@ -26,9 +26,9 @@ constexpr size_t kMaxSketchBytes = 16 * 1024;  // a serialized issue-latency ske
 // (exactly `max_count` when `exact`).
 bool validStepSketch(const std::string& bytes, uint64_t max_count, bool exact) {
   if (bytes.size() > kMaxSketchBytes) return false;
-  const auto sketch = stats::LatencySketch::deserialize(
+  const auto count = stats::LatencySketch::validCount(
       std::span(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size()));
-  return sketch && (exact ? sketch->count() == max_count : sketch->count() <= max_count);
+  return count && (exact ? *count == max_count : *count <= max_count);
 }
 constexpr size_t kMaxResultsPerJob = 64;
 constexpr size_t kMaxHostBytes = 256;

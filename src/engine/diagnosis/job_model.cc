@@ -153,6 +153,10 @@ void JobModel::addBatch(int rank, const flare::v1::RecordBatch& batch) {
     if (s.has_gc()) span.gc_generation = s.gc().generation();
     r.spans.push_back(span);
   }
+  if (const size_t want = r.summaries.size() + static_cast<size_t>(batch.summaries_size());
+      want > r.summaries.capacity()) {
+    r.summaries.reserve(std::max(want, 2 * r.summaries.capacity()));  // one growth per batch
+  }
   for (const auto& ks : batch.summaries()) {
     auto sig = r.sig_ids.find(ks.signature_id());
     if (sig == r.sig_ids.end()) {

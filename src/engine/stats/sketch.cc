@@ -258,62 +258,84 @@ std::vector<uint8_t> LatencySketch::serialize() const {
   return out;
 }
 
-std::optional<LatencySketch> LatencySketch::deserialize(std::span<const uint8_t> bytes,
-                                                        std::string* error) {
+bool LatencySketch::decode(std::span<const uint8_t> bytes, LatencySketch* out, uint64_t* count_out,
+                           std::string* error) {
   Reader r(bytes);
   uint64_t version, flags, max_buckets, count, zero, dropped;
   double alpha, zt, sum, mn, mx;
-  if (!r.u64(&version, 1)) return fail(error, "empty input"), std::nullopt;
-  if (version != kSerialVersion) return fail(error, "unknown version"), std::nullopt;
+  if (!r.u64(&version, 1)) return fail(error, "empty input");
+  if (version != kSerialVersion) return fail(error, "unknown version");
   if (!r.u64(&flags, 1) || !r.f64(&alpha) || !r.f64(&zt) || !r.u64(&max_buckets, 4) ||
       !r.varint(&count) || !r.varint(&zero) || !r.varint(&dropped) || !r.f64(&sum) || !r.f64(&mn) ||
       !r.f64(&mx))
-    return fail(error, "truncated header"), std::nullopt;
-  if (flags & ~uint64_t{1}) return fail(error, "unknown flags"), std::nullopt;
+    return fail(error, "truncated header");
+  if (flags & ~uint64_t{1}) return fail(error, "unknown flags");
   if (!(alpha >= kMinRelativeAccuracy && alpha <= kMaxRelativeAccuracy))
-    return fail(error, "relative accuracy out of range"), std::nullopt;
-  if (!(std::isfinite(zt) && zt >= 0)) return fail(error, "bad zero threshold"), std::nullopt;
+    return fail(error, "relative accuracy out of range");
+  if (!(std::isfinite(zt) && zt >= 0)) return fail(error, "bad zero threshold");
   if (max_buckets < kMinMaxBuckets || max_buckets > kMaxMaxBuckets)
-    return fail(error, "maxBuckets out of range"), std::nullopt;
-  LatencySketch s(alpha, zt, static_cast<uint32_t>(max_buckets));
+    return fail(error, "maxBuckets out of range");
+  // The same γ as the constructor's (alpha is in range, so it is not clamped there).
+  const double log_gamma = std::log((1 + alpha) / (1 - alpha));
+  if (out != nullptr) *out = LatencySketch(alpha, zt, static_cast<uint32_t>(max_buckets));
   // A bucket index whose bound is not a finite positive double cannot come from add().
-  const double max_index = std::floor(std::log(std::numeric_limits<double>::max()) / s.logGamma_);
+  const double max_index = std::floor(std::log(std::numeric_limits<double>::max()) / log_gamma);
   const double min_index =
-      std::ceil(std::log(std::numeric_limits<double>::denorm_min()) / s.logGamma_);
+      std::ceil(std::log(std::numeric_limits<double>::denorm_min()) / log_gamma);
   uint64_t total = zero;
-  for (Store* st : {&s.pos_, &s.neg_}) {
+  for (int side = 0; side < 2; ++side) {
+    Store* st = out == nullptr ? nullptr : side == 0 ? &out->pos_ : &out->neg_;
     uint64_t off_z, n;
-    if (!r.varint(&off_z) || !r.varint(&n)) return fail(error, "truncated store"), std::nullopt;
+    if (!r.varint(&off_z) || !r.varint(&n)) return fail(error, "truncated store");
     const int64_t off = unzigzag(off_z);
-    if (n > max_buckets) return fail(error, "too many buckets"), std::nullopt;
+    if (n > max_buckets) return fail(error, "too many buckets");
     if (n > 0 && (static_cast<double>(off) < min_index ||
                   static_cast<double>(off) + static_cast<double>(n) - 1 > max_index))
-      return fail(error, "bucket index out of range"), std::nullopt;
-    st->offset = static_cast<int32_t>(n > 0 ? off : 0);
-    st->counts.resize(static_cast<size_t>(n));
-    for (uint64_t& c : st->counts) {
-      if (!r.varint(&c)) return fail(error, "truncated buckets"), std::nullopt;
-      if (c > std::numeric_limits<uint64_t>::max() - total)
-        return fail(error, "counts overflow"), std::nullopt;
+      return fail(error, "bucket index out of range");
+    if (st != nullptr) {
+      st->offset = static_cast<int32_t>(n > 0 ? off : 0);
+      st->counts.resize(static_cast<size_t>(n));
+    }
+    for (uint64_t k = 0; k < n; ++k) {
+      uint64_t c;
+      if (!r.varint(&c)) return fail(error, "truncated buckets");
+      if (c > std::numeric_limits<uint64_t>::max() - total) return fail(error, "counts overflow");
       total += c;
+      if (st != nullptr) st->counts[k] = c;
     }
   }
-  if (!r.done()) return fail(error, "trailing bytes"), std::nullopt;
-  if (total != count) return fail(error, "bucket counts do not add up to count"), std::nullopt;
+  if (!r.done()) return fail(error, "trailing bytes");
+  if (total != count) return fail(error, "bucket counts do not add up to count");
   if (count > 0) {
     if (!std::isfinite(sum) || !std::isfinite(mn) || !std::isfinite(mx) || mn > mx)
-      return fail(error, "bad sum/min/max"), std::nullopt;
+      return fail(error, "bad sum/min/max");
   } else if (sum != 0 || mn != kInf || mx != -kInf) {
-    return fail(error, "non-empty statistics in an empty sketch"), std::nullopt;
+    return fail(error, "non-empty statistics in an empty sketch");
   }
-  s.collapsed_ = flags & 1;
-  s.count_ = count;
-  s.zeroCount_ = zero;
-  s.dropped_ = dropped;
-  s.sum_ = sum;
-  s.min_ = mn;
-  s.max_ = mx;
+  if (count_out != nullptr) *count_out = count;
+  if (out == nullptr) return true;
+  out->collapsed_ = flags & 1;
+  out->count_ = count;
+  out->zeroCount_ = zero;
+  out->dropped_ = dropped;
+  out->sum_ = sum;
+  out->min_ = mn;
+  out->max_ = mx;
+  return true;
+}
+
+std::optional<LatencySketch> LatencySketch::deserialize(std::span<const uint8_t> bytes,
+                                                        std::string* error) {
+  LatencySketch s;
+  if (!decode(bytes, &s, nullptr, error)) return std::nullopt;
   return s;
+}
+
+std::optional<uint64_t> LatencySketch::validCount(std::span<const uint8_t> bytes,
+                                                  std::string* error) {
+  uint64_t count = 0;
+  if (!decode(bytes, nullptr, &count, error)) return std::nullopt;
+  return count;
 }
 
 }  // namespace flare::stats

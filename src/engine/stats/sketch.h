@@ -83,6 +83,10 @@ class LatencySketch {
   std::vector<uint8_t> serialize() const;
   static std::optional<LatencySketch> deserialize(std::span<const uint8_t> bytes,
                                                   std::string* error = nullptr);
+  // What deserialize() would accept, checked without building the sketch (no allocation): the
+  // sketch's count, or nullopt (and `error`) where deserialize() would fail.
+  static std::optional<uint64_t> validCount(std::span<const uint8_t> bytes,
+                                            std::string* error = nullptr);
 
  private:
   struct Store {
@@ -93,6 +97,10 @@ class LatencySketch {
     bool add(int32_t index, uint64_t c, uint32_t maxBuckets);
   };
 
+  // deserialize() and validCount(): builds into `out` unless null; false (and `error`) when the
+  // bytes are not a sketch.
+  static bool decode(std::span<const uint8_t> bytes, LatencySketch* out, uint64_t* count,
+                     std::string* error);
   int32_t indexOf(double magnitude) const;
   double lowerBound(int32_t index) const;  // γ^(index−1)
   double upperBound(int32_t index) const;  // γ^index

@@ -141,6 +141,44 @@ TEST(Sketch, HostileInputIsRejected) {
   }
 }
 
+// flared checks every step sketch of a batch before the detectors decode it: the check without
+// building (validCount) accepts exactly what deserialize accepts, with the same count, over
+// truncations and single-byte corruptions of real sketches.
+TEST(Sketch, ValidCountAcceptsExactlyWhatDeserializeDoes) {
+  std::vector<std::vector<uint8_t>> inputs;
+  for (int n : {0, 1, 7, 500}) {
+    LatencySketch s;
+    for (double v : latencies(static_cast<uint64_t>(n + 1), static_cast<size_t>(n))) s.add(v);
+    inputs.push_back(s.serialize());
+  }
+  std::mt19937 rng(9);
+  size_t accepted = 0, refused = 0;
+  for (const auto& good : inputs) {
+    std::vector<std::vector<uint8_t>> variants{good};
+    for (size_t n = 0; n < good.size(); ++n) variants.emplace_back(good.begin(), good.begin() + n);
+    for (int i = 0; i < 400; ++i) {
+      auto bad = good;
+      bad[rng() % bad.size()] = static_cast<uint8_t>(rng());
+      variants.push_back(std::move(bad));
+    }
+    for (const auto& v : variants) {
+      std::string e1, e2;
+      const auto full = LatencySketch::deserialize(v, &e1);
+      const auto count = LatencySketch::validCount(v, &e2);
+      ASSERT_EQ(full.has_value(), count.has_value());
+      EXPECT_EQ(e1, e2);
+      if (full) {
+        EXPECT_EQ(full->count(), *count);
+        ++accepted;
+      } else {
+        ++refused;
+      }
+    }
+  }
+  EXPECT_GT(accepted, 4u);  // both outcomes were exercised
+  EXPECT_GT(refused, 100u);
+}
+
 TEST(Sketch, CollapsesTheLowestBucketsPastTheLimit) {
   LatencySketch s(0.01, 1.0, 16);
   for (int e = 1; e <= 6; ++e) s.add(std::pow(10.0, e));
