@@ -15,6 +15,12 @@ Sections (select with --only; all by default):
   volume     bytes per rank per step written by a traced rank in raw mode (the spool), and the
              added RSS per rank (peak RSS with vs without the hook).
 
+  daemon     flared's scale in steady state: tools/bench/daemon_load.sh (flared on core 0, the
+             load generator on core 1) for each --daemon-ranks, the detectors' 2-minute window
+             filled first (--daemon-warmup-s): batches accepted per second, daemon CPU per batch
+             and share of its core, RSS per rank, latency of the per-job report and of
+             /diagnoses. ~3-4 minutes per size.
+
   diagnosis  the scenario matrix on the sim stack (healthy runs and every fault, several
              severities, repeated over five shapes): detection rate, false alarms, detection
              delay in steps, culprit rank and routed team; flare-diagnose on each run's spool.
@@ -454,7 +460,46 @@ def diagnosis(build, args):
     return out
 
 
-SECTIONS = {"overhead": overhead, "hotpath": hotpath, "volume": volume, "diagnosis": diagnosis}
+def daemon(build, args):
+    """flared under flare-loadgen's summary-mode load, one run per size (daemon_load.sh)."""
+    if not shutil.which("taskset") or (os.cpu_count() or 1) < 2:
+        return {"skipped": "needs taskset and two cores (flared and the generator pinned apart)"}
+    out = {}
+    for ranks in [int(r) for r in str(args.daemon_ranks).split(",") if r]:
+        cmd = ["bash", os.path.join(ROOT, "tools", "bench", "daemon_load.sh"), build, str(ranks),
+               "--mode", "summary", "--sigs", "50", "--warmup-s", str(args.daemon_warmup_s),
+               "--duration-s", str(args.daemon_duration_s)]
+        r = sh(cmd, env={"FLARE_LOAD_QUERIES": "1"},
+               timeout=args.daemon_warmup_s + args.daemon_duration_s + 300)
+        text = r.stdout + r.stderr
+        row = {"rc": r.returncode}
+
+        def grab(key, pattern, conv=float):
+            m = re.search(pattern, text)
+            if m:
+                row[key] = conv(m.group(1))
+
+        grab("accepted_batches_per_s", r"daemon accepted: ([0-9.]+) batches/s")
+        grab("daemon_core_share_pct", r"daemon CPU in window: .*\(([0-9.]+)% of a core\)")
+        grab("daemon_us_per_batch", r"daemon CPU in window: .*, ([0-9.]+) us per batch")
+        grab("rss_kib_per_rank", r"daemon RSS: .*: ([0-9.]+) KiB per rank")
+        grab("rss_mib", r"daemon RSS: .* MiB before, ([0-9.]+) MiB with")
+        m = re.search(r"whole run: daemon accepted ([0-9.]+) of ([0-9]+) batches written", text)
+        if m:
+            row["accepted_of_written"] = [int(float(m.group(1))), int(m.group(2))]
+        for q in ("report", "diagnoses"):
+            times = [float(t) for t in re.findall(rf"/{q} #\d: HTTP 200, ([0-9.]+) s", text)]
+            if times:
+                row[f"{q}_s"] = times
+        if "accepted_batches_per_s" not in row:
+            row["error"] = text[-2000:]
+        row["real_time"] = bool(row.get("accepted_batches_per_s", 0) >= 0.99 * ranks)
+        out[str(ranks)] = row
+    return out
+
+
+SECTIONS = {"overhead": overhead, "hotpath": hotpath, "volume": volume, "daemon": daemon,
+            "diagnosis": diagnosis}
 
 
 def main():
@@ -473,6 +518,11 @@ def main():
                    help="run only this diagnosis scenario (repeatable; default all)")
     p.add_argument("--no-diag-delay", dest="diag_delay", action="store_false",
                    help="skip the detection-delay search (flare-diagnose --until-step)")
+    p.add_argument("--daemon-ranks", default="1024,10000",
+                   help="comma-separated rank counts for the daemon section")
+    p.add_argument("--daemon-warmup-s", type=int, default=130,
+                   help="load before measuring (the detectors' window is 120 s)")
+    p.add_argument("--daemon-duration-s", type=int, default=30)
     p.add_argument("-o", "--output", default=None)
     args = p.parse_args()
     build = os.path.abspath(args.build)
