@@ -16,7 +16,7 @@ DB=$(mktemp -d)/flared.db
 taskset -c 0 "$BUILD/bin/flared" --db "$DB" --listen 127.0.0.1:17272 --http 127.0.0.1:19666 "$@" \
   >"$DB.log" 2>&1 &
 D=$!
-trap 'kill $D 2>/dev/null; sleep 1; kill -9 $D 2>/dev/null; rm -rf "$(dirname "$DB")"' EXIT
+trap 'kill $D 2>/dev/null || true; sleep 1; kill -9 $D 2>/dev/null || true; rm -rf "$(dirname "$DB")"' EXIT
 sleep 1
 taskset -c 1 "$BUILD/bin/flare-loadgen" --target 127.0.0.1:17272 --http-port 19666 \
   --daemon-pid $D --ranks "$RANKS" --warmup-s 5 "${LG[@]}"
