@@ -1010,6 +1010,17 @@ void detectUnoptimized(const JobModel& job, const DiagnoseOptions& opt,
     double time = 0;
     uint64_t flops = 0;
   };
+  std::map<flare::v1::DType, double> best;
+  auto measure = [&](uint32_t sig_id, Durations& d) {
+    if (d.count < static_cast<uint64_t>(std::max(opt.min_samples, 1))) return;
+    const auto& sig = job.signatures()[sig_id];
+    const double flops = static_cast<double>(sig.flops_per_call() ? sig.flops_per_call() : 0);
+    const double m = stats::weightedMedian(d.values, d.count);
+    if (m <= 0) return;
+    stats[sig_id] = {(flops > 0 ? flops : static_cast<double>(d.flops)) / m / 1e3, d.time};
+    best[sig.dtype()] = std::max(best[sig.dtype()], stats[sig_id].tflops);
+  };
+  // Raw ops (a raw-mode window holds at most --max-ops-per-rank a rank).
   std::map<uint32_t, Durations> durations;
   for (const auto& [rank, r] : job.ranks()) {
     for (const Op& op : r.ops) {
@@ -1021,34 +1032,48 @@ void detectUnoptimized(const JobModel& job, const DiagnoseOptions& opt,
       d.time += static_cast<double>(op.duration());
       if (d.flops == 0) d.flops = op.flops;
     }
-    for (const SummaryWindow& w : r.summaries) {
-      const auto& sig = job.signatures()[w.sig];
-      // The flops of one call: the summary's total over its count (else the hook's GEMM count,
-      // 2·m·n·k·batch of the shape).
-      const uint64_t n_ops = w.count();
-      const uint64_t flops = w.flops > 0 && n_ops > 0
-                                 ? static_cast<uint64_t>(w.flops / static_cast<double>(n_ops))
-                                 : gemmFlops(sig);
-      if (sig.kind() != flare::v1::OP_KIND_GEMM || flops < opt.unoptimized_min_flops) continue;
-      Durations& d = durations[w.sig];
-      for (const WindowCluster& c : w.clusters) {
-        d.values.emplace_back(c.p50, c.count);
-        d.count += c.count;
-        d.time += c.sum;
-      }
-      if (d.flops == 0) d.flops = flops;
-    }
   }
-  std::map<flare::v1::DType, double> best;
-  for (auto& [sig_id, d] : durations) {
-    if (d.count < static_cast<uint64_t>(std::max(opt.min_samples, 1))) continue;
+  // Kernel summaries, one GEMM signature at a time over every rank (each rank's windows in the
+  // order they arrived): only one signature's cluster medians are held at once.
+  std::vector<char> gemm(job.signatures().size());
+  for (size_t i = 0; i < gemm.size(); ++i)
+    gemm[i] = job.signatures()[i].kind() == flare::v1::OP_KIND_GEMM;
+  const SummaryIndex index = indexSummaries(job, gemm, false);
+  Durations scratch;
+  for (const uint32_t sig_id : index.sigs) {
     const auto& sig = job.signatures()[sig_id];
-    const double flops = static_cast<double>(sig.flops_per_call() ? sig.flops_per_call() : 0);
-    const double m = stats::weightedMedian(d.values, d.count);
-    if (m <= 0) continue;
-    stats[sig_id] = {(flops > 0 ? flops : static_cast<double>(d.flops)) / m / 1e3, d.time};
-    best[sig.dtype()] = std::max(best[sig.dtype()], stats[sig_id].tflops);
+    auto from_ops = durations.find(sig_id);
+    Durations& d = from_ops != durations.end() ? from_ops->second : scratch;
+    if (&d == &scratch) {  // reused: the values' block stays allocated
+      scratch.values.clear();
+      scratch.count = 0;
+      scratch.time = 0;
+      scratch.flops = 0;
+    }
+    for (const SummaryIndex::Rank& rw : index.ranks) {
+      const SummaryIndex::Run* run = rw.find(sig_id);
+      if (run == nullptr) continue;
+      for (uint32_t k = run->hi; k-- > run->lo;) {
+        const SummaryWindow& w = rw.window(k);
+        // The flops of one call: the summary's total over its count (else the hook's GEMM
+        // count, 2·m·n·k·batch of the shape).
+        const uint64_t n_ops = w.count();
+        const uint64_t flops = w.flops > 0 && n_ops > 0
+                                   ? static_cast<uint64_t>(w.flops / static_cast<double>(n_ops))
+                                   : gemmFlops(sig);
+        if (flops < opt.unoptimized_min_flops) continue;
+        for (const WindowCluster& c : w.clusters) {
+          d.values.emplace_back(c.p50, c.count);
+          d.count += c.count;
+          d.time += c.sum;
+        }
+        if (d.flops == 0) d.flops = flops;
+      }
+    }
+    measure(sig_id, d);
+    if (&d != &scratch) durations.erase(from_ops);
   }
+  for (auto& [sig_id, d] : durations) measure(sig_id, d);
   // One diagnosis for the job (duplicates merged): every slow GEMM shape as evidence, the ones
   // with the most GPU time first.
   struct Slow {

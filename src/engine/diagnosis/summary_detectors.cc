@@ -41,6 +41,49 @@ bool hasSummaries(const JobModel& job) {
   return false;
 }
 
+const SummaryIndex::Run* SummaryIndex::Rank::find(uint32_t sig) const {
+  const auto run = std::lower_bound(runs.begin(), runs.end(), sig,
+                                    [](const Run& x, uint32_t s) { return x.sig < s; });
+  return run == runs.end() || run->sig != sig ? nullptr : &*run;
+}
+
+SummaryIndex indexSummaries(const JobModel& job, const std::vector<char>& keep, bool skip_warmup) {
+  SummaryIndex index;
+  index.ranks.reserve(job.ranks().size());
+  std::vector<char> seen(job.signatures().size());
+  for (const auto& [rank, r] : job.ranks()) {
+    const int64_t warm = skip_warmup ? job.warmupEnd(rank) : INT64_MIN;
+    const bool has_later =
+        skip_warmup && std::any_of(r.summaries.begin(), r.summaries.end(),
+                                   [warm](const SummaryWindow& w) { return w.start >= warm; });
+    SummaryIndex::Rank& rw = index.ranks.emplace_back();
+    rw.data = &r;
+    for (size_t i = r.summaries.size(); i-- > 0;) {
+      const SummaryWindow& w = r.summaries[i];
+      if (w.sig >= keep.size() || !keep[w.sig] || (has_later && w.start < warm)) continue;
+      rw.order.emplace_back(w.sig, static_cast<uint32_t>(i));
+      if (!seen[w.sig]) {
+        seen[w.sig] = 1;
+        index.sigs.push_back(w.sig);
+      }
+    }
+    std::stable_sort(rw.order.begin(), rw.order.end(),
+                     [](const auto& x, const auto& y) { return x.first < y.first; });
+    for (uint32_t a = 0; a < rw.order.size();) {
+      SummaryIndex::Run run{rw.order[a].first, a, a, 0, 0};
+      for (; run.hi < rw.order.size() && rw.order[run.hi].first == run.sig; ++run.hi) {
+        const SummaryWindow& w = r.summaries[rw.order[run.hi].second];
+        run.count += w.count();
+        run.sum += w.sumNs();
+      }
+      a = run.hi;
+      rw.runs.push_back(run);
+    }
+  }
+  std::sort(index.sigs.begin(), index.sigs.end());
+  return index;
+}
+
 void detectSlowGpuFromSummaries(const JobModel& job, const DiagnoseOptions& opt,
                                 const std::map<int, ArrivalStats>& arrivals,
                                 std::vector<Diagnosis>* out) {
@@ -59,59 +102,14 @@ void detectSlowGpuFromSummaries(const JobModel& job, const DiagnoseOptions& opt,
   std::vector<char> compute(job.signatures().size());
   for (size_t i = 0; i < compute.size(); ++i)
     compute[i] = isComputeKind(job.signatures()[i].kind());
-  // Each rank's windows that count, as (signature, index), newest first within a signature,
-  // with each signature's count and duration over all of them: the members are then built one
-  // signature at a time (every rank's member of every signature at once held ~320 MB of copied
-  // clusters during each pass at 1,024 or 10,000 ranks), reading only the windows they keep.
-  struct SigRun {
-    uint32_t sig;
-    uint32_t lo, hi;  // [lo, hi) in RankWindows::order
-    uint64_t count;
-    double sum;
-  };
-  struct RankWindows {
-    const RankData* data = nullptr;
-    std::vector<std::pair<uint32_t, uint32_t>> order;  // (signature, window index)
-    std::vector<SigRun> runs;                          // by signature
-  };
-  std::vector<RankWindows> windows;
-  windows.reserve(job.ranks().size());
-  std::vector<uint32_t> sigs;
-  std::vector<char> seen(job.signatures().size());
-  for (const auto& [rank, r] : job.ranks()) {
-    // The warm-up step (first launches, allocator growth) is left out as in raw mode: ranks close
-    // a summary window at their first two step boundaries, so windows that start before the
-    // second boundary hold the warm-up; skipped when the rank has later windows.
-    // In a view of later steps (a fail-slow's, a jitter's), the whole model's warm-up: a window
-    // kept there straddles the view's first boundary and is not the warm-up.
-    const int64_t warm = job.warmupEnd(rank);
-    const bool has_later = std::any_of(r.summaries.begin(), r.summaries.end(),
-                                       [warm](const SummaryWindow& w) { return w.start >= warm; });
-    RankWindows& rw = windows.emplace_back();
-    rw.data = &r;
-    for (size_t i = r.summaries.size(); i-- > 0;) {
-      const SummaryWindow& w = r.summaries[i];
-      if (!compute[w.sig] || (has_later && w.start < warm)) continue;
-      rw.order.emplace_back(w.sig, static_cast<uint32_t>(i));
-      if (!seen[w.sig]) {
-        seen[w.sig] = 1;
-        sigs.push_back(w.sig);
-      }
-    }
-    std::stable_sort(rw.order.begin(), rw.order.end(),
-                     [](const auto& x, const auto& y) { return x.first < y.first; });
-    for (uint32_t a = 0; a < rw.order.size();) {
-      SigRun run{rw.order[a].first, a, a, 0, 0};
-      for (; run.hi < rw.order.size() && rw.order[run.hi].first == run.sig; ++run.hi) {
-        const SummaryWindow& w = r.summaries[rw.order[run.hi].second];
-        run.count += w.count();
-        run.sum += w.sumNs();
-      }
-      a = run.hi;
-      rw.runs.push_back(run);
-    }
-  }
-  std::sort(sigs.begin(), sigs.end());
+  // The warm-up step (first launches, allocator growth) is left out as in raw mode: ranks close
+  // a summary window at their first two step boundaries, so windows that start before the
+  // second boundary hold the warm-up; skipped when the rank has later windows. In a view of
+  // later steps (a fail-slow's, a jitter's), the whole model's warm-up: a window kept there
+  // straddles the view's first boundary and is not the warm-up. Members are built one signature
+  // at a time (every rank's member of every signature at once held ~320 MB of copied clusters
+  // during each pass at 1,024 or 10,000 ranks), reading only the windows they keep.
+  const SummaryIndex index = indexSummaries(job, compute, true);
   struct RankScore {
     double flagged_weight = 0;
     double total_weight = 0;
@@ -127,21 +125,19 @@ void detectSlowGpuFromSummaries(const JobModel& job, const DiagnoseOptions& opt,
   std::vector<std::vector<stats::DurationCluster>> members;
   std::vector<int> ranks;
   std::vector<double> means;
-  for (const uint32_t sig : sigs) {
+  for (const uint32_t sig : index.sigs) {
     ranks.clear();
     means.clear();
     double weight = 0;
-    for (const RankWindows& rw : windows) {
-      const auto run = std::lower_bound(rw.runs.begin(), rw.runs.end(), sig,
-                                        [](const SigRun& x, uint32_t s) { return x.sig < s; });
-      if (run == rw.runs.end() || run->sig != sig) continue;
+    for (const SummaryIndex::Rank& rw : index.ranks) {
+      const SummaryIndex::Run* run = rw.find(sig);
+      if (run == nullptr) continue;
       if (run->count < static_cast<uint64_t>(std::max(opt.min_samples, 1))) continue;
       if (ranks.size() == members.size()) members.emplace_back();
       std::vector<stats::DurationCluster>& m = members[ranks.size()];
       m.clear();
       for (uint32_t k = run->lo; k < run->hi && m.size() < per_rank_clusters; ++k) {
-        for (const WindowCluster& c : rw.data->summaries[rw.order[k].second].clusters)
-          m.push_back(c.toDuration());
+        for (const WindowCluster& c : rw.window(k).clusters) m.push_back(c.toDuration());
       }
       ranks.push_back(rw.data->rank);
       means.push_back(run->sum / static_cast<double>(run->count));
