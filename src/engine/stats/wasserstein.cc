@@ -137,7 +137,8 @@ std::vector<CdfEvent> cdfEvents(const PiecewiseDistribution& p) {
 
 double wasserstein1(std::span<const CdfEvent> p, std::span<const CdfEvent> q) {
   if (p.empty() || q.empty()) return kNaN;
-  // As below, with the two sorted lists merged as they are walked (q's steps negated).
+  // D(x) = F_p(x) − F_q(x) is piecewise linear between steps; integrate |D| exactly, walking the
+  // two sorted lists as one (q's steps negated).
   double d = 0, slope = 0, x = std::min(p.front().x, q.front().x), total = 0;
   size_t i = 0, j = 0;
   while (i < p.size() || j < q.size()) {
@@ -161,28 +162,8 @@ double wasserstein1(std::span<const CdfEvent> p, std::span<const CdfEvent> q) {
 }
 
 double wasserstein1(const PiecewiseDistribution& p, const PiecewiseDistribution& q) {
-  if (!(p.totalMass() > 0) || !(q.totalMass() > 0)) return kNaN;
-  std::vector<Event> ev;
-  ev.reserve(2 * (p.pieces.size() + q.pieces.size()));
-  addEvents(p, +1, ev);
-  addEvents(q, -1, ev);
-  std::sort(ev.begin(), ev.end(), [](const Event& l, const Event& r) { return l.x < r.x; });
-  // D(x) = F_p(x) − F_q(x) is piecewise linear between events; integrate |D| exactly.
-  double d = 0, slope = 0, x = ev.front().x, total = 0;
-  size_t i = 0;
-  while (i < ev.size()) {
-    const double x0 = ev[i].x;
-    const double w = x0 - x;
-    const double d1 = d + slope * w;
-    total += absLinearIntegral(d, d1, w);
-    d = d1;
-    for (; i < ev.size() && ev[i].x == x0; ++i) {
-      d += ev[i].jump;
-      slope += ev[i].dslope;
-    }
-    x = x0;
-  }
-  return total;
+  return wasserstein1(std::span<const CdfEvent>(cdfEvents(p)),
+                      std::span<const CdfEvent>(cdfEvents(q)));
 }
 
 namespace {
