@@ -299,24 +299,36 @@ def test_an_alert_naming_a_rank_deep_traces_it_and_a_healthy_peer(build_dir, tmp
     proc = start_job(build_dir, d, tmp_path, job, steps=300,
                      extra_env={"FLARE_SIM_CLOCK_FACTOR": "3:0.8"})
     try:
+        # The first alert naming one rank picks the traced ranks: that rank and the next
+        # connected one. Here that is rank 3's gpu_slow, except when a false issue_stall on
+        # another rank comes in the same pass (seen in 2 of ~45 runs on the loaded 2-core CI
+        # machine, from a short fail-slow view; its rate is the scenario matrix's concern,
+        # docs/benchmarks.md): the trigger is what this test checks.
         deadline = time.time() + 90
-        stored = []
-        while time.time() < deadline:  # alert on rank 3 -> deep trace of ranks 3 and 4
+        stored, traced = [], None
+        while time.time() < deadline:
+            m = re.search(r"deep trace of 2 steps on job auto ranks (\d+) and peer (\d+)",
+                          open(d.log_path).read())
+            if m:
+                traced = (int(m.group(1)), int(m.group(2)))
             stored = d.get("/api/v1/jobs/%s/deep-trace" % job)["records"]
-            if {r["rank"] for r in stored} == {3, 4} and proc.poll() is not None:
+            if traced and {r["rank"] for r in stored} == set(traced) and proc.poll() is not None:
                 break
             time.sleep(0.5)
         alerts = d.get("/api/v1/alerts?job=" + job)["alerts"]
         assert ("gpu_slow", 3) in [(a["kind"], a["rank"]) for a in alerts]
-        assert {r["rank"] for r in stored} == {3, 4}
+        assert traced is not None, "no deep trace was triggered"
+        first, peer = traced
+        assert first in [a["rank"] for a in alerts], (traced, alerts)
+        assert peer == (first + 1) % RANKS  # the next connected rank (all are)
+        assert {r["rank"] for r in stored} == {first, peer}
         assert {r.get("stepIndex", 0) for r in stored} == {0, 1}  # 2 steps
-        for rank in (3, 4):
+        for rank in (first, peer):
             truth = sim_counts(tmp_path / "counts", rank)[50]  # every step issues the same ops
             for i in (0, 1):
                 got = [r for r in stored if r["rank"] == rank and r.get("stepIndex", 0) == i]
                 assert kind_counts(got) == truth, (rank, i)
         assert 'flare_deep_traces_triggered_total{result="sent"} 1' in d.text("/metrics")
-        assert "deep trace of 2 steps on job auto ranks 3 and peer 4" in open(d.log_path).read()
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
