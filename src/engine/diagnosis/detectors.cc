@@ -1039,17 +1039,10 @@ void detectUnoptimized(const JobModel& job, const DiagnoseOptions& opt,
   for (size_t i = 0; i < gemm.size(); ++i)
     gemm[i] = job.signatures()[i].kind() == flare::v1::OP_KIND_GEMM;
   const SummaryIndex index = indexSummaries(job, gemm, false);
-  Durations scratch;
   for (const uint32_t sig_id : index.sigs) {
     const auto& sig = job.signatures()[sig_id];
-    auto from_ops = durations.find(sig_id);
-    Durations& d = from_ops != durations.end() ? from_ops->second : scratch;
-    if (&d == &scratch) {  // reused: the values' block stays allocated
-      scratch.values.clear();
-      scratch.count = 0;
-      scratch.time = 0;
-      scratch.flops = 0;
-    }
+    auto from_ops = durations.extract(sig_id);  // the signature's raw ops, if any, come first
+    Durations d = from_ops ? std::move(from_ops.mapped()) : Durations{};
     for (const SummaryIndex::Rank& rw : index.ranks) {
       const SummaryIndex::Run* run = rw.find(sig_id);
       if (run == nullptr) continue;
@@ -1071,7 +1064,6 @@ void detectUnoptimized(const JobModel& job, const DiagnoseOptions& opt,
       }
     }
     measure(sig_id, d);
-    if (&d != &scratch) durations.erase(from_ops);
   }
   for (auto& [sig_id, d] : durations) measure(sig_id, d);
   // One diagnosis for the job (duplicates merged): every slow GEMM shape as evidence, the ones

@@ -28,37 +28,37 @@ void ClusterList::steal(ClusterList& o) noexcept {
   o.cap_ = kInline;
 }
 
+void ClusterList::adopt(WindowCluster* block, uint32_t cap, uint32_t size) {
+  release();
+  heap_ = block;
+  cap_ = cap;
+  size_ = size;
+}
+
 void ClusterList::assign(const WindowCluster* first, const WindowCluster* last) {
-  const size_t n = static_cast<size_t>(last - first);
+  const auto n = static_cast<uint32_t>(last - first);
   if (n <= kInline) {
     WindowCluster tmp[kInline];
     std::copy(first, last, tmp);
     release();
     std::copy(tmp, tmp + n, inline_);
-  } else {
-    auto* block = new WindowCluster[n];
-    std::copy(first, last, block);
-    release();
-    heap_ = block;
-    cap_ = static_cast<uint32_t>(n);
-  }
-  size_ = static_cast<uint32_t>(n);
-}
-
-void ClusterList::push_back(const WindowCluster& c) {
-  if (size_ == cap_) {
-    const uint32_t cap = cap_ * 2;
-    auto* block = new WindowCluster[cap];
-    std::copy(begin(), end(), block);
-    block[size_] = c;  // `c` may be in this list: copied before the old block is freed
-    const uint32_t n = size_ + 1;
-    release();
-    heap_ = block;
-    cap_ = cap;
     size_ = n;
     return;
   }
-  data()[size_++] = c;
+  auto* block = new WindowCluster[n];
+  std::copy(first, last, block);
+  adopt(block, n, n);
+}
+
+void ClusterList::push_back(const WindowCluster& c) {
+  if (size_ < cap_) {
+    data()[size_++] = c;
+    return;
+  }
+  auto* block = new WindowCluster[2 * cap_];
+  std::copy(begin(), end(), block);
+  block[size_] = c;  // `c` may be in this list: copied before the old block is freed
+  adopt(block, 2 * cap_, size_ + 1);
 }
 
 std::string signatureKey(const flare::v1::Signature& sig) {

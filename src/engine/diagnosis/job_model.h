@@ -109,6 +109,8 @@ class ClusterList {
   const WindowCluster* data() const { return cap_ > kInline ? heap_ : inline_; }
   void release();
   void steal(ClusterList& o) noexcept;
+  // Frees what the list held and takes `block` (of `cap`, `size` of them set).
+  void adopt(WindowCluster* block, uint32_t cap, uint32_t size);
 
   uint32_t size_ = 0;
   uint32_t cap_ = kInline;

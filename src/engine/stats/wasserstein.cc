@@ -20,11 +20,16 @@ double absLinearIntegral(double d0, double d1, double w) {
 
 using Event = CdfEvent;
 
-void addEvents(const PiecewiseDistribution& p, double sign, std::vector<Event>& ev) {
+// p's CDF steps, normalized by its mass and ascending, into `ev` (cleared first): a piece over
+// [lo, hi] is a slope from lo to hi, a point piece a jump. Empty when p has no mass.
+void sortedEvents(const PiecewiseDistribution& p, std::vector<Event>& ev) {
+  ev.clear();
   const double total = p.totalMass();
+  if (!(total > 0)) return;
+  ev.reserve(2 * p.pieces.size());
   for (const Piece& piece : p.pieces) {
     if (!(piece.mass > 0) || !std::isfinite(piece.lo) || !std::isfinite(piece.hi)) continue;
-    const double m = sign * piece.mass / total;
+    const double m = piece.mass / total;
     const double lo = std::min(piece.lo, piece.hi), hi = std::max(piece.lo, piece.hi);
     if (hi - lo <= 0) {
       ev.push_back({lo, m, 0});
@@ -34,6 +39,7 @@ void addEvents(const PiecewiseDistribution& p, double sign, std::vector<Event>& 
       ev.push_back({hi, 0, -s});
     }
   }
+  std::sort(ev.begin(), ev.end(), [](const Event& l, const Event& r) { return l.x < r.x; });
 }
 
 }  // namespace
@@ -128,10 +134,7 @@ double PiecewiseDistribution::mean() const {
 
 std::vector<CdfEvent> cdfEvents(const PiecewiseDistribution& p) {
   std::vector<Event> ev;
-  if (!(p.totalMass() > 0)) return ev;
-  ev.reserve(2 * p.pieces.size());
-  addEvents(p, +1, ev);
-  std::sort(ev.begin(), ev.end(), [](const Event& l, const Event& r) { return l.x < r.x; });
+  sortedEvents(p, ev);
   return ev;
 }
 
@@ -171,11 +174,9 @@ namespace {
 // quantileGrid into out[0, G) with `ev` as scratch; false when p has no mass.
 bool quantileGridInto(const PiecewiseDistribution& p, size_t G, double* out,
                       std::vector<Event>& ev) {
-  if (G == 0 || !(p.totalMass() > 0)) return false;
-  ev.clear();
-  addEvents(p, +1, ev);
+  if (G == 0) return false;
+  sortedEvents(p, ev);
   if (ev.empty()) return false;
-  std::sort(ev.begin(), ev.end(), [](const Event& l, const Event& r) { return l.x < r.x; });
   // F is piecewise linear between events (slope `slope`) and jumps at point masses; walk it once
   // while the targets u_g rise.
   double f = 0, slope = 0, x = ev.front().x;
@@ -207,31 +208,6 @@ bool quantileGridInto(const PiecewiseDistribution& p, size_t G, double* out,
   for (; g < G; ++g) out[g] = x;
   return true;
 }
-
-void rebuildMixtureInto(std::span<const DurationCluster> clusters, PiecewiseDistribution* out);
-
-}  // namespace
-
-std::vector<double> quantileGrid(const PiecewiseDistribution& p, size_t G) {
-  std::vector<double> out(G);
-  std::vector<Event> ev;
-  if (!quantileGridInto(p, G, out.data(), ev)) out.clear();
-  return out;
-}
-
-bool quantileGridOf(std::span<const DurationCluster> clusters, size_t G, double* out,
-                    GridScratch* scratch) {
-  rebuildMixtureInto(clusters, &scratch->mixture);
-  return quantileGridInto(scratch->mixture, G, out, scratch->events);
-}
-
-PiecewiseDistribution rebuildMixture(std::span<const DurationCluster> clusters) {
-  PiecewiseDistribution out;
-  rebuildMixtureInto(clusters, &out);
-  return out;
-}
-
-namespace {
 
 void rebuildMixtureInto(std::span<const DurationCluster> clusters, PiecewiseDistribution* mix) {
   std::vector<Piece>& out = mix->pieces;
@@ -265,6 +241,25 @@ void rebuildMixtureInto(std::span<const DurationCluster> clusters, PiecewiseDist
 }
 
 }  // namespace
+
+std::vector<double> quantileGrid(const PiecewiseDistribution& p, size_t G) {
+  std::vector<double> out(G);
+  std::vector<Event> ev;
+  if (!quantileGridInto(p, G, out.data(), ev)) out.clear();
+  return out;
+}
+
+bool quantileGridOf(std::span<const DurationCluster> clusters, size_t G, double* out,
+                    GridScratch* scratch) {
+  rebuildMixtureInto(clusters, &scratch->mixture);
+  return quantileGridInto(scratch->mixture, G, out, scratch->events);
+}
+
+PiecewiseDistribution rebuildMixture(std::span<const DurationCluster> clusters) {
+  PiecewiseDistribution out;
+  rebuildMixtureInto(clusters, &out);
+  return out;
+}
 
 double wasserstein1(std::span<const DurationCluster> a, std::span<const DurationCluster> b) {
   return wasserstein1(rebuildMixture(a), rebuildMixture(b));
