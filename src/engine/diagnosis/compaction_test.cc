@@ -257,7 +257,8 @@ TEST(LargeJob, IssueStallAmongTenThousandSummaryRanks) {
 namespace flare::engine {
 namespace {
 // Not a test: the figures of docs/benchmarks.md ("Steady state: after the detectors' 2-minute
-// window has filled"), printed. Run with (FLARE_BENCH_RANKS=N in the environment for another size)
+// window has filled"), printed. Run with (FLARE_BENCH_RANKS=N in the environment for another
+// size, FLARE_BENCH_PASSES=K for another number of detector passes)
 //   build/bin/diagnosis_test --gtest_also_run_disabled_tests --gtest_filter='WindowMeasurement.*'
 // N summary-mode ranks (default 128) of what flare-loadgen sends each second (50 signatures of
 // two clusters, a step marker, the step's statistics of 1,000 ops and two host causes), handed
