@@ -12,6 +12,8 @@ DEB_PACKAGES=(
   libsqlite3-dev sqlite3 zlib1g-dev libssl-dev
   libpq-dev postgresql openssl
   time valgrind
+  # patchelf: tools/gpu-kit/make-kit.sh sets the kit's RUNPATHs (tests/python/test_gpu_kit.py)
+  patchelf
   prometheus
   chromium
 )

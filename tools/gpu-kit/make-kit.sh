@@ -1,43 +1,88 @@
 #!/usr/bin/env bash
-# Packs what the GPU checks need from a build made here into one folder that can travel to a GPU
-# machine without Flare's build dependencies (gRPC, protobuf, SQLite are not installed there):
-#   KIT/bin     flared, flare-export, flare-diagnose, flare-timeline (stripped; the `flare` CLI runs from python/)
-#   KIT/lib     libflare_hook.so, libflare_exporter.so, libflare_hang_capture_test.so (stripped)
-#   KIT/deps    the shared libraries those link that are not part of glibc or libstdc++, found
-#               through RUNPATH ($ORIGIN/../deps), so that no LD_LIBRARY_PATH is needed
-# Use it there as FLARE_BUILD_DIR=KIT (tests/gpu/run_device.sh).
+# Packs what a GPU run needs from a build made here into one folder that can travel to a GPU
+# machine without Flare's build dependencies (gRPC, protobuf, SQLite are not installed there).
+# The kit is a small tree shaped like the repository, so that it works from any directory, on its
+# own or beside a checkout:
+#   KIT/bin        flared, flare-export, flare-diagnose, flare-timeline (stripped), and `flare`,
+#                  the CLI (a shell wrapper that runs KIT/python with KIT's hook library)
+#   KIT/lib        libflare_hook.so, libflare_exporter.so, libflare_hang_capture_test.so (stripped)
+#   KIT/lib/flare  the Python tracing modules, libflare_pyprof_cpXY.so, one per CPython version
+#                  built; the hook dlopens them from flare/ beside itself (src/pyprof/README.md).
+#                  Without them a kit run traces no Python at all.
+#   KIT/deps       the shared libraries those link that are not part of glibc or libstdc++, found
+#                  through RUNPATH ($ORIGIN/../deps), so that no LD_LIBRARY_PATH is needed
+#   KIT/python     the `flare` Python package (CLI, client, report helpers), pure Python
+#   KIT/tools/cuda-gdb-scripts   what cuda-gdb runs to read a hung NCCL kernel (FLARE_CUDA_GDB_SCRIPT)
+#   KIT/tests/gpu  the GPU tests, benchmarks, tests/gpu/acceptance.sh and tests/gpu/capture.sh
+#   KIT/bin/flare-sim-train, flare-sim-rank, KIT/lib/sim, KIT/share/flare
+#                  the simulated CUDA stack and its workload (a few MB), so that the same kit runs
+#                  the acceptance script's simulated mode (FLARE_ACCEPTANCE_SIM=1) and a sanity
+#                  check on a GPU machine before the real run; never on any default search path
+#   KIT/VERSION    the commit the kit was made from (git describe --dirty)
+#   KIT/NEEDS      the newest GLIBC_ and GLIBCXX_ symbol versions the binaries need
+# Use it there as FLARE_BUILD_DIR=KIT (tests/gpu/run_device.sh, tests/gpu/acceptance.sh).
 # The binaries need glibc 2.34 or newer (checked below) and the machine's own libstdc++.
+# Needs patchelf (Debian package patchelf; deploy/install-deps.sh installs it).
 #
 # Usage: tools/gpu-kit/make-kit.sh [BUILD_DIR] [KIT_DIR]   (defaults: build .gpukit)
 set -euo pipefail
 build=${1:-build}
 kit=${2:-.gpukit}
+src=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)   # the repository this script is in
 [ -f "$build/lib/libflare_hook.so" ] || { echo "make-kit: $build/lib/libflare_hook.so not found (make build first)" >&2; exit 1; }
+command -v patchelf >/dev/null || { echo "make-kit: patchelf is needed (apt-get install patchelf)" >&2; exit 1; }
+ls "$build"/lib/flare/libflare_pyprof_cp*.so >/dev/null 2>&1 ||
+  { echo "make-kit: no Python tracing module in $build/lib/flare (build target flare_pyprof)" >&2; exit 1; }
 rm -rf "$kit"
-mkdir -p "$kit/bin" "$kit/lib" "$kit/deps"
-bins=(flared flare-export flare-diagnose flare-timeline)
+mkdir -p "$kit/bin" "$kit/lib/flare" "$kit/lib/sim" "$kit/deps" "$kit/python" "$kit/tools" \
+  "$kit/tests" "$kit/share"
+bins=(flared flare-export flare-diagnose flare-timeline flare-sim-train flare-sim-rank)
 libs=(libflare_hook.so libflare_exporter.so libflare_hang_capture_test.so)
 for b in "${bins[@]}"; do [ -f "$build/bin/$b" ] && cp "$build/bin/$b" "$kit/bin/"; done
 for l in "${libs[@]}"; do [ -f "$build/lib/$l" ] && cp "$build/lib/$l" "$kit/lib/"; done
-strip --strip-debug "$kit"/bin/* "$kit"/lib/*.so
+cp "$build"/lib/flare/libflare_pyprof_cp*.so "$kit/lib/flare/"
+# The simulated stack: its libraries keep their sonames (libcudart.so.13, ...); only
+# flare-sim-train puts lib/sim on the ranks' LD_LIBRARY_PATH.
+for f in "$build"/lib/sim/*.so*; do [ -e "$f" ] && cp -P "$f" "$kit/lib/sim/"; done
+[ -d "$build/share/flare" ] && cp -r "$build/share/flare" "$kit/share/"
+strip --strip-debug "$kit"/bin/flare* "$kit"/lib/*.so "$kit"/lib/flare/*.so
+find "$kit/lib/sim" -type f -exec strip --strip-debug {} +
 # Dependencies: everything ldd resolves outside glibc, libstdc++/libgcc and the CUDA libraries
 # (the GPU machine brings its own CUDA; the hook resolves the real ones at run time).
 skip='^(linux-vdso|ld-linux|libc\.so|libm\.so|libdl\.so|libpthread\.so|librt\.so|libresolv\.so|libutil\.so|libstdc\+\+|libgcc_s|libcuda|libcudart|libcublas|libnccl|libcupti)'
-for f in "$kit"/bin/* "$kit"/lib/*.so; do
-  ldd "$f" | awk '/=> \//{print $1, $3}' | while read -r name path; do
+elves=("$kit"/bin/flare* "$kit"/lib/*.so)
+for f in "${elves[@]}" $(find "$kit/lib/sim" -type f); do
+  ldd "$f" 2>/dev/null | awk '/=> \//{print $1, $3}' | while read -r name path; do
     if ! [[ $name =~ $skip ]] && [ ! -f "$kit/deps/$name" ]; then cp -L "$path" "$kit/deps/$name"; fi
   done
 done
 strip --strip-debug "$kit"/deps/* 2>/dev/null || true
 # RUNPATHs, so that nothing needs LD_LIBRARY_PATH there (it would leak these libraries into
 # PyTorch and every child process): binaries and libraries find deps/ relative to themselves.
-command -v patchelf >/dev/null || { echo "make-kit: patchelf is needed (apt-get install patchelf)" >&2; exit 1; }
-for f in "$kit"/bin/* "$kit"/lib/*.so; do patchelf --set-rpath '$ORIGIN/../deps' "$f"; done
-for f in "$kit"/deps/*; do patchelf --set-rpath '$ORIGIN' "$f"; done
+for f in "${elves[@]}"; do patchelf --set-rpath '$ORIGIN/../deps' "$f"; done
+for f in $(find "$kit/lib/sim" -type f); do patchelf --set-rpath '$ORIGIN:$ORIGIN/../../deps' "$f"; done
+for f in "$kit"/deps/*; do [ -f "$f" ] && patchelf --set-rpath '$ORIGIN' "$f"; done
+# The CLI: the package, and a wrapper that finds the kit relative to itself (the build tree's
+# bin/flare names absolute paths of the build machine).
+tar -C "$src/python" --exclude=__pycache__ --exclude='*.so' -cf - flare | tar -C "$kit/python" -xf -
+cat > "$kit/bin/flare" <<'EOF'
+#!/bin/sh
+# The flare CLI from this kit (tools/gpu-kit/make-kit.sh): KIT/python with KIT/lib's hook.
+kit=$(cd "$(dirname "$0")/.." && pwd)
+FLARE_HOOK_LIB="${FLARE_HOOK_LIB:-$kit/lib/libflare_hook.so}" PYTHONPATH="$kit/python${PYTHONPATH:+:$PYTHONPATH}" exec "${PYTHON:-python3}" -m flare "$@"
+EOF
+chmod +x "$kit/bin/flare"
+# What the GPU run executes besides the binaries: cuda-gdb's scripts and the GPU tests,
+# benchmarks and scripts (tests/gpu/*.sh), at the same relative paths as in the repository.
+cp -r "$src/tools/cuda-gdb-scripts" "$kit/tools/"
+tar -C "$src/tests" --exclude=__pycache__ -cf - gpu | tar -C "$kit/tests" -xf -
+# Which Flare this is: the commit (and whether the tree had changes), for the results' headers.
+{ git -C "$src" describe --always --dirty --abbrev=12 2>/dev/null || echo unknown; } > "$kit/VERSION"
 # glibc floor: the newest GLIBC_ symbol version any file needs.
-need=$(for f in "$kit"/bin/* "$kit"/lib/*.so "$kit"/deps/*; do objdump -T "$f" 2>/dev/null; done |
+all=("$kit"/bin/flare-* "$kit"/bin/flared "$kit"/lib/*.so "$kit"/lib/flare/*.so "$kit"/deps/*)
+need=$(for f in "${all[@]}"; do objdump -T "$f" 2>/dev/null; done |
   grep -o 'GLIBC_2\.[0-9]*' | sort -t. -k2 -n | tail -1)
-cxx=$(for f in "$kit"/bin/* "$kit"/lib/*.so "$kit"/deps/*; do objdump -T "$f" 2>/dev/null; done |
+cxx=$(for f in "${all[@]}"; do objdump -T "$f" 2>/dev/null; done |
   grep -o 'GLIBCXX_3\.4\.[0-9]*' | sort -t. -k3 -n | tail -1)
 printf '%s\n%s\n' "$need" "$cxx" > "$kit/NEEDS"
 du -sh "$kit" | awk -v n="$need" -v c="$cxx" '{print "make-kit: " $2 " is " $1 "; needs " n " and " c " or newer"}'
