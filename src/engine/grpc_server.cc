@@ -227,13 +227,16 @@ class StreamReactor final : public grpc::ServerGenericBidiReactor {
                        "batch before an accepted hello", true});
         }
         v = ingest_.batch(session_, msg->batch());
-        if (v.ok()) return;
+        if (v.ok() && v.items_dropped == 0) return;
         if (v.close_stream) return fail(v);
         if (v.reason == Reason::kDuplicateBatch) return;
+        // Tell the rank what was refused: it logs it and sends its tables again.
         v1::DaemonMessage m;
         m.mutable_rejected()->set_batch_seq(msg->batch().batch_seq());
         m.mutable_rejected()->set_reason(reasonName(v.reason));
         m.mutable_rejected()->set_error(v.error);
+        m.mutable_rejected()->set_batch_kept(v.ok());
+        m.mutable_rejected()->set_items_dropped(v.items_dropped);
         std::lock_guard lock(channel_->mu);
         enqueueLocked(m);
         return;

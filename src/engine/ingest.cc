@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 #include <span>
 #include <utility>
 
@@ -41,6 +42,7 @@ constexpr const char* kReasonNames[] = {
     "rate_limited",   "duplicate_batch",     "out_of_order"};
 static_assert(std::size(kReasonNames) == static_cast<size_t>(Reason::kCount),
               "one name per Reason");
+static_assert(static_cast<size_t>(Reason::kCount) <= 32, "RankState::logged_reasons: a bit each");
 
 constexpr const char* kDropNames[] = {"ring_full",      "events_exhausted",    "unmatched",
                                       "spans_dropped",  "spool_dropped",       "send_failed",
@@ -362,120 +364,209 @@ size_t Ingest::activeSessions() const {
   return sessions_.size();
 }
 
-Verdict Ingest::validate(const Session& s, const v1::RecordBatch& b, int64_t now,
-                         std::unordered_map<uint32_t, uint32_t>* new_sigs) {
-  const size_t items = static_cast<size_t>(b.kernels_size()) + b.summaries_size() + b.spans_size() +
-                       b.steps_size() + b.signatures_size() + b.api_names_size() +
-                       b.step_stats_size();
-  if (items > config_.max_batch_items) {
-    return reject(Reason::kOversized, Code::kResourceExhausted,
-                  "batch of " + std::to_string(items) + " items is over --max-batch-items");
+// The invalid items of one batch, by repeated field (indices ascending), and what they were.
+struct Ingest::BatchFilter {
+  std::vector<int> sigs, apis, kernels, summaries, spans, steps, step_stats;
+  bool created = false;  // created_ns out of range: ignored
+  std::array<uint64_t, static_cast<size_t>(Reason::kCount)> by_reason{};
+  std::array<std::string, static_cast<size_t>(Reason::kCount)> first_error;
+  Reason first = Reason::kCount;
+  uint64_t dropped = 0;
+
+  void drop(std::vector<int>* list, int index, Reason r, std::string error) {
+    if (list != nullptr) list->push_back(index);
+    const auto i = static_cast<size_t>(r);
+    if (by_reason[i]++ == 0) first_error[i] = std::move(error);
+    if (first == Reason::kCount) first = r;
+    ++dropped;
   }
-  const int64_t min_ts = config_.min_timestamp_ns;
-  const int64_t max_ts = now + config_.max_future_ns;
-  auto badTime = [&](int64_t start, int64_t end) {
-    return start < min_ts || start > max_ts || end < start || end - start > config_.max_duration_ns;
+};
+
+namespace {
+
+// Removes the elements at `bad` (ascending indices) from `field`, keeping the others' order.
+template <typename Field>
+void eraseIndices(Field* field, const std::vector<int>& bad) {
+  if (bad.empty()) return;
+  int w = 0;
+  size_t j = 0;
+  for (int i = 0; i < field->size(); ++i) {
+    if (j < bad.size() && bad[j] == i) {
+      ++j;
+      continue;
+    }
+    if (w != i) field->SwapElements(w, i);
+    ++w;
+  }
+  field->DeleteSubrange(w, field->size() - w);
+}
+
+bool badTime(const TimeLimits& t, int64_t start, int64_t end) {
+  return start < t.min_ns || start > t.max_ns || end < start || end - start > t.max_duration_ns;
+}
+
+}  // namespace
+
+std::string stepStatsError(const v1::StepStats& st, const TimeLimits& limits, Reason* reason) {
+  if (badTime(limits, st.start_ns(), st.end_ns()) || st.end_ns() == st.start_ns()) {
+    *reason = Reason::kBadTimestamp;
+    return "step statistics: start " + std::to_string(st.start_ns()) + ", end " +
+           std::to_string(st.end_ns()) + " out of range";
+  }
+  *reason = Reason::kBadRecord;
+  const int64_t len = st.end_ns() - st.start_ns();
+  auto check = [len](const char* field, int64_t v) -> std::string {
+    if (v >= 0 && v <= len) return {};
+    return std::string("step statistics: ") + field + " " + std::to_string(v) +
+           " ns outside its step of " + std::to_string(len) + " ns";
   };
-  if (s.sig_map.size() + b.signatures_size() > config_.max_signatures_per_rank) {
-    return reject(Reason::kTooManySignatures, Code::kResourceExhausted,
-                  "more than --max-signatures-per-rank signatures");
+  for (auto [field, v] :
+       {std::pair{"gpu_busy_ns", st.gpu_busy_ns()}, std::pair{"inter_ns", st.inter_ns()},
+        std::pair{"minority_ns", st.minority_ns()}}) {
+    if (std::string e = check(field, v); !e.empty()) return e;
   }
-  for (const v1::Signature& sig : b.signatures()) {
+  if (st.gpu_ops() > (1ULL << 40) || !std::isfinite(st.issue_latency_sum_ns()) ||
+      !std::isfinite(st.issue_offset_sum_ns())) {
+    return "step statistics: gpu_ops or an issue-latency sum out of range";
+  }
+  if (static_cast<size_t>(st.causes_size()) > kMaxStepCauses) {
+    return "step statistics: more than " + std::to_string(kMaxStepCauses) + " host causes";
+  }
+  if (!validStepSketch(st.issue_latency(), st.gpu_ops(), true)) {
+    return "step statistics: an issue-latency sketch that does not decode to the step's " +
+           std::to_string(st.gpu_ops()) + " ops";
+  }
+  for (const v1::HostCause& c : st.causes()) {
+    if (c.name().empty() || c.name().size() > kMaxShortString ||
+        !validStepSketch(c.issue_latency(), st.gpu_ops(), false)) {
+      return "step statistics: a host cause without a name or with a bad sketch";
+    }
+  }
+  return {};
+}
+
+void Ingest::validate(const Session& s, const v1::RecordBatch& b, int64_t now,
+                      std::unordered_map<uint32_t, uint32_t>* new_sigs, BatchFilter* f) {
+  const TimeLimits limits{config_.min_timestamp_ns, now + config_.max_future_ns,
+                          config_.max_duration_ns};
+  size_t fresh = 0;  // signatures the daemon does not have yet for this stream
+  for (int i = 0; i < b.signatures_size(); ++i) {
+    const v1::Signature& sig = b.signatures(i);
     if (sig.id() == 0 || sig.name().empty() || sig.name().size() > kMaxNameBytes ||
         sig.shape_size() > static_cast<int>(kMaxShapeDims) ||
         sig.layout().size() > kMaxShortString || sig.library().size() > kMaxShortString) {
-      return reject(Reason::kBadSignature, Code::kInvalidArgument,
-                    "signature " + std::to_string(sig.id()) +
-                        ": id 0, empty or oversized name, or too many shape dims");
+      f->drop(&f->sigs, i, Reason::kBadSignature,
+              "signature " + std::to_string(sig.id()) +
+                  ": id 0, empty or oversized name, or too many shape dims");
+      continue;
+    }
+    if (!s.sig_map.contains(sig.id()) && !new_sigs->contains(sig.id()) &&
+        s.sig_map.size() + ++fresh > config_.max_signatures_per_rank) {
+      f->drop(&f->sigs, i, Reason::kTooManySignatures,
+              "more than --max-signatures-per-rank signatures");
+      continue;
     }
     (*new_sigs)[sig.id()] = 0;
   }
-  for (const v1::ApiName& a : b.api_names()) {
+  std::unordered_set<uint32_t> new_apis;
+  for (int i = 0; i < b.api_names_size(); ++i) {
+    const v1::ApiName& a = b.api_names(i);
     if (a.id() == 0 || a.qualified_name().size() > kMaxShortString) {
-      return reject(Reason::kBadSignature, Code::kInvalidArgument,
-                    "api name with id 0 or too long");
+      f->drop(&f->apis, i, Reason::kBadSignature, "api name with id 0 or too long");
+      continue;
     }
+    new_apis.insert(a.id());
   }
   auto known = [&](uint32_t id) { return s.sig_map.contains(id) || new_sigs->contains(id); };
-  for (const v1::KernelRecord& k : b.kernels()) {
+  for (int i = 0; i < b.kernels_size(); ++i) {
+    const v1::KernelRecord& k = b.kernels(i);
     if (!known(k.signature_id())) {
-      return reject(Reason::kUnknownSignature, Code::kInvalidArgument,
-                    "kernel record names unknown signature " + std::to_string(k.signature_id()));
-    }
-    if (badTime(k.start_ns(), k.end_ns()) ||
-        (k.issue_ns() != 0 && (k.issue_ns() < min_ts || k.issue_ns() > max_ts))) {
-      return reject(Reason::kBadTimestamp, Code::kInvalidArgument,
-                    "kernel record times out of range (start " + std::to_string(k.start_ns()) +
-                        ", end " + std::to_string(k.end_ns()) + ")");
-    }
-    if (k.has_collective() &&
-        (k.collective().nranks() < 0 ||
-         static_cast<size_t>(k.collective().nranks()) > config_.max_ranks_per_job)) {
-      return reject(Reason::kBadRecord, Code::kInvalidArgument, "collective nranks out of range");
+      f->drop(&f->kernels, i, Reason::kUnknownSignature,
+              "kernel record names unknown signature " + std::to_string(k.signature_id()));
+    } else if (badTime(limits, k.start_ns(), k.end_ns()) ||
+               (k.issue_ns() != 0 &&
+                (k.issue_ns() < limits.min_ns || k.issue_ns() > limits.max_ns))) {
+      f->drop(&f->kernels, i, Reason::kBadTimestamp,
+              "kernel record times out of range (start " + std::to_string(k.start_ns()) + ", end " +
+                  std::to_string(k.end_ns()) + ")");
+    } else if (k.has_collective() &&
+               (k.collective().nranks() < 0 ||
+                static_cast<size_t>(k.collective().nranks()) > config_.max_ranks_per_job)) {
+      f->drop(&f->kernels, i, Reason::kBadRecord, "collective nranks out of range");
     }
   }
-  for (const v1::KernelSummary& sm : b.summaries()) {
+  for (int i = 0; i < b.summaries_size(); ++i) {
+    const v1::KernelSummary& sm = b.summaries(i);
     if (!known(sm.signature_id())) {
-      return reject(Reason::kUnknownSignature, Code::kInvalidArgument,
-                    "summary names unknown signature " + std::to_string(sm.signature_id()));
+      f->drop(&f->summaries, i, Reason::kUnknownSignature,
+              "summary names unknown signature " + std::to_string(sm.signature_id()));
+      continue;
     }
-    if (badTime(sm.window_start_ns(), sm.window_end_ns())) {
-      return reject(Reason::kBadTimestamp, Code::kInvalidArgument, "summary window out of range");
+    if (badTime(limits, sm.window_start_ns(), sm.window_end_ns())) {
+      f->drop(&f->summaries, i, Reason::kBadTimestamp, "summary window out of range");
+      continue;
     }
     if (sm.clusters_size() > static_cast<int>(kMaxClusters)) {
-      return reject(Reason::kBadRecord, Code::kInvalidArgument, "too many clusters in a summary");
+      f->drop(&f->summaries, i, Reason::kBadRecord, "too many clusters in a summary");
+      continue;
     }
     for (const auto& c : sm.clusters()) {
       if (c.p50_ns() < 0 || c.p99_ns() < 0 || c.sum_ns() < 0 ||
           c.p50_ns() > config_.max_duration_ns || c.p99_ns() > config_.max_duration_ns ||
           c.count() > (1ULL << 40)) {
-        return reject(Reason::kBadRecord, Code::kInvalidArgument, "summary cluster out of range");
+        f->drop(&f->summaries, i, Reason::kBadRecord, "summary cluster out of range");
+        break;
       }
     }
   }
-  for (const v1::ApiSpan& sp : b.spans()) {
-    bool api_known = s.api_ids.contains(sp.api_id());
-    for (const v1::ApiName& a : b.api_names()) api_known = api_known || a.id() == sp.api_id();
-    if (!api_known) {
-      return reject(Reason::kUnknownSignature, Code::kInvalidArgument,
-                    "span names unknown api id " + std::to_string(sp.api_id()));
-    }
-    if (badTime(sp.start_ns(), sp.end_ns())) {
-      return reject(Reason::kBadTimestamp, Code::kInvalidArgument, "span times out of range");
+  for (int i = 0; i < b.spans_size(); ++i) {
+    const v1::ApiSpan& sp = b.spans(i);
+    if (!s.api_ids.contains(sp.api_id()) && !new_apis.contains(sp.api_id())) {
+      f->drop(&f->spans, i, Reason::kUnknownSignature,
+              "span names unknown api id " + std::to_string(sp.api_id()));
+    } else if (badTime(limits, sp.start_ns(), sp.end_ns())) {
+      f->drop(&f->spans, i, Reason::kBadTimestamp, "span times out of range");
     }
   }
-  for (const v1::StepMarker& st : b.steps()) {
-    if (badTime(st.start_ns(), st.end_ns())) {
-      return reject(Reason::kBadTimestamp, Code::kInvalidArgument, "step times out of range");
+  for (int i = 0; i < b.steps_size(); ++i) {
+    const v1::StepMarker& st = b.steps(i);
+    if (badTime(limits, st.start_ns(), st.end_ns())) {
+      f->drop(&f->steps, i, Reason::kBadTimestamp, "step times out of range");
     }
   }
-  for (const v1::StepStats& st : b.step_stats()) {
-    if (badTime(st.start_ns(), st.end_ns()) || st.end_ns() == st.start_ns()) {
-      return reject(Reason::kBadTimestamp, Code::kInvalidArgument, "step statistics out of range");
-    }
-    const int64_t len = st.end_ns() - st.start_ns();
-    auto within = [len](int64_t v) { return v >= 0 && v <= len; };
-    if (!within(st.gpu_busy_ns()) || !within(st.inter_ns()) || !within(st.minority_ns()) ||
-        st.gpu_ops() > (1ULL << 40) || !std::isfinite(st.issue_latency_sum_ns()) ||
-        !std::isfinite(st.issue_offset_sum_ns()) ||
-        static_cast<size_t>(st.causes_size()) > kMaxStepCauses ||
-        !validStepSketch(st.issue_latency(), st.gpu_ops(), true)) {
-      return reject(Reason::kBadRecord, Code::kInvalidArgument,
-                    "step statistics: a time outside the step, too many causes or a sketch that "
-                    "does not decode to the step's ops");
-    }
-    for (const v1::HostCause& c : st.causes()) {
-      if (c.name().empty() || c.name().size() > kMaxShortString ||
-          !validStepSketch(c.issue_latency(), st.gpu_ops(), false)) {
-        return reject(Reason::kBadRecord, Code::kInvalidArgument,
-                      "step statistics: a host cause without a name or with a bad sketch");
-      }
-    }
+  for (int i = 0; i < b.step_stats_size(); ++i) {
+    Reason r = Reason::kCount;
+    std::string e = stepStatsError(b.step_stats(i), limits, &r);
+    if (!e.empty()) f->drop(&f->step_stats, i, r, std::move(e));
   }
-  if (b.created_ns() != 0 && (b.created_ns() < min_ts || b.created_ns() > max_ts)) {
-    return reject(Reason::kBadTimestamp, Code::kInvalidArgument, "batch created_ns out of range");
+  if (b.created_ns() != 0 && (b.created_ns() < limits.min_ns || b.created_ns() > limits.max_ns)) {
+    f->created = true;
+    f->drop(nullptr, 0, Reason::kBadTimestamp, "batch created_ns out of range");
   }
-  return {};
+}
+
+Verdict Ingest::refuseBatch(const JobState& job, RankState& rs, int64_t now, Reason r, Code code,
+                            std::string error) {
+  noteRefused(job, rs, now, r, 1, 0, error);
+  return reject(r, code, std::move(error));
+}
+
+void Ingest::noteRefused(const JobState& job, RankState& rs, int64_t now, Reason r,
+                         uint64_t batches, uint64_t items, const std::string& error) {
+  RankState::Refused& ref = rs.refused[r];
+  ref.batches += batches;
+  ref.items += items;
+  ref.last_error = error;
+  ref.last_ns = now;
+  rs.dirty = true;
+  const uint32_t bit = 1u << static_cast<unsigned>(r);
+  if ((rs.logged_reasons & bit) != 0) return;
+  rs.logged_reasons |= bit;
+  FLARE_LOG_WARN("engine",
+                 "job {} rank {}: refused {} ({}): {} (logged once per job, rank and reason; "
+                 "counted in flare_ingest_{}_total and `flare status`)",
+                 job.job_id, rs.rank, batches > 0 ? "a batch" : "items of a batch", reasonName(r),
+                 error, batches > 0 ? "rejected" : "items_dropped");
 }
 
 uint32_t Ingest::internSignature(JobState& job, const v1::Signature& sig) {
@@ -515,10 +606,14 @@ void Ingest::applyDrops(RankState& rs, const v1::DropCounters& d) {
   rs.drops = d;
 }
 
-Verdict Ingest::batch(uint64_t session_id, const v1::RecordBatch& b) {
+Verdict Ingest::batch(uint64_t session_id, const v1::RecordBatch& sent) {
   const int64_t now = wall_.nowNs();
   std::string job_id;
   int32_t rank = 0;
+  // The batch as applied: `sent` itself, or a copy without its invalid items.
+  std::optional<v1::RecordBatch> clean;
+  const v1::RecordBatch* applied = &sent;
+  Verdict verdict;
   {
     std::lock_guard lock(mu_);
     const auto sit = sessions_.find(session_id);
@@ -527,9 +622,9 @@ Verdict Ingest::batch(uint64_t session_id, const v1::RecordBatch& b) {
                     "stream is no longer the rank's session", true);
     }
     Session& s = sit->second;
-    if (b.rank() != s.rank) {
+    if (sent.rank() != s.rank) {
       return reject(Reason::kRankMismatch, Code::kPermissionDenied,
-                    "batch for rank " + std::to_string(b.rank()) + " on the stream of rank " +
+                    "batch for rank " + std::to_string(sent.rank()) + " on the stream of rank " +
                         std::to_string(s.rank) + " of job " + s.job->job_id,
                     true);
     }
@@ -539,27 +634,59 @@ Verdict Ingest::batch(uint64_t session_id, const v1::RecordBatch& b) {
     // Exactly once: a batch at or below the highest seq applied for this process was applied
     // before (a re-send or spool replay after a reconnect or a daemon restart).
     RankState::Incarnation& inc = incarnation(rs, s.pid, s.start_ns, now);
-    if (b.batch_seq() != 0 && b.batch_seq() <= inc.seq) {
-      if (b.from_spool()) return reject(Reason::kDuplicateBatch, Code::kOk, "batch already held");
-      return reject(
-          Reason::kOutOfOrder, Code::kInvalidArgument,
-          "batch_seq " + std::to_string(b.batch_seq()) + " after " + std::to_string(inc.seq));
+    if (sent.batch_seq() != 0 && sent.batch_seq() <= inc.seq) {
+      if (sent.from_spool())
+        return reject(Reason::kDuplicateBatch, Code::kOk, "batch already held");
+      return refuseBatch(
+          job, rs, now, Reason::kOutOfOrder, Code::kInvalidArgument,
+          "batch_seq " + std::to_string(sent.batch_seq()) + " after " + std::to_string(inc.seq));
     }
-    const size_t records = static_cast<size_t>(b.kernels_size()) + b.summaries_size() +
-                           b.spans_size() + b.steps_size();
+    const size_t items = static_cast<size_t>(sent.kernels_size()) + sent.summaries_size() +
+                         sent.spans_size() + sent.steps_size() + sent.signatures_size() +
+                         sent.api_names_size() + sent.step_stats_size();
+    if (items > config_.max_batch_items) {
+      return refuseBatch(job, rs, now, Reason::kOversized, Code::kResourceExhausted,
+                         "batch of " + std::to_string(items) + " items is over --max-batch-items");
+    }
+    const size_t sent_records = static_cast<size_t>(sent.kernels_size()) + sent.summaries_size() +
+                                sent.spans_size() + sent.steps_size();
     if (config_.rank_rate_limit > 0) {
       const double cap = config_.rank_rate_limit * config_.rank_rate_burst_s;
       s.tokens = std::min(
           cap, s.tokens + config_.rank_rate_limit * static_cast<double>(now - s.refill_ns) / 1e9);
       s.refill_ns = now;
-      if (static_cast<double>(records) > s.tokens) {
-        return reject(Reason::kRateLimited, Code::kResourceExhausted,
-                      "rank is over --rank-rate-limit records/s");
+      if (static_cast<double>(sent_records) > s.tokens) {
+        return refuseBatch(job, rs, now, Reason::kRateLimited, Code::kResourceExhausted,
+                           "rank is over --rank-rate-limit records/s");
       }
     }
     std::unordered_map<uint32_t, uint32_t> new_sigs;
-    Verdict v = validate(s, b, now, &new_sigs);
-    if (!v.ok()) return v;
+    BatchFilter f;
+    validate(s, sent, now, &new_sigs, &f);
+    if (f.dropped > 0) {
+      // Only the invalid items go; everything else, the tables above all, is applied.
+      clean.emplace(sent);
+      eraseIndices(clean->mutable_signatures(), f.sigs);
+      eraseIndices(clean->mutable_api_names(), f.apis);
+      eraseIndices(clean->mutable_kernels(), f.kernels);
+      eraseIndices(clean->mutable_summaries(), f.summaries);
+      eraseIndices(clean->mutable_spans(), f.spans);
+      eraseIndices(clean->mutable_steps(), f.steps);
+      eraseIndices(clean->mutable_step_stats(), f.step_stats);
+      if (f.created) clean->set_created_ns(0);
+      applied = &*clean;
+      for (size_t i = 0; i < f.by_reason.size(); ++i) {
+        if (f.by_reason[i] == 0) continue;
+        counters_.items_dropped[i].fetch_add(f.by_reason[i], std::memory_order_relaxed);
+        noteRefused(job, rs, now, static_cast<Reason>(i), 0, f.by_reason[i], f.first_error[i]);
+      }
+      verdict.reason = f.first;
+      verdict.error = f.first_error[static_cast<size_t>(f.first)];
+      verdict.items_dropped = f.dropped;
+    }
+    const v1::RecordBatch& b = *applied;
+    const size_t records = static_cast<size_t>(b.kernels_size()) + b.summaries_size() +
+                           b.spans_size() + b.steps_size();
 
     // Everything checked: apply.
     s.tokens -= static_cast<double>(records);
@@ -700,10 +827,10 @@ Verdict Ingest::batch(uint64_t session_id, const v1::RecordBatch& b) {
     counters_.spans.fetch_add(b.spans_size(), std::memory_order_relaxed);
     counters_.steps.fetch_add(b.steps_size(), std::memory_order_relaxed);
   }
-  counters_.deep_trace_records.fetch_add(static_cast<uint64_t>(b.deep_trace_size()),
+  counters_.deep_trace_records.fetch_add(static_cast<uint64_t>(applied->deep_trace_size()),
                                          std::memory_order_relaxed);
-  if (config_.on_batch) config_.on_batch(job_id, rank, b);
-  return {};
+  if (config_.on_batch) config_.on_batch(job_id, rank, *applied);
+  return verdict;
 }
 
 Verdict Ingest::commandResult(uint64_t session_id, const v1::CommandResult& result) {
@@ -859,6 +986,14 @@ Code Ingest::ranks(const v1::ListRanksRequest& req, v1::ListRanksResponse* out) 
     r->set_device_name(rs.device_name);
     r->set_device_uuid(rs.device_uuid);
     r->set_hang_kill(rs.hang_kill);
+    for (const auto& [reason, ref] : rs.refused) {
+      v1::Refusals* x = r->add_refusals();
+      x->set_reason(reasonName(reason));
+      x->set_batches(ref.batches);
+      x->set_items(ref.items);
+      x->set_last_error(ref.last_error);
+      x->set_last_unix_ns(ref.last_ns);
+    }
   }
   return Code::kOk;
 }
@@ -1108,6 +1243,13 @@ void Ingest::writeMetrics(PromWriter& w) const {
            "Messages, batches or hellos refused, by reason (src/engine/ingest.h).");
   for (size_t i = 0; i < counters_.rejected.size(); ++i) {
     w.sample("flare_ingest_rejected_total", c(counters_.rejected[i]),
+             {{"reason", reasonName(static_cast<Reason>(i))}});
+  }
+  w.family("flare_ingest_items_dropped_total", "counter",
+           "Items (records, summaries, spans, step statistics, table entries) dropped from "
+           "batches whose other items were applied, by reason (src/engine/ingest.h).");
+  for (size_t i = 0; i < counters_.items_dropped.size(); ++i) {
+    w.sample("flare_ingest_items_dropped_total", c(counters_.items_dropped[i]),
              {{"reason", reasonName(static_cast<Reason>(i))}});
   }
   w.family("flare_ingest_hellos_accepted_total", "counter", "Rank streams accepted.");

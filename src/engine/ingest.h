@@ -16,11 +16,15 @@
 // windows included) together with those marks as ONE Store::Checkpoint, so after a crash the
 // reloaded state and the marks agree: what a rank re-sends is counted exactly once.
 //
-// Validation. decode() and batch() check every field before anything changes: a batch is
-// applied whole or not at all. Refusals come back as a Verdict with a reason that labels
-// flare_ingest_rejected_total{reason=...}. Protocol violations (no hello, another rank, bytes
-// that do not decode) ask the transport to close the stream; content failures (oversized,
-// unknown signature, absurd timestamps, rate limit) drop the batch and keep the stream.
+// Validation. decode() and batch() check every field before anything changes. One bad item
+// never costs the rest of its batch: an invalid record, summary, span, step marker, step
+// statistic, signature or API name is dropped alone, counted by reason
+// (flare_ingest_items_dropped_total{reason=...} and the rank's Refusals) and logged once per
+// job, rank and reason, and everything else, the signature and API tables above all, is applied.
+// Whole batches are refused only for what concerns the batch itself (oversized, rate limit,
+// batch_seq out of order: flare_ingest_rejected_total{reason=...}). Protocol violations (no
+// hello, another rank, bytes that do not decode) ask the transport to close the stream. Either
+// way the Verdict says what was refused, and the transport tells the rank (BatchRejected).
 //
 // Threading: every public method is thread-safe (one mutex; batches are small and applying one
 // is a few hundred nanoseconds per record). CommandChannel methods are called with that mutex
@@ -88,11 +92,22 @@ enum class Code : uint8_t {
 
 struct Verdict {
   Code code = Code::kOk;
-  Reason reason = Reason::kCount;  // kCount when ok
+  Reason reason = Reason::kCount;  // kCount when ok (with items dropped: the first one's reason)
   std::string error;
-  bool close_stream = false;  // protocol violation: the transport ends the stream with `code`
+  bool close_stream = false;   // protocol violation: the transport ends the stream with `code`
+  uint64_t items_dropped = 0;  // ok(): items of the batch refused (the rest was applied)
   bool ok() const { return code == Code::kOk; }
 };
+
+// The plausible range of times in what a rank sends (Unix-epoch ns).
+struct TimeLimits {
+  int64_t min_ns = 0;           // earliest timestamp
+  int64_t max_ns = 0;           // latest timestamp (the daemon's now + --max-future)
+  int64_t max_duration_ns = 0;  // longest kernel, span or step
+};
+// Why flared drops one StepStats, "" when it keeps it; `reason` gets the refusal's label. The
+// rank's StepAccumulator (src/timing) emits only statistics that pass (a property test checks).
+std::string stepStatsError(const v1::StepStats& st, const TimeLimits& limits, Reason* reason);
 
 // The transport's side of one stream, for messages the daemon sends unprompted.
 class CommandChannel {
@@ -150,7 +165,9 @@ bool validDeviceInfo(const v1::DeviceInfo& device);
 
 // Counters of one Ingest; all monotonic.
 struct IngestCounters {
-  std::array<std::atomic<uint64_t>, static_cast<size_t>(Reason::kCount)> rejected{};
+  std::array<std::atomic<uint64_t>, static_cast<size_t>(Reason::kCount)> rejected{};  // batches
+  // Items dropped from batches that were otherwise applied.
+  std::array<std::atomic<uint64_t>, static_cast<size_t>(Reason::kCount)> items_dropped{};
   std::atomic<uint64_t> hellos_accepted{0};
   std::atomic<uint64_t> sessions_replaced{0};
   std::atomic<uint64_t> batches{0};
@@ -278,6 +295,15 @@ class Ingest {
     uint64_t batches = 0;
     uint64_t records = 0;
     uint64_t lost_batches = 0;
+    // What was refused of this rank, by reason (ListRanks' Refusals); `logged_reasons`: a bit
+    // per reason already logged (once per job, rank and reason).
+    struct Refused {
+      uint64_t batches = 0, items = 0;
+      std::string last_error;
+      int64_t last_ns = 0;
+    };
+    std::map<Reason, Refused> refused;
+    uint32_t logged_reasons = 0;
     v1::DropCounters drops;
     uint64_t session_id = 0;  // the live session, 0: none
     std::deque<v1::Command> pending;
@@ -321,9 +347,17 @@ class Ingest {
     std::shared_ptr<CommandChannel> channel;
   };
 
+  struct BatchFilter;
   Verdict reject(Reason r, Code code, std::string error, bool close = false);
-  Verdict validate(const Session& s, const v1::RecordBatch& b, int64_t now,
-                   std::unordered_map<uint32_t, uint32_t>* new_sigs);
+  // Whole-batch refusal of a rank's batch: counted for the rank too and logged once.
+  Verdict refuseBatch(const JobState& job, RankState& rs, int64_t now, Reason r, Code code,
+                      std::string error);
+  // Notes a refusal for the rank (its Refusals, one log line per job, rank and reason).
+  void noteRefused(const JobState& job, RankState& rs, int64_t now, Reason r, uint64_t batches,
+                   uint64_t items, const std::string& error);
+  // Marks every invalid item of `b` in `f`; `new_sigs` gets the signature ids the batch adds.
+  void validate(const Session& s, const v1::RecordBatch& b, int64_t now,
+                std::unordered_map<uint32_t, uint32_t>* new_sigs, BatchFilter* f);
   uint32_t internSignature(JobState& job, const v1::Signature& sig);
   void applyDrops(RankState& rs, const v1::DropCounters& d);
   void fillReport(const JobState& job, v1::GetReportResponse* out) const;

@@ -5,7 +5,9 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <map>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "src/engine/metrics.h"
@@ -260,55 +262,96 @@ TEST_F(IngestTest, ReportComputesTflopsBusbwShareAndQuantiles) {
   EXPECT_NEAR(gemm.p99_ns(), 3000000, 570000);
 }
 
-TEST_F(IngestTest, ContentFailuresDropWholeBatchAndKeepStream) {
+// The first real-GPU run: one out-of-range step statistic cost its batch, signature tables
+// included, and every later batch of the rank was refused as unknown_signature. Now only the bad
+// item goes, counted by reason and shown per rank; the tables and the rest are applied.
+TEST_F(IngestTest, ContentFailuresDropOnlyTheBadItemAndKeepTheTables) {
   IngestConfig cfg;
   cfg.max_batch_items = 10;
   make(cfg);
-  const uint64_t s = connect("job", 0, 1);
-  auto base = [] {
-    v1::RecordBatch b;
-    b.set_rank(0);
-    *b.add_signatures() = gemmSig(1, 128, 128, 128);
-    return b;
-  };
-  // A good record followed by one with an unknown signature: nothing of the batch is applied.
-  v1::RecordBatch b = base();
+  auto ch = std::make_shared<FakeChannel>();
+  const uint64_t s = connect("job", 0, 1, ch);
+  v1::RecordBatch b;
+  b.set_rank(0);
+  *b.add_signatures() = gemmSig(1, 128, 128, 128);
   addKernel(&b, 1, kNow, 1000);
-  addKernel(&b, 9, kNow, 1000);
+  addKernel(&b, 9, kNow, 1000);             // unknown signature
+  v1::StepStats* bad = b.add_step_stats();  // T_inter 41x its step (the GPU run's step 0)
+  bad->set_start_ns(kNow);
+  bad->set_end_ns(kNow + 1000);
+  bad->set_inter_ns(41000);
   Verdict v = ingest_->batch(s, b);
-  EXPECT_EQ(v.reason, Reason::kUnknownSignature);
+  EXPECT_TRUE(v.ok()) << v.error;
+  EXPECT_EQ(v.items_dropped, 2u);
+  EXPECT_EQ(v.reason, Reason::kUnknownSignature);  // the first refused item's
   EXPECT_FALSE(v.close_stream);
-  // Absurd timestamps: 1970, far future, end before start.
+  // The signature table and the good record were applied: later batches may name signature 1.
+  EXPECT_EQ(report("job").signatures(0).count(), 1u);
+  v1::RecordBatch next;
+  next.set_rank(0);
+  addKernel(&next, 1, kNow, 1000);
+  v = ingest_->batch(s, next);
+  EXPECT_TRUE(v.ok());
+  EXPECT_EQ(v.items_dropped, 0u);
+  EXPECT_EQ(report("job").signatures(0).count(), 2u);
+  // Absurd timestamps: 1970, far future, end before start; each record dropped alone.
   for (auto [start, dur] : {std::pair<int64_t, int64_t>{1000, 10},
                             {kNow + 86400LL * 1000000000LL * 365, 10},
                             {kNow, -5}}) {
-    b = base();
-    addKernel(&b, 1, start, dur);
-    EXPECT_EQ(ingest_->batch(s, b).reason, Reason::kBadTimestamp);
+    v1::RecordBatch t;
+    t.set_rank(0);
+    addKernel(&t, 1, start, dur);
+    addKernel(&t, 1, kNow, 10);
+    v = ingest_->batch(s, t);
+    EXPECT_EQ(v.reason, Reason::kBadTimestamp);
+    EXPECT_EQ(v.items_dropped, 1u);
   }
-  b = base();
-  for (int i = 0; i < 10; ++i) addKernel(&b, 1, kNow, 10);
-  EXPECT_EQ(ingest_->batch(s, b).reason, Reason::kOversized);
-  b = base();
-  b.mutable_signatures(0)->set_id(0);
-  EXPECT_EQ(ingest_->batch(s, b).reason, Reason::kBadSignature);
-  v1::GetReportResponse r = report("job");
-  EXPECT_EQ(r.signatures_size(), 0);
-  EXPECT_EQ(ingest_->counters().batches.load(), 0u);
-  // The stream still works.
-  b = base();
-  addKernel(&b, 1, kNow, 1000);
-  EXPECT_TRUE(ingest_->batch(s, b).ok());
-  EXPECT_EQ(report("job").signatures(0).count(), 1u);
-  EXPECT_EQ(rejected(Reason::kBadTimestamp), 3u);
+  EXPECT_EQ(report("job").signatures(0).count(), 5u);
+  // A bad signature entry goes alone; the good one beside it is kept.
+  v1::RecordBatch sigs;
+  sigs.set_rank(0);
+  *sigs.add_signatures() = gemmSig(0, 64, 64, 64);
+  *sigs.add_signatures() = gemmSig(2, 256, 256, 256);
+  addKernel(&sigs, 2, kNow, 10);
+  v = ingest_->batch(s, sigs);
+  EXPECT_EQ(v.reason, Reason::kBadSignature);
+  EXPECT_EQ(v.items_dropped, 1u);
+  EXPECT_EQ(report("job").signatures_size(), 2);
+  // What concerns the batch itself still refuses it whole: too many items.
+  v1::RecordBatch big;
+  big.set_rank(0);
+  for (int i = 0; i < 11; ++i) addKernel(&big, 1, kNow, 10);
+  v = ingest_->batch(s, big);
+  EXPECT_FALSE(v.ok());
+  EXPECT_EQ(v.reason, Reason::kOversized);
+  EXPECT_EQ(report("job").signatures(0).count(), 5u);
 
+  EXPECT_EQ(rejected(Reason::kOversized), 1u);
+  EXPECT_EQ(rejected(Reason::kBadTimestamp), 0u);  // no batch was refused for it
+  EXPECT_EQ(ingest_->counters().items_dropped[static_cast<size_t>(Reason::kBadTimestamp)], 3u);
   PromWriter w;
   ingest_->writeMetrics(w);
   EXPECT_THAT(w.text(), ::testing::HasSubstr(
-                            "flare_ingest_rejected_total{reason=\"unknown_signature\"} 1\n"));
+                            "flare_ingest_items_dropped_total{reason=\"unknown_signature\"} 1\n"));
+  EXPECT_THAT(w.text(), ::testing::HasSubstr(
+                            "flare_ingest_items_dropped_total{reason=\"bad_timestamp\"} 3\n"));
   EXPECT_THAT(w.text(),
-              ::testing::HasSubstr("flare_ingest_rejected_total{reason=\"bad_timestamp\"} 3\n"));
-  EXPECT_THAT(w.text(), ::testing::HasSubstr("flare_ingest_records_total{type=\"kernel\"} 1\n"));
+              ::testing::HasSubstr("flare_ingest_items_dropped_total{reason=\"bad_record\"} 1\n"));
+  EXPECT_THAT(w.text(),
+              ::testing::HasSubstr("flare_ingest_rejected_total{reason=\"oversized\"} 1\n"));
+  // The rank's refusals, by reason, as `flare status` shows them.
+  v1::ListRanksRequest req;
+  req.set_job_id("job");
+  v1::ListRanksResponse ranks;
+  ASSERT_EQ(ingest_->ranks(req, &ranks), Code::kOk);
+  ASSERT_EQ(ranks.ranks_size(), 1);
+  std::map<std::string, v1::Refusals> by;
+  for (const v1::Refusals& r : ranks.ranks(0).refusals()) by[r.reason()] = r;
+  EXPECT_EQ(by["bad_record"].items(), 1u);
+  EXPECT_THAT(by["bad_record"].last_error(), ::testing::HasSubstr("inter_ns 41000"));
+  EXPECT_EQ(by["bad_timestamp"].items(), 3u);
+  EXPECT_EQ(by["oversized"].batches(), 1u);
+  EXPECT_EQ(by["oversized"].items(), 0u);
 }
 
 TEST_F(IngestTest, StreamIsBoundToItsRankAndJob) {
