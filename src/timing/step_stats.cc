@@ -82,14 +82,19 @@ std::vector<StepStats> computeStepStats(std::span<const StepOp> ops,
     st.step = static_cast<int64_t>(i);
     st.start_ns = s0;
     st.end_ns = s1;
-    // T_inter: the step's first DataLoader call; the last GPU op (by start) starting before it,
-    // by its end; the first GPU op starting at or after the call's end.
+    // T_inter: the GPU idle gap around the step's first DataLoader call, inside the step. It
+    // opens when the GPU ops started before the call have all ended (the latest end among
+    // them), never before the step's start: set-up, evaluation or a checkpoint before the step
+    // is not this step's input time. It closes at the first GPU op starting at or after the
+    // call's end, never after the step's end (a step with no GPU work after its input call is
+    // idle to its end). So 0 <= T_inter <= T_step by construction.
     auto l = std::lower_bound(loads.begin(), loads.end(), Interval{s0, INT64_MIN});
     if (l != loads.end() && l->first < s1) {
       const size_t before = firstStartAtOrAfter(l->first);
       const size_t first = firstStartAtOrAfter(l->second);
-      if (before > 0 && first < by_start.size())
-        st.inter_ns = std::max<int64_t>(0, by_start[first]->start - end_prefix_max[before - 1]);
+      const int64_t opens = before > 0 ? std::max(s0, end_prefix_max[before - 1]) : s0;
+      const int64_t closes = first < by_start.size() ? std::min(s1, by_start[first]->start) : s1;
+      st.inter_ns = std::max<int64_t>(0, closes - std::min(opens, s1));
     }
     busy.clear();
     minority.clear();

@@ -1,14 +1,17 @@
 // step_stats.h — the per-step statistics of one rank (issue 6), as ONE pure definition meant to
 // be shared by the rank (summary mode, where raw compute ops never leave the process) and by
-// flared (raw mode, from received ops). It reproduces what detectors.cc computes from ops:
-//   - inter_ns: T_inter of voidPerStep (gap from the last GPU op starting before the step's first
-//     DataLoader `__next__` span, by its end, to the first GPU op starting at/after the span end);
+// flared (raw mode, from received ops: JobModel). Every field is measured inside its own step
+// [start_ns, end_ns), so every StepStats it emits passes the daemon's validation by construction
+// (docs/metrics.md, "Per-step statistics"):
+//   - inter_ns: T_inter, the GPU idle gap around the step's first DataLoader `__next__` span:
+//     from the latest end of the GPU ops started before the span (but not before the step's
+//     start) to the first GPU op starting at/after the span's end (but not after the step's end);
+//     0 when the step has no DataLoader call;
 //   - minority_ns: union of OP_KIND_KERNEL op intervals clipped to the step;
 //   - gpu_busy_ns: union of GPU op intervals clipped to the step;
 //   - gpu_ops, issue_latency_sum_ns, issue_offset_sum_ns: the GPU ops *issued* in the step, as
 //     stepIssueLatency sums them for the paired stall test;
 //   - latency: a LatencySketch of those ops' issue latencies (mergeable across steps/ranks).
-// Not yet wired into the Tracer, the proto or the detectors (see src/timing/README.md).
 // Pure functions: no globals, no I/O; thread-compatible. Inputs are borrowed, output owned.
 #pragma once
 
