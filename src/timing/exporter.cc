@@ -75,6 +75,9 @@ struct GrpcExporter::Stream {
   std::string ack_error;
   uint64_t resume_after_seq = 0;  // HelloAck: the daemon holds batches up to this one
   bool hang_reports = false;      // HelloAck: the daemon reads RankMessage.hang_report
+  // A BatchRejected came: the next batch carries every signature and API name again, so that
+  // no table entry the daemon refused or lost can make later records unknown to it.
+  bool resend_tables = false;
 };
 
 GrpcExporter::GrpcExporter(std::unique_ptr<Transport> transport, ExporterOptions options)
@@ -398,9 +401,16 @@ void GrpcExporter::spill(size_t keep_bytes) {
 }
 
 bool GrpcExporter::sendBatch(Stream& s, flare::v1::RecordBatch& batch, bool first) {
-  if (first) {
+  bool all_tables = first;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    all_tables = all_tables || s.resend_tables;
+    s.resend_tables = false;
+  }
+  if (all_tables) {
     std::lock_guard<std::mutex> tables_lock(tables_mu_);
-    // A new stream: the daemon's tables for it are empty. Send every entry known so far.
+    // A new stream (the daemon's tables for it are empty), or the daemon refused something of
+    // an earlier batch (an entry may be lost): send every entry known so far.
     std::map<uint32_t, bool> have;
     for (const auto& sig : batch.signatures()) have[sig.id()] = true;
     for (const auto& [id, sig] : sigs_) {
@@ -472,8 +482,32 @@ void GrpcExporter::readLoop(Stream* s) {
       stats_.commands++;
       results_.push_back(std::move(out));
       cv_.notify_all();
+    } else if (msg.has_rejected()) {
+      const flare::v1::BatchRejected& r = msg.rejected();
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        s->resend_tables = true;
+        if (r.batch_kept()) {
+          stats_.items_rejected += r.items_dropped();
+        } else {
+          stats_.batches_rejected++;
+        }
+        cv_.notify_all();
+      }
+      // One line per reason for the life of the process, where the user looks (stderr).
+      const std::string reason = r.reason().empty() ? "unknown" : r.reason().substr(0, 64);
+      common::logOnce(
+          common::LogLevel::kWarn, kLog, "export-rejected-" + reason, "{}",
+          r.batch_kept()
+              ? fmt::format("flare: the daemon dropped {} item(s) of batch {} ({}: {}) and kept "
+                            "the rest; sending the signature tables again and going on (logged "
+                            "once per reason; `flare status` shows the rank's refusals)",
+                            r.items_dropped(), r.batch_seq(), reason, r.error())
+              : fmt::format("flare: the daemon refused batch {} ({}: {}); sending the signature "
+                            "tables again and going on (logged once per reason; `flare status` "
+                            "shows the rank's refusals)",
+                            r.batch_seq(), reason, r.error()));
     }
-    // Other messages (e.g. BatchRejected, added by the daemon) are informational.
   }
   std::lock_guard<std::mutex> lock(mu_);
   s->broken = true;

@@ -114,7 +114,11 @@ struct ExporterStats {
   uint64_t commands = 0;             // commands received
   uint64_t hang_reports_sent = 0;    // HangReports written to a stream
   uint64_t hang_reports_unsent = 0;  // replaced by a newer one, or the daemon does not read them
-  bool refused = false;              // the daemon refused the hello
+  // BatchRejected from the daemon: batches it refused whole, and items it dropped from batches
+  // it otherwise applied. Each reason is logged once; the tables go again with the next batch.
+  uint64_t batches_rejected = 0;
+  uint64_t items_rejected = 0;
+  bool refused = false;  // the daemon refused the hello
   bool connected = false;
   size_t queue_bytes = 0;
   uint64_t spool_bytes = 0;  // not yet replayed

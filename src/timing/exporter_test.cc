@@ -72,6 +72,16 @@ class FakeIngest final : public flare::v1::Ingest::Service {
     }
     while (rw->Read(&m)) {
       std::lock_guard<std::mutex> lock(mu);
+      if (m.has_batch() && reject_batches > 0) {  // the daemon drops an item of it, keeps the rest
+        --reject_batches;
+        flare::v1::DaemonMessage d;
+        d.mutable_rejected()->set_batch_seq(m.batch().batch_seq());
+        d.mutable_rejected()->set_reason("bad_record");
+        d.mutable_rejected()->set_error("step statistics: inter_ns outside its step");
+        d.mutable_rejected()->set_batch_kept(true);
+        d.mutable_rejected()->set_items_dropped(1);
+        rw->Write(d);
+      }
       if (m.has_batch()) batches.emplace_back(sid, m.batch());
       if (m.has_command_result()) results.push_back(m.command_result());
       if (m.has_hang_report()) hang_reports.push_back(m.hang_report());
@@ -84,6 +94,7 @@ class FakeIngest final : public flare::v1::Ingest::Service {
   bool advertise_resume = false;   // HelloAck.resume_after_seq = the highest batch_seq held
   bool read_hang_reports = true;   // HelloAck.hang_reports
   std::atomic<bool> stall{false};  // after the ack, read nothing
+  int reject_batches = 0;          // answer this many batches with a BatchRejected
   std::vector<flare::v1::Command> to_send;
   std::vector<flare::v1::RankHello> hellos;
   std::vector<std::pair<int, RecordBatch>> batches;  // (stream number from 1, batch)
@@ -296,6 +307,34 @@ TEST_F(ExporterTest, StreamsHelloThenEveryRecordInOrder) {
   EXPECT_GT(service.batches.size(), 10u);  // cut by size (4 KiB here)
   // Nothing left behind: no spool file.
   EXPECT_FALSE(std::filesystem::exists(exporter.spoolPath()));
+}
+
+// The first real-GPU run: the rank ignored BatchRejected and sent each signature once per stream,
+// so a daemon that lost the tables refused every later batch. Now the rank counts the refusal,
+// sends every table entry again with its next batch, and goes on.
+TEST_F(ExporterTest, ABatchRejectedMakesTheNextBatchCarryEveryTableAgain) {
+  FakeIngest service;
+  service.reject_batches = 1;
+  FakeServer server(&service);
+  server.start();
+  GrpcExporter exporter(transportTo(server.address()), options());
+  announce(exporter, 5);
+  feed(exporter, 200, 5);  // the first batch: its tables and records
+  ASSERT_TRUE(waitFor([&] { return exporter.stats().items_rejected == 1; }));
+  feed(exporter, 200, 5);
+  EXPECT_TRUE(exporter.shutdown(5'000'000'000));
+  EXPECT_EQ(exporter.stats().items_rejected, 1u);
+  EXPECT_EQ(exporter.stats().batches_rejected, 0u);
+  std::lock_guard<std::mutex> lock(service.mu);
+  ASSERT_GE(service.batches.size(), 2u);
+  EXPECT_EQ(service.batches.front().second.signatures_size(), 5);
+  size_t full = 0;  // later batches that carry the whole table again
+  for (size_t i = 1; i < service.batches.size(); ++i) {
+    if (service.batches[i].second.signatures_size() == 5) ++full;
+  }
+  EXPECT_EQ(full, 1u);  // once, right after the refusal; not every batch from then on
+  Check c = checkComplete(service.batches, 400, 5);
+  EXPECT_EQ(c.streams, 1u);
 }
 
 TEST_F(ExporterTest, WrongTokenIsRefusedAndRecordsStayInTheSpool) {
