@@ -139,7 +139,10 @@ std::vector<StepResult> StepAccumulator::take(bool final) {
   auto ready = [&] {
     if (b.size() < 2) return false;
     if (final) return true;
-    if (has_watermark_) return watermark_ >= b[1] || b.size() >= 2 + kMaxSlackSteps;
+    if (has_watermark_) {
+      return watermark_ >= b[1] ||
+             (b.size() >= 2 + kMaxSlackSteps && b.back() - b[1] >= kMaxHoldNs);
+    }
     return b.size() >= 2 + kSlackSteps;
   };
   while (ready()) {

@@ -48,7 +48,12 @@ class StepAccumulator {
   // double-buffered loops): one step of slack lost the late ops of such steps (their GPU time
   // and issue latencies), which raised GPU-idle stalls and hid minority kernels.
   static constexpr size_t kSlackSteps = 2;
+  // With a watermark, a step waits for it unless kMaxSlackSteps later steps exist AND its end
+  // is kMaxHoldNs older than the newest boundary: a stuck stream (a hang) cannot hold steps
+  // back for ever, and a slow first launch (10-500 ms in the vendor call, its op on its way
+  // the whole time) does not lose its op in a loop of short steps.
   static constexpr size_t kMaxSlackSteps = 8;
+  static constexpr int64_t kMaxHoldNs = 2'000'000'000;
   explicit StepAccumulator(size_t max_ops = kDefaultMaxOps) : max_ops_(max_ops) {}
 
   // A GPU op (any op that is not a host synchronization): kernel = OP_KIND_KERNEL.
@@ -61,7 +66,8 @@ class StepAccumulator {
 
   // Every op issued before `issued_before_ns` has been added (the Tracer's watermark): a step
   // that ends at or before it is final. Without a watermark, steps leave with kSlackSteps of
-  // slack; with one, at most kMaxSlackSteps late (a stuck stream holds the watermark back).
+  // slack; with one, at most kMaxSlackSteps and kMaxHoldNs late (a stuck stream holds the
+  // watermark back).
   void setWatermark(int64_t issued_before_ns) {
     watermark_ = std::max(watermark_, issued_before_ns);
     has_watermark_ = true;

@@ -164,13 +164,23 @@ TEST(StepAccumulator, WatermarkDecidesWhenAStepIsFinal) {
   ASSERT_EQ(r.size(), 1u);
   EXPECT_EQ(r[0].stats.gpu_ops, 1u);
   EXPECT_EQ(r[0].late_ops, 0u);
-  // A stream that never completes again: the watermark stays; the steps leave kMaxSlackSteps late.
-  for (int64_t t = 600; t < 600 + 100 * static_cast<int64_t>(StepAccumulator::kMaxSlackSteps);
-       t += 100)
+  // Many short steps while the watermark stays (a slow first launch is still in its vendor
+  // call): kMaxSlackSteps steps later they still wait, as long as kMaxHoldNs has not passed.
+  int64_t t = 600;
+  for (; t < 600 + 100 * static_cast<int64_t>(StepAccumulator::kMaxSlackSteps); t += 100)
     acc.addStepMarker(t);
+  EXPECT_TRUE(acc.take(false).empty());
+  acc.addGpuOp(250, 1200, 1300, false, 1);  // the slow launch's op arrives: not late
+  acc.setWatermark(400);
+  r = acc.take(false);
+  ASSERT_EQ(r.size(), 2u);
+  EXPECT_EQ(r[0].stats.gpu_ops, 1u);
+  EXPECT_EQ(r[0].late_ops, 0u);
+  // A stream that never completes again: the watermark stays; the steps leave kMaxHoldNs late.
+  acc.addStepMarker(StepAccumulator::kMaxHoldNs + 1000);
   r = acc.take(false);
   EXPECT_FALSE(r.empty());
-  EXPECT_EQ(r.front().stats.start_ns, 200);
+  EXPECT_EQ(r.front().stats.start_ns, 400);
 }
 
 }  // namespace

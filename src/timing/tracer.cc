@@ -125,6 +125,12 @@ struct ThreadState {
   // Set (release) by the owner thread when it stops using this state; after that the ring
   // receives nothing more and the cache is the poller's.
   std::atomic<bool> exited{false};
+  // The issue time of the timed call the owner is making (begin() to end()/cancel()), INT64_MAX
+  // when none. A first launch can spend 10-500 ms in the vendor call (lazy module loading,
+  // cuBLAS heuristics, JIT) before its op reaches the ring; the poller keeps the watermark at or
+  // below this, so that no step is taken as final while an op issued in it is still on its way.
+  // Cleared (release) after the push; read (acquire) before the ring is drained.
+  std::atomic<int64_t> in_flight_issue_ns{INT64_MAX};
 };
 
 // Per thread: which Tracers it has state for. Only touched off the fast path.
@@ -370,6 +376,7 @@ struct Tracer::Impl {
   bool device_described_ = false;  // onDevice sent (or the driver could not say)
   int64_t last_flush_ns_ = 0;
   int64_t prev_pass_start_ns_ = INT64_MIN;  // poller thread
+  int64_t in_flight_min_ns_ = INT64_MAX;    // poller thread: this pass's oldest call in flight
   std::vector<StreamHead> heads_out_;
   int64_t last_heads_ns_ = INT64_MIN;
 };
@@ -586,8 +593,10 @@ bool Tracer::Impl::begin(void* stream, Ticket* ticket) noexcept {
         return false;
     }
     const int64_t issue_ns = clock_->nowNs();
+    ts->in_flight_issue_ns.store(issue_ns, std::memory_order_relaxed);
     if (!timer_->recordEvent(start->handle, stream)) {
       counters_.event_errors.fetch_add(1, std::memory_order_relaxed);
+      ts->in_flight_issue_ns.store(INT64_MAX, std::memory_order_release);
       giveBack(ts, start);
       giveBack(ts, end);
       return false;
@@ -612,6 +621,12 @@ void Tracer::Impl::end(Ticket* ticket, const OpInfo& info) noexcept {
   if (start == nullptr || end == nullptr) return;
   if (disabled_.load(std::memory_order_relaxed)) return;  // a forked child: leave them be
   ThreadState* ts = threadState();
+  struct InFlightDone {  // after the push (or the op's loss): the poller may pass its issue time
+    ThreadState* ts;
+    ~InFlightDone() {
+      if (ts != nullptr) ts->in_flight_issue_ns.store(INT64_MAX, std::memory_order_release);
+    }
+  } in_flight_done{ts};
   try {
     if (!timer_->recordEvent(end->handle, stream)) {
       counters_.event_errors.fetch_add(1, std::memory_order_relaxed);
@@ -645,6 +660,7 @@ void Tracer::Impl::cancel(Ticket* ticket) noexcept {
   if (start == nullptr || end == nullptr) return;
   if (disabled_.load(std::memory_order_relaxed)) return;
   ThreadState* ts = threadState();
+  if (ts != nullptr) ts->in_flight_issue_ns.store(INT64_MAX, std::memory_order_release);
   giveBack(ts, start);
   giveBack(ts, end);
 }
@@ -799,8 +815,14 @@ void Tracer::Impl::pollOnce(uint64_t pass) {
   refreshThreads();
   last_queue_ = nullptr;  // queues may have been erased since the last pass
   taken_this_pass_ = 0;
+  in_flight_min_ns_ = INT64_MAX;
   for (size_t i = 0; i < local_threads_.size();) {
     ThreadState* ts = local_threads_[i].get();
+    // Read before draining: an op whose call was in flight reaches a later drain, so the
+    // watermark stays at or below its issue time; a call that ended has pushed its op (release),
+    // and this drain takes it.
+    in_flight_min_ns_ =
+        std::min(in_flight_min_ns_, ts->in_flight_issue_ns.load(std::memory_order_acquire));
     // Read before draining: once set, the owner pushes nothing more, so this drain is the last.
     const bool exited = ts->exited.load(std::memory_order_acquire);
     ts->ring.drain([&](const PendingOp& op) { accept(op, pass); });
@@ -833,7 +855,8 @@ void Tracer::Impl::pollOnce(uint64_t pass) {
   // The watermark: every op issued before it has completed and been handed to the sink — the
   // oldest pending op of each stream bounds it, and the previous pass's start bounds the ops a
   // launching thread may still be pushing into its ring.
-  int64_t watermark = prev_pass_start_ns_;
+  // A timed call still in its vendor call (a slow first launch) holds it back too.
+  int64_t watermark = std::min(prev_pass_start_ns_, in_flight_min_ns_);
   for (const auto& [key, queue] : queues_) {
     if (!queue.empty()) watermark = std::min(watermark, queue.front().op.issue_ns);
   }
