@@ -1,6 +1,7 @@
 // Traced Python spans: the process-wide API-name registry and the per-thread stack of open spans
 // (see timing.h). The stack lives here, not in a Tracer, so that spans opened before the first
 // CUDA call still nest the ops launched under them once the Tracer is up.
+#include <algorithm>
 #include <atomic>
 #include <mutex>
 #include <string>
@@ -31,6 +32,42 @@ thread_local SpanStack t_stack;
 
 std::atomic<uint64_t> g_next_span_id{1};
 std::atomic<uint64_t> g_stack_drops{0};
+
+// Lending. A traced API can block its thread while other threads launch its GPU work: PyTorch's
+// `loss.backward()` waits while the autograd engine's device threads launch the backward
+// kernels. Such a launching thread has no open span of its own; its ops nest under the span
+// that lends to it: the most recently opened span still open on any thread. Each thread with
+// spans publishes its innermost open span in a slot; g_lender caches the newest of them and is
+// recomputed from the slots (cold path) when the span it names closes.
+constexpr int kMaxLenderSlots = 256;  // threads that publish; beyond, a thread never lends
+struct LenderSlot {
+  std::atomic<uint64_t> id{0};  // the thread's innermost open span, 0: none
+};
+LenderSlot g_slots[kMaxLenderSlots];
+std::atomic<int> g_slots_used{0};
+std::atomic<uint64_t> g_lender{0};
+thread_local int t_slot = -1;  // this thread's slot, -2: none left
+
+void publish(uint64_t innermost) noexcept {
+  if (t_slot == -1) {
+    const int i = g_slots_used.fetch_add(1, std::memory_order_relaxed);
+    t_slot = i < kMaxLenderSlots ? i : -2;
+  }
+  if (t_slot >= 0) g_slots[t_slot].id.store(innermost, std::memory_order_release);
+}
+
+// After the spans [first, last] of the calling thread closed (ids grow with opening time): if
+// the lender was one of them, the newest span still open anywhere lends.
+void closeLender(uint64_t first, uint64_t last) noexcept {
+  const uint64_t closed = g_lender.load(std::memory_order_acquire);
+  if (closed < first || closed > last) return;
+  uint64_t newest = 0;
+  const int used = std::min(g_slots_used.load(std::memory_order_relaxed), kMaxLenderSlots);
+  for (int i = 0; i < used; ++i)
+    newest = std::max(newest, g_slots[i].id.load(std::memory_order_acquire));
+  uint64_t expected = closed;
+  g_lender.compare_exchange_strong(expected, newest, std::memory_order_acq_rel);
+}
 
 struct ApiRegistry {
   std::mutex mu;
@@ -81,6 +118,8 @@ uint64_t openSpan(uint32_t api_id, const void* key, int64_t start_ns) noexcept {
   }
   const uint64_t id = g_next_span_id.fetch_add(1, std::memory_order_relaxed);
   s.entries[s.depth++] = OpenSpan{id, api_id, key, start_ns};
+  publish(id);
+  g_lender.store(id, std::memory_order_release);
   return id;
 }
 
@@ -103,13 +142,17 @@ bool closeSpan(const void* key, int64_t end_ns, CompletedSpan* out) noexcept {
   out->parent_id = i > 0 ? s.entries[i - 1].id : 0;
   out->start_ns = e.start_ns;
   out->end_ns = end_ns;
+  const uint64_t last = s.entries[s.depth - 1].id;
   s.depth = i;
+  publish(i > 0 ? s.entries[i - 1].id : 0);
+  closeLender(out->id, last);
   return true;
 }
 
 uint64_t currentSpanId() noexcept {
   const SpanStack& s = t_stack;
-  return s.depth > 0 ? s.entries[s.depth - 1].id : 0;
+  if (s.depth > 0) return s.entries[s.depth - 1].id;
+  return g_lender.load(std::memory_order_acquire);
 }
 
 uint64_t spanStackDrops() noexcept {

@@ -128,14 +128,55 @@ TEST(SpanStackTest, OverflowIsCountedAndTheStackStaysBalanced) {
 }
 
 TEST(SpanStackTest, StacksArePerThread) {
-  int key = 0;
+  int key = 0, theirs_key = 0;
   const uint64_t mine = openSpan(1, &key, 1);
-  uint64_t seen = 1;
-  std::thread([&] { seen = currentSpanId(); }).join();
-  EXPECT_EQ(seen, 0u);
+  uint64_t seen = 0, theirs = 0;
+  std::thread([&] {
+    theirs = openSpan(2, &theirs_key, 1);
+    seen = currentSpanId();
+    CompletedSpan s;
+    EXPECT_TRUE(closeSpan(&theirs_key, 2, &s));
+    EXPECT_EQ(s.parent_id, 0u);  // not nested under the other thread's span
+  }).join();
+  EXPECT_EQ(seen, theirs);
+  EXPECT_EQ(currentSpanId(), mine);
   CompletedSpan s;
   EXPECT_TRUE(closeSpan(&key, 2, &s));
   EXPECT_EQ(s.id, mine);
+}
+
+// PyTorch's loss.backward(): the calling thread blocks in the traced span while the autograd
+// engine's device thread launches the backward kernels. A thread with no open span of its own
+// borrows the newest span open on any thread; a span another thread opens and closes meanwhile
+// does not end the loan; the loan ends with the span.
+TEST(SpanStackTest, AThreadWithoutSpansBorrowsTheNewestOpenSpan) {
+  auto seenFromAnotherThread = [] {
+    uint64_t id = 0;
+    std::thread([&] { id = currentSpanId(); }).join();
+    return id;
+  };
+  EXPECT_EQ(seenFromAnotherThread(), 0u);
+  int backward_key = 0, hook_key = 0, other_key = 0;
+  const uint64_t backward = openSpan(1, &backward_key, 1);
+  EXPECT_EQ(seenFromAnotherThread(), backward);
+  const uint64_t hook = openSpan(2, &hook_key, 2);  // nested on the blocked thread
+  EXPECT_EQ(seenFromAnotherThread(), hook);
+  CompletedSpan s;
+  ASSERT_TRUE(closeSpan(&hook_key, 3, &s));
+  EXPECT_EQ(seenFromAnotherThread(), backward);
+  std::thread([&] {  // another thread's own short span
+    const uint64_t other = openSpan(3, &other_key, 4);
+    EXPECT_EQ(currentSpanId(), other);
+    CompletedSpan o;
+    EXPECT_TRUE(closeSpan(&other_key, 5, &o));
+    EXPECT_EQ(currentSpanId(), backward);  // now it borrows
+  })
+      .join();
+  EXPECT_EQ(seenFromAnotherThread(), backward);
+  ASSERT_TRUE(closeSpan(&backward_key, 6, &s));
+  EXPECT_EQ(s.id, backward);
+  EXPECT_EQ(seenFromAnotherThread(), 0u);
+  EXPECT_EQ(currentSpanId(), 0u);
 }
 
 TEST(ApiRegistryTest, SameNameSameIdAndNamesInOrder) {
