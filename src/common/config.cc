@@ -176,6 +176,12 @@ constexpr ParamInfo kParams[] = {
      "default, matching FLARE_SIM_PEAK_TFLOPS' default)."},
     {"FLARE_SIM_TIME_SCALE", "double", "1.0", "sim",
      "Multiplies every simulated duration (use < 1 to make tests faster)."},
+    {"FLARE_SIM_FIRST_LAUNCH_MS", "double", "0", "sim",
+     "Host milliseconds the first launch of each kernel function takes inside the launch call, "
+     "before the kernel is queued (the real stack's lazy module loading); 0: off."},
+    {"FLARE_SIM_COLD_GEMM_MS", "double", "0", "sim",
+     "Host milliseconds the first cuBLAS/cuBLASLt call of each GEMM shape takes before it "
+     "launches (the real library's heuristics on a cold call); 0: off."},
     {"FLARE_SIM_RUN_ID", "string", "", "sim",
      "Set by flare-sim-train: names this run's shared-memory communicator segments."},
     {"FLARE_SIM_RDZV_DIR", "string", "/tmp", "sim",

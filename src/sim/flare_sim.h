@@ -48,7 +48,7 @@ int64_t flareSimStep(void);
 double flareSimClockFactor(void);
 double flareSimLinkFactor(void);
 // Cost-model settings: "peak_tflops", "mem_bw_gbps", "busbw_gbps", "time_scale",
-// "launch_latency_us". Returns 0 for an unknown name.
+// "launch_latency_us", "first_launch_ms", "cold_gemm_ms". Returns 0 for an unknown name.
 double flareSimSetting(const char* name);
 // The step at which this rank hangs with `kind` ("collective", "compute", "skip"), or -1.
 int64_t flareSimHangStep(const char* kind);

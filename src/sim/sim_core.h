@@ -52,6 +52,12 @@ struct Settings {
   int hang_collective_nranks = 0;  // FLARE_SIM_HANG RANK:collective:STEP:NRANKS (0: any)
   int64_t hang_compute_step = -1;
   int64_t hang_skip_step = -1;
+  // Cold-start costs of the real stack (lazy module loading, cuBLAS heuristics), paid on the
+  // launching thread inside the launch call: the first launch of each kernel function
+  // (FLARE_SIM_FIRST_LAUNCH_MS) and the first cuBLAS/cuBLASLt call of each GEMM shape
+  // (FLARE_SIM_COLD_GEMM_MS, gemm_model.cc).
+  double first_launch_ms = 0;
+  double cold_gemm_ms = 0;
 };
 const Settings& settings();
 
@@ -124,6 +130,7 @@ struct CUfunc_st {
   CUmod_st* module = nullptr;
   std::atomic<int> cost_kind{-1};  // resolved on first launch from the cost registry
   std::atomic<int> cost_arg{0};
+  std::atomic<bool> launched{false};  // FLARE_SIM_FIRST_LAUNCH_MS: the first launch was paid
 };
 
 struct CUmod_st {

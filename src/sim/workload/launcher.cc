@@ -3,6 +3,12 @@
 //   flare-sim-train --ranks N --steps S [--layers L] [--hidden H] [--seq S] [--tp T]
 //                   [--data-ms MS] [--python] [--python-exe PATH] [--timeout SEC]
 //                   [--json FILE] [--quiet] [--keep-going]
+//   flare-sim-train --pytorch-like --ranks N --steps S [--layers L] [--hidden H] [--seq S]
+//                   [--micro-batch B] [--data-ms MS] [--setup-ms MS] [--eval-at STEP]
+//                   [--eval-ms MS] [--save-at STEP] [--save-ms MS] [--stats-dir DIR] ...
+//
+// --pytorch-like runs the PyTorch-like Python workload (share/flare/sim_pytorch_like.py,
+// src/sim/workload/pytorch_like.py) instead of sim_train.py.
 //
 // Each rank gets torchrun's variables (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE,
 // MASTER_ADDR, MASTER_PORT, TORCHELASTIC_RUN_ID) and inherits LD_PRELOAD and every FLARE_*
@@ -40,6 +46,7 @@ struct Args {
   int steps = 10;
   std::vector<std::string> passthrough;  // forwarded to each rank
   bool python = false;
+  bool pytorch_like = false;  // sim_pytorch_like.py (implies python)
   std::string python_exe = "python3";
   double timeout_s = 0;
   std::string json;
@@ -49,12 +56,18 @@ struct Args {
 
 [[noreturn]] void usage(const char* msg) {
   if (msg) std::fprintf(stderr, "flare-sim-train: %s\n", msg);
-  std::fprintf(stderr,
-               "usage: flare-sim-train --ranks N --steps S [--layers L] [--hidden H] [--seq S]\n"
-               "                       [--micro-batch B] [--tp T] [--data-ms MS] [--ffn F]\n"
-               "                       [--extra-kernels N] [--copies N] [--python]\n"
-               "                       [--python-exe PATH] [--timeout SEC] [--json FILE]"
-               " [--quiet] [--keep-going]\n");
+  std::fprintf(
+      stderr,
+      "usage: flare-sim-train --ranks N --steps S [--layers L] [--hidden H] [--seq S]\n"
+      "                       [--micro-batch B] [--tp T] [--data-ms MS] [--ffn F]\n"
+      "                       [--extra-kernels N] [--copies N] [--python]\n"
+      "                       [--python-exe PATH] [--timeout SEC] [--json FILE]"
+      " [--quiet] [--keep-going]\n"
+      "       flare-sim-train --pytorch-like --ranks N --steps S [--layers L] [--hidden H]\n"
+      "                       [--seq S] [--micro-batch B] [--data-ms MS] [--setup-ms MS]\n"
+      "                       [--eval-at STEP] [--eval-ms MS] [--save-at STEP]\n"
+      "                       [--save-ms MS] [--stats-dir DIR] [--python-exe PATH]\n"
+      "                       [--timeout SEC] [--json FILE] [--quiet] [--keep-going]\n");
   std::exit(2);
 }
 
@@ -73,6 +86,10 @@ Args parse(int argc, char** argv) {
       a.python = true;
       continue;
     }
+    if (k == "--pytorch-like") {
+      a.python = a.pytorch_like = true;
+      continue;
+    }
     if (k == "--quiet") {
       a.quiet = true;
       continue;
@@ -89,6 +106,9 @@ Args parse(int argc, char** argv) {
       a.python_exe = v;
     } else if (k == "--json") {
       a.json = v;
+    } else if (k == "--stats-dir") {
+      a.passthrough.push_back(k);
+      a.passthrough.push_back(v);
     } else if (!positiveNumber(v, &x)) {
       usage(("bad value for " + k + ": '" + v + "'").c_str());
     } else if (k == "--ranks") {
@@ -106,9 +126,23 @@ Args parse(int argc, char** argv) {
         usage((k + " is only supported by the C++ workload").c_str());
       a.passthrough.push_back(k);
       a.passthrough.push_back(v);
+    } else if (k == "--setup-ms" || k == "--eval-at" || k == "--eval-ms" || k == "--save-at" ||
+               k == "--save-ms") {
+      a.passthrough.push_back(k);
+      a.passthrough.push_back(v);
     } else {
       usage(("unknown option " + k).c_str());
     }
+  }
+  // The two Python workloads take different options (each rank's argparse would refuse them).
+  for (size_t i = 0; i + 1 < a.passthrough.size(); i += 2) {
+    const std::string& k = a.passthrough[i];
+    const bool own = k == "--setup-ms" || k == "--eval-at" || k == "--eval-ms" ||
+                     k == "--save-at" || k == "--save-ms" || k == "--stats-dir";
+    if (own && !a.pytorch_like) usage((k + " needs --pytorch-like").c_str());
+    if (a.pytorch_like &&
+        (k == "--tp" || k == "--ffn" || k == "--extra-kernels" || k == "--copies"))
+      usage((k + " is not supported by the PyTorch-like workload").c_str());
   }
   return a;
 }
@@ -176,7 +210,9 @@ double median(std::vector<double> v) {
 
 void printTable(const Args& a, const std::vector<Rank>& ranks) {
   std::printf("\nflare-sim-train: %d ranks, %d steps (%s workload)\n", a.ranks, a.steps,
-              a.python ? "Python" : "C++");
+              a.pytorch_like ? "PyTorch-like Python"
+              : a.python     ? "Python"
+                             : "C++");
   for (const char* var : {"FLARE_SIM_CLOCK_FACTOR", "FLARE_SIM_LINK_FACTOR", "FLARE_SIM_HOST_STALL",
                           "FLARE_SIM_HANG", "FLARE_SIM_CRASH"}) {
     if (const char* v = std::getenv(var)) std::printf("  fault: %s=%s\n", var, v);
@@ -249,7 +285,8 @@ int main(int argc, char** argv) {
   Args a = parse(argc, argv);
   const fs::path bin = selfDir();
   const fs::path lib_dir = bin.parent_path() / "lib" / "sim";
-  const fs::path script = bin.parent_path() / "share" / "flare" / "sim_train.py";
+  const fs::path script = bin.parent_path() / "share" / "flare" /
+                          (a.pytorch_like ? "sim_pytorch_like.py" : "sim_train.py");
   const fs::path rank_exe = bin / "flare-sim-rank";
   if (!fs::exists(lib_dir / "libcudart.so.13")) {
     std::fprintf(stderr, "flare-sim-train: simulated libraries not found in %s\n", lib_dir.c_str());

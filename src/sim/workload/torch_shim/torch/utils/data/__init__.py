@@ -1,0 +1,3 @@
+from torch.utils.data.dataloader import DataLoader, Dataset
+
+__all__ = ["DataLoader", "Dataset"]
