@@ -1,0 +1,294 @@
+"""flare-replay: a recorded trace (tests/fixtures/sim/*.tar.gz, one rank's raw spool from the
+simulated stack; tests/fixtures/sim/record.sh) streamed into the real flared as 8 ranks.
+
+A healthy replay raises nothing, every figure the daemon reports equals the same figure computed
+here from the fixture's raw records (flare-export's JSON lines), and flared rejects nothing; each
+perturbation (slow GPU, slow link, host stall, hang) is named with the right rank and team."""
+
+import json
+import os
+import re
+import signal
+import statistics
+import subprocess
+import tarfile
+import time
+import urllib.request
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+FIXTURE = os.path.join(ROOT, "tests", "fixtures", "sim", "healthy.tar.gz")
+RANKS = 8
+
+
+class Daemon:
+    def __init__(self, build_dir, workdir, *extra):
+        log = os.path.join(str(workdir), "flared.log")
+        self.log_path = log
+        self.proc = subprocess.Popen(
+            [os.path.join(build_dir, "bin", "flared"), "--listen", "127.0.0.1:0", "--http",
+             "127.0.0.1:0", "--db", os.path.join(str(workdir), "flared.db"),
+             "--diagnose-interval-s", "1", *extra], stdout=open(log, "w"),
+            stderr=subprocess.STDOUT)
+        for _ in range(400):
+            m = re.search(r"gRPC on port (\d+), HTTP on port (\d+)", open(log).read())
+            if m:
+                self.grpc, self.http = int(m.group(1)), int(m.group(2))
+                return
+            assert self.proc.poll() is None, open(log).read()
+            time.sleep(0.05)
+        raise AssertionError("flared did not start")
+
+    def get(self, path):
+        with urllib.request.urlopen("http://127.0.0.1:%d%s" % (self.http, path), timeout=10) as r:
+            return r.read().decode()
+
+    def json(self, path):
+        return json.loads(self.get(path))
+
+    def alerts(self, job):
+        return self.json("/api/v1/alerts?job=" + job).get("alerts", [])
+
+    def rejected(self):
+        """What flared refused, from /metrics: every flare_ingest_rejected_total (whole messages)
+        and flare_ingest_items_dropped_total (items of a kept batch) series, by name and reason."""
+        return {m.group(1) + ":" + m.group(2): float(m.group(3)) for m in re.finditer(
+            r'^(flare_ingest_rejected_total|flare_ingest_items_dropped_total)'
+            r'\{reason="([^"]+)"\} (\S+)$', self.get("/metrics"), re.M)}
+
+    def stop(self):
+        self.proc.send_signal(signal.SIGTERM)
+        self.proc.wait(timeout=30)
+
+
+def start_daemon(build_dir, tmp_path, *extra):
+    if not os.path.exists(os.path.join(build_dir, "bin", "flared")):
+        pytest.skip("build/bin/flared not built")
+    if not os.path.exists(os.path.join(build_dir, "bin", "flare-replay")):
+        pytest.skip("build/bin/flare-replay not built")
+    return Daemon(build_dir, tmp_path, *extra)
+
+
+@pytest.fixture
+def daemon(build_dir, tmp_path):
+    d = start_daemon(build_dir, tmp_path)
+    yield d
+    if d.proc.poll() is None:
+        d.proc.kill()
+
+
+def replay_cmd(build_dir, daemon, job, *extra):
+    return [os.path.join(build_dir, "bin", "flare-replay"), "--fixture", FIXTURE, "--target",
+            "127.0.0.1:%d" % daemon.grpc, "--ranks", str(RANKS), "--job", job, "--speed", "0",
+            "--hold-s", "0.5", *map(str, extra)]
+
+
+def replay(build_dir, daemon, job, *extra):
+    res = subprocess.run(replay_cmd(build_dir, daemon, job, *extra), capture_output=True,
+                         text=True, timeout=60)
+    assert res.returncode == 0, res.stderr + res.stdout
+    out = json.loads(res.stdout.strip().splitlines()[-1])
+    assert out["accepted"] == RANKS and out["rejected"] == {} and out["stream_errors"] == 0, out
+    return out
+
+
+def settled(daemon, job, timeout=20):
+    """The job's report once the detectors have run over everything the replay sent (its
+    metrics computed after the last record arrived, then one more detector pass)."""
+    deadline = time.time() + timeout
+    sent = time.time_ns()
+    while time.time() < deadline:
+        report = daemon.json("/api/v1/jobs/%s/report" % job)
+        computed = int(report.get("metrics", {}).get("computedUnixNs", 0) or 0)
+        if computed > sent:
+            time.sleep(1.2)  # one more pass: alerts of the same window are out
+            return daemon.json("/api/v1/jobs/%s/report" % job)
+        time.sleep(0.2)
+    raise AssertionError("no detector pass over job %s: %s" % (job, report))
+
+
+def wait_alerts(daemon, job, kind, timeout=20):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        alerts = [a for a in daemon.alerts(job) if a["kind"] == kind]
+        if alerts:
+            return alerts
+        time.sleep(0.2)
+    return []
+
+
+# ---- the fixture's figures, computed here from its raw records ----------------------------
+
+@pytest.fixture(scope="module")
+def records(build_dir, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("fixture")
+    with tarfile.open(FIXTURE) as t:
+        t.extractall(folder)
+    res = subprocess.run([os.path.join(build_dir, "bin", "flare-export"), "--input", str(folder)],
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    return [json.loads(line) for line in res.stdout.splitlines()]
+
+
+def step_starts(records):
+    """Step boundaries as flared takes them: explicit step markers, else DataLoader __next__."""
+    markers = sorted(r["start_ns"] for r in records
+                     if r["kind"] == "sync" and r["name"] == "flare_step")
+    if markers:
+        return markers
+    return sorted(r["start_ns"] for r in records
+                  if r["kind"] == "span" and r["name"].endswith("__next__"))
+
+
+def gpu_ops(records):
+    return [r for r in records if r["kind"] not in ("span", "sync", "summary")]
+
+
+def quantile(sorted_values, p):
+    """Linear interpolation between order statistics (numpy's default)."""
+    pos = p * (len(sorted_values) - 1)
+    lo = int(pos)
+    hi = min(lo + 1, len(sorted_values) - 1)
+    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
+
+
+def v_inter_per_step(records):
+    """T_inter / T_step per step (docs/metrics.md): the GPU gap around the step's first
+    DataLoader call, from the latest end of the ops started before the call (not before the
+    step's start) to the first op starting at or after its end (not after the step's end)."""
+    starts = step_starts(records)
+    ops = sorted(gpu_ops(records), key=lambda r: (r["start_ns"], r["end_ns"]))
+    loads = sorted((r["start_ns"], r["end_ns"]) for r in records
+                   if r["kind"] == "span" and r["name"].endswith("__next__"))
+    out = []
+    for s0, s1 in zip(starts, starts[1:]):
+        load = next((l for l in loads if l[0] >= s0), None)
+        inter = 0
+        if load is not None and load[0] < s1:
+            before = [o["end_ns"] for o in ops if o["start_ns"] < load[0]]
+            opens = max(s0, max(before)) if before else s0
+            after = [o["start_ns"] for o in ops if o["start_ns"] >= load[1]]
+            closes = min(s1, after[0]) if after else s1
+            inter = max(0, closes - min(opens, s1))
+        out.append(inter / (s1 - s0))
+    return out
+
+
+def expected(records):
+    starts = step_starts(records)
+    warm = starts[1]
+    compute = [r for r in records if r["kind"] in ("gemm", "attention") and
+               r["issue_ns"] >= warm and r["flops"] > 0]
+    latencies = sorted(r["issue_latency_ns"] for r in gpu_ops(records) if r["issue_ns"] >= warm)
+    return {
+        "steps": len(starts) - 2,  # intervals after the warm-up step
+        "step_ns": [b - a for a, b in zip(starts, starts[1:])],
+        "tflops": sum(r["flops"] for r in compute) /
+                  sum(r["duration_ns"] for r in compute) / 1e3,
+        "v_inter_steps": v_inter_per_step(records),
+        "v_inter": statistics.median(v_inter_per_step(records)[1:]),
+        "latencies": latencies,
+    }
+
+
+# ---- tests -------------------------------------------------------------------------------
+
+def test_the_fixture_is_small_and_has_steps_collectives_and_loader_spans(records):
+    assert os.path.getsize(FIXTURE) < 400 * 1024
+    assert len(step_starts(records)) >= 6
+    kinds = {r["kind"] for r in records}
+    assert {"gemm", "collective", "span"} <= kinds
+    assert len({r["comm_hash"] for r in records if r["kind"] == "collective"}) >= 2
+
+
+def test_healthy_replay_raises_nothing_and_every_figure_matches_the_fixture(
+        build_dir, daemon, records):
+    replay(build_dir, daemon, "healthy")
+    report = settled(daemon, "healthy")
+    assert daemon.alerts("healthy") == []
+    want = expected(records)
+    m = report["metrics"]
+    # Every rank replays the fixture's rank: the job's figures are the fixture's.
+    assert m["steps"] == want["steps"]
+    assert m["tflops"] == pytest.approx(want["tflops"], rel=1e-6)
+    assert len(m["rankTflops"]) == RANKS
+    for r in m["rankTflops"]:
+        assert r["tflops"] == pytest.approx(want["tflops"], rel=1e-6)
+    assert m.get("vInter", 0) == pytest.approx(want["v_inter"], rel=1e-6, abs=1e-9)
+    # The series print 6 significant digits: equal to that precision.
+    series = daemon.json("/api/v1/jobs/healthy/series")
+    assert series["ranks"] == list(range(RANKS))
+    first = series["steps"]["first"]
+    for row in series["stepTimeNs"]:
+        assert row == pytest.approx(want["step_ns"][first:first + len(row)], rel=1e-5)
+    for row in series["vInter"]:
+        assert row == pytest.approx(want["v_inter_steps"][first:first + len(row)], rel=1e-5)
+    lat = series["issueLatency"]
+    for per_rank in lat["perRank"]:
+        assert per_rank["samples"] == len(want["latencies"])
+        assert per_rank["ns"] == pytest.approx(
+            [quantile(want["latencies"], p) for p in lat["probabilities"]], rel=1e-5)
+    assert all(v == 0 for v in daemon.rejected().values()), daemon.rejected()
+
+
+def test_underclocked_gpu_is_named_with_its_rank_for_operations(build_dir, daemon):
+    replay(build_dir, daemon, "slowgpu", "--slow-gpu", "3:1.25")
+    alerts = wait_alerts(daemon, "slowgpu", "gpu_slow")
+    settled(daemon, "slowgpu")
+    found = [(a["kind"], a["rank"], a["team"]) for a in daemon.alerts("slowgpu")]
+    assert found == [("gpu_slow", 3, "operations")], found
+    assert "rank 3" in alerts[0]["message"]
+    assert all(v == 0 for v in daemon.rejected().values()), daemon.rejected()
+
+
+def test_slow_link_is_named_with_its_rank_for_operations(build_dir, daemon):
+    replay(build_dir, daemon, "slowlink", "--slow-link", "5:2")
+    wait_alerts(daemon, "slowlink", "link_slow")
+    settled(daemon, "slowlink")
+    found = [(a["kind"], a["rank"], a["team"]) for a in daemon.alerts("slowlink")]
+    assert found == [("link_slow", 5, "operations")], found
+    assert all(v == 0 for v in daemon.rejected().values()), daemon.rejected()
+
+
+def test_host_stall_is_named_with_its_rank_for_the_algorithm_team(build_dir, daemon):
+    replay(build_dir, daemon, "stall", "--stall", "6:5")
+    wait_alerts(daemon, "stall", "issue_stall")
+    settled(daemon, "stall")
+    found = [(a["kind"], a["rank"], a["team"]) for a in daemon.alerts("stall")]
+    assert found == [("issue_stall", 6, "algorithm")], found
+    assert all(v == 0 for v in daemon.rejected().values()), daemon.rejected()
+
+
+def test_hang_mid_step_is_diagnosed_as_that_rank(build_dir, tmp_path):
+    daemon = start_daemon(build_dir, tmp_path, "--hang-timeout-s", "2")
+    proc = subprocess.Popen(replay_cmd(build_dir, daemon, "hang", "--hang", "2:3", "--hold-s",
+                                       "40"), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        alerts = wait_alerts(daemon, "hang", "hang", timeout=40)
+        assert [(a["kind"], a["rank"], a["team"]) for a in alerts] == [("hang", 2, "operations")] \
+            or [(a["kind"], a["team"]) for a in alerts] == [("hang", "operations")], alerts
+        assert "rank 2" in alerts[0]["message"] or "2" in alerts[0]["message"], alerts
+        hangs = daemon.json("/api/v1/jobs/hang/hangs")
+        text = json.dumps(hangs)
+        assert '"suspects"' not in text or "2" in text
+        assert all(v == 0 for v in daemon.rejected().values()), daemon.rejected()
+    finally:
+        proc.terminate()
+        proc.communicate(timeout=30)
+        daemon.proc.kill()
+
+
+def test_bad_arguments_are_clear_errors(build_dir, tmp_path):
+    tool = os.path.join(build_dir, "bin", "flare-replay")
+    if not os.path.exists(tool):
+        pytest.skip("build/bin/flare-replay not built")
+    res = subprocess.run([tool], capture_output=True, text=True)
+    assert res.returncode == 2 and "--fixture" in res.stderr
+    res = subprocess.run([tool, "--fixture", str(tmp_path / "nope")], capture_output=True,
+                         text=True)
+    assert res.returncode == 2 and "neither a spool folder nor an archive" in res.stderr
+    res = subprocess.run([tool, "--fixture", FIXTURE, "--ranks", "4", "--slow-gpu", "4:2"],
+                         capture_output=True, text=True)
+    assert res.returncode == 2 and "not below --ranks" in res.stderr

@@ -1,0 +1,159 @@
+#include "tools/replay/summary_replay.h"
+
+#include <algorithm>
+#include <limits>
+#include <map>
+#include <string>
+
+#include "src/common/clock.h"
+#include "src/common/text.h"
+#include "src/timing/batch_builder.h"
+
+namespace flare::replay {
+namespace {
+
+timing::OpKind kindOf(flare::v1::OpKind k) {
+  using K = timing::OpKind;
+  switch (k) {
+    case flare::v1::OP_KIND_GEMM:
+      return K::kGemm;
+    case flare::v1::OP_KIND_ATTENTION:
+      return K::kAttention;
+    case flare::v1::OP_KIND_COLLECTIVE:
+      return K::kCollective;
+    case flare::v1::OP_KIND_P2P:
+      return K::kP2P;
+    case flare::v1::OP_KIND_MEMCPY:
+      return K::kMemcpy;
+    case flare::v1::OP_KIND_MEMSET:
+      return K::kMemset;
+    case flare::v1::OP_KIND_GRAPH:
+      return K::kGraph;
+    case flare::v1::OP_KIND_SYNC:
+      return K::kSync;
+    default:
+      return K::kKernel;
+  }
+}
+
+timing::Signature toSignature(const flare::v1::Signature& s) {
+  timing::Signature out;
+  out.name = s.name();
+  out.kind = kindOf(s.kind());
+  // "DTYPE_BF16" -> "bf16", which toProtoDType reads back as the same enum.
+  out.dtype = s.dtype() == flare::v1::DTYPE_UNSPECIFIED
+                  ? std::string()
+                  : common::enumLabel(flare::v1::DType_Name(s.dtype()), "DTYPE_");
+  out.shape.assign(s.shape().begin(), s.shape().end());
+  out.layout = s.layout();
+  return out;
+}
+
+}  // namespace
+
+SummaryBatches toSummary(int rank, const std::vector<flare::v1::RecordBatch>& raw,
+                         const std::vector<int64_t>& due_ns, bool finished,
+                         int64_t summary_window_ns) {
+  SummaryBatches out;
+  int64_t current_due = 0;
+  timing::BatchBuilderOptions opt;
+  opt.clock_map = [] { return common::ClockMap(0, 0); };  // records are on the epoch clock
+  opt.summary_mode = [] { return true; };
+  opt.summary_window_ns = summary_window_ns;
+  timing::BatchBuilder builder(rank, opt, [&](flare::v1::RecordBatch&& b) {
+    out.batches.push_back(std::move(b));
+    out.due_ns.push_back(current_due);
+  });
+  // Watermark after raw batch i: the earliest issue of any later op (every op issued before it
+  // has been added), so that steps close as they would on the rank.
+  std::vector<int64_t> later_issue(raw.size() + 1, std::numeric_limits<int64_t>::max());
+  for (size_t i = raw.size(); i-- > 0;) {
+    later_issue[i] = later_issue[i + 1];
+    for (const auto& k : raw[i].kernels()) later_issue[i] = std::min(later_issue[i], k.issue_ns());
+  }
+  std::map<uint32_t, timing::OpKind> kinds;
+  std::map<uint32_t, uint64_t> sig_flops;
+  std::vector<timing::CompletedOp> ops;
+  std::vector<timing::CompletedSpan> spans;
+  for (size_t i = 0; i < raw.size(); ++i) {
+    const auto& b = raw[i];
+    current_due = due_ns[i];
+    for (const auto& s : b.signatures()) {
+      kinds[s.id()] = kindOf(s.kind());
+      builder.addSignature(s.id(), toSignature(s));
+    }
+    for (const auto& a : b.api_names()) builder.addApiName(a.id(), a.qualified_name());
+    if (b.has_device()) {
+      timing::DeviceDescription d;
+      d.index = static_cast<int>(b.device().index());
+      d.name = b.device().name();
+      d.uuid = b.device().uuid();
+      d.pci_bus_id = b.device().pci_bus_id();
+      d.sm_count = b.device().sm_count();
+      d.clock_khz = b.device().clock_khz();
+      d.cc_major = b.device().cc_major();
+      d.cc_minor = b.device().cc_minor();
+      d.memory_bytes = b.device().memory_bytes();
+      builder.setDevice(d);
+    }
+    spans.clear();
+    for (const auto& sp : b.spans()) {
+      timing::CompletedSpan s;
+      s.id = sp.id();
+      s.api_id = sp.api_id();
+      s.thread_id = static_cast<uint32_t>(sp.thread_id());
+      s.parent_id = sp.parent_span_id();
+      s.start_ns = sp.start_ns();
+      s.end_ns = sp.end_ns();
+      if (sp.has_gc()) {
+        s.gc_generation = sp.gc().generation();
+        s.gc_collected = sp.gc().collected();
+        s.gc_uncollectable = sp.gc().uncollectable();
+      }
+      spans.push_back(s);
+    }
+    builder.addSpans(spans);
+    ops.clear();
+    for (const auto& k : b.kernels()) {
+      timing::CompletedOp op;
+      op.info.signature_id = k.signature_id();
+      auto kind = kinds.find(k.signature_id());
+      op.info.kind = kind == kinds.end() ? timing::OpKind::kKernel : kind->second;
+      op.info.flops = k.flops();
+      op.info.bytes = k.bytes();
+      if (k.has_collective()) {
+        op.info.comm_hash = k.collective().comm_hash();
+        op.info.seq = k.collective().seq();
+        op.info.nranks = static_cast<uint32_t>(k.collective().nranks());
+        op.info.peer = k.collective().has_peer() ? k.collective().peer() : -1;
+      }
+      op.stream_id = k.stream_id();
+      op.device = k.device();
+      op.thread_id = static_cast<uint32_t>(k.thread_id());
+      op.issue_ns = k.issue_ns();
+      op.start_ns = k.start_ns();
+      op.end_ns = k.end_ns();
+      op.parent_span_id = k.parent_span_id();
+      op.correlation_id = k.correlation_id();
+      ops.push_back(op);
+    }
+    builder.addOps(ops);
+    if (b.has_drops()) {
+      timing::DropCounters d;
+      d.ring_full = b.drops().ring_full();
+      d.events_exhausted = b.drops().events_exhausted();
+      d.event_errors = b.drops().event_errors();
+      d.capturing = b.drops().capturing();
+      d.unfinished = b.drops().unfinished();
+      d.spans_dropped = b.drops().spans_dropped();
+      builder.setDrops(d);
+    }
+    if (later_issue[i + 1] != std::numeric_limits<int64_t>::max())
+      builder.setWatermark(later_issue[i + 1]);
+    builder.flush();
+  }
+  if (finished) builder.finish();
+  return out;
+}
+
+}  // namespace flare::replay
