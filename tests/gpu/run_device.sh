@@ -5,19 +5,25 @@
 # /tmp/flare-gpu-out): nvidia-smi.txt, gpu-tests.log + gpu-junit.xml, accuracy.{md,json},
 # overhead.{md,json}. docs/benchmarks.md quotes them with the GPU and the date.
 #
-# Usage (repo root): tests/gpu/run_device.sh checks|accuracy|overhead|all [overhead args...]
-#   checks     pytest tests/gpu (hook, Python tracing, cuda-gdb inspection)   ~3-5 min
-#   accuracy   Flare's durations vs torch.cuda.Event and torch.profiler          ~1-2 min
-#   overhead   tests/gpu/bench/overhead.py (default: small,medium; 3 reps)      ~6-9 min
+# tests/gpu/acceptance.sh runs the parts below, time-boxed, within one 8-minute run.
+#
+# Usage (repo root, or a kit's root): tests/gpu/run_device.sh env|checks|accuracy|overhead|all [args...]
+#   env        nvidia-smi.txt and environment.json (GPU, driver, CUDA, PyTorch, kit); also written
+#              by the first other action into an OUT that has none
+#   checks     pytest tests/gpu (hook, Python tracing, cuda-gdb inspection)   ~1-2 min
+#   accuracy   per-kernel durations vs CUPTI (torch.profiler) and torch.cuda.Event   ~40 s
+#   overhead   tests/gpu/bench/overhead.py [args] (default: every workload, --budget-s 540)
+# The kit: FLARE_KIT, else FLARE_BUILD_DIR, else .gpukit.
 set -uo pipefail
 what=${1:-all}
 shift || true
 OUT=${OUT:-/tmp/flare-gpu-out}
 mkdir -p "$OUT"
-kit=$(realpath "${FLARE_KIT:-.gpukit}")
+kit=$(realpath "${FLARE_KIT:-${FLARE_BUILD_DIR:-.gpukit}}")
 [ -f "$kit/lib/libflare_hook.so" ] || { echo "run_device: no kit at $kit (tools/gpu-kit/make-kit.sh)" >&2; exit 2; }
 export FLARE_BUILD_DIR=$kit PYTHONUNBUFFERED=1
 export PYTHONPATH=$PWD/python${PYTHONPATH:+:$PYTHONPATH}
+write_env() {
 {
   date -u
   nvidia-smi || true
@@ -27,7 +33,34 @@ export PYTHONPATH=$PWD/python${PYTHONPATH:+:$PYTHONPATH}
     sed 's/^1$/libstdc++: has it/; s/^0$/libstdc++: MISSING the kit'"'"'s GLIBCXX/'
   python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)'
   command -v cuda-gdb nvcc
+  echo "kit version: $(cat "$kit/VERSION" 2>/dev/null || echo unknown)"
 } > "$OUT/nvidia-smi.txt" 2>&1
+python3 - "$OUT/environment.json" "$kit" <<'PY' 2>/dev/null || true
+import json, os, platform, subprocess, sys
+env = {"python": platform.python_version(), "glibc": " ".join(platform.libc_ver())}
+try:
+    q = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
+                       capture_output=True, text=True, timeout=30).stdout.splitlines()
+    if q:
+        env["gpu"], env["driver"] = [x.strip() for x in q[0].split(",")[:2]]
+except (OSError, subprocess.SubprocessError, ValueError):
+    pass
+try:
+    import torch
+    env["torch"] = torch.__version__
+    env["cuda"] = torch.version.cuda
+    if torch.cuda.is_available():
+        env.setdefault("gpu", torch.cuda.get_device_name(0))
+except Exception:  # noqa: BLE001 (no PyTorch: the simulated mode)
+    pass
+try:
+    env["kit_version"] = open(os.path.join(sys.argv[2], "VERSION")).read().strip()
+except OSError:
+    pass
+json.dump(env, open(sys.argv[1], "w"), indent=1)
+PY
+}
+if [ "$what" = env ] || [ "$what" = all ] || [ ! -f "$OUT/nvidia-smi.txt" ]; then write_env; fi
 rc=0
 if [ "$what" = checks ] || [ "$what" = all ]; then
   python3 -m pytest -v -rs tests/gpu --junitxml="$OUT/gpu-junit.xml" > "$OUT/gpu-tests.log" 2>&1 || rc=1
@@ -38,7 +71,7 @@ if [ "$what" = accuracy ] || [ "$what" = all ]; then
   cat "$OUT/accuracy.md"; tail -20 "$OUT/accuracy.err"
 fi
 if [ "$what" = overhead ] || [ "$what" = all ]; then
-  [ $# -gt 0 ] || set -- --sizes small,medium --reps 3
+  [ $# -gt 0 ] || set -- --budget-s 540
   python3 tests/gpu/bench/overhead.py --build "$kit" --json "$OUT/overhead.json" "$@" > "$OUT/overhead.md" 2> "$OUT/overhead.err" || rc=1
   cat "$OUT/overhead.md"; tail -20 "$OUT/overhead.err"
 fi

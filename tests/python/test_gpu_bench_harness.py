@@ -1,7 +1,9 @@
-"""The GPU overhead benchmark's harness (tests/gpu/bench/overhead.py), driven by a stand-in
-workload that needs no GPU: every arm runs in every repetition with the right environment, the
-overhead is the per-repetition ratio to the bare arm (so drift between repetitions cancels), and
-a failing arm is a clear error. The real measurement needs a GPU (tests/gpu/README.md)."""
+"""The GPU benchmark harnesses without a GPU. overhead.py, driven by a stand-in worker
+(bench/standin_workload.py): every arm's long-lived worker runs every round with the right
+environment and the same pinned CPUs, the overhead is the median per-round ratio to the bare arm
+with a bootstrap interval (so drift cancels), and a failing arm is a clear error. accuracy.py's
+matching of Flare's records and CUPTI's activities to calls, and its per-class statistics, on
+synthetic records. The real measurements need a GPU (tests/gpu/README.md)."""
 import json
 import os
 import subprocess
@@ -16,41 +18,141 @@ BENCH = os.path.join(ROOT, "tests", "gpu", "bench")
 def run(build_dir, tmp_path, *extra, env=None):
     out = tmp_path / "overhead.json"
     cmd = [sys.executable, os.path.join(BENCH, "overhead.py"), "--build", str(build_dir),
-           "--workload", os.path.join(BENCH, "standin_workload.py"), "--sizes", "tiny,small",
-           "--reps", "3", "--steps", "5", "--warmup", "1", "--json", str(out), *extra]
+           "--worker", os.path.join(BENCH, "standin_workload.py"), "--workloads",
+           "gpt-small,launch-bound", "--max-rounds", "6", "--window-s", "0.01", "--warmup-s", "0",
+           "--budget-s", "60", "--boot", "200", "--json", str(out), *extra]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=300,
                           env=dict(os.environ, **(env or {}))), out
 
 
-def test_overhead_is_the_per_repetition_ratio_to_the_bare_arm(build_dir, tmp_path):
+def test_overhead_is_the_median_per_round_ratio_to_the_bare_arm(build_dir, tmp_path):
     proc, out = run(build_dir, tmp_path)
     assert proc.returncode == 0, proc.stderr
     data = json.loads(out.read_text())
-    assert len(data["runs"]) == 3 * 2 * 4
-    for size in ("tiny", "small"):
-        rows = data["summary"][size]
+    assert len(data["windows"]) == 2 * 6 * 4  # workloads x rounds x arms
+    for workload in ("gpt-small", "launch-bound"):
+        rows = data["summary"][workload]["arms"]
         assert set(rows) == {"bare", "flare-summary", "flare-raw", "torch-profiler"}
         assert rows["flare-summary"]["overhead_pct"] == pytest.approx(5.0)
         assert rows["flare-raw"]["overhead_pct"] == pytest.approx(10.0)
         assert rows["torch-profiler"]["overhead_pct"] == pytest.approx(30.0)
-        # The stand-in drifts 1% per repetition; the ratio cancels it, the raw medians do not.
-        assert rows["flare-raw"]["overhead_pct_max"] - rows["flare-raw"]["overhead_pct_min"] < 1e-9
-        assert rows["flare-summary"]["reps"] == 3
-        assert rows["flare-summary"]["spool_bytes_per_step"] >= 0
-    assert "| small | flare-raw |" in proc.stdout and "+10.00%" in proc.stdout
-    # Shuffled order: not every repetition runs the arms in the same sequence.
+        # Each arm drifts 1% per window it measures: the per-round ratio cancels it, so the
+        # bootstrap interval has no width; the raw step times do not.
+        lo, hi = rows["flare-raw"]["ci95_pct"]
+        assert lo == pytest.approx(10.0) and hi == pytest.approx(10.0)
+        assert rows["flare-summary"]["rounds"] == 6
+        assert rows["flare-summary"]["resolved"] and not rows["flare-summary"]["within_budget"]
+        assert data["summary"][workload]["spool_bytes_per_step"]["flare-raw"] > 0
+    assert rows["flare-summary"]["budget_pct"] == 2.0  # launch-bound's budget
+    assert "| gpt-small | flare-raw |" in proc.stdout and "+10.00% [+10.00, +10.00]" in proc.stdout
+    # Shuffled order: not every round runs the arms in the same sequence.
     orders = {}
-    for r in data["runs"]:
-        orders.setdefault((r["rep"], r["size"]), []).append(r["arm"])
+    for w in data["windows"]:
+        orders.setdefault((w["workload"], w["round"]), []).append(w["arm"])
     assert len({tuple(v) for v in orders.values()}) > 1
 
 
+def test_every_arm_runs_on_the_same_pinned_cpus(build_dir, tmp_path):
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("one CPU")
+    proc, _ = run(build_dir, tmp_path, "--cpus", "1", "--max-rounds", "1")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.count("(CPUs [1])") == 4, proc.stderr
+
+
 def test_a_failing_arm_is_a_clear_error(build_dir, tmp_path):
-    proc, _ = run(build_dir, tmp_path, env={"STANDIN_FAIL_ARM": "flare-raw"})
+    proc, out = run(build_dir, tmp_path, env={"STANDIN_FAIL_ARM": "flare-raw"})
     assert proc.returncode != 0
     assert "flare-raw" in proc.stderr and "failing flare-raw as asked" in proc.stderr
+    rows = json.loads(out.read_text())["summary"]["gpt-small"]["arms"]
+    assert "flare-raw" not in rows and rows["flare-summary"]["overhead_pct"] == pytest.approx(5.0)
 
 
 def test_arms_must_include_the_bare_one(build_dir, tmp_path):
     proc, _ = run(build_dir, tmp_path, "--arms", "flare-raw")
     assert proc.returncode == 2 and "bare" in proc.stderr
+
+
+# ---- the accuracy harness's matching and statistics (tests/gpu/bench/accuracy.py) -------------
+
+def _accuracy_inputs(flare_factor):
+    """Two cases of CALLS calls each, as the child would record them: a GEMM whose CUPTI kernel
+    takes 1 ms (Flare's record `flare_factor` times that, cuBLAS's swapped shape), and a one-rank
+    in-place all-reduce with no GPU activity at all (Flare times a few microseconds)."""
+    sys.path.insert(0, BENCH)
+    import accuracy
+    calls = accuracy.CALLS
+    cases = [{"tag": "gemm_16384x4096x4096", "class": "gemm",
+              "meta": {"flops": 2 * 16384 * 4096 * 4096}},
+             {"tag": "allreduce_inplace_1rank_64MiB", "class": "collective",
+              "meta": {"bytes": 64 << 20}}]
+    sequence, spans, recs, trace, events = [], [], [], [], {}
+    t = 1_000_000  # ns, Flare's clock; CUPTI's trace is in us on another origin
+    corr = 0
+    for case in cases:
+        events[case["tag"]] = []
+        for i in [-1] + list(range(calls)):
+            sequence.append([case["tag"], i])
+            span_id = len(spans) + 1
+            spans.append({"kind": "span", "name": "accuracy_call@call", "id": span_id,
+                          "start_ns": t, "end_ns": t + 50_000})
+            corr += 1
+            host_us = 5_000 + t / 1e3
+            if case["class"] == "gemm":
+                recs.append({"kind": "gemm", "shape": [4096, 16384, 4096, 1],
+                             "issue_ns": t + 10_000, "start_ns": t + 100_000,
+                             "end_ns": t + 100_000 + int(1_000_000 * flare_factor)})
+                if i >= 0:
+                    trace.append({"cat": "user_annotation", "name": "flare-acc:%s#%d" % (
+                        case["tag"], i), "ts": host_us, "dur": 50})
+                    trace.append({"cat": "cuda_runtime", "name": "cudaLaunchKernel",
+                                  "ts": host_us + 10, "dur": 5, "args": {"correlation": corr}})
+                    trace.append({"cat": "kernel", "name": "sm90_gemm", "ts": host_us + 100,
+                                  "dur": 1000.0, "args": {"correlation": corr}})
+                    events[case["tag"]].append(1.003)
+            else:
+                recs.append({"kind": "collective", "issue_ns": t + 10_000,
+                             "start_ns": t + 20_000, "end_ns": t + 23_000})
+                if i >= 0:
+                    trace.append({"cat": "user_annotation", "name": "flare-acc:%s#%d" % (
+                        case["tag"], i), "ts": host_us, "dur": 50})
+                    events[case["tag"]].append(0.075)
+            t += 2_000_000
+    # A kernel launched outside every call (the _sleep that keeps the queue busy) is nobody's.
+    recs.append({"kind": "kernel", "issue_ns": t + 10, "start_ns": t + 20, "end_ns": t + 900})
+    ref = {"device": "test", "torch": "none", "sequence": sequence, "events_ms": events,
+           "cases": cases}
+    return accuracy, ref, spans + recs, {"traceEvents": trace}
+
+
+def test_accuracy_matches_calls_by_span_and_correlation(tmp_path):
+    accuracy, ref, recs, trace = _accuracy_inputs(1.01)
+    path = tmp_path / "trace.json"
+    path.write_text(json.dumps(trace))
+    rows, classes = accuracy.analyse(ref, recs, accuracy.cupti_per_call(str(path)))
+    gemm = rows[0]
+    assert gemm["flare_calls"] == accuracy.CALLS  # the swapped cuBLAS shape is still this case
+    assert gemm["flare_gemm_shapes"] == [[4096, 16384, 4096]]
+    assert gemm["cupti_ms"] == pytest.approx(1.0)
+    assert gemm["flare_err_median"] == pytest.approx(0.01, abs=1e-6)
+    assert gemm["cupti_tflops"] == pytest.approx(2 * 16384 * 4096 * 4096 / 1e9 / 1.0)
+    assert classes["gemm"]["calls"] == accuracy.CALLS
+    assert classes["gemm"]["within_2pct_at_median"]
+    assert classes["gemm"]["event_err_median"] == pytest.approx(0.003, abs=1e-6)
+    noop = rows[1]
+    assert noop["cupti_ms"] == 0 and "no GPU activity" in noop["note"]
+    assert noop["flare_err_median"] is None and "collective" not in classes
+    text = accuracy.markdown("test", rows, classes)
+    assert "| gemm | %d | +1.00%% |" % accuracy.CALLS in text
+
+
+def test_accuracy_flags_a_class_outside_the_budget_and_a_missing_span(tmp_path):
+    accuracy, ref, recs, trace = _accuracy_inputs(1.05)
+    path = tmp_path / "trace.json"
+    path.write_text(json.dumps(trace))
+    _, classes = accuracy.analyse(ref, recs, accuracy.cupti_per_call(str(path)))
+    assert not classes["gemm"]["within_2pct_at_median"]
+    with pytest.raises(RuntimeError, match="spans"):
+        accuracy.analyse(ref, [r for r in recs if r.get("kind") != "span"][:-1] +
+                         [r for r in recs if r.get("kind") == "span"][1:],
+                         accuracy.cupti_per_call(str(path)))

@@ -1,35 +1,55 @@
 #!/usr/bin/env python3
-"""A stand-in for gpt_train.py with no GPU, for the harness's own test: reports the step times a
-model of each arm gives (bare 100 ms; FLARE_MODE summary +5%, raw +10%; --profiler +30%), with
-the same arguments and JSON as gpt_train.py. It checks what the harness passes (LD_PRELOAD set
-exactly for the Flare arms) and fails when STANDIN_FAIL_ARM names the arm."""
+"""A stand-in for overhead_worker.py with no GPU, for the harness's own test
+(tests/python/test_gpu_bench_harness.py): it speaks the same protocol and reports the step times
+a model of each arm gives (bare 10 ms; FLARE_MODE summary +5%, raw +10%; --profiler +30%), times a
+drift of +1% per window it has measured, which the per-round ratio must cancel. It checks what
+the harness passes (LD_PRELOAD set exactly for the Flare arms, the same CPU affinity for every
+arm) and fails its load when STANDIN_FAIL_ARM names its arm."""
 import argparse
 import json
 import os
-import resource
-import statistics
 import sys
+import time
 
 ap = argparse.ArgumentParser()
-ap.add_argument("--size", required=True)
-ap.add_argument("--steps", type=int, required=True)
-ap.add_argument("--warmup", type=int, required=True)
-ap.add_argument("--seed", type=int, default=0)
 ap.add_argument("--profiler", action="store_true")
-ap.add_argument("--json", required=True)
+ap.add_argument("--threads", type=int, default=4)
 a = ap.parse_args()
+proto = os.fdopen(os.dup(1), "w", buffering=1)
+os.dup2(2, 1)
 mode = os.environ.get("FLARE_MODE", "")
 preload = os.environ.get("LD_PRELOAD", "")
-arm = "torch-profiler" if a.profiler else (f"flare-{mode}" if mode else "bare")
+arm = "torch-profiler" if a.profiler else ("flare-%s" % mode if mode else "bare")
 if bool(mode) != ("libflare_hook.so" in preload):
-    sys.exit(f"stand-in: FLARE_MODE={mode!r} with LD_PRELOAD={preload!r}")
-if os.environ.get("STANDIN_FAIL_ARM") == arm:
-    sys.exit(f"stand-in: failing {arm} as asked")
+    sys.exit("stand-in: FLARE_MODE=%r with LD_PRELOAD=%r" % (mode, preload))
 factor = {"bare": 1.0, "flare-summary": 1.05, "flare-raw": 1.10, "torch-profiler": 1.30}[arm]
-base = 100.0 * (1 + 0.01 * a.seed)  # drift between repetitions: the ratio must cancel it
-steps = [base * factor] * a.steps
-with open(a.json, "w") as f:
-    json.dump({"size": a.size, "steps_ms": steps, "median_ms": statistics.median(steps),
-               "tokens_per_step": 1, "max_rss_kib":
-               resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, "profiler": a.profiler,
-               "params": 0, "device": "stand-in (no GPU)"}, f)
+
+
+def reply(**kw):
+    proto.write(json.dumps(kw) + "\n")
+
+
+reply(ok=True, ready=True, device="stand-in (no GPU)", affinity=sorted(os.sched_getaffinity(0)))
+measured = 0
+for line in sys.stdin:
+    req = json.loads(line)
+    if req["op"] == "load":
+        if os.environ.get("STANDIN_FAIL_ARM") == arm:
+            reply(ok=False, error="stand-in: failing %s as asked" % arm)
+            continue
+        if mode:  # something in the spool, as Flare would write
+            spool = os.path.join(os.environ["FLARE_OUTPUT_DIR"], "standin")
+            os.makedirs(spool, exist_ok=True)
+            with open(os.path.join(spool, "records.pb"), "ab") as f:
+                f.write(b"x" * 1000)
+        reply(ok=True, load_s=0.0, steps=3)
+    elif req["op"] == "measure":
+        time.sleep(min(req["seconds"], 0.01))
+        step = 10.0 * factor * (1 + 0.01 * measured)
+        measured += 1
+        reply(ok=True, steps=100, mean_ms=step, median_ms=step, rss_kib=1000 + 100 * factor)
+    elif req["op"] == "unload":
+        reply(ok=True)
+    elif req["op"] == "quit":
+        reply(ok=True)
+        break

@@ -1,0 +1,80 @@
+"""tests/gpu/acceptance.sh on the simulated stack (issue 19, part 1): the script a GPU session
+runs from a kit must run end to end here too. Parts that need PyTorch and a GPU say so and why;
+the end-to-end part runs the simulated Python workload through flared in summary and raw mode,
+1 and 4 ranks, and must pass with no batch rejected; the results are a handful of files plus one
+archive; a part that runs past its budget is cut off and the others still report."""
+import json
+import os
+import subprocess
+import tarfile
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+@pytest.fixture(scope="module")
+def kit(build_dir, tmp_path_factory):
+    path = tmp_path_factory.mktemp("acceptance") / "kit"
+    proc = subprocess.run(["bash", os.path.join(ROOT, "tools", "gpu-kit", "make-kit.sh"),
+                           build_dir, str(path)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    return path
+
+
+def acceptance(kit, out, **budgets):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLARE_")}
+    env.update(OUT=str(out), FLARE_BUILD_DIR=str(kit), FLARE_ACCEPTANCE_SIM="1")
+    env.update({"FLARE_ACCEPTANCE_BUDGET_" + k: str(v) for k, v in budgets.items()})
+    # The kit carries tests/gpu: run the script from the kit, as on a GPU machine.
+    return subprocess.run(["bash", str(kit / "tests" / "gpu" / "acceptance.sh")], env=env,
+                          capture_output=True, text=True, timeout=240)
+
+
+def test_simulated_acceptance_runs_end_to_end(kit, tmp_path):
+    out = tmp_path / "out"
+    proc = acceptance(kit, out)
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    assert sorted(os.listdir(out)) == ["details.tar.gz", "nvidia-smi.txt", "summary.json",
+                                       "summary.md"]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["mode"] == "simulated" and summary["status"] == "passed"
+    parts = {p["part"]: p for p in summary["parts"]}
+    assert list(parts) == ["env", "a", "b", "c", "d", "e"]
+    assert sum(p["budget_s"] for p in parts.values()) <= 8 * 60
+    for name in ("a", "c", "d", "e"):
+        assert parts[name]["status"] == "skipped"
+        assert "needs PyTorch+GPU" in parts[name]["reason"], parts[name]
+    e2e = parts["b"]
+    assert e2e["status"] == "passed", e2e
+    runs = e2e["result"]["runs"]
+    assert [(r["mode"], r["ranks"]) for r in runs] == [("summary", 1), ("raw", 1),
+                                                       ("summary", 4), ("raw", 4)]
+    for run in runs:
+        assert run["ok"] and run["rejected"] == {}, run
+        assert all(c["ok"] for c in run["checks"].values()), run["checks"]
+        assert run["gemm_tflops"] and run["gemm_tflops"][0]["tflops"] > 0
+        assert len(run["loop_steps"]) == run["ranks"]
+    # The 4-rank runs' injected host stall on rank 3 is found by a detector, routed.
+    for run in runs[2:]:
+        assert run["checks"]["the stalled rank is named"]["ok"], run["diagnoses"]
+    md = (out / "summary.md").read_text()
+    assert "| b | end to end through flared" in md and "skipped: needs PyTorch+GPU" in md
+    with tarfile.open(out / "details.tar.gz") as tar:
+        names = tar.getnames()
+    assert "e2e.json" in names and "logs/b.log" in names and "gpu-tests.log" in names
+
+
+def test_a_part_past_its_budget_is_cut_off_and_the_rest_report(kit, tmp_path):
+    out = tmp_path / "out"
+    proc = acceptance(kit, out, B=3)
+    assert proc.returncode == 1, proc.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    parts = {p["part"]: p for p in summary["parts"]}
+    assert parts["b"]["status"] == "timeout" and "3 s budget" in parts["b"]["reason"]
+    assert parts["b"]["seconds"] < 20
+    assert parts["a"]["status"] == "skipped" and parts["env"]["status"] == "passed"
+    assert summary["status"] == "failed"
+    # timeout signalled the part's whole process group: no daemon or rank of it is left.
+    ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+    assert str(out) not in ps
