@@ -43,6 +43,20 @@ def run(kit, work, name, extra, steps, timeout):
     return spool, recs, loop
 
 
+def write(out, checks, facts):
+    """coverage.json and coverage.md (after each run: a cut-off part keeps the first)."""
+    ok = bool(checks) and all(v for v, _ in checks.values())
+    with open(os.path.join(out, "coverage.json"), "w") as f:
+        json.dump({"ok": ok, "checks": {k: {"ok": v, "detail": d} for k, (v, d) in
+                                        checks.items()}, "facts": facts}, f, indent=1)
+    lines = ["# Coverage: CUDA graphs and torch.compile", "", "| check | result | detail |",
+             "|---|---|---|"] + ["| %s | %s | %s |" % (k, "ok" if v else "FAILED", d)
+                                 for k, (v, d) in checks.items()]
+    with open(os.path.join(out, "coverage.md"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+    return ok, lines
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--kit", required=True)
@@ -68,6 +82,7 @@ def main():
             "%d graph records for %d steps" % (len(graphs), loop["total_steps"]))
     except Exception as e:  # noqa: BLE001
         checks["every CUDA-graph replay recorded"] = (False, "run failed: %s" % str(e)[-500:])
+    write(args.out, checks, facts)
     try:
         left = max(20.0, args.budget_s - (time.monotonic() - t0))
         spool, recs, loop = run(kit, work, "compile", ["--compile"], args.steps, left)
@@ -87,15 +102,7 @@ def main():
                                                     "flare-timeline drew them")
     except Exception as e:  # noqa: BLE001
         checks["Triton kernels recorded by name"] = (False, "run failed: %s" % str(e)[-500:])
-    ok = all(v for v, _ in checks.values())
-    with open(os.path.join(args.out, "coverage.json"), "w") as f:
-        json.dump({"ok": ok, "checks": {k: {"ok": v, "detail": d} for k, (v, d) in
-                                        checks.items()}, "facts": facts}, f, indent=1)
-    lines = ["# Coverage: CUDA graphs and torch.compile", "", "| check | result | detail |",
-             "|---|---|---|"] + ["| %s | %s | %s |" % (k, "ok" if v else "FAILED", d)
-                                 for k, (v, d) in checks.items()]
-    with open(os.path.join(args.out, "coverage.md"), "w") as f:
-        f.write("\n".join(lines) + "\n")
+    ok, lines = write(args.out, checks, facts)
     print("\n".join(lines))
     return 0 if ok else 1
 

@@ -72,7 +72,7 @@ if [ "$what" = accuracy ] || [ "$what" = all ]; then
 fi
 if [ "$what" = overhead ] || [ "$what" = all ]; then
   [ $# -gt 0 ] || set -- --budget-s 540
-  python3 tests/gpu/bench/overhead.py --build "$kit" --json "$OUT/overhead.json" "$@" > "$OUT/overhead.md" 2> "$OUT/overhead.err" || rc=1
+  python3 tests/gpu/bench/overhead.py --build "$kit" --json "$OUT/overhead.json" --md "$OUT/overhead.md" "$@" > /dev/null 2> "$OUT/overhead.err" || rc=1
   cat "$OUT/overhead.md"; tail -20 "$OUT/overhead.err"
 fi
 exit $rc

@@ -205,6 +205,8 @@ def main():
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--worker", default=os.path.join(HERE, "overhead_worker.py"))
     ap.add_argument("--json", help="write every window and the summary here")
+    ap.add_argument("--md", help="write the markdown table here too (after every workload, like "
+                    "--json, so that a run cut short keeps what it measured)")
     args = ap.parse_args()
     arms = [a for a in args.arms.split(",") if a]
     unknown = [a for a in arms if a not in ARMS]
@@ -233,6 +235,9 @@ def main():
             with open(args.json, "w") as f:
                 json.dump({"device": device, "summary": summary, "windows": windows,
                            "args": vars(args)}, f, indent=1)
+        if args.md:
+            with open(args.md, "w") as f:
+                f.write(text + "\n")
         return text
 
     with tempfile.TemporaryDirectory(prefix="flare-overhead-") as work:
