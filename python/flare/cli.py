@@ -453,6 +453,13 @@ def fetch_status(base, include_finished, timeout):
                 "records": as_int(r.get("records")),
                 "lost_batches": as_int(r.get("lostBatches")),
                 "drops": {k: as_int(v) for k, v in (r.get("drops") or {}).items()},
+                "refusals": [{
+                    "reason": x.get("reason", ""),
+                    "batches": as_int(x.get("batches")),
+                    "items": as_int(x.get("items")),
+                    "last_error": x.get("lastError", ""),
+                    "last_unix_ns": as_int(x.get("lastUnixNs")),
+                } for x in (r.get("refusals") or []) if isinstance(x, dict)],
             } for r in (ranks.get("ranks", []) if isinstance(ranks, dict) else [])],
         })
     return out
@@ -485,14 +492,28 @@ def cmd_status(args):
         print("job %s  ranks %d/%d connected  last seen %s%s" % (
             job["job_id"], job["ranks_connected"], job["world_size"],
             ago(job["last_seen_unix_ns"], now), "  (finished)" if job["finished"] else ""))
-        print("  %5s  %-20s %8s  %-9s %-12s %9s %10s %6s  %s" % (
-            "rank", "host", "pid", "state", "last seen", "batches", "records", "lost", "drops"))
+        print("  %5s  %-20s %8s  %-9s %-12s %9s %10s %6s  %-10s %s" % (
+            "rank", "host", "pid", "state", "last seen", "batches", "records", "lost", "refused",
+            "drops"))
+        refusals = []
         for r in job["ranks"]:
             drops = ", ".join("%s=%d" % (k, v) for k, v in sorted(r["drops"].items()) if v)
-            print("  %5d  %-20s %8d  %-9s %-12s %9d %10d %6d  %s" % (
+            refused = ", ".join(
+                "%s=%s" % (x["reason"], "%d batches" % x["batches"] if x["batches"] and not
+                           x["items"] else "%d" % (x["items"] + x["batches"]))
+                for x in r["refusals"])
+            print("  %5d  %-20s %8d  %-9s %-12s %9d %10d %6d  %-10s %s" % (
                 r["rank"], r["host"][:20], r["pid"],
                 "connected" if r["connected"] else "gone", ago(r["last_seen_unix_ns"], now),
-                r["batches"], r["records"], r["lost_batches"], drops or "none"))
+                r["batches"], r["records"], r["lost_batches"], refused or "none",
+                drops or "none"))
+            for x in r["refusals"]:
+                refusals.append((r["rank"], x))
+        # What the daemon refused is never silent: each reason with its last error.
+        for rank, x in refusals:
+            print("  rank %d: the daemon refused %d batch(es) and %d item(s) as %s, last %s: %s" % (
+                rank, x["batches"], x["items"], x["reason"], ago(x["last_unix_ns"], now),
+                x["last_error"]))
     return 0
 
 

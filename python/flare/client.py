@@ -90,6 +90,9 @@ class Rank:
     drops: Dict[str, int]
     device_name: str
     raw: Dict[str, Any] = field(default_factory=dict, repr=False)
+    # What the daemon refused of this rank, by reason: {reason: {"batches", "items",
+    # "last_error", "last_unix_ns"}}.
+    refusals: Dict[str, Dict[str, Any]] = field(default_factory=dict)
 
     @classmethod
     def from_json(cls, j):
@@ -97,7 +100,12 @@ class Rank:
                    bool(j.get("connected", False)), _int(j.get("lastSeenUnixNs")),
                    _int(j.get("batches")), _int(j.get("records")), _int(j.get("lostBatches")),
                    {k: _int(v) for k, v in (j.get("drops") or {}).items()},
-                   j.get("deviceName", ""), j)
+                   j.get("deviceName", ""), j,
+                   {x.get("reason", ""): {"batches": _int(x.get("batches")),
+                                          "items": _int(x.get("items")),
+                                          "last_error": x.get("lastError", ""),
+                                          "last_unix_ns": _int(x.get("lastUnixNs"))}
+                    for x in (j.get("refusals") or []) if isinstance(x, dict)})
 
 
 @dataclass

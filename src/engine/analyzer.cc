@@ -64,6 +64,57 @@ void Analyzer::onBatch(const std::string& job_id, int32_t rank, const v1::Record
   noteBackend(w, rank, device);
 }
 
+void Analyzer::onRefused(const std::string& job_id, int32_t rank, const std::string& reason,
+                         uint64_t batches, uint64_t items, const std::string& error,
+                         int64_t now_ns) {
+  std::lock_guard lock(mu_);
+  auto [slot, created] = jobs_.try_emplace(job_id);
+  JobWindow& w = slot->second;
+  if (created) w.model.setCompaction(options_.fold_after_ns, options_.fold_bucket_ns);
+  JobWindow::Refused& r = w.refused[rank];
+  auto& [b, i] = r.by_reason[reason];
+  b += batches;
+  i += items;
+  r.last_error = reason + ": " + error;
+  r.last_ns = now_ns;
+  w.fresh = true;  // diagnosed at the next run, even if nothing of the job was accepted
+}
+
+std::optional<Diagnosis> Analyzer::refusedDiagnosis(JobWindow& w, int64_t now_ns) const {
+  std::erase_if(w.refused,
+                [&](const auto& kv) { return kv.second.last_ns < now_ns - options_.window_ns; });
+  if (w.refused.empty()) return std::nullopt;
+  Diagnosis d;
+  d.kind = "data_refused";
+  d.team = Team::kInfrastructure;
+  d.cause = "flared refused the rank's data";
+  uint64_t batches = 0, items = 0;
+  for (const auto& [rank, r] : w.refused) {
+    d.ranks.push_back(rank);
+    std::string reasons;
+    for (const auto& [reason, n] : r.by_reason) {
+      if (!reasons.empty()) reasons += ", ";
+      reasons += reason + " " +
+                 (n.first > 0 ? std::to_string(n.first) + " batches" : std::string()) +
+                 (n.first > 0 && n.second > 0 ? " + " : "") +
+                 (n.second > 0 ? std::to_string(n.second) + " items" : std::string());
+      batches += n.first;
+      items += n.second;
+    }
+    d.evidence.push_back(
+        {"refused", "rank " + std::to_string(rank) + ": " + reasons + "; last: " + r.last_error, 0,
+         0});
+  }
+  d.summary = "flared refused " +
+              (batches > 0 ? std::to_string(batches) + " batch(es) and " : std::string()) +
+              std::to_string(items) + " item(s) of " + std::to_string(d.ranks.size()) +
+              " rank(s) in the last " + std::to_string(options_.window_ns / 1'000'000'000) +
+              " s: the detectors do not see that data (flare status; "
+              "flare_ingest_rejected_total, flare_ingest_items_dropped_total)";
+  d.severity = batches > 0 ? 1.0 : 0.1;
+  return d;
+}
+
 // The backend: the device name of the lowest rank that reported one. O(1) per report (a scan
 // of every rank per new rank was O(ranks²) at 10,000 ranks without device names).
 void Analyzer::noteBackend(JobWindow& w, int32_t rank, const std::string& device_name) {
@@ -146,10 +197,12 @@ std::vector<v1::Alert> Analyzer::run(int64_t now_ns) {
     const History* history = job.history ? &*job.history : nullptr;
     v1::JobMetrics metrics = computeJobMetrics(model, history, options_.samples_per_step);
     metrics.set_computed_unix_ns(now_ns);
-    const std::vector<Diagnosis> found = diagnose(model, options_.diagnose, nullptr, history);
+    std::vector<Diagnosis> found = diagnose(model, options_.diagnose, nullptr, history);
     const size_t ops = model.opCount();
     std::lock_guard lock(mu_);
     JobWindow& w = *job.window;
+    if (std::optional<Diagnosis> refused = refusedDiagnosis(w, now_ns))
+      found.push_back(std::move(*refused));
     w.window_ops = ops;
     w.metrics = std::move(metrics);
     for (auto& [key, age] : w.active) ++age;
@@ -209,12 +262,18 @@ std::vector<Diagnosis> Analyzer::diagnoseJob(const std::string& job_id) {
   JobModel* model = syncedModel(job_id);
   if (model == nullptr) return {};
   std::optional<History> history;
+  std::optional<Diagnosis> refused;
   {
     std::lock_guard lock(mu_);
-    const History* h = baselines_.contains(job_id) ? nullptr : historyFor(jobs_.at(job_id));
+    JobWindow& w = jobs_.at(job_id);
+    const History* h = baselines_.contains(job_id) ? nullptr : historyFor(w);
     if (h != nullptr) history = *h;
+    refused = refusedDiagnosis(w, common::realtimeNs());
   }
-  return diagnose(*model, options_.diagnose, nullptr, history ? &*history : nullptr);
+  std::vector<Diagnosis> found =
+      diagnose(*model, options_.diagnose, nullptr, history ? &*history : nullptr);
+  if (refused) found.push_back(std::move(*refused));
+  return found;
 }
 
 std::optional<v1::HealthyBaseline> Analyzer::addBaseline(const std::string& job_id,

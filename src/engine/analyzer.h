@@ -77,6 +77,12 @@ class Analyzer {
   Analyzer(Store* store, AnalyzerOptions options);
 
   void onBatch(const std::string& job_id, int32_t rank, const v1::RecordBatch& batch);
+  // Ingest refused something of a rank's batch (IngestConfig::on_refused). While a rank's data
+  // is being refused (within the window), each run raises a `data_refused` diagnosis routed to
+  // the infrastructure team, naming the ranks, the reasons and the last error: what the
+  // detectors do not see, they say.
+  void onRefused(const std::string& job_id, int32_t rank, const std::string& reason,
+                 uint64_t batches, uint64_t items, const std::string& error, int64_t now_ns);
   // Diagnoses every job with new data; returns the alerts raised by this run.
   std::vector<v1::Alert> run(int64_t now_ns);
   // Moves what arrived into each job's analysed window (folding it) without running the
@@ -131,7 +137,17 @@ class Analyzer {
     int32_t backend_rank = 0;       // the rank `backend` came from
     int32_t world_size = 0;
     std::optional<v1::JobMetrics> metrics;
+    // What Ingest refused of each rank: per reason (batches, items), the last error and time.
+    struct Refused {
+      std::map<std::string, std::pair<uint64_t, uint64_t>> by_reason;
+      std::string last_error;
+      int64_t last_ns = 0;
+    };
+    std::map<int32_t, Refused> refused;  // under mu_
   };
+  // The data_refused diagnosis of the ranks refused within the window before `now_ns`, if any;
+  // forgets older refusals. Under mu_.
+  std::optional<Diagnosis> refusedDiagnosis(JobWindow& w, int64_t now_ns) const;
 
   // The history of a job's backend and scale (cached; null when there is none). Under mu_.
   const History* historyFor(const JobWindow& w) const;

@@ -357,6 +357,57 @@ TEST_F(FlaredTest, OversizedMessagesAndTooManyRanksAreRefusedAndCounted) {
   EXPECT_EQ(metric(metrics, "flare_ingest_records_total{type=\"kernel\"}"), 0);
 }
 
+// The first real-GPU run: one out-of-range step statistic cost its batch with the signature
+// tables, and every later batch of the rank was refused as unknown_signature. Now the statistic
+// alone is dropped, the rank is told (BatchRejected, batch_kept), its later records are accepted,
+// `flare status` (the ranks API) shows the refusal, and the detectors say it (data_refused,
+// routed to infrastructure).
+TEST_F(FlaredTest, ABadStepStatisticCostsOnlyItselfAndIsReported) {
+  Flared d(dir_, {"--diagnose-interval-s", "1"});
+  ASSERT_GT(d.grpc_port, 0);
+  Rank r(d.target());
+  ASSERT_TRUE(r.hello(makeHello("job", 0, 1)).accepted());
+  v1::RecordBatch b = gemmBatch(0, 1, 20, 1000);
+  v1::StepStats* st = b.add_step_stats();
+  st->set_start_ns(nowNs() - 2'000'000'000);
+  st->set_end_ns(st->start_ns() + 12'225'376);
+  st->set_inter_ns(501'576'868);  // the GPU run's step 0
+  ASSERT_TRUE(r.send(b));
+  v1::DaemonMessage m;
+  ASSERT_TRUE(r.stream->Read(&m));
+  ASSERT_TRUE(m.has_rejected());
+  EXPECT_EQ(m.rejected().batch_seq(), 1u);
+  EXPECT_EQ(m.rejected().reason(), "bad_record");
+  EXPECT_TRUE(m.rejected().batch_kept());
+  EXPECT_EQ(m.rejected().items_dropped(), 1u);
+  v1::RecordBatch next = gemmBatch(0, 2, 20, 1000);
+  next.clear_signatures();  // sent once per stream: the daemon kept it
+  ASSERT_TRUE(r.send(next));
+  std::string metrics;
+  for (int i = 0; i < 200; ++i) {
+    metrics = httpBody(d.http_port, "/metrics");
+    if (metric(metrics, "flare_ingest_records_total{type=\"kernel\"}") == 40) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_EQ(metric(metrics, "flare_ingest_records_total{type=\"kernel\"}"), 40);
+  EXPECT_EQ(metric(metrics, "flare_ingest_items_dropped_total{reason=\"bad_record\"}"), 1);
+  EXPECT_EQ(metric(metrics, "flare_ingest_items_dropped_total{reason=\"unknown_signature\"}"), 0);
+  EXPECT_EQ(metric(metrics, "flare_ingest_rejected_total{reason=\"bad_record\"}"), 0);
+  const std::string ranks = httpBody(d.http_port, "/api/v1/jobs/job/ranks");
+  EXPECT_THAT(ranks, ::testing::HasSubstr("\"refusals\""));
+  EXPECT_THAT(ranks, ::testing::HasSubstr("\"reason\":\"bad_record\""));
+  EXPECT_THAT(ranks, ::testing::HasSubstr("inter_ns 501576868"));
+  std::string diagnoses;
+  for (int i = 0; i < 100; ++i) {
+    diagnoses = httpBody(d.http_port, "/api/v1/jobs/job/diagnoses");
+    if (diagnoses.find("data_refused") != std::string::npos) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  EXPECT_THAT(diagnoses, ::testing::HasSubstr("\"data_refused\""));
+  EXPECT_THAT(diagnoses, ::testing::HasSubstr("infrastructure"));
+  r.finish();
+}
+
 TEST_F(FlaredTest, TlsWhenGivenCertAndKey) {
   const fs::path key = dir_ / "key.pem", cert = dir_ / "cert.pem";
   const std::string cmd =

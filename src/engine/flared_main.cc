@@ -341,6 +341,11 @@ int main(int argc, char** argv) {
   if (diagnose_s > 0) {
     cfg.on_batch = [&analyzer](const std::string& job, int32_t rank,
                                const flare::v1::RecordBatch& b) { analyzer.onBatch(job, rank, b); };
+    cfg.on_refused = [&analyzer](const std::string& job, int32_t rank, const char* reason,
+                                 uint64_t batches, uint64_t items, const std::string& why,
+                                 int64_t now_ns) {
+      analyzer.onRefused(job, rank, reason, batches, items, why, now_ns);
+    };
   }
   // A rank's watchdog report wakes the hang monitor at once.
   std::atomic<HangMonitor*> hang_monitor{nullptr};

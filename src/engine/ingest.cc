@@ -545,6 +545,20 @@ void Ingest::validate(const Session& s, const v1::RecordBatch& b, int64_t now,
   }
 }
 
+void Ingest::handOverRefusals() {
+  if (!has_refusal_notes_.load(std::memory_order_relaxed)) return;
+  std::vector<RefusalNote> notes;
+  {
+    std::lock_guard lock(mu_);
+    notes.swap(refusal_notes_);
+    has_refusal_notes_.store(false, std::memory_order_relaxed);
+  }
+  for (const RefusalNote& n : notes) {
+    config_.on_refused(n.job_id, n.rank, reasonName(n.reason), n.batches, n.items, n.error,
+                       n.now_ns);
+  }
+}
+
 Verdict Ingest::refuseBatch(const JobState& job, RankState& rs, int64_t now, Reason r, Code code,
                             std::string error) {
   noteRefused(job, rs, now, r, 1, 0, error);
@@ -559,6 +573,10 @@ void Ingest::noteRefused(const JobState& job, RankState& rs, int64_t now, Reason
   ref.last_error = error;
   ref.last_ns = now;
   rs.dirty = true;
+  if (config_.on_refused) {
+    refusal_notes_.push_back({job.job_id, rs.rank, r, batches, items, error, now});
+    has_refusal_notes_.store(true, std::memory_order_relaxed);
+  }
   const uint32_t bit = 1u << static_cast<unsigned>(r);
   if ((rs.logged_reasons & bit) != 0) return;
   rs.logged_reasons |= bit;
@@ -610,6 +628,11 @@ Verdict Ingest::batch(uint64_t session_id, const v1::RecordBatch& sent) {
   const int64_t now = wall_.nowNs();
   std::string job_id;
   int32_t rank = 0;
+  // What was refused goes to the detectors once the lock is released, on every return path.
+  struct HandOver {
+    Ingest* ingest;
+    ~HandOver() { ingest->handOverRefusals(); }
+  } hand_over{this};
   // The batch as applied: `sent` itself, or a copy without its invalid items.
   std::optional<v1::RecordBatch> clean;
   const v1::RecordBatch* applied = &sent;

@@ -145,6 +145,13 @@ struct IngestConfig {
   // it (rank-local table ids): the detectors' feed (analyzer.h). Empty: nothing is called.
   std::function<void(const std::string& job_id, int32_t rank, const v1::RecordBatch& batch)>
       on_batch;
+  // Called after a batch of which something was refused, outside the ingest lock, once per
+  // reason: the rank, the reason's label, whole batches and items refused, the first error. The
+  // detectors' feed (Analyzer::onRefused: an alert routed to infrastructure while a rank's data
+  // is being refused). Empty: nothing is called.
+  std::function<void(const std::string& job_id, int32_t rank, const char* reason, uint64_t batches,
+                     uint64_t items, const std::string& error, int64_t now_ns)>
+      on_refused;
   // Called after an accepted HangReport, outside the ingest lock (wakes the hang monitor).
   std::function<void()> on_hang_report;
   size_t max_hang_reports = 4096;  // received and not yet taken; beyond: dropped (counted)
@@ -380,6 +387,18 @@ class Ingest {
   std::unordered_map<std::string, std::vector<DeepTraceRow>> pending_deep_;
   std::vector<WindowSummaryRow> pending_windows_;  // closed by a batch of a later window
   std::vector<ReceivedHangReport> hang_reports_;   // guarded by mu_
+  // Refusals noted under mu_ for on_refused, handed over after it is released.
+  struct RefusalNote {
+    std::string job_id;
+    int32_t rank = 0;
+    Reason reason = Reason::kCount;
+    uint64_t batches = 0, items = 0;
+    std::string error;
+    int64_t now_ns = 0;
+  };
+  std::vector<RefusalNote> refusal_notes_;  // guarded by mu_
+  std::atomic<bool> has_refusal_notes_{false};
+  void handOverRefusals();
   IngestCounters counters_;
 };
 
