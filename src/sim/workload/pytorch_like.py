@@ -8,7 +8,8 @@ whose module layout matches PyTorch's where Flare's default traced APIs name it,
 but LD_PRELOAD is needed, as on a real GPU:
 
 - steps come from the DataLoader only: `torch.utils.data.dataloader._BaseDataLoaderIter.__next__`
-  (no flare_step marker); pin_memory=True;
+  (no flare_step marker); pin_memory=True; a batch takes `--data-ms` (0.5) of host time, as from
+  a prefetching DataLoader (a healthy job: the GPU waits little for input);
 - seconds of set-up before the loop (model built and copied to the device: one cudaMemcpyAsync
   + cudaStreamSynchronize per parameter; DDP's broadcast of the parameters; then `--setup-ms` of
   host time, e.g. dataset preparation) during which the GPU idles;
@@ -59,7 +60,8 @@ FLASH_FWD = "_ZN5flash16flash_fwd_kernelILi128ELi64ELb1EEEvNS_16Flash_fwd_params
 FLASH_BWD = "_ZN5flash16flash_bwd_kernelILi128ELi64ELb1EEEvNS_16Flash_bwd_paramsE"
 GELU = "_ZN2at6native25GeluCUDAKernelImpl_kernelEv"
 GELU_BWD = "_ZN2at6native33GeluBackwardCUDAKernelImpl_kernelEv"
-ADD = "_ZN2at6native29vectorized_elementwise_kernelILi4ENS0_15CUDAFunctor_addIN3c108BFloat16EEESt5arrayIPcLm3EEEEviT0_T1_"
+ADD = ("_ZN2at6native29vectorized_elementwise_kernelILi4ENS0_15CUDAFunctor_addIN3c108BFloat16EEE"
+       "St5arrayIPcLm3EEEEviT0_T1_")
 LOSS = "_ZN2at6native38nll_loss_forward_reduce_cuda_kernel_2dEv"
 LOSS_BWD = "_ZN2at6native39nll_loss_backward_reduce_cuda_kernel_2dEv"
 BF16 = 2
@@ -257,7 +259,7 @@ def main(argv=None):
     p.add_argument("--hidden", type=int, default=2048)
     p.add_argument("--seq", type=int, default=2048)
     p.add_argument("--micro-batch", type=int, default=1)
-    p.add_argument("--data-ms", type=float, default=2.0)
+    p.add_argument("--data-ms", type=float, default=0.5)
     p.add_argument("--setup-ms", type=float, default=1500.0)
     p.add_argument("--eval-at", type=int, default=-1, help="default: a third into the loop")
     p.add_argument("--eval-ms", type=float, default=300.0)
@@ -326,5 +328,6 @@ if __name__ == "__main__":
     try:
         sys.exit(main())
     except S.SimError as e:
-        sys.stderr.write("flare-sim (pytorch-like) rank %s: %s\n" % (os.environ.get("RANK", "0"), e))
+        sys.stderr.write("flare-sim (pytorch-like) rank %s: %s\n"
+                         % (os.environ.get("RANK", "0"), e))
         sys.exit(1)

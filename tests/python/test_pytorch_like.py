@@ -1,0 +1,326 @@
+"""Issue 18 item 5: the PyTorch-like sim workload (`flare-sim-train --pytorch-like`,
+src/sim/workload/pytorch_like.py) through flared in raw and in summary mode.
+
+The workload has what a real PyTorch loop has and the other sim workloads do not: steps from the
+DataLoader's `__next__` only, seconds of set-up before the loop, backward kernels launched by the
+autograd engine's device thread while the main thread waits inside `torch.autograd.backward`, an
+evaluation pause and a `torch.save` mid-run, a slow first launch of every kernel and cold first
+GEMM calls, a pinned host->device copy of each batch with the allocators' own event records and
+queries, and `loss.item()` each step. Summary mode (the default when streaming) once delivered
+nothing from such a loop (docs: ../shared/gpu-runs/2026-11-26-h100/README.md, issue 18).
+
+What is asserted is the pipeline's health as flared sees it: nothing rejected, every step of the
+loop present on every rank, the same kernel counts and FLOPs in both modes, the same diagnoses
+(none on a healthy job; a host stall on one rank of four named with that rank and the algorithm
+team). Each job is a few seconds (1 or 4 ranks, 30 steps, 1.5 s of set-up)."""
+
+import collections
+import json
+import os
+import re
+import statistics
+import subprocess
+import time
+
+import pytest
+
+from test_flared_diagnosis import Daemon
+
+STEPS = 30
+LAYERS = 2
+SETUP_MS = 1500
+EVAL_MS = 300
+SAVE_MS = 300
+EVAL_AT, SAVE_AT = STEPS // 3, 2 * STEPS // 3  # the workload's defaults
+GEMMS_PER_LAYER_STEP = 12  # 4 forward (main thread) + 8 backward (autograd device thread)
+EVAL_PASSES = 2  # no-grad forward passes of the evaluation
+STEP_API = "torch.utils.data.dataloader._BaseDataLoaderIter@__next__"
+COMPUTE_KINDS = {"OP_KIND_GEMM", "OP_KIND_ATTENTION", "OP_KIND_KERNEL", "OP_KIND_MEMCPY",
+                 "OP_KIND_MEMSET"}
+
+
+def workload_args(build_dir, ranks, stats_dir, result_json):
+    return [os.path.join(build_dir, "bin", "flare-sim-train"), "--pytorch-like", "--ranks",
+            str(ranks), "--steps", str(STEPS), "--layers", str(LAYERS), "--setup-ms",
+            str(SETUP_MS), "--eval-ms", str(EVAL_MS), "--save-ms", str(SAVE_MS), "--stats-dir",
+            str(stats_dir), "--json", str(result_json), "--quiet"]
+
+
+def clean_env(extra):
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("FLARE_SIM_") and k not in ("LD_PRELOAD", "FLARE_DAEMON",
+                                                          "FLARE_MODE", "TRACED_PYTHON_API")}
+    env.update(extra)
+    return env
+
+
+class Job:
+    """One finished run of the workload: its own account (stats per rank, launcher result)."""
+
+    def __init__(self, name, ranks, workdir):
+        self.name, self.ranks, self.workdir = name, ranks, workdir
+        self.stats = [json.load(open(os.path.join(workdir, "pytorch-like-%d.json" % r)))
+                      for r in range(ranks)]
+        self.result = json.load(open(os.path.join(workdir, "result.json")))
+
+
+def run_spool_job(build_dir, workdir, name, ranks=1, mode="raw"):
+    """Traced into a local spool (raw by default: every op, with threads and parent spans)."""
+    os.makedirs(workdir, exist_ok=True)
+    env = clean_env({"LD_PRELOAD": os.path.join(build_dir, "lib", "libflare_hook.so"),
+                     "FLARE_OUTPUT_DIR": os.path.join(workdir, "spool"), "FLARE_JOB_ID": name,
+                     "FLARE_MODE": mode})
+    res = subprocess.run(workload_args(build_dir, ranks, workdir,
+                                       os.path.join(workdir, "result.json")),
+                         env=env, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stdout + res.stderr
+    exp = subprocess.run([os.path.join(build_dir, "bin", "flare-export"), "--input",
+                          os.path.join(workdir, "spool")], capture_output=True, text=True,
+                         timeout=120)
+    assert exp.returncode == 0, exp.stderr
+    job = Job(name, ranks, workdir)
+    job.records = [json.loads(line) for line in exp.stdout.splitlines()]
+    return job
+
+
+def run_flared_job(build_dir, daemon, workdir, name, ranks, mode, env=None):
+    """Streamed to flared through `flare run` (FLARE_MODE=mode); waits until the daemon holds
+    every rank's steps, or 60 s."""
+    os.makedirs(workdir, exist_ok=True)
+    full = clean_env(dict(env or {}, FLARE_MODE=mode,
+                          FLARE_OUTPUT_DIR=os.path.join(workdir, "spool")))
+    res = subprocess.run([os.path.join(build_dir, "bin", "flare"), "run", "--daemon",
+                          "127.0.0.1:%d" % daemon.grpc, "--job-id", name, "--quiet", "--",
+                          *workload_args(build_dir, ranks, workdir,
+                                         os.path.join(workdir, "result.json"))],
+                         env=full, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stdout + res.stderr
+    job = Job(name, ranks, workdir)
+    deadline = time.time() + 60
+    while True:
+        ranks_info = json.loads(daemon.get("/api/v1/jobs/%s/ranks" % name)).get("ranks", [])
+        done = len(ranks_info) == ranks and not any(r.get("connected") for r in ranks_info)
+        if done and all(n == STEPS for n in steps_per_rank(daemon, name).values()):
+            break
+        if time.time() > deadline:
+            break  # the assertions say what is missing
+        time.sleep(0.3)
+    time.sleep(1.5)  # one more detector pass over the complete window (--diagnose-interval-s 1)
+    return job
+
+
+def steps_per_rank(daemon, job):
+    """Steps flared holds per rank: intervals between consecutive step starts (DataLoader
+    `__next__` starts; the loop's last `__next__`, which raises StopIteration, closes its last
+    step), warm-up included."""
+    try:
+        series = json.loads(daemon.get("/api/v1/jobs/%s/series?max_signatures=1" % job))
+    except Exception:  # noqa: BLE001 - not there yet
+        return {}
+    return {r: sum(1 for v in row if v is not None)
+            for r, row in zip(series["ranks"], series["stepTimeNs"])}
+
+
+def rejections(daemon):
+    """flare_ingest_rejected_total by reason, the non-zero ones."""
+    out = {}
+    for m in re.finditer(r'^flare_ingest_rejected_total\{reason="([a-z_]+)"\} (\d+)',
+                         daemon.get("/metrics"), re.M):
+        if int(m.group(2)):
+            out[m.group(1)] = int(m.group(2))
+    return out
+
+
+def sig_key(s):
+    g = s["signature"]
+    return (g["kind"], g["name"], g.get("dtype"), tuple(g.get("shape", [])), g.get("layout", ""),
+            g.get("library", ""), g.get("collective", ""))
+
+
+def report_totals(daemon, job):
+    """Per signature of the kernel report: (count, FLOPs) as flared sums them."""
+    report = json.loads(daemon.get("/api/v1/jobs/%s/report" % job))
+    out = {}
+    for s in report["signatures"]:
+        flops = s.get("tflops", 0) * int(s.get("totalNs", 0)) * 1e3  # TFLOPS = flop/ns / 1e3
+        out[sig_key(s)] = (int(s["count"]), flops)
+    return report, out
+
+
+def diagnoses(daemon, job):
+    return json.loads(daemon.get("/api/v1/jobs/%s/diagnoses" % job))["diagnoses"]
+
+
+@pytest.fixture(scope="module")
+def flared(build_dir, tmp_path_factory):
+    if not os.path.exists(os.path.join(build_dir, "bin", "flared")):
+        pytest.skip("build/bin/flared not built")
+    d = Daemon(build_dir, tmp_path_factory.mktemp("flared"))
+    yield d
+    if d.proc.poll() is None:
+        d.proc.kill()
+
+
+@pytest.fixture(scope="module")
+def spool_job(build_dir, tmp_path_factory):
+    return run_spool_job(build_dir, str(tmp_path_factory.mktemp("spool")), "pt-spool")
+
+
+# ---- the workload itself (raw mode into a spool: every op with its thread and parent) --------
+
+def test_the_workload_has_the_patterns_of_a_pytorch_loop(spool_job):
+    recs, stats = spool_job.records, spool_job.stats[0]
+    assert stats["steps"] == STEPS and len(spool_job.result["ranks"][0]["step_ms"]) == STEPS
+    spans = [r for r in recs if r["kind"] == "span"]
+    ops = [r for r in recs if r["kind"] != "span"]
+    by_name = collections.defaultdict(list)
+    for s in spans:
+        by_name[s["name"]].append(s)
+    # Steps from the DataLoader only: STEPS + 1 `__next__` calls (the last raises
+    # StopIteration), no step marker.
+    assert len(by_name[STEP_API]) == STEPS + 1
+    assert not any(r["name"] == "flare_step" for r in recs)
+    nexts = sorted(s["start_ns"] for s in by_name[STEP_API])
+    # Seconds of set-up: the GPU's last set-up op ends >= SETUP_MS before the first step.
+    setup_end = max(o["end_ns"] for o in ops if o["start_ns"] < nexts[0])
+    assert nexts[0] - setup_end >= 0.9 * SETUP_MS * 1e6
+    # Evaluation and checkpoint: the steps they follow last at least their host time.
+    assert nexts[EVAL_AT + 1] - nexts[EVAL_AT] >= EVAL_MS * 1e6
+    assert nexts[SAVE_AT + 1] - nexts[SAVE_AT] >= SAVE_MS * 1e6
+    assert len(by_name["torch@save"]) == 1
+    # Backward: one traced span per step on the main thread; its GEMMs come from another thread.
+    backward = by_name["torch.autograd@backward"]
+    assert len(backward) == STEPS
+    main_thread = backward[0]["thread"]
+    gemm_threads = collections.Counter(o["thread"] != main_thread
+                                       for o in ops if o["kind"] == "gemm")
+    assert gemm_threads[True] == STEPS * LAYERS * 8  # data- and weight-gradient GEMMs
+    assert gemm_threads[False] == (STEPS + EVAL_PASSES) * LAYERS * 4  # forward GEMMs
+    for b in backward:
+        inside = [o for o in ops if b["start_ns"] <= o["issue_ns"] <= b["end_ns"]
+                  and o["kind"] in ("gemm", "attention", "kernel")]
+        assert inside and all(o["thread"] != main_thread for o in inside)
+    assert len(by_name["torch.optim.Optimizer@step"]) == STEPS
+    # Cold starts: every kernel's first launch shows most of the 2 ms of FLARE_SIM_FIRST_LAUNCH_MS
+    # above its median (work queued ahead on the stream hides part of it: its start event is
+    # stamped when the stream reaches it); every GEMM shape's first call is 10x or more its warm
+    # median (FLARE_SIM_COLD_GEMM_MS=5).
+    durations = collections.defaultdict(list)
+    for o in ops:
+        if o["kind"] in ("gemm", "attention", "kernel"):
+            durations[(o["name"], tuple(o["shape"]), o.get("layout", ""))].append(
+                o["duration_ns"])
+    for key, d in durations.items():
+        assert d[0] >= statistics.median(d) + 0.5e6, (key, d[0], statistics.median(d))
+        if key[0] == "cublasGemmEx" and len(d) > 3:
+            assert d[0] >= 10 * statistics.median(d), (key, d[0], statistics.median(d))
+    # Per step: the batch's host->device copy, loss.item()'s 4-byte copy back and its stream
+    # synchronize; set-up copies each parameter in (and synchronizes), the checkpoint copies
+    # each out. The pinned-memory allocator recorded an event per batch copy and queried them.
+    counts = collections.Counter(o["name"] for o in ops)
+    params = 4 * LAYERS
+    assert counts["Memcpy HtoD"] == params + STEPS + EVAL_PASSES
+    assert counts["Memcpy DtoH"] == STEPS + EVAL_PASSES + params
+    assert counts["cudaStreamSynchronize"] >= STEPS + EVAL_PASSES + params
+    assert stats["host_event_records"] == STEPS
+    assert stats["host_event_queries"] >= STEPS - 1
+
+
+def test_backward_kernels_nest_under_the_backward_span(spool_job):
+    """Issue 18 item 4: the kernels the autograd device thread launches while the main thread
+    waits in `torch.autograd.backward` have that span as their parent in raw mode's export."""
+    spans = [r for r in spool_job.records if r["kind"] == "span"]
+    backward = {s["id"]: s for s in spans if s["name"] == "torch.autograd@backward"}
+    main_thread = next(iter(backward.values()))["thread"]
+    launched = [o for o in spool_job.records
+                if o["kind"] in ("gemm", "attention", "kernel") and o["thread"] != main_thread]
+    assert len(launched) >= STEPS * LAYERS * 8
+    orphans = [o for o in launched if o["parent_span"] not in backward]
+    assert not orphans, ("%d of %d backward kernels without the backward span as parent "
+                         "(first: %s)" % (len(orphans), len(launched), orphans[0]))
+    for o in launched:
+        b = backward[o["parent_span"]]
+        assert b["start_ns"] <= o["issue_ns"] <= b["end_ns"]
+
+
+# ---- through flared, raw and summary ----------------------------------------------------------
+
+@pytest.mark.parametrize("ranks", [1, 4])
+def test_flared_sees_every_step_and_the_same_kernels_in_raw_and_summary_mode(
+        build_dir, flared, tmp_path, ranks):
+    jobs, totals, reports = {}, {}, {}
+    for mode in ("raw", "summary"):
+        name = "pt%d-%s" % (ranks, mode)
+        jobs[mode] = run_flared_job(build_dir, flared, str(tmp_path / mode), name, ranks, mode)
+        reports[mode], totals[mode] = report_totals(flared, name)
+    failures = []
+    # Nothing refused, nothing lost on the way.
+    if rejections(flared):
+        failures.append("flared rejected batches: %s" % rejections(flared))
+    for mode, job in jobs.items():
+        for r in json.loads(flared.get("/api/v1/jobs/%s/ranks" % job.name))["ranks"]:
+            if int(r.get("lostBatches", 0)) or r.get("refusals"):
+                failures.append("%s rank %s: lost %s, refusals %s" % (
+                    mode, r["rank"], r.get("lostBatches"), r.get("refusals")))
+    # Every step of the loop, on every rank, in both modes; each step's statistics arrived (in
+    # summary mode the rank's own StepStats, in raw mode computed by flared from the ops).
+    for mode, job in jobs.items():
+        assert all(s["steps"] == STEPS for s in job.stats)
+        held = steps_per_rank(flared, job.name)
+        if held != {r: STEPS for r in range(ranks)}:
+            failures.append("%s: steps per rank %s, want %d each" % (mode, held, STEPS))
+        series = json.loads(flared.get("/api/v1/jobs/%s/series?max_signatures=1" % job.name))
+        for r, row in zip(series["ranks"], series["vInter"]):
+            if sum(1 for v in row if v is not None) != STEPS:
+                failures.append("%s rank %d: step statistics for %d of %d steps" % (
+                    mode, r, sum(1 for v in row if v is not None), STEPS))
+        # The job's step count: the loop's steps less the warm-up step.
+        got = reports[mode].get("metrics", {}).get("steps")
+        if got != STEPS - 1:
+            failures.append("%s: report metrics.steps %s, want %d" % (mode, got, STEPS - 1))
+    # Every GEMM the workload issued is in the report (forward, backward, evaluation).
+    for mode in jobs:
+        gemms = sum(c for k, (c, _) in totals[mode].items() if k[0] == "OP_KIND_GEMM")
+        want = ranks * LAYERS * (STEPS * GEMMS_PER_LAYER_STEP + EVAL_PASSES * 4)
+        if gemms != want:
+            failures.append("%s: %d GEMMs in the report, the workload issued %d" % (mode, gemms,
+                                                                                    want))
+    # Summary and raw mode agree on every compute signature's count and FLOPs, and on the
+    # collectives' instances.
+    for k in sorted(set(totals["raw"]) | set(totals["summary"])):
+        if k[0] not in COMPUTE_KINDS and k[0] != "OP_KIND_COLLECTIVE":
+            continue
+        raw, summ = totals["raw"].get(k, (0, 0.0)), totals["summary"].get(k, (0, 0.0))
+        if raw[0] != summ[0]:
+            failures.append("count of %s: raw %d, summary %d" % (k[:4], raw[0], summ[0]))
+        elif abs(raw[1] - summ[1]) > 1e-6 * max(raw[1], summ[1]):
+            failures.append("FLOPs of %s: raw %.6g, summary %.6g" % (k[:4], raw[1], summ[1]))
+    # A healthy run: no diagnosis in either mode (cold first calls, set-up, evaluation and
+    # checkpoint pauses are not anomalies).
+    for mode, job in jobs.items():
+        found = diagnoses(flared, job.name)
+        if found:
+            failures.append("%s: diagnoses on a healthy job: %s" % (
+                mode, [(d["kind"], d.get("ranks"), d.get("summary", "")[:200]) for d in found]))
+    assert not failures, "\n".join(failures)
+
+
+def test_a_host_stall_on_one_rank_is_named_in_both_modes(build_dir, flared, tmp_path):
+    """10 ms of host time in the middle of every forward pass of rank 2 of 4 (GC-like): the
+    issue-stall diagnosis names rank 2 and the algorithm team, in raw and in summary mode."""
+    failures = []
+    for mode in ("raw", "summary"):
+        name = "pt-stall-%s" % mode
+        run_flared_job(build_dir, flared, str(tmp_path / mode), name, 4, mode,
+                       env={"FLARE_SIM_HOST_STALL": "2:10"})
+        deadline = time.time() + 15
+        found = diagnoses(flared, name)
+        while not found and time.time() < deadline:
+            time.sleep(0.5)
+            found = diagnoses(flared, name)
+        got = [(d["kind"], d.get("ranks"), d.get("team")) for d in found]
+        if got != [("issue_stall", [2], "algorithm")]:
+            failures.append("%s: %s" % (mode, got))
+    if rejections(flared):
+        failures.append("flared rejected batches: %s" % rejections(flared))
+    assert not failures, "\n".join(failures)
