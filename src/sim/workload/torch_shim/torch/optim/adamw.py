@@ -5,7 +5,8 @@ from torch import _sim
 from torch.optim.optimizer import Optimizer
 
 _ADAM = "_ZN2at6native37multi_tensor_apply_kernel_AdamFunctorEv"
-_STEP = "_ZN2at6native29vectorized_elementwise_kernelILi4ENS0_11FillFunctorIfEESt5arrayIPcLm1EEEEviT0_T1_"
+_STEP = ("_ZN2at6native29vectorized_elementwise_kernelILi4ENS0_11FillFunctorIfEESt5arrayIPcLm1EEEE"
+         "viT0_T1_")
 
 
 class AdamW(Optimizer):
