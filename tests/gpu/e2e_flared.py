@@ -210,7 +210,7 @@ def main():
     ap.add_argument("--sim", action="store_true", help="the simulated stack, no PyTorch")
     ap.add_argument("--size", default="small", help="gpt_train.py size")
     ap.add_argument("--budget-s", type=float, default=110)
-    ap.add_argument("--sim-steps", type=int, default=6)
+    ap.add_argument("--sim-steps", type=int, default=10)
     ap.add_argument("--runs", default="summary:1,raw:1,summary:4,raw:4")
     args = ap.parse_args()
     args.kit = os.path.abspath(args.kit)
@@ -237,8 +237,15 @@ def main():
                     # last flush and the report; the rest is training.
                     seconds = max(5.0, left / (len(runs) - i) - 15)
                     loop = run_torch(args, daemon, job, mode, ranks, seconds, work)
-                time.sleep(2.5)  # the last batches, and one diagnose interval
+                # The last batches, then the detectors (every second): a stalled run's report is
+                # polled until a diagnosis names the stalled rank, for up to 10 s.
+                time.sleep(2.5)
                 rep = report(args, daemon, job)
+                give_up = time.monotonic() + 10
+                while stalled and time.monotonic() < give_up and not check_run(
+                        rep, loop, {}, ranks, stalled)[0]["the stalled rank is named"][0]:
+                    time.sleep(1)
+                    rep = report(args, daemon, job)
                 with open(os.path.join(work, job + "-report.json"), "w") as f:
                     json.dump(rep, f, indent=1)
                 after = daemon.rejected()
