@@ -56,6 +56,14 @@ class RecordingSink : public Sink {
     std::lock_guard<std::mutex> lock(mu_);
     ++flushes_;
   }
+  void onWatermark(int64_t issued_before_ns) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    watermark_ = issued_before_ns;
+  }
+  int64_t watermark() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return watermark_;
+  }
   void onDeepTrace(std::span<const DeepTraceRecord> records) override {
     std::lock_guard<std::mutex> lock(mu_);
     deep_.insert(deep_.end(), records.begin(), records.end());
@@ -98,6 +106,7 @@ class RecordingSink : public Sink {
   std::map<uint32_t, Signature> sigs_;
   std::vector<DropCounters> drops_;
   std::vector<DeepTraceRecord> deep_;
+  int64_t watermark_ = INT64_MIN;
   int flushes_ = 0;
   int batches_ = 0;
   int violations_ = 0;
@@ -454,6 +463,31 @@ TEST_F(TracerTest, HostSpansCompleteAtOnce) {
   EXPECT_EQ(ops[0].end_ns, 5'000);
   EXPECT_EQ(ops[0].stream_id, 0u);
   EXPECT_EQ(timer_.created(), 0);
+}
+
+// A first launch can spend 10-500 ms in the vendor call (lazy module loading, cuBLAS
+// heuristics, JIT) before its op reaches the ring. Until it does, the watermark (every op issued
+// before it has reached the sink) stays at or below its issue time, however many poller passes
+// go by, so the step it was issued in is not taken as final without it.
+TEST_F(TracerTest, ACallStillInItsVendorCallHoldsTheWatermarkAtItsIssueTime) {
+  Tracer tracer(&timer_, &clock_, &sink_, quietOptions());
+  timer_.setAutoComplete(true);
+  Tracer::Ticket slow;
+  const int64_t issued = clock_.nowNs();
+  ASSERT_TRUE(tracer.begin(kStreamA, &slow));  // the vendor call starts, and takes long
+  for (int pass = 0; pass < 5; ++pass) {
+    clock_.advanceNs(100'000'000);
+    std::thread([&] { ASSERT_TRUE(launch(tracer, kStreamB, opInfo(100 + pass))); }).join();
+    ASSERT_TRUE(tracer.drain(kLongWait));
+    EXPECT_LE(sink_.watermark(), issued) << pass;
+  }
+  tracer.end(&slow, opInfo(1));  // the call returns: its op is pushed
+  clock_.advanceNs(100'000'000);
+  ASSERT_TRUE(tracer.drain(kLongWait));
+  clock_.advanceNs(100'000'000);
+  ASSERT_TRUE(tracer.drain(kLongWait));
+  EXPECT_GT(sink_.watermark(), issued);
+  EXPECT_EQ(sink_.ops().size(), 6u);
 }
 
 TEST_F(TracerTest, DrainWaitsForLaterCompletions) {

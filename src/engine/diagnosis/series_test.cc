@@ -52,15 +52,18 @@ void op(flare::v1::RecordBatch* b, uint32_t sig, int64_t start, int64_t end, int
 
 // Rank 0: steps start at 0, 1000, 2000, 3000 (DataLoader calls of 100, 200, 100, 50 ns); in each
 // step a 400 ns GEMM 50 ns after the loader returns, then a 100 ns minority kernel. Issue
-// latency 30 ns (GEMM) and 10 ns (kernel).
-//   step 0: no GPU op before the loader → T_inter 0; minority 100 of 1000 → 0.1
-//   step 1: last end 650, first start 1250 → T_inter 600 → 0.6; minority 100 / 400 → 0.25
-//   step 2: last end 1750, first start 2150 → 400 → 0.4; minority 100 / 600
+// latency 30 ns (GEMM) and 10 ns (kernel). T_inter is measured inside the step: the GPU idle
+// gap opens no earlier than the step's start (docs/metrics.md).
+//   step 0: no GPU op before the loader → from 0 to the GEMM at 150 → 0.15; minority 100 / 850
+//   step 1: last end 650 (step 0's), so from 1000 to 1250 → 0.25; minority 100 / 750
+//   step 2: last end 1750, so from 2000 to 2150 → 0.15; minority 100 / 850
 // Rank 1: steps start at 0, 1100, 2300, 3000 (loader 100 ns each), a 500 ns GEMM 50 ns after
-// the loader, latency 100 ns; no minority kernel.
+// the loader, latency 100 ns (step 2's starts at 3000: no GPU work in step 2); no minority
+// kernel.
 //   step times 1100, 1200, 700
-//   step 1: last end 650, first start 1250 → 600/1200 = 0.5; step 2: 1750 → 2450: 700/700 = 1
-//   step 2's V_minority: nothing outside T_inter → undefined (NaN)
+//   step 0: 150/1100; step 1: from 1100 to 1250 → 150/1200 = 0.125
+//   step 2: no GPU op after its loader in the step → idle to its end: 700/700 = 1; its
+//   V_minority: nothing outside T_inter → undefined (NaN)
 JobModel twoRanks() {
   JobModel job;
   flare::v1::RecordBatch r0 = tables(0);
@@ -75,7 +78,9 @@ JobModel twoRanks() {
   flare::v1::RecordBatch r1 = tables(1);
   for (int64_t b : {0, 1100, 2300, 3000}) {
     loader(&r1, b, b + 100);
-    op(&r1, kGemm, b + 150, b + 650, 100);
+    // Step 2's GEMM is issued in it but starts on the GPU only at the next step's start.
+    const int64_t g = b == 2300 ? 3000 : b + 150;
+    op(&r1, kGemm, g, g + 500, 100);
   }
   job.addBatch(1, r1);
   return job;
@@ -93,11 +98,11 @@ TEST(Series, StepTimesAndVoidPercentagesPerRankAndStep) {
   ASSERT_EQ(s.ranks.size(), 2u);
   EXPECT_EQ(s.ranks[0].step_ns, (std::vector<double>{1000, 1000, 1000}));
   EXPECT_EQ(s.ranks[1].step_ns, (std::vector<double>{1100, 1200, 700}));
-  EXPECT_EQ(s.ranks[0].v_inter, (std::vector<double>{0, 0.6, 0.4}));
-  EXPECT_DOUBLE_EQ(s.ranks[0].v_minority[0], 0.1);
-  EXPECT_DOUBLE_EQ(s.ranks[0].v_minority[1], 0.25);
-  EXPECT_DOUBLE_EQ(s.ranks[0].v_minority[2], 100.0 / 600.0);
-  EXPECT_EQ(s.ranks[1].v_inter, (std::vector<double>{0, 0.5, 1.0}));
+  EXPECT_EQ(s.ranks[0].v_inter, (std::vector<double>{0.15, 0.25, 0.15}));
+  EXPECT_DOUBLE_EQ(s.ranks[0].v_minority[0], 100.0 / 850.0);
+  EXPECT_DOUBLE_EQ(s.ranks[0].v_minority[1], 100.0 / 750.0);
+  EXPECT_DOUBLE_EQ(s.ranks[0].v_minority[2], 100.0 / 850.0);
+  EXPECT_EQ(s.ranks[1].v_inter, (std::vector<double>{150.0 / 1100.0, 0.125, 1.0}));
   EXPECT_DOUBLE_EQ(s.ranks[1].v_minority[0], 0);
   EXPECT_DOUBLE_EQ(s.ranks[1].v_minority[1], 0);
   EXPECT_TRUE(std::isnan(s.ranks[1].v_minority[2]));
