@@ -10,8 +10,9 @@ between process-per-repetition runs):
   - many short interleaved windows: a round runs every arm once for --window-s seconds, in a
     shuffled order (seeded), and rounds repeat until the workload's share of --budget-s is
     spent, so drift of the machine (clocks, thermals) hits every arm alike;
-  - every arm pinned to the same CPU cores (taskset --cpus; the coordinator stays off them) with
-    the same torch.set_num_threads;
+  - every arm measures on the same CPU cores (--cpus): a worker moves all its threads (Flare's
+    included) onto them for its window and back onto --idle-cpus after it, so the waiting arms
+    stay off the measurement cores; the same torch.set_num_threads everywhere;
   - the overhead of an arm is the median over rounds of (its mean step time in the window / the
     bare arm's in the same round), with a bootstrap 95% interval over rounds (resampling rounds,
     --boot times). The verdict needs the interval to be narrower than the budget.
@@ -68,8 +69,9 @@ class Worker:
         cmd = [sys.executable, args.worker, "--threads", str(args.threads)]
         if arm == "torch-profiler":
             cmd.append("--profiler")
-        if args.cpus and shutil.which("taskset"):
-            cmd = ["taskset", "-c", args.cpus] + cmd
+        if args.cpus and shutil.which("taskset"):  # loading: spread over every core given
+            cmd = ["taskset", "-c", ",".join(str(c) for c in sorted(set(args.cpu_set) |
+                                                                   set(args.idle_set)))] + cmd
         self.log = open(os.path.join(workdir, arm + ".log"), "w")
         self.proc = subprocess.Popen(cmd, env=env, stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=self.log, text=True,
@@ -106,6 +108,15 @@ class Worker:
                 self.proc.wait(timeout=10)
             except (OSError, subprocess.TimeoutExpired, ValueError):
                 self.proc.kill()
+
+
+def cpu_list(text):
+    """'2-9,12' -> [2, 3, ..., 9, 12]; '' -> []."""
+    out = []
+    for part in filter(None, (text or "").split(",")):
+        lo, _, hi = part.partition("-")
+        out += range(int(lo), int(hi or lo) + 1)
+    return sorted(set(out))
 
 
 def bootstrap(ratios, boot, rng):
@@ -156,10 +167,11 @@ def summarize(workload, windows, arms, boot, seed):
 
 
 def markdown(device, summary, meta):
-    lines = ["GPU: %s. %s rounds of %.2f s windows per arm, interleaved; CPUs %s, %d torch "
-             "threads; overhead = median over rounds of mean step time / bare's, [bootstrap 95%%]."
-             % (device, meta["rounds_note"], meta["window_s"], meta["cpus"] or "not pinned",
-                meta["threads"]), "",
+    lines = ["GPU: %s. %s rounds of %.2f s windows per arm, interleaved; measured on CPUs %s "
+             "(waiting on %s), %d torch threads; overhead = median over rounds of mean step time "
+             "/ bare's, [bootstrap 95%%]." % (device, meta["rounds_note"], meta["window_s"],
+                                               meta["cpus"] or "not pinned",
+                                               meta["idle_cpus"] or "any", meta["threads"]), "",
              "| workload | arm | step (ms) | overhead [95% CI] | rounds | added RSS (MiB) | "
              "spool B/step | budget | verdict |", "|---|---|---|---|---|---|---|---|---|"]
     for workload, entry in summary.items():
@@ -198,9 +210,11 @@ def main():
     ap.add_argument("--window-s", type=float, default=1.0, help="one arm's measurement window")
     ap.add_argument("--max-rounds", type=int, default=1000)
     ap.add_argument("--warmup-s", type=float, default=2.0, help="warm-up per workload and arm")
-    ap.add_argument("--cpus", default=None, help="taskset CPU list for every arm (default: "
-                    "cores 2-9, or all but core 0 on smaller machines; '' for no pinning)")
-    ap.add_argument("--threads", type=int, default=4, help="torch.set_num_threads per arm")
+    ap.add_argument("--cpus", default=None, help="the cores every arm measures on (default: "
+                    "2-9, or all but core 0 on smaller machines; '' for no pinning)")
+    ap.add_argument("--idle-cpus", default=None, help="where waiting arms wait (default: 1, or "
+                    "core 0 on smaller machines)")
+    ap.add_argument("--threads", type=int, default=2, help="torch.set_num_threads per arm")
     ap.add_argument("--boot", type=int, default=2000, help="bootstrap resamples")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--worker", default=os.path.join(HERE, "overhead_worker.py"))
@@ -216,9 +230,16 @@ def main():
     hook = os.path.join(args.build, "lib", "libflare_hook.so")
     if any(a.startswith("flare-") for a in arms) and not os.path.exists(hook):
         ap.error("%s not found (--build)" % hook)
+    n = os.cpu_count() or 1
     if args.cpus is None:
-        n = os.cpu_count() or 1
         args.cpus = "2-9" if n >= 10 else ("1-%d" % (n - 1) if n > 1 else "")
+    if args.idle_cpus is None:
+        args.idle_cpus = ("1" if n >= 10 else "0") if args.cpus else ""
+    try:
+        args.cpu_set, args.idle_set = cpu_list(args.cpus), cpu_list(args.idle_cpus)
+    except ValueError:
+        ap.error("--cpus/--idle-cpus: lists like 2-9,12 (got %r, %r)" % (args.cpus,
+                                                                          args.idle_cpus))
     workloads = [w for w in args.workloads.split(",") if w]
     rng = random.Random(args.seed)
     start = time.monotonic()
@@ -226,7 +247,8 @@ def main():
     summary, windows, device = {}, [], "unknown"
 
     def write():
-        meta = {"window_s": args.window_s, "cpus": args.cpus, "threads": args.threads,
+        meta = {"window_s": args.window_s, "cpus": args.cpus, "idle_cpus": args.idle_cpus,
+                "threads": args.threads,
                 "rounds_note": "/".join(str(max((r.get("rounds", 0) for r in
                                                  e.get("arms", {}).values()), default=0))
                                         for e in summary.values()) or "0"}
@@ -246,8 +268,7 @@ def main():
             for arm, w in workers.items():
                 rep = w.receive(max(5.0, deadline - time.monotonic()))
                 device = rep.get("device", device)
-                print("overhead: %s ready (CPUs %s)" % (arm, rep.get("affinity")),
-                      file=sys.stderr, flush=True)
+                print("overhead: %s ready" % arm, file=sys.stderr, flush=True)
             for i, workload in enumerate(workloads):
                 left = deadline - time.monotonic()
                 share = left / (len(workloads) - i)
@@ -261,7 +282,8 @@ def main():
                 steps = {a: 0 for a in live}
                 try:
                     for w in live.values():
-                        w.send(op="load", workload=workload, warmup_s=args.warmup_s)
+                        w.send(op="load", workload=workload, warmup_s=args.warmup_s,
+                               idle_cpus=args.idle_set)
                     for a, w in list(live.items()):
                         try:
                             steps[a] += w.receive(max(5.0, w_end - time.monotonic()))["steps"]
@@ -282,7 +304,8 @@ def main():
                         for a in order:
                             try:
                                 rep = live[a].request(args.window_s * 10 + 60, op="measure",
-                                                      seconds=args.window_s)
+                                                      seconds=args.window_s,
+                                                      cpus=args.cpu_set, idle_cpus=args.idle_set)
                             except RuntimeError as e:
                                 entry.setdefault("arm_errors", {})[a] = str(e)
                                 del live[a]
@@ -291,6 +314,8 @@ def main():
                                 continue
                             steps[a] += rep["steps"] + 2
                             windows.append(dict(rep, arm=a, round=rounds, workload=workload))
+                            if args.cpu_set and rep.get("affinity") != args.cpu_set:
+                                entry.setdefault("pinning", {})[a] = rep.get("affinity")
                         rounds += 1
                         round_s = time.monotonic() - t0
                     for w in live.values():

@@ -5,15 +5,19 @@ interleaved window by window without paying process start-up, model build and wa
 
 The arm is set from outside: Flare by LD_PRELOAD and FLARE_* (summary or raw mode), the profiler
 by --profiler (each window recorded with torch.profiler, CPU and CUDA activities; the profile's
-post-processing happens after the window's clock stops). CPU pinning comes from the coordinator
-(taskset); --threads sets torch's intra-op threads.
+post-processing happens after the window's clock stops). CPU pinning comes from the coordinator:
+every thread of the process (Flare's included) moves to the measurement cores for a window and
+back to the idle cores after it, so every arm measures on the same cores and the idle arms stay
+off them; --threads sets torch's intra-op threads.
 
 Protocol: one JSON object per line. Requests on stdin; replies on the file descriptor that was
 stdout when the process started (fd 1 is pointed at stderr, so nothing a library prints can
 corrupt a reply):
   {"op": "load", "workload": W, "warmup_s": S}  -> {"ok": true, "load_s": ..., "steps": ...}
-  {"op": "measure", "seconds": T}                -> {"ok": true, "steps": n, "mean_ms": ...,
-                                                     "median_ms": ..., "rss_kib": ...}
+  {"op": "measure", "seconds": T, "cpus": [..], "idle_cpus": [..]}
+                                                 -> {"ok": true, "steps": n, "mean_ms": ...,
+                                                     "median_ms": ..., "rss_kib": ...,
+                                                     "affinity": [the cores it measured on]}
   {"op": "unload"} -> {"ok": true};   {"op": "quit"} -> exits
 Errors are replies too: {"ok": false, "error": "..."}.
 
@@ -42,6 +46,17 @@ GPT_SIZES = {"gpt-small": (12, 768, 12, 1024, 8), "gpt-medium": (24, 1024, 16, 1
              "gpt-large": (24, 1536, 12, 1024, 4), "cuda-graph": (12, 768, 12, 1024, 8),
              "compile": (4, 512, 8, 512, 8)}
 WORKLOADS = ("gpt-small", "gpt-medium", "gpt-large", "launch-bound", "cuda-graph", "compile")
+
+
+def pin(cpus):
+    """Every thread of this process onto `cpus` (threads started later inherit it)."""
+    if not cpus:
+        return
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            os.sched_setaffinity(int(tid), cpus)
+        except OSError:  # a thread that just ended
+            pass
 
 
 def rss_kib():
@@ -141,7 +156,7 @@ class LaunchBound:
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--profiler", action="store_true")
-    ap.add_argument("--threads", type=int, default=4)
+    ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
     proto = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)
@@ -168,8 +183,10 @@ def main():
                     work.step()
                     steps += 1
                 torch.cuda.synchronize()
+                pin(req.get("idle_cpus"))
                 reply(ok=True, load_s=time.perf_counter() - t0, steps=steps)
             elif req["op"] == "measure":
+                pin(req.get("cpus"))
                 for _ in range(2):
                     work.step()
                 torch.cuda.synchronize()
@@ -190,11 +207,13 @@ def main():
                     if now >= end and len(times) >= 3:
                         break
                 elapsed = last - t0
+                affinity = sorted(os.sched_getaffinity(0))
+                pin(req.get("idle_cpus"))
                 if prof is not None:
                     prof.__exit__(None, None, None)
                     del prof
                 reply(ok=True, steps=len(times), mean_ms=elapsed * 1e3 / len(times),
-                      median_ms=statistics.median(times), rss_kib=rss_kib())
+                      median_ms=statistics.median(times), rss_kib=rss_kib(), affinity=affinity)
             elif req["op"] == "unload":
                 work = None
                 gc.collect()

@@ -4,7 +4,8 @@
 a model of each arm gives (bare 10 ms; FLARE_MODE summary +5%, raw +10%; --profiler +30%), times a
 drift of +1% per window it has measured, which the per-round ratio must cancel. It checks what
 the harness passes (LD_PRELOAD set exactly for the Flare arms, the same CPU affinity for every
-arm) and fails its load when STANDIN_FAIL_ARM names its arm."""
+arm, moved onto the measurement cores for each window) and fails its load when STANDIN_FAIL_ARM
+names its arm."""
 import argparse
 import json
 import os
@@ -29,7 +30,7 @@ def reply(**kw):
     proto.write(json.dumps(kw) + "\n")
 
 
-reply(ok=True, ready=True, device="stand-in (no GPU)", affinity=sorted(os.sched_getaffinity(0)))
+reply(ok=True, ready=True, device="stand-in (no GPU)")
 measured = 0
 for line in sys.stdin:
     req = json.loads(line)
@@ -44,10 +45,16 @@ for line in sys.stdin:
                 f.write(b"x" * 1000)
         reply(ok=True, load_s=0.0, steps=3)
     elif req["op"] == "measure":
+        if req.get("cpus"):
+            os.sched_setaffinity(0, req["cpus"])
         time.sleep(min(req["seconds"], 0.01))
+        affinity = sorted(os.sched_getaffinity(0))
+        if req.get("idle_cpus"):
+            os.sched_setaffinity(0, req["idle_cpus"])
         step = 10.0 * factor * (1 + 0.01 * measured)
         measured += 1
-        reply(ok=True, steps=100, mean_ms=step, median_ms=step, rss_kib=1000 + 100 * factor)
+        reply(ok=True, steps=100, mean_ms=step, median_ms=step, rss_kib=1000 + 100 * factor,
+              affinity=affinity)
     elif req["op"] == "unload":
         reply(ok=True)
     elif req["op"] == "quit":
