@@ -22,8 +22,9 @@
 # Simulated mode: without PyTorch and a CUDA GPU (or with FLARE_ACCEPTANCE_SIM=1) the parts that
 # need them are reported "skipped: needs PyTorch+GPU", and part b runs the simulated Python
 # workload (src/sim/workload/train.py) through flared on the simulated CUDA stack, with the same
-# checks. tests/python/test_acceptance_script.py runs it that way in CI. FLARE_ACCEPTANCE_SIM=0
-# forces the real mode.
+# checks (FLARE_ACCEPTANCE_SIM_WORKLOAD=pytorch-like: flare-sim-train --pytorch-like instead).
+# tests/python/test_acceptance_script.py runs it that way in CI. FLARE_ACCEPTANCE_SIM=0 forces
+# the real mode.
 #
 # Usage, on the GPU machine (from the repository root, or from the kit's root: the kit carries
 # tests/gpu):  FLARE_BUILD_DIR=KIT OUT=/some/dir tests/gpu/acceptance.sh
@@ -105,7 +106,7 @@ part() {
 }
 
 sim_flag=()
-[ "$sim" = 1 ] && sim_flag=(--sim)
+[ "$sim" = 1 ] && sim_flag=(--sim --sim-workload "${FLARE_ACCEPTANCE_SIM_WORKLOAD:-python}")
 part env "environment" "$B_ENV" any "$here/run_device.sh" env
 part a "GPU tests (pytest tests/gpu)" "$B_A" sim-skips "$here/run_device.sh" checks
 part b "end to end through flared (summary, raw; 1 and 4 ranks)" "$B_B" any \

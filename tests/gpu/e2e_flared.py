@@ -15,7 +15,9 @@ from the daemon itself.
 Workloads: with PyTorch and a GPU, tests/gpu/bench/gpt_train.py (the GPT-style loop; the ranks of
 the 4-rank job share the one GPU as independent processes with torchrun's variables; NCCL
 refuses two ranks on one GPU, so there are no collectives). With --sim, the simulated Python
-workload (flare-sim-train --python, src/sim/workload/train.py) on the simulated CUDA stack.
+workload (flare-sim-train --python, src/sim/workload/train.py; --sim-workload pytorch-like for
+flare-sim-train --pytorch-like, DataLoader-only steps and backward from an autograd thread) on the
+simulated CUDA stack.
 
 Writes OUT/e2e.json and OUT/e2e.md, each run's report and flared's log under OUT/e2e/; exits 1
 when a check fails.
@@ -119,8 +121,12 @@ def run_sim(args, daemon, job, mode, ranks, workdir):
     if ranks > 1:
         env["FLARE_SIM_HOST_STALL"] = "%d:%d" % (STALL_RANK, STALL_MS)
     cmd = [os.path.join(args.kit, "bin", "flare-sim-train"), "--ranks", str(ranks), "--steps",
-           str(args.sim_steps), "--python", "--layers", "2", "--hidden", "1024", "--seq", "512",
-           "--tp", "1", "--data-ms", "2", "--json", out, "--quiet"]
+           str(args.sim_steps), "--layers", "2", "--hidden", "1024", "--seq", "512", "--json",
+           out, "--quiet"]
+    if args.sim_workload == "pytorch-like":  # DataLoader-only steps, autograd thread, set-up
+        cmd += ["--pytorch-like", "--setup-ms", "500", "--data-ms", "0.5"]
+    else:
+        cmd += ["--python", "--tp", "1", "--data-ms", "2"]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     with open(os.path.join(workdir, job + "-sim.log"), "w") as f:
         f.write(proc.stdout + proc.stderr)
@@ -182,8 +188,8 @@ def write(args, results):
     ok = bool(results) and all(r["ok"] for r in results)
     with open(os.path.join(args.out, "e2e.json"), "w") as f:
         json.dump({"ok": ok, "sim": args.sim, "runs": results}, f, indent=1)
-    lines = ["# End to end through flared (%s)" % ("simulated stack, flare-sim-train --python"
-                                                   if args.sim else "PyTorch GPT loop, %s" %
+    lines = ["# End to end through flared (%s)" % ("simulated stack, flare-sim-train --%s" %
+                                                   args.sim_workload if args.sim else "PyTorch GPT loop, %s" %
                                                    args.size), "",
              "| job | mode | ranks | result | steps (loop/daemon) | rejected | GEMM TFLOPS (top) |"
              " diagnoses |", "|---|---|---|---|---|---|---|---|"]
@@ -211,6 +217,9 @@ def main():
     ap.add_argument("--size", default="small", help="gpt_train.py size")
     ap.add_argument("--budget-s", type=float, default=110)
     ap.add_argument("--sim-steps", type=int, default=10)
+    ap.add_argument("--sim-workload", choices=("python", "pytorch-like"), default="python",
+                    help="sim mode: src/sim/workload/train.py (flare-sim-train --python) or "
+                    "the PyTorch-like one (--pytorch-like)")
     ap.add_argument("--runs", default="summary:1,raw:1,summary:4,raw:4")
     args = ap.parse_args()
     args.kit = os.path.abspath(args.kit)
