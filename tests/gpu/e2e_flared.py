@@ -200,7 +200,7 @@ def write(args, results):
         dg = ", ".join("%s→%s" % (d.get("kind"), d.get("team")) for d in r.get("diagnoses", []))
         res = "ok" if r["ok"] else "FAILED: " + "; ".join(
             [k for k, v in r.get("checks", {}).items() if not v["ok"]] +
-            ([r["error"][:200]] if "error" in r else []))
+            ([" ".join(r["error"].split())[:200].replace("|", "/")] if "error" in r else []))
         lines.append("| %s | %s | %d | %s | %s | %s | %s | %s |" % (
             r["job"], r["mode"], r["ranks"], res, steps, r.get("rejected") or 0, tf or "—",
             dg or "—"))

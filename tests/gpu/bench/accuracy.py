@@ -320,7 +320,10 @@ def markdown(device, rows, classes):
 
 def flare_records(build, spool):
     exp = subprocess.run([os.path.join(build, "bin", "flare-export"), "--input", spool],
-                         capture_output=True, text=True, check=True)
+                         capture_output=True, text=True)
+    if exp.returncode != 0:
+        raise RuntimeError("flare-export of the child's spool failed (exit %d): %s" % (
+            exp.returncode, exp.stderr.strip()[-1000:]))
     return [json.loads(line) for line in exp.stdout.splitlines() if line.strip()]
 
 

@@ -155,11 +155,15 @@ def main():
         num_workers=args.workers, pin_memory=True, drop_last=True)
     garbage = 0
     if stall and args.stall_kind == "gc":
-        t0 = time.perf_counter()
-        make_garbage(20000)
-        gc.collect()
-        per = (time.perf_counter() - t0) / 20000
-        garbage = max(1000, int(stall / 1e3 / max(per, 1e-8)))
+        # How many reference cycles make a pause of stall_ms (building them plus collecting
+        # them), refined a few times since the cost per cycle grows with the count.
+        garbage = 20000
+        for _ in range(4):
+            t0 = time.perf_counter()
+            make_garbage(garbage)
+            gc.collect()
+            took = time.perf_counter() - t0
+            garbage = max(1000, int(garbage * (stall / 1e3) / max(took, 1e-6)))
 
     def host_stall():
         if not stall:
