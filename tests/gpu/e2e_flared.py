@@ -152,7 +152,7 @@ def daemon_steps(rep):
                                                     series.get("stepTimeNs", []))}
 
 
-def check_run(rep, loop, rejected, ranks, stalled):
+def check_run(rep, loop, rejected, ranks, stalled, train_s=None):
     checks = {}
     checks["no batch rejected"] = (not any(rejected.values()),
                                    "rejected %s" % (rejected or "none"))
@@ -161,6 +161,13 @@ def check_run(rep, loop, rejected, ranks, stalled):
            or int(per[r].get("lostBatches", 0)) != 0]
     checks["every rank delivered, none lost"] = (
         not bad, "batches per rank %s" % {r: int(v.get("batches", 0)) for r, v in per.items()})
+    if train_s:
+        # Issue 18's bar: about one batch per second per rank (the exporter's flush interval).
+        slow = {r: int(v.get("batches", 0)) for r, v in per.items()
+                if int(v.get("batches", 0)) < 0.5 * train_s}
+        checks["about one batch per second"] = (not slow and len(per) == ranks,
+                                                "%.0f s of training; ranks below half: %s" % (
+                                                    train_s, slow or "none"))
     held = daemon_steps(rep)
     # The daemon leaves each rank's first step out as warm-up (docs/metrics.md); a step in flight
     # at exit may be missing too.
@@ -237,6 +244,7 @@ def main():
             t0 = time.monotonic()
             entry = {"job": job, "mode": mode, "ranks": ranks, "stall": stalled and
                      "rank %d, %d ms every step" % (STALL_RANK, STALL_MS)}
+            train_s = None
             try:
                 if args.sim:
                     loop = run_sim(args, daemon, job, mode, ranks, work)
@@ -246,6 +254,7 @@ def main():
                     # last flush and the report; the rest is training.
                     seconds = max(5.0, left / (len(runs) - i) - 15)
                     loop = run_torch(args, daemon, job, mode, ranks, seconds, work)
+                    train_s = seconds
                 # The last batches, then the detectors (every second): a stalled run's report is
                 # polled until a diagnosis names the stalled rank, for up to 10 s.
                 time.sleep(2.5)
@@ -260,7 +269,7 @@ def main():
                 after = daemon.rejected()
                 rejected = {k: v - before.get(k, 0) for k, v in after.items()
                             if v - before.get(k, 0)}
-                checks, gemms = check_run(rep, loop, rejected, ranks, stalled)
+                checks, gemms = check_run(rep, loop, rejected, ranks, stalled, train_s)
                 entry.update(loop_steps=loop, daemon_steps=daemon_steps(rep), rejected=rejected,
                              checks={k: {"ok": ok, "detail": d} for k, (ok, d) in checks.items()},
                              gemm_tflops=[{"shape": g.get("shape"), "tflops": g.get("tflops"),
