@@ -11,6 +11,7 @@
 #include "src/engine/metrics.h"
 #include "src/engine/stats/sketch.h"
 #include "src/timing/collective_blocks.h"
+#include "src/timing/step_stats.h"
 
 namespace flare::engine {
 namespace {
@@ -20,7 +21,7 @@ constexpr size_t kMaxNameBytes = 4096;
 constexpr size_t kMaxShapeDims = 16;
 constexpr size_t kMaxShortString = 1024;
 constexpr size_t kMaxClusters = 64;
-constexpr size_t kMaxStepCauses = 64;          // host causes in one StepStats
+constexpr size_t kMaxStepCauses = timing::StepStats::kMaxHostCauses;
 constexpr size_t kMaxSketchBytes = 16 * 1024;  // a serialized issue-latency sketch
 
 // A serialized LatencySketch from a StepStats: decodes, within size, at most `max_count` values
@@ -437,7 +438,7 @@ std::string stepStatsError(const v1::StepStats& st, const TimeLimits& limits, Re
            std::to_string(st.gpu_ops()) + " ops";
   }
   for (const v1::HostCause& c : st.causes()) {
-    if (c.name().empty() || c.name().size() > kMaxShortString ||
+    if (c.name().empty() || c.name().size() > timing::StepStats::kMaxCauseNameBytes ||
         !validStepSketch(c.issue_latency(), st.gpu_ops(), false)) {
       return "step statistics: a host cause without a name or with a bad sketch";
     }

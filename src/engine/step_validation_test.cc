@@ -50,6 +50,7 @@ Job makeJob(std::mt19937_64& rng) {
   Job job;
   const bool markers = chance(0.2);
   const bool lagging = chance(0.3);  // GPU work longer than the host's: the stream lags steps
+  const bool many_apis = chance(0.2);
   int64_t host = kBase + uni(0, 1000 * kMs);
   int64_t stream_free[2] = {0, 0};
   int next_kernel = 0;
@@ -62,7 +63,8 @@ Job makeJob(std::mt19937_64& rng) {
       if (chance(0.5)) call = uni(10 * kMs, 500 * kMs);
     }
     const int64_t issue = host;
-    const int64_t start = std::max(issue + uni(3'000, 30'000), stream_free[stream]);
+    // Issue latencies as the clock map gives them: now and then slightly negative.
+    const int64_t start = std::max(issue + uni(-20'000, 30'000), stream_free[stream]);
     const int64_t end = start + dur;
     stream_free[stream] = end;
     job.ops.push_back({issue, start, end, std::max(end, issue + call), kernel, thread});
@@ -94,6 +96,18 @@ Job makeJob(std::mt19937_64& rng) {
         job.host.push_back({host, host + gc, 1, "gc@collect", false});
         host += gc;
       }
+      if (many_apis) {  // TRACED_PYTHON_API with many (long-named) functions, nested
+        const int64_t call = uni(20'000, 200'000);
+        const int depth = static_cast<int>(uni(1, 6));
+        for (int d = 0; d < depth; ++d) {
+          job.host.push_back({host + d, host + call - d, 1,
+                              "model.layers." + std::to_string(uni(0, 399)) +
+                                  std::string(static_cast<size_t>(uni(0, 1)) * 1200, 'x') +
+                                  "@forward",
+                              false});
+        }
+        host += call;
+      }
       const int64_t dur = lagging ? uni(200'000, 3 * kMs) : uni(5'000, 300'000);
       launch(i % 3 == 2 ? 2 : 1, i % 5 == 4 ? 1 : 0, dur, chance(0.3));  // thread 2: autograd
     }
@@ -123,7 +137,7 @@ Job makeJob(std::mt19937_64& rng) {
 TEST(StepValidationProperty, EveryStepStatsTheRankEmitsPassesTheDaemonsValidation) {
   const TimeLimits limits{1'577'836'800LL * 1'000'000'000LL, kBase + 86400LL * 1'000'000'000LL * 30,
                           86400LL * 1'000'000'000LL};
-  size_t steps_checked = 0;
+  size_t steps_checked = 0, full_causes = 0, negative = 0;
   for (uint64_t seed = 1; seed <= 400; ++seed) {
     SCOPED_TRACE("seed " + std::to_string(seed));
     std::mt19937_64 rng(seed);
@@ -183,9 +197,13 @@ TEST(StepValidationProperty, EveryStepStatsTheRankEmitsPassesTheDaemonsValidatio
                            << ", " << wire.end_ns() << "): inter " << wire.inter_ns() << ", busy "
                            << wire.gpu_busy_ns() << ", minority " << wire.minority_ns();
       ++steps_checked;
+      full_causes += wire.causes_size() == timing::StepStats::kMaxHostCauses ? 1 : 0;
+      negative += wire.issue_latency_sum_ns() < 0 ? 1 : 0;
     }
   }
   EXPECT_GT(steps_checked, 3000u);
+  EXPECT_GT(full_causes, 0u);  // steps with more distinct causes than flared takes were cut
+  EXPECT_GT(negative, 0u);     // and steps whose issue latencies came out mostly negative
 }
 
 }  // namespace

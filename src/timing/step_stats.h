@@ -50,6 +50,10 @@ struct StepStats {
   stats::LatencySketch latency{kStepSketchAccuracy};
 
   static constexpr double kStepSketchAccuracy = 0.02;
+  // What flared accepts of one step's host causes (StepStats.causes): at most this many, each
+  // name at most kMaxCauseNameBytes and not empty. encodeStepStats keeps within both.
+  static constexpr size_t kMaxHostCauses = 64;
+  static constexpr size_t kMaxCauseNameBytes = 1024;
 
   // V_inter and V_minority as detectors.cc defines them (0 when undefined).
   double vInter() const;

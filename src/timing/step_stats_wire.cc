@@ -1,5 +1,8 @@
 #include "src/timing/step_stats_wire.h"
 
+#include <algorithm>
+#include <string>
+#include <utility>
 #include <vector>
 
 namespace flare::timing {
@@ -17,10 +20,21 @@ void encodeStepStats(const StepResult& r, const std::function<int64_t(int64_t)>&
   out->set_issue_offset_sum_ns(st.issue_offset_sum_ns);
   const std::vector<uint8_t> sketch = st.latency.serialize();
   out->set_issue_latency(sketch.data(), sketch.size());
-  for (const auto& [name, latencies] : r.causes) {
+  // Valid by construction (flared drops a StepStats with more causes or a bad name): the
+  // causes that held up the most ops, names cut to the limit.
+  std::vector<const std::pair<std::string, stats::LatencySketch>*> causes;
+  for (const auto& c : r.causes)
+    if (!c.first.empty()) causes.push_back(&c);
+  if (causes.size() > StepStats::kMaxHostCauses) {
+    std::stable_sort(causes.begin(), causes.end(), [](const auto* a, const auto* b) {
+      return a->second.count() > b->second.count();
+    });
+    causes.resize(StepStats::kMaxHostCauses);
+  }
+  for (const auto* c : causes) {
     flare::v1::HostCause* cause = out->add_causes();
-    cause->set_name(name);
-    const std::vector<uint8_t> bytes = latencies.serialize();
+    cause->set_name(c->first.substr(0, StepStats::kMaxCauseNameBytes));
+    const std::vector<uint8_t> bytes = c->second.serialize();
     cause->set_issue_latency(bytes.data(), bytes.size());
   }
   out->set_late_ops(r.late_ops);
