@@ -349,14 +349,16 @@ class RankStream {
       t->set_thread_id(static_cast<uint64_t>(200000 + rank_));
       t->set_name("MainThread");
       t->set_main_thread(true);
+      // A rank waiting in a collective: inside NCCL; the rank that stopped on its own: in
+      // application code; a rank that ran to the end of the fixture: no frame (unknown).
       const bool stopped = plan_->stopped_at_ns != std::numeric_limits<int64_t>::max();
       if (stopped && !plan_->waiting_in.empty()) {
         v1::NativeFrame* f = t->add_native_frames();
-        f->set_symbol(plan_->waiting_in);  // "ncclAllReduce": waits inside communication
+        f->set_symbol(plan_->waiting_in);  // "ncclAllReduce"
         f->set_module("libnccl.so.2");
-      } else {
+      } else if (stopped) {
         v1::PythonFrame* f = t->add_python_frames();
-        f->set_function(stopped ? "replayed_step (stopped mid-step)" : "replayed_step");
+        f->set_function("replayed_step (stopped mid-step)");
         f->set_file("flare-replay");
       }
       for (const auto& p : plan_->progress) *d->add_collectives() = p;

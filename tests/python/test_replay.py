@@ -85,19 +85,21 @@ def replay_cmd(build_dir, daemon, job, *extra):
 
 
 def replay(build_dir, daemon, job, *extra):
+    """Runs flare-replay to the end; returns when it started (ns), for settled()."""
+    started = time.time_ns()
     res = subprocess.run(replay_cmd(build_dir, daemon, job, *extra), capture_output=True,
                          text=True, timeout=60)
     assert res.returncode == 0, res.stderr + res.stdout
     out = json.loads(res.stdout.strip().splitlines()[-1])
     assert out["accepted"] == RANKS and out["rejected"] == {} and out["stream_errors"] == 0, out
-    return out
+    return started
 
 
-def settled(daemon, job, timeout=20):
-    """The job's report once the detectors have run over everything the replay sent (its
-    metrics computed after the last record arrived, then one more detector pass)."""
+def settled(daemon, job, since, timeout=20):
+    """The job's report once the detectors have run over everything the replay sent (metrics
+    computed after the replay ended), after one more detector pass."""
     deadline = time.time() + timeout
-    sent = time.time_ns()
+    sent = since
     while time.time() < deadline:
         report = daemon.json("/api/v1/jobs/%s/report" % job)
         computed = int(report.get("metrics", {}).get("computedUnixNs", 0) or 0)
@@ -204,8 +206,8 @@ def test_the_fixture_is_small_and_has_steps_collectives_and_loader_spans(records
 
 def test_healthy_replay_raises_nothing_and_every_figure_matches_the_fixture(
         build_dir, daemon, records):
-    replay(build_dir, daemon, "healthy")
-    report = settled(daemon, "healthy")
+    started = replay(build_dir, daemon, "healthy")
+    report = settled(daemon, "healthy", started)
     assert daemon.alerts("healthy") == []
     want = expected(records)
     m = report["metrics"]
@@ -232,47 +234,37 @@ def test_healthy_replay_raises_nothing_and_every_figure_matches_the_fixture(
     assert all(v == 0 for v in daemon.rejected().values()), daemon.rejected()
 
 
-def test_underclocked_gpu_is_named_with_its_rank_for_operations(build_dir, daemon):
-    replay(build_dir, daemon, "slowgpu", "--slow-gpu", "3:1.25")
-    alerts = wait_alerts(daemon, "slowgpu", "gpu_slow")
-    settled(daemon, "slowgpu")
-    found = [(a["kind"], a["rank"], a["team"]) for a in daemon.alerts("slowgpu")]
-    assert found == [("gpu_slow", 3, "operations")], found
-    assert "rank 3" in alerts[0]["message"]
-    assert all(v == 0 for v in daemon.rejected().values()), daemon.rejected()
-
-
-def test_slow_link_is_named_with_its_rank_for_operations(build_dir, daemon):
-    replay(build_dir, daemon, "slowlink", "--slow-link", "5:2")
-    wait_alerts(daemon, "slowlink", "link_slow")
-    settled(daemon, "slowlink")
-    found = [(a["kind"], a["rank"], a["team"]) for a in daemon.alerts("slowlink")]
-    assert found == [("link_slow", 5, "operations")], found
-    assert all(v == 0 for v in daemon.rejected().values()), daemon.rejected()
-
-
-def test_host_stall_is_named_with_its_rank_for_the_algorithm_team(build_dir, daemon):
-    replay(build_dir, daemon, "stall", "--stall", "6:5")
-    wait_alerts(daemon, "stall", "issue_stall")
-    settled(daemon, "stall")
-    found = [(a["kind"], a["rank"], a["team"]) for a in daemon.alerts("stall")]
-    assert found == [("issue_stall", 6, "algorithm")], found
+@pytest.mark.parametrize("job,flag,kind,rank,team", [
+    ("slowgpu", ("--slow-gpu", "3:1.25"), "gpu_slow", 3, "operations"),  # a GPU at 80% clock
+    ("slowlink", ("--slow-link", "5:2"), "link_slow", 5, "operations"),  # half the bandwidth
+    ("stall", ("--stall", "6:5"), "issue_stall", 6, "algorithm"),  # 5 ms host pause per step
+])
+def test_each_perturbation_is_named_with_its_rank_and_team(build_dir, daemon, job, flag, kind,
+                                                             rank, team):
+    started = replay(build_dir, daemon, job, *flag)
+    wait_alerts(daemon, job, kind)
+    settled(daemon, job, started)
+    alerts = daemon.alerts(job)
+    assert [(a["kind"], a["rank"], a["team"]) for a in alerts] == [(kind, rank, team)], alerts
+    assert "rank %d" % rank in alerts[0]["message"]
     assert all(v == 0 for v in daemon.rejected().values()), daemon.rejected()
 
 
 def test_hang_mid_step_is_diagnosed_as_that_rank(build_dir, tmp_path):
+    # Rank 2 stops issuing in the middle of step 3; every other rank ends up waiting in a
+    # collective rank 2 never issued. flared sees the silence, asks every rank for its stacks
+    # (answered by the replayer from its model: progress per communicator, where each waits)
+    # and names rank 2.
     daemon = start_daemon(build_dir, tmp_path, "--hang-timeout-s", "2")
     proc = subprocess.Popen(replay_cmd(build_dir, daemon, "hang", "--hang", "2:3", "--hold-s",
                                        "40"), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
     try:
         alerts = wait_alerts(daemon, "hang", "hang", timeout=40)
-        assert [(a["kind"], a["rank"], a["team"]) for a in alerts] == [("hang", 2, "operations")] \
-            or [(a["kind"], a["team"]) for a in alerts] == [("hang", "operations")], alerts
-        assert "rank 2" in alerts[0]["message"] or "2" in alerts[0]["message"], alerts
-        hangs = daemon.json("/api/v1/jobs/hang/hangs")
-        text = json.dumps(hangs)
-        assert '"suspects"' not in text or "2" in text
+        assert [(a["kind"], a["rank"], a["team"]) for a in alerts] == [("hang", 2, "operations")], \
+            alerts
+        assert alerts[0]["message"].startswith("non-communication hang: suspects rank 2 ")
+        assert "never issued by ranks 2" in alerts[0]["message"]
         assert all(v == 0 for v in daemon.rejected().values()), daemon.rejected()
     finally:
         proc.terminate()

@@ -39,17 +39,37 @@ std::map<uint64_t, CommLayout> layoutComms(const std::map<uint64_t, int>& record
   std::vector<std::pair<int, uint64_t>> order;
   for (const auto& [hash, n] : recorded) order.push_back({n, hash});
   std::sort(order.begin(), order.end());
+  // Grid dimensions, smallest first; a communicator as large as two or more smaller dimensions
+  // together is job-wide (it spans every replayed rank).
+  std::vector<bool> job_wide(order.size(), false);
+  int product = 1, dims = 0;
+  for (size_t i = 0; i < order.size(); ++i) {
+    if (dims >= 2 && order[i].first == product) {
+      job_wide[i] = true;
+      continue;
+    }
+    product *= order[i].first;
+    ++dims;
+  }
+  size_t outermost = order.size();
+  for (size_t i = 0; i < order.size(); ++i) {
+    if (!job_wide[i]) outermost = i;
+  }
   std::map<uint64_t, CommLayout> out;
   int stride = 1;
-  for (const auto& [n, hash] : order) {
+  for (size_t i = 0; i < order.size(); ++i) {
+    const auto& [n, hash] = order[i];
     CommLayout l;
-    if (ranks / stride >= 2) {
-      l.size = std::max(1, std::min(n, ranks / stride));
+    if (job_wide[i]) {
+      l.size = ranks;
+    } else if (ranks / stride >= 2) {
+      // The outermost dimension (data parallel) grows with the replayed job; the inner ones
+      // keep their recorded size.
+      l.size = i == outermost ? ranks / stride : std::max(1, std::min(n, ranks / stride));
       l.stride = stride;
       stride *= l.size;
     } else {  // no room for another dimension: contiguous ranks
       l.size = std::max(1, std::min(n, ranks));
-      l.stride = 1;
     }
     out[hash] = l;
   }
@@ -92,9 +112,10 @@ enum class EvType : int {
   kEnd = 0,  // at equal times: ends first (an op starting when another ends sees its delay)
   kStall = 1,
   kHang = 2,
-  kStart = 3,
-  kPoint = 4,    // span/step-marker times: sample the delay
-  kEndZero = 5,  // the end of a zero-length op: after its own start
+  kIssue = 3,
+  kStart = 4,
+  kPoint = 5,    // span/step-marker times: sample the delay
+  kEndZero = 6,  // the end of a zero-length op: after its own start
 };
 
 struct Event {
@@ -194,6 +215,7 @@ bool makePlan(const std::vector<flare::v1::RecordBatch>& batches, const PlanOpti
   std::vector<Event> events;
   for (uint32_t i = 0; i < kernels.size(); ++i) {
     const auto& k = batches[kernels[i].batch].kernels(static_cast<int>(kernels[i].index));
+    events.push_back({k.issue_ns(), EvType::kIssue, i});
     events.push_back({k.start_ns(), EvType::kStart, i});
     events.push_back(k.end_ns() > k.start_ns() ? Event{k.end_ns(), EvType::kEnd, i}
                                                : Event{k.start_ns(), EvType::kEndZero, i});
@@ -213,23 +235,48 @@ bool makePlan(const std::vector<flare::v1::RecordBatch>& batches, const PlanOpti
     }
     point(batch.created_ns());
   }
+  // The middle of each step's issuing (the median issue time of the GPU ops issued in the
+  // step): where a GC pause or a stray synchronization holds the host, and where a rank that
+  // hangs in its own code stops. Not the middle of the step's time, where the host usually waits
+  // for the GPU anyway.
+  std::vector<int64_t> issuing_midpoints(plan->steps, kNever);
+  {
+    std::vector<int64_t> issues;
+    for (uint32_t i = 0; i < kernels.size(); ++i) {
+      const auto& k = batches[kernels[i].batch].kernels(static_cast<int>(kernels[i].index));
+      auto sig = sigs.find(k.signature_id());
+      if (sig == sigs.end() || sig->second.kind() != flare::v1::OP_KIND_SYNC)
+        issues.push_back(k.issue_ns());
+    }
+    std::sort(issues.begin(), issues.end());
+    for (size_t i = 0; i < plan->steps; ++i) {
+      const auto a = std::lower_bound(issues.begin(), issues.end(), bounds[i]);
+      const auto b = std::lower_bound(issues.begin(), issues.end(), bounds[i + 1]);
+      issuing_midpoints[i] =
+          a != b ? *(a + (b - a) / 2) : bounds[i] + (bounds[i + 1] - bounds[i]) / 2;
+    }
+  }
   if (p.stall_rank >= 0 && p.stall_ns > 0) {
-    for (size_t i = 0; i + 1 < bounds.size(); ++i)
-      events.push_back({bounds[i] + (bounds[i + 1] - bounds[i]) / 2, EvType::kStall, 0});
+    for (int64_t t : issuing_midpoints) events.push_back({t, EvType::kStall, 0});
   }
   if (p.hang_rank >= 0) {
-    const size_t s = static_cast<size_t>(p.hang_step);
-    events.push_back({bounds[s] + (bounds[s + 1] - bounds[s]) / 2, EvType::kHang, 0});
+    events.push_back({issuing_midpoints[static_cast<size_t>(p.hang_step)], EvType::kHang, 0});
   }
   std::sort(events.begin(), events.end());
 
-  // Walk the events for every rank at once.
-  std::vector<int64_t> delay(n, 0), stopped(n, kNever);
+  // Walk the events for every rank at once. Two delays per rank: the host's (H: issue times,
+  // spans, markers) and the GPU's (G: what its streams' work is late by). An op issued with host
+  // delay h starts max(G, h) late; a GPU op leaves G at least its own end's delay; a blocking
+  // synchronization ends when the GPU is done and brings H up to G.
+  // Hang: `stopped` is when a rank's host stops issuing (the hung rank: mid-step; a peer: when
+  // it enters a collective a stopped rank never issues), `stuck` when its GPU stops running
+  // (a peer: that collective; the hung rank's GPU drains what was issued before).
+  std::vector<int64_t> host(n, 0), gpu(n, 0), stopped(n, kNever), stuck(n, kNever);
   std::vector<std::string> waiting(n);
-  // [rank][kernel]: shifted start, end, issue; kept?
+  // [rank][kernel]: shifted issue, start, end; the host delay at its issue; kept?
   struct Timed {
     int64_t issue = 0, start = 0, end = 0;
-    int64_t scaled_dur = -1;  // compute kernels of the slow GPU
+    int64_t host_at_issue = -1;  // -1: not issued yet
     bool kept = false;
   };
   std::vector<std::vector<Timed>> timed(n, std::vector<Timed>(kernels.size()));
@@ -260,29 +307,37 @@ bool makePlan(const std::vector<flare::v1::RecordBatch>& batches, const PlanOpti
   for (const Event& e : events) {
     switch (e.type) {
       case EvType::kStall:
-        if (stopped[p.stall_rank] > e.t) delay[p.stall_rank] += p.stall_ns;
+        if (stopped[p.stall_rank] > e.t) host[p.stall_rank] += p.stall_ns;
         break;
       case EvType::kHang:
         stopped[p.hang_rank] = std::min(stopped[p.hang_rank], e.t);
         break;
       case EvType::kPoint:
-        for (int r = 0; r < n; ++r) point_shift[r][e.item] = delay[r];
+        for (int r = 0; r < n; ++r) point_shift[r][e.item] = host[r];
+        break;
+      case EvType::kIssue:
+        for (int r = 0; r < n; ++r) timed[r][e.item].host_at_issue = host[r];
         break;
       case EvType::kStart: {
         const auto& k = kernelAt(e.item);
         const bool comm = isComm(k);
+        const bool sync = kindOf(k) == flare::v1::OP_KIND_SYNC;
+        // A collective some member never issues (it stopped before) never completes.
         std::vector<char> group_stopped(n, 0);
         if (comm) {
           for (int r = 0; r < n; ++r) {
             for (int m : membersOf(k.collective().comm_hash(), layout, r, n))
-              if (stopped[m] <= e.t) group_stopped[r] = 1;
+              if (stopped[m] <= k.issue_ns()) group_stopped[r] = 1;
           }
         }
         for (int r = 0; r < n; ++r) {
-          if (stopped[r] <= e.t) continue;  // never issued
+          if (stopped[r] <= k.issue_ns() || stuck[r] <= e.t) continue;  // never issued or run
           Timed& t = timed[r][e.item];
-          t.issue = k.issue_ns() + delay[r];
-          t.start = k.start_ns() + delay[r];
+          const int64_t h = t.host_at_issue >= 0 ? t.host_at_issue : host[r];
+          t.issue = k.issue_ns() + h;
+          // A host span runs on the host's clock; a GPU op when both its issue and the GPU
+          // allow.
+          t.start = k.start_ns() + (sync ? host[r] : std::max(gpu[r], h));
           t.kept = true;
           if (comm) {
             const CommSlot slot = slotOf(k.collective().comm_hash(), layout, r);
@@ -292,12 +347,10 @@ bool makePlan(const std::vector<flare::v1::RecordBatch>& batches, const PlanOpti
             pr.op = nameOf(k);
             if (group_stopped[r]) {  // waits forever for a stopped member
               t.kept = false;
-              stopped[r] = e.t;
+              stopped[r] = std::min(stopped[r], e.t);
+              stuck[r] = e.t;
               waiting[r] = nameOf(k);
             }
-          } else if (r == p.slow_gpu_rank && isCompute(kindOf(k))) {
-            t.scaled_dur = static_cast<int64_t>(
-                static_cast<double>(k.end_ns() - k.start_ns()) * p.gpu_factor + 0.5);
           }
         }
         break;
@@ -307,52 +360,56 @@ bool makePlan(const std::vector<flare::v1::RecordBatch>& batches, const PlanOpti
         const auto& k = kernelAt(e.item);
         const int64_t dur = std::max<int64_t>(0, k.end_ns() - k.start_ns());
         if (isComm(k)) {
-          // Last arrival: every member ends at the recorded end plus the largest delay.
-          std::vector<int64_t> new_delay = delay;
+          // Every member ends at the recorded end plus the latest arrival's delay (its delay
+          // when it started the collective: what its other streams do meanwhile does not hold
+          // up a running kernel), stretched when the slow link is in the communicator.
           std::vector<int64_t> end_of(n, 0);
           for (int r = 0; r < n; ++r) {
             if (!timed[r][e.item].kept) continue;
-            const auto members = membersOf(k.collective().comm_hash(), layout, r, n);
             int64_t late = 0;
             bool slow = false;
-            for (int m : members) {
-              late = std::max(late, delay[m]);
+            for (int m : membersOf(k.collective().comm_hash(), layout, r, n)) {
+              if (timed[m][e.item].kept)
+                late = std::max(late, timed[m][e.item].start - k.start_ns());
               slow = slow || m == p.slow_link_rank;
             }
             const int64_t extra =
                 slow ? static_cast<int64_t>(static_cast<double>(dur) * (p.link_factor - 1.0) + 0.5)
                      : 0;
             end_of[r] = k.end_ns() + late + extra;
-            new_delay[r] = late + extra;
           }
           for (int r = 0; r < n; ++r) {
             Timed& t = timed[r][e.item];
             if (!t.kept) continue;
-            if (stopped[r] <= e.t) {  // in flight when its rank stopped: never completes
-              t.kept = false;
-              continue;
-            }
             t.end = std::max(end_of[r], t.start);
-            delay[r] = std::max(delay[r], new_delay[r]);
+            gpu[r] = std::max(gpu[r], t.end - k.end_ns());
             const CommSlot slot = slotOf(k.collective().comm_hash(), layout, r);
             Progress& pr = progress[r][slot.hash];
             pr.completed = std::max(pr.completed, k.collective().seq() + 1);
           }
           break;
         }
+        const auto kind = kindOf(k);
+        const bool blocking =
+            kind == flare::v1::OP_KIND_SYNC && nameOf(k).find("Synchronize") != std::string::npos;
         for (int r = 0; r < n; ++r) {
           Timed& t = timed[r][e.item];
           if (!t.kept) continue;
-          if (stopped[r] <= e.t) {
-            t.kept = false;
+          if (kind == flare::v1::OP_KIND_SYNC && stopped[r] <= e.t) {
+            t.kept = false;  // the host is stopped: a host call in progress does not return
             continue;
           }
-          if (t.scaled_dur >= 0) {
-            t.end = t.start + t.scaled_dur;
-            delay[r] += t.scaled_dur - dur;
-          } else {
-            t.end = t.start + dur;
+          if (kind == flare::v1::OP_KIND_SYNC) {
+            // A blocking synchronization returns when the GPU work it waits for is done.
+            t.end = blocking ? std::max(t.start + dur, k.end_ns() + gpu[r]) : t.start + dur;
+            if (blocking) host[r] = std::max(host[r], t.end - k.end_ns());
+            continue;
           }
+          int64_t d = dur;
+          if (r == p.slow_gpu_rank && isCompute(kind))
+            d = static_cast<int64_t>(static_cast<double>(dur) * p.gpu_factor + 0.5);
+          t.end = t.start + d;
+          gpu[r] = std::max(gpu[r], t.end - k.end_ns());
         }
         break;
       }

@@ -136,16 +136,27 @@ TEST(ReplayPlan, SlowLinkStretchesTheCollectivesOfItsCommunicatorsOnly) {
   EXPECT_EQ(dur(0, 2), 3 * kMs);  // rank 0 waits 1 ms for rank 4
 }
 
-TEST(ReplayPlan, StallDelaysTheRanksWorkAfterMidStep) {
+TEST(ReplayPlan, StallDelaysTheWorkTheHostIssuesAfterItAndOnlyThePeersGpus) {
   Perturbation stall;
   stall.stall_rank = 6;
   stall.stall_ns = 3 * kMs;
   const Plan p = plan(8, stall);
-  // Step 0's mid-point is at 5 ms: the GEMM (1 ms) is on time, the TP all-reduce (5 ms) waits.
-  EXPECT_EQ(kernel(p, 6, 0).start_ns(), fixture()[0].kernels(0).start_ns());
-  EXPECT_EQ(kernel(p, 6, 1).start_ns(), fixture()[0].kernels(1).start_ns() + 3 * kMs);
-  EXPECT_EQ(kernel(p, 6, 1).issue_ns(), fixture()[0].kernels(1).issue_ns() + 3 * kMs);
-  EXPECT_EQ(kernel(p, 0, 0).start_ns(), fixture()[0].kernels(0).start_ns());
+  const auto fixtures = fixture();
+  const auto& rec = fixtures[0];
+  // Step 0 issues its three ops at 0.5, 4.5 and 5.5 ms: the host stalls before the middle one.
+  // The GEMM is on time; both all-reduces are issued and start 3 ms late.
+  EXPECT_EQ(kernel(p, 6, 0).start_ns(), rec.kernels(0).start_ns());
+  EXPECT_EQ(kernel(p, 6, 1).issue_ns(), rec.kernels(1).issue_ns() + 3 * kMs);
+  EXPECT_EQ(kernel(p, 6, 1).start_ns(), rec.kernels(1).start_ns() + 3 * kMs);
+  EXPECT_EQ(kernel(p, 6, 2).start_ns(), rec.kernels(2).start_ns() + 3 * kMs);
+  // Its TP peer (rank 7) issues on time and its GPU waits in the all-reduce: a longer issue
+  // latency after it, not a later issue.
+  EXPECT_EQ(kernel(p, 7, 1).issue_ns(), rec.kernels(1).issue_ns());
+  EXPECT_EQ(kernel(p, 7, 1).start_ns(), rec.kernels(1).start_ns());
+  EXPECT_EQ(kernel(p, 7, 1).end_ns(), rec.kernels(1).end_ns() + 3 * kMs);
+  EXPECT_EQ(kernel(p, 7, 2).issue_ns(), rec.kernels(2).issue_ns());
+  EXPECT_EQ(kernel(p, 7, 2).start_ns(), rec.kernels(2).start_ns() + 3 * kMs);
+  EXPECT_EQ(kernel(p, 0, 0).start_ns(), rec.kernels(0).start_ns());
 }
 
 TEST(ReplayPlan, HangStopsTheRankMidStepAndItsPeersInTheNextCollective) {
@@ -153,11 +164,13 @@ TEST(ReplayPlan, HangStopsTheRankMidStepAndItsPeersInTheNextCollective) {
   hang.hang_rank = 1;
   hang.hang_step = 1;
   const Plan p = plan(8, hang);
-  const int64_t stop = kT0 + 15 * kMs;
+  const int64_t stop = kT0 + 14 * kMs + kMs / 2;  // step 1 issues at 10.5, 14.5 and 15.5 ms
   EXPECT_EQ(p.ranks[1].stopped_at_ns, stop);
   EXPECT_EQ(p.ranks[1].waiting_in, "");
-  for (const auto& k : p.ranks[1].batches.at(0).kernels()) EXPECT_LE(k.end_ns(), stop);
-  // Rank 0 (TP partner) waits in step 2's TP all-reduce; rank 3 in step 1's DP all-reduce.
+  // Its host issued nothing after; its GPU ran what was issued before (the step-1 GEMM).
+  for (const auto& k : p.ranks[1].batches.at(0).kernels()) EXPECT_LT(k.issue_ns(), stop);
+  EXPECT_EQ(p.ranks[1].batches.at(0).kernels_size(), 4);
+  // Rank 0 (TP partner) and rank 3 (DP peer) wait in step 1's all-reduces rank 1 never issued.
   EXPECT_EQ(p.ranks[0].waiting_in, "ncclAllReduce");
   EXPECT_EQ(p.ranks[3].waiting_in, "ncclAllReduce");
   uint64_t issued = 0, completed = 0;
