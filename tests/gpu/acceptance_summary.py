@@ -88,8 +88,9 @@ def finish(out, mode, total_budget):
         for name in md:
             full = os.path.join(out, name)
             if os.path.exists(full):
-                lines += ["", "## Part %s: %s" % (p["part"], p["title"]), "",
-                          open(full).read().rstrip()]
+                body = [("###" + x[1:]) if x.startswith("# ") else x
+                        for x in open(full).read().rstrip().splitlines()]
+                lines += ["", "## Part %s: %s" % (p["part"], p["title"]), ""] + body
     lines += ["", "Everything else (logs, reports, per-run files): details.tar.gz."]
     with open(os.path.join(out, "summary.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
