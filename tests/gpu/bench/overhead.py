@@ -101,13 +101,19 @@ class Worker:
         if self.proc.poll() is None:
             self.proc.kill()
 
-    def close(self):
+    def quit(self):
         if self.proc.poll() is None:
             try:
                 self.send(op="quit")
-                self.proc.wait(timeout=10)
-            except (OSError, subprocess.TimeoutExpired, ValueError):
-                self.proc.kill()
+            except (OSError, ValueError):
+                pass
+
+    def close(self, deadline):
+        try:
+            self.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
 
 
 def cpu_list(text):
@@ -303,7 +309,10 @@ def main():
                         rng.shuffle(order)
                         for a in order:
                             try:
-                                rep = live[a].request(args.window_s * 10 + 60, op="measure",
+                                # A window that hangs must not outlive the budget.
+                                limit = min(args.window_s * 10 + 60,
+                                            max(5.0, deadline + 2 - time.monotonic()))
+                                rep = live[a].request(limit, op="measure",
                                                       seconds=args.window_s,
                                                       cpus=args.cpu_set, idle_cpus=args.idle_set)
                             except RuntimeError as e:
@@ -319,7 +328,8 @@ def main():
                         rounds += 1
                         round_s = time.monotonic() - t0
                     for w in live.values():
-                        w.request(60, op="unload")
+                        w.request(max(5.0, min(60.0, deadline + 2 - time.monotonic())),
+                                  op="unload")
                 except RuntimeError as e:
                     entry["error"] = str(e)[-500:]
                 entry["arms"] = summarize(workload, [w for w in windows
@@ -334,7 +344,10 @@ def main():
                 write()
         finally:
             for w in workers.values():
-                w.close()
+                w.quit()
+            give_up = time.monotonic() + 5
+            for w in workers.values():
+                w.close(give_up)
     print(write())
     failed = {w: e.get("error") or e.get("arm_errors") for w, e in summary.items()
               if e.get("error") or e.get("arm_errors")}
