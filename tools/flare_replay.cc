@@ -4,7 +4,7 @@
 // (lockstep collectives, what each perturbation changes) is in tools/replay/replay_plan.h; the
 // usage and the fixture layouts in tools/README.md.
 //
-//   flare-replay --fixture PATH --target HOST:PORT [--ranks N] [--job ID] [--speed X]
+//   flare-replay --fixture PATH [--target HOST:PORT] [--ranks N] [--job ID] [--speed X]
 //                [--mode raw|summary] [--slow-gpu R:F] [--slow-link R:F] [--stall R:MS]
 //                [--hang R:STEP] [--hold-s S] [--source-rank R] [--dump DIR] [--token T]
 //
@@ -39,6 +39,7 @@
 #include "src/common/text.h"
 #include "src/timing/spool_sink.h"
 
+#include "tools/replay/fixture_reader.h"
 #include "tools/replay/replay_plan.h"
 #include "tools/replay/summary_replay.h"
 
@@ -75,8 +76,10 @@ int64_t wallNs() {
       "  [--speed X] [--mode raw|summary] [--slow-gpu RANK:FACTOR] [--slow-link RANK:FACTOR]\n"
       "  [--stall RANK:MS] [--hang RANK:STEP] [--hold-s S] [--source-rank R] [--dump DIR]\n"
       "  [--token T]\n"
-      "PATH: a raw-mode spool directory (FLARE_OUTPUT_DIR or any folder below it) or its\n"
-      "archive (.tar.gz, .tgz, .tar.zst, .tar.xz). FACTOR > 1 slows down (durations x FACTOR).\n");
+      "PATH: a raw-mode spool (FLARE_OUTPUT_DIR or any folder below it) or its archive\n"
+      "(.tar.gz, .tgz, .tar.zst, .tar.xz), or flare-export JSON lines (rank<R>.jsonl[.gz], or a\n"
+      "folder of them: tests/fixtures/gpu/<fixture>). FACTOR > 1 slows down (durations x\n"
+      "FACTOR); MS is a host pause in every step; STEP is 0-based.\n");
   std::exit(2);
 }
 
@@ -144,93 +147,6 @@ Options parse(int argc, char** argv) {
   if (o.mode != "raw" && o.mode != "summary") usage("--mode is raw or summary");
   if (o.ranks < 1 || o.ranks > 4096) usage("--ranks must be in [1, 4096]");
   return o;
-}
-
-// ---- the fixture ---------------------------------------------------------------------------
-
-bool endsWith(const std::string& s, const std::string& tail) {
-  return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
-}
-
-// An archive is unpacked with tar(1) into a temporary folder (removed at exit).
-std::string g_unpacked;
-void removeUnpacked() {
-  if (!g_unpacked.empty()) {
-    std::error_code ec;
-    fs::remove_all(g_unpacked, ec);
-  }
-}
-
-bool unpack(const std::string& archive, std::string* dir, std::string* error) {
-  char tmpl[] = "/tmp/flare-replay-XXXXXX";
-  if (mkdtemp(tmpl) == nullptr) {
-    *error = "cannot create a temporary folder";
-    return false;
-  }
-  g_unpacked = tmpl;
-  std::atexit(removeUnpacked);
-  std::string flags = "-xzf";
-  if (endsWith(archive, ".zst")) flags = "--zstd -xf";
-  if (endsWith(archive, ".xz")) flags = "-xJf";
-  const std::string cmd = "tar " + flags + " '" + archive + "' -C '" + g_unpacked + "'";
-  if (archive.find('\'') != std::string::npos || std::system(cmd.c_str()) != 0) {
-    *error = "cannot unpack " + archive + " with tar";
-    return false;
-  }
-  *dir = g_unpacked;
-  return true;
-}
-
-// The spool file of one rank: DIR/<job>/<rank>/records-<pid>.pb; the lowest rank unless asked,
-// the largest file when a rank has several (restarts).
-bool loadFixture(const Options& o, std::vector<v1::RecordBatch>* batches, std::string* source,
-                 std::string* error) {
-  std::string dir = o.fixture;
-  std::error_code ec;
-  if (!fs::is_directory(dir, ec)) {
-    if (!fs::is_regular_file(dir, ec)) {
-      *error = dir + " is neither a spool folder nor an archive";
-      return false;
-    }
-    if (!unpack(o.fixture, &dir, error)) return false;
-  }
-  std::map<int, std::vector<fs::path>> by_rank;
-  for (auto it = fs::recursive_directory_iterator(dir, ec);
-       it != fs::recursive_directory_iterator(); it.increment(ec)) {
-    const fs::path& p = it->path();
-    if (!it->is_regular_file(ec) || p.extension() != ".pb" ||
-        p.filename().string().rfind("records-", 0) != 0)
-      continue;
-    const std::string rank = p.parent_path().filename().string();
-    char* end = nullptr;
-    const long r = std::strtol(rank.c_str(), &end, 10);
-    by_rank[rank.empty() || *end != '\0' ? 0 : static_cast<int>(r)].push_back(p);
-  }
-  if (by_rank.empty()) {
-    *error = "no spool file (<job>/<rank>/records-<pid>.pb) under " + o.fixture;
-    return false;
-  }
-  auto it = o.source_rank < 0 ? by_rank.begin() : by_rank.find(o.source_rank);
-  if (it == by_rank.end()) {
-    *error = "the fixture has no rank " + std::to_string(o.source_rank);
-    return false;
-  }
-  fs::path best = it->second.front();
-  for (const auto& p : it->second) {
-    if (fs::file_size(p, ec) > fs::file_size(best, ec)) best = p;
-  }
-  *source = best.string();
-  std::string read_error;
-  if (!timing::readSpoolFile(best.string(), batches, &read_error)) {
-    // A truncated last batch (the recorded process was killed) still leaves the rest.
-    std::fprintf(stderr, "flare-replay: %s: %s (replaying the complete batches)\n", best.c_str(),
-                 read_error.c_str());
-  }
-  if (batches->empty()) {
-    *error = best.string() + " holds no batch";
-    return false;
-  }
-  return true;
 }
 
 // ---- the streams ---------------------------------------------------------------------------
@@ -411,8 +327,9 @@ bool dumpSpool(const std::string& dir, const std::string& job, int rank,
 int main(int argc, char** argv) {
   const Options o = parse(argc, argv);
   std::vector<v1::RecordBatch> recorded;
-  std::string source, error;
-  if (!loadFixture(o, &recorded, &source, &error)) {
+  replay::FixtureSource source;
+  std::string error;
+  if (!replay::readFixture(o.fixture, o.source_rank, &recorded, &source, &error)) {
     std::fprintf(stderr, "flare-replay: %s\n", error.c_str());
     return 2;
   }
@@ -463,11 +380,13 @@ int main(int argc, char** argv) {
       }
     }
   }
-  std::fprintf(stderr,
-               "flare-replay: %s: %zu batches, %zu steps, %.2f s recorded; %d ranks as job %s, "
-               "%s mode, speed %g\n",
-               source.c_str(), recorded.size(), plan.steps, static_cast<double>(span) / 1e9,
-               o.ranks, o.job.c_str(), o.mode.c_str(), speed);
+  std::fprintf(
+      stderr,
+      "flare-replay: %s (rank %d, %s): %zu batches, %zu steps, %.2f s recorded; %d ranks as job "
+      "%s, "
+      "%s mode, speed %g\n",
+      source.file.c_str(), source.rank, source.format.c_str(), recorded.size(), plan.steps,
+      static_cast<double>(span) / 1e9, o.ranks, o.job.c_str(), o.mode.c_str(), speed);
 
   grpc::ChannelArguments args;
   args.SetMaxSendMessageSize(64 << 20);

@@ -5,6 +5,7 @@ A healthy replay raises nothing, every figure the daemon reports equals the same
 here from the fixture's raw records (flare-export's JSON lines), and flared rejects nothing; each
 perturbation (slow GPU, slow link, host stall, hang) is named with the right rank and team."""
 
+import gzip
 import json
 import os
 import re
@@ -78,17 +79,17 @@ def daemon(build_dir, tmp_path):
         d.proc.kill()
 
 
-def replay_cmd(build_dir, daemon, job, *extra):
-    return [os.path.join(build_dir, "bin", "flare-replay"), "--fixture", FIXTURE, "--target",
+def replay_cmd(build_dir, daemon, job, *extra, fixture=FIXTURE):
+    return [os.path.join(build_dir, "bin", "flare-replay"), "--fixture", fixture, "--target",
             "127.0.0.1:%d" % daemon.grpc, "--ranks", str(RANKS), "--job", job, "--speed", "0",
             "--hold-s", "0.5", *map(str, extra)]
 
 
-def replay(build_dir, daemon, job, *extra):
+def replay(build_dir, daemon, job, *extra, fixture=FIXTURE):
     """Runs flare-replay to the end; returns when it started (ns), for settled()."""
     started = time.time_ns()
-    res = subprocess.run(replay_cmd(build_dir, daemon, job, *extra), capture_output=True,
-                         text=True, timeout=60)
+    res = subprocess.run(replay_cmd(build_dir, daemon, job, *extra, fixture=fixture),
+                         capture_output=True, text=True, timeout=60)
     assert res.returncode == 0, res.stderr + res.stdout
     out = json.loads(res.stdout.strip().splitlines()[-1])
     assert out["accepted"] == RANKS and out["rejected"] == {} and out["stream_errors"] == 0, out
@@ -123,14 +124,24 @@ def wait_alerts(daemon, job, kind, timeout=20):
 # ---- the fixture's figures, computed here from its raw records ----------------------------
 
 @pytest.fixture(scope="module")
-def records(build_dir, tmp_path_factory):
+def exported(build_dir, tmp_path_factory):
+    """The fixture's records as flare-export prints them, and where they were written in the
+    layout of tests/fixtures/gpu/ (<fixture>/rank0.jsonl.gz)."""
     folder = tmp_path_factory.mktemp("fixture")
     with tarfile.open(FIXTURE) as t:
-        t.extractall(folder)
-    res = subprocess.run([os.path.join(build_dir, "bin", "flare-export"), "--input", str(folder)],
-                         capture_output=True, text=True, timeout=60)
+        t.extractall(folder / "spool")
+    res = subprocess.run([os.path.join(build_dir, "bin", "flare-export"), "--input",
+                          str(folder / "spool")], capture_output=True, text=True, timeout=60)
     assert res.returncode == 0, res.stderr
-    return [json.loads(line) for line in res.stdout.splitlines()]
+    (folder / "healthy").mkdir()
+    with gzip.open(folder / "healthy" / "rank0.jsonl.gz", "wt") as f:
+        f.write(res.stdout)
+    return [json.loads(line) for line in res.stdout.splitlines()], str(folder / "healthy")
+
+
+@pytest.fixture(scope="module")
+def records(exported):
+    return exported[0]
 
 
 def step_starts(records):
@@ -204,9 +215,13 @@ def test_the_fixture_is_small_and_has_steps_collectives_and_loader_spans(records
     assert len({r["comm_hash"] for r in records if r["kind"] == "collective"}) >= 2
 
 
+@pytest.mark.parametrize("form", ["spool", "jsonl"])
 def test_healthy_replay_raises_nothing_and_every_figure_matches_the_fixture(
-        build_dir, daemon, records):
-    started = replay(build_dir, daemon, "healthy")
+        build_dir, daemon, exported, form):
+    # The same trace as a spool archive (tests/fixtures/sim/) and as flare-export's JSON lines
+    # in the layout of the GPU captures (tests/fixtures/gpu/README.md).
+    records, jsonl = exported
+    started = replay(build_dir, daemon, "healthy", fixture=FIXTURE if form == "spool" else jsonl)
     report = settled(daemon, "healthy", started)
     assert daemon.alerts("healthy") == []
     want = expected(records)
@@ -280,7 +295,7 @@ def test_bad_arguments_are_clear_errors(build_dir, tmp_path):
     assert res.returncode == 2 and "--fixture" in res.stderr
     res = subprocess.run([tool, "--fixture", str(tmp_path / "nope")], capture_output=True,
                          text=True)
-    assert res.returncode == 2 and "neither a spool folder nor an archive" in res.stderr
+    assert res.returncode == 2 and "neither a fixture folder nor a fixture file" in res.stderr
     res = subprocess.run([tool, "--fixture", FIXTURE, "--ranks", "4", "--slow-gpu", "4:2"],
                          capture_output=True, text=True)
     assert res.returncode == 2 and "not below --ranks" in res.stderr

@@ -5,6 +5,7 @@
 #include <map>
 #include <set>
 
+#include "tools/replay/fixture_reader.h"
 #include "tools/replay/summary_replay.h"
 
 namespace flare::replay {
@@ -219,6 +220,26 @@ TEST(SummaryReplay, TheBuilderSummarisesComputeAndKeepsCollectivesAsBlocks) {
   EXPECT_EQ(kernels, 0u);
   EXPECT_EQ(s.due_ns.size(), s.batches.size());
   (void)steps;  // step statistics need step boundaries the builder sees (markers, __next__)
+}
+
+TEST(FixtureReader, ParsesFlareExportLinesExactly) {
+  std::vector<std::pair<std::string, JsonField>> f;
+  ASSERT_TRUE(parseJsonLine(
+      R"({"job":"j","rank":0,"kind":"gemm","name":"a\"b\u00e9","shape":[8192,2048,-1],)"
+      R"("start_ns":1795722306382276591,"x":1.5,"ok":true,"n":null,)"
+      R"("clusters":[{"count":1,"p50_ns":2}],"o":{"a":[1,{"b":2}]}})",
+      &f));
+  std::map<std::string, JsonField> m(f.begin(), f.end());
+  EXPECT_EQ(m["name"].s, "a\"b\xc3\xa9");
+  EXPECT_EQ(m["shape"].ints, (std::vector<long long>{8192, 2048, -1}));
+  EXPECT_EQ(m["start_ns"].i, 1795722306382276591LL);  // exact: not through a double
+  EXPECT_EQ(m["x"].d, 1.5);
+  EXPECT_EQ(m["ok"].type, JsonField::kBool);
+  EXPECT_EQ(m["clusters"].type, JsonField::kOther);
+  EXPECT_EQ(m["o"].type, JsonField::kOther);
+  f.clear();
+  EXPECT_FALSE(parseJsonLine(R"({"a":)", &f));
+  EXPECT_FALSE(parseJsonLine("[1,2]", &f));
 }
 
 }  // namespace

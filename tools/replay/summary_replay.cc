@@ -61,6 +61,7 @@ SummaryBatches toSummary(int rank, const std::vector<flare::v1::RecordBatch>& ra
   opt.summary_mode = [] { return true; };
   opt.summary_window_ns = summary_window_ns;
   timing::BatchBuilder builder(rank, opt, [&](flare::v1::RecordBatch&& b) {
+    b.set_created_ns(current_due);  // the builder stamps the wall clock; the plan's is wanted
     out.batches.push_back(std::move(b));
     out.due_ns.push_back(current_due);
   });
