@@ -29,6 +29,8 @@
 # Usage, on the GPU machine (from the repository root, or from the kit's root: the kit carries
 # tests/gpu):  FLARE_BUILD_DIR=KIT OUT=/some/dir tests/gpu/acceptance.sh
 # The kit: FLARE_KIT, else FLARE_BUILD_DIR, else the kit this script sits in, else ./.gpukit.
+# FLARE_ACCEPTANCE_PARTS=b,c runs only those parts (the others are listed as skipped), e.g. to
+# rerun one part; FLARE_ACCEPTANCE_SIM=0 on the GPU machine skips the PyTorch probe (~10 s).
 # Exit status: 0 when every part passed or was skipped, 1 otherwise.
 set -uo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -75,6 +77,12 @@ mkdir -p "$OUT/logs"
 part() {
   local name=$1 title=$2 limit=$3 needs=$4
   shift 4
+  if [ -n "${FLARE_ACCEPTANCE_PARTS:-}" ] && [ "$name" != env ] &&
+     ! [[ ",$FLARE_ACCEPTANCE_PARTS," == *",$name,"* ]]; then
+    "$py" "$here/acceptance_summary.py" part "$OUT" "$name" "$title" skipped 0 0 "$limit" \
+      "skipped: not in FLARE_ACCEPTANCE_PARTS"
+    return
+  fi
   if [ "$needs" = torch ] && [ "$sim" = 1 ]; then
     "$py" "$here/acceptance_summary.py" part "$OUT" "$name" "$title" skipped 0 0 "$limit" \
       "skipped: needs PyTorch+GPU (simulated mode)"
