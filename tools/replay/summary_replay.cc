@@ -72,6 +72,9 @@ SummaryBatches toSummary(int rank, const std::vector<flare::v1::RecordBatch>& ra
     later_issue[i] = later_issue[i + 1];
     for (const auto& k : raw[i].kernels()) later_issue[i] = std::min(later_issue[i], k.issue_ns());
   }
+  // The builder feeds its step accumulator from the first addOps on (a rank's tracer hands it
+  // ops before the first spans): an empty call starts it before the first batch's spans.
+  builder.addOps({});
   std::map<uint32_t, timing::OpKind> kinds;
   std::map<uint32_t, uint64_t> sig_flops;
   std::vector<timing::CompletedOp> ops;
