@@ -365,10 +365,20 @@ def cmd_run(args):
     return 128 - code if code < 0 else code
 
 
+def auth_token(token=None):
+    """The token sent to flared's HTTP API: the one given, else FLARE_TOKEN (a job's token reads
+    and changes that job; an operator token everything; flared without --token-file checks
+    none)."""
+    return token or os.environ.get("FLARE_TOKEN") or None
+
+
 def http_get(base, path, timeout):
     url = "http://%s%s" % (base, path)
+    req = urllib.request.Request(url)
+    if auth_token():
+        req.add_header("X-Flare-Token", auth_token())
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as resp:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
             body = resp.read()
     except urllib.error.HTTPError as e:
         raise CliError("daemon at %s answered %d for %s" % (base, e.code, path), code=3,
@@ -392,8 +402,8 @@ def http_bytes(base, method, path, timeout, data=None, token=None, content_type=
     req = urllib.request.Request(url, data=data, method=method)
     if content_type:
         req.add_header("Content-Type", content_type)
-    if token:
-        req.add_header("X-Flare-Token", token)
+    if auth_token(token):
+        req.add_header("X-Flare-Token", auth_token(token))
     try:
         with urllib.request.urlopen(req, timeout=timeout) as resp:
             return resp.read()

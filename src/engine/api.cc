@@ -268,7 +268,72 @@ std::optional<HttpResponse> QueryApi::analysisRoute(const HttpRequest& r) {
   return std::nullopt;
 }
 
+std::string QueryApi::requestToken(const HttpRequest& req) {
+  if (const auto it = req.headers.find("x-flare-token"); it != req.headers.end()) return it->second;
+  if (const auto it = req.headers.find("authorization"); it != req.headers.end()) {
+    const std::string& v = it->second;
+    if (v.size() > 7 && (v.compare(0, 7, "Bearer ") == 0 || v.compare(0, 7, "bearer ") == 0)) {
+      size_t a = 7;
+      while (a < v.size() && v[a] == ' ') ++a;
+      return v.substr(a);
+    }
+  }
+  return {};
+}
+
+std::optional<HttpResponse> QueryApi::authorize(const HttpRequest& req) const {
+  if (!tokens_.enabled() || req.path == "/healthz") return std::nullopt;
+  const std::string token = requestToken(req);
+  if (tokens_.operatorToken(token)) return std::nullopt;
+  auto deny = [&](const std::string& what) -> std::optional<HttpResponse> {
+    if (token.empty()) {
+      return error(401, what + " needs a token (X-Flare-Token or Authorization: Bearer)");
+    }
+    return error(403, "this token may not " + what);
+  };
+  const std::vector<std::string> p = split(req.path);
+  // /api/v1/jobs/{job}/{route}[/{id}]: the job's own token. The path's job is what every job
+  // route acts on (job ids hold no '/'); anything longer is no route, but still denied here.
+  if (p.size() >= 5 && p[0] == "api" && p[1] == "v1" && p[2] == "jobs" &&
+      req.path.rfind("/api/v1/jobs/", 0) == 0 && p.size() <= 6 &&
+      req.path.compare(13, p[3].size() + 1, p[3] + "/") == 0) {
+    if (!tokens_.jobToken(p[3], token)) return deny("access job " + p[3]);
+    // A series compared with a baseline reads that job too.
+    if (const auto b = req.query.find("baseline");
+        b != req.query.end() && !b->second.empty() && !tokens_.jobToken(b->second, token)) {
+      return deny("read job " + b->second);
+    }
+    return std::nullopt;
+  }
+  // Alerts of one job: that job's token.
+  if (req.path == "/api/v1/alerts") {
+    const auto j = req.query.find("job");
+    if (j != req.query.end() && !j->second.empty()) {
+      if (tokens_.jobToken(j->second, token)) return std::nullopt;
+      return deny("read the alerts of job " + j->second);
+    }
+  }
+  return deny("read " + req.path + " (an operator token)");
+}
+
+Code QueryApi::sendCommand(const v1::SendCommandRequest& req, const std::string& token,
+                           v1::SendCommandResponse* out, std::string* err) {
+  if (tokens_.enabled() && tokens_.operatorToken(token)) {
+    if (req.command().has_exit()) {
+      *err = "exit is sent only by flared after a hang diagnosis (FLARE_HANG_KILL)";
+      return Code::kPermissionDenied;
+    }
+    return ingest_.sendCommandTrusted(req, out, err);
+  }
+  return ingest_.sendCommand(req, token, out, err);
+}
+
 HttpResponse QueryApi::http(const HttpRequest& req) {
+  if (auto denied = authorize(req)) return *std::move(denied);
+  return route(req);
+}
+
+HttpResponse QueryApi::route(const HttpRequest& req) {
   if (auto routed = analysisRoute(req)) return *std::move(routed);
   const std::vector<std::string> p = split(req.path);
   const bool get = req.method == "GET" || req.method == "HEAD";
@@ -326,11 +391,9 @@ HttpResponse QueryApi::http(const HttpRequest& req) {
         return error(400, "body is not a SendCommandRequest in JSON");
       }
       r.set_job_id(job);
-      const auto tok = req.headers.find("x-flare-token");
       v1::SendCommandResponse out;
       std::string err;
-      const Code c =
-          ingest_.sendCommand(r, tok == req.headers.end() ? "" : tok->second, &out, &err);
+      const Code c = sendCommand(r, requestToken(req), &out, &err);
       return c == Code::kOk ? json(out) : error(httpStatus(c), err);
     }
     if (p.size() == 5 && p[4] == "deep-trace" && get) {

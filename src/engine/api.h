@@ -23,7 +23,13 @@
 //   /api/v1/baselines                         the healthy baselines
 //   /api/v1/jobs/{job}/hangs                  the job's hang incidents (hang_monitor.h)
 //
-// Thread-safe (it holds no state of its own). Does not own the Ingest or the Store.
+// Authentication (setTokens, auth.h): when tokens are configured every route but /healthz needs
+// one, in the header X-Flare-Token or "Authorization: Bearer TOKEN". /api/v1/jobs/{job}/...
+// (reads and writes) takes the job's token or an operator token; everything else (/metrics, the
+// job list, /api/v1/alerts without ?job=, /api/v1/baselines) an operator token. No token: 401;
+// a token that may not: 403.
+//
+// Thread-safe (its state is set before serving). Does not own the Ingest or the Store.
 #pragma once
 
 #include <functional>
@@ -31,6 +37,7 @@
 #include <string>
 
 #include "flare/v1/service.pb.h"
+#include "src/engine/auth.h"
 #include "src/engine/http_server.h"
 #include "src/engine/ingest.h"
 
@@ -65,8 +72,21 @@ class QueryApi {
     wall_ = wall;
   }
 
+  // The tokens that guard the routes (auth.h); default: none, every route open. Set before
+  // serving.
+  void setTokens(TokenSet tokens) { tokens_ = std::move(tokens); }
+  const TokenSet& tokens() const { return tokens_; }
+
+  // A command from a client (HTTP or gRPC Query): the job's token or an operator token.
+  Code sendCommand(const v1::SendCommandRequest& req, const std::string& token,
+                   v1::SendCommandResponse* out, std::string* error);
+
+  // The caller's token of an HTTP request: X-Flare-Token, else "Authorization: Bearer T".
+  static std::string requestToken(const HttpRequest& req);
+
   Code listAlerts(const v1::ListAlertsRequest& req, v1::ListAlertsResponse* out);
   Code report(const v1::GetReportRequest& req, v1::GetReportResponse* out);
+  // Every HTTP route, behind the token check.
   HttpResponse http(const HttpRequest& req);
 
   Ingest& ingest() { return ingest_; }
@@ -79,6 +99,11 @@ class QueryApi {
   Analyzer* analyzer_ = nullptr;
   HangMonitor* hangs_ = nullptr;
   const flare::common::Clock* wall_ = nullptr;
+  TokenSet tokens_;
+
+  // Null when `req` may go on; else the 401/403 answer.
+  std::optional<HttpResponse> authorize(const HttpRequest& req) const;
+  HttpResponse route(const HttpRequest& req);
 
   std::optional<HttpResponse> analysisRoute(const HttpRequest& r);
 };

@@ -59,8 +59,11 @@ std::string httpRequest(int port, const std::string& method, const std::string& 
   return out;
 }
 
+// The operator token of FlaredTest's token file: reads everything.
+constexpr const char* kOperatorHeader = "X-Flare-Token: tokOp\r\n";
+
 std::string httpBody(int port, const std::string& path) {
-  const std::string r = httpRequest(port, "GET", path);
+  const std::string r = httpRequest(port, "GET", path, "", kOperatorHeader);
   const size_t p = r.find("\r\n\r\n");
   return p == std::string::npos ? "" : r.substr(p + 4);
 }
@@ -168,7 +171,7 @@ class FlaredTest : public ::testing::Test {
     dir_ = fs::temp_directory_path() / ("flared_it_" + std::to_string(getpid()));
     fs::remove_all(dir_);
     fs::create_directories(dir_);
-    std::ofstream(dir_ / "tokens") << "# job token\njobA tokA\njobB tokB\n";
+    std::ofstream(dir_ / "tokens") << "# job token\njobA tokA\njobB tokB\n[operator] tokOp\n";
   }
   ~FlaredTest() override { fs::remove_all(dir_); }
   fs::path dir_;
@@ -258,17 +261,23 @@ TEST_F(FlaredTest, RanksStreamQueryRestartAndIsolation) {
               ::testing::HasSubstr("\"totalNs\":\"" + std::to_string(kRanks * kPer * kDur) + "\""));
   EXPECT_THAT(httpBody(d->http_port, "/api/v1/jobs/jobB/report"),
               ::testing::Not(::testing::HasSubstr("count")));
-  EXPECT_THAT(httpRequest(d->http_port, "GET", "/api/v1/jobs/nope/report"),
+  EXPECT_THAT(httpRequest(d->http_port, "GET", "/api/v1/jobs/nope/report", "", kOperatorHeader),
               ::testing::HasSubstr("404"));
 
   // The gRPC Query service answers the same report.
   {
     auto q =
         v1::Query::NewStub(grpc::CreateChannel(d->target(), grpc::InsecureChannelCredentials()));
-    grpc::ClientContext ctx;
     v1::GetReportRequest req;
     req.set_job_id("jobA");
     v1::GetReportResponse resp;
+    {  // job B's token may not read job A
+      grpc::ClientContext ctx;
+      ctx.AddMetadata("x-flare-token", "tokB");
+      EXPECT_EQ(q->GetReport(&ctx, req, &resp).error_code(), grpc::StatusCode::PERMISSION_DENIED);
+    }
+    grpc::ClientContext ctx;
+    ctx.AddMetadata("x-flare-token", "tokA");
     ASSERT_TRUE(q->GetReport(&ctx, req, &resp).ok());
     ASSERT_EQ(resp.signatures_size(), 1);
     EXPECT_EQ(resp.signatures(0).count(), static_cast<uint64_t>(kRanks * kPer));
@@ -436,6 +445,66 @@ TEST_F(FlaredTest, TlsWhenGivenCertAndKey) {
   EXPECT_FALSE(plain->ListJobs(&ctx2, v1::ListJobsRequest(), &resp).ok());
 }
 
+// Runs flared with `args` (its output merged), returns the exit status and the output.
+// `then`: shell text after it (e.g. to stop it after a while).
+std::pair<int, std::string> runFlared(const std::string& args, const std::string& then = "") {
+  FILE* p = popen((std::string(FLARED_PATH) + " " + args + " 2>&1" + then).c_str(), "r");
+  if (p == nullptr) return {-1, ""};
+  std::string out;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
+  return {pclose(p), out};
+}
+
+TEST_F(FlaredTest, WritesAndReadsNeedTheRightToken) {
+  Flared d(dir_, {"--token-file", (dir_ / "tokens").string()});
+  ASSERT_GT(d.http_port, 0);
+  for (const char* method : {"POST", "DELETE"}) {
+    EXPECT_THAT(httpRequest(d.http_port, method, "/api/v1/jobs/jobA/baseline"),
+                ::testing::StartsWith("HTTP/1.1 401"));
+    EXPECT_THAT(httpRequest(d.http_port, method, "/api/v1/jobs/jobA/baseline", "",
+                            "X-Flare-Token: tokB\r\n"),
+                ::testing::StartsWith("HTTP/1.1 403"));
+    // The right token gets past the check (job A has no data: 404).
+    EXPECT_THAT(httpRequest(d.http_port, method, "/api/v1/jobs/jobA/baseline", "",
+                            "X-Flare-Token: tokA\r\n"),
+                ::testing::StartsWith("HTTP/1.1 404"));
+  }
+  EXPECT_THAT(httpRequest(d.http_port, "POST", "/api/v1/jobs/jobA/commands",
+                          R"({"command":{"deepTrace":{"steps":2}}})", "X-Flare-Token: tokB\r\n"),
+              ::testing::StartsWith("HTTP/1.1 403"));
+  EXPECT_THAT(
+      httpRequest(d.http_port, "GET", "/api/v1/jobs/jobA/report", "", "X-Flare-Token: tokB\r\n"),
+      ::testing::StartsWith("HTTP/1.1 403"));
+  EXPECT_THAT(httpRequest(d.http_port, "GET", "/metrics"), ::testing::StartsWith("HTTP/1.1 401"));
+  EXPECT_THAT(httpRequest(d.http_port, "GET", "/metrics", "", "Authorization: Bearer tokOp\r\n"),
+              ::testing::StartsWith("HTTP/1.1 200"));
+  EXPECT_THAT(httpRequest(d.http_port, "GET", "/healthz"), ::testing::StartsWith("HTTP/1.1 200"));
+}
+
+TEST_F(FlaredTest, UnsafeConfigurationsAreRefusedAtStart) {
+  const std::string db = " --db " + (dir_ / "x.db").string();
+  // A token file that names no token would turn authentication off: an error.
+  std::ofstream(dir_ / "empty-tokens") << "# jobA tokA\n\n";
+  auto [status, out] = runFlared("--listen 127.0.0.1:0 --http 127.0.0.1:0 --token-file " +
+                                 (dir_ / "empty-tokens").string() + db);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 2) << out;
+  EXPECT_THAT(out, ::testing::HasSubstr("names no token"));
+  // A non-loopback address without tokens: refused, saying how to go on.
+  std::tie(status, out) = runFlared("--listen 127.0.0.1:0 --http 0.0.0.0:0" + db);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 2) << out;
+  EXPECT_THAT(out, ::testing::HasSubstr("--http 0.0.0.0:0 is not a loopback address"));
+  EXPECT_THAT(out, ::testing::HasSubstr("--insecure"));
+  std::tie(status, out) = runFlared("--listen 0.0.0.0:0 --http off" + db);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 2) << out;
+  // With --insecure 1 it serves, and says so loudly.
+  std::tie(status, out) =
+      runFlared("--listen 127.0.0.1:0 --http 0.0.0.0:0 --insecure 1 --diagnose-interval-s 0" + db,
+                " & P=$!; sleep 3; kill $P; wait $P");
+  EXPECT_THAT(out, ::testing::HasSubstr("INSECURE: --http 0.0.0.0:0 without --token-file"));
+}
+
 TEST_F(FlaredTest, HelpDocumentsEveryFlag) {
   const std::string cmd = std::string(FLARED_PATH) + " --help";
   FILE* p = popen(cmd.c_str(), "r");
@@ -445,9 +514,9 @@ TEST_F(FlaredTest, HelpDocumentsEveryFlag) {
   size_t n;
   while ((n = fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
   EXPECT_EQ(pclose(p), 0);
-  for (const char* f :
-       {"--listen", "--http", "--db", "--token-file", "--tls-cert", "--tls-key",
-        "--max-message-bytes", "--rank-rate-limit", "--raw-retention-s", "--db-max-bytes"}) {
+  for (const char* f : {"--listen", "--http", "--db", "--token-file", "--tls-cert", "--tls-key",
+                        "--max-message-bytes", "--rank-rate-limit", "--raw-retention-s",
+                        "--db-max-bytes", "--insecure"}) {
     EXPECT_THAT(out, ::testing::HasSubstr(f));
   }
   EXPECT_NE(system((std::string(FLARED_PATH) + " --no-such-flag 2>/dev/null").c_str()), 0);

@@ -18,11 +18,13 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "src/common/log.h"
 #include "src/common/text.h"
 #include "src/engine/analyzer.h"
 #include "src/engine/api.h"
+#include "src/engine/auth.h"
 #include "src/engine/deep_trace_trigger.h"
 #include "src/engine/grpc_server.h"
 #include "src/engine/hang_monitor.h"
@@ -122,6 +124,9 @@ std::map<std::string, Flag> defaultFlags() {
   add("hang-kill", "0|1", "1",
       "after a conclusive hang diagnosis (stored, alert posted), send Exit to the ranks that "
       "opted in with FLARE_HANG_KILL=1 (0: never, whatever the ranks set)");
+  add("insecure", "0|1", "0",
+      "1: serve a non-loopback --listen/--http address without --token-file (anyone who reaches "
+      "it reads every job and changes baselines and ranks; warned once a minute)");
   add("ready-file", "PATH", "", "write 'GRPC_PORT HTTP_PORT' here once listening (tests, scripts)");
   return f;
 }
@@ -137,32 +142,14 @@ void usage(const std::map<std::string, Flag>& flags) {
   }
 }
 
-bool loadTokens(const std::string& path, IngestConfig* cfg, std::string* error) {
-  std::ifstream in(path);
-  if (!in) {
-    *error = "cannot read --token-file " + path;
-    return false;
-  }
-  std::string line;
-  int n = 0;
-  while (std::getline(in, line)) {
-    ++n;
-    const size_t hash = line.find('#');
-    if (hash != std::string::npos) line.resize(hash);
-    std::istringstream ls(line);
-    std::string job, token, extra;
-    if (!(ls >> job)) continue;
-    if (!(ls >> token) || (ls >> extra)) {
-      *error = path + ":" + std::to_string(n) + ": expected 'job_id token'";
-      return false;
-    }
-    if (job == "*") {
-      cfg->default_token = token;
-    } else {
-      cfg->job_tokens[job] = token;
-    }
-  }
-  return true;
+// True when `address` (HOST:PORT, [V6]:PORT or unix:PATH) is reachable only from this host.
+bool loopbackAddress(const std::string& address) {
+  if (address.rfind("unix:", 0) == 0) return true;
+  const size_t colon = address.rfind(':');
+  std::string host = colon == std::string::npos ? address : address.substr(0, colon);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']')
+    host = host.substr(1, host.size() - 2);
+  return host == "localhost" || host == "::1" || host.rfind("127.", 0) == 0;
 }
 
 }  // namespace
@@ -238,10 +225,35 @@ int main(int argc, char** argv) {
     return 2;
   }
   std::string error;
-  if (!str("token-file").empty() && !loadTokens(str("token-file"), &cfg, &error)) {
-    std::fprintf(stderr, "flared: %s\n", error.c_str());
+  TokenSet tokens;
+  if (!str("token-file").empty()) {
+    if (!loadTokenFile(str("token-file"), &tokens, &error)) {
+      std::fprintf(stderr, "flared: %s\n", error.c_str());
+      return 2;
+    }
+    cfg.job_tokens = tokens.job_tokens;
+    cfg.default_token = tokens.default_token;
+  }
+  const bool insecure = num("insecure") != 0;
+  if (bad) return 2;
+  // Without tokens, whoever reaches a port reads every job and changes baselines and ranks:
+  // only loopback, unless the operator says --insecure (warned about once a minute below).
+  std::vector<std::string> exposed;
+  for (const char* f : {"listen", "http"}) {
+    const std::string& a = str(f);
+    if (!(std::string(f) == "http" && (a.empty() || a == "off")) && !loopbackAddress(a))
+      exposed.push_back("--" + std::string(f) + " " + a);
+  }
+  if (!tokens.enabled() && !exposed.empty() && !insecure) {
+    std::fprintf(stderr,
+                 "flared: %s is not a loopback address and no --token-file is given: anyone who "
+                 "reaches it could read every job and change baselines and ranks. Give "
+                 "--token-file (deploy/README.md), bind 127.0.0.1, or accept the risk with "
+                 "--insecure 1\n",
+                 exposed.front().c_str());
     return 2;
   }
+  const bool warn_insecure = !tokens.enabled() && !exposed.empty();
   if (str("tls-cert").empty() != str("tls-key").empty()) {
     std::fprintf(stderr, "flared: --tls-cert and --tls-key go together\n");
     return 2;
@@ -417,6 +429,7 @@ int main(int argc, char** argv) {
     return w.take();
   };
   QueryApi api(ingest, store.get(), metrics);
+  api.setTokens(tokens);
   api.setReportEnricher([&analyzer](flare::v1::GetReportResponse* r) { analyzer.enrichReport(r); });
   api.setAnalysis(&analyzer, &hangs, &wall);
 
@@ -459,6 +472,7 @@ int main(int argc, char** argv) {
   const auto maintain_every = std::chrono::seconds(std::max<int64_t>(maintain_s, 1));
   auto next_persist = std::chrono::steady_clock::now() + persist_every;
   auto next_maintain = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+  auto next_insecure_warning = std::chrono::steady_clock::now();
   // The detectors run on their own thread, so that a long analysis (thousands of ranks) never
   // delays checkpoints and retention on this one. The next run starts --diagnose-interval-s after
   // the last one ended, or three times its duration when that is longer: the analysis takes at
@@ -499,6 +513,14 @@ int main(int argc, char** argv) {
     if (now >= next_persist) {
       ingest.persist();
       next_persist = now + persist_every;
+    }
+    if (warn_insecure && now >= next_insecure_warning) {
+      FLARE_LOG_WARN("engine",
+                     "INSECURE: {} without --token-file (--insecure 1): anyone who reaches it "
+                     "reads every job and may change baselines and send commands (said once a "
+                     "minute)",
+                     exposed.front());
+      next_insecure_warning = now + std::chrono::minutes(1);
     }
     if (now >= next_maintain) {
       const MaintenanceResult m = store->maintain(wall.nowNs(), retention);

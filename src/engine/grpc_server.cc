@@ -327,12 +327,15 @@ class GrpcServer::QueryService final : public v1::Query::CallbackService {
   grpc::ServerUnaryReactor* ListJobs(grpc::CallbackServerContext* ctx,
                                      const v1::ListJobsRequest* req,
                                      v1::ListJobsResponse* resp) override {
+    if (!api_.tokens().mayReadAll(token(ctx))) return denied(ctx, "list jobs");
     *resp = api_.ingest().listJobs(*req);
     return done(ctx, Code::kOk, "");
   }
   grpc::ServerUnaryReactor* GetReport(grpc::CallbackServerContext* ctx,
                                       const v1::GetReportRequest* req,
                                       v1::GetReportResponse* resp) override {
+    if (!api_.tokens().mayAccessJob(req->job_id(), token(ctx)))
+      return denied(ctx, "read job " + req->job_id());
     if (req->since_unix_ns() != 0) {  // aggregates cover the whole job (README: gaps)
       grpc::ServerUnaryReactor* r = ctx->DefaultReactor();
       r->Finish(grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
@@ -344,31 +347,50 @@ class GrpcServer::QueryService final : public v1::Query::CallbackService {
   grpc::ServerUnaryReactor* ListRanks(grpc::CallbackServerContext* ctx,
                                       const v1::ListRanksRequest* req,
                                       v1::ListRanksResponse* resp) override {
+    if (!api_.tokens().mayAccessJob(req->job_id(), token(ctx)))
+      return denied(ctx, "read job " + req->job_id());
     return done(ctx, api_.ingest().ranks(*req, resp), "unknown job " + req->job_id());
   }
   grpc::ServerUnaryReactor* ListAlerts(grpc::CallbackServerContext* ctx,
                                        const v1::ListAlertsRequest* req,
                                        v1::ListAlertsResponse* resp) override {
+    if (req->job_id().empty() ? !api_.tokens().mayReadAll(token(ctx))
+                              : !api_.tokens().mayAccessJob(req->job_id(), token(ctx)))
+      return denied(ctx, "read these alerts");
     return done(ctx, api_.listAlerts(*req, resp), "");
   }
   grpc::ServerUnaryReactor* SendCommand(grpc::CallbackServerContext* ctx,
                                         const v1::SendCommandRequest* req,
                                         v1::SendCommandResponse* resp) override {
-    std::string token;
-    const auto& md = ctx->client_metadata();
-    if (auto it = md.find("x-flare-token"); it != md.end())
-      token.assign(it->second.data(), it->second.size());
     std::string err;
-    const Code c = api_.ingest().sendCommand(*req, token, resp, &err);
+    const Code c = api_.sendCommand(*req, token(ctx), resp, &err);
     return done(ctx, c, err);
   }
   grpc::ServerUnaryReactor* GetCommandResults(grpc::CallbackServerContext* ctx,
                                               const v1::GetCommandResultsRequest* req,
                                               v1::GetCommandResultsResponse* resp) override {
+    if (!api_.tokens().mayAccessJob(req->job_id(), token(ctx)))
+      return denied(ctx, "read job " + req->job_id());
     return done(ctx, api_.ingest().commandResults(*req, resp), "unknown job " + req->job_id());
   }
 
  private:
+  // The caller's token: metadata x-flare-token, else "authorization: Bearer T" (auth.h).
+  static std::string token(grpc::CallbackServerContext* ctx) {
+    const auto& md = ctx->client_metadata();
+    if (auto it = md.find("x-flare-token"); it != md.end())
+      return std::string(it->second.data(), it->second.size());
+    if (auto it = md.find("authorization"); it != md.end()) {
+      const std::string v(it->second.data(), it->second.size());
+      if (v.rfind("Bearer ", 0) == 0) return v.substr(7);
+    }
+    return {};
+  }
+  grpc::ServerUnaryReactor* denied(grpc::CallbackServerContext* ctx, const std::string& what) {
+    const bool none = token(ctx).empty();
+    return done(ctx, none ? Code::kUnauthenticated : Code::kPermissionDenied,
+                (none ? "a token is needed to " : "this token may not ") + what);
+  }
   static grpc::ServerUnaryReactor* done(grpc::CallbackServerContext* ctx, Code c,
                                         const std::string& err) {
     grpc::ServerUnaryReactor* r = ctx->DefaultReactor();
