@@ -7,7 +7,7 @@ CMAKE_FLAGS += -DFLARE_WERROR=ON
 endif
 PYTHON ?= python3
 
-.PHONY: all deps configure build test unit-test py-test demo bench format clean
+.PHONY: all deps configure build test unit-test py-test demo bench format clean wheel
 
 all: build
 
@@ -27,6 +27,11 @@ py-test: build
 	FLARE_BUILD_DIR=$(abspath $(BUILD_DIR)) $(PYTHON) -m pytest -q tests/python
 
 test: unit-test py-test
+
+# The pip-installable wheel: the package with the hook, flared and the tools, dependencies
+# vendored (tools/packaging/make-wheel.sh; docs/install.md). Written to $(BUILD_DIR)/wheel/dist.
+wheel: build
+	@bash tools/packaging/make-wheel.sh $(BUILD_DIR)
 
 demo: build
 	@bash tools/demo.sh $(BUILD_DIR)

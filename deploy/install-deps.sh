@@ -47,8 +47,11 @@ fi
 # (promtool, the server): tests/python/test_deploy.py.
 # The Debian package chromium (headless) renders `flare report --html` pages in
 # tests/python/test_report.py.
+# setuptools, wheel and auditwheel: `make wheel` builds the wheel, tags it and verifies its
+# manylinux tag
+# (tools/packaging/make-wheel.sh, tests/python/test_wheel.py).
 PY_PACKAGES=(pytest scipy numpy psutil HolisticTraceAnalysis=hta grpcio=grpc pyyaml=yaml
-  kubernetes-validate=kubernetes_validate)
+  kubernetes-validate=kubernetes_validate setuptools wheel auditwheel)
 for py in ${FLARE_PYTHONS:-$(command -v python3)}; do
   for entry in "${PY_PACKAGES[@]}"; do
     pkg="${entry%%=*}"

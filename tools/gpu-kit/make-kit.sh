@@ -23,6 +23,8 @@
 # Use it there as FLARE_BUILD_DIR=KIT (tests/gpu/run_device.sh, tests/gpu/acceptance.sh).
 # The binaries need glibc 2.34 or newer (checked below) and the machine's own libstdc++.
 # Needs patchelf (Debian package patchelf; deploy/install-deps.sh installs it).
+# The wheel (tools/packaging/make-wheel.sh, `make wheel`) carries the same binaries for a pip
+# install; the kit adds the GPU tests, the simulated stack and cuda-gdb's scripts.
 #
 # Usage: tools/gpu-kit/make-kit.sh [BUILD_DIR] [KIT_DIR]   (defaults: build .gpukit)
 set -euo pipefail
@@ -47,21 +49,15 @@ for f in "$build"/lib/sim/*.so*; do [ -e "$f" ] && cp -P "$f" "$kit/lib/sim/"; d
 [ -d "$build/share/flare" ] && cp -r "$build/share/flare" "$kit/share/"
 strip --strip-debug "$kit"/bin/flare* "$kit"/lib/*.so "$kit"/lib/flare/*.so
 find "$kit/lib/sim" -type f -exec strip --strip-debug {} +
-# Dependencies: everything ldd resolves outside glibc, libstdc++/libgcc and the CUDA libraries
-# (the GPU machine brings its own CUDA; the hook resolves the real ones at run time).
-skip='^(linux-vdso|ld-linux|libc\.so|libm\.so|libdl\.so|libpthread\.so|librt\.so|libresolv\.so|libutil\.so|libstdc\+\+|libgcc_s|libcuda|libcudart|libcublas|libnccl|libcupti)'
+# Dependencies and RUNPATHs (tools/packaging/vendor-deps.sh, shared with the wheel): everything
+# ldd resolves outside glibc, libstdc++/libgcc and the CUDA libraries (the GPU machine brings its
+# own CUDA; the hook resolves the real ones at run time) goes to deps/, and binaries and libraries
+# find it relative to themselves, so that nothing needs LD_LIBRARY_PATH there (it would leak these
+# libraries into PyTorch and every child process).
 elves=("$kit"/bin/flare* "$kit"/lib/*.so)
-for f in "${elves[@]}" $(find "$kit/lib/sim" -type f); do
-  ldd "$f" 2>/dev/null | awk '/=> \//{print $1, $3}' | while read -r name path; do
-    if ! [[ $name =~ $skip ]] && [ ! -f "$kit/deps/$name" ]; then cp -L "$path" "$kit/deps/$name"; fi
-  done
-done
-strip --strip-debug "$kit"/deps/* 2>/dev/null || true
-# RUNPATHs, so that nothing needs LD_LIBRARY_PATH there (it would leak these libraries into
-# PyTorch and every child process): binaries and libraries find deps/ relative to themselves.
-for f in "${elves[@]}"; do patchelf --set-rpath '$ORIGIN/../deps' "$f"; done
+bash "$src/tools/packaging/vendor-deps.sh" "$kit/deps" "${elves[@]}" $(find "$kit/lib/sim" -type f)
+# The simulated stack's libraries also find each other in lib/sim.
 for f in $(find "$kit/lib/sim" -type f); do patchelf --set-rpath '$ORIGIN:$ORIGIN/../../deps' "$f"; done
-for f in "$kit"/deps/*; do [ -f "$f" ] && patchelf --set-rpath '$ORIGIN' "$f"; done
 # The CLI: the package, and a wrapper that finds the kit relative to itself (the build tree's
 # bin/flare names absolute paths of the build machine).
 tar -C "$src/python" --exclude=__pycache__ --exclude='*.so' -cf - flare | tar -C "$kit/python" -xf -
