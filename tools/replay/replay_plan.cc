@@ -235,6 +235,18 @@ bool makePlan(const std::vector<flare::v1::RecordBatch>& batches, const PlanOpti
     }
     point(batch.created_ns());
   }
+  // The quickest launch of the fixture: the issue latency of a GPU op that found its stream
+  // idle.
+  int64_t min_launch_ns = kNever;
+  for (const Ref& ref : kernels) {
+    const auto& k = batches[ref.batch].kernels(static_cast<int>(ref.index));
+    auto sig = sigs.find(k.signature_id());
+    if ((sig == sigs.end() || sig->second.kind() != flare::v1::OP_KIND_SYNC) &&
+        k.start_ns() >= k.issue_ns())
+      min_launch_ns = std::min(min_launch_ns, k.start_ns() - k.issue_ns());
+  }
+  if (min_launch_ns == kNever) min_launch_ns = 0;
+
   // The middle of each step's issuing (the median issue time of the GPU ops issued in the
   // step): where a GC pause or a stray synchronization holds the host, and where a rank that
   // hangs in its own code stops. Not the middle of the step's time, where the host usually waits
@@ -266,8 +278,9 @@ bool makePlan(const std::vector<flare::v1::RecordBatch>& batches, const PlanOpti
 
   // Walk the events for every rank at once. Two delays per rank: the host's (H: issue times,
   // spans, markers) and the GPU's (G: what its streams' work is late by). An op issued with host
-  // delay h starts max(G, h) late; a GPU op leaves G at least its own end's delay; a blocking
-  // synchronization ends when the GPU is done and brings H up to G.
+  // delay h starts max(G, h - its queueing slack) late; a GPU op leaves G at least its own end's
+  // delay; a blocking synchronization returns when the GPU is done, and H is then its return's
+  // delay.
   // Hang: `stopped` is when a rank's host stops issuing (the hung rank: mid-step; a peer: when
   // it enters a collective a stopped rank never issues), `stuck` when its GPU stops running
   // (a peer: that collective; the hung rank's GPU drains what was issued before).
@@ -335,9 +348,12 @@ bool makePlan(const std::vector<flare::v1::RecordBatch>& batches, const PlanOpti
           Timed& t = timed[r][e.item];
           const int64_t h = t.host_at_issue >= 0 ? t.host_at_issue : host[r];
           t.issue = k.issue_ns() + h;
-          // A host span runs on the host's clock; a GPU op when both its issue and the GPU
-          // allow.
-          t.start = k.start_ns() + (sync ? host[r] : std::max(gpu[r], h));
+          // A host span runs on the host's clock. A GPU op starts when the GPU is free (G) and
+          // once issued: a late issue delays it only by what its queue did not absorb (the
+          // time it waited in the queue beyond the quickest launch of the fixture), so after a
+          // long host stall the GPU has run dry and the latency collapses, as on a real GPU.
+          const int64_t slack = std::max<int64_t>(0, k.start_ns() - k.issue_ns() - min_launch_ns);
+          t.start = k.start_ns() + (sync ? host[r] : std::max(gpu[r], h - slack));
           t.kept = true;
           if (comm) {
             const CommSlot slot = slotOf(k.collective().comm_hash(), layout, r);
@@ -400,9 +416,12 @@ bool makePlan(const std::vector<flare::v1::RecordBatch>& batches, const PlanOpti
             continue;
           }
           if (kind == flare::v1::OP_KIND_SYNC) {
-            // A blocking synchronization returns when the GPU work it waits for is done.
-            t.end = blocking ? std::max(t.start + dur, k.end_ns() + gpu[r]) : t.start + dur;
-            if (blocking) host[r] = std::max(host[r], t.end - k.end_ns());
+            // A blocking synchronization returns when the GPU work it waits for is done (at
+            // once when the host comes late and the GPU is done already).
+            t.end = blocking ? std::max(t.start, k.end_ns() + gpu[r]) : t.start + dur;
+            // After it the host is as late as the sync's return: later than before when the
+            // GPU was, earlier when the host had come late to a wait it now shortens.
+            if (blocking) host[r] = t.end - k.end_ns();
             continue;
           }
           int64_t d = dur;
