@@ -275,15 +275,72 @@ def test_each_perturbation_is_named_with_its_rank_and_team(build_dir, daemon, jo
     assert all(v == 0 for v in daemon.rejected().values()), daemon.rejected()
 
 
-def test_hang_mid_step_is_diagnosed_as_that_rank(build_dir, tmp_path):
+def issue_latencies(records):
+    """Per rank, the issue latencies of the GPU ops it issued after its warm-up step, pooled."""
+    out = []
+    for rank in sorted({r["rank"] for r in records}):
+        mine = [r for r in records if r["rank"] == rank]
+        warm = step_starts(mine)[1]
+        out += [r["issue_latency_ns"] for r in gpu_ops(mine) if r["issue_ns"] >= warm]
+    return sorted(out)
+
+
+def clipped_w1(a, b, cap, points=1000):
+    """1-Wasserstein distance of two samples, each clipped at `cap` (docs/metrics.md: the
+    regression detector's distance), over `points` evenly spaced quantiles."""
+    def q(s, u):
+        return s[min(len(s) - 1, int(u * len(s)))]
+    return sum(abs(min(q(a, (i + 0.5) / points), cap) - min(q(b, (i + 0.5) / points), cap))
+               for i in range(points)) / points
+
+
+def test_issue_latency_against_a_healthy_baseline_matches_the_records(build_dir, daemon, records,
+                                                                      tmp_path):
+    # The healthy replay becomes the history of its backend and scale; a replay with a stalled
+    # rank is then compared with it. The W1 flared reports equals the one computed here from
+    # what the two replays sent (the stall's --dump and the fixture itself) within the 2%
+    # accuracy of flared's sketches.
+    started = replay(build_dir, daemon, "base")
+    settled(daemon, "base", started)
+    req = urllib.request.Request("http://127.0.0.1:%d/api/v1/jobs/base/baseline" % daemon.http,
+                                 method="POST", data=b"")
+    with urllib.request.urlopen(req, timeout=10) as r:
+        assert r.status == 200
+    # A second healthy replay: the same distribution, W1 0.
+    started = replay(build_dir, daemon, "again")
+    m = settled(daemon, "again", started)["metrics"]
+    assert m["hasBaseline"] and m["baselineRuns"] == 1
+    assert m["issueLatencyW1Ns"] == pytest.approx(0, abs=1.0)
+    assert daemon.alerts("again") == []
+    # The stalled rank's queue runs dry: its issue latencies collapse.
+    dump = tmp_path / "dump"
+    started = replay(build_dir, daemon, "stalled", "--stall", "6:5", "--dump", str(dump))
+    m = settled(daemon, "stalled", started)["metrics"]
+    res = subprocess.run([os.path.join(build_dir, "bin", "flare-export"), "--input", str(dump)],
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    sent = [json.loads(line) for line in res.stdout.splitlines()]
+    healthy = issue_latencies(records)
+    cap = quantile(healthy, 0.5)
+    want = clipped_w1(issue_latencies(sent), healthy, cap)
+    assert want > m["issueLatencyW1ThresholdNs"]
+    assert m["issueLatencyW1Ns"] == pytest.approx(want, rel=0.05, abs=0.005 * cap)
+    found = {(a["kind"], a["rank"], a["team"]) for a in daemon.alerts("stalled")}
+    assert found == {("issue_stall", 6, "algorithm"),
+                     ("issue_latency_regression", -1, "algorithm")}, found
+    assert all(v == 0 for v in daemon.rejected().values()), daemon.rejected()
+
+
+@pytest.mark.parametrize("mode", ["raw", "summary"])
+def test_hang_mid_step_is_diagnosed_as_that_rank(build_dir, tmp_path, mode):
     # Rank 2 stops issuing in the middle of step 3; every other rank ends up waiting in a
     # collective rank 2 never issued. flared sees the silence, asks every rank for its stacks
     # (answered by the replayer from its model: progress per communicator, where each waits)
     # and names rank 2.
     daemon = start_daemon(build_dir, tmp_path, "--hang-timeout-s", "2")
-    proc = subprocess.Popen(replay_cmd(build_dir, daemon, "hang", "--hang", "2:3", "--hold-s",
-                                       "40"), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+    proc = subprocess.Popen(replay_cmd(build_dir, daemon, "hang", "--mode", mode, "--hang", "2:3",
+                                       "--hold-s", "40"), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
     try:
         alerts = wait_alerts(daemon, "hang", "hang", timeout=40)
         assert [(a["kind"], a["rank"], a["team"]) for a in alerts] == [("hang", 2, "operations")], \
@@ -295,6 +352,26 @@ def test_hang_mid_step_is_diagnosed_as_that_rank(build_dir, tmp_path):
         proc.terminate()
         proc.communicate(timeout=30)
         daemon.proc.kill()
+
+
+def test_paced_replay_stamps_records_with_the_time_they_are_sent(build_dir, daemon, records,
+                                                                   tmp_path):
+    # At --speed 2 the 0.37 s trace takes about half that; the records are moved so that the
+    # last one is stamped when it is sent: none is from the future, none from long ago.
+    recorded = max(r["end_ns"] for r in records) - min(r.get("issue_ns", r["start_ns"])
+                                                       for r in records)
+    before = time.time_ns()
+    replay(build_dir, daemon, "paced", "--speed", "2", "--hold-s", "0", "--dump",
+           str(tmp_path / "dump"))
+    after = time.time_ns()
+    assert after - before >= recorded / 2 * 0.9
+    res = subprocess.run([os.path.join(build_dir, "bin", "flare-export"), "--input",
+                          str(tmp_path / "dump")], capture_output=True, text=True, timeout=60)
+    sent = [json.loads(line) for line in res.stdout.splitlines()]
+    assert len(sent) == RANKS * len(records)
+    assert before - recorded <= min(r["start_ns"] for r in sent)
+    assert max(r["end_ns"] for r in sent) <= after
+    assert int(daemon.json("/api/v1/jobs/paced/ranks")["ranks"][0]["records"]) > 0
 
 
 def test_bad_arguments_are_clear_errors(build_dir, tmp_path):
