@@ -87,7 +87,7 @@ def test_run_bad_input_gives_a_clear_error(fake_hook, args, message):
 def test_run_without_a_hook_library_says_where_it_looked(tmp_path):
     res = flare("run", "--", "true", env={"FLARE_HOOK_LIB": str(tmp_path / "missing.so")})
     assert res.returncode == 2
-    assert "libflare_hook.so not found" in res.stderr
+    assert "libflare_hook.so not found" in res.stderr and "FLARE_HOOK_LIB" in res.stderr
 
 
 class FakeApi(http.server.BaseHTTPRequestHandler):
@@ -131,7 +131,12 @@ RANKS = {"jobId": "job/a", "ranks": [
     {"rank": 1, "host": "node-2", "pid": 12, "localRank": 0, "connected": False,
      "lastSeenUnixNs": "1794999990000000000", "batches": "38", "records": "1100",
      "lostBatches": "2", "drops": {"ringFull": "5", "spoolDropped": "3", "sendFailed": "0"},
-     "mode": "MODE_RAW"}]}
+     "mode": "MODE_RAW",
+     "refusals": [{"reason": "bad_record", "items": "3", "lastUnixNs": "1794999990000000000",
+                   "lastError": "step statistics: inter_ns 41000 ns outside its step of 1000 ns"},
+                  {"reason": "rate_limited", "batches": "2",
+                   "lastUnixNs": "1794999980000000000",
+                   "lastError": "rank is over --rank-rate-limit records/s"}]}]}
 
 
 def test_status_lists_jobs_and_ranks_with_last_seen_and_drops(api):
@@ -140,11 +145,11 @@ def test_status_lists_jobs_and_ranks_with_last_seen_and_drops(api):
     res = flare("status", "--daemon-http", addr, "--json")
     assert res.returncode == 0, res.stderr
     got = json.loads(res.stdout)["jobs"]
-    assert [j["job_id"] for j in got] == ["job/a"]
-    assert got[0]["world_size"] == 2 and got[0]["ranks_connected"] == 1
+    assert [j["jobId"] for j in got] == ["job/a"]
+    assert got[0]["worldSize"] == 2 and got[0]["ranksConnected"] == 1
     r1 = got[0]["ranks"][1]
-    assert (r1["rank"], r1["host"], r1["connected"], r1["lost_batches"]) == (1, "node-2", False, 2)
-    assert r1["last_seen_unix_ns"] == 1794999990000000000
+    assert (r1["rank"], r1["host"], r1["connected"], r1["lostBatches"]) == (1, "node-2", False, 2)
+    assert r1["lastSeenUnixNs"] == 1794999990000000000
     assert r1["drops"]["ringFull"] == 5 and r1["drops"]["spoolDropped"] == 3
     table = flare("status", "--daemon-http", addr)
     assert table.returncode == 0, table.stderr
@@ -153,12 +158,68 @@ def test_status_lists_jobs_and_ranks_with_last_seen_and_drops(api):
     assert "gone" in line1 and "ringFull=5" in line1 and "spoolDropped=3" in line1
     line0 = [line for line in table.stdout.splitlines() if "node-1" in line][0]
     assert "connected" in line0 and line0.rstrip().endswith("none")
+    # What the daemon refused of a rank: per reason in its row, and each with its last error.
+    assert r1["refusals"][0] == {"reason": "bad_record", "batches": 0, "items": 3,
+                                 "lastError": RANKS["ranks"][1]["refusals"][0]["lastError"],
+                                 "lastUnixNs": 1794999990000000000}
+    assert got[0]["ranks"][0]["refusals"] == []
+    assert "bad_record=3" in line1 and "rate_limited=2 batches" in line1
+    assert ("rank 1: the daemon refused 0 batch(es) and 3 item(s) as bad_record" in table.stdout
+            and "inter_ns 41000 ns outside its step" in table.stdout)
 
 
-def test_status_with_no_jobs(api):
-    FakeApi.routes = {"/api/v1/jobs": {"jobs": []}}
-    res = flare("status", "--daemon-http", "127.0.0.1:%d" % api.server_address[1])
-    assert res.returncode == 0 and res.stdout.strip() == "no jobs"
+def test_status_json_is_camel_case_throughout(api):
+    """One casing, protobuf's JSON mapping: every key of `flare status --json` is lowerCamelCase
+    (the drop counters' keys are flared's own, already camelCase)."""
+    FakeApi.routes = {"/api/v1/jobs": JOBS, "/api/v1/jobs/job%2Fa/ranks": RANKS}
+    res = flare("status", "--daemon-http", "127.0.0.1:%d" % api.server_address[1], "--json")
+    assert res.returncode == 0, res.stderr
+
+    def keys(x):
+        if isinstance(x, dict):
+            for k, v in x.items():
+                yield k
+                yield from keys(v)
+        elif isinstance(x, list):
+            for v in x:
+                yield from keys(v)
+    found = set(keys(json.loads(res.stdout)))
+    assert "jobId" in found and "lastError" in found
+    assert [k for k in found if "_" in k or k[:1].isupper()] == []
+
+
+def test_status_with_no_jobs_says_what_it_looked_at(api):
+    addr = "127.0.0.1:%d" % api.server_address[1]
+    FakeApi.routes = {"/api/v1/jobs": {"jobs": []},
+                      "/api/v1/jobs?include_finished=1": {"jobs": []}}
+    res = flare("status", "--daemon-http", addr)
+    assert res.returncode == 0
+    assert "no jobs at the daemon at %s, running or finished" % addr in res.stdout
+    # Only finished jobs: said, with the command that lists them.
+    finished = {"jobs": [dict(JOBS["jobs"][0], finished=True),
+                         dict(JOBS["jobs"][0], jobId="job/b", finished=True)]}
+    FakeApi.routes = {"/api/v1/jobs": {"jobs": []}, "/api/v1/jobs?include_finished=1": finished}
+    res = flare("status", "--daemon-http", addr)
+    assert res.returncode == 0, res.stderr
+    assert "no running jobs at the daemon at %s; 2 finished jobs" % addr in res.stdout
+    assert "flare status --all" in res.stdout
+    FakeApi.routes["/api/v1/jobs?include_finished=1"] = {"jobs": []}
+    res = flare("status", "--daemon-http", addr, "--all")
+    assert "running or finished" in res.stdout
+
+
+def test_alerts_with_none_say_what_was_looked_at(api):
+    addr = "127.0.0.1:%d" % api.server_address[1]
+    FakeApi.routes = {"/api/v1/alerts?since=0": {"alerts": []},
+                      "/api/v1/alerts?since=0&job=j1": {"alerts": []}}
+    res = flare("alerts", "--daemon-http", addr)
+    assert res.returncode == 0, res.stderr
+    assert "no alerts for any job at the daemon at %s" % addr in res.stdout
+    res = flare("alerts", "--daemon-http", addr, "--job", "j1")
+    assert res.returncode == 0 and "no alerts for job j1" in res.stdout
+    # --json stays a stream of alert objects: none is no line.
+    res = flare("alerts", "--daemon-http", addr, "--json")
+    assert res.returncode == 0 and res.stdout == ""
 
 
 def test_status_errors_are_clear(api):
@@ -171,6 +232,8 @@ def test_status_errors_are_clear(api):
     assert res.returncode == 3 and "answered 404" in res.stderr
     res = flare("status", "--daemon-http", "127.0.0.1:1")
     assert res.returncode == 3 and "cannot reach" in res.stderr
+    # ... and what to try next.
+    assert "Is flared running" in res.stderr and "--daemon-http" in res.stderr
     res = flare("status", "--daemon-http", "nonsense")
     assert res.returncode == 2 and "is not HOST:PORT" in res.stderr
     for r in (res,):
@@ -217,4 +280,27 @@ def test_offline_tools_run_through_the_cli(build_dir, tmp_path):
                          text=True)
     assert res.returncode == 0 and "no anomaly" in res.stdout
     res = subprocess.run([flare, "export", "--bogus"], capture_output=True, text=True)
+    assert res.returncode == 2 and "--job ID" in res.stderr and "--input DIR" in res.stderr
+    res = subprocess.run([flare, "export", "--input", str(spool), "--bogus"], capture_output=True,
+                         text=True)
     assert res.returncode == 2 and "usage" in res.stderr
+
+
+@pytest.mark.parametrize("what,tool", [("timeline", "flare-timeline"), ("export", "flare-export")])
+def test_tool_help_covers_the_online_and_the_offline_mode(what, tool):
+    res = flare(what, "--help")
+    assert res.returncode == 0, res.stderr
+    for text in ("--job ID", "--daemon-http HOST:PORT", "--input DIR", "Online", "Offline",
+                 "usage: " + tool):
+        assert text in res.stdout, text
+    top = " ".join(flare("--help").stdout.split())
+    assert "online from flared (--job ID" in top and "offline from a spool (--input DIR" in top
+
+
+def test_timeline_of_a_daemon_job_without_an_output_names_what_is_missing():
+    """`flare timeline --job J` needs -o or --per-rank, not --input (that is the offline mode);
+    said before anything is fetched (no daemon is running here)."""
+    res = flare("timeline", "--job", "J", "--daemon-http", "127.0.0.1:1")
+    assert res.returncode == 2
+    assert "-o FILE" in res.stderr and "--per-rank DIR" in res.stderr
+    assert "--input" not in res.stderr and "cannot reach" not in res.stderr

@@ -15,6 +15,7 @@ import tempfile
 import time
 
 import pytest
+from pipeline_health import assert_nothing_refused
 
 STEPS_SHORT = 5
 
@@ -303,6 +304,7 @@ def test_flared_receives_every_record_and_refuses_a_wrong_token(sim_train, build
     assert "refused" in res.stderr
     metrics = daemon.get("/metrics")
     assert 'flare_ingest_rejected_total{reason="unauthenticated"} 2' in metrics
+    assert_nothing_refused(daemon.http_port, allow=("unauthenticated",))
     assert export(build_dir, tmp_path / "wrong" / "spool")  # kept locally
 
 

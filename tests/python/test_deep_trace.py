@@ -29,6 +29,7 @@ import urllib.request
 import pytest
 
 import trace_rules
+from pipeline_health import assert_nothing_refused
 
 RANKS = 8
 ARGS = ["--layers", "2", "--hidden", "1024", "--seq", "512", "--tp", "2", "--extra-kernels", "2",
@@ -88,6 +89,8 @@ def daemon(build_dir, tmp_path):
         pytest.skip("build/bin/flared not built")
     d = Daemon(build_dir, tmp_path)
     yield d
+    if d.proc.poll() is None:
+        assert_nothing_refused(d.http)
     d.stop()
 
 
@@ -142,11 +145,11 @@ def test_deep_trace_through_flared_captures_exactly_n_steps(build_dir, daemon, t
         res = deep_trace_cli(build_dir, daemon, job, "--steps", "3", "--ranks", "2,5")
         assert res.returncode == 0, res.stdout + res.stderr
         answer = json.loads(res.stdout)
-        assert answer["complete"] and answer["ranks_asked"] == 2
+        assert answer["complete"] and answer["ranksAsked"] == 2
         by_rank = {r["rank"]: r for r in answer["ranks"]}
         assert sorted(by_rank) == [2, 5]
         for r in by_rank.values():
-            assert r["state"] == "done" and r["steps_captured"] == 3, r
+            assert r["state"] == "done" and r["stepsCaptured"] == 3, r
             assert r["dropped"] == 0, r
             assert r["library"].endswith("libcupti.so.13")
         out, _ = proc.communicate(timeout=240)

@@ -10,6 +10,7 @@ import time
 import urllib.request
 
 import pytest
+from pipeline_health import assert_nothing_refused
 
 
 class Daemon:
@@ -45,6 +46,7 @@ def daemon(build_dir, tmp_path):
     d = Daemon(build_dir, tmp_path)
     yield d
     if d.proc.poll() is None:
+        assert_nothing_refused(d.http)
         d.proc.kill()
 
 

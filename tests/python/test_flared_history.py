@@ -17,6 +17,7 @@ import time
 import urllib.request
 
 import pytest
+from pipeline_health import assert_nothing_refused
 
 RANKS = 4
 LAYERS = "8"  # a synchronize per layer: more layers, a clearer collapse of the issue queue
@@ -204,6 +205,7 @@ def test_history_learns_the_threshold_and_flags_only_the_synchronize_run(build_d
             ["healthy-1"]
         res = flare(build_dir, "baseline", "add", "--job", "nope", "--daemon-http", http)
         assert res.returncode == 3 and "nope" in res.stderr
+        assert_nothing_refused(daemon.http)
     finally:
         if daemon.proc.poll() is None:
             daemon.stop()
@@ -247,6 +249,7 @@ def test_webhook_posts_each_new_diagnosis_with_retries(build_dir, tmp_path):
         assert doc["alert"]["jobId"] == "slowgpu" and doc["alert"]["kind"] == "gpu_slow"
         assert doc["diagnosis"]["ranks"] == [1] and doc["diagnosis"]["team"] == "operations"
         assert doc["diagnosis"]["evidence"]
+        assert_nothing_refused(daemon.http)
     finally:
         daemon.stop()
         server.shutdown()
@@ -261,6 +264,7 @@ def test_unreachable_webhook_is_counted_and_blocks_nothing(build_dir, tmp_path):
                                           daemon.get("/metrics")))
         assert daemon.json("/api/v1/alerts?job=slowgpu")["alerts"]  # alerts still stored
         assert open(daemon.log_path).read().count("could not be delivered") == 1
+        assert_nothing_refused(daemon.http)
     finally:
         daemon.stop()
 
@@ -283,6 +287,7 @@ def test_a_job_flared_no_longer_holds_is_rebuilt_from_the_store(build_dir, tmp_p
         wait_for(lambda: d.json("/api/v1/jobs/done/ranks")["ranks"])
         live_stats = {s["signature"]["name"] + repr(s["signature"].get("shape")): int(s["count"])
                       for s in d.json("/api/v1/jobs/done/report")["signatures"]}
+        assert_nothing_refused(d.http)
     finally:
         d.stop()
     d = start(build_dir, tmp_path)  # same database
@@ -312,5 +317,6 @@ def test_a_job_flared_no_longer_holds_is_rebuilt_from_the_store(build_dir, tmp_p
                 kernels[s["signature"]["name"]] += int(s["count"])
         assert kernels and all(gpu[name] == n for name, n in kernels.items()), (gpu, kernels)
         assert sum(live_stats.values()) > 0
+        assert_nothing_refused(d.http)
     finally:
         d.stop()

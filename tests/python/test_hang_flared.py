@@ -14,6 +14,7 @@ import time
 import urllib.request
 
 import pytest
+from pipeline_health import assert_nothing_refused
 
 HANG_TIMEOUT_S = 2
 
@@ -47,6 +48,8 @@ def daemon(build_dir, tmp_path):
         pytest.skip("build/bin/flared not built")
     d = Daemon(build_dir, tmp_path)
     yield d
+    if d.proc.poll() is None:
+        assert_nothing_refused(d.http)
     d.proc.send_signal(signal.SIGTERM)
     try:
         d.proc.wait(timeout=20)
@@ -226,6 +229,8 @@ def slow_silence_daemon(build_dir, tmp_path):
         pytest.skip("build/bin/flared not built")
     d = Daemon(build_dir, tmp_path, hang_timeout_s=SILENCE_S)
     yield d
+    if d.proc.poll() is None:
+        assert_nothing_refused(d.http)
     d.proc.send_signal(signal.SIGTERM)
     try:
         d.proc.wait(timeout=20)

@@ -19,6 +19,7 @@ import urllib.request
 import zlib
 
 import pytest
+from pipeline_health import assert_nothing_refused
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RANKS, STEPS, SLOW = 8, 12, 3
@@ -100,6 +101,7 @@ def job(build_dir, tmp_path_factory):
             time.sleep(0.3)
         yield {"daemon": daemon, "sim": sim, "workdir": workdir,
                "http": "127.0.0.1:%d" % daemon.http}
+        assert_nothing_refused(daemon.http)
     finally:
         if daemon.proc.poll() is None:
             daemon.stop()

@@ -175,6 +175,7 @@ def test_flared_alerts_on_the_underclocked_rank_from_summaries(build_dir, tmp_pa
     """The same through the daemon: ranks stream summaries (FLARE_MODE=summary) to flared, whose
     analyzer keeps them in its JobModel and raises the gpu_slow alert from them."""
     from test_flared_diagnosis import Daemon, run_job as flared_job, wait_alerts
+    from pipeline_health import assert_nothing_refused
     if not os.path.exists(os.path.join(build_dir, "bin", "flared")):
         pytest.skip("build/bin/flared not built")
     d = Daemon(build_dir, tmp_path)
@@ -195,6 +196,7 @@ def test_flared_alerts_on_the_underclocked_rank_from_summaries(build_dir, tmp_pa
         events = json.load(open(trace))
         events = events["traceEvents"] if isinstance(events, dict) else events
         assert any("ncclAllReduce" in e.get("name", "") for e in events)
+        assert_nothing_refused(d.http)
     finally:
         if d.proc.poll() is None:
             d.proc.kill()

@@ -8,6 +8,7 @@ import subprocess
 import pytest
 
 import trace_rules
+from pipeline_health import assert_nothing_refused
 
 RANKS, STEPS, LAYERS = 8, 3, 2
 
@@ -162,6 +163,7 @@ def flared_job(build_dir, tmp_path_factory):
             # sends kernel summaries in place of compute ops).
             env=dict(os.environ, FLARE_MODE="raw"), capture_output=True, text=True, timeout=300)
         assert res.returncode == 0, res.stderr
+        assert_nothing_refused(http)
         yield http
     finally:
         proc.send_signal(signal.SIGTERM)
