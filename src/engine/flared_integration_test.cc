@@ -13,6 +13,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -481,6 +483,47 @@ TEST_F(FlaredTest, WritesAndReadsNeedTheRightToken) {
   EXPECT_THAT(httpRequest(d.http_port, "GET", "/metrics", "", "Authorization: Bearer tokOp\r\n"),
               ::testing::StartsWith("HTTP/1.1 200"));
   EXPECT_THAT(httpRequest(d.http_port, "GET", "/healthz"), ::testing::StartsWith("HTTP/1.1 200"));
+}
+
+// The probe against the real daemon: 100 clients trickling a byte every 200 ms do not
+// hold up /healthz and /metrics (median of 7 probes each; http_server_test.cc has the details).
+TEST_F(FlaredTest, SlowClientsDoNotStallProbes) {
+  Flared d(dir_, {"--token-file", (dir_ / "tokens").string()});
+  ASSERT_GT(d.http_port, 0);
+  std::vector<int> slow;
+  for (int i = 0; i < 100; ++i) {
+    const int fd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(static_cast<uint16_t>(d.http_port));
+    inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
+    ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+    slow.push_back(fd);
+  }
+  std::atomic<bool> done{false};
+  std::thread trickle([&] {
+    while (!done) {
+      for (int fd : slow) send(fd, "G", 1, MSG_NOSIGNAL);
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    }
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  for (const char* path : {"/healthz", "/metrics"}) {
+    std::vector<double> ms;
+    for (int i = 0; i < 7; ++i) {
+      const auto t0 = std::chrono::steady_clock::now();
+      const std::string got = httpRequest(d.http_port, "GET", path, "", kOperatorHeader);
+      ms.push_back(
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+      EXPECT_THAT(got, ::testing::StartsWith("HTTP/1.1 200")) << path;
+    }
+    std::sort(ms.begin(), ms.end());
+    EXPECT_LT(ms[ms.size() / 2], 100.0) << path << ": median of 7 probes";
+  }
+  EXPECT_GE(metric(httpBody(d.http_port, "/metrics"), "flare_http_connections"), 100);
+  done = true;
+  trickle.join();
+  for (int fd : slow) close(fd);
 }
 
 TEST_F(FlaredTest, UnsafeConfigurationsAreRefusedAtStart) {

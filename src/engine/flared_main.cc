@@ -124,6 +124,13 @@ std::map<std::string, Flag> defaultFlags() {
   add("hang-kill", "0|1", "1",
       "after a conclusive hang diagnosis (stored, alert posted), send Exit to the ranks that "
       "opted in with FLARE_HANG_KILL=1 (0: never, whatever the ranks set)");
+  add("http-max-connections", "N", "256",
+      "HTTP connections served at once (each on its own thread); beyond: 503 at once");
+  add("http-header-timeout-ms", "MS", "10000",
+      "an HTTP client must send its request line and headers within this");
+  add("http-idle-timeout-ms", "MS", "5000", "longest gap between an HTTP client's bytes");
+  add("http-request-timeout-ms", "MS", "30000",
+      "a whole HTTP exchange (request, handler, answer) must end within this");
   add("insecure", "0|1", "0",
       "1: serve a non-loopback --listen/--http address without --token-file (anyone who reaches "
       "it reads every job and changes baselines and ranks; warned once a minute)");
@@ -422,9 +429,15 @@ int main(int argc, char** argv) {
              {{"result", "rate_limited"}});
     if (grpc_ptr) grpc_ptr->writeMetrics(w);
     if (http_ptr) {
-      w.family("flare_http_requests_total", "counter", "HTTP requests served (bad: malformed).");
+      w.family("flare_http_requests_total", "counter",
+               "HTTP connections served (all), of which malformed (bad) or cut off by a timeout "
+               "(timeout); connections refused over --http-max-connections (busy).");
       w.sample("flare_http_requests_total", http_ptr->requests(), {{"result", "all"}});
       w.sample("flare_http_requests_total", http_ptr->badRequests(), {{"result", "bad"}});
+      w.sample("flare_http_requests_total", http_ptr->timeouts(), {{"result", "timeout"}});
+      w.sample("flare_http_requests_total", http_ptr->busyRefused(), {{"result", "busy"}});
+      w.family("flare_http_connections", "gauge", "HTTP connections being served now.");
+      w.sample("flare_http_connections", static_cast<double>(http_ptr->connections()));
     }
     return w.take();
   };
@@ -445,7 +458,15 @@ int main(int argc, char** argv) {
     return 1;
   }
   grpc_ptr = &grpc;
-  HttpServer http([&](const HttpRequest& r) { return api.http(r); });
+  HttpServerOptions hso;
+  hso.max_connections = std::max<uint64_t>(num("http-max-connections"), 1);
+  hso.header_timeout_ms =
+      static_cast<int64_t>(std::max<uint64_t>(num("http-header-timeout-ms"), 1));
+  hso.idle_timeout_ms = static_cast<int64_t>(std::max<uint64_t>(num("http-idle-timeout-ms"), 1));
+  hso.request_timeout_ms =
+      static_cast<int64_t>(std::max<uint64_t>(num("http-request-timeout-ms"), 1));
+  if (bad) return 2;
+  HttpServer http([&](const HttpRequest& r) { return api.http(r); }, hso);
   if (str("http") != "off" && !str("http").empty()) {
     if (!http.start(str("http"), &error)) {
       std::fprintf(stderr, "flared: %s\n", error.c_str());

@@ -8,8 +8,11 @@
 #include <sys/time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstring>
+#include <system_error>
 #include <utility>
 
 namespace flare::engine {
@@ -45,17 +48,73 @@ const char* statusText(int s) {
   }
 }
 
-bool writeAll(int fd, const std::string& s) {
+using Clock = std::chrono::steady_clock;
+
+// Milliseconds from now to `deadline`, at least 0.
+int msLeft(Clock::time_point deadline) {
+  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+  return static_cast<int>(std::clamp<int64_t>(left.count(), 0, 1 << 30));
+}
+
+enum class Io { kOk, kClosed, kTimeout, kError };
+
+// Waits until `fd` is ready for `events`, at most `idle_ms` and not past `deadline`.
+Io waitFor(int fd, short events, int idle_ms, Clock::time_point deadline) {
+  for (;;) {
+    const int wait = std::min(idle_ms, msLeft(deadline));
+    if (wait <= 0) return Io::kTimeout;
+    pollfd p{fd, events, 0};
+    const int r = ::poll(&p, 1, wait);
+    if (r > 0) return Io::kOk;
+    if (r == 0) return Io::kTimeout;
+    if (errno != EINTR) return Io::kError;
+  }
+}
+
+// Sends all of `s` on the non-blocking `fd` before `deadline`.
+Io writeAll(int fd, const std::string& s, int idle_ms, Clock::time_point deadline) {
   size_t off = 0;
   while (off < s.size()) {
     const ssize_t n = ::send(fd, s.data() + off, s.size() - off, MSG_NOSIGNAL);
-    if (n <= 0) {
-      if (n < 0 && errno == EINTR) continue;
-      return false;
+    if (n > 0) {
+      off += static_cast<size_t>(n);
+      continue;
     }
-    off += static_cast<size_t>(n);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      const Io w = waitFor(fd, POLLOUT, idle_ms, deadline);
+      if (w != Io::kOk) return w;
+      continue;
+    }
+    return Io::kError;
   }
-  return true;
+  return Io::kOk;
+}
+
+// Appends what arrives on the non-blocking `fd` to `buf`: one read, waiting at most `idle_ms`
+// and not past `deadline`.
+Io readSome(int fd, std::string* buf, int idle_ms, Clock::time_point deadline) {
+  char chunk[4096];
+  for (;;) {
+    const ssize_t n = ::recv(fd, chunk, sizeof(chunk), 0);
+    if (n > 0) {
+      buf->append(chunk, static_cast<size_t>(n));
+      return Io::kOk;
+    }
+    if (n == 0) return Io::kClosed;
+    if (errno == EINTR) continue;
+    if (errno != EAGAIN && errno != EWOULDBLOCK) return Io::kError;
+    const Io w = waitFor(fd, POLLIN, idle_ms, deadline);
+    if (w != Io::kOk) return w;
+  }
+}
+
+std::string answer(int status, const std::string& content_type, const std::string& body) {
+  return fmt::format(
+             "HTTP/1.1 {} {}\r\nContent-Type: {}\r\nContent-Length: {}\r\n"
+             "Connection: close\r\n\r\n",
+             status, statusText(status), content_type, body.size()) +
+         body;
 }
 
 std::string lower(std::string s) {
@@ -72,10 +131,16 @@ std::string trim(const std::string& s) {
 
 }  // namespace
 
-HttpServer::HttpServer(Handler handler) : handler_(std::move(handler)) {}
+HttpServer::HttpServer(Handler handler, HttpServerOptions options)
+    : handler_(std::move(handler)), options_(options) {}
 
 HttpServer::~HttpServer() {
   stop();
+}
+
+size_t HttpServer::connections() const {
+  std::lock_guard lock(mu_);
+  return open_fds_.size();
 }
 
 bool HttpServer::urlDecode(const std::string& in, std::string* out) {
@@ -125,7 +190,7 @@ bool HttpServer::start(const std::string& address, std::string* error) {
   const int one = 1;
   ::setsockopt(listen_fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
   if (listen_fd_ < 0 || ::bind(listen_fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
-      ::listen(listen_fd_, 64) != 0) {
+      ::listen(listen_fd_, 512) != 0) {
     *error = "cannot listen on " + address + ": " + std::strerror(errno);
     if (listen_fd_ >= 0) ::close(listen_fd_);
     listen_fd_ = -1;
@@ -145,6 +210,10 @@ void HttpServer::stop() {
   thread_.join();
   ::close(listen_fd_);
   listen_fd_ = -1;
+  // Wake every connection (its next read or write fails) and wait for their threads.
+  std::unique_lock lock(mu_);
+  for (int fd : open_fds_) ::shutdown(fd, SHUT_RDWR);
+  idle_cv_.wait(lock, [&] { return open_fds_.empty(); });
 }
 
 void HttpServer::serve() {
@@ -152,50 +221,62 @@ void HttpServer::serve() {
     pollfd p{listen_fd_, POLLIN, 0};
     const int r = ::poll(&p, 1, 200);
     if (r <= 0) continue;
-    const int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
-    if (fd < 0) continue;
-    timeval tv{5, 0};
-    ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-    ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
-    handle(fd);
-    ::close(fd);
+    const int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+    if (fd < 0) {
+      // Out of descriptors (EMFILE/ENFILE): back off instead of spinning on the ready socket.
+      if (errno == EMFILE || errno == ENFILE)
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      continue;
+    }
+    {
+      std::lock_guard lock(mu_);
+      if (open_fds_.size() >= options_.max_connections) {
+        busy_.fetch_add(1, std::memory_order_relaxed);
+        const std::string busy = answer(503, "text/plain", "too many connections\n");
+        ::send(fd, busy.data(), busy.size(), MSG_NOSIGNAL);  // best effort, never waits
+        ::close(fd);
+        continue;
+      }
+      open_fds_.insert(fd);
+    }
+    try {
+      std::thread([this, fd] {
+        serveConnection(fd);
+        std::lock_guard lock(mu_);
+        ::close(fd);
+        open_fds_.erase(fd);
+        if (open_fds_.empty()) idle_cv_.notify_all();
+      }).detach();
+    } catch (const std::system_error&) {  // no thread to be had: refuse like a full server
+      busy_.fetch_add(1, std::memory_order_relaxed);
+      std::lock_guard lock(mu_);
+      ::close(fd);
+      open_fds_.erase(fd);
+      if (open_fds_.empty()) idle_cv_.notify_all();
+    }
   }
 }
 
-void HttpServer::handle(int fd) {
-  requests_.fetch_add(1, std::memory_order_relaxed);
-  auto fail = [&](int status, const std::string& why) {
-    bad_requests_.fetch_add(1, std::memory_order_relaxed);
-    writeAll(fd, fmt::format("HTTP/1.1 {} {}\r\nContent-Type: text/plain\r\nContent-Length: {}\r\n"
-                             "Connection: close\r\n\r\n{}",
-                             status, statusText(status), why.size() + 1, why + "\n"));
-  };
-  std::string buf;
-  size_t header_end = std::string::npos;
-  char chunk[4096];
-  while ((header_end = buf.find("\r\n\r\n")) == std::string::npos) {
-    if (buf.size() > kMaxHeaderBytes) return fail(413, "headers too large");
-    const ssize_t n = ::recv(fd, chunk, sizeof(chunk), 0);
-    if (n <= 0) {
-      if (n < 0 && errno == EINTR) continue;
-      return;  // closed or timed out before a full request: nothing to answer
-    }
-    buf.append(chunk, static_cast<size_t>(n));
-  }
+int HttpServer::parseHead(const std::string& head, size_t max_body, HttpRequest* out,
+                          size_t* content_length, std::string* why) {
   HttpRequest req;
-  const size_t line_end = buf.find("\r\n");
-  const std::string line = buf.substr(0, line_end);
+  auto bad = [&](int status, const char* what) {
+    *why = what;
+    return status;
+  };
+  const size_t line_end = std::min(head.find("\r\n"), head.size());
+  const std::string line = head.substr(0, line_end);
   const size_t sp1 = line.find(' ');
   const size_t sp2 = sp1 == std::string::npos ? sp1 : line.find(' ', sp1 + 1);
-  if (sp1 == std::string::npos || sp2 == std::string::npos ||
+  if (sp1 == std::string::npos || sp2 == std::string::npos || sp1 == 0 ||
       line.compare(sp2 + 1, 5, "HTTP/") != 0) {
-    return fail(400, "malformed request line");
+    return bad(400, "malformed request line");
   }
   req.method = line.substr(0, sp1);
   const std::string target = line.substr(sp1 + 1, sp2 - sp1 - 1);
   const size_t qpos = target.find('?');
   if (!urlDecode(target.substr(0, qpos), &req.path) || req.path.empty() || req.path[0] != '/') {
-    return fail(400, "malformed path");
+    return bad(400, "malformed path");
   }
   if (qpos != std::string::npos) {
     const std::string q = target.substr(qpos + 1);
@@ -209,7 +290,7 @@ void HttpServer::handle(int fd) {
         std::string k, v;
         if (!urlDecode(kv.substr(0, eq), &k) ||
             !urlDecode(eq == std::string::npos ? "" : kv.substr(eq + 1), &v)) {
-          return fail(400, "malformed query");
+          return bad(400, "malformed query");
         }
         req.query[k] = v;
       }
@@ -217,31 +298,67 @@ void HttpServer::handle(int fd) {
     }
   }
   size_t pos = line_end + 2;
-  while (pos < header_end) {
-    const size_t e = buf.find("\r\n", pos);
-    const std::string h = buf.substr(pos, e - pos);
+  while (pos < head.size()) {
+    const size_t e = std::min(head.find("\r\n", pos), head.size());
+    const std::string h = head.substr(pos, e - pos);
     const size_t colon = h.find(':');
-    if (colon == std::string::npos) return fail(400, "malformed header");
+    if (colon == std::string::npos) return bad(400, "malformed header");
     req.headers[lower(trim(h.substr(0, colon)))] = trim(h.substr(colon + 1));
     pos = e + 2;
   }
-  size_t content_length = 0;
+  *content_length = 0;
   if (auto it = req.headers.find("content-length"); it != req.headers.end()) {
-    try {
-      content_length = std::stoul(it->second);
-    } catch (...) {
-      return fail(400, "bad content-length");
+    const std::string& v = it->second;
+    if (v.empty() || v.size() > 18 ||
+        !std::all_of(v.begin(), v.end(), [](char c) { return c >= '0' && c <= '9'; })) {
+      return bad(400, "bad content-length");
     }
-    if (content_length > kMaxBodyBytes) return fail(413, "body too large");
+    *content_length = std::stoull(v);
+    if (*content_length > max_body) return bad(413, "body too large");
+  }
+  if (req.headers.count("transfer-encoding") != 0) return bad(400, "chunked bodies are not served");
+  *out = std::move(req);
+  return 0;
+}
+
+void HttpServer::serveConnection(int fd) {
+  requests_.fetch_add(1, std::memory_order_relaxed);
+  const auto start = Clock::now();
+  const auto request_deadline = start + std::chrono::milliseconds(options_.request_timeout_ms);
+  const auto header_deadline =
+      std::min(request_deadline, start + std::chrono::milliseconds(options_.header_timeout_ms));
+  const int idle_ms = static_cast<int>(std::clamp<int64_t>(options_.idle_timeout_ms, 1, 1 << 30));
+  auto fail = [&](int status, const std::string& why) {
+    bad_requests_.fetch_add(1, std::memory_order_relaxed);
+    writeAll(fd, answer(status, "text/plain", why + "\n"), idle_ms, request_deadline);
+  };
+  auto lost = [&](Io io) {  // the client went quiet or away before a whole request
+    if (io == Io::kTimeout) timeouts_.fetch_add(1, std::memory_order_relaxed);
+  };
+  std::string buf;
+  size_t header_end = std::string::npos;
+  size_t searched = 0;
+  while ((header_end = buf.find("\r\n\r\n", searched)) == std::string::npos) {
+    if (buf.size() > kMaxHeaderBytes) return fail(413, "headers too large");
+    searched = buf.size() < 3 ? 0 : buf.size() - 3;
+    const Io io = readSome(fd, &buf, idle_ms, header_deadline);
+    if (io != Io::kOk) return lost(io);
+    if (stop_) return;
+  }
+  if (header_end > kMaxHeaderBytes) return fail(413, "headers too large");
+  HttpRequest req;
+  size_t content_length = 0;
+  std::string why;
+  if (const int status =
+          parseHead(buf.substr(0, header_end), kMaxBodyBytes, &req, &content_length, &why);
+      status != 0) {
+    return fail(status, why);
   }
   req.body = buf.substr(header_end + 4);
   while (req.body.size() < content_length) {
-    const ssize_t n = ::recv(fd, chunk, sizeof(chunk), 0);
-    if (n <= 0) {
-      if (n < 0 && errno == EINTR) continue;
-      return fail(400, "body shorter than content-length");
-    }
-    req.body.append(chunk, static_cast<size_t>(n));
+    const Io io = readSome(fd, &req.body, idle_ms, request_deadline);
+    if (io == Io::kTimeout) return lost(io);
+    if (io != Io::kOk) return fail(400, "body shorter than content-length");
   }
   req.body.resize(content_length);
   HttpResponse resp;
@@ -251,11 +368,10 @@ void HttpServer::handle(int fd) {
     resp =
         HttpResponse{500, "text/plain; charset=utf-8", std::string("internal error: ") + e.what()};
   }
-  writeAll(fd,
-           fmt::format("HTTP/1.1 {} {}\r\nContent-Type: {}\r\nContent-Length: {}\r\n"
-                       "Connection: close\r\n\r\n",
-                       resp.status, statusText(resp.status), resp.content_type, resp.body.size()) +
-               resp.body);
+  if (writeAll(fd, answer(resp.status, resp.content_type, resp.body), idle_ms, request_deadline) ==
+      Io::kTimeout) {
+    timeouts_.fetch_add(1, std::memory_order_relaxed);
+  }
 }
 
 }  // namespace flare::engine
