@@ -20,6 +20,9 @@ flared's HTTP JSON API (`/api/v1/jobs`, `/api/v1/jobs/{job}/ranks`).
 GPUs, the stack groups, the last collective each rank issued and completed, the watchdog
 reports, and the time the diagnosis took; it exits 3 when the job has an incident.
 
+Every --json output uses one casing, protobuf's JSON mapping (lowerCamelCase: `jobId`,
+`lastSeenUnixNs`), as flared's API does; counts and nanoseconds are JSON numbers.
+
 Exit codes: CMD's for `run`; 0 for a successful `status` or `report`; 4 when `report` names a
 job the daemon does not know; 3 when `hang` finds an incident; 2 for bad arguments (a missing
 command, a daemon address that is not host:port, no libflare_hook.so found); 3 when the daemon
@@ -65,7 +68,9 @@ def find_hook(explicit=None):
     wanted = explicit or os.environ.get("FLARE_HOOK_LIB")
     if wanted:  # an explicit choice is used or refused, never replaced by another library
         if not os.path.isfile(wanted):
-            raise CliError("%s not found at %s" % (HOOK_NAME, wanted))
+            raise CliError("%s not found at %s (from %s): fix the path, or unset it to use "
+                           "the library of this installation" % (
+                               HOOK_NAME, wanted, "--hook" if explicit else "FLARE_HOOK_LIB"))
         return os.path.abspath(wanted)
     here = os.path.dirname(os.path.abspath(__file__))
     candidates = [os.path.join(here, "lib", HOOK_NAME),                     # installed package
@@ -73,7 +78,10 @@ def find_hook(explicit=None):
     for path in candidates:
         if os.path.isfile(path):
             return os.path.abspath(path)
-    raise CliError("%s not found: pass --hook PATH or set FLARE_HOOK_LIB" % HOOK_NAME)
+    raise CliError("%s not found: this flare package has no hook library. Install the wheel "
+                   "that carries it (`make wheel`, then pip install build/wheel/dist/flare-*.whl;"
+                   " docs/install.md), or pass --hook PATH / set FLARE_HOOK_LIB to a build's "
+                   "lib/%s" % (HOOK_NAME, HOOK_NAME))
 
 
 def find_tool(name):
@@ -95,7 +103,9 @@ def find_tool(name):
         path = os.path.join(folder, name)
         if folder and os.path.isfile(path) and os.access(path, os.X_OK):
             return path
-    raise CliError("%s not found (build Flare, or put it on PATH)" % name)
+    raise CliError("%s not found: install the wheel that carries it (`make wheel`, then pip "
+                   "install build/wheel/dist/flare-*.whl; docs/install.md), build Flare (`make "
+                   "build`), or put it on PATH" % name)
 
 
 TOOLS = {"export": "flare-export", "timeline": "flare-timeline",
@@ -177,9 +187,75 @@ def run_tool(what, rest):
     --job ID` without --input first fetches the job's records from flared into a temporary spool
     (fetch_job_records)."""
     rest = list(rest)
-    if what in ("timeline", "export") and "--input" not in rest and "--job" in rest:
-        return run_tool_on_daemon(what, rest)
+    if what in ("timeline", "export"):
+        if any(a in ("-h", "--help") for a in rest):
+            return print_tool_help(what)
+        if "--input" not in rest and not any(a.startswith("--input=") for a in rest):
+            if "--job" not in rest:
+                raise CliError("flare %s needs --job ID (a job flared holds) or --input DIR (an "
+                               "offline spool, FLARE_OUTPUT_DIR); `flare %s --help` shows both "
+                               "modes" % (what, what))
+            return run_tool_on_daemon(what, rest)
     return run_offline_tool(what, rest)
+
+
+# `flare timeline|export --help`: both modes, then the offline tool's own options.
+TOOL_HELP = {
+    "timeline": """usage: flare timeline --job ID [--daemon-http HOST:PORT] [--ranks LIST] [--steps A-B]
+                      (-o FILE | --per-rank DIR) [--timeout S] [--quiet]
+       flare timeline --input DIR [--job ID] [--ranks LIST] [--steps A-B] [--no-align]
+                      (-o FILE | --per-rank DIR) [--quiet]
+
+A Perfetto/Kineto-shaped trace of a job's records: -o FILE is one trace with every rank (open it
+in ui.perfetto.dev), --per-rank DIR one Kineto file per rank (HolisticTraceAnalysis).
+
+Online, a job flared holds (--job without --input): its records are fetched from flared's HTTP
+API into a temporary spool, then converted. Ranks that streamed in summary mode have their
+collectives and syncs only; run the job with FLARE_MODE=raw, or take a deep trace, for every
+kernel.
+  --job ID                the job (`flare status --all` lists them)
+  --daemon-http HOST:PORT flared's HTTP address (default: FLARE_DAEMON_HTTP or %(http)s)
+  --timeout S             seconds per request (default 60); FLARE_TOKEN is sent as the token
+
+Offline, a spool (FLARE_OUTPUT_DIR, written when no daemon is set or reachable):
+  --input DIR             the spool root or one job's folder (--job picks one of several)
+
+Both: --ranks, --steps, --no-align and the outputs are flare-timeline's (below); a progress
+line goes to stderr when it is a terminal (--quiet: none).
+""",
+    "export": """usage: flare export --job ID [--daemon-http HOST:PORT] [--ranks LIST] [--timeout S] [--quiet]
+       flare export --input DIR [--format jsonl] [--quiet]
+
+A job's records as JSON lines on stdout, one object per kernel, GEMM, collective, memcpy, span
+or step.
+
+Online, a job flared holds (--job without --input): its records are fetched from flared's HTTP
+API into a temporary spool, then exported. Ranks that streamed in summary mode have their
+collectives and syncs only (FLARE_MODE=raw for every kernel).
+  --job ID                the job (`flare status --all` lists them)
+  --daemon-http HOST:PORT flared's HTTP address (default: FLARE_DAEMON_HTTP or %(http)s)
+  --ranks LIST            ranks to fetch, e.g. 0-7,64 (default: all)
+  --timeout S             seconds per request (default 60); FLARE_TOKEN is sent as the token
+
+Offline, a spool (FLARE_OUTPUT_DIR, written when no daemon is set or reachable):
+  --input DIR             one job's folder of the spool (DIR/<job>)
+
+Both: a progress line goes to stderr when it is a terminal (--quiet: none).
+""",
+}
+
+
+def print_tool_help(what):
+    print(TOOL_HELP[what] % {"http": DEFAULT_HTTP})
+    try:
+        tool = find_tool(TOOLS[what])
+    except CliError as e:
+        print("(%s)" % e)
+        return 0
+    print("%s's own options (offline mode; online mode passes them on):" % TOOLS[what])
+    sys.stdout.flush()
+    subprocess.call([tool, "--help"], stdout=sys.stdout, stderr=subprocess.STDOUT)
+    return 0
 
 
 def run_offline_tool(what, rest):
@@ -302,6 +378,10 @@ def run_tool_on_daemon(what, rest):
     job = rest[rest.index("--job") + 1] if rest.index("--job") + 1 < len(rest) else None
     if not job:
         raise CliError("--job needs a value", code=2)
+    if what == "timeline" and output_file(rest) is None and "--per-rank" not in rest:
+        raise CliError("flare timeline --job %s needs where to write: -o FILE (one trace of every "
+                       "rank, for ui.perfetto.dev) or --per-rank DIR (one Kineto file per rank, "
+                       "for HTA)" % job, code=2)
     ranks = None
     if "--ranks" in rest and rest.index("--ranks") + 1 < len(rest):
         ranks = parse_rank_list(rest[rest.index("--ranks") + 1])
@@ -372,6 +452,24 @@ def auth_token(token=None):
     return token or os.environ.get("FLARE_TOKEN") or None
 
 
+def unreachable(base, reason):
+    """The error for a daemon that does not answer, with what to try next."""
+    return ("cannot reach the daemon's HTTP API at %s: %s. Is flared running there? Start it "
+            "(`flared --db DATA_DIR/flared.db`), or point the CLI at its --http address with "
+            "--daemon-http HOST:PORT or FLARE_DAEMON_HTTP" % (base, reason))
+
+
+def http_error(base, code, what, why=""):
+    """The error for an HTTP error answer, with what to do about the usual ones."""
+    text = "daemon at %s answered %d for %s%s" % (base, code, what, (": " + why) if why else "")
+    if code == 401:
+        text += " (this daemon checks tokens: pass --token or set FLARE_TOKEN)"
+    elif code == 403:
+        text += " (the token given may not do this: a job's token reaches only its job; an " \
+                "[operator] token reaches every job)"
+    return text
+
+
 def http_get(base, path, timeout):
     url = "http://%s%s" % (base, path)
     req = urllib.request.Request(url)
@@ -381,11 +479,10 @@ def http_get(base, path, timeout):
         with urllib.request.urlopen(req, timeout=timeout) as resp:
             body = resp.read()
     except urllib.error.HTTPError as e:
-        raise CliError("daemon at %s answered %d for %s" % (base, e.code, path), code=3,
-                       status=e.code)
+        raise CliError(http_error(base, e.code, path), code=3, status=e.code)
     except (urllib.error.URLError, OSError) as e:
         reason = getattr(e, "reason", e)
-        raise CliError("cannot reach the daemon's HTTP API at %s: %s" % (base, reason), code=3)
+        raise CliError(unreachable(base, reason), code=3)
     except http.client.HTTPException as e:  # e.g. the gRPC port: not HTTP/1.1
         raise CliError("%s does not answer HTTP (%s): is it flared's --http address?"
                        % (base, type(e).__name__), code=3)
@@ -412,11 +509,11 @@ def http_bytes(base, method, path, timeout, data=None, token=None, content_type=
             why = json.loads(e.read()).get("error", "")
         except (ValueError, AttributeError):
             why = ""
-        raise CliError("daemon at %s answered %d for %s %s%s" % (
-            base, e.code, method, path, (": " + why) if why else ""), code=3)
+        raise CliError(http_error(base, e.code, "%s %s" % (method, path), why), code=3,
+                       status=e.code)
     except (urllib.error.URLError, OSError) as e:
         reason = getattr(e, "reason", e)
-        raise CliError("cannot reach the daemon's HTTP API at %s: %s" % (base, reason), code=3)
+        raise CliError(unreachable(base, reason), code=3)
 
 
 def http_send(base, method, path, body, timeout, token=None):
@@ -448,27 +545,27 @@ def fetch_status(base, include_finished, timeout):
         ranks = http_get(base, "/api/v1/jobs/%s/ranks" % urllib.parse.quote(job_id, safe=""),
                          timeout)
         out.append({
-            "job_id": job_id,
-            "world_size": as_int(job.get("worldSize")),
-            "ranks_connected": as_int(job.get("ranksConnected")),
-            "last_seen_unix_ns": as_int(job.get("lastSeenUnixNs")),
+            "jobId": job_id,
+            "worldSize": as_int(job.get("worldSize")),
+            "ranksConnected": as_int(job.get("ranksConnected")),
+            "lastSeenUnixNs": as_int(job.get("lastSeenUnixNs")),
             "finished": bool(job.get("finished", False)),
             "ranks": [{
                 "rank": as_int(r.get("rank")),
                 "host": r.get("host", ""),
                 "pid": as_int(r.get("pid")),
                 "connected": bool(r.get("connected", False)),
-                "last_seen_unix_ns": as_int(r.get("lastSeenUnixNs")),
+                "lastSeenUnixNs": as_int(r.get("lastSeenUnixNs")),
                 "batches": as_int(r.get("batches")),
                 "records": as_int(r.get("records")),
-                "lost_batches": as_int(r.get("lostBatches")),
+                "lostBatches": as_int(r.get("lostBatches")),
                 "drops": {k: as_int(v) for k, v in (r.get("drops") or {}).items()},
                 "refusals": [{
                     "reason": x.get("reason", ""),
                     "batches": as_int(x.get("batches")),
                     "items": as_int(x.get("items")),
-                    "last_error": x.get("lastError", ""),
-                    "last_unix_ns": as_int(x.get("lastUnixNs")),
+                    "lastError": x.get("lastError", ""),
+                    "lastUnixNs": as_int(x.get("lastUnixNs")),
                 } for x in (r.get("refusals") or []) if isinstance(x, dict)],
             } for r in (ranks.get("ranks", []) if isinstance(ranks, dict) else [])],
         })
@@ -486,6 +583,22 @@ def ago(ns, now):
     return datetime.datetime.fromtimestamp(ns / 1e9).strftime("%Y-%m-%d %H:%M:%S")
 
 
+def no_jobs_text(base, included_finished, timeout):
+    """What an empty `flare status` looked at, and where the finished jobs are."""
+    if included_finished:
+        return ("no jobs at the daemon at %s, running or finished (jobs appear when a traced "
+                "rank connects: flare run --daemon HOST:PORT -- CMD)" % base)
+    got = http_get(base, "/api/v1/jobs?include_finished=1", timeout)
+    finished = [j for j in (got.get("jobs", []) if isinstance(got, dict) else [])
+                if isinstance(j, dict)]
+    if not finished:
+        return ("no jobs at the daemon at %s, running or finished (jobs appear when a traced "
+                "rank connects: flare run --daemon HOST:PORT -- CMD)" % base)
+    return ("no running jobs at the daemon at %s; %d finished job%s (`flare status --all` "
+            "lists %s)" % (base, len(finished), "" if len(finished) == 1 else "s",
+                           "it" if len(finished) == 1 else "them"))
+
+
 def cmd_status(args):
     base = args.daemon_http or os.environ.get("FLARE_DAEMON_HTTP") or DEFAULT_HTTP
     parse_address(base, "--daemon-http")
@@ -495,13 +608,13 @@ def cmd_status(args):
         print()
         return 0
     if not jobs:
-        print("no jobs")
+        print(no_jobs_text(base, args.all, args.timeout))
         return 0
     now = time.time()
     for job in jobs:
         print("job %s  ranks %d/%d connected  last seen %s%s" % (
-            job["job_id"], job["ranks_connected"], job["world_size"],
-            ago(job["last_seen_unix_ns"], now), "  (finished)" if job["finished"] else ""))
+            job["jobId"], job["ranksConnected"], job["worldSize"],
+            ago(job["lastSeenUnixNs"], now), "  (finished)" if job["finished"] else ""))
         print("  %5s  %-20s %8s  %-9s %-12s %9s %10s %6s  %-10s %s" % (
             "rank", "host", "pid", "state", "last seen", "batches", "records", "lost", "refused",
             "drops"))
@@ -514,16 +627,16 @@ def cmd_status(args):
                 for x in r["refusals"])
             print("  %5d  %-20s %8d  %-9s %-12s %9d %10d %6d  %-10s %s" % (
                 r["rank"], r["host"][:20], r["pid"],
-                "connected" if r["connected"] else "gone", ago(r["last_seen_unix_ns"], now),
-                r["batches"], r["records"], r["lost_batches"], refused or "none",
+                "connected" if r["connected"] else "gone", ago(r["lastSeenUnixNs"], now),
+                r["batches"], r["records"], r["lostBatches"], refused or "none",
                 drops or "none"))
             for x in r["refusals"]:
                 refusals.append((r["rank"], x))
         # What the daemon refused is never silent: each reason with its last error.
         for rank, x in refusals:
             print("  rank %d: the daemon refused %d batch(es) and %d item(s) as %s, last %s: %s" % (
-                rank, x["batches"], x["items"], x["reason"], ago(x["last_unix_ns"], now),
-                x["last_error"]))
+                rank, x["batches"], x["items"], x["reason"], ago(x["lastUnixNs"], now),
+                x["lastError"]))
     return 0
 
 
@@ -532,6 +645,7 @@ def cmd_alerts(args):
     base = args.daemon_http or os.environ.get("FLARE_DAEMON_HTTP") or DEFAULT_HTTP
     parse_address(base, "--daemon-http")
     since = 0
+    printed = explained = 0
     while True:
         query = {"since": str(since)}
         if args.job:
@@ -552,6 +666,15 @@ def cmd_alerts(args):
                                                 parts[0]))
                 for evidence in parts[1:]:
                     print("    - %s" % evidence)
+            printed += 1
+        if not printed and not args.json and not explained:
+            # Once: what was looked at, so that silence is not mistaken for a broken command.
+            print("no alerts %s at the daemon at %s%s" % (
+                "for job %s" % args.job if args.job else "for any job", base,
+                "; waiting for new ones (Ctrl-C to stop)" if args.follow else
+                " (`flare diagnose --job ID` runs the detectors now; `flare status --all` "
+                "lists the jobs)"))
+            explained = 1
         sys.stdout.flush()
         if not args.follow:
             return 0
@@ -706,8 +829,8 @@ def deep_trace_rows(results):
         state = d.get("state", "STATE_SKIPPED" if not res.get("ok") else "STATE_UNSPECIFIED")
         rows.append({"rank": as_int(r.get("rank")), "state": state[len("STATE_"):].lower(),
                      "final": state in DEEP_FINAL,
-                     "steps_requested": as_int(d.get("stepsRequested")),
-                     "steps_captured": as_int(d.get("stepsCaptured")),
+                     "stepsRequested": as_int(d.get("stepsRequested")),
+                     "stepsCaptured": as_int(d.get("stepsCaptured")),
                      "kernels": as_int(d.get("kernels")), "memcpys": as_int(d.get("memcpys")),
                      "memsets": as_int(d.get("memsets")), "dropped": as_int(d.get("dropped")),
                      "reason": d.get("reason") or res.get("error", ""),
@@ -741,8 +864,8 @@ def cmd_deep_trace(args):
         time.sleep(0.2)
     ok = expected > 0 and len(rows) >= expected and all(r["state"] == "done" for r in rows)
     if args.json:
-        print(json.dumps({"job": args.job, "command_id": command_id, "steps": args.steps,
-                          "ranks_asked": expected, "dropped_by_daemon": as_int(sent.get("dropped")),
+        print(json.dumps({"jobId": args.job, "commandId": command_id, "steps": args.steps,
+                          "ranksAsked": expected, "droppedByDaemon": as_int(sent.get("dropped")),
                           "complete": ok, "ranks": rows}, indent=2))
     else:
         print("deep trace %d of job %s: %d steps on %d rank(s)%s"
@@ -752,7 +875,7 @@ def cmd_deep_trace(args):
                                                      "memcpys", "memsets", "dropped", "note"))
         for r in rows:
             print("%5d  %-8s %6d %8d %8d %8d %8d  %s"
-                  % (r["rank"], r["state"], r["steps_captured"], r["kernels"], r["memcpys"],
+                  % (r["rank"], r["state"], r["stepsCaptured"], r["kernels"], r["memcpys"],
                      r["memsets"], r["dropped"], r["reason"]))
         missing = expected - len(rows)
         if missing > 0:
@@ -962,16 +1085,15 @@ def build_parser():
     d.add_argument("--timeout", type=float, default=5.0, help="seconds per request")
     d.set_defaults(func=cmd_deep_trace)
     add_hang_parser(sub)
-    for name, what in (("export", "records of an offline spool (or of a job flared holds: --job "
-                                  "ID) as JSON lines (flare-export; progress on stderr when a "
-                                  "terminal, --quiet for none)"),
-                       ("timeline", "a Perfetto/Kineto trace from an offline spool, or of a "
-                                    "job flared holds (--job ID without --input; flare-timeline; "
-                                    "progress on stderr when a terminal, --quiet for none)"),
+    for name, what in (("export", "a job's records as JSON lines: online from flared (--job ID) "
+                                  "or offline from a spool (--input DIR); --help for both"),
+                       ("timeline", "a Perfetto/Kineto trace: online from flared (--job ID -o "
+                                    "FILE) or offline from a spool (--input DIR -o FILE); --help "
+                                    "for both"),
                        ("diagnose-spool", "the detectors on an offline spool (flare-diagnose)")):
         # Dispatched in main() before parsing, so that every argument reaches the tool.
         sub.add_parser(name, help=what, add_help=False,
-                       usage="flare %s [ARGS ...] (the tool's own --help lists them)" % name)
+                       usage="flare %s [ARGS ...] (`flare %s --help` lists them)" % (name, name))
     return p
 
 

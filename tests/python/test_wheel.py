@@ -136,8 +136,7 @@ def test_a_job_traced_from_the_venv_streams_to_its_flared_and_reads_back(venv, b
                                 timeout=60, env=clean_env())
             assert st.returncode == 0, st.stderr
             jobs = json.loads(st.stdout)["jobs"]
-            ranks = [r for j in jobs for r in j["ranks"] if (j.get("jobId") or j.get("job_id"))
-                     == job]
+            ranks = [r for j in jobs for r in j["ranks"] if j["jobId"] == job]
             if len(ranks) == 2 and all(int(r["records"]) > 0 for r in ranks) or \
                     time.time() > deadline:
                 break
