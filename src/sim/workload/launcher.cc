@@ -5,7 +5,8 @@
 //                   [--json FILE] [--quiet] [--keep-going]
 //   flare-sim-train --pytorch-like --ranks N --steps S [--layers L] [--hidden H] [--seq S]
 //                   [--micro-batch B] [--data-ms MS] [--setup-ms MS] [--eval-at STEP]
-//                   [--eval-ms MS] [--save-at STEP] [--save-ms MS] [--stats-dir DIR] ...
+//                   [--eval-ms MS] [--eval-micro-batch B] [--save-at STEP] [--save-ms MS]
+//                   [--stats-dir DIR] ...
 //
 // --pytorch-like runs the PyTorch-like Python workload (share/flare/sim_pytorch_like.py,
 // src/sim/workload/pytorch_like.py) instead of sim_train.py.
@@ -65,8 +66,9 @@ struct Args {
       " [--quiet] [--keep-going]\n"
       "       flare-sim-train --pytorch-like --ranks N --steps S [--layers L] [--hidden H]\n"
       "                       [--seq S] [--micro-batch B] [--data-ms MS] [--setup-ms MS]\n"
-      "                       [--eval-at STEP] [--eval-ms MS] [--save-at STEP]\n"
-      "                       [--save-ms MS] [--stats-dir DIR] [--python-exe PATH]\n"
+      "                       [--eval-at STEP] [--eval-ms MS] [--eval-micro-batch B]\n"
+      "                       [--save-at STEP] [--save-ms MS] [--stats-dir DIR]\n"
+      "                       [--python-exe PATH]\n"
       "                       [--timeout SEC] [--json FILE] [--quiet] [--keep-going]\n");
   std::exit(2);
 }
@@ -127,7 +129,7 @@ Args parse(int argc, char** argv) {
       a.passthrough.push_back(k);
       a.passthrough.push_back(v);
     } else if (k == "--setup-ms" || k == "--eval-at" || k == "--eval-ms" || k == "--save-at" ||
-               k == "--save-ms") {
+               k == "--save-ms" || k == "--eval-micro-batch") {
       a.passthrough.push_back(k);
       a.passthrough.push_back(v);
     } else {
@@ -138,7 +140,8 @@ Args parse(int argc, char** argv) {
   for (size_t i = 0; i + 1 < a.passthrough.size(); i += 2) {
     const std::string& k = a.passthrough[i];
     const bool own = k == "--setup-ms" || k == "--eval-at" || k == "--eval-ms" ||
-                     k == "--save-at" || k == "--save-ms" || k == "--stats-dir";
+                     k == "--eval-micro-batch" || k == "--save-at" || k == "--save-ms" ||
+                     k == "--stats-dir";
     if (own && !a.pytorch_like) usage((k + " needs --pytorch-like").c_str());
     if (a.pytorch_like &&
         (k == "--tp" || k == "--ffn" || k == "--extra-kernels" || k == "--copies"))
