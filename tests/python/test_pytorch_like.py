@@ -36,6 +36,7 @@ EVAL_AT, SAVE_AT = STEPS // 3, 2 * STEPS // 3  # the workload's defaults
 GEMMS_PER_LAYER_STEP = 12  # 4 forward (main thread) + 8 backward (autograd device thread)
 EVAL_PASSES = 2  # no-grad forward passes of the evaluation
 STEP_API = "torch.utils.data.dataloader._BaseDataLoaderIter@__next__"
+SERIES = "/api/v1/jobs/%s/series?max_signatures=1&max_steps=2048"  # every step of the window
 COMPUTE_KINDS = {"OP_KIND_GEMM", "OP_KIND_ATTENTION", "OP_KIND_KERNEL", "OP_KIND_MEMCPY",
                  "OP_KIND_MEMSET"}
 
@@ -116,7 +117,7 @@ def steps_per_rank(daemon, job):
     `__next__` starts; the loop's last `__next__`, which raises StopIteration, closes its last
     step), warm-up included."""
     try:
-        series = json.loads(daemon.get("/api/v1/jobs/%s/series?max_signatures=1" % job))
+        series = json.loads(daemon.get(SERIES % job))
     except Exception:  # noqa: BLE001 - not there yet
         return {}
     return {r: sum(1 for v in row if v is not None)
@@ -286,7 +287,7 @@ def test_flared_sees_every_step_and_the_same_kernels_in_raw_and_summary_mode(
         held = steps_per_rank(flared, job.name)
         if held != own:
             failures.append("%s: steps per rank %s, the workload's %s" % (mode, held, own))
-        series = json.loads(flared.get("/api/v1/jobs/%s/series?max_signatures=1" % job.name))
+        series = json.loads(flared.get(SERIES % job.name))
         for r, row in zip(series["ranks"], series["vInter"]):
             if sum(1 for v in row if v is not None) != STEPS:
                 failures.append("%s rank %d: step statistics for %d of %d steps" % (
