@@ -7,7 +7,7 @@ CMAKE_FLAGS += -DFLARE_WERROR=ON
 endif
 PYTHON ?= python3
 
-.PHONY: all deps configure build test unit-test py-test demo bench format clean wheel
+.PHONY: all deps configure build quiet-build test unit-test py-test demo bench format clean wheel
 
 all: build
 
@@ -20,6 +20,10 @@ configure: deps
 build: configure
 	@cmake --build $(BUILD_DIR) -j $(JOBS)
 
+# The same, its output in $(BUILD_DIR)/build.log unless it fails (make demo, make wheel).
+quiet-build:
+	@bash tools/quiet-build.sh $(BUILD_DIR) $(JOBS) $(CMAKE_FLAGS)
+
 unit-test: build
 	cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS) --timeout 300
 
@@ -30,10 +34,10 @@ test: unit-test py-test
 
 # The pip-installable wheel: the package with the hook, flared and the tools, dependencies
 # vendored (tools/packaging/make-wheel.sh; docs/install.md). Written to $(BUILD_DIR)/wheel/dist.
-wheel: build
+wheel: quiet-build
 	@bash tools/packaging/make-wheel.sh $(BUILD_DIR)
 
-demo: build
+demo: quiet-build
 	@bash tools/demo.sh $(BUILD_DIR)
 
 # The evaluation (overhead, hot path, volume; more sections as parts land): tools/bench/run.py.

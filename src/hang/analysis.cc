@@ -625,7 +625,24 @@ Diagnosis analyze(std::span<const RankEvidence> input) {
     d.evidence.push_back("ranks " + compactRanges(in_comm) + " wait inside communication");
   }
   if (!outside.empty()) {
-    d.evidence.push_back("ranks " + compactRanges(outside) + " are outside communication");
+    // The stacks are the host's; NCCL is asynchronous, so a rank whose host is outside
+    // communication may still have collectives in flight on its GPU (the counters above). Said
+    // so, so that this line does not read as contradicting "waited on by".
+    const std::vector<int> sorted_outside = sortedUnique(outside);
+    std::vector<int> in_flight;
+    for (const LaggingCollective& l : d.lagging) {
+      for (int r : l.waiting) {
+        if (std::binary_search(sorted_outside.begin(), sorted_outside.end(), r))
+          in_flight.push_back(r);
+      }
+    }
+    in_flight = sortedUnique(std::move(in_flight));
+    d.evidence.push_back(
+        "ranks " + compactRanges(outside) + ": main-thread stacks outside communication calls" +
+        (in_flight.empty() ? std::string()
+                           : " (ranks " + compactRanges(in_flight) +
+                                 " still wait in a collective on their GPUs: NCCL runs "
+                                 "asynchronously, the host waits elsewhere)"));
   }
 
   if (in_comm.empty() && outside.empty() && not_issued.empty()) {

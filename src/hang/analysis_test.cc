@@ -264,6 +264,22 @@ TEST(Analyze, CountersShowingEveryRankInTheCollectiveAskForInspectionAndUseTheSt
   EXPECT_EQ(suspectRanks(d), (std::vector<int>{5, 6}));
 }
 
+// The stacks line and the counters line agree: ranks whose hosts are outside communication but
+// whose GPUs still wait in a collective are said to be so, not just "outside communication"
+// next to "waited on by" the same ranks.
+TEST(Analyze, StacksOutsideCommunicationSayTheirCollectivesStillWaitOnTheGpu) {
+  auto ranks = waitingAtStepEnd(8);
+  ranks[3].stacks.mutable_collectives(0)->set_last_issued_seq(testing::kSeq - 1);  // never issued
+  const Diagnosis d = analyze(ranks);
+  const std::string text = formatDiagnosis(d);
+  EXPECT_NE(text.find("waited on by ranks 0-2,4-7"), std::string::npos) << text;
+  EXPECT_NE(text.find("ranks 0-7: main-thread stacks outside communication calls (ranks 0-2,4-7 "
+                      "still wait in a collective on their GPUs"),
+            std::string::npos)
+      << text;
+  EXPECT_EQ(text.find("are outside communication"), std::string::npos) << text;
+}
+
 TEST(Analyze, RankWhoseConnectionsAllStayAtZeroNeverReachedTheCollective) {
   constexpr int kN = 8;
   for (int culprit : {0, 4, 7}) {

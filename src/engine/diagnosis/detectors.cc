@@ -669,26 +669,32 @@ void detectIssueStall(const JobModel& job, const DiagnoseOptions& opt,
                               fmtMs(own_median) + " vs " + fmtMs(others_median[rank]),
                           s, fence});
     if (pair != nullptr && pair->steps > 0 && (paired_outlier || pair->p_adjusted <= 0.5)) {
-      char text[320];
+      // Shown as supporting evidence also when the paired test alone does not reach its level;
+      // then it says so, and its effect does not raise the severity (severity follows the tests
+      // that hold: an alert is never more severe than its significant evidence).
+      char text[400];
       std::snprintf(
           text, sizeof(text),
           "its host issued each step's work later than the other ranks' median in %zu of "
           "%zu steps, by %.3f ms per step (median; %.1f%% of the step; issue latency %.3f "
-          "ms lower); sign test p = %.2g, x%zu ranks = %.2g",
+          "ms lower); sign test p = %.2g, x%zu ranks = %.2g (%s %.2g)",
           pair->later, pair->steps, pair->median_delay_ns / 1e6,
           per_step.median_step_ns > 0 ? 100 * pair->median_delay_ns / per_step.median_step_ns : 0.0,
-          pair->latency_shift_ns / 1e6, pair->p_value, per_step.ranks.size(), pair->p_adjusted);
+          pair->latency_shift_ns / 1e6, pair->p_value, per_step.ranks.size(), pair->p_adjusted,
+          paired_outlier ? "significant at" : "supporting only: not significant on its own at",
+          opt.stall_paired_alpha);
       d.evidence.push_back({"issue_delay_paired", text, pair->median_delay_ns,
                             opt.stall_paired_min_share * per_step.median_step_ns});
-      if (per_step.median_step_ns > 0)
+      if (paired_outlier && per_step.median_step_ns > 0)
         d.severity = std::max(d.severity, pair->median_delay_ns / per_step.median_step_ns);
     }
     if (idle_excess > 0) {
       std::string steps_text;
       if (auto t = idle_steps.find(rank); t != idle_steps.end() && t->second.n > 0) {
-        char buf[96];
-        std::snprintf(buf, sizeof(buf), " (above them in %zu of %zu steps, sign test p = %.2g)",
-                      t->second.positive, t->second.n, t->second.p_value);
+        char buf[128];
+        std::snprintf(buf, sizeof(buf), " (above them in %zu of %zu steps, sign test p = %.2g%s)",
+                      t->second.positive, t->second.n, t->second.p_value,
+                      idle_outlier ? "" : "; supporting only");
         steps_text = buf;
       }
       d.evidence.push_back({"gpu_idle",
