@@ -526,6 +526,67 @@ TEST_F(FlaredTest, SlowClientsDoNotStallProbes) {
   for (int fd : slow) close(fd);
 }
 
+TEST_F(FlaredTest, GrpcPortIsExclusiveHellosHaveADeadlineStreamsPerPeerAreBounded) {
+  Flared d(dir_, {"--hello-timeout-ms", "300", "--max-streams-per-peer", "3"});
+  ASSERT_GT(d.grpc_port, 0);
+  // A second daemon on the same port fails to start, saying why (SO_REUSEPORT would have let
+  // the kernel split the ranks between the two).
+  auto [status, out] = runFlared("--listen " + d.target() + " --http 127.0.0.1:0 --db " +
+                                 (dir_ / "second.db").string());
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) != 0) << out;
+  EXPECT_THAT(out, ::testing::HasSubstr("cannot listen on " + d.target()));
+  EXPECT_THAT(out, ::testing::HasSubstr("another flared"));
+  // A stream that never says hello is ended, well before the old "forever".
+  {
+    Rank idle(d.target());
+    const auto t0 = std::chrono::steady_clock::now();
+    v1::DaemonMessage m;
+    EXPECT_FALSE(idle.stream->Read(&m));
+    EXPECT_EQ(idle.stream->Finish().error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(10));
+  }
+  // Three streams from this address are served; a fourth is refused while they are open.
+  std::vector<std::unique_ptr<Rank>> ranks;
+  for (int r = 0; r < 3; ++r) {
+    ranks.push_back(std::make_unique<Rank>(d.target()));
+    ASSERT_TRUE(ranks.back()->hello(makeHello("jobP", r, 4)).accepted());
+  }
+  {
+    Rank extra(d.target());
+    v1::DaemonMessage m;
+    EXPECT_FALSE(extra.stream->Read(&m));
+    const grpc::Status st = extra.stream->Finish();
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+    EXPECT_THAT(st.error_message(), ::testing::HasSubstr("--max-streams-per-peer"));
+  }
+  // An accepted stream keeps going past the hello deadline.
+  std::this_thread::sleep_for(std::chrono::milliseconds(600));
+  ASSERT_TRUE(ranks[0]->send(gemmBatch(0, 1, 5, 1000000)));
+  EXPECT_TRUE(ranks[0]->finish().ok());
+  ranks.erase(ranks.begin());
+  // Once one is gone, another is admitted.
+  bool admitted = false;
+  for (int i = 0; i < 50 && !admitted; ++i) {
+    Rank again(d.target());
+    v1::RankMessage hm;
+    *hm.mutable_hello() = makeHello("jobP", 3, 4);
+    again.stream->Write(hm);
+    v1::DaemonMessage m;
+    admitted = again.stream->Read(&m) && m.ack().accepted();
+    if (admitted) {
+      again.finish();
+    } else {
+      again.stream->Finish();
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+  }
+  EXPECT_TRUE(admitted);
+  for (auto& r : ranks) EXPECT_TRUE(r->finish().ok());
+  const std::string metrics = httpBody(d.http_port, "/metrics");
+  EXPECT_GE(metric(metrics, "flare_grpc_streams_refused_total{reason=\"hello_timeout\"}"), 1);
+  EXPECT_GE(metric(metrics, "flare_grpc_streams_refused_total{reason=\"peer_limit\"}"), 1);
+}
+
 TEST_F(FlaredTest, UnsafeConfigurationsAreRefusedAtStart) {
   const std::string db = " --db " + (dir_ / "x.db").string();
   // A token file that names no token would turn authentication off: an error.

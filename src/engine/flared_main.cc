@@ -131,6 +131,10 @@ std::map<std::string, Flag> defaultFlags() {
   add("http-idle-timeout-ms", "MS", "5000", "longest gap between an HTTP client's bytes");
   add("http-request-timeout-ms", "MS", "30000",
       "a whole HTTP exchange (request, handler, answer) must end within this");
+  add("hello-timeout-ms", "MS", "10000",
+      "a rank stream must send an accepted hello within this, or it is ended");
+  add("max-streams-per-peer", "N", "4096",
+      "rank streams open at once from one IP address; beyond: refused (0: no bound)");
   add("insecure", "0|1", "0",
       "1: serve a non-loopback --listen/--http address without --token-file (anyone who reaches "
       "it reads every job and changes baselines and ranks; warned once a minute)");
@@ -452,6 +456,9 @@ int main(int argc, char** argv) {
   go.tls_key_file = str("tls-key");
   go.tls_client_ca_file = str("tls-client-ca");
   go.max_message_bytes = cfg.max_message_bytes;
+  go.hello_timeout_ms = static_cast<int64_t>(std::max<uint64_t>(num("hello-timeout-ms"), 1));
+  go.max_streams_per_peer = num("max-streams-per-peer");
+  if (bad) return 2;
   GrpcServer grpc(ingest, api, go);
   if (!grpc.start(&error)) {
     std::fprintf(stderr, "flared: %s\n", error.c_str());

@@ -5,8 +5,10 @@
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/security/server_credentials.h>
 
+#include <chrono>
 #include <deque>
 #include <fstream>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <sstream>
@@ -52,6 +54,55 @@ bool readFile(const std::string& path, std::string* out) {
 
 class StreamReactor;
 
+// The rank streams alive: per-peer counts (the per-peer bound) and those still waiting for an
+// accepted hello with their deadline (the hello deadline). Shared by the service, the reactors
+// and the sweeper thread; one mutex, never held while taking a stream's mutex except by
+// expire(), and a stream takes it only outside its own.
+class StreamRegistry {
+ public:
+  // The IP address of a gRPC peer string ("ipv4:1.2.3.4:5", "ipv6:[::1]:5", "unix:...").
+  static std::string peerAddress(const std::string& peer) {
+    std::string p = peer;
+    const size_t colon = p.find(':');
+    if (colon != std::string::npos && p.compare(0, 3, "ipv") == 0) p = p.substr(colon + 1);
+    if (p.rfind("unix", 0) == 0) return "unix";
+    const size_t last = p.rfind(':');
+    if (last != std::string::npos && p.find(']') == std::string::npos && p.find(':') == last) {
+      return p.substr(0, last);  // a.b.c.d:port
+    }
+    if (const size_t close = p.find(']'); close != std::string::npos) return p.substr(0, close + 1);
+    return p;
+  }
+  // False when `peer` already has `max` streams (max 0: no bound).
+  bool admit(const std::string& peer, size_t max) {
+    std::lock_guard lock(mu_);
+    size_t& n = per_peer_[peer];
+    if (max != 0 && n >= max) return false;
+    ++n;
+    return true;
+  }
+  void release(const std::string& peer) {
+    std::lock_guard lock(mu_);
+    auto it = per_peer_.find(peer);
+    if (it != per_peer_.end() && --it->second == 0) per_peer_.erase(it);
+  }
+  void awaitHello(StreamReactor* r, std::chrono::steady_clock::time_point deadline) {
+    std::lock_guard lock(mu_);
+    awaiting_[r] = deadline;
+  }
+  void helloDone(StreamReactor* r) {
+    std::lock_guard lock(mu_);
+    awaiting_.erase(r);
+  }
+  // Ends the streams past their hello deadline; how many.
+  size_t expire(std::chrono::steady_clock::time_point now);
+
+ private:
+  std::mutex mu_;
+  std::map<std::string, size_t> per_peer_;
+  std::map<StreamReactor*, std::chrono::steady_clock::time_point> awaiting_;
+};
+
 // The CommandChannel of one stream; outlives the reactor (Ingest may hold it a little longer).
 class StreamChannel final : public CommandChannel {
  public:
@@ -64,14 +115,28 @@ class StreamChannel final : public CommandChannel {
 
 class StreamReactor final : public grpc::ServerGenericBidiReactor {
  public:
-  StreamReactor(Ingest& ingest, GrpcCounters& counters, size_t max_queued_writes)
+  StreamReactor(Ingest& ingest, GrpcCounters& counters, size_t max_queued_writes,
+                StreamRegistry& registry, std::string peer, int64_t hello_timeout_ms)
       : ingest_(ingest),
         counters_(counters),
         max_queued_(max_queued_writes),
+        registry_(registry),
+        peer_(std::move(peer)),
         channel_(std::make_shared<StreamChannel>()) {
     channel_->reactor = this;
     counters_.streams_opened.fetch_add(1, std::memory_order_relaxed);
+    registry_.awaitHello(
+        this, std::chrono::steady_clock::now() + std::chrono::milliseconds(hello_timeout_ms));
     StartRead(&in_);
+  }
+
+  // The sweeper: no accepted hello in time. Under the registry's mutex (the reactor is alive).
+  void expireHello() {
+    counters_.hello_timeouts.fetch_add(1, std::memory_order_relaxed);
+    ingest_.countRejected(Reason::kNoHello);
+    std::lock_guard lock(channel_->mu);
+    finishLocked(grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
+                              "no accepted hello within --hello-timeout-ms"));
   }
 
   // Under channel_->mu.
@@ -134,6 +199,8 @@ class StreamReactor final : public grpc::ServerGenericBidiReactor {
       std::lock_guard lock(channel_->mu);
       channel_->reactor = nullptr;
     }
+    registry_.helloDone(this);
+    registry_.release(peer_);
     if (session_ != 0) ingest_.close(session_);
     counters_.streams_closed.fetch_add(1, std::memory_order_relaxed);
     delete this;
@@ -207,6 +274,7 @@ class StreamReactor final : public grpc::ServerGenericBidiReactor {
         hello_seen_ = true;
         Ingest::HelloOutcome out = ingest_.hello(msg->hello(), channel_);
         session_ = out.session_id;
+        registry_.helloDone(this);  // accepted, or the stream ends with the refusal below
         std::lock_guard lock(channel_->mu);
         v1::DaemonMessage ack;
         *ack.mutable_ack() = std::move(out.ack);
@@ -269,6 +337,8 @@ class StreamReactor final : public grpc::ServerGenericBidiReactor {
   Ingest& ingest_;
   GrpcCounters& counters_;
   const size_t max_queued_;
+  StreamRegistry& registry_;
+  const std::string peer_;
   std::shared_ptr<StreamChannel> channel_;
   grpc::ByteBuffer in_;
   uint64_t session_ = 0;
@@ -291,12 +361,26 @@ void StreamChannel::close(Code code, const std::string& error) {
   if (reactor != nullptr) reactor->finishLocked(grpc::Status(toGrpc(code), error));
 }
 
-// Answers a method this daemon does not serve.
-class UnimplementedReactor final : public grpc::ServerGenericBidiReactor {
- public:
-  UnimplementedReactor() {
-    Finish(grpc::Status(grpc::StatusCode::UNIMPLEMENTED, "no such method"));
+size_t StreamRegistry::expire(std::chrono::steady_clock::time_point now) {
+  std::lock_guard lock(mu_);
+  size_t n = 0;
+  for (auto it = awaiting_.begin(); it != awaiting_.end();) {
+    if (it->second > now) {
+      ++it;
+      continue;
+    }
+    it->first->expireHello();
+    it = awaiting_.erase(it);
+    ++n;
   }
+  return n;
+}
+
+// Answers a call at once with `status` (a method this daemon does not serve, a peer over its
+// stream bound).
+class RefuseReactor final : public grpc::ServerGenericBidiReactor {
+ public:
+  explicit RefuseReactor(const grpc::Status& status) { Finish(status); }
   void OnDone() override { delete this; }
 };
 
@@ -304,20 +388,31 @@ class UnimplementedReactor final : public grpc::ServerGenericBidiReactor {
 
 class GrpcServer::IngestService final : public grpc::CallbackGenericService {
  public:
-  IngestService(Ingest& ingest, GrpcCounters& counters, size_t max_queued)
-      : ingest_(ingest), counters_(counters), max_queued_(max_queued) {}
+  IngestService(Ingest& ingest, GrpcCounters& counters, const GrpcOptions& options)
+      : ingest_(ingest), counters_(counters), options_(options) {}
   grpc::ServerGenericBidiReactor* CreateReactor(grpc::GenericCallbackServerContext* ctx) override {
     if (ctx->method() != kStreamMethod) {
       counters_.unknown_method.fetch_add(1, std::memory_order_relaxed);
-      return new UnimplementedReactor();
+      return new RefuseReactor(grpc::Status(grpc::StatusCode::UNIMPLEMENTED, "no such method"));
     }
-    return new StreamReactor(ingest_, counters_, max_queued_);
+    std::string peer = StreamRegistry::peerAddress(ctx->peer());
+    if (!registry_.admit(peer, options_.max_streams_per_peer)) {
+      counters_.peer_limited.fetch_add(1, std::memory_order_relaxed);
+      return new RefuseReactor(
+          grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                       "too many rank streams from " + peer + " (--max-streams-per-peer " +
+                           std::to_string(options_.max_streams_per_peer) + ")"));
+    }
+    return new StreamReactor(ingest_, counters_, options_.max_queued_writes, registry_,
+                             std::move(peer), options_.hello_timeout_ms);
   }
+  StreamRegistry& registry() { return registry_; }
 
  private:
   Ingest& ingest_;
   GrpcCounters& counters_;
-  size_t max_queued_;
+  const GrpcOptions& options_;
+  StreamRegistry registry_;
 };
 
 class GrpcServer::QueryService final : public v1::Query::CallbackService {
@@ -429,10 +524,13 @@ bool GrpcServer::start(std::string* error) {
   } else {
     creds = grpc::InsecureServerCredentials();
   }
-  ingest_service_ = std::make_unique<IngestService>(ingest_, counters_, options_.max_queued_writes);
+  ingest_service_ = std::make_unique<IngestService>(ingest_, counters_, options_);
   query_service_ = std::make_unique<QueryService>(api_);
   grpc::ServerBuilder builder;
   builder.AddListeningPort(options_.listen, creds, &port_);
+  // Exclusively: with SO_REUSEPORT (gRPC's default) a second daemon on the same port starts
+  // fine and the kernel splits the ranks, and so each job, between the two.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   // Twice the daemon's own limit: messages in between reach Ingest::decode and are counted.
   builder.SetMaxReceiveMessageSize(
       static_cast<int>(std::min<size_t>(2 * options_.max_message_bytes, INT32_MAX)));
@@ -440,14 +538,28 @@ bool GrpcServer::start(std::string* error) {
   builder.RegisterCallbackGenericService(ingest_service_.get());
   server_ = builder.BuildAndStart();
   if (!server_ || port_ == 0) {
-    *error = "cannot listen on " + options_.listen;
+    *error = "cannot listen on " + options_.listen +
+             " (is another flared serving this port? it is bound exclusively), or the address "
+             "is not one of this host's";
     server_.reset();
     return false;
   }
+  sweeper_ = std::thread([this] { sweep(); });
   return true;
 }
 
+void GrpcServer::sweep() {
+  while (!stop_sweeper_.load()) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(250));
+    ingest_service_->registry().expire(std::chrono::steady_clock::now());
+  }
+}
+
 void GrpcServer::shutdown() {
+  if (sweeper_.joinable()) {
+    stop_sweeper_ = true;
+    sweeper_.join();
+  }
   if (server_) {
     server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
     server_->Wait();
@@ -465,6 +577,13 @@ void GrpcServer::writeMetrics(PromWriter& w) const {
   w.sample("flare_grpc_writes_dropped_total", c(counters_.writes_dropped));
   w.family("flare_grpc_unknown_method_total", "counter", "Calls of methods flared does not serve.");
   w.sample("flare_grpc_unknown_method_total", c(counters_.unknown_method));
+  w.family("flare_grpc_streams_refused_total", "counter",
+           "Rank streams ended for no accepted hello within --hello-timeout-ms (hello_timeout) or "
+           "refused over --max-streams-per-peer (peer_limit).");
+  w.sample("flare_grpc_streams_refused_total", c(counters_.hello_timeouts),
+           {{"reason", "hello_timeout"}});
+  w.sample("flare_grpc_streams_refused_total", c(counters_.peer_limited),
+           {{"reason", "peer_limit"}});
 }
 
 }  // namespace flare::engine

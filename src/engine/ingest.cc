@@ -658,7 +658,8 @@ Verdict Ingest::batch(uint64_t session_id, const v1::RecordBatch& sent) {
     // Exactly once: a batch at or below the highest seq applied for this process was applied
     // before (a re-send or spool replay after a reconnect or a daemon restart).
     RankState::Incarnation& inc = incarnation(rs, s.pid, s.start_ns, now);
-    if (sent.batch_seq() != 0 && sent.batch_seq() <= inc.seq) {
+    if (sent.batch_seq() != 0 &&
+        (sent.batch_seq() <= inc.seq || sent.batch_seq() == inc.jump_seq)) {
       if (sent.from_spool())
         return reject(Reason::kDuplicateBatch, Code::kOk, "batch already held");
       return refuseBatch(
@@ -715,14 +716,31 @@ Verdict Ingest::batch(uint64_t session_id, const v1::RecordBatch& sent) {
     // Everything checked: apply.
     s.tokens -= static_cast<double>(records);
     if (b.batch_seq() != 0) {
-      if (inc.seq != 0 && b.batch_seq() > inc.seq + 1) {
-        const uint64_t lost = b.batch_seq() - inc.seq - 1;
+      // Gaps are lost batches, but one batch_seq alone is not believed: a jump counts one lost
+      // batch and waits for the next batch to confirm the rest (Incarnation::jump_seq).
+      const uint64_t seq = b.batch_seq();
+      uint64_t lost = 0;
+      // The first batch the daemon hears of a rank process sets its mark as before (nothing
+      // to count yet).
+      if (inc.seq != 0 && seq > inc.seq + 1 && inc.jump_seq != 0 && seq == inc.jump_seq + 1) {
+        const uint64_t gap = inc.jump_seq - inc.seq - 1;  // one of them counted at the jump
+        if (gap > 1) lost = gap - 1;
+        inc.seq = seq;
+        inc.jump_seq = 0;
+        inc.dirty = true;
+      } else if (inc.seq != 0 && seq > inc.seq + 1) {
+        lost = 1;
+        inc.jump_seq = seq;
+      } else {
+        inc.seq = seq;
+        if (inc.jump_seq != 0 && inc.jump_seq <= inc.seq) inc.jump_seq = 0;
+        inc.dirty = true;
+      }
+      inc.updated_ns = now;
+      if (lost > 0) {
         rs.lost_batches += lost;
         counters_.lost_batches.fetch_add(lost, std::memory_order_relaxed);
       }
-      inc.seq = b.batch_seq();
-      inc.updated_ns = now;
-      inc.dirty = true;
     }
     for (const v1::Signature& sig : b.signatures()) {
       s.sig_map[sig.id()] = internSignature(job, sig);

@@ -319,6 +319,11 @@ class Ingest {
     // Written with the state it covers in each checkpoint, reloaded after a restart.
     struct Incarnation {
       uint64_t seq = 0;
+      // A batch_seq that jumped ahead of seq + 1, applied but not yet believed: the next batch
+      // (jump_seq + 1) confirms it and moves seq past it; until then garbage (a bit-flipped
+      // batch_seq) moves lost_batches by one batch at most and cannot push seq out of reach of
+      // the rank's real batches. A batch of this seq again is a duplicate. 0: none.
+      uint64_t jump_seq = 0;
       int64_t updated_ns = 0;
       bool dirty = false;
     };

@@ -470,22 +470,24 @@ TEST_F(IngestTest, SeqGapsCountedDuplicatesDroppedResumePointAcked) {
   make();
   const uint64_t s = connect("job", 0, 1);
   EXPECT_TRUE(ingest_->batch(s, seqBatch(1, false)).ok());
-  EXPECT_TRUE(ingest_->batch(s, seqBatch(4, false)).ok());  // 2 and 3 lost
-  EXPECT_EQ(ingest_->counters().lost_batches.load(), 2u);
+  EXPECT_TRUE(ingest_->batch(s, seqBatch(4, false)).ok());  // a jump: one lost batch, for now
+  EXPECT_EQ(ingest_->counters().lost_batches.load(), 1u);
   EXPECT_EQ(ingest_->batch(s, seqBatch(4, false)).reason, Reason::kOutOfOrder);
+  EXPECT_TRUE(ingest_->batch(s, seqBatch(5, false)).ok());  // confirmed: 2 and 3 lost
+  EXPECT_EQ(ingest_->counters().lost_batches.load(), 2u);
   // Replays at or below the highest seq applied are duplicates; above it they are new.
   EXPECT_EQ(ingest_->batch(s, seqBatch(2, true)).reason, Reason::kDuplicateBatch);
   EXPECT_EQ(ingest_->batch(s, seqBatch(4, true)).reason, Reason::kDuplicateBatch);
-  EXPECT_TRUE(ingest_->batch(s, seqBatch(5, true)).ok());
-  EXPECT_EQ(ingest_->counters().batches.load(), 3u);
+  EXPECT_TRUE(ingest_->batch(s, seqBatch(6, true)).ok());
+  EXPECT_EQ(ingest_->counters().batches.load(), 4u);
   EXPECT_EQ(rejected(Reason::kDuplicateBatch), 2u);
   EXPECT_EQ(rejected(Reason::kOutOfOrder), 1u);
   // The same process reconnecting is told where to resume.
   auto again = ingest_->hello(makeHello("job", 0, 1), std::make_shared<FakeChannel>());
   ASSERT_TRUE(again.ack.accepted());
-  EXPECT_EQ(again.ack.resume_after_seq(), 5u);
-  EXPECT_EQ(ingest_->batch(again.session_id, seqBatch(5, true)).reason, Reason::kDuplicateBatch);
-  EXPECT_TRUE(ingest_->batch(again.session_id, seqBatch(6, false)).ok());
+  EXPECT_EQ(again.ack.resume_after_seq(), 6u);
+  EXPECT_EQ(ingest_->batch(again.session_id, seqBatch(6, true)).reason, Reason::kDuplicateBatch);
+  EXPECT_TRUE(ingest_->batch(again.session_id, seqBatch(7, false)).ok());
   // A new process of the rank (another pid) numbers from 1 again.
   auto fresh = ingest_->hello(makeHello("job", 0, 1, "", 2000), std::make_shared<FakeChannel>());
   EXPECT_EQ(fresh.ack.resume_after_seq(), 0u);
@@ -495,6 +497,44 @@ TEST_F(IngestTest, SeqGapsCountedDuplicatesDroppedResumePointAcked) {
   h.set_start_time_unix_ns(kNow + 1);
   EXPECT_EQ(ingest_->hello(h, std::make_shared<FakeChannel>()).ack.resume_after_seq(), 0u);
   EXPECT_EQ(ingest_->counters().lost_batches.load(), 2u);
+}
+
+// A bit-flipped batch_seq (the probe made lostBatches 13,374) moves lost_batches by one
+// batch at most and does not cut the rank off: its next batches carry on from the real sequence.
+TEST_F(IngestTest, GarbageBatchSeqMovesLostBatchesByOneAtMost) {
+  make();
+  const uint64_t s = connect("job", 0, 1);
+  EXPECT_TRUE(ingest_->batch(s, seqBatch(1, false)).ok());
+  EXPECT_TRUE(ingest_->batch(s, seqBatch(2, false)).ok());
+  EXPECT_TRUE(ingest_->batch(s, seqBatch(2 | (uint64_t{1} << 44), false)).ok());
+  EXPECT_LE(ingest_->counters().lost_batches.load(), 1u);
+  EXPECT_TRUE(ingest_->batch(s, seqBatch(3, false)).ok());
+  EXPECT_TRUE(ingest_->batch(s, seqBatch(4, false)).ok());
+  EXPECT_LE(ingest_->counters().lost_batches.load(), 1u);
+  // The garbage seq again is a duplicate, not a second jump.
+  EXPECT_EQ(ingest_->batch(s, seqBatch(2 | (uint64_t{1} << 44), true)).reason,
+            Reason::kDuplicateBatch);
+  // The resume point is the real sequence's.
+  EXPECT_EQ(ingest_->hello(makeHello("job", 0, 1), std::make_shared<FakeChannel>())
+                .ack.resume_after_seq(),
+            4u);
+  v1::ListRanksRequest req;
+  req.set_job_id("job");
+  v1::ListRanksResponse out;
+  ASSERT_EQ(ingest_->ranks(req, &out), Code::kOk);
+  ASSERT_EQ(out.ranks_size(), 1);
+  EXPECT_LE(out.ranks(0).lost_batches(), 1u);
+}
+
+TEST_F(IngestTest, RealGapsAreCountedInFullOnceTheNextBatchConfirmsThem) {
+  make();
+  uint64_t s = connect("job", 0, 1);
+  for (uint64_t q : {1, 2, 10, 11, 12}) EXPECT_TRUE(ingest_->batch(s, seqBatch(q, false)).ok());
+  EXPECT_EQ(ingest_->counters().lost_batches.load(), 7u);  // 3..9
+  // A garbage jump, then a real one: 1 for the garbage, 5 for 13..17.
+  EXPECT_TRUE(ingest_->batch(s, seqBatch(uint64_t{1} << 50, false)).ok());
+  for (uint64_t q : {18, 19}) EXPECT_TRUE(ingest_->batch(s, seqBatch(q, false)).ok());
+  EXPECT_EQ(ingest_->counters().lost_batches.load(), 7u + 1 + 5);
 }
 
 TEST_F(IngestTest, ResumeMarksAreBoundedPerRank) {

@@ -253,10 +253,14 @@ class Flared:
             self.proc.wait(timeout=30)
             self.proc = None
 
+    http_token = None  # sent with every HTTP request when set (flared with a token file)
+
     def get(self, path):
         import urllib.request
-        with urllib.request.urlopen("http://127.0.0.1:%d%s" % (self.http_port, path),
-                                    timeout=10) as r:
+        req = urllib.request.Request("http://127.0.0.1:%d%s" % (self.http_port, path))
+        if self.http_token:
+            req.add_header("X-Flare-Token", self.http_token)
+        with urllib.request.urlopen(req, timeout=10) as r:
             return r.read().decode()
 
     def ranks(self, job):
@@ -285,8 +289,9 @@ def per_rank(records):
 def test_flared_receives_every_record_and_refuses_a_wrong_token(sim_train, build_dir, tmp_path,
                                                                flared, baseline):
     tokens = tmp_path / "tokens"
-    tokens.write_text("streamtest tok\n")
+    tokens.write_text("streamtest tok\n[operator] optok\n")
     daemon = flared(token_file=tokens)
+    daemon.http_token = "optok"  # reads /metrics and every job
     addr = "127.0.0.1:%d" % daemon.grpc_port
     env = hook_env(build_dir, tmp_path, FLARE_DAEMON=addr, FLARE_TOKEN="tok")
     res = sim_train("--ranks", 8, "--steps", STEPS_SHORT, env=env)
@@ -304,7 +309,7 @@ def test_flared_receives_every_record_and_refuses_a_wrong_token(sim_train, build
     assert "refused" in res.stderr
     metrics = daemon.get("/metrics")
     assert 'flare_ingest_rejected_total{reason="unauthenticated"} 2' in metrics
-    assert_nothing_refused(daemon.http_port, allow=("unauthenticated",))
+    assert_nothing_refused(daemon.http_port, allow=("unauthenticated",), token="optok")
     assert export(build_dir, tmp_path / "wrong" / "spool")  # kept locally
 
 

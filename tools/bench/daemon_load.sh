@@ -13,7 +13,8 @@ LG=()
 while [[ $# -gt 0 && $1 != "--" ]]; do LG+=("$1"); shift; done
 [[ $# -gt 0 ]] && shift
 DB=$(mktemp -d)/flared.db
-taskset -c 0 "$BUILD/bin/flared" --db "$DB" --listen 127.0.0.1:17272 --http 127.0.0.1:19666 "$@" \
+taskset -c 0 "$BUILD/bin/flared" --db "$DB" --listen 127.0.0.1:17272 --http 127.0.0.1:19666 \
+  --max-streams-per-peer 0 --hello-timeout-ms 60000 "$@" \
   >"$DB.log" 2>&1 &
 D=$!
 trap 'kill $D 2>/dev/null || true; sleep 1; kill -9 $D 2>/dev/null || true; rm -rf "$(dirname "$DB")"' EXIT
