@@ -19,7 +19,12 @@ import urllib.request
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-FIXTURE = os.path.join(ROOT, "tests", "fixtures", "sim", "healthy.tar.gz")
+FIXTURES = os.path.join(ROOT, "tests", "fixtures", "sim")
+FIXTURE = os.path.join(FIXTURES, "healthy.tar.gz")
+# healthy: flare-sim-train --python, TP 2 x DP 2 (two communicators, explicit step markers);
+# pytorch-like: its PyTorch-like workload (DataLoader-only steps, an autograd thread, set-up,
+# evaluation and checkpoint pauses, cold first launches; one data-parallel communicator).
+NAMES = ["healthy", "pytorch-like"]
 RANKS = 8
 
 
@@ -124,24 +129,32 @@ def wait_alerts(daemon, job, kind, timeout=20):
 # ---- the fixture's figures, computed here from its raw records ----------------------------
 
 @pytest.fixture(scope="module")
-def exported(build_dir, tmp_path_factory):
-    """The fixture's records as flare-export prints them, and where they were written in the
-    layout of tests/fixtures/gpu/ (<fixture>/rank0.jsonl.gz)."""
-    folder = tmp_path_factory.mktemp("fixture")
-    with tarfile.open(FIXTURE) as t:
-        t.extractall(folder / "spool")
-    res = subprocess.run([os.path.join(build_dir, "bin", "flare-export"), "--input",
-                          str(folder / "spool")], capture_output=True, text=True, timeout=60)
-    assert res.returncode == 0, res.stderr
-    (folder / "healthy").mkdir()
-    with gzip.open(folder / "healthy" / "rank0.jsonl.gz", "wt") as f:
-        f.write(res.stdout)
-    return [json.loads(line) for line in res.stdout.splitlines()], str(folder / "healthy")
+def export(build_dir, tmp_path_factory):
+    """name -> (the fixture's records as flare-export prints them, where they were written in
+    the layout of tests/fixtures/gpu/: <fixture>/rank0.jsonl.gz)."""
+    cache = {}
+
+    def get(name):
+        if name not in cache:
+            folder = tmp_path_factory.mktemp(name)
+            with tarfile.open(os.path.join(FIXTURES, name + ".tar.gz")) as t:
+                t.extractall(folder / "spool")
+            res = subprocess.run([os.path.join(build_dir, "bin", "flare-export"), "--input",
+                                  str(folder / "spool")], capture_output=True, text=True,
+                                 timeout=60)
+            assert res.returncode == 0, res.stderr
+            (folder / name).mkdir()
+            with gzip.open(folder / name / "rank0.jsonl.gz", "wt") as f:
+                f.write(res.stdout)
+            cache[name] = ([json.loads(line) for line in res.stdout.splitlines()],
+                           str(folder / name))
+        return cache[name]
+    return get
 
 
 @pytest.fixture(scope="module")
-def records(exported):
-    return exported[0]
+def records(export):
+    return export("healthy")[0]
 
 
 def step_starts(records):
@@ -207,26 +220,33 @@ def expected(records):
 
 # ---- tests -------------------------------------------------------------------------------
 
-def test_the_fixture_is_small_and_has_steps_collectives_and_loader_spans(records):
-    assert os.path.getsize(FIXTURE) < 400 * 1024
-    assert len(step_starts(records)) >= 6
+@pytest.mark.parametrize("name", NAMES)
+def test_the_fixtures_are_small_and_have_steps_collectives_and_loader_spans(export, name):
+    records = export(name)[0]
+    assert os.path.getsize(os.path.join(FIXTURES, name + ".tar.gz")) < 400 * 1024
+    assert len(step_starts(records)) >= 16
     kinds = {r["kind"] for r in records}
     assert {"gemm", "collective", "span"} <= kinds
-    assert len({r["comm_hash"] for r in records if r["kind"] == "collective"}) >= 2
+    assert any(r["kind"] == "span" and r["name"].endswith("__next__") for r in records)
+    comms = {r["comm_hash"] for r in records if r["kind"] == "collective"}
+    assert len(comms) == (2 if name == "healthy" else 1)
 
 
-@pytest.mark.parametrize("form,mode", [("spool", "raw"), ("jsonl", "raw"), ("spool", "summary")])
+@pytest.mark.parametrize("name,form,mode", [
+    ("healthy", "spool", "raw"), ("healthy", "jsonl", "raw"), ("healthy", "spool", "summary"),
+    ("pytorch-like", "spool", "raw"), ("pytorch-like", "spool", "summary")])
 def test_healthy_replay_raises_nothing_and_every_figure_matches_the_fixture(
-        build_dir, daemon, exported, form, mode):
+        build_dir, daemon, export, name, form, mode):
     # The same trace as a spool archive (tests/fixtures/sim/) and as flare-export's JSON lines
     # in the layout of the GPU captures (tests/fixtures/gpu/README.md); and in summary mode, as
     # the ranks' own encoder (BatchBuilder) turns it into kernel summaries and step statistics.
     # Summary mode's figures are the raw records' except where it keeps less: TFLOPS from 1 s
     # kernel-summary windows (the one holding the warm-up step counts whole).
-    records, jsonl = exported
+    records, jsonl = export(name)
     summary = mode == "summary"
+    spool = os.path.join(FIXTURES, name + ".tar.gz")
     started = replay(build_dir, daemon, "healthy", "--mode", mode,
-                     fixture=FIXTURE if form == "spool" else jsonl)
+                     fixture=spool if form == "spool" else jsonl)
     report = settled(daemon, "healthy", started)
     assert daemon.alerts("healthy") == []
     want = expected(records)
@@ -258,15 +278,20 @@ def test_healthy_replay_raises_nothing_and_every_figure_matches_the_fixture(
     assert all(v == 0 for v in daemon.rejected().values()), daemon.rejected()
 
 
-@pytest.mark.parametrize("job,flag,kind,rank,team", [
-    ("slowgpu", ("--slow-gpu", "3:1.25"), "gpu_slow", 3, "operations"),  # a GPU at 80% clock
-    ("slowlink", ("--slow-link", "5:2"), "link_slow", 5, "operations"),  # half the bandwidth
-    ("stall", ("--stall", "6:5"), "issue_stall", 6, "algorithm"),  # 5 ms host pause per step
+@pytest.mark.parametrize("name,flag,kind,rank,team", [
+    ("healthy", ("--slow-gpu", "3:1.25"), "gpu_slow", 3, "operations"),  # a GPU at 80% clock
+    ("healthy", ("--slow-link", "5:2"), "link_slow", 5, "operations"),  # half the bandwidth
+    ("healthy", ("--stall", "6:5"), "issue_stall", 6, "algorithm"),  # 5 ms host pause per step
+    # One job-wide communicator: no peer communicator to compare a slow link with.
+    ("pytorch-like", ("--slow-gpu", "3:1.25"), "gpu_slow", 3, "operations"),
+    ("pytorch-like", ("--stall", "6:5"), "issue_stall", 6, "algorithm"),
 ])
 @pytest.mark.parametrize("mode", ["raw", "summary"])
-def test_each_perturbation_is_named_with_its_rank_and_team(build_dir, daemon, job, flag, kind,
+def test_each_perturbation_is_named_with_its_rank_and_team(build_dir, daemon, name, flag, kind,
                                                              rank, team, mode):
-    started = replay(build_dir, daemon, job, "--mode", mode, *flag)
+    job = name + "-" + kind
+    started = replay(build_dir, daemon, job, "--mode", mode, *flag,
+                     fixture=os.path.join(FIXTURES, name + ".tar.gz"))
     wait_alerts(daemon, job, kind)
     settled(daemon, job, started)
     alerts = daemon.alerts(job)
@@ -331,16 +356,18 @@ def test_issue_latency_against_a_healthy_baseline_matches_the_records(build_dir,
     assert all(v == 0 for v in daemon.rejected().values()), daemon.rejected()
 
 
-@pytest.mark.parametrize("mode", ["raw", "summary"])
-def test_hang_mid_step_is_diagnosed_as_that_rank(build_dir, tmp_path, mode):
+@pytest.mark.parametrize("name,mode", [("healthy", "raw"), ("healthy", "summary"),
+                                       ("pytorch-like", "raw")])
+def test_hang_mid_step_is_diagnosed_as_that_rank(build_dir, tmp_path, name, mode):
     # Rank 2 stops issuing in the middle of step 3; every other rank ends up waiting in a
     # collective rank 2 never issued. flared sees the silence, asks every rank for its stacks
     # (answered by the replayer from its model: progress per communicator, where each waits)
     # and names rank 2.
     daemon = start_daemon(build_dir, tmp_path, "--hang-timeout-s", "2")
     proc = subprocess.Popen(replay_cmd(build_dir, daemon, "hang", "--mode", mode, "--hang", "2:3",
-                                       "--hold-s", "40"), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                                       "--hold-s", "40",
+                                       fixture=os.path.join(FIXTURES, name + ".tar.gz")),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         alerts = wait_alerts(daemon, "hang", "hang", timeout=40)
         assert [(a["kind"], a["rank"], a["team"]) for a in alerts] == [("hang", 2, "operations")], \

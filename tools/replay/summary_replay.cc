@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <limits>
 #include <map>
+#include <span>
 #include <string>
 
 #include "src/common/clock.h"
@@ -116,7 +117,6 @@ SummaryBatches toSummary(int rank, const std::vector<flare::v1::RecordBatch>& ra
       }
       spans.push_back(s);
     }
-    builder.addSpans(spans);
     ops.clear();
     for (const auto& k : b.kernels()) {
       timing::CompletedOp op;
@@ -141,7 +141,27 @@ SummaryBatches toSummary(int rank, const std::vector<flare::v1::RecordBatch>& ra
       op.correlation_id = k.correlation_id();
       ops.push_back(op);
     }
-    builder.addOps(ops);
+    // A rank's tracer hands ops and spans over as they complete, interleaved (its step
+    // boundaries, `__next__` spans, close summary windows between the ops around them): the
+    // batch's ops and spans go in by end time, in runs of one kind, as poller passes would.
+    std::stable_sort(ops.begin(), ops.end(),
+                     [](const auto& x, const auto& y) { return x.end_ns < y.end_ns; });
+    std::stable_sort(spans.begin(), spans.end(),
+                     [](const auto& x, const auto& y) { return x.end_ns < y.end_ns; });
+    size_t oi = 0, si = 0;
+    while (oi < ops.size() || si < spans.size()) {
+      if (si >= spans.size() || (oi < ops.size() && ops[oi].end_ns <= spans[si].end_ns)) {
+        size_t oj = oi;
+        while (oj < ops.size() && (si >= spans.size() || ops[oj].end_ns <= spans[si].end_ns)) ++oj;
+        builder.addOps(std::span<const timing::CompletedOp>(ops.data() + oi, oj - oi));
+        oi = oj;
+      } else {
+        size_t sj = si;
+        while (sj < spans.size() && (oi >= ops.size() || spans[sj].end_ns < ops[oi].end_ns)) ++sj;
+        builder.addSpans(std::span<const timing::CompletedSpan>(spans.data() + si, sj - si));
+        si = sj;
+      }
+    }
     if (b.has_drops()) {
       timing::DropCounters d;
       d.ring_full = b.drops().ring_full();
