@@ -24,6 +24,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -61,6 +62,11 @@ struct Options {
   std::string token;
   replay::Perturbation perturb;
 };
+
+volatile std::sig_atomic_t g_stop = 0;
+extern "C" void onStopSignal(int) {
+  g_stop = 1;
+}
 
 int64_t wallNs() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(
@@ -326,6 +332,9 @@ bool dumpSpool(const std::string& dir, const std::string& job, int rank,
 
 int main(int argc, char** argv) {
   const Options o = parse(argc, argv);
+  // SIGTERM/SIGINT: stop sending, close the streams, report and clean up (an unpacked archive).
+  std::signal(SIGTERM, onStopSignal);
+  std::signal(SIGINT, onStopSignal);
   std::vector<v1::RecordBatch> recorded;
   replay::FixtureSource source;
   std::string error;
@@ -421,16 +430,18 @@ int main(int argc, char** argv) {
       const int64_t at =
           paced_start +
           static_cast<int64_t>(static_cast<double>(due[best][next[best]] - plan.t0_ns) / speed);
-      const int64_t wait = at - wallNs();
-      if (wait > 0) std::this_thread::sleep_for(std::chrono::nanoseconds(wait));
+      // In slices, so that a SIGTERM/SIGINT ends the replay promptly.
+      for (int64_t wait = at - wallNs(); wait > 0 && !g_stop; wait = at - wallNs())
+        std::this_thread::sleep_for(std::chrono::nanoseconds(std::min<int64_t>(wait, 50'000'000)));
     }
+    if (g_stop) break;
     streams[best]->sendBatch(std::move(batches[best][next[best]]), offset);
     ++next[best];
   }
   // Keep the streams open: the daemon may still ask (a hang's stack dumps) or read.
   const auto hold_until = std::chrono::steady_clock::now() +
                           std::chrono::milliseconds(static_cast<int64_t>(o.hold_s * 1000));
-  while (std::chrono::steady_clock::now() < hold_until)
+  while (std::chrono::steady_clock::now() < hold_until && !g_stop)
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   for (auto& s : streams) s->finish();
 

@@ -3,32 +3,41 @@
 // over protobuf messages: no I/O, no clock, no threads (the program, flare_replay.cc, reads the
 // fixture, paces the batches and speaks to flared).
 //
-// The model. Every replayed rank runs the recorded rank's records; rank r's timeline is the
-// recorded one shifted by a delay D_r(t) (recorded time t), 0 for a healthy job, so a healthy
-// replay is N identical copies with rank identity and communicators rewritten. D grows when a
-// perturbation makes the rank late, and collectives keep the ranks in lockstep as NCCL does:
+// The model. Every replayed rank runs the recorded rank's records, shifted by two delays (on the
+// fixture's clock, 0 for a healthy job, so a healthy replay is N identical copies with rank
+// identity and communicators rewritten): the host's, H_r (issue times, Python spans, step
+// markers, host calls), and the GPU's, G_r (when its work runs).
+//
+//   - A GPU op issued with host delay h starts max(G_r, h - slack) late, where slack is how long
+//     it waited in its queue beyond the fixture's quickest launch: a late issue delays it only by
+//     what the queue did not absorb (a long stall drains the queue; issue latencies collapse).
+//     Its end leaves G_r at least its own delay.
+//   - A blocking synchronization (a host call named "...Synchronize") returns when the GPU is
+//     done (at once when the host comes late), and H_r is then its return's delay.
+//   - A collective instance starts on each member at its own shifted start and ends on every
+//     member at the recorded end plus the largest delay any member started it with (the last
+//     arrival): the others wait (their G grows; their H only at their next synchronization).
+//
+// Perturbations:
 //
 //   slow GPU (rank r, factor f):  its compute kernels (GEMM, attention, other kernels, graphs)
-//                                 take f× their recorded time; D_r grows by the difference at
-//                                 each one's end;
+//                                 take f× their recorded time;
 //   slow link (rank r, factor f): collectives of every communicator that contains r take f×
 //                                 their time from the last arrival, on every member;
-//   host stall (rank r, gap g):   in the middle of every step, the host of r pauses g: D_r += g;
-//   hang (rank r, step s):        r stops in the middle of step s: nothing it would have issued
-//                                 or completed later is sent; every rank that then issues a
-//                                 collective with a stopped rank stops in it (never completes).
-//
-// A collective instance starts on each member at its own shifted start and ends on all members
-// at the recorded end plus the members' largest delay (the last arrival): the others wait, and
-// their delay becomes that largest one. Ops keep their recorded durations and issue latencies
-// unless scaled; spans and step markers move with the rank's delay at their start and end.
+//   host stall (rank r, gap g):   in the middle of each step's issuing (the median issue time of
+//                                 the step's GPU ops) the host of r pauses g: H_r += g;
+//   hang (rank r, step s):        r's host stops issuing at the same point of step s (what it
+//                                 issued before still runs); a rank that issues a collective a
+//                                 stopped rank never issues waits in it forever: its host and
+//                                 GPU stop there. Nothing later is sent.
 //
 // Communicators: the fixture names each of its communicators by hash and size. Replayed, they
 // are laid out as nested grid dimensions, smallest first: the smallest is contiguous ranks
 // (tensor parallel: {0,1},{2,3},...), the next strided by the first's size (data parallel:
-// {0,2,4,6},{1,3,5,7}), and so on; a size is cut to what N ranks allow, and a communicator that
-// no longer fits as a new dimension spans contiguous ranks. Each group gets its own hash, so
-// every communicator holds exactly its members (nranks, rank_in_comm rewritten; p2p peers
+// {0,2,4,6},{1,3,5,7}), and so on; the outermost grows to fill N ranks, the inner ones are cut
+// to what N allows, one as large as two or more smaller dimensions together is job-wide, and one
+// that no longer fits as a new dimension spans contiguous ranks. Each group gets its own hash,
+// so every communicator holds exactly its members (nranks, rank_in_comm rewritten; p2p peers
 // rotate within the group).
 #pragma once
 
@@ -48,7 +57,7 @@ struct Perturbation {
   int slow_link_rank = -1;
   double link_factor = 1.0;  // > 1: collectives take longer
   int stall_rank = -1;
-  int64_t stall_ns = 0;  // host gap in the middle of every step
+  int64_t stall_ns = 0;  // host pause in the middle of each step's issuing
   int hang_rank = -1;
   int hang_step = 1;  // 0-based step index (steps between the fixture's boundaries)
 };

@@ -160,6 +160,44 @@ TEST(ReplayPlan, StallDelaysTheWorkTheHostIssuesAfterItAndOnlyThePeersGpus) {
   EXPECT_EQ(kernel(p, 0, 0).start_ns(), rec.kernels(0).start_ns());
 }
 
+TEST(ReplayPlan, AStallLongerThanTheQueueDrainsItAndTheLatencyCollapses) {
+  // One rank, one stream: kernels of 1 ms issued 0.1 ms apart at step start, so the last ones
+  // waited ~0.9 ms each in the queue; a 5 ms stall after the middle one.
+  std::vector<v1::RecordBatch> in(1);
+  v1::RecordBatch& b = in[0];
+  auto* sig = b.add_signatures();
+  sig->set_id(1);
+  sig->set_name("k");
+  sig->set_kind(v1::OP_KIND_KERNEL);
+  for (int s = 0; s < 2; ++s) {
+    const int64_t t = kT0 + s * 20 * kMs;
+    b.add_steps()->set_start_ns(t);
+    for (int i = 0; i < 5; ++i) {
+      auto* k = b.add_kernels();
+      k->set_signature_id(1);
+      k->set_issue_ns(t + i * kMs / 10);
+      k->set_start_ns(t + kMs / 100 + i * kMs);  // queued behind the previous one
+      k->set_end_ns(t + kMs / 100 + (i + 1) * kMs);
+      k->set_issue_latency_ns(k->start_ns() - k->issue_ns());
+    }
+  }
+  b.add_steps()->set_start_ns(kT0 + 40 * kMs);
+  Perturbation stall;
+  stall.stall_rank = 0;
+  stall.stall_ns = 5 * kMs;
+  Plan p;
+  std::string error;
+  ASSERT_TRUE(makePlan(in, {1, stall}, &p, &error)) << error;
+  const auto& out = p.ranks[0].batches.at(0);
+  // Kernel 2 (issued at 0.2 ms, the median issue) and later are issued 5 ms late; kernel 2 had
+  // waited 1.8 ms in the queue beyond the quickest launch: it starts 3.2 ms late, with the
+  // quickest launch's latency (the GPU ran dry).
+  EXPECT_EQ(out.kernels(1).start_ns(), in[0].kernels(1).start_ns());
+  EXPECT_EQ(out.kernels(2).issue_ns(), in[0].kernels(2).issue_ns() + 5 * kMs);
+  EXPECT_EQ(out.kernels(2).issue_latency_ns(), kMs / 100);
+  EXPECT_LT(out.kernels(4).issue_latency_ns(), in[0].kernels(4).issue_latency_ns());
+}
+
 TEST(ReplayPlan, HangStopsTheRankMidStepAndItsPeersInTheNextCollective) {
   Perturbation hang;
   hang.hang_rank = 1;
