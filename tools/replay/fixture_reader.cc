@@ -101,8 +101,11 @@ std::string captureGpuName(const fs::path& file) {
     const std::string text = ss.str();
     const size_t key = text.find("\"gpu\"");
     if (key == std::string::npos) return "";
-    const size_t open = text.find('"', text.find(':', key) + 1);
-    const size_t close = open == std::string::npos ? open : text.find('"', open + 1);
+    size_t open = text.find(':', key);
+    if (open == std::string::npos) return "";
+    open = text.find_first_not_of(" \t\r\n", open + 1);
+    if (open == std::string::npos || text[open] != '"') return "";  // null, or not a string
+    const size_t close = text.find('"', open + 1);
     return close == std::string::npos ? "" : text.substr(open + 1, close - open - 1);
   }
   return "";
