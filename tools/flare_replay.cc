@@ -1,8 +1,9 @@
-// flare-replay: streams a recorded trace (a fixture: one rank's raw-mode spool, or its archive)
-// into flared as N ranks of one job, rank identity rewritten and timestamps moved to now, at the
-// recorded pace or faster, optionally with one rank perturbed the way real faults do. The model
-// (lockstep collectives, what each perturbation changes) is in tools/replay/replay_plan.h; the
-// usage and the fixture layouts in tools/README.md.
+// flare-replay: streams a recorded trace (a fixture: one rank's raw-mode spool, its archive, or
+// flare-export JSON lines; tools/replay/fixture_reader.h) into flared as N ranks of one job, rank
+// identity rewritten and timestamps moved to now, at the recorded pace or faster, optionally with
+// one rank perturbed the way real faults do. The model (lockstep collectives, what each
+// perturbation changes) is in tools/replay/replay_plan.h; the usage and the fixture layouts in
+// tools/README.md.
 //
 //   flare-replay --fixture PATH [--target HOST:PORT] [--ranks N] [--job ID] [--speed X]
 //                [--mode raw|summary] [--slow-gpu R:F] [--slow-link R:F] [--stall R:MS]
@@ -373,8 +374,9 @@ int main(int argc, char** argv) {
       due[r] = std::move(rp.due_ns);
     }
   }
-  // Fixture clock -> wall clock: the recorded end lands when it is sent (nothing is ever from
-  // the future); at --speed 1 every record is stamped when it would have happened.
+  // Fixture clock -> wall clock: the recorded end is stamped when it is sent, so nothing comes
+  // from the future (but for a perturbed rank's delays, by at most those times 1 - 1/speed);
+  // at --speed 1 every record is stamped when it would have happened.
   const int64_t start = wallNs();
   const double speed = o.speed;
   const int64_t span = plan.tend_ns - plan.t0_ns;
@@ -392,8 +394,7 @@ int main(int argc, char** argv) {
   std::fprintf(
       stderr,
       "flare-replay: %s (rank %d, %s): %zu batches, %zu steps, %.2f s recorded; %d ranks as job "
-      "%s, "
-      "%s mode, speed %g\n",
+      "%s, %s mode, speed %g\n",
       source.file.c_str(), source.rank, source.format.c_str(), recorded.size(), plan.steps,
       static_cast<double>(span) / 1e9, o.ranks, o.job.c_str(), o.mode.c_str(), speed);
 
