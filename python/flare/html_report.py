@@ -23,7 +23,8 @@ bins beyond that), MAX_TABLE_ROWS kernel rows.
 import html
 import math
 
-from .report import fmt_ns, fmt_pct, flagged_ranks, flatten, rate_text, spread_text, \
+from .report import NOT_MEASURED, fmt_ns, fmt_pct, flagged_ranks, flatten, rate_text, \
+    reported_rows, slowest_rank_text, split_alerts, spread_text, \
     steady_columns
 
 MAX_LINES = 64
@@ -51,7 +52,10 @@ th{background:#f1f3f5;cursor:pointer;position:sticky;top:0} td.n{text-align:righ
 tr.flagged td{background:#fff5f5} .scroll{max-height:520px;overflow:auto}
 .metrics{display:grid;grid-template-columns:repeat(auto-fill,minmax(220px,1fr));gap:8px}
 .metric{background:#f1f3f5;border-radius:4px;padding:6px 10px}
-.metric b{display:block;font-size:18px} .metric span{color:#495057;font-size:12px}
+.metric b{display:block;font-size:18px;overflow-wrap:anywhere}
+.metric span{color:#495057;font-size:12px} .metric b.unmeasured{color:#868e96;font-size:15px}
+.badge{display:inline-block;margin-left:6px;padding:0 6px;border-radius:3px;font-size:11px;
+background:#e9ecef;color:#495057}
 .grid2{display:grid;grid-template-columns:repeat(auto-fit,minmax(560px,1fr));gap:16px}
 svg{display:block;max-width:100%;height:auto} svg text{font-size:11px;fill:#495057}
 svg .axis{stroke:#adb5bd;stroke-width:1} svg .grid{stroke:#f1f3f5;stroke-width:1}
@@ -226,15 +230,19 @@ def diagnoses_html(data):
     parts = ['<div id="diagnoses">']
     if not diags:
         parts.append('<p class="ok">No anomaly found in this job\'s window.</p>')
+    others, on_diagnosis = split_alerts(data)
     for d in diags:
         team = d.get("team", "")
+        alert = on_diagnosis.get(id(d))
         ranks = ",".join(str(r) for r in d.get("ranks", []))
+        badge = ('<span class="badge alert-badge">alert raised: %s</span>'
+                 % esc(alert.get("severity", "")) if alert else "")
         parts.append('<div class="diagnosis" data-kind="%s" data-team="%s" data-ranks="%s" '
-                     'style="border-left-color:%s"><span class="team">%s · %s · %s</span>'
+                     'style="border-left-color:%s"><span class="team">%s · %s · %s</span>%s'
                      '<div>%s</div><ul>%s</ul></div>' % (
                          esc(d.get("kind", "")), esc(team), esc(ranks),
                          TEAM_COLOURS.get(team, "#868e96"), esc(team), esc(d.get("kind", "")),
-                         esc(d.get("cause", "")), esc(d.get("summary", "")),
+                         esc(d.get("cause", "")), badge, esc(d.get("summary", "")),
                          "".join("<li>%s</li>" % esc(e.get("text", ""))
                                  for e in d.get("evidence", []))))
     for h in data.get("hangs", []):
@@ -244,12 +252,13 @@ def diagnoses_html(data):
                          esc(",".join(str(s.get("rank")) for s in h.get("suspects", []))),
                          TEAM_COLOURS["operations"], esc(h.get("text", ""))))
     parts.append("</div>")
-    alerts = data.get("alerts", [])
-    if alerts:
-        parts.append('<h2>Alerts raised (stored by the daemon)</h2><ul id="alerts">%s</ul>' % "".join(
-            "<li><b>[%s]</b> %s %s: %s</li>" % (
-                esc(a.get("team", "")), esc(a.get("severity", "")), esc(a.get("kind", "")),
-                esc(a.get("message", "").replace(" | ", " — "))) for a in alerts))
+    if others:
+        parts.append('<h2>Other alerts raised (stored by the daemon; their diagnosis is not in '
+                     'the current window)</h2><ul id="alerts">%s</ul>' % "".join(
+                         "<li><b>[%s]</b> %s %s: %s</li>" % (
+                             esc(a.get("team", "")), esc(a.get("severity", "")),
+                             esc(a.get("kind", "")),
+                             esc(a.get("message", "").replace(" | ", " — "))) for a in others))
     return "".join(parts)
 
 
@@ -257,14 +266,14 @@ def metrics_html(data):
     m = data.get("metrics", {})
     cards = []
 
-    def card(value, what):
-        cards.append('<div class="metric"><b>%s</b><span>%s</span></div>' % (esc(value),
-                                                                             esc(what)))
+    def card(value, what, name=""):
+        cards.append('<div class="metric" data-name="%s"><b%s>%s</b><span>%s</span></div>' % (
+            esc(name), ' class="unmeasured"' if str(value).startswith(NOT_MEASURED) else "", esc(value),
+            esc(what)))
     if "stepTimeMedianNs" in m:
         card(fmt_ns(m["stepTimeMedianNs"]), "median step time (%.2f steps/s)"
-             % m["stepsPerSecond"])
-        card("rank %s" % m["slowestRank"]["rank"], "slowest median step: %s"
-             % fmt_ns(m["slowestRank"]["medianNs"]))
+             % m["stepsPerSecond"], "step time")
+        card("rank %s" % m["slowestRank"]["rank"], slowest_rank_text(data), "slowest step")
     for key, name in (("vInter", "V_inter"), ("vMinority", "V_minority")):
         if key + "Median" in m:
             worst = m.get(key + "Worst") or {}
@@ -274,10 +283,16 @@ def metrics_html(data):
         card(fmt_ns(m["issueLatencyP50Ns"]), "median issue latency (p99 %s)"
              % fmt_ns(m.get("issueLatencyP99Ns")))
     if m.get("baseline"):
-        card(fmt_ns(m["baseline"]["w1Ns"]), "issue-latency W1 to baseline %s"
-             % m["baseline"]["jobId"])
-    for key, value in flatten(m.get("reported", {})):
-        card(value if not isinstance(value, float) else "%.4g" % value, key)
+        w1 = m["baseline"].get("w1Ns")
+        card(fmt_ns(w1) if w1 else NOT_MEASURED, "issue-latency W1 to baseline %s%s" % (
+            m["baseline"]["jobId"], "" if w1 else ": the daemon computed no W1 for this pair "
+            "(the baseline's distribution is drawn below)"), "baseline W1")
+    rows, _unknown = reported_rows(m.get("reported", {}))
+    for name, value, detail in rows:
+        if name:
+            card(value, "%s%s" % (name, ": " + detail if detail else ""), name)
+        elif cards:  # a continuation row (per-rank TFLOPS) belongs to the card before
+            cards[-1] = cards[-1].replace("</span></div>", " · %s</span></div>" % esc(value))
     if not cards:
         return '<p class="note">No metrics: the daemon has no series for this job.</p>'
     return '<div class="metrics" id="metrics">%s</div>' % "".join(cards)
@@ -669,6 +684,14 @@ def render(data):
                         "Share: of the job's GPU time. Spread: (slowest − fastest) / median of "
                         "the ranks' median durations."))
     body.append(section("ranks", "Ranks", ranks_html(data, flagged)))
+    _rows, unknown = reported_rows((data.get("metrics") or {}).get("reported", {}))
+    if unknown:
+        # Fields a newer daemon sends that this page does not know how to show: kept visible,
+        # folded away and outside the panels people read.
+        body.append('<details id="unknown-fields"><summary>%d field(s) the daemon sent that this '
+                    'version of flare does not display</summary><ul>%s</ul></details>' % (
+                        len(unknown), "".join("<li><code>%s</code> %s</li>" % (esc(k), esc(v))
+                                              for k, v in unknown)))
     ranks = data.get("ranks", [])
     subtitle = "%d ranks · %d diagnoses · %d kernel signatures" % (
         len(ranks), len(data.get("diagnoses", [])), len(data.get("kernels", [])))

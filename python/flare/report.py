@@ -263,66 +263,134 @@ def _fmt_bytes(n):
                                          else "%.2f MiB" % (n / (1 << 20)))
 
 
-def format_reported(reported):
+NOT_MEASURED = "not measured"
+
+
+def reported_rows(reported):
     """The daemon's own figures (GetReportResponse beyond the kernel table: the detectors' five
-    metrics, the history key): readable lines; fields this version does not know are printed
-    as key/value pairs rather than dropped."""
-    out = []
+    metrics, the history key) as rows (name, value, detail) for people, shared by the text report
+    and the HTML page so that both show the same figure in the same unit. A figure the daemon
+    could not measure reads "not measured" with the reason, never 0. Returns (rows, unknown):
+    unknown is the ("a.b", value) pairs of fields this version does not know."""
+    rows, unknown = [], []
     rep = dict(reported or {})
     jm = dict(rep.pop("metrics", None) or {})
     backend, scale = rep.pop("backend", None), rep.pop("scale", None)
     runs = rep.pop("baselineRuns", None)
     if backend or scale:
-        out.append("  %-16s %s, %s ranks; %s healthy baseline run%s of this backend and scale" % (
-            "device", backend or "(unknown)", scale if scale is not None else "?",
-            runs or 0, "" if runs == 1 else "s"))
+        rows.append(("device", "%s, %s ranks" % (backend or "(unknown)",
+                                                 scale if scale is not None else "?"),
+                     "%s healthy baseline run%s of this backend and scale" % (
+                         runs or 0, "" if runs == 1 else "s")))
     if jm:
         jm.pop("computedUnixNs", None)
         jm.pop("baselineRuns", None)
-        steps, sps = jm.pop("steps", 0), _num(jm.pop("stepsPerSecond", 0))
+        steps, sps = _num(jm.pop("steps", 0)), _num(jm.pop("stepsPerSecond", 0))
         samples = _num(jm.pop("samplesPerSecond", 0))
-        if steps or sps:
-            out.append("  %-16s %.2f steps/s over %s steps%s" % (
-                "throughput", sps, steps,
-                ", %.0f samples/s" % samples if samples else " (batch size unknown)"))
+        if steps > 0 and sps > 0:
+            rows.append(("throughput", "%.2f steps/s over %d steps" % (sps, steps),
+                         "%.0f samples/s" % samples if samples else "(batch size unknown)"))
+        else:
+            rows.append(("throughput", NOT_MEASURED,
+                         "the detectors' window holds no complete step (steps are found from "
+                         "the DataLoader or flare.step())"))
         tflops = _num(jm.pop("tflops", 0))
-        per_rank = jm.pop("rankTflops", []) or []
-        if tflops or per_rank:
-            line = "  %-16s %.1f TFLOPS job-wide (GEMM/attention)" % ("FLOPS", tflops)
-            if per_rank:
-                vals = sorted((_num(r.get("tflops")), r.get("rank", 0)) for r in per_rank)
-                line += "; per rank %.1f (r%s) .. %.1f (r%s), median %.1f" % (
+        per_rank = [r for r in (jm.pop("rankTflops", []) or []) if isinstance(r, dict)]
+        measured = [(_num(r.get("tflops")), r.get("rank", 0)) for r in per_rank
+                    if _num(r.get("tflops")) > 0]
+        if tflops > 0 or measured:
+            detail = ""
+            if measured:
+                vals = sorted(measured)
+                detail = "per rank %.1f (r%s) .. %.1f (r%s), median %.1f" % (
                     vals[0][0], vals[0][1], vals[-1][0], vals[-1][1],
                     _median([v for v, _ in vals]))
-            out.append(line)
-            if per_rank and len(per_rank) <= 16:
-                cells = ["r%s %.1f" % (r.get("rank", 0), _num(r.get("tflops")))
-                         for r in sorted(per_rank, key=lambda r: r.get("rank", 0))]
-                out.append("  %-16s %s" % ("", "  ".join(cells)))
+            rows.append(("FLOPS", "%.1f TFLOPS job-wide (GEMM/attention)" % tflops
+                         if tflops > 0 else NOT_MEASURED + " job-wide", detail or
+                         "no rank's GEMM/attention FLOPs were measured"))
+            if measured and len(per_rank) <= 16:
+                rows.append(("", "  ".join("r%s %.1f" % (r, v) for v, r in
+                                           sorted(measured, key=lambda x: x[1])), ""))
+        else:
+            rows.append(("FLOPS", NOT_MEASURED, "no GEMM or attention kernel with known FLOPs "
+                         "in the window (flare.register_kernel declares custom ones)"))
         for bw in jm.pop("busbw", []) or []:
-            out.append("  %-16s %s: %.1f GB/s over %s instances" % (
-                "bus bandwidth", bw.get("kind", "?"), _num(bw.get("busbwGbps")),
-                bw.get("instances", 0)))
+            rows.append(("bus bandwidth", "%s: %.1f GB/s over %s instances" % (
+                bw.get("kind", "?"), _num(bw.get("busbwGbps")), bw.get("instances", 0)),
+                "all sizes together (the kernel table has each size at its median duration)"))
         has_base = jm.pop("hasBaseline", False)
         w1, thr = jm.pop("issueLatencyW1Ns", None), jm.pop("issueLatencyW1ThresholdNs", None)
         if has_base:
             over = _num(w1) > _num(thr) > 0
-            out.append("  %-16s W1 %s from healthy history (threshold %s)%s" % (
-                "issue latency", fmt_ns(_num(w1)), fmt_ns(_num(thr)),
-                " — ABOVE" if over else ""))
+            rows.append(("issue latency", "W1 %s from healthy history (threshold %s)%s" % (
+                fmt_ns(_num(w1)), fmt_ns(_num(thr)), " — ABOVE" if over else ""), ""))
+        else:
+            rows.append(("vs history", NOT_MEASURED, "no healthy baseline of this backend and "
+                         "scale yet (flare baseline add --job HEALTHY_JOB)"))
         vi, vm = jm.pop("vInter", None), jm.pop("vMinority", None)
-        if vi is not None or vm is not None:
-            out.append("  %-16s V_inter %s, V_minority %s (median over ranks)" % (
-                "void", fmt_pct(_num(vi)), fmt_pct(_num(vm))))
+        if (vi is not None or vm is not None) and steps <= 0:
+            rows.append(("void", NOT_MEASURED, "void percentages are per step, and the "
+                         "detectors' window holds no complete step"))
+        elif vi is not None or vm is not None:
+            rows.append(("void", "V_inter %s, V_minority %s" % (fmt_pct(_num(vi)),
+                                                               fmt_pct(_num(vm))),
+                         "median over ranks"))
         volume = jm.pop("bytesPerRankStep", None)
         if volume:
-            out.append("  %-16s %s per rank per step (as received)" % ("volume",
-                                                                        _fmt_bytes(volume)))
-        for key, value in flatten(jm, "metrics"):
-            out.append("  %-16s %s" % (key, value))
-    for key, value in flatten(rep):
+            rows.append(("volume", "%s per rank per step" % _fmt_bytes(volume), "as received"))
+        unknown.extend(flatten(jm, "metrics"))
+    unknown.extend(flatten(rep))
+    return rows, unknown
+
+
+def format_reported(reported):
+    """The daemon's own figures as text lines (reported_rows); fields this version does not know
+    are printed as key/value pairs rather than dropped."""
+    rows, unknown = reported_rows(reported)
+    out = []
+    for name, value, detail in rows:
+        if not detail:
+            tail = ""
+        elif name == "throughput" and value != NOT_MEASURED:
+            tail = (" " if detail.startswith("(") else ", ") + detail
+        elif name in ("void", "volume"):
+            tail = " (%s)" % detail
+        else:
+            tail = "; " + detail
+        out.append("  %-16s %s%s" % (name, value, tail))
+    for key, value in unknown:
         out.append("  %-16s %s" % (key, value))
     return out
+
+
+def slowest_rank_text(data):
+    """What "slowest rank" means here: the rank with the slowest median step. All ranks wait for
+    each other at collectives, so it is not the culprit; the diagnoses name that."""
+    m = data.get("metrics", {})
+    if not m.get("slowestRank"):
+        return None
+    blamed = sorted({r for d in data.get("diagnoses", []) for r in d.get("ranks", [])})
+    return "slowest median step: rank %s at %s (ranks wait for each other at collectives: %s)" % (
+        m["slowestRank"]["rank"], fmt_ns(m["slowestRank"]["medianNs"]),
+        "the diagnoses blame rank%s %s" % ("" if len(blamed) == 1 else "s",
+                                          ",".join(str(r) for r in blamed))
+        if blamed else "no rank is diagnosed")
+
+
+def split_alerts(data):
+    """The stored alerts that are not about a diagnosis in the current window (listed on their
+    own), and {id(diagnosis): alert} for those that are (shown on the diagnosis, not twice)."""
+    raised = {}
+    for a in data.get("alerts", []):
+        raised.setdefault((a.get("kind"), a.get("rank")), a)
+    on_diagnosis, used = {}, set()
+    for d in data.get("diagnoses", []):
+        for r in d.get("ranks", []) or [None]:
+            if (d.get("kind"), r) in raised:
+                on_diagnosis.setdefault(id(d), raised[(d.get("kind"), r)])
+                used.add((d.get("kind"), r))
+    rest = [a for a in data.get("alerts", []) if (a.get("kind"), a.get("rank")) not in used]
+    return rest, on_diagnosis
 
 
 def format_text(data, top=25):
@@ -334,13 +402,16 @@ def format_text(data, top=25):
     out.append("")
     diags = data.get("diagnoses", [])
     out.append("Diagnoses (%d)" % len(diags) if diags else "Diagnoses: none (no anomaly found)")
+    alerts, shown = split_alerts(data)
     for d in diags:
-        out.append("  [%s] %s" % (d.get("team", "?"), d.get("summary", "")))
+        alert = shown.get(id(d))
+        out.append("  [%s] %s%s" % (d.get("team", "?"), d.get("summary", ""),
+                                    "  (alert raised: %s)" % alert.get("severity", "")
+                                    if alert else ""))
         for e in d.get("evidence", []):
             out.append("      - %s" % e.get("text", ""))
     for h in data.get("hangs", []):
         out.append("  [hang] %s" % (h.get("text") or h.get("kind") or "incident").splitlines()[0])
-    alerts = data.get("alerts", [])
     if alerts:
         out.append("")
         out.append("Alerts raised (%d, stored by the daemon)" % len(alerts))
@@ -352,11 +423,10 @@ def format_text(data, top=25):
     m = data.get("metrics", {})
     out.append("Metrics")
     if "stepTimeMedianNs" in m:
-        out.append("  step time        median %s over %d steps x %d ranks (%.2f steps/s); "
-                   "slowest rank %s at %s" % (
+        out.append("  step time        median %s over %d steps x %d ranks (%.2f steps/s)" % (
                        fmt_ns(m["stepTimeMedianNs"]), m["steps"],
-                       len((data.get("series") or {}).get("ranks", [])), m["stepsPerSecond"],
-                       m["slowestRank"]["rank"], fmt_ns(m["slowestRank"]["medianNs"])))
+                       len((data.get("series") or {}).get("ranks", [])), m["stepsPerSecond"]))
+        out.append("  %-16s %s" % ("", slowest_rank_text(data)))
     for key, name in (("vInter", "V_inter"), ("vMinority", "V_minority")):
         if key + "Median" in m:
             worst = m.get(key + "Worst") or {}

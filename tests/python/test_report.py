@@ -101,7 +101,8 @@ def job(build_dir, tmp_path_factory):
             time.sleep(0.3)
         yield {"daemon": daemon, "sim": sim, "workdir": workdir,
                "http": "127.0.0.1:%d" % daemon.http}
-        assert_nothing_refused(daemon.http)
+        if daemon.proc.poll() is None:  # the restart test stops it
+            assert_nothing_refused(daemon.http)
     finally:
         if daemon.proc.poll() is None:
             daemon.stop()
@@ -368,10 +369,25 @@ def test_html_report_renders_in_headless_chromium(build_dir, job):
     assert body and body[0].get("data-interactive") == "1", "the page's script did not run"
     for sid in ("step-time", "heatmap", "latency-cdf", "flops-sig", "flops-rank", "void"):
         assert dom.find("svg", id=sid), sid
-    # Diagnoses: the underclocked rank.
+    # Diagnoses: the underclocked rank, once: its alert is a badge on it, not a second list.
     diags = dom.find("div", cls="diagnosis")
     assert [(d["data-kind"], d["data-ranks"], d["data-team"]) for d in diags] == [
         ("gpu_slow", str(SLOW), "operations")]
+    assert len(dom.find("span", cls="alert-badge")) == 1 and not dom.find("ul", id="alerts")
+    # The Metrics panel: people's names and units, no raw JSON key, and the same figures as the
+    # text report (one computation: flare.report.reported_rows).
+    panel = re.search(r'<div class="metrics" id="metrics">.*?</section>', dump.stdout,
+                      re.S).group(0)
+    for raw in ("metrics.", "rankTflops", "hasBaseline", "computedUnixNs", "True", "False"):
+        assert raw not in panel, raw
+    text = flare(build_dir, "report", "--daemon-http", job["http"], "--job", "slowgpu").stdout
+    flops = re.search(r"FLOPS +([\d.]+ TFLOPS job-wide)", text).group(1)
+    assert flops in panel, (flops, panel)
+    busbw = re.search(r"bus bandwidth +(\w+: [\d.]+ GB/s)", text).group(1)
+    assert busbw in panel
+    slowest = re.search(r"slowest median step: rank (\d+)", text).group(1)
+    assert "slowest median step: rank %s" % slowest in panel
+    assert "the diagnoses blame rank %d" % SLOW in text
     # Step time: a line per rank, the diagnosed one flagged; the heat map: rank x step cells.
     lines = dom.find("path", svg="step-time", cls="rank-line")
     assert sorted(int(a["data-rank"]) for a in lines) == list(range(RANKS))
@@ -440,6 +456,10 @@ def test_unknown_report_fields_are_rendered_not_dropped():
     assert "changeVsHistory=-0.2" in text and "1.5 TFLOPS" in text
     page = html_report.render(data)
     assert "fiveMetrics.voidInter" in page and "changeVsHistory" in page
+    # ... folded away below the panels, never as a card of the Metrics panel.
+    metrics = re.search(r'<div class="metrics" id="metrics">.*?</section>', page, re.S)
+    assert metrics is None or "fiveMetrics" not in metrics.group(0)
+    assert '<details id="unknown-fields">' in page
     assert "j&lt;1&gt;" in page and "j<1>" not in page  # escaped
     assert 'id="no-series"' in page
 
@@ -472,6 +492,40 @@ def test_daemon_metrics_are_formatted_for_people():
     # Unknown fields stay visible; known ones are not repeated raw.
     assert "metrics.newField" in text and "somethingNew.a" in text
     assert "rankTflops" not in text and "computedUnixNs" not in text
+
+
+def test_unmeasured_figures_read_not_measured_with_the_reason_never_zero():
+    """The first H100 report showed 0 ns and 0 for what was never measured (no healthy history,
+    no complete step in the window, no baseline W1): each reads "not measured" and says why, in
+    the text report and in the HTML Metrics panel alike, whose cards carry no raw JSON key."""
+    sys.path.insert(0, os.path.join(ROOT, "python"))
+    try:
+        from flare import html_report, report
+    finally:
+        sys.path.pop(0)
+    data = {"jobId": "j", "ranks": [], "diagnoses": [], "hangs": [], "alerts": [], "series": None,
+            "report": {"jobId": "j", "signatures": [], "backend": "NVIDIA H100 80GB HBM3",
+                       "scale": 4, "baselineRuns": 0, "metrics": {
+                           "steps": 0, "stepsPerSecond": 0, "samplesPerSecond": 0, "tflops": 0,
+                           "rankTflops": [{"rank": 0, "tflops": 9.364}, {"rank": 1}],
+                           "busbw": [], "hasBaseline": False, "issueLatencyW1Ns": 0,
+                           "issueLatencyW1ThresholdNs": 0, "vInter": 0, "vMinority": 0,
+                           "computedUnixNs": "1795719291085083351",
+                           "bytesPerRankStep": 11814}}}
+    report.derive(data)
+    text = report.format_text(data)
+    assert re.search(r"throughput +not measured; the detectors' window holds no complete step",
+                     text), text
+    assert re.search(r"FLOPS +not measured job-wide; per rank 9.4 \(r0\) .. 9.4 \(r0\)", text), text
+    assert re.search(r"vs history +not measured; no healthy baseline", text), text
+    assert "0.00 steps/s" not in text and "0 ns" not in text and "0.0 TFLOPS" not in text
+    page = html_report.render(data)
+    panel = re.search(r'<div class="metrics" id="metrics">.*?</section>', page, re.S).group(0)
+    assert panel.count('class="unmeasured"') == 4, panel
+    assert "not measured" in panel and ">0 ns<" not in panel and ">0<" not in panel
+    for raw in ("metrics.", "rankTflops", "hasBaseline", "computedUnixNs", "1795719291085083351"):
+        assert raw not in panel, raw
+    assert "unknown-fields" not in page  # every field the daemon sent is known
 
 
 def test_report_after_a_daemon_restart_keeps_the_kernels_and_alerts(build_dir, job):
