@@ -23,8 +23,8 @@ bins beyond that), MAX_TABLE_ROWS kernel rows.
 import html
 import math
 
-from .report import NOT_MEASURED, fmt_ns, fmt_pct, flagged_ranks, flatten, rate_text, \
-    reported_rows, slowest_rank_text, split_alerts, spread_text, \
+from .report import NOT_MEASURED, fmt_latency, fmt_ns, fmt_pct, flagged_ranks, flatten, \
+    rate_text, reported_rows, slowest_rank_text, split_alerts, spread_text, \
     steady_columns
 
 MAX_LINES = 64
@@ -280,11 +280,12 @@ def metrics_html(data):
             card(fmt_pct(m[key + "Median"]), "median %s (highest: rank %s, %s)" % (
                 name, worst.get("rank", "-"), fmt_pct(worst.get("median"))))
     if m.get("issueLatencyP50Ns") is not None:
-        card(fmt_ns(m["issueLatencyP50Ns"]), "median issue latency (p99 %s)"
-             % fmt_ns(m.get("issueLatencyP99Ns")))
+        card(fmt_latency(m["issueLatencyP50Ns"]), "median issue latency (p99 %s)"
+             % fmt_latency(m.get("issueLatencyP99Ns")), "issue latency")
     if m.get("baseline"):
         w1 = m["baseline"].get("w1Ns")
-        card(fmt_ns(w1) if w1 else NOT_MEASURED, "issue-latency W1 to baseline %s%s" % (
+        card(fmt_latency(w1) if w1 else NOT_MEASURED, "issue-latency W1 of this job's (ranks "
+             "pooled) to baseline %s; a diagnosis's W1 compares one rank with the others%s" % (
             m["baseline"]["jobId"], "" if w1 else ": the daemon computed no W1 for this pair "
             "(the baseline's distribution is drawn below)"), "baseline W1")
     rows, _unknown = reported_rows(m.get("reported", {}))
@@ -652,12 +653,16 @@ def render(data):
     trunc = series.get("truncated") or {}
     window_note = ""
     if series:
-        window_note = ("%d of the window's %d ranks, steps %d-%d of its %d%s. The warm-up step is "
-                       "not drawn." % (len(series.get("ranks", [])), series.get("rankCount", 0),
-                                       steps.get("first", 0),
-                                       steps.get("first", 0) + steps.get("count", 0) - 1,
-                                       steps.get("total", 0),
-                                       " (cut to the last ones)" if trunc.get("steps") else ""))
+        cols = steady_columns(series)
+        first = int(steps.get("first", 0))
+        drawn = ("steps %d-%d drawn" % (first + cols[0], first + cols[-1]) if cols
+                 else "no step drawn")
+        skipped = ("; step %d, the warm-up, is left out" % first
+                   if cols and cols[0] > 0 else "")
+        window_note = ("%d of the window's %d ranks; %s of its %d (indexed from 0)%s%s." % (
+            len(series.get("ranks", [])), series.get("rankCount", 0), drawn,
+            steps.get("total", 0), skipped, " (cut to the last ones)" if trunc.get("steps")
+            else ""))
     body = [
         section("diagnoses", "Diagnoses", diagnoses_html(data)),
         section("metrics", "Metrics", metrics_html(data)),

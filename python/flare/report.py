@@ -224,6 +224,12 @@ def fmt_ns(ns):
     return "%.0f ns" % ns
 
 
+def fmt_latency(ns):
+    """Issue latencies and their W1 distances, in one unit everywhere: milliseconds with three
+    decimals, as flared's diagnoses print them (detectors.cc fmtMs)."""
+    return "-" if ns is None else "%.3f ms" % (float(ns) / 1e6)
+
+
 def fmt_pct(ratio):
     return "-" if ratio is None else "%.1f%%" % (100 * ratio)
 
@@ -317,13 +323,15 @@ def reported_rows(reported):
         for bw in jm.pop("busbw", []) or []:
             rows.append(("bus bandwidth", "%s: %.1f GB/s over %s instances" % (
                 bw.get("kind", "?"), _num(bw.get("busbwGbps")), bw.get("instances", 0)),
-                "all sizes together (the kernel table has each size at its median duration)"))
+                "median over instances, each timed from the last rank's arrival (the kernel "
+                "table's is per size, at the median kernel duration, waits for the other ranks "
+                "included)"))
         has_base = jm.pop("hasBaseline", False)
         w1, thr = jm.pop("issueLatencyW1Ns", None), jm.pop("issueLatencyW1ThresholdNs", None)
         if has_base:
             over = _num(w1) > _num(thr) > 0
             rows.append(("issue latency", "W1 %s from healthy history (threshold %s)%s" % (
-                fmt_ns(_num(w1)), fmt_ns(_num(thr)), " — ABOVE" if over else ""), ""))
+                fmt_latency(_num(w1)), fmt_latency(_num(thr)), " — ABOVE" if over else ""), ""))
         else:
             rows.append(("vs history", NOT_MEASURED, "no healthy baseline of this backend and "
                          "scale yet (flare baseline add --job HEALTHY_JOB)"))
@@ -434,12 +442,13 @@ def format_text(data, top=25):
                 name, fmt_pct(m[key + "Median"]), worst.get("rank", "-"),
                 fmt_pct(worst.get("median"))))
     if m.get("issueLatencyP50Ns") is not None:
-        line = "  issue latency    p50 %s, p99 %s" % (fmt_ns(m["issueLatencyP50Ns"]),
-                                                     fmt_ns(m.get("issueLatencyP99Ns")))
+        line = "  issue latency    p50 %s, p99 %s" % (fmt_latency(m["issueLatencyP50Ns"]),
+                                                     fmt_latency(m.get("issueLatencyP99Ns")))
         if m.get("baseline"):
-            line += "; baseline %s p50 %s, W1 %s" % (
-                m["baseline"]["jobId"], fmt_ns(m["baseline"]["issueLatencyP50Ns"]),
-                fmt_ns(m["baseline"]["w1Ns"]))
+            w1 = m["baseline"]["w1Ns"]
+            line += "; baseline %s p50 %s, W1 of this job's to it (ranks pooled) %s" % (
+                m["baseline"]["jobId"], fmt_latency(m["baseline"]["issueLatencyP50Ns"]),
+                fmt_latency(w1) if w1 else NOT_MEASURED)
         out.append(line)
     if data.get("series") is None:
         out.append("  (no per-step series: the daemon has no detector window for this job)")

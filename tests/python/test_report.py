@@ -225,6 +225,48 @@ def test_report_json_kernels_spread_and_metrics(build_dir, job):
     assert data["metrics"]["baseline"]["w1Ns"] > 0
 
 
+def test_figures_agree_across_text_json_html_and_metrics(build_dir, job):
+    """One computation per figure: the job-wide TFLOPS, bus bandwidth, step rate and void shares
+    read the same in `flare report` text, its --json, its --html Metrics panel and flared's
+    /metrics (to the printed precision)."""
+    deadline = time.time() + 20
+    while "metrics" not in job["daemon"].get("/api/v1/jobs/slowgpu/report") and \
+            time.time() < deadline:
+        time.sleep(0.2)
+    text = flare(build_dir, "report", "--daemon-http", job["http"], "--job", "slowgpu").stdout
+    data = report_json(build_dir, job)
+    page = os.path.join(job["workdir"], "agree.html")
+    res = flare(build_dir, "report", "--daemon-http", job["http"], "--job", "slowgpu", "--html",
+                page, "--quiet")
+    assert res.returncode == 0, res.stderr
+    panel = re.search(r'<div class="metrics" id="metrics">.*?</section>',
+                      open(page, encoding="utf-8").read(), re.S).group(0)
+    with urllib.request.urlopen("http://%s/metrics" % job["http"], timeout=20) as r:
+        prom = r.read().decode()
+
+    def gauge(name, **labels):
+        want = ",".join('%s="%s"' % kv for kv in sorted(dict(labels, job="slowgpu").items()))
+        for line in prom.splitlines():
+            m = re.match(r"%s\{(.*)\} (\S+)$" % name, line)
+            if m and ",".join(sorted(m.group(1).split(","))) == want:
+                return float(m.group(2))
+        raise AssertionError("%s{%s} not in /metrics" % (name, want))
+    jm = data["report"]["metrics"]
+    tflops = "%.1f TFLOPS job-wide" % (gauge("flare_job_flops_per_second") / 1e12)
+    assert tflops == "%.1f TFLOPS job-wide" % jm["tflops"]
+    assert tflops in text and tflops in panel, (tflops, text)
+    bw = jm["busbw"][0]
+    busbw = "%s: %.1f GB/s" % (bw["kind"], gauge("flare_job_busbw_bytes_per_second",
+                                                 kind=bw["kind"]) / 1e9)
+    assert busbw == "%s: %.1f GB/s" % (bw["kind"], bw["busbwGbps"])
+    assert busbw in text and busbw in panel
+    rate = "%.2f steps/s" % gauge("flare_job_steps_per_second")
+    assert rate == "%.2f steps/s" % jm["stepsPerSecond"] and rate in text and rate in panel
+    void = "V_inter %.1f%%, V_minority %.1f%%" % (100 * gauge("flare_job_void_inter_ratio"),
+                                                 100 * gauge("flare_job_void_minority_ratio"))
+    assert void in text and void in panel
+
+
 def test_report_series_limits_reach_the_daemon(build_dir, job):
     data = report_json(build_dir, job, "--max-steps", "4", "--max-ranks", "2")
     series = data["series"]
@@ -346,6 +388,12 @@ def png_pixels(path):
 
 def test_html_report_renders_in_headless_chromium(build_dir, job):
     page = os.path.join(job["workdir"], "report.html")
+    # The diagnosis's alert is raised by a detector run after the diagnosis: wait for it, so
+    # that the page shows it on the diagnosis.
+    deadline = time.time() + 20
+    while not job["daemon"].get("/api/v1/alerts?job=slowgpu")["alerts"] and \
+            time.time() < deadline:
+        time.sleep(0.2)
     res = flare(build_dir, "report", "--daemon-http", job["http"], "--job", "slowgpu", "--html",
                 page, "--baseline", "healthy")
     assert res.returncode == 0, res.stderr
@@ -359,6 +407,11 @@ def test_html_report_renders_in_headless_chromium(build_dir, job):
     data = report_json(build_dir, job, "--baseline", "healthy")
     series = data["series"]
     steady = series["steps"]["count"] - 1  # the warm-up step is not drawn
+    # ... and the caption says which steps are: the axis starts where the caption says.
+    first = series["steps"]["first"]
+    assert "steps %d-%d drawn" % (first + 1, first + steady) in text
+    if first == 0:
+        assert "step 0, the warm-up, is left out" in text
 
     with tempfile.TemporaryDirectory() as profile:
         dump = run_chromium(["--dump-dom", "file://" + page], profile)
@@ -486,7 +539,7 @@ def test_daemon_metrics_are_formatted_for_people():
     assert "312.4 TFLOPS job-wide" in text and "250.5 (r1) .. 331.0 (r2), median 330.0" in text
     assert "r0 330.0  r1 250.5  r2 331.0" in text
     assert "all_reduce: 180.2 GB/s over 64 instances" in text
-    assert "W1 3.00 ms from healthy history (threshold 1.00 ms) — ABOVE" in text
+    assert "W1 3.000 ms from healthy history (threshold 1.000 ms) — ABOVE" in text
     assert "V_inter 12.5%, V_minority 5.0%" in text
     assert "2.25 KiB per rank per step" in text
     # Unknown fields stay visible; known ones are not repeated raw.
