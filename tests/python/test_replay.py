@@ -300,6 +300,24 @@ def test_each_perturbation_is_named_with_its_rank_and_team(build_dir, daemon, na
     assert all(v == 0 for v in daemon.rejected().values()), daemon.rejected()
 
 
+def test_dump_is_what_was_sent_and_diagnoses_offline_as_in_flared(build_dir, daemon, tmp_path):
+    # --dump writes each rank's stream as a spool: flare-diagnose finds there what flared found.
+    started = replay(build_dir, daemon, "dumped", "--slow-gpu", "3:1.25", "--dump",
+                     str(tmp_path / "dump"))
+    wait_alerts(daemon, "dumped", "gpu_slow")
+    settled(daemon, "dumped", started)
+    online = [(a["kind"], a["rank"], a["team"]) for a in daemon.alerts("dumped")]
+    res = subprocess.run([os.path.join(build_dir, "bin", "flare-diagnose"), "--input",
+                          str(tmp_path / "dump"), "--json"], capture_output=True, text=True,
+                         timeout=120)
+    assert res.returncode == 3, res.stderr
+    offline = [(d["kind"], d["ranks"][0] if len(d["ranks"]) == 1 else -1, d["team"])
+               for d in json.loads(res.stdout)["diagnoses"]]
+    assert offline == online == [("gpu_slow", 3, "operations")]
+    ranks = daemon.json("/api/v1/jobs/dumped/ranks")["ranks"]
+    assert len(ranks) == RANKS and all(int(r.get("lostBatches", 0)) == 0 for r in ranks)
+
+
 def issue_latencies(records):
     """Per rank, the issue latencies of the GPU ops it issued after its warm-up step, pooled."""
     out = []
