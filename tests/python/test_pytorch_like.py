@@ -86,7 +86,7 @@ def run_spool_job(build_dir, workdir, name, ranks=1, mode="raw", **workload):
     return job
 
 
-def run_flared_job(build_dir, daemon, workdir, name, ranks, mode, env=None):
+def run_flared_job(build_dir, daemon, workdir, name, ranks, mode, env=None, **workload):
     """Streamed to flared through `flare run` (FLARE_MODE=mode); waits until the daemon holds
     every rank's steps, or 60 s."""
     os.makedirs(workdir, exist_ok=True)
@@ -95,7 +95,7 @@ def run_flared_job(build_dir, daemon, workdir, name, ranks, mode, env=None):
     res = subprocess.run([os.path.join(build_dir, "bin", "flare"), "run", "--daemon",
                           "127.0.0.1:%d" % daemon.grpc, "--job-id", name, "--quiet", "--",
                           *workload_args(build_dir, ranks, workdir,
-                                         os.path.join(workdir, "result.json"))],
+                                         os.path.join(workdir, "result.json"), **workload)],
                          env=full, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stdout + res.stderr
     job = Job(name, ranks, workdir)
@@ -103,7 +103,9 @@ def run_flared_job(build_dir, daemon, workdir, name, ranks, mode, env=None):
     while True:
         ranks_info = json.loads(daemon.get("/api/v1/jobs/%s/ranks" % name)).get("ranks", [])
         done = len(ranks_info) == ranks and not any(r.get("connected") for r in ranks_info)
-        if done and all(n == STEPS for n in steps_per_rank(daemon, name).values()):
+        held = steps_per_rank(daemon, name)
+        if done and len(held) == ranks and all(n >= workload.get("steps", STEPS)
+                                               for n in held.values()):
             break
         if time.time() > deadline:
             break  # the assertions say what is missing
@@ -343,6 +345,19 @@ def test_a_host_stall_on_one_rank_is_named_in_both_modes(build_dir, flared, tmp_
     if rejections(flared):
         failures.append("flared rejected batches: %s" % rejections(flared))
     assert not failures, "\n".join(failures)
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "known gap, not yet decided: flared takes every traced `__next__` as a step boundary "
+    "(timing::isStepApiName), so a validation DataLoader's batches (and its StopIteration call) "
+    "become training steps and split the step that evaluates. Remove this mark once fixed."))
+def test_an_evaluation_over_a_validation_dataloader_adds_no_steps(build_dir, flared, tmp_path):
+    """PyTorch evaluation loops read a validation DataLoader: its iterator's `__next__` is the
+    same function as the training loader's. Here 2 evaluation batches after step 10 of 40."""
+    env = {"FLARE_SIM_COLD_GEMM_MS": "0", "FLARE_SIM_FIRST_LAUNCH_MS": "0"}
+    job = run_flared_job(build_dir, flared, str(tmp_path), "pt-evalloader", 1, "summary",
+                         env=env, steps=40, setup_ms=300, extra=("--eval-loader", "1"))
+    assert steps_per_rank(flared, job.name) == {0: job.stats[0]["steps"]}
 
 
 def test_the_launcher_keeps_the_two_python_workloads_options_apart(build_dir):

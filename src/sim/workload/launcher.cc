@@ -5,8 +5,8 @@
 //                   [--json FILE] [--quiet] [--keep-going]
 //   flare-sim-train --pytorch-like --ranks N --steps S [--layers L] [--hidden H] [--seq S]
 //                   [--micro-batch B] [--data-ms MS] [--setup-ms MS] [--eval-at STEP]
-//                   [--eval-ms MS] [--eval-micro-batch B] [--save-at STEP] [--save-ms MS]
-//                   [--stats-dir DIR] ...
+//                   [--eval-ms MS] [--eval-micro-batch B] [--eval-loader 0|1] [--save-at STEP]
+//                   [--save-ms MS] [--stats-dir DIR] ...
 //
 // --pytorch-like runs the PyTorch-like Python workload (share/flare/sim_pytorch_like.py,
 // src/sim/workload/pytorch_like.py) instead of sim_train.py.
@@ -67,6 +67,7 @@ struct Args {
       "       flare-sim-train --pytorch-like --ranks N --steps S [--layers L] [--hidden H]\n"
       "                       [--seq S] [--micro-batch B] [--data-ms MS] [--setup-ms MS]\n"
       "                       [--eval-at STEP] [--eval-ms MS] [--eval-micro-batch B]\n"
+      "                       [--eval-loader 0|1]\n"
       "                       [--save-at STEP] [--save-ms MS] [--stats-dir DIR]\n"
       "                       [--python-exe PATH]\n"
       "                       [--timeout SEC] [--json FILE] [--quiet] [--keep-going]\n");
@@ -129,7 +130,7 @@ Args parse(int argc, char** argv) {
       a.passthrough.push_back(k);
       a.passthrough.push_back(v);
     } else if (k == "--setup-ms" || k == "--eval-at" || k == "--eval-ms" || k == "--save-at" ||
-               k == "--save-ms" || k == "--eval-micro-batch") {
+               k == "--save-ms" || k == "--eval-micro-batch" || k == "--eval-loader") {
       a.passthrough.push_back(k);
       a.passthrough.push_back(v);
     } else {
@@ -140,8 +141,8 @@ Args parse(int argc, char** argv) {
   for (size_t i = 0; i + 1 < a.passthrough.size(); i += 2) {
     const std::string& k = a.passthrough[i];
     const bool own = k == "--setup-ms" || k == "--eval-at" || k == "--eval-ms" ||
-                     k == "--eval-micro-batch" || k == "--save-at" || k == "--save-ms" ||
-                     k == "--stats-dir";
+                     k == "--eval-micro-batch" || k == "--eval-loader" || k == "--save-at" ||
+                     k == "--save-ms" || k == "--stats-dir";
     if (own && !a.pytorch_like) usage((k + " needs --pytorch-like").c_str());
     if (a.pytorch_like &&
         (k == "--tp" || k == "--ffn" || k == "--extra-kernels" || k == "--copies"))

@@ -22,7 +22,8 @@ but LD_PRELOAD is needed, as on a real GPU:
   queries them at the next allocation), AdamW's `step` (traced), and `loss.item()` (a 4-byte
   device->host copy and a stream synchronize);
 - an evaluation pause (`--eval-at`: two no-grad forward passes of a batch twice as large, whose
-  new GEMM shapes are cold mid-run, and `--eval-ms` of host time) and a
+  new GEMM shapes are cold mid-run, held in memory or with `--eval-loader 1` read through a
+  validation DataLoader, and `--eval-ms` of host time) and a
   checkpoint (`--save-at`: `torch.save` of the parameters, a synchronous device->host copy each,
   then `--save-ms` of host time) after a step of the loop;
 - cold starts: unless set, FLARE_SIM_FIRST_LAUNCH_MS=2 (every kernel's first launch) and
@@ -269,6 +270,8 @@ def main(argv=None):
     p.add_argument("--eval-at", type=int, default=-1, help="default: a third into the loop")
     p.add_argument("--eval-ms", type=float, default=300.0)
     p.add_argument("--eval-micro-batch", type=int, default=0, help="default: 2x --micro-batch")
+    p.add_argument("--eval-loader", type=int, default=0,
+                   help="1: evaluate over a validation DataLoader (default: batches in memory)")
     p.add_argument("--save-at", type=int, default=-1, help="default: two thirds into the loop")
     p.add_argument("--save-ms", type=float, default=300.0)
     p.add_argument("--stats-dir", default="")
@@ -290,7 +293,13 @@ def main(argv=None):
     loader = DataLoader(TokenDataset(args.steps * args.micro_batch, sample_bytes, args.data_ms),
                         batch_size=args.micro_batch, pin_memory=True)
     eval_mb = args.eval_micro_batch or 2 * args.micro_batch
-    val = [torch.tensor_from_host(b"\x02" * sample_bytes * eval_mb) for _ in range(2)]
+    if args.eval_loader:
+        # Evaluation over a validation DataLoader: its iterator's __next__ is the same traced
+        # function as the training loader's.
+        val = DataLoader(TokenDataset(2 * eval_mb, sample_bytes, args.data_ms),
+                         batch_size=eval_mb, pin_memory=False)
+    else:
+        val = [torch.tensor_from_host(b"\x02" * sample_bytes * eval_mb) for _ in range(2)]
     torch.cuda.synchronize()
     time.sleep(args.setup_ms / 1000.0)
 
