@@ -281,6 +281,12 @@ def test_flared_sees_every_step_and_the_same_kernels_in_raw_and_summary_mode(
             if int(r.get("lostBatches", 0)) or r.get("refusals"):
                 failures.append("%s rank %s: lost %s, refusals %s" % (
                     mode, r["rank"], r.get("lostBatches"), r.get("refusals")))
+            # A rank streams about one batch a second for as long as it runs (the poller
+            # flushes every second): none goes silent after set-up.
+            seconds = job.stats[r["rank"]]["seconds"]
+            if int(r.get("batches", 0)) < int(seconds) - 1:
+                failures.append("%s rank %s: %s batches in %.1f s" % (
+                    mode, r["rank"], r.get("batches"), seconds))
     # Every step of the loop, on every rank, in both modes; each step's statistics arrived (in
     # summary mode the rank's own StepStats, in raw mode computed by flared from the ops).
     for mode, job in jobs.items():

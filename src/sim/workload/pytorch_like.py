@@ -31,8 +31,8 @@ but LD_PRELOAD is needed, as on a real GPU:
 - FLARE_SIM_HOST_STALL as in the other workloads (in the middle of the forward pass).
 
 Each step prints `FLARE_SIM_STEP {...}` for the launcher; with `--stats-dir DIR` each rank writes
-DIR/pytorch-like-RANK.json: its steps, evaluation and checkpoint steps, and the allocators' event
-records and queries.
+DIR/pytorch-like-RANK.json: its steps, run time, evaluation and checkpoint steps, and the
+allocators' event records and queries.
 """
 
 import argparse
@@ -42,6 +42,7 @@ import sys
 import tempfile
 import time
 
+STARTED = time.monotonic()
 HERE = os.path.dirname(os.path.abspath(__file__))
 # The real stack's cold starts (lazy module loading, cuBLAS heuristics), unless the caller chose;
 # read by the simulated libraries at their first launch.
@@ -330,6 +331,7 @@ def main(argv=None):
     torch.cuda.synchronize()
     if args.stats_dir:
         stats = {"rank": rank, "world": world, "steps": steps, "eval_at": eval_at,
+                 "seconds": time.monotonic() - STARTED,
                  "save_at": save_at,
                  "host_event_records": _sim.host_allocator.records,
                  "host_event_queries": _sim.host_allocator.queries,
