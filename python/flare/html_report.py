@@ -24,7 +24,7 @@ import html
 import math
 
 from .report import NOT_MEASURED, fmt_latency, fmt_ns, fmt_pct, flagged_ranks, flatten, \
-    rate_text, reported_rows, slowest_rank_text, split_alerts, spread_text, \
+    daemon_measured, rate_text, reported_rows, slowest_rank_text, split_alerts, spread_text, \
     steady_columns
 
 MAX_LINES = 64
@@ -47,13 +47,18 @@ h2{font-size:16px;margin:0 0 8px} .note{color:#6c757d;font-size:12px;margin:4px 
 .diagnosis .team{font-weight:600;text-transform:uppercase;font-size:11px;letter-spacing:.05em}
 .diagnosis ul{margin:4px 0 0 18px;padding:0} .ok{color:#2b8a3e;font-weight:600}
 table{border-collapse:collapse;width:100%;font-size:12px}
-th,td{border-bottom:1px solid #e9ecef;padding:3px 6px;text-align:left;white-space:nowrap}
+th,td{border-bottom:1px solid #e9ecef;padding:3px 5px;text-align:left;white-space:nowrap}
+td.wrap{white-space:normal;overflow-wrap:anywhere;min-width:9em} th,td.soft{white-space:normal}
 th{background:#f1f3f5;cursor:pointer;position:sticky;top:0} td.n{text-align:right}
 tr.flagged td{background:#fff5f5} .scroll{max-height:520px;overflow:auto}
 .metrics{display:grid;grid-template-columns:repeat(auto-fill,minmax(220px,1fr));gap:8px}
 .metric{background:#f1f3f5;border-radius:4px;padding:6px 10px}
 .metric b{display:block;font-size:18px;overflow-wrap:anywhere}
 .metric span{color:#495057;font-size:12px} .metric b.unmeasured{color:#868e96;font-size:15px}
+#summary{border-left:6px solid #2b8a3e} #summary.anomalous{border-left-color:#e03131}
+#summary .verdict{font-size:17px;font-weight:600;margin:0 0 4px}
+#summary dl{display:grid;grid-template-columns:max-content 1fr;gap:2px 12px;margin:6px 0 0}
+#summary dt{color:#6c757d} #summary dd{margin:0}
 .badge{display:inline-block;margin-left:6px;padding:0 6px;border-radius:3px;font-size:11px;
 background:#e9ecef;color:#495057}
 .grid2{display:grid;grid-template-columns:repeat(auto-fit,minmax(560px,1fr));gap:16px}
@@ -262,6 +267,44 @@ def diagnoses_html(data):
     return "".join(parts)
 
 
+def summary_html(data):
+    """The operator's summary: the verdict, the culprit (ranks, hosts), the team it goes to and
+    the first line of evidence of each finding; the sections below have the rest."""
+    diags = data.get("diagnoses", [])
+    hangs = data.get("hangs", [])
+    hosts = {r.get("rank"): r.get("host", "") for r in data.get("ranks", [])}
+    findings = []
+    for h in hangs:
+        suspects = h.get("suspects", [])
+        findings.append(("operations", "hang", [s.get("rank") for s in suspects],
+                         (h.get("text") or "").splitlines()[0] if h.get("text") else
+                         h.get("kind", "hang")))
+    for d in diags:
+        ev = d.get("evidence", [])
+        findings.append((d.get("team", ""), d.get("kind", ""), d.get("ranks", []),
+                         d.get("summary", "") + (" — " + ev[0].get("text", "") if ev else "")))
+    if not findings:
+        verdict = "Healthy: no anomaly found in this job's window."
+        if data.get("series") is None:
+            verdict = ("No verdict: the daemon has no detector window for this job (its "
+                       "alerts, if any, are below).")
+        return ('<section id="summary-section"><div id="summary"><p class="verdict">%s</p>'
+                '</div></section>' % esc(verdict))
+    culprits = sorted({r for _t, _k, ranks, _e in findings for r in ranks if r is not None})
+    teams = sorted({t for t, _k, _r, _e in findings if t})
+    verdict = "%d finding%s: %s" % (len(findings), "" if len(findings) == 1 else "s",
+                                    ", ".join(k.replace("_", " ") for _t, k, _r, _e in findings))
+    where = ", ".join("rank %s%s" % (r, " (%s)" % hosts[r] if hosts.get(r) else "")
+                      for r in culprits) or "the whole job (no single rank)"
+    rows = "".join("<dt>%s</dt><dd>%s</dd>" % (esc(t or "?"), esc(e))
+                   for t, _k, _r, e in findings)
+    return ('<section id="summary-section"><div id="summary" class="anomalous" data-ranks="%s" '
+            'data-teams="%s"><p class="verdict">%s</p><dl><dt>culprit</dt><dd>%s</dd>'
+            '<dt>routed to</dt><dd>%s</dd>%s</dl></div></section>' % (
+                esc(",".join(str(r) for r in culprits)), esc(",".join(teams)), esc(verdict),
+                esc(where), esc(", ".join(teams) or "-"), rows))
+
+
 def metrics_html(data):
     m = data.get("metrics", {})
     cards = []
@@ -270,12 +313,14 @@ def metrics_html(data):
         cards.append('<div class="metric" data-name="%s"><b%s>%s</b><span>%s</span></div>' % (
             esc(name), ' class="unmeasured"' if str(value).startswith(NOT_MEASURED) else "", esc(value),
             esc(what)))
+    measured = daemon_measured(m)
     if "stepTimeMedianNs" in m:
-        card(fmt_ns(m["stepTimeMedianNs"]), "median step time (%.2f steps/s)"
-             % m["stepsPerSecond"], "step time")
+        card(fmt_ns(m["stepTimeMedianNs"]), "median step time over %d steps%s" % (
+            m["steps"], "" if measured["rate"] else " (%.2f steps/s)" % m["stepsPerSecond"]),
+            "step time")
         card("rank %s" % m["slowestRank"]["rank"], slowest_rank_text(data), "slowest step")
     for key, name in (("vInter", "V_inter"), ("vMinority", "V_minority")):
-        if key + "Median" in m:
+        if key + "Median" in m and not measured["void"]:
             worst = m.get(key + "Worst") or {}
             card(fmt_pct(m[key + "Median"]), "median %s (highest: rank %s, %s)" % (
                 name, worst.get("rank", "-"), fmt_pct(worst.get("median"))))
@@ -288,7 +333,7 @@ def metrics_html(data):
              "pooled) to baseline %s; a diagnosis's W1 compares one rank with the others%s" % (
             m["baseline"]["jobId"], "" if w1 else ": the daemon computed no W1 for this pair "
             "(the baseline's distribution is drawn below)"), "baseline W1")
-    rows, _unknown = reported_rows(m.get("reported", {}))
+    rows, _unknown = reported_rows(m.get("reported", {}), m)
     for name, value, detail in rows:
         if name:
             card(value, "%s%s" % (name, ": " + detail if detail else ""), name)
@@ -450,7 +495,7 @@ def latency_svg(series, flagged):
         p.path(list(zip(base["ns"], probs)), "baseline-line",
                title="baseline job %s" % base.get("jobId", ""))
         legend.append('<span><i style="background:#2b8a3e"></i>healthy baseline %s (W1 %s)'
-                      '</span>' % (esc(base.get("jobId", "")), esc(fmt_ns(base.get("w1Ns")))))
+                      '</span>' % (esc(base.get("jobId", "")), esc(fmt_latency(base.get("w1Ns")))))
     else:
         legend.append('<span>no baseline job (flare report --baseline JOB)</span>')
     legend.append('<span><i style="background:%s"></i>diagnosed rank(s)</span>' % FLAG)
@@ -595,9 +640,11 @@ def kernels_html(data):
                  ("n", spread_text(k), k["spread"] if k["spread"] is not None else -1)]
         cells += [("", extra.get(key, ""), None) for key in extra_keys]
         rows.append("<tr>%s</tr>" % "".join(
-            '<td%s%s>%s</td>' % (' class="n"' if cls else "",
+            '<td%s%s>%s</td>' % (' class="n%s"' % (" soft" if i == 11 else "") if cls else
+                                 ' class="wrap"' if i in (0, 2) else
+                                 ' class="soft"' if i == 1 else "",
                                  ' data-v="%s"' % v if v is not None else "", esc(text))
-            for cls, text, v in cells))
+            for i, (cls, text, v) in enumerate(cells)))
     note = ""
     if len(kernels) > MAX_TABLE_ROWS:
         note = '<p class="note">First %d of %d signatures.</p>' % (MAX_TABLE_ROWS, len(kernels))
@@ -664,6 +711,7 @@ def render(data):
             steps.get("total", 0), skipped, " (cut to the last ones)" if trunc.get("steps")
             else ""))
     body = [
+        summary_html(data),
         section("diagnoses", "Diagnoses", diagnoses_html(data)),
         section("metrics", "Metrics", metrics_html(data)),
     ]

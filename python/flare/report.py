@@ -272,12 +272,34 @@ def _fmt_bytes(n):
 NOT_MEASURED = "not measured"
 
 
-def reported_rows(reported):
+def daemon_measured(m):
+    """Which job-wide figures the daemon measured ({"rate": bool, "void": bool}) for derived
+    metrics m: where it did, its figure is the one shown (it is the one /metrics exports), and
+    the same figure is not computed a second way from the series."""
+    jm = ((m or {}).get("reported") or {}).get("metrics") or {}
+    steps = _num(jm.get("steps", 0)) > 0
+    return {"rate": steps and _num(jm.get("stepsPerSecond", 0)) > 0,
+            "void": steps and (jm.get("vInter") is not None or jm.get("vMinority") is not None)}
+
+
+def _worst_text(m):
+    """The highest per-rank void shares of the series, for the void row's detail."""
+    parts = []
+    for key, name in (("vInter", "V_inter"), ("vMinority", "V_minority")):
+        worst = (m or {}).get(key + "Worst")
+        if worst:
+            parts.append("%s highest on rank %s (%s)" % (name, worst.get("rank"),
+                                                        fmt_pct(worst.get("median"))))
+    return "; ".join(parts)
+
+
+def reported_rows(reported, derived=None):
     """The daemon's own figures (GetReportResponse beyond the kernel table: the detectors' five
     metrics, the history key) as rows (name, value, detail) for people, shared by the text report
     and the HTML page so that both show the same figure in the same unit. A figure the daemon
     could not measure reads "not measured" with the reason, never 0. Returns (rows, unknown):
-    unknown is the ("a.b", value) pairs of fields this version does not know."""
+    unknown is the ("a.b", value) pairs of fields this version does not know. `derived` (the
+    metrics derive() computed) adds the per-rank detail the daemon's figures lack."""
     rows, unknown = [], []
     rep = dict(reported or {})
     jm = dict(rep.pop("metrics", None) or {})
@@ -340,9 +362,10 @@ def reported_rows(reported):
             rows.append(("void", NOT_MEASURED, "void percentages are per step, and the "
                          "detectors' window holds no complete step"))
         elif vi is not None or vm is not None:
+            worst = _worst_text(derived)
             rows.append(("void", "V_inter %s, V_minority %s" % (fmt_pct(_num(vi)),
                                                                fmt_pct(_num(vm))),
-                         "median over ranks"))
+                         "median over ranks" + ("; " + worst if worst else "")))
         volume = jm.pop("bytesPerRankStep", None)
         if volume:
             rows.append(("volume", "%s per rank per step" % _fmt_bytes(volume), "as received"))
@@ -351,10 +374,10 @@ def reported_rows(reported):
     return rows, unknown
 
 
-def format_reported(reported):
+def format_reported(reported, derived=None):
     """The daemon's own figures as text lines (reported_rows); fields this version does not know
     are printed as key/value pairs rather than dropped."""
-    rows, unknown = reported_rows(reported)
+    rows, unknown = reported_rows(reported, derived)
     out = []
     for name, value, detail in rows:
         if not detail:
@@ -430,13 +453,15 @@ def format_text(data, top=25):
     out.append("")
     m = data.get("metrics", {})
     out.append("Metrics")
+    measured = daemon_measured(m)
     if "stepTimeMedianNs" in m:
-        out.append("  step time        median %s over %d steps x %d ranks (%.2f steps/s)" % (
+        out.append("  step time        median %s over %d steps x %d ranks%s" % (
                        fmt_ns(m["stepTimeMedianNs"]), m["steps"],
-                       len((data.get("series") or {}).get("ranks", [])), m["stepsPerSecond"]))
+                       len((data.get("series") or {}).get("ranks", [])),
+                       "" if measured["rate"] else " (%.2f steps/s)" % m["stepsPerSecond"]))
         out.append("  %-16s %s" % ("", slowest_rank_text(data)))
     for key, name in (("vInter", "V_inter"), ("vMinority", "V_minority")):
-        if key + "Median" in m:
+        if key + "Median" in m and not measured["void"]:
             worst = m.get(key + "Worst") or {}
             out.append("  %-16s median %s (highest: rank %s at %s)" % (
                 name, fmt_pct(m[key + "Median"]), worst.get("rank", "-"),
@@ -452,7 +477,7 @@ def format_text(data, top=25):
         out.append(line)
     if data.get("series") is None:
         out.append("  (no per-step series: the daemon has no detector window for this job)")
-    out.extend(format_reported(m.get("reported", {})))
+    out.extend(format_reported(m.get("reported", {}), m))
     out.append("")
     kernels = data.get("kernels", [])
     shown = kernels[:top] if top else kernels

@@ -265,6 +265,10 @@ def test_figures_agree_across_text_json_html_and_metrics(build_dir, job):
     void = "V_inter %.1f%%, V_minority %.1f%%" % (100 * gauge("flare_job_void_inter_ratio"),
                                                  100 * gauge("flare_job_void_minority_ratio"))
     assert void in text and void in panel
+    # Each figure once: not a second time computed another way from the series.
+    for shown in (text, panel):
+        assert shown.count("steps/s") == 1, shown
+        assert len(re.findall(r"V_minority \d", shown)) == 1, shown
 
 
 def test_report_series_limits_reach_the_daemon(build_dir, job):
@@ -468,6 +472,32 @@ def test_html_report_renders_in_headless_chromium(build_dir, job):
     rows = [e for e in dom.elements if e[0] == "tr"]
     assert len(rows) == len(data["kernels"]) + 1 + RANKS + 1  # + header rows
     assert len(dom.find("tr", data_rank=str(SLOW), cls="flagged")) == 1
+
+    # The kernel table fits a 1,300 px window without horizontal scrolling: measured by a
+    # wrapper page that loads the report in a frame of that width (--dump-dom prints what its
+    # script wrote; file:// frames need --allow-file-access-from-files to be read).
+    wrapper = os.path.join(job["workdir"], "measure.html")
+    with open(wrapper, "w") as f:
+        f.write('<!DOCTYPE html><html><body style="margin:0"><iframe id="f" src="report.html" '
+                'style="width:1300px;height:1200px;border:0"></iframe><script>'
+                'window.addEventListener("load",function(){var d=document.getElementById("f")'
+                '.contentDocument,t=d.getElementById("kernels");document.body.dataset.table='
+                't.scrollWidth;document.body.dataset.box=t.parentElement.clientWidth;'
+                'document.body.dataset.page=d.documentElement.scrollWidth;});</script>'
+                '</body></html>')
+    with tempfile.TemporaryDirectory() as profile:
+        measured = run_chromium(["--allow-file-access-from-files", "--window-size=1300,1300",
+                                 "--dump-dom", "file://" + wrapper], profile)
+    widths = Dom()
+    widths.feed(measured.stdout)
+    got = widths.find("body")[0]
+    assert "data-table" in got, measured.stdout[-2000:] + measured.stderr[-2000:]
+    assert int(got["data-table"]) <= int(got["data-box"]), got
+    assert int(got["data-page"]) <= 1300, got
+    # The operator's summary: verdict, culprit, team, evidence.
+    summary = dom.find("div", id="summary")
+    assert summary and summary[0]["data-ranks"] == str(SLOW)
+    assert summary[0]["data-teams"] == "operations"
 
     shot = os.path.join(job["workdir"], "report.png")
     with tempfile.TemporaryDirectory() as profile:
