@@ -149,6 +149,14 @@ def report_totals(daemon, job):
     return report, out
 
 
+def rank_counts(daemon, job):
+    """Per (signature, rank) op counts in flared's window (the series' per-rank figures)."""
+    series = json.loads(daemon.get(
+        "/api/v1/jobs/%s/series?max_signatures=256&max_steps=1&points=2" % job))
+    return {(g["kind"], g["name"], g.get("dtype"), tuple(g.get("shape", [])), g.get("layout", ""),
+             p["rank"]): p["count"] for g in series["signatures"] for p in g["perRank"]}
+
+
 def diagnoses(daemon, job):
     return json.loads(daemon.get("/api/v1/jobs/%s/diagnoses" % job))["diagnoses"]
 
@@ -322,6 +330,14 @@ def test_flared_sees_every_step_and_the_same_kernels_in_raw_and_summary_mode(
             failures.append("count of %s: raw %d, summary %d" % (k[:4], raw[0], summ[0]))
         elif abs(raw[1] - summ[1]) > 1e-6 * max(raw[1], summ[1]):
             failures.append("FLOPs of %s: raw %.6g, summary %.6g" % (k[:4], raw[1], summ[1]))
+    # ... and per rank.
+    per_rank = {mode: rank_counts(flared, job.name) for mode, job in jobs.items()}
+    assert all(any(k[0] == "OP_KIND_GEMM" and k[-1] == r for k in per_rank["raw"])
+               for r in range(ranks)), per_rank["raw"]
+    for k in sorted(set(per_rank["raw"]) | set(per_rank["summary"])):
+        if k[0] in COMPUTE_KINDS and per_rank["raw"].get(k) != per_rank["summary"].get(k):
+            failures.append("rank %d count of %s: raw %s, summary %s" % (
+                k[-1], k[:4], per_rank["raw"].get(k), per_rank["summary"].get(k)))
     # A healthy run: no diagnosis in either mode (cold first calls, set-up, evaluation and
     # checkpoint pauses are not anomalies).
     for mode, job in jobs.items():
