@@ -287,7 +287,7 @@ def _worst_text(m):
     parts = []
     for key, name in (("vInter", "V_inter"), ("vMinority", "V_minority")):
         worst = (m or {}).get(key + "Worst")
-        if worst:
+        if worst and _num(worst.get("median")) > 0:  # every rank at 0: no rank is highest
             parts.append("%s highest on rank %s (%s)" % (name, worst.get("rank"),
                                                         fmt_pct(worst.get("median"))))
     return "; ".join(parts)
