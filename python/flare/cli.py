@@ -1031,8 +1031,8 @@ def build_parser():
     a.add_argument("--json", action="store_true", help="one JSON object per alert")
     a.add_argument("--timeout", type=float, default=5.0, help="seconds per request")
     a.set_defaults(func=cmd_alerts)
-    g = sub.add_parser("diagnose", help="run the detectors on a job's recent records now "
-                       "(exit 3 when something is found)")
+    g = sub.add_parser("diagnose", help="run the detectors on a job's recent records in flared "
+                       "now (exit 3 when something is found; offline: diagnose-spool)")
     g.add_argument("--daemon-http", help="flared's HTTP address HOST:PORT (default: "
                    "FLARE_DAEMON_HTTP or %s)" % DEFAULT_HTTP)
     g.add_argument("--job", required=True, help="the job")
@@ -1090,7 +1090,8 @@ def build_parser():
                        ("timeline", "a Perfetto/Kineto trace: online from flared (--job ID -o "
                                     "FILE) or offline from a spool (--input DIR -o FILE); --help "
                                     "for both"),
-                       ("diagnose-spool", "the detectors on an offline spool (flare-diagnose)")):
+                       ("diagnose-spool", "the detectors on an offline spool (--input DIR; "
+                                          "flare-diagnose); a job in flared: diagnose --job")):
         # Dispatched in main() before parsing, so that every argument reaches the tool.
         sub.add_parser(name, help=what, add_help=False,
                        usage="flare %s [ARGS ...] (`flare %s --help` lists them)" % (name, name))

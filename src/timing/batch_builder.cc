@@ -146,12 +146,17 @@ void BatchBuilder::addSignature(uint32_t id, const Signature& sig) {
   account(out->ByteSizeLong());
 }
 
-void BatchBuilder::addOps(std::span<const CompletedOp> ops) {
+bool BatchBuilder::summarizing() {
   const bool summarize = options_.summary_mode && options_.summary_mode();
   if (summarize != accumulating_) {
     steps_.reset();  // a mode change starts the per-step figures afresh
     accumulating_ = summarize;
   }
+  return summarize;
+}
+
+void BatchBuilder::addOps(std::span<const CompletedOp> ops) {
+  const bool summarize = summarizing();
   for (const CompletedOp& op : ops) {
     if (summarize) {
       const SyncSignature* sync = nullptr;
@@ -263,8 +268,11 @@ void BatchBuilder::addApiName(uint32_t id, const std::string& qualified_name) {
 }
 
 void BatchBuilder::addSpans(std::span<const CompletedSpan> spans) {
+  // The mode is asked here too: the poller hands a pass's spans over before its ops, and
+  // DataLoader calls before the rank's first op are step boundaries all the same.
+  const bool summarize = summarizing();
   for (const CompletedSpan& span : spans) {
-    if (accumulating_) {
+    if (summarize) {
       // MODE_SUMMARY: a traced call may hold up launches; `__next__` marks the input wait.
       if (auto name = api_names_.find(span.api_id); name != api_names_.end()) {
         steps_.addHostEvent(span.start_ns, span.end_ns, span.thread_id, name->second);

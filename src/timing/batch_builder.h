@@ -34,9 +34,9 @@ struct BatchBuilderOptions {
   std::function<common::ClockMap()> clock_map;
   // Called when a batch is closed, to add counters only the owner knows (spool or send drops).
   std::function<void(flare::v1::DropCounters*)> extra_drops;
-  // MODE_SUMMARY when it returns true (asked at every addOps; the exporter follows the daemon's
-  // SetMode): compute ops go into a SummaryAggregator and leave as KernelSummary messages at
-  // every flush() or once `summary_window_ns` of GPU time has passed; collectives, p2p and
+  // MODE_SUMMARY when it returns true (asked at every addOps and addSpans; the exporter follows the
+  // daemon's SetMode): compute ops go into a SummaryAggregator and leave as KernelSummary messages
+  // at every flush() or once `summary_window_ns` of GPU time has passed; collectives, p2p and
   // blocking synchronizations (names with "Synchronize") and step markers (flare_step) stay raw
   // KernelRecords; other host spans (cudaStreamWaitEvent: one per layer, never blocking) are
   // summarised too. The records that stay raw leave out thread, parent span and correlation id
@@ -99,7 +99,9 @@ class BatchBuilder {
   flare::v1::KernelRecord scratch_;                           // a collective being added to a block
   std::unordered_map<uint32_t, uint64_t> collective_counts_;  // signature id → count (shape[0])
   StepAccumulator steps_;                                     // MODE_SUMMARY's per-step statistics
-  bool accumulating_ = false;                                 // the mode of the last addOps
+  bool accumulating_ = false;  // the mode of the last addOps/addSpans
+  // Asks summary_mode(); a change of mode resets the step accumulator. True: MODE_SUMMARY.
+  bool summarizing();
   int boundaries_seen_ = 0;  // MODE_SUMMARY step boundaries seen, up to 2
   // kSync signatures: name, step marker?, summarised in MODE_SUMMARY (not a marker, not a
   // blocking "Synchronize" call)?

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "src/common/clock.h"
+#include "src/timing/batch_builder.h"
 #include "src/timing/fake_device_timer.h"
 #include "src/timing/spool_sink.h"
 #include "src/timing/summary_aggregator.h"
@@ -200,6 +201,54 @@ TEST(SummaryAggregatorTest, WhatIsSummarised) {
   EXPECT_FALSE(SummaryAggregator::shouldSummarize(OpKind::kCollective));
   EXPECT_FALSE(SummaryAggregator::shouldSummarize(OpKind::kP2P));
   EXPECT_FALSE(SummaryAggregator::shouldSummarize(OpKind::kSync));
+}
+
+}  // namespace
+}  // namespace flare::timing
+
+namespace flare::timing {
+namespace {
+
+// The poller hands a pass's spans over before its ops: DataLoader calls seen before the rank's
+// first op are step boundaries all the same (they were dropped, and the warm-up steps with them,
+// until the first addOps set the mode).
+TEST(BatchBuilderSummary, LoaderSpansBeforeTheFirstOpAreStepBoundaries) {
+  std::vector<flare::v1::RecordBatch> out;
+  BatchBuilderOptions opts;
+  opts.summary_mode = [] { return true; };
+  BatchBuilder builder(0, opts, [&](flare::v1::RecordBatch&& b) { out.push_back(std::move(b)); });
+  builder.addApiName(1, "torch.utils.data.dataloader._BaseDataLoaderIter@__next__");
+  builder.addSignature(1, makeSig("elementwise_kernel", OpKind::kKernel));
+  const int64_t t0 = common::monotonicNs();
+  constexpr int64_t kStep = 10'000'000;
+  auto loader = [&](int step) {
+    CompletedSpan s;
+    s.id = static_cast<uint64_t>(step + 1);
+    s.api_id = 1;
+    s.thread_id = 7;
+    s.start_ns = t0 + step * kStep;
+    s.end_ns = s.start_ns + 1'000'000;
+    return s;
+  };
+  const CompletedSpan early[] = {loader(0), loader(1), loader(2)};
+  builder.addSpans(early);  // before any op
+  std::vector<CompletedOp> ops;
+  for (int step = 0; step < 5; ++step) {
+    CompletedOp op;
+    op.info = info(1, OpKind::kKernel);
+    op.thread_id = 7;
+    op.issue_ns = t0 + step * kStep + 2'000'000;
+    op.start_ns = op.issue_ns + 100'000;
+    op.end_ns = op.start_ns + 3'000'000;
+    ops.push_back(op);
+  }
+  builder.addOps(ops);
+  const CompletedSpan late[] = {loader(3), loader(4)};
+  builder.addSpans(late);
+  builder.finish();
+  int steps = 0;
+  for (const auto& b : out) steps += b.step_stats_size();
+  EXPECT_EQ(steps, 4);  // five DataLoader calls: four complete steps
 }
 
 }  // namespace
