@@ -295,6 +295,8 @@ def test_tool_help_covers_the_online_and_the_offline_mode(what, tool):
         assert text in res.stdout, text
     top = " ".join(flare("--help").stdout.split())
     assert "online from flared (--job ID" in top and "offline from a spool (--input DIR" in top
+    # diagnose (online) and diagnose-spool (offline) point at each other.
+    assert "offline: diagnose-spool" in top and "a job in flared: diagnose --job" in top
 
 
 def test_timeline_of_a_daemon_job_without_an_output_names_what_is_missing():
