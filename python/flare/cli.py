@@ -5,6 +5,7 @@
     flare report --job ID [--daemon-http HOST:PORT] [--json] [--html FILE] [--baseline JOB]
     flare deep-trace --job ID --steps N [--ranks LIST] [--json]
     flare hang --job ID [--daemon-http HOST:PORT] [--json]
+    flare upload --spool DIR [--daemon HOST:PORT] [--token T]
 
 `run` traces CMD: it appends libflare_hook.so to LD_PRELOAD (never replacing what is there),
 sets FLARE_DAEMON, FLARE_TOKEN and FLARE_JOB_ID (a fresh job id unless one is given or already
@@ -19,6 +20,11 @@ flared's HTTP JSON API (`/api/v1/jobs`, `/api/v1/jobs/{job}/ranks`).
 `hang` shows a job's hang incidents (`/api/v1/jobs/{job}/hangs`): suspected ranks, hosts and
 GPUs, the stack groups, the last collective each rank issued and completed, the watchdog
 reports, and the time the diagnosis took; it exits 3 when the job has an incident.
+
+`upload` sends the pending batches that ended rank processes left in a spool (the daemon was
+unreachable when they ended) to flared, each exactly once, and deletes them once flared holds
+them (build/bin/flare-upload; the next Flare process streaming to flared does the same in the
+background). Exit 1 when something was kept for a later try.
 
 Every --json output uses one casing, protobuf's JSON mapping (lowerCamelCase: `jobId`,
 `lastSeenUnixNs`), as flared's API does; counts and nanoseconds are JSON numbers.
@@ -988,6 +994,18 @@ def cmd_hang(args):
     return 3 if incidents else 0
 
 
+def cmd_upload(args):
+    """The pending batches of ended processes under --spool, to flared (flare-upload)."""
+    daemon = args.daemon or os.environ.get("FLARE_DAEMON") or DEFAULT_DAEMON
+    parse_address(daemon, "--daemon")
+    if not os.path.isdir(args.spool):
+        raise CliError("--spool %s is not a folder" % args.spool)
+    cmd = [find_tool("flare-upload"), "--spool", args.spool, "--daemon", daemon]
+    if args.token:
+        cmd += ["--token", args.token]
+    return subprocess.call(cmd)
+
+
 def add_hang_parser(sub):
     h = sub.add_parser("hang", help="a job's hang incidents: suspects, stack groups, "
                        "collective progress (exit 3 when there is one)")
@@ -1071,6 +1089,14 @@ def build_parser():
     b.add_argument("--json", action="store_true", help="print JSON")
     b.add_argument("--timeout", type=float, default=30.0, help="seconds per request")
     b.set_defaults(func=cmd_baseline)
+    u = sub.add_parser("upload", help="upload the spools that ended processes left (the daemon "
+                       "was unreachable) to flared, exactly once")
+    u.add_argument("--spool", required=True, help="the spool folder (FLARE_OUTPUT_DIR), any "
+                   "depth above the pending-<pid>.pb files")
+    u.add_argument("--daemon", help="flared's gRPC address HOST:PORT (default: FLARE_DAEMON or "
+                   "%s)" % DEFAULT_DAEMON)
+    u.add_argument("--token", help="send this token instead of each process's own")
+    u.set_defaults(func=cmd_upload)
     d = sub.add_parser("deep-trace", help="capture every kernel, memcpy and memset of N steps "
                        "with CUPTI on some ranks (exit 1 unless every rank finished)")
     d.add_argument("--daemon-http", help="flared's HTTP address HOST:PORT (default: "

@@ -56,6 +56,10 @@ constexpr ParamInfo kParams[] = {
     {"FLARE_SPOOL_MAX_BYTES", "int", "1073741824", "exporter",
      "Bound of the spool of batches not yet sent (DIR/<job>/<rank>/pending-<pid>.pb); batches "
      "that do not fit lose their records (spool_dropped)."},
+    {"FLARE_SPOOL_SWEEP", "bool", "1", "exporter",
+     "Once streaming to the daemon, upload in the background the spools that ended processes "
+     "left under FLARE_OUTPUT_DIR (pending-<pid>.pb with its .meta; each exactly once), as "
+     "`flare upload --spool DIR` does by hand."},
     {"FLARE_EXPORT_RESEND_BYTES", "int", "16777216", "exporter",
      "The last batches written to a stream, up to this size, are kept in memory and sent again "
      "after the stream breaks (the daemon drops the duplicates): what a killed or wedged daemon "

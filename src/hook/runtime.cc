@@ -291,6 +291,7 @@ std::unique_ptr<timing::GrpcExporter> makeExporter(const common::Identity& id,
   o.token = common::envString("FLARE_TOKEN", "");
   o.flare_version = FLARE_VERSION_STRING;
   o.hang_kill = common::envBool("FLARE_HANG_KILL", false);
+  o.sweep_spool = common::envBool("FLARE_SPOOL_SWEEP", true);
   o.spool_dir = dir;
   o.handler = handler;
   o.buffer_bytes = static_cast<size_t>(

@@ -4,6 +4,8 @@
 #include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
+#include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -104,6 +106,7 @@ GrpcExporter::GrpcExporter(std::unique_ptr<Transport> transport, ExporterOptions
                  ("pending-" + std::to_string(options_.identity.pid) + ".pb"))
                     .string();
   resend_limit_ = options_.resend_bytes;
+  start_unix_ns_ = common::realtimeNs();  // before any thread: the hello and the spool's meta
   sender_ = std::thread([this] { run(); });
 }
 
@@ -111,10 +114,71 @@ GrpcExporter::~GrpcExporter() {
   if (forked_.load(std::memory_order_acquire)) {
     // A forked child: the threads are the parent's; leak them rather than touch them.
     if (sender_.joinable()) sender_.detach();
+    if (sweeper_.joinable()) sweeper_.detach();
     return;
   }
   shutdown(0);
   if (sender_.joinable()) sender_.join();  // bounded: the sender sees stopping_ after a connect
+  sweep_cancel_ = true;
+  if (sweeper_.joinable()) sweeper_.join();  // bounded: cancelling ends its stream at once
+}
+
+flare::v1::RankMessage GrpcExporter::makeHello() {
+  flare::v1::RankMessage hello_msg;
+  flare::v1::RankHello* hello = hello_msg.mutable_hello();
+  const common::Identity& id = options_.identity;
+  hello->set_protocol_version(flare::v1::kProtocolVersion);
+  hello->set_job_id(id.job_id);
+  hello->set_rank(id.rank);
+  hello->set_local_rank(id.local_rank);
+  hello->set_world_size(id.world_size);
+  hello->set_local_world_size(id.local_world_size);
+  hello->set_host(id.host);
+  hello->set_pid(id.pid);
+  hello->set_token(options_.token);
+  hello->mutable_versions()->set_flare(options_.flare_version);
+  hello->set_start_time_unix_ns(start_unix_ns_);
+  hello->set_mode(mode());
+  hello->set_identity_source(id.source);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (hello_device_) *hello->mutable_device() = *hello_device_;
+  }
+  hello->set_hang_kill(options_.hang_kill);
+  return hello_msg;
+}
+
+// The spool's meta (spool_upload.h): this process's hello and every table entry so far, so that
+// whatever stays in the spool when the process ends can be uploaded by another. spool_mu_ held.
+void GrpcExporter::writeMeta() {
+  flare::v1::RecordBatch tables;
+  tables.set_rank(options_.identity.rank);
+  {
+    std::lock_guard<std::mutex> lock(tables_mu_);
+    for (const auto& [id, sig] : sigs_) *tables.add_signatures() = sig;
+    for (const auto& [id, api] : apis_) *tables.add_api_names() = api;
+  }
+  std::string error;
+  if (!writeSpoolMeta(spool_path_, makeHello().hello(), tables, &error)) {
+    FLARE_LOG_WARN(kLog, "flare: {}; the spool cannot be uploaded by another process", error);
+  }
+}
+
+// Uploads the spools that ended processes left under the spool root (spool_upload.h), once per
+// process, after the first accepted hello: the daemon is reachable.
+void GrpcExporter::sweepOrphans() {
+  SpoolUploadOptions o;
+  o.ack_timeout_ms = 5000;
+  o.drain_timeout_ms = 30000;
+  o.cancelled = [this] { return sweep_cancel_.load(std::memory_order_relaxed); };
+  const SpoolUploadResult r = uploadOrphanedSpools(options_.spool_dir, *transport_, o);
+  if (r.files_uploaded > 0 || r.files_failed > 0) {
+    FLARE_LOG_INFO(kLog,
+                   "flare: spool sweep of {}: {} ended processes' spools uploaded ({} batches), "
+                   "{} kept for later{}",
+                   options_.spool_dir, r.files_uploaded, r.batches_sent, r.files_failed,
+                   r.errors.empty() ? "" : " (" + r.errors.front() + ")");
+  }
 }
 
 int64_t GrpcExporter::nowNs() const {
@@ -261,6 +325,9 @@ bool GrpcExporter::shutdown(int64_t timeout_ns) {
     shutdown_done_ = true;
     const bool joined = sender_done_;
     lock.unlock();
+    // The spool sweep stops at once (its current file is kept whole for the next process).
+    sweep_cancel_ = true;
+    if (sweeper_.joinable()) sweeper_.join();
     if (joined) {
       if (sender_.joinable()) sender_.join();
     } else {
@@ -282,11 +349,34 @@ void GrpcExporter::learnTables(const flare::v1::RecordBatch& batch) {
   for (const auto& a : batch.api_names()) apis_[a.id()] = a;
 }
 
+// A pending file at our path that no live process holds is the spool of an ended process that
+// had our pid (pid namespaces reuse small pids): moved aside with its meta rather than
+// truncated, so that it is still uploaded. spool_mu_ held.
+void GrpcExporter::keepOrphan() {
+  const int fd = ::open(spool_path_.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0) return;
+  struct stat st {};
+  const bool orphan =
+      ::fstat(fd, &st) == 0 && st.st_size > 0 && ::flock(fd, LOCK_EX | LOCK_NB) == 0;
+  if (orphan) {
+    std::string base = spool_path_.substr(0, spool_path_.size() - 3);
+    base += "-" + std::to_string(st.st_mtim.tv_sec) + std::to_string(st.st_mtim.tv_nsec);
+    ::rename(spoolMetaPath(spool_path_).c_str(), (base + ".meta").c_str());
+    ::rename(spool_path_.c_str(), (base + ".pb").c_str());
+  }
+  ::close(fd);
+}
+
 bool GrpcExporter::spoolAppend(const flare::v1::RecordBatch& batch_in) {
   if (spool_fd_ < 0 && !spool_failed_) {
     std::error_code ec;
     std::filesystem::create_directories(std::filesystem::path(spool_path_).parent_path(), ec);
-    spool_fd_ = ::open(spool_path_.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    keepOrphan();
+    spool_fd_ =
+        ::open(spool_path_.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
+    // Held for the life of the process: an uploader leaves a locked spool alone.
+    if (spool_fd_ >= 0) ::flock(spool_fd_, LOCK_EX | LOCK_NB);
+    if (spool_fd_ >= 0) writeMeta();
     if (spool_fd_ < 0) {
       spool_failed_ = true;
       FLARE_LOG_WARN(kLog,
@@ -530,27 +620,8 @@ bool GrpcExporter::streamOnce() {
   Stream s;
   s.t = std::move(t);
 
-  flare::v1::RankMessage hello_msg;
-  flare::v1::RankHello* hello = hello_msg.mutable_hello();
+  const flare::v1::RankMessage hello_msg = makeHello();
   const common::Identity& id = options_.identity;
-  hello->set_protocol_version(flare::v1::kProtocolVersion);
-  hello->set_job_id(id.job_id);
-  hello->set_rank(id.rank);
-  hello->set_local_rank(id.local_rank);
-  hello->set_world_size(id.world_size);
-  hello->set_local_world_size(id.local_world_size);
-  hello->set_host(id.host);
-  hello->set_pid(id.pid);
-  hello->set_token(options_.token);
-  hello->mutable_versions()->set_flare(options_.flare_version);
-  hello->set_start_time_unix_ns(start_unix_ns_);
-  hello->set_mode(mode());
-  hello->set_identity_source(id.source);
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (hello_device_) *hello->mutable_device() = *hello_device_;
-  }
-  hello->set_hang_kill(options_.hang_kill);
   std::string hello_bytes;
   hello_msg.SerializeToString(&hello_bytes);
 
@@ -615,6 +686,15 @@ bool GrpcExporter::streamOnce() {
       FLARE_LOG_INFO(kLog, "flare: streaming rank {} of job {} to the daemon", id.rank, id.job_id);
     }
     was_connected_ = true;
+    if (options_.sweep_spool && !sweeper_.joinable() && !stopping_) {
+      sweeper_ = std::thread([this] {
+        sigset_t all;
+        sigfillset(&all);
+        pthread_sigmask(SIG_BLOCK, &all, nullptr);
+        pthread_setname_np(pthread_self(), "flare-sweep");
+        sweepOrphans();
+      });
+    }
   }
 
   bool first = true;
@@ -781,7 +861,6 @@ void GrpcExporter::run() {
   sigfillset(&all);
   pthread_sigmask(SIG_BLOCK, &all, nullptr);  // gRPC's threads inherit it
   pthread_setname_np(pthread_self(), "flare-export");
-  start_unix_ns_ = common::realtimeNs();
   int64_t backoff = options_.backoff_min_ns;
   for (;;) {
     bool refused = false;
@@ -858,9 +937,14 @@ void GrpcExporter::finishSpool() {
       }
     }
     if (spool_read_ == spool_write_) spool_read_ = spool_write_ = 0;  // all replayed
+    if (spool_write_ == 0) {
+      ::unlink(spool_path_.c_str());
+      ::unlink(spoolMetaPath(spool_path_).c_str());
+    } else {
+      writeMeta();  // every table, for the upload (spool_upload.h); before the lock goes
+    }
     ::close(spool_fd_);
     spool_fd_ = -1;
-    if (spool_write_ == 0) ::unlink(spool_path_.c_str());
   }
   spool_failed_ = true;  // nothing more is written
   std::lock_guard<std::mutex> lock(mu_);

@@ -55,6 +55,7 @@
 #include "src/common/clock.h"
 #include "src/common/identity.h"
 #include "src/timing/batch_builder.h"
+#include "src/timing/spool_upload.h"
 #include "src/timing/timing.h"
 #include "src/timing/transport.h"
 
@@ -98,6 +99,9 @@ struct ExporterOptions {
   int64_t summary_window_ns = 1'000'000'000;
   std::function<common::ClockMap()> clock_map;  // default ClockMap::sample()
   CommandHandler* handler = nullptr;            // not owned; nullptr: UnsupportedCommands
+  // After the first accepted hello, upload the spools that ended processes left under
+  // spool_dir (spool_upload.h) on a background thread, once (FLARE_SPOOL_SWEEP).
+  bool sweep_spool = false;
 };
 
 struct ExporterStats {
@@ -184,6 +188,10 @@ class GrpcExporter final : public Sink {
   bool spoolPending();
   void finishSpool();
   void learnTables(const flare::v1::RecordBatch& batch);
+  flare::v1::RankMessage makeHello();
+  void writeMeta();   // spool_mu_ held
+  void keepOrphan();  // spool_mu_ held
+  void sweepOrphans();
   void remember(Item&& item);  // into the re-send window
   void parkResend();
   static void stripRecords(flare::v1::RecordBatch* batch);
@@ -238,6 +246,8 @@ class GrpcExporter final : public Sink {
   uint64_t rng_ = 0x9e3779b97f4a7c15ull;
 
   std::atomic<uint64_t> send_failed_{0};
+  std::thread sweeper_;  // sweepOrphans(); started by the sender, joined by the destructor
+  std::atomic<bool> sweep_cancel_{false};
   std::atomic<uint64_t> spool_dropped_{0};
   std::thread sender_;
 };
