@@ -1,6 +1,7 @@
-"""The console scripts `flared`, `flare-export`, `flare-timeline` and `flare-diagnose` of the
-wheel (tools/packaging/make-wheel.sh): each replaces itself with the program the wheel carries in
-flare/bin/ (os.execv: same pid, arguments, environment and exit code). The programs find their
+"""The console scripts `flared`, `flare-export`, `flare-timeline`, `flare-diagnose` (and
+`flare-upload` where the build had it) of the wheel (tools/packaging/make-wheel.sh): each
+replaces itself with the program the wheel carries in flare/bin/ (os.execv: same pid,
+arguments, environment and exit code). The programs find their
 vendored libraries through their own RUNPATH, so nothing is added to the environment.
 
 From a source checkout (no flare/bin/) they run the build tree's programs, like `flare export`.
@@ -43,3 +44,7 @@ def flare_timeline():
 
 def flare_diagnose():
     _run("flare-diagnose")
+
+
+def flare_upload():
+    _run("flare-upload")

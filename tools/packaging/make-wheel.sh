@@ -8,8 +8,9 @@
 #   flare/lib/           libflare_hook.so and libflare_exporter.so (the hook dlopens the exporter
 #                        from its own folder), flare/lib/flare/libflare_pyprof_cp3XY.so (the
 #                        Python tracing modules the hook dlopens, one per CPython version built)
-#   flare/bin/           flared, flare-export, flare-timeline, flare-diagnose, run through the
-#                        console scripts of the same names (flare/programs.py)
+#   flare/bin/           flared, flare-export, flare-timeline, flare-diagnose (and flare-upload
+#                        when built), run through the console scripts of the same names
+#                        (flare/programs.py)
 #   flare/lib/vendor/    the non-system libraries those link (gRPC, protobuf, abseil, SQLite,
 #                        libpq, ...), renamed with a hash of their content the way auditwheel's
 #                        `repair` does it, found through RUNPATH $ORIGIN/... (vendor-deps.sh,
@@ -37,6 +38,8 @@ ls "$build"/lib/flare/libflare_pyprof_cp*.so >/dev/null 2>&1 ||
   fail "no Python tracing module in $build/lib/flare (build target flare_pyprof)"
 bins=(flared flare-export flare-timeline flare-diagnose)
 for b in "${bins[@]}"; do [ -x "$build/bin/$b" ] || fail "$build/bin/$b not built"; done
+# Programs carried when this build has them (newer tools), each with its console script.
+for b in flare-upload; do if [ -x "$build/bin/$b" ]; then bins+=("$b"); fi; done
 [ -f "$build/lib/libflare_exporter.so" ] || fail "$build/lib/libflare_exporter.so not built"
 command -v patchelf >/dev/null || fail "patchelf is needed (apt-get install patchelf)"
 "$py" -c "import setuptools, wheel" 2>/dev/null ||
@@ -78,6 +81,7 @@ flared = "flare.programs:flared"
 flare-export = "flare.programs:flare_export"
 flare-timeline = "flare.programs:flare_timeline"
 flare-diagnose = "flare.programs:flare_diagnose"
+$(for b in "${bins[@]:4}"; do echo "$b = \"flare.programs:${b//-/_}\""; done)
 
 [tool.setuptools]
 packages = ["flare"]
