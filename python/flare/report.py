@@ -420,7 +420,10 @@ def split_alerts(data):
             if (d.get("kind"), r) in raised:
                 on_diagnosis.setdefault(id(d), raised[(d.get("kind"), r)])
                 used.add((d.get("kind"), r))
-    rest = [a for a in data.get("alerts", []) if (a.get("kind"), a.get("rank")) not in used]
+    # A hang incident is shown with its own evidence (data["hangs"]); its alert is not repeated.
+    hung = bool(data.get("hangs"))
+    rest = [a for a in data.get("alerts", []) if (a.get("kind"), a.get("rank")) not in used
+            and not (hung and a.get("kind") == "hang")]
     return rest, on_diagnosis
 
 

@@ -611,6 +611,42 @@ def test_unmeasured_figures_read_not_measured_with_the_reason_never_zero():
     assert "unknown-fields" not in page  # every field the daemon sent is known
 
 
+def test_each_finding_is_shown_once_with_its_alert():
+    """An alert raised for a diagnosis (or a hang) still in the window is shown on it, not a
+    second time; an alert whose diagnosis left the window is listed on its own."""
+    sys.path.insert(0, os.path.join(ROOT, "python"))
+    try:
+        from flare import html_report, report
+    finally:
+        sys.path.pop(0)
+    diag = {"kind": "gpu_slow", "team": "operations", "ranks": [3], "cause": "GPU",
+            "summary": "rank 3: GPU slow", "evidence": [{"text": "kernels 25% slower"}]}
+    data = {"jobId": "j", "ranks": [{"rank": 3, "host": "node7"}], "diagnoses": [diag],
+            "hangs": [{"text": "non-communication hang: suspects rank 5", "suspects": [
+                {"rank": 5}]}], "series": None,
+            "alerts": [{"kind": "gpu_slow", "rank": 3, "team": "operations",
+                        "severity": "critical", "message": "rank 3: GPU slow | kernels"},
+                       {"kind": "hang", "rank": 5, "team": "operations", "severity": "critical",
+                        "message": "non-communication hang"},
+                       {"kind": "issue_stall", "rank": 1, "team": "algorithm",
+                        "severity": "warning", "message": "rank 1: stall earlier | w1"}],
+            "report": {"jobId": "j", "signatures": []}}
+    report.derive(data)
+    text = report.format_text(data)
+    assert text.count("rank 3: GPU slow") == 1 and "(alert raised: critical)" in text
+    assert "Alerts raised (1, stored by the daemon)" in text and "stall earlier" in text
+    assert text.count("non-communication hang") == 1
+    page = html_report.render(data)
+    assert page.count("rank 3: GPU slow") == 2  # the summary's line and the diagnosis
+    assert page.count('class="badge alert-badge"') == 1
+    alerts = re.search(r'<ul id="alerts">.*?</ul>', page, re.S).group(0)
+    assert "stall earlier" in alerts and "GPU slow" not in alerts and "hang" not in alerts
+    # The operator's summary: verdict, culprits with hosts, team.
+    summary = re.search(r'<div id="summary".*?</div>', page, re.S).group(0)
+    assert "2 findings: hang, gpu slow" in summary and "rank 3 (node7)" in summary
+    assert "rank 5" in summary and "operations" in summary
+
+
 def test_report_after_a_daemon_restart_keeps_the_kernels_and_alerts(build_dir, job):
     # Runs last: it replaces the module's daemon. The kernel report and the alerts are stored;
     # the detector window (diagnoses, series) is not, and the report says so.
