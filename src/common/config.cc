@@ -41,7 +41,8 @@ constexpr ParamInfo kParams[] = {
     // --- exporter ---
     {"FLARE_OUTPUT_DIR", "string", "", "exporter",
      "Directory of the local spool (DIR/<job>/<rank>/records-<pid>.pb), used when no daemon is "
-     "configured or it is unreachable; /tmp/flare when unset."},
+     "configured or it is unreachable; /tmp/flare-<uid> when unset. Folders Flare creates "
+     "are 0700 and never followed through symlinks; a folder of another user is refused."},
     {"FLARE_DAEMON", "string", "", "exporter",
      "Address of the flared daemon as host:port; empty means write to FLARE_OUTPUT_DIR only."},
     {"FLARE_TOKEN", "string", "", "exporter",

@@ -26,6 +26,7 @@
 #include "src/common/config.h"
 #include "src/common/identity.h"
 #include "src/common/log.h"
+#include "src/common/private_dir.h"
 #include "src/hook/cudart_fns.h"
 #include "src/hook/deep_trace.h"
 #include "src/hook/hang_commands.h"
@@ -356,7 +357,7 @@ void init() {
   const common::Identity id = common::identityFromEnv();
   common::initLogging(id);
   std::string dir = common::envString("FLARE_OUTPUT_DIR", "");
-  if (dir.empty()) dir = "/tmp/flare";
+  if (dir.empty()) dir = common::defaultSpoolRoot();  // per user, 0700 (private_dir.h)
   const std::string daemon = common::envString("FLARE_DAEMON", "");
   if (!daemon.empty()) {
     state->commands = std::make_unique<HangCommands>(id.rank, id.world_size);

@@ -17,6 +17,7 @@
 
 #include "flare/v1/protocol.h"
 #include "src/common/log.h"
+#include "src/common/private_dir.h"
 #include "src/common/text.h"
 #include "src/timing/collective_blocks.h"
 #include "src/timing/spool_sink.h"
@@ -99,7 +100,7 @@ GrpcExporter::GrpcExporter(std::unique_ptr<Transport> transport, ExporterOptions
                    .summary_window_ns = options_.summary_window_ns},
                [this](flare::v1::RecordBatch&& batch) { enqueue(std::move(batch)); }),
       mode_(static_cast<int>(options_.mode)) {
-  if (options_.spool_dir.empty()) options_.spool_dir = "/tmp/flare";
+  if (options_.spool_dir.empty()) options_.spool_dir = common::defaultSpoolRoot();
   spool_path_ = (std::filesystem::path(options_.spool_dir) /
                  common::safePathComponent(options_.identity.job_id) /
                  std::to_string(options_.identity.rank) /
@@ -369,15 +370,28 @@ void GrpcExporter::keepOrphan() {
 
 bool GrpcExporter::spoolAppend(const flare::v1::RecordBatch& batch_in) {
   if (spool_fd_ < 0 && !spool_failed_) {
-    std::error_code ec;
-    std::filesystem::create_directories(std::filesystem::path(spool_path_).parent_path(), ec);
-    keepOrphan();
-    spool_fd_ =
-        ::open(spool_path_.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
+    // This user's folders only, none through a symlink (private_dir.h).
+    std::string folder, why;
+    if (!common::makePrivateDirs(options_.spool_dir,
+                                 options_.spool_dir == common::defaultSpoolRoot(),
+                                 {common::safePathComponent(options_.identity.job_id),
+                                  std::to_string(options_.identity.rank)},
+                                 &folder, &why)) {
+      spool_failed_ = true;
+      FLARE_LOG_WARN(kLog,
+                     "flare: the spool folder is unsafe: {}; records that cannot be sent "
+                     "are dropped (counted)",
+                     why);
+    } else {
+      keepOrphan();
+    }
+    if (!spool_failed_)
+      spool_fd_ =
+          ::open(spool_path_.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
     // Held for the life of the process: an uploader leaves a locked spool alone.
     if (spool_fd_ >= 0) ::flock(spool_fd_, LOCK_EX | LOCK_NB);
     if (spool_fd_ >= 0) writeMeta();
-    if (spool_fd_ < 0) {
+    if (spool_fd_ < 0 && !spool_failed_) {
       spool_failed_ = true;
       FLARE_LOG_WARN(kLog,
                      "flare: cannot open the spool {}: {}; records that cannot be sent are "

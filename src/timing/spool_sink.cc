@@ -13,6 +13,7 @@
 #include <utility>
 
 #include "src/common/log.h"
+#include "src/common/private_dir.h"
 #include "src/common/text.h"
 #include "src/timing/collective_blocks.h"
 
@@ -48,13 +49,17 @@ SpoolSink::SpoolSink(const std::string& dir, const std::string& job_id, int rank
     const std::filesystem::path folder =
         std::filesystem::path(dir) / common::safePathComponent(job_id) / std::to_string(rank);
     path_ = (folder / ("records-" + std::to_string(pid) + ".pb")).string();
-    std::error_code ec;
-    std::filesystem::create_directories(folder, ec);
-    if (ec) {
-      disable("creating " + folder.string(), ec.value());
+    // This user's folders only, 0700, none through a symlink (private_dir.h).
+    std::string made, why;
+    if (!common::makePrivateDirs(dir, dir == common::defaultSpoolRoot(),
+                                 {common::safePathComponent(job_id), std::to_string(rank)}, &made,
+                                 &why)) {
+      disabled_.store(true, std::memory_order_release);
+      FLARE_LOG_WARN(kLog, "spool {}: the folder is unsafe: {}; records are not written", path_,
+                     why);
       return;
     }
-    fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NOFOLLOW, 0600);
     if (fd_ < 0) disable("opening", errno);
   } catch (...) {
     disable("setting up", ENOMEM);

@@ -2,7 +2,9 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <stdlib.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -320,15 +322,23 @@ TEST_F(SpoolSinkTest, UnwritableDirectoryDisablesWithOneWarning) {
 }
 
 TEST_F(SpoolSinkTest, DiskFullDisablesWithOneWarning) {
-  if (!fs::exists("/dev/full")) GTEST_SKIP() << "no /dev/full";
-  const fs::path folder = fs::path(dir_) / "job" / "0";
-  fs::create_directories(folder);
-  fs::create_symlink("/dev/full", folder / "records-1.pb");  // every write fails with ENOSPC
   SpoolSink sink(dir_, "job", 0, 1, fixedOptions());
   ASSERT_FALSE(sink.disabled());
   const CompletedOp ops[] = {kernelOp(0, 0, 100), kernelOp(0, 1, 200)};
-  sink.onOps(ops);
-  sink.flush();
+  {
+    // Every write fails (EFBIG, as ENOSPC would): a file size limit of one byte for a moment.
+    // (A symlink to /dev/full no longer works: the spool does not follow symlinks.)
+    rlimit old{};
+    ::getrlimit(RLIMIT_FSIZE, &old);
+    const auto previous = ::signal(SIGXFSZ, SIG_IGN);
+    rlimit tiny = old;
+    tiny.rlim_cur = 1;
+    ::setrlimit(RLIMIT_FSIZE, &tiny);
+    sink.onOps(ops);
+    sink.flush();
+    ::setrlimit(RLIMIT_FSIZE, &old);
+    ::signal(SIGXFSZ, previous);
+  }
   EXPECT_TRUE(sink.disabled());
   sink.onOps(ops);
   sink.flush();
@@ -336,6 +346,43 @@ TEST_F(SpoolSinkTest, DiskFullDisablesWithOneWarning) {
   const auto lines = warnings();
   ASSERT_EQ(lines.size(), 1u);
   EXPECT_THAT(lines[0], HasSubstr("writing failed"));
+}
+
+// The probe: a pre-made symlink DIR/<job>/<rank> -> elsewhere. Nothing is written
+// through it (the sink refuses the folder, with one warning); neither through a symlinked file.
+TEST_F(SpoolSinkTest, SymlinksInTheSpoolAreNotFollowed) {
+  const fs::path elsewhere = fs::path(dir_) / "elsewhere";
+  fs::create_directories(elsewhere);
+  fs::create_directories(fs::path(dir_) / "job");
+  fs::create_directory_symlink(elsewhere, fs::path(dir_) / "job" / "0");
+  {
+    SpoolSink sink(dir_, "job", 0, 1, fixedOptions());
+    EXPECT_TRUE(sink.disabled());
+    const CompletedOp ops[] = {kernelOp(0, 0, 100)};
+    sink.onOps(ops);
+    sink.flush();
+  }
+  EXPECT_TRUE(fs::is_empty(elsewhere));
+  const auto lines = warnings();
+  ASSERT_EQ(lines.size(), 1u);
+  EXPECT_THAT(lines[0], HasSubstr("symbolic link"));
+  fs::create_directories(fs::path(dir_) / "job" / "1");
+  fs::create_symlink(elsewhere / "target.pb", fs::path(dir_) / "job" / "1" / "records-1.pb");
+  {
+    SpoolSink sink(dir_, "job", 1, 1, fixedOptions());
+    EXPECT_TRUE(sink.disabled());
+  }
+  EXPECT_TRUE(fs::is_empty(elsewhere));
+}
+
+TEST_F(SpoolSinkTest, FoldersAreCreatedPrivate) {
+  SpoolSink sink(dir_, "job", 0, 1, fixedOptions());
+  ASSERT_FALSE(sink.disabled());
+  for (const fs::path& p : {fs::path(dir_) / "job", fs::path(dir_) / "job" / "0"}) {
+    EXPECT_EQ(fs::status(p).permissions() & fs::perms::all, fs::perms::owner_all) << p;
+  }
+  EXPECT_EQ(fs::status(sink.path()).permissions() & fs::perms::all,
+            fs::perms::owner_read | fs::perms::owner_write);
 }
 
 TEST_F(SpoolSinkTest, JobIdIsOnePathComponent) {

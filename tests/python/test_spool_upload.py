@@ -194,3 +194,19 @@ def test_a_live_process_spool_is_left_alone(build_dir, tmp_path, flared):
     assert up.returncode == 0, up.stderr
     assert "1 left to live processes" in up.stdout, up.stdout
     assert pb.exists()
+
+
+def test_a_premade_symlink_in_the_spool_is_not_written_through(sim_train, build_dir, tmp_path):
+    """The issue's probe: SPOOL/<job>/0 -> elsewhere made before the job. The rank writes
+    nothing there (one warning names the link); the other rank's folder is private (0700)."""
+    spool, elsewhere = tmp_path / "spool", tmp_path / "elsewhere"
+    (spool / JOB).mkdir(parents=True)
+    elsewhere.mkdir()
+    os.symlink(str(elsewhere), str(spool / JOB / "0"))
+    res = sim_train("--ranks", 2, "--steps", 3, env=hook_env(build_dir, spool))
+    assert res.returncode == 0, res.stderr
+    assert not list(elsewhere.iterdir())
+    assert "symbolic link" in res.stderr
+    assert os.stat(str(spool / JOB / "1")).st_mode & 0o777 == 0o700
+    files = list((spool / JOB / "1").iterdir())
+    assert files and all(os.stat(str(f)).st_mode & 0o077 == 0 for f in files)
