@@ -410,6 +410,18 @@ def append_preload(current, hook):
     return " ".join(parts)
 
 
+# The one job-id rule of the hook and flared (src/common/job_id.h; tests/python/test_job_id.py
+# keeps these equal to its constants): 1 to 128 of ASCII letters, digits and "._-:@".
+JOB_ID_MAX = 128
+JOB_ID_PUNCTUATION = "._-:@"
+JOB_ID_RULE = "1 to 128 of A-Z a-z 0-9 . _ - : @"
+
+
+def valid_job_id(job):
+    return (0 < len(job) <= JOB_ID_MAX and
+            all(c.isascii() and (c.isalnum() or c in JOB_ID_PUNCTUATION) for c in job))
+
+
 def run_env(args, environ):
     env = dict(environ)
     hook = find_hook(args.hook)
@@ -422,6 +434,11 @@ def run_env(args, environ):
     job = args.job_id or env.get("FLARE_JOB_ID")
     if not job:
         job = "flare-%s-%s" % (time.strftime("%Y%m%d-%H%M%S"), uuid.uuid4().hex[:8])
+    if not valid_job_id(job):
+        # Refused before the job starts: flared would refuse every rank's stream.
+        raise CliError("flare run: job id %s is not valid: a job id is %s (from %s)"
+                       % (ascii(job), JOB_ID_RULE,
+                          "--job-id" if args.job_id else "FLARE_JOB_ID"))
     env["FLARE_JOB_ID"] = job
     return env
 

@@ -34,7 +34,9 @@ constexpr ParamInfo kParams[] = {
      "excludes the listed ones); warnings and errors are always shown."},
     // --- identity ---
     {"FLARE_JOB_ID", "string", "", "identity",
-     "Overrides the job id taken from torchrun (TORCHELASTIC_RUN_ID) or Slurm (SLURM_JOB_ID)."},
+     "Overrides the job id taken from torchrun (TORCHELASTIC_RUN_ID) or Slurm (SLURM_JOB_ID). "
+     "A job id is 1 to 128 of A-Z a-z 0-9 . _ - : @ (src/common/job_id.h, the rule of the hook, "
+     "flared and `flare run`); other characters become _ with one warning."},
     // --- hook ---
     {"FLARE_DISABLE", "bool", "0", "hook",
      "Turns tracing off in libflare_hook.so: every wrapper forwards untouched."},

@@ -8,11 +8,10 @@
 #include <cstdlib>
 
 #include "src/common/config.h"
+#include "src/common/job_id.h"
 
 namespace flare::common {
 namespace {
-
-constexpr size_t kMaxJobIdLength = 128;
 
 // One warning per distinct line per process.
 void warn(const std::string& line) {
@@ -118,19 +117,14 @@ std::optional<Ranks> validate(const char* launcher, const IntVar& rank, const In
   return r;
 }
 
-// Job ids become file names, metric labels and query keys: keep them to a safe alphabet.
+// Job ids become file names, metric labels and query keys: the one rule of job_id.h.
 std::string sanitizeJobId(const char* variable, const std::string& id) {
   std::string out;
-  for (char c : id.substr(0, kMaxJobIdLength)) {
-    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-                    c == '.' || c == '_' || c == '-' || c == ':' || c == '@' || c == '+';
-    out.push_back(ok ? c : '_');
-  }
+  for (char c : id.substr(0, kMaxJobIdLength)) out.push_back(jobIdChar(c) ? c : '_');
+  if (out.empty()) out = "_";
   if (out != id) {
-    warn(
-        fmt::format("flare: {}='{}' is not a valid job id (at most {} of A-Z a-z 0-9 . _ - : @ "
-                    "+); using '{}'",
-                    variable, id, kMaxJobIdLength, out));
+    warn(fmt::format("flare: {}='{}' is not a valid job id ({}); using '{}'", variable, id,
+                     kJobIdRule, out));
   }
   return out;
 }

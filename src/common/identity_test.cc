@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "src/common/config.h"
+#include "src/common/job_id.h"
 
 namespace flare::common {
 namespace {
@@ -149,6 +150,32 @@ TEST_F(IdentityTest, FlareJobIdOverridesEverySource) {
 TEST_F(IdentityTest, UnsafeJobIdIsSanitized) {
   EXPECT_EQ(resolve({{"FLARE_JOB_ID", "a/b c"}}).job_id, "a_b_c");
   EXPECT_THAT(g_lines, ElementsAre(HasSubstr("FLARE_JOB_ID='a/b c' is not a valid job id")));
+}
+
+// The issue's case: '+' was accepted by the hook and refused by flared (the whole job then
+// spooled silently). One rule now (job_id.h): the hook replaces it and says so.
+TEST_F(IdentityTest, JobIdsFollowTheOneRule) {
+  EXPECT_EQ(resolve({{"FLARE_JOB_ID", "a+b"}}).job_id, "a_b");
+  EXPECT_THAT(g_lines, ElementsAre(HasSubstr("1 to 128 of A-Z a-z 0-9 . _ - : @")));
+  g_lines.clear();
+  const std::string ok = "Job-1.x_y:z@host";
+  EXPECT_EQ(resolve({{"FLARE_JOB_ID", ok}}).job_id, ok);
+  EXPECT_THAT(g_lines, IsEmpty());
+  EXPECT_EQ(resolve({{"FLARE_JOB_ID", std::string(200, 'j')}}).job_id, std::string(128, 'j'));
+  // Whatever the hook produces, flared accepts.
+  for (const std::string& in :
+       std::vector<std::string>{"a+b", "a/b c", "\x1b[31mred", std::string(300, 'x')}) {
+    EXPECT_TRUE(validJobId(resolve({{"FLARE_JOB_ID", in}}).job_id)) << in;
+  }
+}
+
+TEST(JobIdRuleTest, Alphabet) {
+  EXPECT_TRUE(validJobId("a"));
+  EXPECT_TRUE(validJobId(std::string(128, 'a')));
+  EXPECT_FALSE(validJobId(std::string(129, 'a')));
+  EXPECT_FALSE(validJobId(""));
+  for (const char* bad : {"a+b", "a/b", "a b", "a\x1b", "a%b", "a?b", "a#b", "\xc3\xa9"})
+    EXPECT_FALSE(validJobId(bad)) << bad;
 }
 
 TEST_F(IdentityTest, RankNotBelowWorldSizeFallsBack) {

@@ -38,6 +38,25 @@ std::string jsonQuote(std::string_view s) {
   return out + "\"";
 }
 
+std::string printable(std::string_view s) {
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string out;
+  out.reserve(s.size());
+  for (char ch : s) {
+    const auto c = static_cast<unsigned char>(ch);
+    if (c == '\\') {
+      out += "\\\\";
+    } else if (c < 0x20 || c == 0x7f) {
+      out += "\\x";
+      out += kHex[c >> 4];
+      out += kHex[c & 15];
+    } else {
+      out += ch;
+    }
+  }
+  return out;
+}
+
 std::string enumLabel(std::string_view enum_name, std::string_view prefix) {
   if (enum_name.substr(0, prefix.size()) == prefix) enum_name.remove_prefix(prefix.size());
   std::string out(enum_name);

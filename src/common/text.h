@@ -11,6 +11,11 @@ namespace flare::common {
 // 0x80 and above pass through, so UTF-8 stays UTF-8).
 std::string jsonQuote(std::string_view s);
 
+// `s` safe to print on a terminal or in a log line: control characters (below 0x20 and 0x7f:
+// ESC of ANSI sequences, CR, BEL, ...) and backslashes escaped as \xNN and \\; everything else
+// (UTF-8 included) unchanged.
+std::string printable(std::string_view s);
+
 // A protobuf enum value's name without its prefix, in lower case: ("OP_KIND_GEMM", "OP_KIND_")
 // -> "gemm". A name without the prefix is only lower-cased.
 std::string enumLabel(std::string_view enum_name, std::string_view prefix);

@@ -7,7 +7,9 @@
 #include <utility>
 
 #include "flare/v1/protocol.h"
+#include "src/common/job_id.h"
 #include "src/common/log.h"
+#include "src/common/text.h"
 #include "src/engine/metrics.h"
 #include "src/engine/stats/sketch.h"
 #include "src/timing/collective_blocks.h"
@@ -16,7 +18,6 @@
 namespace flare::engine {
 namespace {
 
-constexpr size_t kMaxJobIdBytes = 256;
 constexpr size_t kMaxNameBytes = 4096;
 constexpr size_t kMaxShapeDims = 16;
 constexpr size_t kMaxShortString = 1024;
@@ -50,12 +51,9 @@ constexpr const char* kDropNames[] = {"ring_full",      "events_exhausted",    "
                                       "disabled_calls", "log_once_suppressed", "event_errors",
                                       "capturing",      "unfinished"};
 
+// The one job-id rule (src/common/job_id.h), the hook's and the CLI's too.
 bool jobIdValid(const std::string& id) {
-  if (id.empty() || id.size() > kMaxJobIdBytes) return false;
-  return std::all_of(id.begin(), id.end(), [](char c) {
-    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' ||
-           c == '_' || c == '.' || c == ':' || c == '@';
-  });
+  return common::validJobId(id);
 }
 
 bool constantTimeEqual(const std::string& a, const std::string& b) {
@@ -247,7 +245,9 @@ Ingest::HelloOutcome Ingest::hello(const v1::RankHello& h,
   }
   if (!jobIdValid(h.job_id())) {
     return refuse(Reason::kBadHello, Code::kInvalidArgument,
-                  "job_id must be 1-256 characters of [A-Za-z0-9-_.:@]");
+                  "job id '" + common::printable(h.job_id().substr(0, 200)) +
+                      "' is not valid: a job id is " + common::kJobIdRule +
+                      " (set FLARE_JOB_ID to one)");
   }
   if (h.world_size() <= 0 || h.rank() < 0 || h.rank() >= h.world_size() ||
       h.host().size() > kMaxHostBytes || h.device().name().size() > kMaxShortString ||

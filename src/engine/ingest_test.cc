@@ -99,6 +99,13 @@ TEST_F(IngestTest, HelloFieldsValidated) {
   EXPECT_EQ(ingest_->hello(makeHello("job", -1, 2), ch).verdict.reason, Reason::kBadHello);
   EXPECT_EQ(ingest_->hello(makeHello("", 0, 2), ch).verdict.reason, Reason::kBadHello);
   EXPECT_EQ(ingest_->hello(makeHello("a/b", 0, 2), ch).verdict.reason, Reason::kBadHello);
+  // The one job-id rule (src/common/job_id.h): '+' too, and the refusal names the rule.
+  const auto plus = ingest_->hello(makeHello("a+b", 0, 2), ch);
+  EXPECT_EQ(plus.verdict.reason, Reason::kBadHello);
+  EXPECT_NE(plus.ack.error().find("1 to 128 of A-Z a-z 0-9 . _ - : @"), std::string::npos)
+      << plus.ack.error();
+  EXPECT_EQ(ingest_->hello(makeHello(std::string(129, 'j'), 0, 2), ch).verdict.reason,
+            Reason::kBadHello);
   EXPECT_EQ(ingest_->hello(makeHello("job", 0, 5), ch).verdict.reason, Reason::kTooManyRanks);
   EXPECT_TRUE(ingest_->hello(makeHello("job", 0, 4), ch).verdict.ok());
   EXPECT_EQ(ingest_->hello(makeHello("job2", 0, 4), ch).verdict.reason, Reason::kTooManyJobs);
