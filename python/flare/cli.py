@@ -49,6 +49,8 @@ import urllib.parse
 import urllib.request
 import uuid
 
+from .safe_text import SafeStream, escape_controls
+
 DEFAULT_DAEMON = "127.0.0.1:7070"
 DEFAULT_HTTP = "127.0.0.1:9464"
 HOOK_NAME = "libflare_hook.so"
@@ -764,7 +766,7 @@ def cmd_report(args):
     report.derive(data)
     if args.html:
         from . import html_report
-        page = html_report.render(data)
+        page = escape_controls(html_report.render(data))
         try:
             with open(args.html, "w", encoding="utf-8") as f:
                 f.write(page)
@@ -1154,11 +1156,17 @@ def main(argv=None):
     if not getattr(args, "func", None):
         parser.print_help(sys.stderr)
         return 2
+    # Names and texts from ranks and the daemon reach the terminal without control characters
+    # (flare/safe_text.py); stderr keeps the progress line's own \r.
+    stdout = sys.stdout
+    sys.stdout = SafeStream(stdout)
     try:
         return args.func(args)
     except BrokenPipeError:  # e.g. `flare status | head`
         sys.stderr.close()
         return 0
     except CliError as e:
-        print("flare: %s" % e, file=sys.stderr)
+        print("flare: %s" % escape_controls(str(e)), file=sys.stderr)
         return e.code
+    finally:
+        sys.stdout = stdout
