@@ -8,8 +8,11 @@
 //                   [--eval-ms MS] [--eval-micro-batch B] [--eval-loader 0|1] [--save-at STEP]
 //                   [--save-ms MS] [--stats-dir DIR] ...
 //
+//   flare-sim-train --trace FIXTURE [--ranks N] [--speed X] [--source-rank R] ...
+//
 // --pytorch-like runs the PyTorch-like Python workload (share/flare/sim_pytorch_like.py,
-// src/sim/workload/pytorch_like.py) instead of sim_train.py.
+// src/sim/workload/pytorch_like.py) instead of sim_train.py; --trace replays a recorded trace
+// (share/flare/sim_trace_driver.py, src/sim/workload/trace_driver.py; --steps is ignored).
 //
 // Each rank gets torchrun's variables (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE,
 // MASTER_ADDR, MASTER_PORT, TORCHELASTIC_RUN_ID) and inherits LD_PRELOAD and every FLARE_*
@@ -48,6 +51,7 @@ struct Args {
   std::vector<std::string> passthrough;  // forwarded to each rank
   bool python = false;
   bool pytorch_like = false;  // sim_pytorch_like.py (implies python)
+  std::string trace;          // sim_trace_driver.py on this fixture (implies python)
   std::string python_exe = "python3";
   double timeout_s = 0;
   std::string json;
@@ -70,7 +74,9 @@ struct Args {
       "                       [--eval-loader 0|1]\n"
       "                       [--save-at STEP] [--save-ms MS] [--stats-dir DIR]\n"
       "                       [--python-exe PATH]\n"
-      "                       [--timeout SEC] [--json FILE] [--quiet] [--keep-going]\n");
+      "                       [--timeout SEC] [--json FILE] [--quiet] [--keep-going]\n"
+      "       flare-sim-train --trace FIXTURE [--ranks N] [--speed X] [--source-rank R]\n"
+      "                       [--python-exe PATH] [--timeout SEC] [--json FILE] [--quiet]\n");
   std::exit(2);
 }
 
@@ -109,6 +115,15 @@ Args parse(int argc, char** argv) {
       a.python_exe = v;
     } else if (k == "--json") {
       a.json = v;
+    } else if (k == "--trace") {
+      a.trace = v;
+      a.python = true;
+      a.passthrough.push_back(k);
+      a.passthrough.push_back(v);
+    } else if (k == "--speed" || k == "--source-rank") {
+      if (!positiveNumber(v, &x)) usage(("bad value for " + k + ": '" + v + "'").c_str());
+      a.passthrough.push_back(k);
+      a.passthrough.push_back(v);
     } else if (k == "--stats-dir") {
       a.passthrough.push_back(k);
       a.passthrough.push_back(v);
@@ -144,6 +159,9 @@ Args parse(int argc, char** argv) {
                      k == "--eval-micro-batch" || k == "--eval-loader" || k == "--save-at" ||
                      k == "--save-ms" || k == "--stats-dir";
     if (own && !a.pytorch_like) usage((k + " needs --pytorch-like").c_str());
+    const bool trace_own = k == "--trace" || k == "--speed" || k == "--source-rank";
+    if (trace_own && a.trace.empty()) usage((k + " needs --trace").c_str());
+    if (!trace_own && !a.trace.empty()) usage((k + " is not an option of --trace").c_str());
     if (a.pytorch_like &&
         (k == "--tp" || k == "--ffn" || k == "--extra-kernels" || k == "--copies"))
       usage((k + " is not supported by the PyTorch-like workload").c_str());
@@ -213,10 +231,14 @@ double median(std::vector<double> v) {
 }
 
 void printTable(const Args& a, const std::vector<Rank>& ranks) {
-  std::printf("\nflare-sim-train: %d ranks, %d steps (%s workload)\n", a.ranks, a.steps,
-              a.pytorch_like ? "PyTorch-like Python"
-              : a.python     ? "Python"
-                             : "C++");
+  // A replay's steps are the fixture's: the boundaries rank 0 crossed.
+  const int step_count =
+      a.trace.empty() || ranks.empty() ? a.steps : static_cast<int>(ranks[0].step_ms.size());
+  std::printf("\nflare-sim-train: %d ranks, %d steps (%s workload)\n", a.ranks, step_count,
+              !a.trace.empty() ? "trace replay"
+              : a.pytorch_like ? "PyTorch-like Python"
+              : a.python       ? "Python"
+                               : "C++");
   for (const char* var : {"FLARE_SIM_CLOCK_FACTOR", "FLARE_SIM_LINK_FACTOR", "FLARE_SIM_HOST_STALL",
                           "FLARE_SIM_HANG", "FLARE_SIM_CRASH"}) {
     if (const char* v = std::getenv(var)) std::printf("  fault: %s=%s\n", var, v);
@@ -290,7 +312,9 @@ int main(int argc, char** argv) {
   const fs::path bin = selfDir();
   const fs::path lib_dir = bin.parent_path() / "lib" / "sim";
   const fs::path script = bin.parent_path() / "share" / "flare" /
-                          (a.pytorch_like ? "sim_pytorch_like.py" : "sim_train.py");
+                          (!a.trace.empty() ? "sim_trace_driver.py"
+                           : a.pytorch_like ? "sim_pytorch_like.py"
+                                            : "sim_train.py");
   const fs::path rank_exe = bin / "flare-sim-rank";
   if (!fs::exists(lib_dir / "libcudart.so.13")) {
     std::fprintf(stderr, "flare-sim-train: simulated libraries not found in %s\n", lib_dir.c_str());
