@@ -254,6 +254,65 @@ def test_four_ranks_meet_in_nccl_on_the_recorded_communicators(build_dir, fixtur
         assert groups == [[0, 1], [0, 2], [1, 3], [2, 3]]
 
 
+def test_a_fixture_of_every_rank_is_replayed_rank_by_rank(build_dir, fixture, tmp_path):
+    """A capture of every rank (tests/fixtures/gpu/'s layout, rank<R>.jsonl.gz per rank),
+    replayed with as many ranks: rank r replays recorded rank r. Here two ranks made from the
+    pytorch-like fixture, rank 1's kernels twice as long (an underclocked GPU); their shared
+    communicator becomes one of the two replayed ranks."""
+    records, _ = fixture("pytorch-like")
+    slow = []
+    for r in records:
+        r = dict(r, rank=1)
+        if r["kind"] in ("kernel", "attention"):
+            r["end_ns"] = r["start_ns"] + 2 * r["duration_ns"]
+            r["duration_ns"] *= 2
+        slow.append(r)
+    folder = tmp_path / "capture"
+    folder.mkdir()
+    for rank, recs in ((0, records), (1, slow)):
+        with gzip.open(str(folder / ("rank%d.jsonl.gz" % rank)), "wt") as f:
+            f.write("".join(json.dumps(r) + "\n" for r in recs))
+    got, summaries, _ = replay_to_spool(build_dir, tmp_path, "pytorch-like", str(folder), 2)
+    assert [s["source_rank"] for s in summaries] == [0, 1]
+    assert_reproduces(records, got[0], "rank 0")
+    assert_reproduces(slow, got[1], "rank 1")
+    for rank in (0, 1):
+        coll = [r for r in got[rank] if r["kind"] == "collective"]
+        assert coll and {r["nranks"] for r in coll} == {2}
+    assert {r["comm_hash"] for r in got[0] if r["kind"] == "collective"} == \
+        {r["comm_hash"] for r in got[1] if r["kind"] == "collective"}
+
+
+def test_the_capture_scripts_fixtures_replay(build_dir, tmp_path):
+    """tests/gpu/capture.sh's fixtures, from its simulated mode until a GPU run commits real ones
+    (tests/fixtures/gpu/README.md): a host stall on rank 1 of 2 (each rank replays its own),
+    a stray synchronize inside a traced function (sim_train@injected_sync), unaligned GEMMs."""
+    out = tmp_path / "fixtures"
+    env = clean_env({"OUT": str(out), "FLARE_BUILD_DIR": build_dir, "FLARE_CAPTURE_SIM": "1"})
+    proc = subprocess.run(["bash", os.path.join(ROOT, "tests", "gpu", "capture.sh"), "--steps",
+                           "8", "--only", "host-stall,stray-sync,unaligned-gemm"], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    meta = {f["name"]: f for f in json.loads((out / "metadata.json").read_text())["fixtures"]}
+    TRACED.update({"host-stall": "", "unaligned-gemm": "",
+                   "stray-sync": "sim_train@injected_sync"})
+    for name in ("host-stall", "stray-sync", "unaligned-gemm"):
+        ranks = meta[name]["ranks"]
+        want = {}
+        for r in range(ranks):
+            with gzip.open(str(out / name / ("rank%d.jsonl.gz" % r)), "rt") as f:
+                want[r] = [json.loads(line) for line in f]
+        got, summaries, _ = replay_to_spool(build_dir, tmp_path / ("replay-" + name), name,
+                                            str(out / name), ranks)
+        for r in range(ranks):
+            assert summaries[r]["source_rank"] == r
+            assert summaries[r]["spans_not_reproduced"] == {}
+            recorded = want[r] if ranks > 1 else as_kernels(want[r])
+            assert_reproduces(recorded, got[r], "%s rank %d" % (name, r))
+        if name == "stray-sync":
+            assert any(r["name"] == "sim_train@injected_sync" for r in got[0])
+
+
 def test_speed_scales_host_times_and_durations(build_dir, fixture, tmp_path):
     """--speed 4: issue times and GPU durations a quarter of the recorded ones."""
     records, _ = fixture("pytorch-like")
