@@ -21,6 +21,7 @@ import time
 import pytest
 
 import pipeline_health
+from conftest import python_interpreters
 from test_flared_diagnosis import Daemon
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -311,6 +312,18 @@ def test_the_capture_scripts_fixtures_replay(build_dir, tmp_path):
             assert_reproduces(recorded, got[r], "%s rank %d" % (name, r))
         if name == "stray-sync":
             assert any(r["name"] == "sim_train@injected_sync" for r in got[0])
+
+
+@pytest.mark.parametrize("version", sorted(python_interpreters()))
+def test_every_python_replays_the_spans_and_their_nesting(build_dir, fixture, tmp_path, version):
+    """Python tracing differs by version (the profile hook up to 3.11, sys.monitoring from
+    3.12): on each interpreter the replay's spans, the backward thread's ops nested under the
+    main thread's backward span, and everything else, as recorded."""
+    records, _ = fixture("pytorch-like")
+    got, _, _ = replay_to_spool(build_dir, tmp_path, "pytorch-like",
+                                os.path.join(FIXTURES, "pytorch-like.tar.gz"), 1,
+                                "--python-exe", python_interpreters()[version])
+    assert_reproduces(as_kernels(records), got[0], "python " + version)
 
 
 def test_speed_scales_host_times_and_durations(build_dir, fixture, tmp_path):

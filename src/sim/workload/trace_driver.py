@@ -307,6 +307,13 @@ class Plan:
 # ---- the replay ------------------------------------------------------------------------------
 
 class Replayer:
+    """Runs one rank's Plan against the simulated libraries (through the process's global
+    symbol scope, so that the preloaded hook sees every call). Built and set up on the main
+    thread (streams, buffers, communicators, kernel registrations: before the clock starts);
+    `run` then replays the main thread's events itself and each other recorded thread's on a
+    thread of its own. Shared state (kernel table, span bookkeeping, counters) is guarded by
+    `lock` / `cond`; each replay thread has its own cuBLAS handles and event (`_tls`)."""
+
     def __init__(self, plan, speed, rank):
         import ctypes
         import sim_train as S
@@ -321,7 +328,6 @@ class Replayer:
         fn = S._fn
         self.cudaStreamSynchronize = fn("cudaStreamSynchronize", c_int, c_void_p)
         self.cudaMemsetAsync = fn("cudaMemsetAsync", c_int, c_void_p, c_int, c_size_t, c_void_p)
-        self.cudaMallocHost = fn("cudaMallocHost", c_int, ctypes.POINTER(c_void_p), c_size_t)
         self.gemmStrided = fn("cublasGemmStridedBatchedEx", c_int, c_void_p, c_int, c_int, c_int,
                               c_int, c_int, c_void_p, c_void_p, c_int, c_int, ctypes.c_longlong,
                               c_void_p, c_int, c_int, ctypes.c_longlong, c_void_p, c_void_p,
@@ -394,11 +400,12 @@ class Replayer:
         self.comm = {}
         for h in sorted(plan.comms):
             key, n, r = plan.comms[h]
+            # sim_train's rendezvous (the unique id through FLARE_SIM_RDZV_DIR); it uses no
+            # Model state.
             self.comm[h] = S.Model._comm(None, "trace-%s" % key, n, r)
         for r in plan.records:  # every kernel registered before the clock starts
             if self._as_kernel(r):
                 self._kernel(r["name"], r)
-        self.threads_used = set()
 
     def _as_kernel(self, r):
         k = r["kind"]
