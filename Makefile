@@ -7,7 +7,7 @@ CMAKE_FLAGS += -DFLARE_WERROR=ON
 endif
 PYTHON ?= python3
 
-.PHONY: all deps configure build quiet-build test unit-test py-test demo bench format clean wheel
+.PHONY: all deps configure build quiet-build test unit-test py-test fuzz-test demo bench format clean wheel
 
 all: build
 
@@ -30,7 +30,12 @@ unit-test: build
 py-test: build
 	FLARE_BUILD_DIR=$(abspath $(BUILD_DIR)) $(PYTHON) -m pytest -q tests/python
 
-test: unit-test py-test
+# The libFuzzer targets (ingest, HTTP request head, spool readers) built with clang in
+# $(BUILD_DIR)-fuzz, each run on its seed corpus for 8 s (tools/fuzz/run.sh, tests/fuzz/).
+fuzz-test: deps
+	FLARE_FUZZ_BUILD_DIR=$(abspath $(BUILD_DIR))-fuzz JOBS=$(JOBS) bash tools/fuzz/run.sh 8
+
+test: unit-test py-test fuzz-test
 
 # The pip-installable wheel: the package with the hook, flared and the tools, dependencies
 # vendored (tools/packaging/make-wheel.sh; docs/install.md). Written to $(BUILD_DIR)/wheel/dist.

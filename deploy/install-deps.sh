@@ -16,6 +16,8 @@ DEB_PACKAGES=(
   patchelf
   prometheus
   chromium
+  # clang with libFuzzer and the sanitizers' runtimes: tools/fuzz/run.sh (`make fuzz-test`)
+  clang libclang-rt-dev
 )
 
 missing=()
