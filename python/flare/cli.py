@@ -64,7 +64,11 @@ class CliError(Exception):
 
 
 def parse_address(value, what):
-    """host:port (host may be a name, IPv4 or [IPv6]); raises CliError otherwise."""
+    """host:port (host may be a name, IPv4 or [IPv6]; an HTTP address may start with https://
+    or http://); raises CliError otherwise."""
+    for scheme in ("https://", "http://"):
+        if value.startswith(scheme):
+            value = value[len(scheme):]
     host, sep, port = value.rpartition(":")
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
         raise CliError("%s %r is not HOST:PORT (e.g. %s)" % (what, value, DEFAULT_DAEMON))
@@ -495,13 +499,30 @@ def http_error(base, code, what, why=""):
     return text
 
 
+def api_url(base, path):
+    """flared's HTTP address (HOST:PORT, or https://HOST:PORT when flared serves HTTPS: it has
+    --tls-cert) and a path: the URL."""
+    if base.startswith(("http://", "https://")):
+        return base.rstrip("/") + path
+    return "http://%s%s" % (base, path)
+
+
+def tls_context(url):
+    """For https:// URLs, the roots that verify flared's certificate: FLARE_TLS_CA (the ranks'
+    setting), else the system's."""
+    if not url.startswith("https://"):
+        return None
+    import ssl
+    return ssl.create_default_context(cafile=os.environ.get("FLARE_TLS_CA") or None)
+
+
 def http_get(base, path, timeout):
-    url = "http://%s%s" % (base, path)
+    url = api_url(base, path)
     req = urllib.request.Request(url)
     if auth_token():
         req.add_header("X-Flare-Token", auth_token())
     try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
+        with urllib.request.urlopen(req, timeout=timeout, context=tls_context(url)) as resp:
             body = resp.read()
     except urllib.error.HTTPError as e:
         raise CliError(http_error(base, e.code, path), code=3, status=e.code)
@@ -520,14 +541,14 @@ def http_get(base, path, timeout):
 def http_bytes(base, method, path, timeout, data=None, token=None, content_type=None):
     """One request to flared's HTTP API; the raw answer. Error answers raise CliError carrying
     the daemon's own message."""
-    url = "http://%s%s" % (base, path)
+    url = api_url(base, path)
     req = urllib.request.Request(url, data=data, method=method)
     if content_type:
         req.add_header("Content-Type", content_type)
     if auth_token(token):
         req.add_header("X-Flare-Token", auth_token(token))
     try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
+        with urllib.request.urlopen(req, timeout=timeout, context=tls_context(url)) as resp:
             return resp.read()
     except urllib.error.HTTPError as e:
         try:

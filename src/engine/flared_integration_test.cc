@@ -439,6 +439,18 @@ TEST_F(FlaredTest, TlsWhenGivenCertAndKey) {
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
   v1::ListJobsResponse resp;
   EXPECT_TRUE(tls->ListJobs(&ctx, v1::ListJobsRequest(), &resp).ok());
+  // HTTP is HTTPS with the same certificate.
+  if (system("command -v curl >/dev/null 2>&1") == 0) {
+    FILE* p = popen(("curl -s --max-time 10 --cacert " + cert.string() +
+                     " https://localhost:" + std::to_string(d.http_port) + "/healthz")
+                        .c_str(),
+                    "r");
+    ASSERT_NE(p, nullptr);
+    char buf[64] = {0};
+    const size_t n = fread(buf, 1, sizeof(buf) - 1, p);
+    pclose(p);
+    EXPECT_EQ(std::string(buf, n), "ok\n");
+  }
   // Plaintext is refused on the TLS port.
   auto plain =
       v1::Query::NewStub(grpc::CreateChannel(d.target(), grpc::InsecureChannelCredentials()));

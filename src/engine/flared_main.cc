@@ -70,10 +70,12 @@ std::map<std::string, Flag> defaultFlags() {
   add("token-file", "PATH", "",
       "lines 'job_id token'; job_id '*' sets the token of every other job. Without it every rank "
       "is accepted");
-  add("tls-cert", "PATH", "", "PEM certificate chain: serve gRPC over TLS (needs --tls-key)");
+  add("tls-cert", "PATH", "",
+      "PEM certificate chain: serve gRPC and HTTP over TLS (HTTPS; needs --tls-key)");
   add("tls-key", "PATH", "", "PEM private key for --tls-cert");
   add("tls-client-ca", "PATH", "",
-      "PEM root(s): with TLS, ranks must present a client certificate verified by it");
+      "PEM root(s): with TLS, ranks and HTTP clients must present a client certificate verified "
+      "by it");
   add("max-message-bytes", "N", "8388608",
       "largest message a rank may send (bigger: rejected, counted as oversized)");
   add("max-batch-items", "N", "200000",
@@ -472,6 +474,10 @@ int main(int argc, char** argv) {
   hso.idle_timeout_ms = static_cast<int64_t>(std::max<uint64_t>(num("http-idle-timeout-ms"), 1));
   hso.request_timeout_ms =
       static_cast<int64_t>(std::max<uint64_t>(num("http-request-timeout-ms"), 1));
+  // HTTPS with the gRPC port's TLS options: one certificate for the daemon.
+  hso.tls_cert_file = str("tls-cert");
+  hso.tls_key_file = str("tls-key");
+  hso.tls_client_ca_file = str("tls-client-ca");
   if (bad) return 2;
   HttpServer http([&](const HttpRequest& r) { return api.http(r); }, hso);
   if (str("http") != "off" && !str("http").empty()) {
@@ -487,8 +493,9 @@ int main(int argc, char** argv) {
   sigaction(SIGTERM, &sa, nullptr);
   signal(SIGPIPE, SIG_IGN);
 
-  FLARE_LOG_INFO("engine", "flared: gRPC on port {}{}, HTTP on port {}, db {}", grpc.port(),
+  FLARE_LOG_INFO("engine", "flared: gRPC on port {}{}, HTTP on port {}{}, db {}", grpc.port(),
                  go.tls_cert_file.empty() ? "" : " (TLS)", http.port(),
+                 hso.tls_cert_file.empty() ? "" : " (TLS)",
                  pg ? std::string("PostgreSQL") : so.path);  // a URI may hold a password
   if (!str("ready-file").empty()) {
     const std::string tmp = str("ready-file") + ".tmp";

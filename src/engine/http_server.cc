@@ -3,6 +3,8 @@
 #include <arpa/inet.h>
 #include <fmt/format.h>
 #include <netinet/in.h>
+#include <openssl/err.h>
+#include <openssl/ssl.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <sys/time.h>
@@ -71,8 +73,44 @@ Io waitFor(int fd, short events, int idle_ms, Clock::time_point deadline) {
   }
 }
 
-// Sends all of `s` on the non-blocking `fd` before `deadline`.
-Io writeAll(int fd, const std::string& s, int idle_ms, Clock::time_point deadline) {
+// One connection: its socket and, for HTTPS, its TLS session.
+struct Conn {
+  int fd = -1;
+  SSL* ssl = nullptr;
+};
+
+// What a TLS call that did not complete waits for; kError when it failed.
+Io tlsWait(const Conn& c, int ret, int idle_ms, Clock::time_point deadline) {
+  switch (SSL_get_error(c.ssl, ret)) {
+    case SSL_ERROR_WANT_READ:
+      return waitFor(c.fd, POLLIN, idle_ms, deadline);
+    case SSL_ERROR_WANT_WRITE:
+      return waitFor(c.fd, POLLOUT, idle_ms, deadline);
+    case SSL_ERROR_ZERO_RETURN:
+      return Io::kClosed;
+    default:
+      ERR_clear_error();
+      return Io::kError;
+  }
+}
+
+// Sends all of `s` on the connection before `deadline`.
+Io writeAll(const Conn& c, const std::string& s, int idle_ms, Clock::time_point deadline) {
+  if (c.ssl != nullptr) {
+    size_t off = 0;
+    while (off < s.size()) {
+      const int n = SSL_write(c.ssl, s.data() + off,
+                              static_cast<int>(std::min<size_t>(s.size() - off, 1 << 30)));
+      if (n > 0) {
+        off += static_cast<size_t>(n);
+        continue;
+      }
+      const Io w = tlsWait(c, n, idle_ms, deadline);
+      if (w != Io::kOk) return w == Io::kClosed ? Io::kError : w;
+    }
+    return Io::kOk;
+  }
+  const int fd = c.fd;
   size_t off = 0;
   while (off < s.size()) {
     const ssize_t n = ::send(fd, s.data() + off, s.size() - off, MSG_NOSIGNAL);
@@ -91,10 +129,22 @@ Io writeAll(int fd, const std::string& s, int idle_ms, Clock::time_point deadlin
   return Io::kOk;
 }
 
-// Appends what arrives on the non-blocking `fd` to `buf`: one read, waiting at most `idle_ms`
-// and not past `deadline`.
-Io readSome(int fd, std::string* buf, int idle_ms, Clock::time_point deadline) {
+// Appends what arrives on the connection to `buf`: one read, waiting at most `idle_ms` between
+// bytes and not past `deadline`.
+Io readSome(const Conn& c, std::string* buf, int idle_ms, Clock::time_point deadline) {
   char chunk[4096];
+  if (c.ssl != nullptr) {
+    for (;;) {
+      const int n = SSL_read(c.ssl, chunk, sizeof(chunk));
+      if (n > 0) {
+        buf->append(chunk, static_cast<size_t>(n));
+        return Io::kOk;
+      }
+      const Io w = tlsWait(c, n, idle_ms, deadline);
+      if (w != Io::kOk) return w;
+    }
+  }
+  const int fd = c.fd;
   for (;;) {
     const ssize_t n = ::recv(fd, chunk, sizeof(chunk), 0);
     if (n > 0) {
@@ -136,6 +186,7 @@ HttpServer::HttpServer(Handler handler, HttpServerOptions options)
 
 HttpServer::~HttpServer() {
   stop();
+  if (tls_ != nullptr) SSL_CTX_free(static_cast<SSL_CTX*>(tls_));
 }
 
 size_t HttpServer::connections() const {
@@ -166,6 +217,31 @@ bool HttpServer::urlDecode(const std::string& in, std::string* out) {
 }
 
 bool HttpServer::start(const std::string& address, std::string* error) {
+  if (!options_.tls_cert_file.empty() || !options_.tls_key_file.empty()) {
+    SSL_CTX* ctx = SSL_CTX_new(TLS_server_method());
+    auto tls_error = [&](const std::string& what) {
+      char buf[256] = {0};
+      ERR_error_string_n(ERR_get_error(), buf, sizeof(buf));
+      *error = "HTTPS: " + what + " (" + buf + ")";
+      ERR_clear_error();
+      if (ctx != nullptr) SSL_CTX_free(ctx);
+      return false;
+    };
+    if (ctx == nullptr) return tls_error("cannot create a TLS context");
+    SSL_CTX_set_min_proto_version(ctx, TLS1_2_VERSION);
+    if (SSL_CTX_use_certificate_chain_file(ctx, options_.tls_cert_file.c_str()) != 1 ||
+        SSL_CTX_use_PrivateKey_file(ctx, options_.tls_key_file.c_str(), SSL_FILETYPE_PEM) != 1 ||
+        SSL_CTX_check_private_key(ctx) != 1) {
+      return tls_error("cannot use --tls-cert " + options_.tls_cert_file + " and --tls-key " +
+                       options_.tls_key_file);
+    }
+    if (!options_.tls_client_ca_file.empty()) {
+      if (SSL_CTX_load_verify_locations(ctx, options_.tls_client_ca_file.c_str(), nullptr) != 1)
+        return tls_error("cannot read --tls-client-ca " + options_.tls_client_ca_file);
+      SSL_CTX_set_verify(ctx, SSL_VERIFY_PEER | SSL_VERIFY_FAIL_IF_NO_PEER_CERT, nullptr);
+    }
+    tls_ = ctx;
+  }
   const size_t colon = address.rfind(':');
   if (colon == std::string::npos) {
     *error = "HTTP address must be host:port, got '" + address + "'";
@@ -233,7 +309,8 @@ void HttpServer::serve() {
       if (open_fds_.size() >= options_.max_connections) {
         busy_.fetch_add(1, std::memory_order_relaxed);
         const std::string busy = answer(503, "text/plain", "too many connections\n");
-        ::send(fd, busy.data(), busy.size(), MSG_NOSIGNAL);  // best effort, never waits
+        // Best effort, never waits (HTTPS: just closed; a plain answer would not be read).
+        if (tls_ == nullptr) ::send(fd, busy.data(), busy.size(), MSG_NOSIGNAL);
         ::close(fd);
         continue;
       }
@@ -328,9 +405,37 @@ void HttpServer::serveConnection(int fd) {
   const auto header_deadline =
       std::min(request_deadline, start + std::chrono::milliseconds(options_.header_timeout_ms));
   const int idle_ms = static_cast<int>(std::clamp<int64_t>(options_.idle_timeout_ms, 1, 1 << 30));
+  Conn conn{fd, nullptr};
+  struct TlsSession {
+    SSL* ssl = nullptr;
+    ~TlsSession() {
+      if (ssl == nullptr) return;
+      SSL_shutdown(ssl);  // one close_notify, not waited for
+      SSL_free(ssl);
+    }
+  } session;
+  if (tls_ != nullptr) {
+    session.ssl = SSL_new(static_cast<SSL_CTX*>(tls_));
+    if (session.ssl == nullptr || SSL_set_fd(session.ssl, fd) != 1) return;
+    conn.ssl = session.ssl;
+    // The handshake, under the header timeout (a client that never finishes it is a slow one).
+    for (;;) {
+      const int r = SSL_accept(session.ssl);
+      if (r == 1) break;
+      const Io w = tlsWait(conn, r, idle_ms, header_deadline);
+      if (w == Io::kTimeout) timeouts_.fetch_add(1, std::memory_order_relaxed);
+      if (w != Io::kOk) {
+        if (w == Io::kError) bad_requests_.fetch_add(1, std::memory_order_relaxed);
+        SSL_free(session.ssl);  // no shutdown after a failed handshake
+        session.ssl = nullptr;
+        return;
+      }
+    }
+  }
+  const auto& fd_or_tls = conn;
   auto fail = [&](int status, const std::string& why) {
     bad_requests_.fetch_add(1, std::memory_order_relaxed);
-    writeAll(fd, answer(status, "text/plain", why + "\n"), idle_ms, request_deadline);
+    writeAll(fd_or_tls, answer(status, "text/plain", why + "\n"), idle_ms, request_deadline);
   };
   auto lost = [&](Io io) {  // the client went quiet or away before a whole request
     if (io == Io::kTimeout) timeouts_.fetch_add(1, std::memory_order_relaxed);
@@ -341,7 +446,7 @@ void HttpServer::serveConnection(int fd) {
   while ((header_end = buf.find("\r\n\r\n", searched)) == std::string::npos) {
     if (buf.size() > kMaxHeaderBytes) return fail(413, "headers too large");
     searched = buf.size() < 3 ? 0 : buf.size() - 3;
-    const Io io = readSome(fd, &buf, idle_ms, header_deadline);
+    const Io io = readSome(fd_or_tls, &buf, idle_ms, header_deadline);
     if (io != Io::kOk) return lost(io);
     if (stop_) return;
   }
@@ -356,7 +461,7 @@ void HttpServer::serveConnection(int fd) {
   }
   req.body = buf.substr(header_end + 4);
   while (req.body.size() < content_length) {
-    const Io io = readSome(fd, &req.body, idle_ms, request_deadline);
+    const Io io = readSome(fd_or_tls, &req.body, idle_ms, request_deadline);
     if (io == Io::kTimeout) return lost(io);
     if (io != Io::kOk) return fail(400, "body shorter than content-length");
   }
@@ -368,8 +473,8 @@ void HttpServer::serveConnection(int fd) {
     resp =
         HttpResponse{500, "text/plain; charset=utf-8", std::string("internal error: ") + e.what()};
   }
-  if (writeAll(fd, answer(resp.status, resp.content_type, resp.body), idle_ms, request_deadline) ==
-      Io::kTimeout) {
+  if (writeAll(fd_or_tls, answer(resp.status, resp.content_type, resp.body), idle_ms,
+               request_deadline) == Io::kTimeout) {
     timeouts_.fetch_add(1, std::memory_order_relaxed);
   }
 }

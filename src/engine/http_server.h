@@ -8,6 +8,7 @@
 // any of them is closed (counted as a timeout). So /healthz and /metrics answer at once while
 // hundreds of clients trickle bytes (http_server_test.cc). One request per connection
 // (`Connection: close`): headers up to 16 KiB, body up to 1 MiB; anything malformed gets a 400.
+// With a certificate and key (HttpServerOptions::tls_*), HTTPS only (OpenSSL).
 //
 // Why not a library (docs/operations.md "The HTTP server"): Debian's cpp-httplib serves from a
 // fixed thread pool, so slow clients that hold every pool thread queue the probes behind them
@@ -51,6 +52,12 @@ struct HttpServerOptions {
   int64_t header_timeout_ms = 10000;   // request line and headers complete
   int64_t idle_timeout_ms = 5000;      // longest gap between a client's bytes
   int64_t request_timeout_ms = 30000;  // the whole exchange, handler and answer included
+  // HTTPS (flared's --tls-cert/--tls-key/--tls-client-ca, the gRPC port's options): both files
+  // set, every connection is TLS (1.2 or later; the handshake counts against the header
+  // timeout); with a client CA, clients must present a certificate it verifies.
+  std::string tls_cert_file;
+  std::string tls_key_file;
+  std::string tls_client_ca_file;
 };
 
 class HttpServer {
@@ -86,6 +93,7 @@ class HttpServer {
   void serveConnection(int fd);
 
   Handler handler_;
+  void* tls_ = nullptr;  // SSL_CTX* when serving HTTPS (OpenSSL stays out of this header)
   HttpServerOptions options_;
   int listen_fd_ = -1;
   int port_ = 0;

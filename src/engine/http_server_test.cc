@@ -20,6 +20,9 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
 #include <thread>
 #include <vector>
 
@@ -202,6 +205,50 @@ TEST(HttpServerTest, BodiesArriveWhole) {
   while ((n = ::recv(fd, buf, sizeof(buf), 0)) > 0) out.append(buf, static_cast<size_t>(n));
   ::close(fd);
   EXPECT_THAT(out, HasSubstr("POST hello"));
+}
+
+// HTTPS (the gRPC port's --tls-cert/--tls-key): a TLS client is served, a plaintext one gets no
+// HTTP answer, and a client that starts the handshake and stalls is cut off by the header timeout.
+TEST(HttpServerTest, HttpsWhenGivenCertAndKey) {
+  char tmpl[] = "/tmp/flare_https_XXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  const std::string dir = tmpl, key = dir + "/key.pem", cert = dir + "/cert.pem";
+  const std::string make =
+      "openssl req -x509 -newkey rsa:2048 -nodes -days 1 -subj /CN=localhost "
+      "-addext subjectAltName=DNS:localhost,IP:127.0.0.1 -keyout " +
+      key + " -out " + cert + " >/dev/null 2>&1";
+  if (std::system(make.c_str()) != 0 || std::system("command -v curl >/dev/null 2>&1") != 0) {
+    GTEST_SKIP() << "needs openssl and curl";
+  }
+  HttpServerOptions o;
+  o.tls_cert_file = cert;
+  o.tls_key_file = key;
+  o.header_timeout_ms = 500;
+  HttpServer server(handler, o);
+  std::string err;
+  ASSERT_TRUE(server.start("127.0.0.1:0", &err)) << err;
+  const std::string curl = "curl -s --max-time 10 --cacert " + cert +
+                           " https://localhost:" + std::to_string(server.port()) + "/healthz";
+  FILE* p = ::popen(curl.c_str(), "r");
+  ASSERT_NE(p, nullptr);
+  char buf[256] = {0};
+  const size_t n = std::fread(buf, 1, sizeof(buf) - 1, p);
+  ::pclose(p);
+  EXPECT_EQ(std::string(buf, n), "ok\n");
+  // Plaintext HTTP on the HTTPS port: no HTTP answer.
+  EXPECT_THAT(fetch(server.port(), "/healthz"), ::testing::Not(HasSubstr("HTTP/1.1 200")));
+  // A client that connects and never finishes the handshake is closed by the header timeout.
+  const int stalled = connectTo(server.port());
+  EXPECT_TRUE(closedWithin(stalled, std::chrono::seconds(5)));
+  ::close(stalled);
+  // A wrong key for the certificate: refused at start.
+  HttpServerOptions bad = o;
+  bad.tls_key_file = cert;
+  HttpServer broken(handler, bad);
+  EXPECT_FALSE(broken.start("127.0.0.1:0", &err));
+  EXPECT_THAT(err, HasSubstr("HTTPS"));
+  std::error_code ec;
+  std::filesystem::remove_all(dir, ec);
 }
 
 TEST(HttpParseTest, GoodAndBadHeads) {
