@@ -2,6 +2,8 @@
 // token check in front of the routes (QueryApi::http with tokens configured: every request is
 // answered 401/403 or routed without crashing). Built with -DFLARE_FUZZ=ON by clang
 // (tools/fuzz/run.sh, `make fuzz-test`); seeds in tests/fuzz/http_parse/.
+#include <google/protobuf/stubs/logging.h>
+
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -14,6 +16,12 @@
 
 using namespace flare;
 using namespace flare::engine;
+
+// protobuf's own error line per bad string would flood the run's log (flared turns it off too).
+extern "C" int LLVMFuzzerInitialize(int*, char***) {
+  google::protobuf::SetLogHandler(nullptr);
+  return 0;
+}
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static common::FakeClock clock(1795305600LL * 1000000000LL);

@@ -1,6 +1,8 @@
 // libFuzzer target: the ingest decoder and validator (Ingest::decode, hello, batch, report) on
 // arbitrary bytes. Built with -DFLARE_FUZZ=ON by clang; ctest runs it for a fixed number of
 // inputs (engine_ingest_fuzz_smoke). Run longer: build/bin/flare_ingest_fuzz -max_total_time=60
+#include <google/protobuf/stubs/logging.h>
+
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -20,6 +22,12 @@ class NullChannel : public CommandChannel {
 };
 
 }  // namespace
+
+// protobuf's own error line per bad string would flood the run's log (flared turns it off too).
+extern "C" int LLVMFuzzerInitialize(int*, char***) {
+  google::protobuf::SetLogHandler(nullptr);
+  return 0;
+}
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static common::FakeClock clock(testing::kNow);

@@ -3,6 +3,7 @@
 // pending file and its .meta, sent through a fake transport that accepts the hello). Built with
 // -DFLARE_FUZZ=ON by clang (tools/fuzz/run.sh); seeds in tests/fuzz/spool/ (real spool files).
 #include <fcntl.h>
+#include <google/protobuf/stubs/logging.h>
 #include <sys/file.h>
 #include <unistd.h>
 
@@ -58,6 +59,12 @@ bool writeFile(const std::string& path, const uint8_t* data, size_t size) {
 }
 
 }  // namespace
+
+// protobuf's own error line per bad string would flood the run's log (flared turns it off too).
+extern "C" int LLVMFuzzerInitialize(int*, char***) {
+  google::protobuf::SetLogHandler(nullptr);
+  return 0;
+}
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static const std::string dir = [] {
