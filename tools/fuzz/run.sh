@@ -39,7 +39,7 @@ for pair in flare_ingest_fuzz:ingest flare_http_fuzz:http_parse flare_spool_fuzz
   seeds=$ROOT/tests/fuzz/${pair##*:}
   work=$(mktemp -d)  # new inputs land here, the checked-in seeds stay as they are
   set +e
-  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+  FLARE_LOG_LEVEL=off UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
     "$BUILD/bin/$target" -max_total_time="$SECS" -timeout=10 -rss_limit_mb=2048 -max_len=65536 \
     -print_final_stats=1 -artifact_prefix="$LOGS/$target-" "$work" "$seeds" \
     >"$LOGS/$target.log" 2>&1
