@@ -74,8 +74,8 @@ std::map<std::string, Flag> defaultFlags() {
       "PEM certificate chain: serve gRPC and HTTP over TLS (HTTPS; needs --tls-key)");
   add("tls-key", "PATH", "", "PEM private key for --tls-cert");
   add("tls-client-ca", "PATH", "",
-      "PEM root(s): with TLS, ranks and HTTP clients must present a client certificate verified "
-      "by it");
+      "PEM root(s): with TLS, ranks must present a client certificate verified by it (gRPC; HTTP "
+      "clients authenticate with tokens)");
   add("max-message-bytes", "N", "8388608",
       "largest message a rank may send (bigger: rejected, counted as oversized)");
   add("max-batch-items", "N", "200000",
@@ -474,10 +474,10 @@ int main(int argc, char** argv) {
   hso.idle_timeout_ms = static_cast<int64_t>(std::max<uint64_t>(num("http-idle-timeout-ms"), 1));
   hso.request_timeout_ms =
       static_cast<int64_t>(std::max<uint64_t>(num("http-request-timeout-ms"), 1));
-  // HTTPS with the gRPC port's TLS options: one certificate for the daemon.
+  // HTTPS with the gRPC port's certificate. HTTP clients (Prometheus, the CLI, operators)
+  // authenticate with tokens; --tls-client-ca is for ranks, on the gRPC port only.
   hso.tls_cert_file = str("tls-cert");
   hso.tls_key_file = str("tls-key");
-  hso.tls_client_ca_file = str("tls-client-ca");
   if (bad) return 2;
   HttpServer http([&](const HttpRequest& r) { return api.http(r); }, hso);
   if (str("http") != "off" && !str("http").empty()) {
