@@ -256,11 +256,24 @@ class Flared:
     http_token = None  # sent with every HTTP request when set (flared with a token file)
 
     def get(self, path):
+        import ssl
         import urllib.request
-        req = urllib.request.Request("http://127.0.0.1:%d%s" % (self.http_port, path))
+        # With --tls-cert the HTTP port speaks HTTPS too (same certificate): trusted through the
+        # CA beside the certificate (make_certs' layout).
+        context = None
+        scheme = "http"
+        if "--tls-cert" in self.extra:
+            cert = self.extra[self.extra.index("--tls-cert") + 1]
+            certs = os.path.dirname(cert)
+            context = ssl.create_default_context(cafile=os.path.join(certs, "ca.pem"))
+            if "--tls-client-ca" in self.extra:  # mutual TLS: the client's certificate too
+                context.load_cert_chain(os.path.join(certs, "client.pem"),
+                                        os.path.join(certs, "client.key"))
+            scheme = "https"
+        req = urllib.request.Request("%s://127.0.0.1:%d%s" % (scheme, self.http_port, path))
         if self.http_token:
             req.add_header("X-Flare-Token", self.http_token)
-        with urllib.request.urlopen(req, timeout=10) as r:
+        with urllib.request.urlopen(req, timeout=10, context=context) as r:
             return r.read().decode()
 
     def ranks(self, job):
