@@ -10,6 +10,7 @@
 #include "src/common/job_id.h"
 #include "src/common/log.h"
 #include "src/common/text.h"
+#include "src/engine/auth.h"
 #include "src/engine/metrics.h"
 #include "src/engine/stats/sketch.h"
 #include "src/timing/collective_blocks.h"
@@ -54,17 +55,6 @@ constexpr const char* kDropNames[] = {"ring_full",      "events_exhausted",    "
 // The one job-id rule (src/common/job_id.h), the hook's and the CLI's too.
 bool jobIdValid(const std::string& id) {
   return common::validJobId(id);
-}
-
-bool constantTimeEqual(const std::string& a, const std::string& b) {
-  unsigned char diff = a.size() == b.size() ? 0 : 1;
-  const size_t n = std::max(a.size(), b.size());
-  for (size_t i = 0; i < n; ++i) {
-    const unsigned char x = i < a.size() ? static_cast<unsigned char>(a[i]) : 0;
-    const unsigned char y = i < b.size() ? static_cast<unsigned char>(b[i]) : 0;
-    diff |= static_cast<unsigned char>(x ^ y);
-  }
-  return diff == 0;
 }
 
 bool computesFlops(v1::OpKind k) {
@@ -199,7 +189,7 @@ bool Ingest::tokenValid(const std::string& job_id, const std::string& token) con
   const auto it = config_.job_tokens.find(job_id);
   const std::string& want = it != config_.job_tokens.end() ? it->second : config_.default_token;
   if (want.empty()) return false;
-  return constantTimeEqual(want, token);
+  return constantTimeEquals(want, token);
 }
 
 Ingest::JobState* Ingest::findJob(const std::string& job_id) {
