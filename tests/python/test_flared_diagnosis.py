@@ -14,14 +14,17 @@ from pipeline_health import assert_nothing_refused
 
 
 class Daemon:
-    def __init__(self, build_dir, workdir):
+    """A real flared on free loopback ports (detectors every second); `extra`: more flags."""
+
+    def __init__(self, build_dir, workdir, *extra):
         log = os.path.join(str(workdir), "flared.log")
         self.log_path = log
         self.proc = subprocess.Popen(
             [os.path.join(build_dir, "bin", "flared"), "--listen", "127.0.0.1:0", "--http",
              "127.0.0.1:0", "--db", os.path.join(str(workdir), "flared.db"),
-             "--diagnose-interval-s", "1"], stdout=open(log, "w"), stderr=subprocess.STDOUT)
-        for _ in range(200):
+             "--diagnose-interval-s", "1", *extra], stdout=open(log, "w"),
+            stderr=subprocess.STDOUT)
+        for _ in range(400):
             m = re.search(r"gRPC on port (\d+), HTTP on port (\d+)", open(log).read())
             if m:
                 self.grpc, self.http = int(m.group(1)), int(m.group(2))
@@ -33,6 +36,12 @@ class Daemon:
     def get(self, path):
         with urllib.request.urlopen("http://127.0.0.1:%d%s" % (self.http, path), timeout=10) as r:
             return r.read().decode()
+
+    def json(self, path):
+        return json.loads(self.get(path))
+
+    def alerts(self, job):
+        return self.json("/api/v1/alerts?job=" + job).get("alerts", [])
 
     def stop(self):
         self.proc.send_signal(signal.SIGTERM)

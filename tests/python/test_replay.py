@@ -9,7 +9,6 @@ import gzip
 import json
 import os
 import re
-import signal
 import statistics
 import subprocess
 import tarfile
@@ -17,6 +16,7 @@ import time
 import urllib.request
 
 import pytest
+import test_flared_diagnosis
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 FIXTURES = os.path.join(ROOT, "tests", "fixtures", "sim")
@@ -28,44 +28,13 @@ NAMES = ["healthy", "pytorch-like"]
 RANKS = 8
 
 
-class Daemon:
-    def __init__(self, build_dir, workdir, *extra):
-        log = os.path.join(str(workdir), "flared.log")
-        self.log_path = log
-        self.proc = subprocess.Popen(
-            [os.path.join(build_dir, "bin", "flared"), "--listen", "127.0.0.1:0", "--http",
-             "127.0.0.1:0", "--db", os.path.join(str(workdir), "flared.db"),
-             "--diagnose-interval-s", "1", *extra], stdout=open(log, "w"),
-            stderr=subprocess.STDOUT)
-        for _ in range(400):
-            m = re.search(r"gRPC on port (\d+), HTTP on port (\d+)", open(log).read())
-            if m:
-                self.grpc, self.http = int(m.group(1)), int(m.group(2))
-                return
-            assert self.proc.poll() is None, open(log).read()
-            time.sleep(0.05)
-        raise AssertionError("flared did not start")
-
-    def get(self, path):
-        with urllib.request.urlopen("http://127.0.0.1:%d%s" % (self.http, path), timeout=10) as r:
-            return r.read().decode()
-
-    def json(self, path):
-        return json.loads(self.get(path))
-
-    def alerts(self, job):
-        return self.json("/api/v1/alerts?job=" + job).get("alerts", [])
-
+class Daemon(test_flared_diagnosis.Daemon):
     def rejected(self):
         """What flared refused, from /metrics: every flare_ingest_rejected_total (whole messages)
         and flare_ingest_items_dropped_total (items of a kept batch) series, by name and reason."""
         return {m.group(1) + ":" + m.group(2): float(m.group(3)) for m in re.finditer(
             r'^(flare_ingest_rejected_total|flare_ingest_items_dropped_total)'
             r'\{reason="([^"]+)"\} (\S+)$', self.get("/metrics"), re.M)}
-
-    def stop(self):
-        self.proc.send_signal(signal.SIGTERM)
-        self.proc.wait(timeout=30)
 
 
 def start_daemon(build_dir, tmp_path, *extra):
