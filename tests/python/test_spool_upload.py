@@ -10,56 +10,29 @@ with the same workload traced into a local spool only (the truth).
 import collections
 import json
 import os
-import re
 import signal
 import subprocess
 import threading
 import time
 
 import pytest
+import test_daemon_stream
 
 RANKS = 4
 STEPS = 120
 JOB = "uploadtest"
 
 
-class Flared:
+class Flared(test_daemon_stream.Flared):
+    """test_daemon_stream's flared, persisting every 200 ms; ranks() maps rank -> records held."""
+
     def __init__(self, build_dir, workdir):
-        self.exe = os.path.join(build_dir, "bin", "flared")
-        self.workdir = workdir
-        self.grpc_port = 0
-        self.http_port = 0
-        self.proc = None
-
-    def start(self):
-        log = os.path.join(str(self.workdir), "flared-%d.log" % time.monotonic_ns())
-        cmd = [self.exe, "--listen", "127.0.0.1:%d" % self.grpc_port,
-               "--http", "127.0.0.1:%d" % self.http_port, "--persist-interval-ms", "200",
-               "--db", os.path.join(str(self.workdir), "flared.db")]
-        self.log = open(log, "w+")
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
-        for _ in range(400):
-            m = re.search(r"gRPC on port (\d+), HTTP on port (\d+)", open(log).read())
-            if m:
-                self.grpc_port, self.http_port = int(m.group(1)), int(m.group(2))
-                return self
-            assert self.proc.poll() is None, open(log).read()
-            time.sleep(0.05)
-        raise AssertionError("flared did not start: " + open(log).read())
-
-    def stop(self, sig=signal.SIGTERM):
-        if self.proc is not None:
-            self.proc.send_signal(sig)
-            self.proc.wait(timeout=30)
-            self.proc = None
+        super().__init__(build_dir, workdir, extra=["--persist-interval-ms", "200"])
 
     def ranks(self, job):
         import urllib.error
-        import urllib.request
         try:
-            with urllib.request.urlopen("http://127.0.0.1:%d/api/v1/jobs/%s/ranks"
-                                        % (self.http_port, job), timeout=10) as r:
-                return {x["rank"]: int(x["records"]) for x in json.loads(r.read())["ranks"]}
+            return {r: int(x["records"]) for r, x in super().ranks(job).items()}
         except urllib.error.HTTPError:
             return {}
 
