@@ -5,6 +5,8 @@
 #include <utility>
 #include <vector>
 
+#include "src/common/log.h"
+
 namespace flare::timing {
 
 void encodeStepStats(const StepResult& r, const std::function<int64_t(int64_t)>& to_epoch,
@@ -26,6 +28,10 @@ void encodeStepStats(const StepResult& r, const std::function<int64_t(int64_t)>&
   for (const auto& c : r.causes)
     if (!c.first.empty()) causes.push_back(&c);
   if (causes.size() > StepStats::kMaxHostCauses) {
+    common::logOnce(common::LogLevel::kInfo, "timing", "step-causes-cut",
+                    "flare: a step had {} distinct host causes; the {} that held up the most GPU "
+                    "ops are sent (flared takes no more), the rest left out (logged once)",
+                    causes.size(), StepStats::kMaxHostCauses);
     std::stable_sort(causes.begin(), causes.end(), [](const auto* a, const auto* b) {
       return a->second.count() > b->second.count();
     });
