@@ -198,34 +198,7 @@ class DistributedDataParallel:
 
     @staticmethod
     def _init_comm(rank, world):
-        import ctypes
-        path = os.path.join(os.environ.get("FLARE_SIM_RDZV_DIR", "/tmp"), "pytorch-like.id")
-        uid = ctypes.create_string_buffer(128)
-        if rank == 0:
-            S.check_nccl(S.ncclGetUniqueId(uid), "ncclGetUniqueId")
-            tmp = "%s.tmp.%d" % (path, os.getpid())
-            with open(tmp, "wb") as f:
-                f.write(uid.raw)
-            os.rename(tmp, path)
-        else:
-            deadline = time.time() + 120
-            while True:
-                try:
-                    with open(path, "rb") as f:
-                        data = f.read()
-                    if len(data) == 128:
-                        ctypes.memmove(uid, data, 128)
-                        break
-                except FileNotFoundError:
-                    pass
-                if time.time() > deadline:
-                    raise S.SimError("timed out waiting for the communicator id " + path)
-                time.sleep(0.001)
-        comm = ctypes.c_void_p()
-        S.check_nccl(S.ncclCommInitRank(ctypes.byref(comm), world,
-                                        S.UniqueId.from_buffer_copy(uid.raw), rank),
-                     "ncclCommInitRank")
-        return comm
+        return S.init_comm("pytorch-like", world, rank)
 
     def grad_ready(self, layer):
         """Called on the autograd device thread after `layer`'s backward."""

@@ -402,7 +402,7 @@ class Replayer:
             key, n, r = plan.comms[h]
             # sim_train's rendezvous (the unique id through FLARE_SIM_RDZV_DIR); it uses no
             # Model state.
-            self.comm[h] = S.Model._comm(None, "trace-%s" % key, n, r)
+            self.comm[h] = S.init_comm("trace-%s" % key, n, r)
         for r in plan.records:  # every kernel registered before the clock starts
             if self._as_kernel(r):
                 self._kernel(r["name"], r)

@@ -99,6 +99,38 @@ def check_nccl(err, what):
         raise SimError("%s: %s" % (what, ncclGetErrorString(err).decode()))
 
 
+def init_comm(key, nranks, rank):
+    """A communicator of `nranks` ranks named `key`: rank 0 writes the NCCL unique id to
+    $FLARE_SIM_RDZV_DIR/KEY.id (default /tmp), the others wait up to 120 s for it."""
+    path = os.path.join(os.environ.get("FLARE_SIM_RDZV_DIR", "/tmp"), key + ".id")
+    uid = ctypes.create_string_buffer(128)
+    if rank == 0:
+        check_nccl(ncclGetUniqueId(uid), "ncclGetUniqueId")
+        tmp = "%s.tmp.%d" % (path, os.getpid())
+        with open(tmp, "wb") as f:
+            f.write(uid.raw)
+        os.rename(tmp, path)
+    else:
+        deadline = time.time() + 120
+        while True:
+            try:
+                with open(path, "rb") as f:
+                    data = f.read()
+                if len(data) == 128:
+                    ctypes.memmove(uid, data, 128)
+                    break
+            except FileNotFoundError:
+                pass
+            if time.time() > deadline:
+                raise SimError("timed out waiting for communicator id " + path)
+            time.sleep(0.001)
+    comm = c_void_p()
+    check_nccl(ncclCommInitRank(ctypes.byref(comm), nranks,
+                                UniqueId.from_buffer_copy(uid.raw), rank),
+               "ncclCommInitRank")
+    return comm
+
+
 # ---- kernels ---------------------------------------------------------------------------------
 
 class Kernel:
@@ -200,33 +232,7 @@ class Model:
         return e
 
     def _comm(self, key, nranks, rank):
-        path = os.path.join(os.environ.get("FLARE_SIM_RDZV_DIR", "/tmp"), key + ".id")
-        uid = ctypes.create_string_buffer(128)
-        if rank == 0:
-            check_nccl(ncclGetUniqueId(uid), "ncclGetUniqueId")
-            tmp = "%s.tmp.%d" % (path, os.getpid())
-            with open(tmp, "wb") as f:
-                f.write(uid.raw)
-            os.rename(tmp, path)
-        else:
-            deadline = time.time() + 120
-            while True:
-                try:
-                    with open(path, "rb") as f:
-                        data = f.read()
-                    if len(data) == 128:
-                        ctypes.memmove(uid, data, 128)
-                        break
-                except FileNotFoundError:
-                    pass
-                if time.time() > deadline:
-                    raise SimError("timed out waiting for communicator id " + path)
-                time.sleep(0.001)
-        comm = c_void_p()
-        check_nccl(ncclCommInitRank(ctypes.byref(comm), nranks,
-                                    UniqueId.from_buffer_copy(uid.raw), rank),
-                   "ncclCommInitRank")
-        return comm
+        return init_comm(key, nranks, rank)
 
     def gemm(self, m, n, k, ta, tb):
         check(cublasGemmEx(self.blas, CUBLAS_OP_T if ta else CUBLAS_OP_N,
