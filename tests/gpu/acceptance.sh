@@ -120,8 +120,10 @@ part a "GPU tests (pytest tests/gpu)" "$B_A" sim-skips "$here/run_device.sh" che
 part b "end to end through flared (summary, raw; 1 and 4 ranks)" "$B_B" any \
   "$py" "$here/e2e_flared.py" --kit "$kit" --out "$OUT" --budget-s "$((B_B - 15))" "${sim_flag[@]}"
 part c "accuracy vs CUPTI" "$B_C" torch "$here/run_device.sh" accuracy
+# FLARE_ACCEPTANCE_OVERHEAD_ARGS: more overhead.py arguments (e.g. --workloads launch-bound,gpt-small).
+read -r -a overhead_args <<< "${FLARE_ACCEPTANCE_OVERHEAD_ARGS:-}"
 part d "overhead (bare, summary, raw, torch.profiler)" "$B_D" torch \
-  "$here/run_device.sh" overhead --budget-s "$((B_D - 15))" --window-s 0.5
+  "$here/run_device.sh" overhead --budget-s "$((B_D - 15))" --window-s 0.5 "${overhead_args[@]}"
 part e "coverage (CUDA graphs, torch.compile)" "$B_E" torch \
   "$py" "$here/coverage.py" --kit "$kit" --out "$OUT" --budget-s "$((B_E - 5))"
 "$py" "$here/acceptance_summary.py" finish "$OUT" "$mode" "$total"

@@ -105,8 +105,17 @@ def run_gpu(kit, name, ranks, extra, spool, work, steps, timeout):
         log = open(os.path.join(work, "%s-rank%d.log" % (name, r)), "w")
         procs.append((out, subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)))
     truth = {}
+    give_up = time.monotonic() + timeout
+    try:
+        for r, (out, p) in enumerate(procs):
+            p.wait(timeout=max(1.0, give_up - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        for _, p in procs:  # none may go on using the GPU under the next scenario
+            p.kill()
+            p.wait()
+        raise RuntimeError("ranks still running after %.0f s (killed)" % timeout)
     for r, (out, p) in enumerate(procs):
-        if p.wait(timeout=timeout) != 0:
+        if p.returncode != 0:
             raise RuntimeError("rank %d exited %d" % (r, p.returncode))
         with open(out) as f:
             res = json.load(f)

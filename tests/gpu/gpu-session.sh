@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# One GPU session's whole device call: the acceptance run (acceptance.sh, at most ~8 minutes),
+# then the fixture capture (capture.sh, time-boxed), packed so that what comes back fits the
+# device tool's limits (a handful of files, at most two folders down):
+#   $OUT/acceptance/{summary.md,summary.json,nvidia-smi.txt,details.tar.gz}
+#   $OUT/fixtures.tar.gz   capture.sh's output (tests/fixtures/gpu/ layout), $OUT/capture.log
+#   $OUT/session.log       this script's own progress, with times
+# Budgets: FLARE_ACCEPTANCE_BUDGET_* as acceptance.sh reads them; FLARE_CAPTURE_BUDGET_S (90)
+# and FLARE_CAPTURE_ARGS (--steps 12) for the capture; FLARE_SESSION_SKIP_CAPTURE=1 skips it.
+#
+# Usage, from the repository root with the kit at .gpukit (tools/gpu-kit/make-kit.sh build .gpukit):
+#   OUT=/some/dir tests/gpu/gpu-session.sh
+set -uo pipefail
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+OUT=${OUT:-/tmp/flare-gpu-session}
+mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
+export FLARE_BUILD_DIR=${FLARE_BUILD_DIR:-$PWD/.gpukit}
+log() { echo "$(date -u +%H:%M:%S) $*" | tee -a "$OUT/session.log" >&2; }
+t0=$(date +%s)
+log "session: kit $FLARE_BUILD_DIR ($(cat "$FLARE_BUILD_DIR/VERSION" 2>/dev/null))"
+OUT=$OUT/acceptance bash "$here/acceptance.sh" >> "$OUT/session.log" 2>&1
+log "acceptance: exit $? after $(($(date +%s) - t0)) s"
+if [ "${FLARE_SESSION_SKIP_CAPTURE:-0}" != 1 ]; then
+  cap=$(mktemp -d /tmp/flare-fixtures.XXXXXX)
+  budget=${FLARE_CAPTURE_BUDGET_S:-90}
+  read -r -a cap_args <<< "${FLARE_CAPTURE_ARGS:---steps 12}"
+  OUT=$cap timeout --kill-after=10 $((budget + 20)) bash "$here/capture.sh" --budget-s "$budget" \
+    "${cap_args[@]}" > "$OUT/capture.log" 2>&1
+  log "capture: exit $? after $(($(date +%s) - t0)) s"
+  tar -C "$cap" -czf "$OUT/fixtures.tar.gz" .
+fi
+log "session: done in $(($(date +%s) - t0)) s"
