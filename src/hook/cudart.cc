@@ -1,6 +1,7 @@
 // Interposed CUDA runtime calls: kernel launches, graph launches, async copies/sets (timed on
 // the GPU), and the synchronization calls (recorded as host spans: they are what kernel-issue
 // stalls are made of).
+#include <cuda.h>
 #include <cuda_runtime_api.h>
 
 #include <cstring>
@@ -33,6 +34,33 @@ std::string runtimeKernelName(const void* func) {
 timing::OpInfo kernelInfo(const void* func, void** args, dim3 grid, dim3 block) {
   return kernelLaunchInfo(kernelSignature(func, runtimeKernelName), args, grid.x, grid.y, grid.z,
                           block.x, block.y, block.z);
+}
+
+// The name of a cudaKernel_t (the same object as the driver's CUkernel): cuKernelGetName, else
+// cudaFuncGetName, which takes a cudaKernel_t where it takes a function symbol.
+RealFn<CUresult (*)(const char**, CUkernel)> g_kernel_get_name{"cuKernelGetName", "libcuda.so"};
+
+std::string kernelHandleName(const void* handle) {
+  const char* name = nullptr;
+  auto fn = g_kernel_get_name.get();
+  if (fn && fn(&name, static_cast<CUkernel>(const_cast<void*>(handle))) == CUDA_SUCCESS && name) {
+    return demangle(name);
+  }
+  return runtimeKernelName(handle);
+}
+
+timing::OpInfo kernelHandleInfo(cudaKernel_t kernel, void** args, dim3 grid, dim3 block) {
+  return kernelLaunchInfo(kernelSignature(kernel, kernelHandleName), args, grid.x, grid.y, grid.z,
+                          block.x, block.y, block.z);
+}
+
+template <typename Real>
+cudaError_t launchHandle(Real real, cudaKernel_t kernel, dim3 grid, dim3 block, void** args,
+                         size_t shmem, cudaStream_t stream) {
+  if (!real) return cudaErrorInsufficientDriver;
+  return timedCall(
+      stream, [&] { return kernelHandleInfo(kernel, args, grid, block); }, ok,
+      [&] { return real(kernel, grid, block, args, shmem, stream); });
 }
 
 // `name` is a string literal: its address identifies it, so the per-call key costs no hashing
@@ -105,6 +133,43 @@ FLARE_EXPORT cudaError_t cudaLaunchKernelExC(const cudaLaunchConfig_t* config, c
                       : kernelInfo(func, args, dim3(), dim3());
       },
       ok, [&] { return real(config, func, args); });
+}
+
+// The per-thread-default-stream variants (code built with --default-stream per-thread).
+FLARE_EXPORT cudaError_t cudaLaunchKernel_ptsz(const void* func, dim3 grid, dim3 block, void** args,
+                                               size_t shmem, cudaStream_t stream) {
+  auto real = g_cudart.launchKernelPtsz.get();
+  if (!real) return cudaErrorInsufficientDriver;
+  return timedCall(
+      stream, [&] { return kernelInfo(func, args, grid, block); }, ok,
+      [&] { return real(func, grid, block, args, shmem, stream); });
+}
+
+FLARE_EXPORT cudaError_t cudaLaunchKernelExC_ptsz(const cudaLaunchConfig_t* config,
+                                                  const void* func, void** args) {
+  auto real = g_cudart.launchKernelExCPtsz.get();
+  if (!real) return cudaErrorInsufficientDriver;
+  return timedCall(
+      config ? config->stream : nullptr,
+      [&] {
+        return config ? kernelInfo(func, args, config->gridDim, config->blockDim)
+                      : kernelInfo(func, args, dim3(), dim3());
+      },
+      ok, [&] { return real(config, func, args); });
+}
+
+// `<<<>>>` as CUDA 13's nvcc compiles it: the stub looks the kernel up once (__cudaGetKernel)
+// and launches its handle here. Without these, no kernel of a CUDA 13 build (PyTorch's
+// elementwise, reduction, attention and optimizer kernels) would be recorded.
+FLARE_EXPORT cudaError_t __cudaLaunchKernel(cudaKernel_t kernel, dim3 grid, dim3 block, void** args,
+                                            size_t shmem, cudaStream_t stream) {
+  return launchHandle(g_cudart.launchKernelHandle.get(), kernel, grid, block, args, shmem, stream);
+}
+
+FLARE_EXPORT cudaError_t __cudaLaunchKernel_ptsz(cudaKernel_t kernel, dim3 grid, dim3 block,
+                                                 void** args, size_t shmem, cudaStream_t stream) {
+  return launchHandle(g_cudart.launchKernelHandlePtsz.get(), kernel, grid, block, args, shmem,
+                      stream);
 }
 
 FLARE_EXPORT cudaError_t cudaLaunchCooperativeKernel(const void* func, dim3 grid, dim3 block,

@@ -17,10 +17,19 @@ struct CudartFns {
       "cudaLaunchKernel", kCudartLib};
   RealFn<cudaError_t (*)(const cudaLaunchConfig_t*, const void*, void**)> launchKernelExC{
       "cudaLaunchKernelExC", kCudartLib};
+  RealFn<cudaError_t (*)(const void*, dim3, dim3, void**, size_t, cudaStream_t)> launchKernelPtsz{
+      "cudaLaunchKernel_ptsz", kCudartLib};
+  RealFn<cudaError_t (*)(const cudaLaunchConfig_t*, const void*, void**)> launchKernelExCPtsz{
+      "cudaLaunchKernelExC_ptsz", kCudartLib};
+  // CUDA 13's nvcc stubs: `<<<>>>` launches through these with the kernel's cudaKernel_t
+  // (crt/host_runtime.h, unless __NV_LEGACY_LAUNCH). PyTorch's own kernels come this way.
+  RealFn<cudaError_t (*)(cudaKernel_t, dim3, dim3, void**, size_t, cudaStream_t)>
+      launchKernelHandle{"__cudaLaunchKernel", kCudartLib};
+  RealFn<cudaError_t (*)(cudaKernel_t, dim3, dim3, void**, size_t, cudaStream_t)>
+      launchKernelHandlePtsz{"__cudaLaunchKernel_ptsz", kCudartLib};
   RealFn<cudaError_t (*)(const void*, dim3, dim3, void**, size_t, cudaStream_t)>
       launchCooperativeKernel{"cudaLaunchCooperativeKernel", kCudartLib};
-  RealFn<cudaError_t (*)(cudaGraphExec_t, cudaStream_t)> graphLaunch{"cudaGraphLaunch",
-                                                                     kCudartLib};
+  RealFn<cudaError_t (*)(cudaGraphExec_t, cudaStream_t)> graphLaunch{"cudaGraphLaunch", kCudartLib};
   RealFn<cudaError_t (*)(void*, const void*, size_t, cudaMemcpyKind, cudaStream_t)> memcpyAsync{
       "cudaMemcpyAsync", kCudartLib};
   RealFn<cudaError_t (*)(void*, int, size_t, cudaStream_t)> memsetAsync{"cudaMemsetAsync",

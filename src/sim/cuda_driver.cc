@@ -4,11 +4,11 @@
 // the entry points Flare's hook, the simulated runtime/libraries and the sim workloads use
 // are provided; cuGetProcAddress answers CUDA_ERROR_NOT_FOUND for the others, as the real
 // driver does for symbols it does not have.
-#include <cuda.h>
 #include <unistd.h>
 
-#include <algorithm>
+#include <cuda.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
@@ -46,7 +46,9 @@ CUctx_st* primaryContext(int device) {
   return &ctx[device];
 }
 
-bool validDevice(int d) { return d >= 0 && d < settings().devices; }
+bool validDevice(int d) {
+  return d >= 0 && d < settings().devices;
+}
 
 // Memory: device allocations are host memory, 256-byte aligned like cudaMalloc's.
 CUresult allocate(CUdeviceptr* p, size_t bytes) {
@@ -84,8 +86,8 @@ CUresult setAsync(void* dst, int value, size_t bytes, CUstream stream) {
   op.activity = FLARE_SIM_ACTIVITY_MEMSET;
   op.bytes = bytes;
   op.name = "memset";
-  op.duration_ns =
-      static_cast<Ns>((1e-6 + bytes / (settings().mem_bw_gbps * 1e9)) * 1e9 * settings().time_scale);
+  op.duration_ns = static_cast<Ns>((1e-6 + bytes / (settings().mem_bw_gbps * 1e9)) * 1e9 *
+                                   settings().time_scale);
   op.host = [dst, value, bytes] {
     if (bytes) std::memset(dst, value, bytes);
   };
@@ -109,20 +111,42 @@ SIM_API CUresult cuDriverGetVersion(int* version) {
 SIM_API CUresult cuGetErrorName(CUresult error, const char** str) {
   if (!str) return CUDA_ERROR_INVALID_VALUE;
   switch (error) {
-    case CUDA_SUCCESS: *str = "CUDA_SUCCESS"; break;
-    case CUDA_ERROR_INVALID_VALUE: *str = "CUDA_ERROR_INVALID_VALUE"; break;
-    case CUDA_ERROR_OUT_OF_MEMORY: *str = "CUDA_ERROR_OUT_OF_MEMORY"; break;
-    case CUDA_ERROR_NOT_INITIALIZED: *str = "CUDA_ERROR_NOT_INITIALIZED"; break;
-    case CUDA_ERROR_DEINITIALIZED: *str = "CUDA_ERROR_DEINITIALIZED"; break;
-    case CUDA_ERROR_INVALID_DEVICE: *str = "CUDA_ERROR_INVALID_DEVICE"; break;
-    case CUDA_ERROR_INVALID_HANDLE: *str = "CUDA_ERROR_INVALID_HANDLE"; break;
-    case CUDA_ERROR_NOT_FOUND: *str = "CUDA_ERROR_NOT_FOUND"; break;
-    case CUDA_ERROR_NOT_READY: *str = "CUDA_ERROR_NOT_READY"; break;
-    case CUDA_ERROR_ILLEGAL_STATE: *str = "CUDA_ERROR_ILLEGAL_STATE"; break;
+    case CUDA_SUCCESS:
+      *str = "CUDA_SUCCESS";
+      break;
+    case CUDA_ERROR_INVALID_VALUE:
+      *str = "CUDA_ERROR_INVALID_VALUE";
+      break;
+    case CUDA_ERROR_OUT_OF_MEMORY:
+      *str = "CUDA_ERROR_OUT_OF_MEMORY";
+      break;
+    case CUDA_ERROR_NOT_INITIALIZED:
+      *str = "CUDA_ERROR_NOT_INITIALIZED";
+      break;
+    case CUDA_ERROR_DEINITIALIZED:
+      *str = "CUDA_ERROR_DEINITIALIZED";
+      break;
+    case CUDA_ERROR_INVALID_DEVICE:
+      *str = "CUDA_ERROR_INVALID_DEVICE";
+      break;
+    case CUDA_ERROR_INVALID_HANDLE:
+      *str = "CUDA_ERROR_INVALID_HANDLE";
+      break;
+    case CUDA_ERROR_NOT_FOUND:
+      *str = "CUDA_ERROR_NOT_FOUND";
+      break;
+    case CUDA_ERROR_NOT_READY:
+      *str = "CUDA_ERROR_NOT_READY";
+      break;
+    case CUDA_ERROR_ILLEGAL_STATE:
+      *str = "CUDA_ERROR_ILLEGAL_STATE";
+      break;
     case CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED:
       *str = "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED";
       break;
-    default: *str = nullptr; return CUDA_ERROR_INVALID_VALUE;
+    default:
+      *str = nullptr;
+      return CUDA_ERROR_INVALID_VALUE;
   }
   return CUDA_SUCCESS;
 }
@@ -130,20 +154,42 @@ SIM_API CUresult cuGetErrorName(CUresult error, const char** str) {
 SIM_API CUresult cuGetErrorString(CUresult error, const char** str) {
   if (!str) return CUDA_ERROR_INVALID_VALUE;
   switch (error) {
-    case CUDA_SUCCESS: *str = "no error"; break;
-    case CUDA_ERROR_INVALID_VALUE: *str = "invalid argument"; break;
-    case CUDA_ERROR_OUT_OF_MEMORY: *str = "out of memory"; break;
-    case CUDA_ERROR_NOT_INITIALIZED: *str = "initialization error"; break;
-    case CUDA_ERROR_DEINITIALIZED: *str = "driver shutting down"; break;
-    case CUDA_ERROR_INVALID_DEVICE: *str = "invalid device ordinal"; break;
-    case CUDA_ERROR_INVALID_HANDLE: *str = "invalid resource handle"; break;
-    case CUDA_ERROR_NOT_FOUND: *str = "named symbol not found"; break;
-    case CUDA_ERROR_NOT_READY: *str = "device not ready"; break;
-    case CUDA_ERROR_ILLEGAL_STATE: *str = "the operation is not permitted in this state"; break;
+    case CUDA_SUCCESS:
+      *str = "no error";
+      break;
+    case CUDA_ERROR_INVALID_VALUE:
+      *str = "invalid argument";
+      break;
+    case CUDA_ERROR_OUT_OF_MEMORY:
+      *str = "out of memory";
+      break;
+    case CUDA_ERROR_NOT_INITIALIZED:
+      *str = "initialization error";
+      break;
+    case CUDA_ERROR_DEINITIALIZED:
+      *str = "driver shutting down";
+      break;
+    case CUDA_ERROR_INVALID_DEVICE:
+      *str = "invalid device ordinal";
+      break;
+    case CUDA_ERROR_INVALID_HANDLE:
+      *str = "invalid resource handle";
+      break;
+    case CUDA_ERROR_NOT_FOUND:
+      *str = "named symbol not found";
+      break;
+    case CUDA_ERROR_NOT_READY:
+      *str = "device not ready";
+      break;
+    case CUDA_ERROR_ILLEGAL_STATE:
+      *str = "the operation is not permitted in this state";
+      break;
     case CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED:
       *str = "operation not permitted when stream is capturing";
       break;
-    default: *str = nullptr; return CUDA_ERROR_INVALID_VALUE;
+    default:
+      *str = nullptr;
+      return CUDA_ERROR_INVALID_VALUE;
   }
   return CUDA_SUCCESS;
 }
@@ -194,18 +240,42 @@ SIM_API CUresult cuDeviceGetAttribute(int* value, CUdevice_attribute attr, CUdev
   if (!value) return CUDA_ERROR_INVALID_VALUE;
   if (!validDevice(dev)) return CUDA_ERROR_INVALID_DEVICE;
   switch (attr) {  // an H100 SXM's values
-    case CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT: *value = 132; break;
-    case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: *value = 9; break;
-    case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR: *value = 0; break;
-    case CU_DEVICE_ATTRIBUTE_CLOCK_RATE: *value = static_cast<int>(1980000 * settings().clock_factor); break;
-    case CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE: *value = 2619000; break;
-    case CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH: *value = 5120; break;
-    case CU_DEVICE_ATTRIBUTE_WARP_SIZE: *value = 32; break;
-    case CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK: *value = 1024; break;
-    case CU_DEVICE_ATTRIBUTE_PCI_BUS_ID: *value = 0x18 + dev; break;
-    case CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID: *value = 0; break;
-    case CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID: *value = 0; break;
-    default: *value = 0; break;
+    case CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT:
+      *value = 132;
+      break;
+    case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR:
+      *value = 9;
+      break;
+    case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR:
+      *value = 0;
+      break;
+    case CU_DEVICE_ATTRIBUTE_CLOCK_RATE:
+      *value = static_cast<int>(1980000 * settings().clock_factor);
+      break;
+    case CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE:
+      *value = 2619000;
+      break;
+    case CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH:
+      *value = 5120;
+      break;
+    case CU_DEVICE_ATTRIBUTE_WARP_SIZE:
+      *value = 32;
+      break;
+    case CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK:
+      *value = 1024;
+      break;
+    case CU_DEVICE_ATTRIBUTE_PCI_BUS_ID:
+      *value = 0x18 + dev;
+      break;
+    case CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID:
+      *value = 0;
+      break;
+    case CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID:
+      *value = 0;
+      break;
+    default:
+      *value = 0;
+      break;
   }
   return CUDA_SUCCESS;
 }
@@ -238,7 +308,9 @@ SIM_API CUresult cuCtxGetDevice(CUdevice* device) {
   return CUDA_SUCCESS;
 }
 
-SIM_API CUresult cuCtxSynchronize(void) { return synchronizeDevice(); }
+SIM_API CUresult cuCtxSynchronize(void) {
+  return synchronizeDevice();
+}
 
 SIM_API CUresult cuMemGetInfo(size_t* free_bytes, size_t* total) {
   if (!free_bytes || !total) return CUDA_ERROR_INVALID_VALUE;
@@ -248,7 +320,9 @@ SIM_API CUresult cuMemGetInfo(size_t* free_bytes, size_t* total) {
   return CUDA_SUCCESS;
 }
 
-SIM_API CUresult cuMemAlloc(CUdeviceptr* p, size_t bytes) { return allocate(p, bytes); }
+SIM_API CUresult cuMemAlloc(CUdeviceptr* p, size_t bytes) {
+  return allocate(p, bytes);
+}
 
 SIM_API CUresult cuMemFree(CUdeviceptr p) {
   if (!p) return CUDA_SUCCESS;
@@ -429,6 +503,11 @@ SIM_API CUresult cuFuncGetName(const char** name, CUfunction func) {
   return CUDA_SUCCESS;
 }
 
+// A CUkernel (a runtime cudaKernel_t) is its CUfunction here: the simulator has one context.
+SIM_API CUresult cuKernelGetName(const char** name, CUkernel kernel) {
+  return cuFuncGetName(name, reinterpret_cast<CUfunction>(kernel));
+}
+
 SIM_API CUresult cuLaunchKernel(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz,
                                 unsigned int bx, unsigned int by, unsigned int bz,
                                 unsigned int shared_mem, CUstream stream, void** params,
@@ -525,6 +604,7 @@ const std::unordered_map<std::string_view, void*>& procTable() {
       SIM_PROC("cuModuleUnload", cuModuleUnload),
       SIM_PROC("cuModuleGetFunction", cuModuleGetFunction),
       SIM_PROC("cuFuncGetName", cuFuncGetName),
+      SIM_PROC("cuKernelGetName", cuKernelGetName),
       SIM_PROC("cuLaunchKernel", cuLaunchKernel),
       SIM_PROC("cuLaunchKernelEx", cuLaunchKernelEx),
       SIM_PROC("cuGraphInstantiate", cuGraphInstantiateWithFlags),

@@ -4,9 +4,10 @@
 // from cuGetProcAddress into one table, so a tool that wraps cuGetProcAddress sees the
 // runtime's own kernel launches (the real runtime behaves the same way). Signatures come from
 // the real <cuda_runtime_api.h>.
+#include <dlfcn.h>
+
 #include <cuda.h>
 #include <cuda_runtime_api.h>
-#include <dlfcn.h>
 
 #include <cstdio>
 #include <cstdlib>
@@ -56,8 +57,8 @@ struct DriverFns {
   CUresult (*cuModuleLoadData)(CUmodule*, const void*);
   CUresult (*cuModuleGetFunction)(CUfunction*, CUmodule, const char*);
   CUresult (*cuFuncGetName)(const char**, CUfunction);
-  CUresult (*cuLaunchKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned,
-                             unsigned, unsigned, CUstream, void**, void**);
+  CUresult (*cuLaunchKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                             unsigned, CUstream, void**, void**);
   CUresult (*cuGraphInstantiateWithFlags)(CUgraphExec*, CUgraph, unsigned long long);
   CUresult (*cuGraphLaunch)(CUgraphExec, CUstream);
   CUresult (*cuGraphExecDestroy)(CUgraphExec);
@@ -80,23 +81,54 @@ bool resolve(T& slot, const char* name) {
 cudaError_t loadDriver() {
   void* h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL);
   if (!h) return cudaErrorInsufficientDriver;
-  auto* gpa = reinterpret_cast<decltype(DriverFns::cuGetProcAddress)>(
-      dlsym(h, "cuGetProcAddress_v2"));
+  auto* gpa =
+      reinterpret_cast<decltype(DriverFns::cuGetProcAddress)>(dlsym(h, "cuGetProcAddress_v2"));
   if (!gpa) return cudaErrorInsufficientDriver;
   g_drv = new DriverFns();
   g_drv->cuGetProcAddress = gpa;
   bool ok = true;
 #define R(name) ok &= resolve(g_drv->name, #name)
-  R(cuInit); R(cuDriverGetVersion); R(cuDeviceGetCount); R(cuDeviceGetName); R(cuDeviceGetUuid);
-  R(cuDeviceTotalMem); R(cuDeviceGetAttribute); R(cuDevicePrimaryCtxRetain); R(cuCtxSetCurrent);
-  R(cuCtxSynchronize); R(cuMemGetInfo); R(cuMemAlloc); R(cuMemFree); R(cuMemcpyAsync);
-  R(cuMemcpyHtoDAsync); R(cuMemcpyDtoHAsync); R(cuMemsetD8Async); R(cuStreamCreateWithPriority);
-  R(cuStreamGetPriority); R(cuStreamDestroy); R(cuStreamSynchronize); R(cuStreamQuery);
-  R(cuStreamWaitEvent); R(cuStreamBeginCapture); R(cuStreamEndCapture); R(cuStreamIsCapturing);
-  R(cuLaunchHostFunc); R(cuEventCreate); R(cuEventRecord); R(cuEventQuery);
-  R(cuEventSynchronize); R(cuEventElapsedTime); R(cuEventDestroy); R(cuModuleLoadData);
-  R(cuModuleGetFunction); R(cuFuncGetName); R(cuLaunchKernel); R(cuGraphInstantiateWithFlags);
-  R(cuGraphLaunch); R(cuGraphExecDestroy); R(cuGraphDestroy);
+  R(cuInit);
+  R(cuDriverGetVersion);
+  R(cuDeviceGetCount);
+  R(cuDeviceGetName);
+  R(cuDeviceGetUuid);
+  R(cuDeviceTotalMem);
+  R(cuDeviceGetAttribute);
+  R(cuDevicePrimaryCtxRetain);
+  R(cuCtxSetCurrent);
+  R(cuCtxSynchronize);
+  R(cuMemGetInfo);
+  R(cuMemAlloc);
+  R(cuMemFree);
+  R(cuMemcpyAsync);
+  R(cuMemcpyHtoDAsync);
+  R(cuMemcpyDtoHAsync);
+  R(cuMemsetD8Async);
+  R(cuStreamCreateWithPriority);
+  R(cuStreamGetPriority);
+  R(cuStreamDestroy);
+  R(cuStreamSynchronize);
+  R(cuStreamQuery);
+  R(cuStreamWaitEvent);
+  R(cuStreamBeginCapture);
+  R(cuStreamEndCapture);
+  R(cuStreamIsCapturing);
+  R(cuLaunchHostFunc);
+  R(cuEventCreate);
+  R(cuEventRecord);
+  R(cuEventQuery);
+  R(cuEventSynchronize);
+  R(cuEventElapsedTime);
+  R(cuEventDestroy);
+  R(cuModuleLoadData);
+  R(cuModuleGetFunction);
+  R(cuFuncGetName);
+  R(cuLaunchKernel);
+  R(cuGraphInstantiateWithFlags);
+  R(cuGraphLaunch);
+  R(cuGraphExecDestroy);
+  R(cuGraphDestroy);
 #undef R
   if (!ok) return cudaErrorInsufficientDriver;
   return g_drv->cuInit(0) == CUDA_SUCCESS ? cudaSuccess : cudaErrorInitializationError;
@@ -121,7 +153,9 @@ cudaError_t ret(cudaError_t e) {
   if (e != cudaSuccess && e != cudaErrorNotReady) t_last_error = e;
   return e;
 }
-cudaError_t ret(CUresult r) { return ret(fromDriver(r)); }
+cudaError_t ret(CUresult r) {
+  return ret(fromDriver(r));
+}
 
 #define ENSURE_READY() \
   if (!ready()) return ret(g_init_error)
@@ -211,47 +245,77 @@ SIM_API cudaError_t cudaGetLastError(void) {
   return e;
 }
 
-SIM_API cudaError_t cudaPeekAtLastError(void) { return t_last_error; }
+SIM_API cudaError_t cudaPeekAtLastError(void) {
+  return t_last_error;
+}
 
 SIM_API const char* cudaGetErrorName(cudaError_t error) {
   switch (error) {
-    case cudaSuccess: return "cudaSuccess";
-    case cudaErrorInvalidValue: return "cudaErrorInvalidValue";
-    case cudaErrorMemoryAllocation: return "cudaErrorMemoryAllocation";
-    case cudaErrorInitializationError: return "cudaErrorInitializationError";
-    case cudaErrorCudartUnloading: return "cudaErrorCudartUnloading";
-    case cudaErrorMissingConfiguration: return "cudaErrorMissingConfiguration";
-    case cudaErrorInvalidDeviceFunction: return "cudaErrorInvalidDeviceFunction";
-    case cudaErrorInvalidDevice: return "cudaErrorInvalidDevice";
-    case cudaErrorInsufficientDriver: return "cudaErrorInsufficientDriver";
-    case cudaErrorInvalidResourceHandle: return "cudaErrorInvalidResourceHandle";
-    case cudaErrorIllegalState: return "cudaErrorIllegalState";
-    case cudaErrorSymbolNotFound: return "cudaErrorSymbolNotFound";
-    case cudaErrorNotReady: return "cudaErrorNotReady";
-    case cudaErrorStreamCaptureUnsupported: return "cudaErrorStreamCaptureUnsupported";
-    default: return "cudaErrorUnknown";
+    case cudaSuccess:
+      return "cudaSuccess";
+    case cudaErrorInvalidValue:
+      return "cudaErrorInvalidValue";
+    case cudaErrorMemoryAllocation:
+      return "cudaErrorMemoryAllocation";
+    case cudaErrorInitializationError:
+      return "cudaErrorInitializationError";
+    case cudaErrorCudartUnloading:
+      return "cudaErrorCudartUnloading";
+    case cudaErrorMissingConfiguration:
+      return "cudaErrorMissingConfiguration";
+    case cudaErrorInvalidDeviceFunction:
+      return "cudaErrorInvalidDeviceFunction";
+    case cudaErrorInvalidDevice:
+      return "cudaErrorInvalidDevice";
+    case cudaErrorInsufficientDriver:
+      return "cudaErrorInsufficientDriver";
+    case cudaErrorInvalidResourceHandle:
+      return "cudaErrorInvalidResourceHandle";
+    case cudaErrorIllegalState:
+      return "cudaErrorIllegalState";
+    case cudaErrorSymbolNotFound:
+      return "cudaErrorSymbolNotFound";
+    case cudaErrorNotReady:
+      return "cudaErrorNotReady";
+    case cudaErrorStreamCaptureUnsupported:
+      return "cudaErrorStreamCaptureUnsupported";
+    default:
+      return "cudaErrorUnknown";
   }
 }
 
 SIM_API const char* cudaGetErrorString(cudaError_t error) {
   switch (error) {
-    case cudaSuccess: return "no error";
-    case cudaErrorInvalidValue: return "invalid argument";
-    case cudaErrorMemoryAllocation: return "out of memory";
-    case cudaErrorInitializationError: return "initialization error";
-    case cudaErrorCudartUnloading: return "driver shutting down";
-    case cudaErrorMissingConfiguration: return "__global__ function call is not configured";
-    case cudaErrorInvalidDeviceFunction: return "invalid device function";
-    case cudaErrorInvalidDevice: return "invalid device ordinal";
+    case cudaSuccess:
+      return "no error";
+    case cudaErrorInvalidValue:
+      return "invalid argument";
+    case cudaErrorMemoryAllocation:
+      return "out of memory";
+    case cudaErrorInitializationError:
+      return "initialization error";
+    case cudaErrorCudartUnloading:
+      return "driver shutting down";
+    case cudaErrorMissingConfiguration:
+      return "__global__ function call is not configured";
+    case cudaErrorInvalidDeviceFunction:
+      return "invalid device function";
+    case cudaErrorInvalidDevice:
+      return "invalid device ordinal";
     case cudaErrorInsufficientDriver:
       return "CUDA driver version is insufficient for CUDA runtime version";
-    case cudaErrorInvalidResourceHandle: return "invalid resource handle";
-    case cudaErrorIllegalState: return "the operation is not permitted in this state";
-    case cudaErrorSymbolNotFound: return "named symbol not found";
-    case cudaErrorNotReady: return "device not ready";
+    case cudaErrorInvalidResourceHandle:
+      return "invalid resource handle";
+    case cudaErrorIllegalState:
+      return "the operation is not permitted in this state";
+    case cudaErrorSymbolNotFound:
+      return "named symbol not found";
+    case cudaErrorNotReady:
+      return "device not ready";
     case cudaErrorStreamCaptureUnsupported:
       return "operation not permitted when stream is capturing";
-    default: return "unknown error";
+    default:
+      return "unknown error";
   }
 }
 
@@ -271,8 +335,7 @@ SIM_API cudaError_t cudaDriverGetVersion(int* version) {
 }
 
 SIM_API cudaError_t cudaGetDriverEntryPointByVersion(const char* symbol, void** fn,
-                                                     unsigned int version,
-                                                     unsigned long long flags,
+                                                     unsigned int version, unsigned long long flags,
                                                      cudaDriverEntryPointQueryResult* status) {
   ENSURE_READY();
   CUdriverProcAddressQueryResult s;
@@ -284,8 +347,7 @@ SIM_API cudaError_t cudaGetDriverEntryPointByVersion(const char* symbol, void** 
   return ret(r == CUDA_SUCCESS ? cudaSuccess : cudaErrorSymbolNotFound);
 }
 
-SIM_API cudaError_t cudaGetDriverEntryPoint(const char* symbol, void** fn,
-                                            unsigned long long flags,
+SIM_API cudaError_t cudaGetDriverEntryPoint(const char* symbol, void** fn, unsigned long long flags,
                                             cudaDriverEntryPointQueryResult* status) {
   return cudaGetDriverEntryPointByVersion(symbol, fn, CUDART_VERSION, flags, status);
 }
@@ -506,8 +568,7 @@ SIM_API cudaError_t cudaStreamIsCapturing(cudaStream_t stream, cudaStreamCapture
   return ret(r);
 }
 
-SIM_API cudaError_t cudaStreamGetCaptureInfo(cudaStream_t stream,
-                                             cudaStreamCaptureStatus* status,
+SIM_API cudaError_t cudaStreamGetCaptureInfo(cudaStream_t stream, cudaStreamCaptureStatus* status,
                                              unsigned long long* id, cudaGraph_t* graph,
                                              const cudaGraphNode_t** deps,
                                              const cudaGraphEdgeData** edges, size_t* num_deps) {
@@ -588,6 +649,32 @@ SIM_API cudaError_t cudaLaunchKernel(const void* func, dim3 grid, dim3 block, vo
   if (!f) return ret(cudaErrorInvalidDeviceFunction);
   return ret(g_drv->cuLaunchKernel(f, grid.x, grid.y, grid.z, block.x, block.y, block.z,
                                    static_cast<unsigned>(shared_mem), stream, args, nullptr));
+}
+
+// CUDA 13's nvcc stubs (crt/host_runtime.h, unless __NV_LEGACY_LAUNCH): `<<<>>>` looks the
+// kernel up once with __cudaGetKernel and launches the handle with __cudaLaunchKernel. The
+// handle is the kernel's CUfunction here (cuKernelGetName names it).
+SIM_API cudaError_t __cudaGetKernel(cudaKernel_t* out, const void* func) {
+  ENSURE_READY();
+  if (!out) return ret(cudaErrorInvalidValue);
+  CUfunction f = lookupFunction(func);
+  if (!f) return ret(cudaErrorInvalidDeviceFunction);
+  *out = reinterpret_cast<cudaKernel_t>(f);
+  return cudaSuccess;
+}
+
+SIM_API cudaError_t __cudaLaunchKernel(cudaKernel_t kernel, dim3 grid, dim3 block, void** args,
+                                       size_t shared_mem, cudaStream_t stream) {
+  ENSURE_READY();
+  if (!kernel) return ret(cudaErrorInvalidDeviceFunction);
+  return ret(g_drv->cuLaunchKernel(reinterpret_cast<CUfunction>(kernel), grid.x, grid.y, grid.z,
+                                   block.x, block.y, block.z, static_cast<unsigned>(shared_mem),
+                                   stream, args, nullptr));
+}
+
+SIM_API cudaError_t __cudaLaunchKernel_ptsz(cudaKernel_t kernel, dim3 grid, dim3 block, void** args,
+                                            size_t shared_mem, cudaStream_t stream) {
+  return __cudaLaunchKernel(kernel, grid, block, args, shared_mem, stream);
 }
 
 SIM_API cudaError_t cudaLaunchKernelExC(const cudaLaunchConfig_t* config, const void* func,

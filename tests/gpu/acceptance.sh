@@ -117,8 +117,10 @@ sim_flag=()
 [ "$sim" = 1 ] && sim_flag=(--sim --sim-workload "${FLARE_ACCEPTANCE_SIM_WORKLOAD:-python}")
 part env "environment" "$B_ENV" any "$here/run_device.sh" env
 part a "GPU tests (pytest tests/gpu)" "$B_A" sim-skips "$here/run_device.sh" checks
+# FLARE_ACCEPTANCE_E2E_RUNS: which runs part b makes (default summary:1,raw:1,summary:4,raw:4).
 part b "end to end through flared (summary, raw; 1 and 4 ranks)" "$B_B" any \
-  "$py" "$here/e2e_flared.py" --kit "$kit" --out "$OUT" --budget-s "$((B_B - 15))" "${sim_flag[@]}"
+  "$py" "$here/e2e_flared.py" --kit "$kit" --out "$OUT" --budget-s "$((B_B - 15))" \
+  --runs "${FLARE_ACCEPTANCE_E2E_RUNS:-summary:1,raw:1,summary:4,raw:4}" "${sim_flag[@]}"
 part c "accuracy vs CUPTI" "$B_C" torch "$here/run_device.sh" accuracy
 # FLARE_ACCEPTANCE_OVERHEAD_ARGS: more overhead.py arguments (e.g. --workloads launch-bound,gpt-small).
 read -r -a overhead_args <<< "${FLARE_ACCEPTANCE_OVERHEAD_ARGS:-}"

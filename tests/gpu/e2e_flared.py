@@ -146,10 +146,12 @@ def report(args, daemon, job):
 
 
 def daemon_steps(rep):
-    """Steps the daemon holds per rank (step times in the series, per rank)."""
+    """Steps the daemon holds per rank: the step times in the series that are not null (the
+    series is a step-by-rank matrix as long as the longest rank's; a rank that took fewer steps
+    has nulls at the end)."""
     series = rep.get("series") or {}
-    return {rank: len(times) for rank, times in zip(series.get("ranks", []),
-                                                    series.get("stepTimeNs", []))}
+    return {rank: sum(t is not None for t in times)
+            for rank, times in zip(series.get("ranks", []), series.get("stepTimeNs", []))}
 
 
 def check_run(rep, loop, rejected, ranks, stalled, train_s=None):

@@ -5,6 +5,7 @@
 #   $OUT/acceptance/{summary.md,summary.json,nvidia-smi.txt,details.tar.gz}
 #   $OUT/fixtures.tar.gz   capture.sh's output (tests/fixtures/gpu/ layout), $OUT/capture.log
 #   $OUT/session.log       this script's own progress, with times
+#   $OUT/launch-cost.json  KIT/bin/launch_cost bare, and under the hook in summary and raw mode
 # Budgets: FLARE_ACCEPTANCE_BUDGET_* as acceptance.sh reads them; FLARE_CAPTURE_BUDGET_S (90)
 # and FLARE_CAPTURE_ARGS (--steps 12) for the capture; FLARE_SESSION_SKIP_CAPTURE=1 skips it.
 #
@@ -19,6 +20,22 @@ export FLARE_BUILD_DIR=${FLARE_BUILD_DIR:-$PWD/.gpukit}
 log() { echo "$(date -u +%H:%M:%S) $*" | tee -a "$OUT/session.log" >&2; }
 t0=$(date +%s)
 log "session: kit $FLARE_BUILD_DIR ($(cat "$FLARE_BUILD_DIR/VERSION" 2>/dev/null))"
+# The per-call cost of a launch, bare and under the hook (tests/gpu/bench/launch_cost.cu, built
+# into the kit by make-kit.sh where nvcc is), before anything else loads the GPU.
+lc=$FLARE_BUILD_DIR/bin/launch_cost
+if [ -x "$lc" ] && [ "${FLARE_SESSION_SKIP_LAUNCH_COST:-0}" != 1 ]; then
+  spool=$(mktemp -d /tmp/flare-lc.XXXXXX)
+  {
+    echo '{"bare": '; timeout 60 "$lc" || echo null
+    for mode in summary raw; do
+      echo ", \"$mode\": "
+      LD_PRELOAD=$FLARE_BUILD_DIR/lib/libflare_hook.so FLARE_MODE=$mode FLARE_OUTPUT_DIR=$spool \
+        FLARE_JOB_ID=launch-cost-$mode timeout 60 "$lc" || echo null
+    done
+    echo '}'
+  } > "$OUT/launch-cost.json" 2>> "$OUT/session.log"
+  log "launch cost: $(tr -d '\n' < "$OUT/launch-cost.json" | head -c 1500)"
+fi
 OUT=$OUT/acceptance bash "$here/acceptance.sh" >> "$OUT/session.log" 2>&1
 log "acceptance: exit $? after $(($(date +%s) - t0)) s"
 if [ "${FLARE_SESSION_SKIP_CAPTURE:-0}" != 1 ]; then

@@ -168,6 +168,18 @@ def test_launches_through_cuGetProcAddress_are_seen(probe):
         assert r["duration_ns"] >= 99_000  # float ms from cudaEventElapsedTime
 
 
+def test_kernels_launched_as_cuda13_nvcc_stubs_launch_them_are_recorded(probe):
+    """CUDA 13's nvcc compiles `<<<>>>` to __cudaGetKernel + __cudaLaunchKernel(handle): every
+    PyTorch kernel of a CUDA 13 build arrives that way (the H200 run of 2026-11-26 recorded no
+    plain kernel at all before the hook took it)."""
+    proc, records = probe("stub13")
+    assert proc.returncode == 0, proc.stderr
+    kernels = [r for r in records if r["kind"] == "kernel"]
+    assert [r["name"] for r in kernels] == ["probe_kernel(unsigned long long)"] * 4, records
+    for r in kernels:
+        assert r["duration_ns"] >= 99_000
+
+
 def test_nothing_is_recorded_inside_a_capture(probe):
     proc, records = probe("capture")
     assert proc.returncode == 0, proc.stderr
@@ -212,3 +224,33 @@ def test_processes_without_cuda_stay_quiet(build_dir, tmp_path, cmd):
     assert proc.returncode == 0
     assert proc.stderr == ""
     assert not (tmp_path / "spool").exists()
+
+
+def test_a_program_built_by_nvcc_is_recorded_kernel_by_kernel(build_dir, tmp_path):
+    """tests/gpu/bench/launch_cost.cu, built by the CUDA toolkit's nvcc and run on the simulated
+    runtime under the hook: its `<<<>>>` launches (CUDA 13: __cudaGetKernel, __cudaLaunchKernel)
+    and async memsets are each one record, counted against what the program did."""
+    nvcc = os.environ.get("NVCC") or "/usr/local/cuda/bin/nvcc"
+    if not os.path.exists(nvcc):
+        pytest.skip("no nvcc (CUDA toolkit) on this machine")
+    exe = tmp_path / "launch_cost"
+    src = os.path.join(os.path.dirname(__file__), "..", "gpu", "bench", "launch_cost.cu")
+    subprocess.run([nvcc, "-O2", "-std=c++17", "-cudart", "shared", "-arch=sm_90", src, "-o",
+                    str(exe)], check=True, capture_output=True, timeout=300)
+    spool = tmp_path / "spool"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLARE_")}
+    env.update(LD_LIBRARY_PATH=os.path.join(build_dir, "lib", "sim"),
+               LD_PRELOAD=os.path.join(build_dir, "lib", "libflare_hook.so"),
+               FLARE_OUTPUT_DIR=str(spool), FLARE_JOB_ID="nvcc", FLARE_MODE="raw")
+    batch, reps = 16, 3
+    proc = subprocess.run([str(exe), str(batch), str(reps)], env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["error"] == "no error"
+    exp = subprocess.run([os.path.join(build_dir, "bin", "flare-export"), "--input", str(spool)],
+                         capture_output=True, text=True, timeout=60)
+    assert exp.returncode == 0, exp.stderr
+    counts = collections.Counter(r["name"] for r in map(json.loads, exp.stdout.splitlines()))
+    # (reps + 1 warm-up) batches of `batch` launches, then of batch/2 launches between records.
+    assert counts["empty_kernel(int*)"] == (reps + 1) * (batch + batch // 2)
+    assert counts["Memset"] == (reps + 1) * batch

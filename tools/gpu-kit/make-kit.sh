@@ -72,6 +72,13 @@ chmod +x "$kit/bin/flare"
 # benchmarks and scripts (tests/gpu/*.sh), at the same relative paths as in the repository.
 cp -r "$src/tools/cuda-gdb-scripts" "$kit/tools/"
 tar -C "$src/tests" --exclude=__pycache__ -cf - gpu | tar -C "$kit/tests" -xf -
+# The launch-cost microbenchmark (tests/gpu/bench/launch_cost.cu), where nvcc is: a CUDA 13
+# program whose `<<<>>>` launches go through __cudaLaunchKernel, as PyTorch's do.
+nvcc=${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
+if [ -x "$nvcc" ]; then
+  "$nvcc" -O2 -std=c++17 -cudart shared -arch=sm_90 "$src/tests/gpu/bench/launch_cost.cu" \
+    -o "$kit/bin/launch_cost" || echo "make-kit: launch_cost did not build (skipped)" >&2
+fi
 # Which Flare this is: the commit (and whether the tree had changes), for the results' headers.
 { git -C "$src" describe --always --dirty --abbrev=12 2>/dev/null || echo unknown; } > "$kit/VERSION"
 # glibc floor: the newest GLIBC_ symbol version any file needs.

@@ -3,6 +3,8 @@
 //
 //   hook_probe alltoall N      N forked ranks, one grouped send/recv all-to-all each, twice
 //   hook_probe procaddress     launches through a cuLaunchKernel pointer from cuGetProcAddress
+//   hook_probe stub13          launches as CUDA 13's nvcc stubs do (__cudaGetKernel, then
+//                              __cudaLaunchKernel with the handle), the way PyTorch's kernels come
 //   hook_probe capture         kernels captured into a graph, the graph launched twice
 //   hook_probe hung            a kernel that never finishes on one stream, work on another
 //   hook_probe fork            a child forked between launches (a DataLoader worker)
@@ -97,6 +99,22 @@ int procAddress() {
   return 0;
 }
 
+// What `probe_kernel<<<1, 128>>>(ns)` compiles to with CUDA 13's nvcc (crt/host_runtime.h).
+extern "C" cudaError_t __cudaGetKernel(cudaKernel_t*, const void*);
+extern "C" cudaError_t __cudaLaunchKernel(cudaKernel_t, dim3, dim3, void**, size_t, cudaStream_t);
+
+int stub13() {
+  static cudaKernel_t handle = nullptr;
+  if (__cudaGetKernel(&handle, kernel().fn()) != cudaSuccess || !handle) return 2;
+  for (int i = 0; i < 4; ++i) {
+    uint64_t ns = 100'000;
+    void* args[] = {&ns};
+    if (__cudaLaunchKernel(handle, dim3(1), dim3(128), args, 0, nullptr) != cudaSuccess) return 3;
+  }
+  cudaDeviceSynchronize();
+  return 0;
+}
+
 int capture() {
   cudaStream_t s;
   cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
@@ -186,6 +204,7 @@ int main(int argc, char** argv) {
   std::string mode = argv[1];
   if (mode == "alltoall") return allToAll(argc > 2 ? std::atoi(argv[2]) : 4);
   if (mode == "procaddress") return procAddress();
+  if (mode == "stub13") return stub13();
   if (mode == "capture") return capture();
   if (mode == "hung") return hung();
   if (mode == "fork") return forked();
