@@ -1,8 +1,10 @@
-// Interposed CUDA driver calls: cuLaunchKernel, cuLaunchKernelEx, and cuGetProcAddress, which
-// hands out these wrappers so that launches through entry points resolved at run time
-// (Triton, cuBLAS, JIT-compiled code) are still seen. Launches made while another intercepted
+// Interposed CUDA driver calls: cuLaunchKernel, cuLaunchKernelEx, and cuGetProcAddress and the
+// runtime's cudaGetDriverEntryPoint(ByVersion), which hand out these wrappers so that launches
+// through entry points resolved at run time (cuBLAS, CUTLASS cluster launches, JIT-compiled
+// code) are still seen. Launches made while another intercepted
 // call is in progress (cuBLAS inside cublasGemmEx) are forwarded untouched (runtime.h).
 #include <cuda.h>
+#include <cuda_runtime_api.h>
 
 #include <atomic>
 #include <cstring>
@@ -30,6 +32,13 @@ struct DriverFns {
   RealFn<LaunchExFn> launchKernelExPtsz{"cuLaunchKernelEx_ptsz", kLib};
   RealFn<ProcFn> getProcAddress{"cuGetProcAddress_v2", kLib};
   RealFn<CUresult (*)(const char**, CUfunction)> funcGetName{"cuFuncGetName", kLib};
+  // The runtime's own door to driver entry points (CUTLASS's cluster launches, FlashAttention on
+  // Hopper): the runtime resolves them inside itself, never through cuGetProcAddress above.
+  RealFn<cudaError_t (*)(const char*, void**, unsigned long long, cudaDriverEntryPointQueryResult*)>
+      getDriverEntryPoint{"cudaGetDriverEntryPoint", "libcudart.so"};
+  RealFn<cudaError_t (*)(const char*, void**, unsigned int, unsigned long long,
+                         cudaDriverEntryPointQueryResult*)>
+      getDriverEntryPointByVersion{"cudaGetDriverEntryPointByVersion", "libcudart.so"};
 };
 DriverFns g_fns;
 
@@ -109,9 +118,23 @@ FLARE_EXPORT CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig* config, CUfunc
   return launchEx(g_fns.launchKernelExPtsz.get(), config, f, params, extra);
 }
 
-// Entry points resolved at run time come back as our wrappers. The real pointer the driver
-// returned is remembered per variant (default or per-thread default stream) so that each
+namespace flare::hook {
+namespace {
+// A launch entry point resolved at run time comes back as our wrapper. The real pointer the
+// driver returned is remembered per variant (default or per-thread default stream) so that each
 // wrapper forwards to exactly what the caller asked for.
+void substituteLaunch(const char* symbol, void** pfn, bool ptsz) {
+  if (std::strcmp(symbol, "cuLaunchKernel") == 0) {
+    substitute(pfn, ptsz ? g_fns.launchKernelPtsz : g_fns.launchKernel,
+               ptsz ? &cuLaunchKernel_ptsz : &cuLaunchKernel);
+  } else if (std::strcmp(symbol, "cuLaunchKernelEx") == 0) {
+    substitute(pfn, ptsz ? g_fns.launchKernelExPtsz : g_fns.launchKernelEx,
+               ptsz ? &cuLaunchKernelEx_ptsz : &cuLaunchKernelEx);
+  }
+}
+}  // namespace
+}  // namespace flare::hook
+
 FLARE_EXPORT CUresult cuGetProcAddress_v2(const char* symbol, void** pfn, int version,
                                           cuuint64_t flags,
                                           CUdriverProcAddressQueryResult* status) {
@@ -119,15 +142,38 @@ FLARE_EXPORT CUresult cuGetProcAddress_v2(const char* symbol, void** pfn, int ve
   if (!real) return CUDA_ERROR_NOT_INITIALIZED;
   CUresult r = real(symbol, pfn, version, flags, status);
   if (r != CUDA_SUCCESS || !symbol || !pfn || !*pfn) return r;
-  const bool ptsz = (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) != 0;
-  if (std::strcmp(symbol, "cuLaunchKernel") == 0) {
-    substitute(pfn, ptsz ? g_fns.launchKernelPtsz : g_fns.launchKernel,
-               ptsz ? &cuLaunchKernel_ptsz : &cuLaunchKernel);
-  } else if (std::strcmp(symbol, "cuLaunchKernelEx") == 0) {
-    substitute(pfn, ptsz ? g_fns.launchKernelExPtsz : g_fns.launchKernelEx,
-               ptsz ? &cuLaunchKernelEx_ptsz : &cuLaunchKernelEx);
-  } else if (std::strcmp(symbol, "cuGetProcAddress") == 0) {
+  if (std::strcmp(symbol, "cuGetProcAddress") == 0) {
     *pfn = reinterpret_cast<void*>(&cuGetProcAddress_v2);
+  } else {
+    substituteLaunch(symbol, pfn, (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) != 0);
+  }
+  return r;
+}
+
+// The runtime's entry points to the driver: the same substitution (cudaEnablePerThreadDefault-
+// Stream asks for the per-thread variant). A caller asking for cuGetProcAddress this way gets
+// the driver's own, as before: what it resolves through it is the driver's, unhooked.
+FLARE_EXPORT cudaError_t cudaGetDriverEntryPointByVersion(const char* symbol, void** pfn,
+                                                          unsigned int version,
+                                                          unsigned long long flags,
+                                                          cudaDriverEntryPointQueryResult* status) {
+  auto real = g_fns.getDriverEntryPointByVersion.get();
+  if (!real) return cudaErrorInsufficientDriver;
+  cudaError_t r = real(symbol, pfn, version, flags, status);
+  if (r == cudaSuccess && symbol && pfn && *pfn) {
+    substituteLaunch(symbol, pfn, (flags & cudaEnablePerThreadDefaultStream) != 0);
+  }
+  return r;
+}
+
+FLARE_EXPORT cudaError_t cudaGetDriverEntryPoint(const char* symbol, void** pfn,
+                                                 unsigned long long flags,
+                                                 cudaDriverEntryPointQueryResult* status) {
+  auto real = g_fns.getDriverEntryPoint.get();
+  if (!real) return cudaErrorInsufficientDriver;
+  cudaError_t r = real(symbol, pfn, flags, status);
+  if (r == cudaSuccess && symbol && pfn && *pfn) {
+    substituteLaunch(symbol, pfn, (flags & cudaEnablePerThreadDefaultStream) != 0);
   }
   return r;
 }

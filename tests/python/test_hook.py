@@ -180,6 +180,16 @@ def test_kernels_launched_as_cuda13_nvcc_stubs_launch_them_are_recorded(probe):
         assert r["duration_ns"] >= 99_000
 
 
+def test_launches_through_the_runtimes_driver_entry_points_are_recorded(probe):
+    """CUTLASS's cluster launches (FlashAttention on Hopper among them) call cuLaunchKernelEx
+    through cudaGetDriverEntryPoint, which the runtime resolves inside itself."""
+    proc, records = probe("entrypoint")
+    assert proc.returncode == 0, proc.stderr
+    cluster = [r for r in records if r["name"] == "cutlass_sm90_cluster_kernel"]
+    assert len(cluster) == 3, records
+    assert all(r["duration_ns"] >= 99_000 for r in cluster)
+
+
 def test_nothing_is_recorded_inside_a_capture(probe):
     proc, records = probe("capture")
     assert proc.returncode == 0, proc.stderr

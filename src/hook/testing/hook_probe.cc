@@ -3,6 +3,9 @@
 //
 //   hook_probe alltoall N      N forked ranks, one grouped send/recv all-to-all each, twice
 //   hook_probe procaddress     launches through a cuLaunchKernel pointer from cuGetProcAddress
+//   hook_probe entrypoint      cluster-style launches through a cuLaunchKernelEx pointer from the
+//                              runtime's cudaGetDriverEntryPoint (CUTLASS, FlashAttention on
+//                              Hopper)
 //   hook_probe stub13          launches as CUDA 13's nvcc stubs do (__cudaGetKernel, then
 //                              __cudaLaunchKernel with the handle), the way PyTorch's kernels come
 //   hook_probe capture         kernels captured into a graph, the graph launched twice
@@ -94,6 +97,33 @@ int procAddress() {
     uint64_t ns = 100'000;
     void* params[] = {&ns};
     if (launch_fn(f, 1, 1, 1, 128, 1, 1, 0, nullptr, params, nullptr) != CUDA_SUCCESS) return 3;
+  }
+  cuCtxSynchronize();
+  return 0;
+}
+
+int entryPoint() {
+  void* p = nullptr;
+  cudaDriverEntryPointQueryResult q;
+  if (cudaGetDriverEntryPointByVersion("cuLaunchKernelEx", &p, 12000, cudaEnableDefault, &q) !=
+          cudaSuccess ||
+      !p) {
+    return 2;
+  }
+  auto launch_ex = reinterpret_cast<decltype(&cuLaunchKernelEx)>(p);
+  CUmodule mod;
+  cuModuleLoadData(&mod, "jit-image");
+  CUfunction f;
+  cuModuleGetFunction(&f, mod, "cutlass_sm90_cluster_kernel");
+  flareSimRegisterKernelCost("cutlass_sm90_cluster_kernel", FLARE_SIM_COST_NANOS, 0);
+  for (int i = 0; i < 3; ++i) {
+    uint64_t ns = 100'000;
+    void* params[] = {&ns};
+    CUlaunchConfig config{};
+    config.gridDimX = config.gridDimY = config.gridDimZ = 1;
+    config.blockDimX = 128;
+    config.blockDimY = config.blockDimZ = 1;
+    if (launch_ex(&config, f, params, nullptr) != CUDA_SUCCESS) return 3;
   }
   cuCtxSynchronize();
   return 0;
@@ -205,6 +235,7 @@ int main(int argc, char** argv) {
   if (mode == "alltoall") return allToAll(argc > 2 ? std::atoi(argv[2]) : 4);
   if (mode == "procaddress") return procAddress();
   if (mode == "stub13") return stub13();
+  if (mode == "entrypoint") return entryPoint();
   if (mode == "capture") return capture();
   if (mode == "hung") return hung();
   if (mode == "fork") return forked();
