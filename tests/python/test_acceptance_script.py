@@ -78,3 +78,28 @@ def test_a_part_past_its_budget_is_cut_off_and_the_rest_report(kit, tmp_path):
     # timeout signalled the part's whole process group: no daemon or rank of it is left.
     ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
     assert str(out) not in ps
+
+
+def test_a_gpu_session_returns_a_handful_of_files(kit, tmp_path):
+    """tests/gpu/gpu-session.sh, the one device call of a GPU session, in its simulated mode:
+    what comes back fits the device tool (at most 8 files, two folders down) and holds the
+    acceptance summary and the fixtures."""
+    out = tmp_path / "session"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLARE_")}
+    env.update(OUT=str(out), FLARE_BUILD_DIR=str(kit), FLARE_ACCEPTANCE_SIM="1",
+               FLARE_CAPTURE_SIM="1", FLARE_ACCEPTANCE_PARTS="b",
+               FLARE_ACCEPTANCE_E2E_RUNS="summary:1",
+               FLARE_CAPTURE_ARGS="--steps 3 --only healthy-small")
+    proc = subprocess.run(["bash", os.path.join(ROOT, "tests", "gpu", "gpu-session.sh")],
+                          env=env, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr
+    files = sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file())
+    assert len(files) <= 8 and all(f.count("/") <= 2 for f in files), files
+    assert "acceptance/summary.json" in files and "fixtures.tar.gz" in files, files
+    summary = json.loads((out / "acceptance" / "summary.json").read_text())
+    assert {p["part"]: p["status"] for p in summary["parts"]}["b"] == "passed"
+    with tarfile.open(out / "fixtures.tar.gz") as t:
+        names = t.getnames()
+    assert "./metadata.json" in names and "./healthy-small/rank0.jsonl.gz" in names, names
+    log = (out / "session.log").read_text()
+    assert "acceptance: exit 0" in log and "capture: exit 0" in log, log
