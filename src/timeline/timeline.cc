@@ -429,29 +429,59 @@ void RankWriter::writeDeepTrace(const RankData& data) {
               [](const TracedSpan& a, const TracedSpan& b) { return a.start < b.start; });
   }
   // CUPTI's times and the traced ops' (CUDA events mapped to the host clock) differ by the
-  // mapping's error, about a microsecond — as long as the smallest kernels. Per device, the
-  // records are moved onto the traced ops' clock by the median difference between a record's
-  // end and the nearest traced end (a kernel's end event completes with it), within 20 µs.
+  // mapping's error: about a microsecond on an idle machine, but the tracer keeps a reference
+  // whose host-side bracket is up to 100 µs wide (kTightReferenceNs, src/timing/tracer.cc), so
+  // on a loaded host every traced op of a device may be tens of µs late (19 µs in a CI run:
+  // longer than most kernels). Per device, the records are moved onto the traced ops' clock by
+  // the offset that lines up the most record ends with traced ends (a kernel's end event
+  // completes with it): every difference within ±kMaxShiftNs between a record's end and a
+  // traced end is a candidate, and the densest kMatchNs-wide cluster of them wins. (The median
+  // difference to the nearest traced end locked onto a neighbouring op as soon as the error
+  // passed half an op's length, and the records then partially overlapped the traced ops.) A
+  // workload that repeats exactly (identical layers) has clusters one period apart nearly as
+  // dense as the true one: of the clusters within 90% of the densest, the one nearest zero.
+  constexpr int64_t kMaxShiftNs = 200'000;
+  constexpr int64_t kMatchNs = 2'000;
+  constexpr size_t kShiftSamples = 4096;  // records per device the offset is estimated from
   std::vector<flare::v1::DeepTraceRecord> deep_recs = data.deep;
-  std::map<int, std::vector<int64_t>> diffs;
-  for (const auto& d : deep_recs) {
-    auto it = traced_.find(d.device());
+  std::map<int, std::vector<const flare::v1::DeepTraceRecord*>> by_device;
+  for (const auto& d : deep_recs) by_device[d.device()].push_back(&d);
+  std::map<int, int64_t> shift;
+  for (const auto& [device, recs] : by_device) {
+    auto it = traced_.find(device);
     if (it == traced_.end()) continue;
     const auto& spans = it->second;
-    auto pos = std::upper_bound(spans.begin(), spans.end(), d.end_ns() + 20'000,
-                                [](int64_t v, const TracedSpan& s) { return v < s.start; });
-    int64_t best = std::numeric_limits<int64_t>::max();
-    for (int n = 0; pos != spans.begin() && n < 16; ++n) {
-      --pos;
-      const int64_t diff = pos->end - d.end_ns();
-      if (std::llabs(diff) < std::llabs(best)) best = diff;
+    const size_t stride = (recs.size() + kShiftSamples - 1) / kShiftSamples;
+    std::vector<int64_t> diffs;
+    for (size_t i = 0; i < recs.size(); i += stride) {
+      const int64_t end = recs[i]->end_ns();
+      auto pos = std::upper_bound(spans.begin(), spans.end(), end + kMaxShiftNs,
+                                  [](int64_t v, const TracedSpan& s) { return v < s.start; });
+      for (int n = 0; pos != spans.begin() && n < 256; ++n) {
+        --pos;
+        if (pos->start < end - 4 * kMaxShiftNs) break;
+        const int64_t diff = pos->end - end;
+        if (std::llabs(diff) <= kMaxShiftNs) diffs.push_back(diff);
+      }
     }
-    if (std::llabs(best) <= 20'000) diffs[d.device()].push_back(best);
-  }
-  std::map<int, int64_t> shift;
-  for (auto& [device, v] : diffs) {
-    std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(v.size() / 2), v.end());
-    shift[device] = v[v.size() / 2];
+    if (diffs.empty()) continue;
+    std::sort(diffs.begin(), diffs.end());
+    std::vector<std::pair<size_t, size_t>> clusters;  // [first, last) of each window
+    size_t densest = 0;
+    for (size_t i = 0, j = 0; i < diffs.size(); ++i) {
+      while (j < diffs.size() && diffs[j] - diffs[i] <= kMatchNs) ++j;
+      clusters.emplace_back(i, j);
+      densest = std::max(densest, j - i);
+    }
+    int64_t best = 0;
+    bool found = false;
+    for (const auto& [first, last] : clusters) {
+      if (10 * (last - first) < 9 * densest) continue;
+      const int64_t median = diffs[first + (last - first) / 2];
+      if (!found || std::llabs(median) < std::llabs(best)) best = median;
+      found = true;
+    }
+    shift[device] = best;
   }
   for (auto& d : deep_recs) {
     auto it = shift.find(d.device());
@@ -509,10 +539,16 @@ void RankWriter::writeDeepTrace(const RankData& data) {
     devices_.insert(d.device());
     tracks[{d.device(), tid}].push_back(&d);
   }
+  // The traced ops of each track, in order and disjoint (writeGpu clipped them).
+  std::map<std::pair<int, int>, std::vector<std::pair<int64_t, int64_t>>> traced_on;
+  for (const auto& [device, spans] : traced_) {
+    for (const auto& s : spans) traced_on[{device, s.tid}].emplace_back(s.start, s.end);
+  }
   for (auto& [track, recs] : tracks) {
     std::sort(recs.begin(), recs.end(),
               [](const auto* a, const auto* b) { return a->start_ns() < b->start_ns(); });
     gpu_tracks_.insert(track);
+    const auto on = traced_on.find(track);
     int64_t prev_end = std::numeric_limits<int64_t>::min();
     for (const auto* d : recs) {
       // Inside the traced op it ran in, when that op is on this track (so that slices nest).
@@ -524,6 +560,18 @@ void RankWriter::writeDeepTrace(const RankData& data) {
       }
       start = std::max(start, prev_end);
       end = std::max(end, start);
+      // Whatever the match found, the slice nests with the track's traced ops: it ends inside
+      // the op its start falls in, or before the next op when it starts between two.
+      if (on != traced_on.end()) {
+        const auto& ops = on->second;
+        auto next = std::upper_bound(ops.begin(), ops.end(), start,
+                                     [](int64_t v, const auto& op) { return v < op.first; });
+        if (next != ops.begin() && start < std::prev(next)->second) {
+          end = std::min(end, std::prev(next)->second);
+        } else if (next != ops.end()) {
+          end = std::min(end, next->first);
+        }
+      }
       prev_end = end;
       const char* kind = d->kind() == flare::v1::DeepTraceRecord::KIND_MEMCPY   ? "memcpy"
                          : d->kind() == flare::v1::DeepTraceRecord::KIND_MEMSET ? "memset"
