@@ -562,7 +562,9 @@ TEST_F(ExporterTest, HangReportsGoOnlyToADaemonThatReadsThem) {
         std::lock_guard<std::mutex> lock(service.mu);
         return service.hang_reports.size() == 1;
       }));
-      EXPECT_EQ(exporter.stats().hang_reports_sent, 1u);
+      // The exporter counts the report once its write returns, which may be after the daemon
+      // has read it: wait for the count too (checked at once, it failed under parallel ctest).
+      ASSERT_TRUE(waitFor([&] { return exporter.stats().hang_reports_sent == 1; }));
       EXPECT_EQ(exporter.stats().hang_reports_unsent, 0u);
     } else {
       ASSERT_TRUE(waitFor([&] { return exporter.stats().hang_reports_unsent == 1; }));
