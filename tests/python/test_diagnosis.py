@@ -96,8 +96,13 @@ def test_unaligned_gemms_are_one_unoptimized_kernel_diagnosis_for_infrastructure
 
 @BOTH_MODES
 def test_extra_elementwise_kernels_raise_v_minority(build_dir, tmp_path, mode):
-    run_job(build_dir, tmp_path, "minority", {"FLARE_MODE": mode}, extra=("--extra-kernels", "120"))
-    found = diagnose(build_dir, tmp_path)
+    # V_minority depends on the model (docs/metrics.md: 12-13% in the sim, 46-48% in eager
+    # PyTorch on a real GPU), so the share the extra kernels add (~30%) is judged against a
+    # healthy run of the same shape, not against the fixed threshold.
+    run_job(build_dir, tmp_path / "base", "base", {"FLARE_MODE": mode})
+    run_job(build_dir, tmp_path / "run", "minority", {"FLARE_MODE": mode},
+            extra=("--extra-kernels", "120"))
+    found = diagnose(build_dir, tmp_path / "run", "--baseline", str(tmp_path / "base"))
     assert [d["kind"] for d in found] == ["void_minority"], found
     assert found[0]["ranks"] == list(range(RANKS)) and found[0]["team"] == "algorithm"
 

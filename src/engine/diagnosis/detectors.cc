@@ -1001,11 +1001,33 @@ void detectVoid(const JobModel& job, const DiagnoseOptions& opt, const JobModel*
 
 // ---- E. un-optimized GEMM ---------------------------------------------------------------------
 
+// The duration at quantile `q` of (duration, how many ops took it) pairs: the smallest value
+// whose cumulative count reaches q × total. Reorders `v`; 0 when empty.
+double weightedQuantile(std::vector<std::pair<double, uint64_t>>& v, uint64_t total, double q) {
+  if (v.empty() || total == 0) return 0;
+  std::sort(v.begin(), v.end());
+  const double target = std::max(1.0, std::ceil(q * static_cast<double>(total)));
+  uint64_t seen = 0;
+  for (const auto& [value, count] : v) {
+    seen += count;
+    if (static_cast<double>(seen) >= target) return value;
+  }
+  return v.back().first;
+}
+
 void detectUnoptimized(const JobModel& job, const DiagnoseOptions& opt,
                        std::vector<Diagnosis>* out) {
+  // Per GEMM signature after the ranks' warm-up: the TFLOPS of its median call (what every call
+  // pays: misalignment) and of its fast calls (the 10th percentile: what the kernel cuBLAS picked
+  // for the shape reaches when nothing around it slows the GPU down), the GPU time, the flops
+  // of one call and its arithmetic intensity.
   struct Stat {
-    double tflops = 0;
+    double tflops = 0;       // median call
+    double fast_tflops = 0;  // 10th-percentile duration
     double time = 0;
+    double flops = 0;
+    double intensity = 0;  // flops per byte of A, B and C; 0 when the shape is unknown
+    bool misaligned = false;
   };
   std::map<uint32_t, Stat> stats;
   // Per GEMM signature: (duration, how many ops took it) — raw ops one each; in MODE_SUMMARY
@@ -1016,22 +1038,37 @@ void detectUnoptimized(const JobModel& job, const DiagnoseOptions& opt,
     double time = 0;
     uint64_t flops = 0;
   };
-  std::map<flare::v1::DType, double> best;
   auto measure = [&](uint32_t sig_id, Durations& d) {
     if (d.count < static_cast<uint64_t>(std::max(opt.min_samples, 1))) return;
     const auto& sig = job.signatures()[sig_id];
-    const double flops = static_cast<double>(sig.flops_per_call() ? sig.flops_per_call() : 0);
+    const double flops = static_cast<double>(sig.flops_per_call() ? sig.flops_per_call() : d.flops);
     const double m = stats::weightedMedian(d.values, d.count);
-    if (m <= 0) return;
-    stats[sig_id] = {(flops > 0 ? flops : static_cast<double>(d.flops)) / m / 1e3, d.time};
-    best[sig.dtype()] = std::max(best[sig.dtype()], stats[sig_id].tflops);
+    const double fast = weightedQuantile(d.values, d.count, 0.1);
+    if (m <= 0 || fast <= 0 || flops <= 0) return;
+    Stat st{flops / m / 1e3, flops / fast / 1e3, d.time, flops, 0, false};
+    const auto dt = statsDtype(sig.dtype());
+    if (dt && sig.shape_size() >= 3) {
+      const double b = sig.shape_size() >= 4 ? static_cast<double>(sig.shape(3)) : 1.0;
+      const double mm = static_cast<double>(sig.shape(0)), nn = static_cast<double>(sig.shape(1)),
+                   kk = static_cast<double>(sig.shape(2));
+      const double bytes = stats::dtypeBytes(*dt) * b * (mm * kk + kk * nn + mm * nn);
+      if (bytes > 0) st.intensity = flops / bytes;
+      st.misaligned = !stats::gemmAlignmentIssues(sig.shape(0), sig.shape(1), sig.shape(2),
+                                                  stats::dtypeBytes(*dt))
+                           .empty();
+    }
+    stats[sig_id] = st;
   };
-  // Raw ops (a raw-mode window holds at most --max-ops-per-rank a rank).
+  // Raw ops (a raw-mode window holds at most --max-ops-per-rank a rank), after the rank's
+  // warm-up (its first step: lazy module loading, cuBLAS heuristics and cold caches make a
+  // shape's first calls 10–1000× slower).
   std::map<uint32_t, Durations> durations;
   for (const auto& [rank, r] : job.ranks()) {
+    const int64_t warm = warmupEnd(job, rank);
     for (const Op& op : r.ops) {
       const auto& sig = job.signatures()[op.sig];
       if (sig.kind() != flare::v1::OP_KIND_GEMM || op.flops < opt.unoptimized_min_flops) continue;
+      if (op.start < warm) continue;
       Durations& d = durations[op.sig];
       d.values.emplace_back(static_cast<double>(op.duration()), 1);
       d.count += 1;
@@ -1040,11 +1077,12 @@ void detectUnoptimized(const JobModel& job, const DiagnoseOptions& opt,
     }
   }
   // Kernel summaries, one GEMM signature at a time over every rank (each rank's windows in the
-  // order they arrived): only one signature's cluster medians are held at once.
+  // order they arrived, those of its warm-up left out): only one signature's cluster medians are
+  // held at once.
   std::vector<char> gemm(job.signatures().size());
   for (size_t i = 0; i < gemm.size(); ++i)
     gemm[i] = job.signatures()[i].kind() == flare::v1::OP_KIND_GEMM;
-  const SummaryIndex index = indexSummaries(job, gemm, false);
+  const SummaryIndex index = indexSummaries(job, gemm, true);
   for (const uint32_t sig_id : index.sigs) {
     const auto& sig = job.signatures()[sig_id];
     auto from_ops = durations.extract(sig_id);  // the signature's raw ops, if any, come first
@@ -1072,6 +1110,18 @@ void detectUnoptimized(const JobModel& job, const DiagnoseOptions& opt,
     measure(sig_id, d);
   }
   for (auto& [sig_id, d] : durations) measure(sig_id, d);
+  // The reference for a shape: the best of the job's *alike* aligned GEMMs — same dtype, flops
+  // per call and arithmetic intensity each within a factor of `unoptimized_alike_factor` — by
+  // the same statistic. A small or thin GEMM cannot reach what the job's largest one does (too
+  // few tiles for the SMs, too little work per byte), so it is only held to shapes like it.
+  auto alike = [&](uint32_t a, const Stat& sa, uint32_t b, const Stat& sb) {
+    if (a == b || sb.misaligned) return false;
+    if (job.signatures()[a].dtype() != job.signatures()[b].dtype()) return false;
+    const double f = opt.unoptimized_alike_factor;
+    auto near = [f](double x, double y) { return x > 0 && y > 0 && x <= f * y && y <= f * x; };
+    if (!near(sa.flops, sb.flops)) return false;
+    return sa.intensity == 0 || sb.intensity == 0 || near(sa.intensity, sb.intensity);
+  };
   // One diagnosis for the job (duplicates merged): every slow GEMM shape as evidence, the ones
   // with the most GPU time first.
   struct Slow {
@@ -1092,8 +1142,28 @@ void detectUnoptimized(const JobModel& job, const DiagnoseOptions& opt,
   std::vector<Slow> slow;
   for (const auto& [sig_id, st] : stats) {
     const auto& sig = job.signatures()[sig_id];
-    double ref = best[sig.dtype()];
-    bool below_best = ref > 0 && st.tflops < opt.unoptimized_ratio * ref;
+    double ref_median = 0, ref_fast = 0;
+    for (const auto& [other_id, other] : stats) {
+      if (!alike(sig_id, st, other_id, other)) continue;
+      ref_median = std::max(ref_median, other.tflops);
+      ref_fast = std::max(ref_fast, other.fast_tflops);
+    }
+    // A misaligned shape (a dimension whose bytes are not a multiple of 128): every call pays,
+    // so its median call is held to `unoptimized_misaligned_ratio` of alike aligned shapes; the
+    // fix (pad the dimension) is the team's to make. An aligned shape only when even its fast
+    // calls are below `unoptimized_ratio` of theirs (on a real GPU alike aligned shapes differ by
+    // up to ~35%: layout, clock ramp after an idle GPU).
+    double value = 0, ref = 0;
+    if (st.misaligned && ref_median > 0 &&
+        st.tflops < opt.unoptimized_misaligned_ratio * ref_median) {
+      value = st.tflops;
+      ref = ref_median;
+    } else if (!st.misaligned && ref_fast > 0 &&
+               st.fast_tflops < opt.unoptimized_ratio * ref_fast) {
+      value = st.fast_tflops;
+      ref = ref_fast;
+    }
+    const bool below_alike = ref > 0;
     // Against the device: the shape's expected TFLOPS ([m, n, k, batch] as the hook records).
     double expected = 0;
     const auto dt = statsDtype(sig.dtype());
@@ -1103,15 +1173,16 @@ void detectUnoptimized(const JobModel& job, const DiagnoseOptions& opt,
                      .expectedTflops;
     }
     const bool below_device = expected > 0 && st.tflops < opt.unoptimized_peak_ratio * expected;
-    if (!below_best && !below_device) continue;
-    if (!below_best) ref = expected;  // the evidence then names the device's expectation
+    if (!below_alike && !below_device) continue;
+    if (!below_alike) {  // the evidence then names the device's expectation
+      value = st.tflops;
+      ref = expected;
+    }
     // Alignment hint: a dimension whose bytes are not a multiple of 128.
     std::string hint;
-    const auto dtype = statsDtype(sig.dtype());
-    if (dtype && sig.shape_size() >= 3)
-      hint = stats::gemmAlignmentHint(sig.shape(0), sig.shape(1), sig.shape(2), *dtype);
-    slow.push_back(
-        {sig_id, st.tflops, ref, st.time, hint, below_best ? std::string() : device->name});
+    if (dt && sig.shape_size() >= 3)
+      hint = stats::gemmAlignmentHint(sig.shape(0), sig.shape(1), sig.shape(2), *dt);
+    slow.push_back({sig_id, value, ref, st.time, hint, below_alike ? std::string() : device->name});
   }
   if (slow.empty()) return;
   std::sort(slow.begin(), slow.end(), [](const Slow& a, const Slow& b) { return a.time > b.time; });
@@ -1127,8 +1198,7 @@ void detectUnoptimized(const JobModel& job, const DiagnoseOptions& opt,
     d.evidence.push_back({"tflops",
                           sig.name() + " " + shapeText(sig) + " " + sig.layout() + ": " +
                               fmtNum(x.tflops, "TFLOPS") + " vs " + fmtNum(x.ref, "TFLOPS") +
-                              (x.device.empty() ? std::string(" for the job's best GEMM of the "
-                                                              "same type")
+                              (x.device.empty() ? std::string(" for alike GEMMs of the job")
                                                 : " expected for this shape on " + x.device) +
                               (x.hint.empty() ? std::string() : " — " + x.hint),
                           x.tflops, x.ref});
@@ -1142,7 +1212,7 @@ void detectUnoptimized(const JobModel& job, const DiagnoseOptions& opt,
                                       })
                          ->tflops /
                      top.ref) +
-              (top.device.empty() ? std::string(" of the job's best GEMM efficiency")
+              (top.device.empty() ? std::string(" of what alike GEMMs of the job reach")
                                   : " of the TFLOPS expected for the shape on " + top.device) +
               (top.hint.empty() ? std::string() : "; e.g. " + top.hint);
   out->push_back(std::move(d));

@@ -67,11 +67,19 @@ struct DiagnoseOptions {
   double stall_paired_alpha = 0.01;
   double stall_paired_min_share = 0.025;
   double v_inter_threshold = 0.25;
-  double v_minority_threshold = 0.30;
+  // Fixed V_minority threshold, used without a baseline or healthy history: above what eager
+  // PyTorch transformers reach when healthy (46-48% on the H200 fixtures; docs/metrics.md).
+  double v_minority_threshold = 0.60;
   // With a healthy baseline, the void thresholds are learned from it instead: the baseline's
   // largest per-rank median plus max(this, 1.5 × IQR of its per-step values).
   double void_learned_min_delta = 0.05;
-  double unoptimized_ratio = 0.6;  // achieved < ratio × the job's best GEMM efficiency
+  // un-optimized GEMM (docs/metrics.md): a shape is held to the best of the job's alike aligned
+  // GEMMs (same dtype, flops per call and arithmetic intensity within this factor), after the
+  // ranks' warm-up. A misaligned shape's median call below misaligned_ratio × theirs; an aligned
+  // shape's fast calls (10th percentile) below ratio × theirs.
+  double unoptimized_alike_factor = 2.0;
+  double unoptimized_misaligned_ratio = 0.9;
+  double unoptimized_ratio = 0.5;
   // ... or achieved < peak ratio × the shape's expected TFLOPS on the ranks' device (the peak
   // table's model, stats/perf_model.h), when the device is known. `peaks` null: the built-in
   // table (flared --device-peak adds entries).
