@@ -75,6 +75,12 @@ constexpr ParamInfo kParams[] = {
      "2-3 KB per rank per step; raw: every timed op is sent as a KernelRecord (timelines, "
      "exports). Unset: summary when streaming to flared, raw for a local spool. The daemon's "
      "SetMode overrides it for a stream."},
+    {"FLARE_TIMING", "string", "pair", "hook",
+     "How a GPU op is timed: pair records a CUDA event before and after it; end records only the "
+     "one after it and takes the op's start from the end of the op before it on its stream (its "
+     "issue time on an idle stream), half the event cost per launch (docs/benchmarks.md, "
+     "\"On a real GPU\"); experimental: work the hook does not see on that stream (Triton "
+     "kernels) is then counted in the next op's duration."},
     {"FLARE_EXIT_FLUSH_SECONDS", "duration", "2", "exporter",
      "At process exit, time given to send queued batches to the daemon; the rest is spooled."},
     {"FLARE_BATCH_BYTES", "int", "65536", "exporter",

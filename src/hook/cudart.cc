@@ -229,5 +229,6 @@ FLARE_EXPORT cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t ev
                                              unsigned int flags) {
   auto real = g_cudart.streamWaitEvent.get();
   if (!real) return cudaErrorInsufficientDriver;
+  if (flare::timing::Tracer* t = activeTracer()) t->streamWaits(stream);
   return hostSpan("cudaStreamWaitEvent", [&] { return real(stream, event, flags); });
 }

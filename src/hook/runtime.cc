@@ -216,6 +216,18 @@ bool summaryMode(bool streaming) {
   return false;
 }
 
+// FLARE_TIMING: pair (a start and an end event per op) or end (the end event only;
+// TracerOptions::end_only). Anything else: one warning, pair.
+bool endOnlyTiming() {
+  const std::string timing = common::envString("FLARE_TIMING", "pair");
+  if (timing == "end") return true;
+  if (timing != "pair") {
+    common::logOnce(common::LogLevel::kWarn, "hook", "bad-timing",
+                    "flare: FLARE_TIMING={} is not pair|end; using pair", timing);
+  }
+  return false;
+}
+
 // Reads a whole (PEM) file; false with the reason in *error.
 bool readPemFile(const char* setting, const std::string& path, std::string* out,
                  std::string* error) {
@@ -374,6 +386,7 @@ void init() {
   }
   timing::TracerOptions opts;
   opts.flush_interval_ns = batchIntervalNs();
+  opts.end_only = endOnlyTiming();
   hang::WatchdogOptions watch_opts;
   if (HangWatch::optionsFromEnv(&watch_opts)) {
     timing::GrpcExporter* exporter = state->exporter;

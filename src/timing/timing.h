@@ -213,6 +213,11 @@ struct TracerOptions {
   int64_t recalibrate_ns = 10'000'000'000;
   HeadObserver* head_observer = nullptr;  // not owned; outlives the Tracer
   int64_t head_interval_ns = 200'000'000;
+  // One event per op (FLARE_TIMING=end): the end event only; the op's start is the end of the op
+  // before it on its stream, or its issue time when the stream was idle. Half the event records
+  // and queries of the default (a start and an end event per op). An op that runs untimed on
+  // the thread makes the next one record its start event again.
+  bool end_only = false;
 };
 
 // Owns the event pool, the rings, the poller thread. Thread-safe as documented per method.
@@ -239,6 +244,10 @@ class Tracer {
   void cancel(Ticket* ticket);
   // A host-side span (synchronization calls).
   void hostSpan(const OpInfo& info, int64_t start_ns, int64_t end_ns);
+  // Launching thread: `stream` was made to wait for other work (cudaStreamWaitEvent). With
+  // TracerOptions::end_only its next op records its start event (it may start long after the
+  // op before it on the stream ended). No-op otherwise.
+  void streamWaits(void* stream);
 
   // Any thread, cold path (locks, allocates): returns the signature's id, assigning one the
   // first time. Identical signatures get the same id.

@@ -84,9 +84,18 @@ struct Event {
   int32_t device = 0;
 };
 
+// TracerOptions::end_only: the `start` of an op timed with its end event alone. Never pooled,
+// never recorded: the poller takes the op's start from the end of the op before it on its
+// stream, or from its issue time when the stream was idle by then.
+Event g_chained_start;
+
+bool pooled(const Event* e) {
+  return e != nullptr && e != &g_chained_start;
+}
+
 // One ring slot: what the poller needs to finish an op.
 struct PendingOp {
-  Event* start;  // nullptr: a host span
+  Event* start;  // nullptr: a host span; &g_chained_start: timed by its end event alone
   Event* end;
   uint64_t stream_id;
   int64_t issue_ns;     // host span: its start
@@ -131,6 +140,25 @@ struct ThreadState {
   // below this, so that no step is taken as final while an op issued in it is still on its way.
   // Cleared (release) after the push; read (acquire) before the ring is drained.
   std::atomic<int64_t> in_flight_issue_ns{INT64_MAX};
+  // end_only: an op of this thread ran untimed (capture, no event, ring full): the next timed
+  // op records its own start event, so that the untimed one's GPU time is not taken for its.
+  // Owner thread only.
+  bool chain_broken = true;
+  // end_only: streams made to wait for other work (cudaStreamWaitEvent) since their last timed
+  // op: their next op may start long after the op before it ended, so it records its start.
+  static constexpr int kMaxWaited = 8;
+  void* waited[kMaxWaited] = {};
+  int waited_count = 0;
+  // True (and forgotten) when `stream` waited since its last timed op.
+  bool takeWaited(void* stream) {
+    for (int i = 0; i < waited_count; ++i) {
+      if (waited[i] == stream) {
+        waited[i] = waited[--waited_count];
+        return true;
+      }
+    }
+    return false;
+  }
 };
 
 // Per thread: which Tracers it has state for. Only touched off the fast path.
@@ -185,6 +213,9 @@ struct DeviceCal {
   int64_t attempt_ns = 0;   // host time of the last recordReference()
   int failures = 0;         // consecutive failed attempts
   bool broken = false;      // no reference after kReferenceAttempts tries: its ops are dropped
+  // end_only: how long after its issue an op on an idle stream starts (launch latency), a
+  // moving average over the ops that recorded a start event on an idle stream; -1: none yet.
+  int64_t launch_latency_ns = -1;
 };
 
 bool sameCounters(const DropCounters& a, const DropCounters& b) {
@@ -226,6 +257,7 @@ struct Tracer::Impl {
   void end(Ticket* ticket, const OpInfo& info) noexcept;
   void cancel(Ticket* ticket) noexcept;
   void hostSpan(const OpInfo& info, int64_t start_ns, int64_t end_ns) noexcept;
+  void streamWaits(void* stream) noexcept;
   void pushSpan(const CompletedSpan& span) noexcept;
   uint32_t intern(const Signature& sig) noexcept;
   bool drain(int64_t timeout_ns) noexcept;
@@ -330,7 +362,8 @@ struct Tracer::Impl {
   struct OpQueue {
     std::vector<Queued> items;
     size_t head = 0;
-    int64_t last_done_ns = 0;  // when the poller last saw a head of this stream complete
+    int64_t last_done_ns = 0;         // when the poller last saw a head of this stream complete
+    int64_t last_end_ns = INT64_MIN;  // host time of the last emitted op's GPU end (end_only)
 
     bool empty() const { return head == items.size(); }
     size_t size() const { return items.size() - head; }
@@ -545,6 +578,7 @@ std::vector<Event*>& Tracer::Impl::freeList(int device) {
 }
 
 void Tracer::Impl::giveBack(ThreadState* ts, Event* event) noexcept {
+  if (!pooled(event)) return;
   if (ts != nullptr && ts->cache_device == event->device && ts->cache_size < kCacheCapacity) {
     ts->cache[ts->cache_size++] = event;
     return;
@@ -561,6 +595,7 @@ void Tracer::Impl::push(ThreadState* ts, const PendingOp& op) noexcept {
   if (ts != nullptr && ts->ring.tryPush(op)) [[likely]]
     return;
   counters_.ring_full.fetch_add(1, std::memory_order_relaxed);
+  if (ts != nullptr) ts->chain_broken = true;
   // The events may still be pending on the GPU: re-recording a pending event is allowed.
   if (op.start != nullptr) giveBack(ts, op.start);
   if (op.end != nullptr) giveBack(ts, op.end);
@@ -571,6 +606,10 @@ bool Tracer::Impl::begin(void* stream, Ticket* ticket) noexcept {
   ThreadState* ts = threadState();
   if (ts == nullptr) return false;
   try {
+    // Until this op is timed, the chain of end-only ops on this thread is broken.
+    const bool chained =
+        opts_.end_only && !ts->chain_broken && !(ts->waited_count > 0 && ts->takeWaited(stream));
+    ts->chain_broken = true;
     // Events recorded during stream capture would become nodes of the captured graph.
     if (timer_->isCapturing(stream)) {
       counters_.capturing.fetch_add(1, std::memory_order_relaxed);
@@ -592,15 +631,20 @@ bool Tracer::Impl::begin(void* stream, Ticket* ticket) noexcept {
       case Take::kError:  // counted by refill()
         return false;
     }
+    if (chained) {  // one event per op: the start event goes straight back to the cache
+      ts->cache[ts->cache_size++] = start;
+      start = &g_chained_start;
+    }
     const int64_t issue_ns = clock_->nowNs();
     ts->in_flight_issue_ns.store(issue_ns, std::memory_order_relaxed);
-    if (!timer_->recordEvent(start->handle, stream)) {
+    if (!chained && !timer_->recordEvent(start->handle, stream)) {
       counters_.event_errors.fetch_add(1, std::memory_order_relaxed);
       ts->in_flight_issue_ns.store(INT64_MAX, std::memory_order_release);
       giveBack(ts, start);
       giveBack(ts, end);
       return false;
     }
+    ts->chain_broken = false;
     ticket->start = start;
     ticket->end = end;
     ticket->stream = stream;
@@ -642,7 +686,7 @@ void Tracer::Impl::end(Ticket* ticket, const OpInfo& info) noexcept {
     op.host_end_ns = 0;
     op.info = info;
     op.thread_id = ts != nullptr ? ts->thread_id : 0;
-    op.device = start->device;
+    op.device = end->device;  // the start may be the chained sentinel
     op.parent_span_id = currentSpanId();
     op.correlation_id = ts != nullptr
                             ? ts->nextCorrelation()
@@ -684,6 +728,20 @@ void Tracer::Impl::hostSpan(const OpInfo& info, int64_t start_ns, int64_t end_ns
     push(ts, op);
   } catch (...) {
     counters_.event_errors.fetch_add(1, std::memory_order_relaxed);
+  }
+}
+
+void Tracer::Impl::streamWaits(void* stream) noexcept {
+  if (!opts_.end_only || disabled_.load(std::memory_order_relaxed)) return;
+  ThreadState* ts = threadState();
+  if (ts == nullptr) return;
+  for (int i = 0; i < ts->waited_count; ++i) {
+    if (ts->waited[i] == stream) return;
+  }
+  if (ts->waited_count < ThreadState::kMaxWaited) {
+    ts->waited[ts->waited_count++] = stream;
+  } else {
+    ts->chain_broken = true;  // too many to remember: the next op of any stream starts a chain
   }
 }
 
@@ -898,8 +956,8 @@ void Tracer::Impl::accept(const PendingOp& op, uint64_t pass) {
   } catch (...) {
     // Out of memory: the op is lost (counted) and its events go back.
     counters_.event_errors.fetch_add(1, std::memory_order_relaxed);
-    if (op.start != nullptr) to_free_.push_back(op.start);
-    if (op.end != nullptr) to_free_.push_back(op.end);
+    if (pooled(op.start)) to_free_.push_back(op.start);
+    if (pooled(op.end)) to_free_.push_back(op.end);
   }
 }
 
@@ -1042,7 +1100,7 @@ void Tracer::Impl::processQueues() {
   const int64_t pass_ns = opts_.head_observer != nullptr ? clock_->nowNs() : 0;
   for (auto it = queues_.begin(); it != queues_.end();) {
     OpQueue& queue = it->second;
-    const DeviceCal& cal = cals_[it->first.device];
+    DeviceCal& cal = cals_[it->first.device];
     while (!queue.empty()) {
       const Queued& head = queue.front();
       const DeviceTimer::Status status = timer_->queryEvent(head.op.end->handle);
@@ -1054,21 +1112,43 @@ void Tracer::Impl::processQueues() {
       if (status == DeviceTimer::Status::kReady && cal.ref != nullptr) {
         int64_t start_ns = 0;
         int64_t end_ns = 0;
-        if (timer_->elapsedNs(cal.ref, head.op.start->handle, &start_ns) &&
-            timer_->elapsedNs(cal.ref, head.op.end->handle, &end_ns)) {
+        const bool chained = head.op.start == &g_chained_start;
+        if (timer_->elapsedNs(cal.ref, head.op.end->handle, &end_ns) &&
+            (chained || timer_->elapsedNs(cal.ref, head.op.start->handle, &start_ns))) {
+          const int64_t end_host = cal.ref_host_ns + end_ns;
+          // An end-only op started when the op before it on the stream ended, or, if the stream
+          // was idle by then, when it was issued (its launch latency counts in its duration).
+          int64_t start_host = cal.ref_host_ns + start_ns;
+          if (chained) {
+            const int64_t latency = std::max<int64_t>(cal.launch_latency_ns, 0);
+            start_host =
+                std::min(std::max(queue.last_end_ns, head.op.issue_ns + latency), end_host);
+          } else if (opts_.end_only && queue.last_end_ns < head.op.issue_ns &&
+                     start_host >= head.op.issue_ns) {
+            // Issued on an idle stream and timed by its own start event: a latency sample. A
+            // floor-like estimate (down fast, up slowly): a sample may also hold a wait for
+            // another stream's work.
+            const int64_t sample = std::min<int64_t>(start_host - head.op.issue_ns, 1'000'000);
+            int64_t& est = cal.launch_latency_ns;
+            est = est < 0 ? sample : est + (sample - est) / (sample < est ? 4 : 64);
+          }
           out_.push_back(CompletedOp{.info = head.op.info,
                                      .stream_id = head.op.stream_id,
                                      .device = head.op.device,
                                      .thread_id = head.op.thread_id,
                                      .issue_ns = head.op.issue_ns,
-                                     .start_ns = cal.ref_host_ns + start_ns,
-                                     .end_ns = cal.ref_host_ns + end_ns,
+                                     .start_ns = start_host,
+                                     .end_ns = end_host,
                                      .parent_span_id = head.op.parent_span_id,
                                      .correlation_id = head.op.correlation_id});
+          queue.last_end_ns = end_host;
           emitted = true;
         }
       }
-      if (!emitted) counters_.event_errors.fetch_add(1, std::memory_order_relaxed);
+      if (!emitted) {
+        counters_.event_errors.fetch_add(1, std::memory_order_relaxed);
+        queue.last_end_ns = INT64_MIN;  // the next end-only op starts from its issue time
+      }
       finish(head.op, head.pass);
       queue.popFront();
       queue.last_done_ns = pass_ns;
@@ -1094,8 +1174,8 @@ void Tracer::Impl::observeHeads() {
     if (queue.empty()) continue;
     const PendingOp& op = queue.front().op;
     // Non-blocking; one query per stream with pending work, every head_interval_ns.
-    const bool started = op.start == nullptr ||
-                         timer_->queryEvent(op.start->handle) != DeviceTimer::Status::kNotReady;
+    const bool started =
+        !pooled(op.start) || timer_->queryEvent(op.start->handle) != DeviceTimer::Status::kNotReady;
     heads_out_.push_back(StreamHead{.device = key.device,
                                     .stream_id = key.stream_id,
                                     .info = op.info,
@@ -1109,8 +1189,8 @@ void Tracer::Impl::observeHeads() {
 }
 
 void Tracer::Impl::finish(const PendingOp& op, uint64_t pass) {
-  to_free_.push_back(op.start);
-  to_free_.push_back(op.end);
+  if (pooled(op.start)) to_free_.push_back(op.start);
+  if (pooled(op.end)) to_free_.push_back(op.end);
   auto it = outstanding_.find(pass);
   if (it != outstanding_.end() && --it->second == 0) outstanding_.erase(it);
 }
@@ -1223,6 +1303,9 @@ void Tracer::cancel(Ticket* ticket) {
 }
 void Tracer::hostSpan(const OpInfo& info, int64_t start_ns, int64_t end_ns) {
   impl_->hostSpan(info, start_ns, end_ns);
+}
+void Tracer::streamWaits(void* stream) {
+  impl_->streamWaits(stream);
 }
 uint32_t Tracer::intern(const Signature& sig) {
   return impl_->intern(sig);

@@ -185,6 +185,110 @@ TEST_F(TracerTest, OpsOfOneStreamComeOutInOrderWithMappedTimes) {
   EXPECT_EQ(timer_.misuse(), 0);
 }
 
+// FLARE_TIMING=end: one event per op; the start of an op on a busy stream is the end of the op
+// before it (the kernel could not start earlier), and on an idle stream its issue time.
+TEST_F(TracerTest, EndOnlyTimingRecordsOneEventPerOpAndChainsStartsOnABusyStream) {
+  const int64_t offset = 5'000'000'000'000;
+  timer_.setGpuOffset(0, offset);
+  TracerOptions opts = quietOptions();
+  opts.end_only = true;
+  Tracer tracer(&timer_, &clock_, &sink_, opts);
+  const int64_t recorded_before = timer_.recorded();
+  for (uint64_t i = 0; i < 4; ++i) {
+    clock_.advanceNs(100);
+    ASSERT_TRUE(launch(tracer, kStreamA, opInfo(i)));
+  }
+  // The thread's first op records its start event too (no op before it to chain to).
+  EXPECT_EQ(timer_.recorded() - recorded_before, 2 + 3);
+  const int64_t t0 = offset + 2'000'000'000;
+  ASSERT_TRUE(timer_.completeOp(kStreamA, t0, t0 + 500));
+  for (int64_t i = 1; i < 4; ++i) ASSERT_TRUE(timer_.completeNext(kStreamA, t0 + 500 + i * 700));
+  ASSERT_TRUE(tracer.drain(kLongWait));
+  const std::vector<CompletedOp> ops = sink_.ops();
+  ASSERT_EQ(ops.size(), 4u);
+  EXPECT_EQ(ops[0].start_ns, 2'000'000'000);
+  EXPECT_EQ(ops[0].end_ns, 2'000'000'500);
+  for (size_t i = 1; i < ops.size(); ++i) {
+    EXPECT_EQ(ops[i].start_ns, ops[i - 1].end_ns) << i;
+    EXPECT_EQ(ops[i].end_ns - ops[i].start_ns, 700) << i;
+  }
+  EXPECT_EQ(timer_.misuse(), 0);
+}
+
+TEST_F(TracerTest, EndOnlyOpOnAnIdleStreamStartsAtItsIssueTimePlusTheLaunchLatency) {
+  TracerOptions opts = quietOptions();
+  opts.end_only = true;
+  Tracer tracer(&timer_, &clock_, &sink_, opts);
+  ASSERT_TRUE(launch(tracer, kStreamA, opInfo(0)));
+  ASSERT_TRUE(timer_.completeOp(kStreamA, 1'000'000'100, 1'000'000'600));
+  ASSERT_TRUE(tracer.drain(kLongWait));
+  clock_.advanceNs(1'000'000);  // the stream idles for 1 ms before the next launch
+  ASSERT_TRUE(launch(tracer, kStreamA, opInfo(1)));
+  ASSERT_TRUE(timer_.completeNext(kStreamA, 1'001'000'900));
+  ASSERT_TRUE(tracer.drain(kLongWait));
+  const std::vector<CompletedOp> ops = sink_.ops();
+  ASSERT_EQ(ops.size(), 2u);
+  // The first op, timed by its own start event on an idle stream, started 100 ns after its
+  // issue: the launch latency the next one is given.
+  EXPECT_EQ(ops[0].start_ns - ops[0].issue_ns, 100);
+  EXPECT_EQ(ops[1].start_ns, ops[1].issue_ns + 100);
+  EXPECT_EQ(ops[1].end_ns, 1'001'000'900);
+}
+
+TEST_F(TracerTest, EndOnlyOpOnAStreamThatWaitedForAnotherRecordsItsStart) {
+  TracerOptions opts = quietOptions();
+  opts.end_only = true;
+  Tracer tracer(&timer_, &clock_, &sink_, opts);
+  ASSERT_TRUE(launch(tracer, kStreamB, opInfo(0)));  // start + end
+  ASSERT_TRUE(launch(tracer, kStreamB, opInfo(1)));  // end only
+  tracer.streamWaits(kStreamB);                      // B waits for work on A (cudaStreamWaitEvent)
+  int64_t before = timer_.recorded();
+  ASSERT_TRUE(launch(tracer, kStreamA, opInfo(2)));  // another stream: chained
+  EXPECT_EQ(timer_.recorded() - before, 1);
+  before = timer_.recorded();
+  ASSERT_TRUE(launch(tracer, kStreamB, opInfo(3)));  // the waiting stream records its start
+  EXPECT_EQ(timer_.recorded() - before, 2);
+  before = timer_.recorded();
+  ASSERT_TRUE(launch(tracer, kStreamB, opInfo(4)));
+  EXPECT_EQ(timer_.recorded() - before, 1);
+}
+
+TEST_F(TracerTest, EndOnlyOpsKeepTheirDeviceAndItsClock) {
+  timer_.setGpuOffset(1, 7'000'000'000);
+  FakeDeviceTimer::setThreadDevice(1);
+  TracerOptions opts = quietOptions();
+  opts.end_only = true;
+  Tracer tracer(&timer_, &clock_, &sink_, opts);
+  ASSERT_TRUE(launch(tracer, kStreamA, opInfo(0)));
+  ASSERT_TRUE(launch(tracer, kStreamA, opInfo(1)));
+  const int64_t gpu = 7'000'000'000 + 1'002'000'000;  // device 1's clock, 2 ms after the issue
+  ASSERT_TRUE(timer_.completeOp(kStreamA, gpu, gpu + 500));
+  ASSERT_TRUE(timer_.completeNext(kStreamA, gpu + 1000));
+  ASSERT_TRUE(tracer.drain(kLongWait));
+  const std::vector<CompletedOp> ops = sink_.ops();
+  ASSERT_EQ(ops.size(), 2u);
+  EXPECT_EQ(ops[1].device, 1);
+  EXPECT_EQ(ops[1].start_ns, 1'002'000'500);  // the end of the op before it, in host time
+  EXPECT_EQ(ops[1].end_ns, 1'002'001'000);
+  EXPECT_EQ(timer_.misuse(), 0);
+}
+
+TEST_F(TracerTest, EndOnlyTimingRecordsAStartAgainAfterAnUntimedOp) {
+  TracerOptions opts = quietOptions();
+  opts.end_only = true;
+  Tracer tracer(&timer_, &clock_, &sink_, opts);
+  ASSERT_TRUE(launch(tracer, kStreamA, opInfo(0)));  // start + end
+  ASSERT_TRUE(launch(tracer, kStreamA, opInfo(1)));  // end only
+  timer_.setCapturing(kStreamA, true);
+  EXPECT_FALSE(launch(tracer, kStreamA, opInfo(2)));  // untimed
+  timer_.setCapturing(kStreamA, false);
+  const int64_t before = timer_.recorded();
+  ASSERT_TRUE(launch(tracer, kStreamA, opInfo(3)));  // its start is recorded again
+  EXPECT_EQ(timer_.recorded() - before, 2);
+  ASSERT_TRUE(launch(tracer, kStreamA, opInfo(4)));  // and the chain goes on
+  EXPECT_EQ(timer_.recorded() - before, 3);
+}
+
 TEST_F(TracerTest, StuckStreamDoesNotDelayAnotherStream) {
   TracerOptions opts;
   opts.poll_interval_ns = 1'000'000;  // the poller runs on its own here

@@ -264,3 +264,32 @@ def test_a_program_built_by_nvcc_is_recorded_kernel_by_kernel(build_dir, tmp_pat
     # (reps + 1 warm-up) batches of `batch` launches, then of batch/2 launches between records.
     assert counts["empty_kernel(int*)"] == (reps + 1) * (batch + batch // 2)
     assert counts["Memset"] == (reps + 1) * batch
+
+
+def test_end_only_timing_gives_the_durations_of_two_event_timing(sim_train, build_dir, tmp_path):
+    """FLARE_TIMING=end (one CUDA event per op; the start is the end of the op before it on a
+    busy stream, the issue time plus the launch latency on an idle one, and a start event after
+    a cross-stream wait) against the default pair of events, on the simulated 2-rank TP job:
+    the same records, and each signature's median duration the same within 1%."""
+    medians = {}
+    for timing in ("pair", "end"):
+        spool = tmp_path / timing
+        res = sim_train("--ranks", 2, "--steps", 4, "--layers", 2, "--hidden", 2048, "--seq",
+                        1024, "--tp", 2, env={
+                            "LD_PRELOAD": os.path.join(build_dir, "lib", "libflare_hook.so"),
+                            "FLARE_OUTPUT_DIR": str(spool), "FLARE_JOB_ID": "timing",
+                            "FLARE_TIMING": timing})
+        assert res.returncode == 0, res.stderr
+        exp = subprocess.run([os.path.join(build_dir, "bin", "flare-export"), "--input",
+                              str(spool)], capture_output=True, text=True, timeout=60)
+        assert exp.returncode == 0, exp.stderr
+        durations = collections.defaultdict(list)
+        for r in map(json.loads, exp.stdout.splitlines()):
+            if r["kind"] not in ("span", "sync"):
+                durations[(r["rank"], r["kind"], r["name"])].append(r["duration_ns"])
+        medians[timing] = {k: (len(v), sorted(v)[len(v) // 2]) for k, v in durations.items()}
+    assert medians["end"].keys() == medians["pair"].keys()
+    for key, (count, med) in medians["pair"].items():
+        end_count, end_med = medians["end"][key]
+        assert end_count == count, key
+        assert abs(end_med - med) <= 0.01 * med + 50, (key, med, end_med)
