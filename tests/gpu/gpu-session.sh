@@ -6,6 +6,7 @@
 #   $OUT/fixtures.tar.gz   capture.sh's output (tests/fixtures/gpu/ layout), $OUT/capture.log
 #   $OUT/session.log       this script's own progress, with times
 #   $OUT/launch-cost.json  KIT/bin/launch_cost bare, and under the hook in summary and raw mode
+#                          and in summary mode with FLARE_TIMING=end
 # Budgets: FLARE_ACCEPTANCE_BUDGET_* as acceptance.sh reads them; FLARE_CAPTURE_BUDGET_S (90)
 # and FLARE_CAPTURE_ARGS (--steps 12) for the capture; FLARE_SESSION_SKIP_CAPTURE=1 skips it.
 #
@@ -27,10 +28,12 @@ if [ -x "$lc" ] && [ "${FLARE_SESSION_SKIP_LAUNCH_COST:-0}" != 1 ]; then
   spool=$(mktemp -d /tmp/flare-lc.XXXXXX)
   {
     echo '{"bare": '; timeout 60 "$lc" || echo null
-    for mode in summary raw; do
-      echo ", \"$mode\": "
-      LD_PRELOAD=$FLARE_BUILD_DIR/lib/libflare_hook.so FLARE_MODE=$mode FLARE_OUTPUT_DIR=$spool \
-        FLARE_JOB_ID=launch-cost-$mode timeout 60 "$lc" || echo null
+    for arm in summary raw summary-end; do
+      echo ", \"$arm\": "
+      timing=pair
+      [ "$arm" = summary-end ] && timing=end
+      LD_PRELOAD=$FLARE_BUILD_DIR/lib/libflare_hook.so FLARE_MODE=${arm%-end} FLARE_TIMING=$timing \
+        FLARE_OUTPUT_DIR=$spool FLARE_JOB_ID=launch-cost-$arm timeout 60 "$lc" || echo null
     done
     echo '}'
   } > "$OUT/launch-cost.json" 2>> "$OUT/session.log"

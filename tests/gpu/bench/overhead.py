@@ -39,6 +39,8 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ARMS = ("bare", "flare-summary", "flare-raw", "torch-profiler")
+# Also selectable with --arms: summary mode with one CUDA event per op (FLARE_TIMING=end).
+EXTRA_ARMS = ("flare-summary-end",)
 WORKLOADS = ("gpt-small", "gpt-medium", "gpt-large", "launch-bound", "cuda-graph", "compile")
 BUDGET_PCT = {"gpt-small": 0.5, "gpt-medium": 0.5, "gpt-large": 0.5, "launch-bound": 2.0}
 
@@ -65,7 +67,9 @@ class Worker:
         if arm.startswith("flare-"):
             env.update(LD_PRELOAD=os.path.join(args.build, "lib", "libflare_hook.so"),
                        FLARE_OUTPUT_DIR=self.spool, FLARE_JOB_ID="overhead-" + arm,
-                       FLARE_MODE=arm.split("-", 1)[1])
+                       FLARE_MODE=arm.split("-")[1])
+            if arm.endswith("-end"):
+                env["FLARE_TIMING"] = "end"
         cmd = [sys.executable, args.worker, "--threads", str(args.threads)]
         if arm == "torch-profiler":
             cmd.append("--profiler")
@@ -229,9 +233,10 @@ def main():
                     "--json, so that a run cut short keeps what it measured)")
     args = ap.parse_args()
     arms = [a for a in args.arms.split(",") if a]
-    unknown = [a for a in arms if a not in ARMS]
+    unknown = [a for a in arms if a not in ARMS + EXTRA_ARMS]
     if unknown or "bare" not in arms:
-        ap.error("--arms: choose from %s, bare included (got %s)" % (", ".join(ARMS), args.arms))
+        ap.error("--arms: choose from %s, bare included (got %s)" % (
+            ", ".join(ARMS + EXTRA_ARMS), args.arms))
     args.build = os.path.abspath(args.build)
     hook = os.path.join(args.build, "lib", "libflare_hook.so")
     if any(a.startswith("flare-") for a in arms) and not os.path.exists(hook):
