@@ -58,6 +58,7 @@ struct Options {
   double speed = 1.0;  // 0: as fast as the daemon takes them
   std::string mode = "raw";
   int source_rank = -1;
+  std::vector<int> rank_map;  // --rank-map: replayed rank i runs recorded rank rank_map[i]
   double hold_s = 1.0;
   std::string dump;
   std::string token;
@@ -81,12 +82,15 @@ int64_t wallNs() {
       stderr,
       "usage: flare-replay --fixture PATH [--target HOST:PORT] [--ranks N] [--job ID]\n"
       "  [--speed X] [--mode raw|summary] [--slow-gpu RANK:FACTOR] [--slow-link RANK:FACTOR]\n"
-      "  [--stall RANK:MS] [--hang RANK:STEP] [--hold-s S] [--source-rank R] [--dump DIR]\n"
-      "  [--token T]\n"
+      "  [--stall RANK:MS] [--hang RANK:STEP] [--hold-s S] [--source-rank R]\n"
+      "  [--rank-map R0,R1,...] [--dump DIR] [--token T]\n"
       "PATH: a raw-mode spool (FLARE_OUTPUT_DIR or any folder below it) or its archive\n"
       "(.tar.gz, .tgz, .tar.zst, .tar.xz), or flare-export JSON lines (rank<R>.jsonl[.gz], or a\n"
       "folder of them: tests/fixtures/gpu/<fixture>). FACTOR > 1 slows down (durations x\n"
-      "FACTOR); MS is a host pause in every step; STEP is 0-based.\n");
+      "FACTOR); MS is a host pause in every step; STEP is 0-based. --rank-map: replayed rank i\n"
+      "runs the fixture's recorded rank Ri (as many ranks as entries; for a fixture whose ranks\n"
+      "share no collective, e.g. tests/fixtures/gpu/host-stall: 0,0,0,1); without it every\n"
+      "replayed rank runs --source-rank (default: the lowest).\n");
   std::exit(2);
 }
 
@@ -130,6 +134,15 @@ Options parse(int argc, char** argv) {
       o.ranks = static_cast<int>(number(k, v));
     } else if (k == "--source-rank") {
       o.source_rank = static_cast<int>(number(k, v));
+    } else if (k == "--rank-map") {
+      o.rank_map.clear();
+      for (size_t at = 0; at <= v.size();) {
+        const size_t comma = std::min(v.find(',', at), v.size());
+        const double r = number(k, v.substr(at, comma - at));
+        if (r != static_cast<int>(r)) usage(k + ": ranks are integers");
+        o.rank_map.push_back(static_cast<int>(r));
+        at = comma + 1;
+      }
     } else if (k == "--speed") {
       o.speed = number(k, v);
     } else if (k == "--hold-s") {
@@ -332,24 +345,51 @@ bool dumpSpool(const std::string& dir, const std::string& job, int rank,
 }  // namespace
 
 int main(int argc, char** argv) {
-  const Options o = parse(argc, argv);
+  Options o = parse(argc, argv);
   // SIGTERM/SIGINT: stop sending, close the streams, report and clean up (an unpacked archive).
   std::signal(SIGTERM, onStopSignal);
   std::signal(SIGINT, onStopSignal);
+  if (!o.rank_map.empty()) o.ranks = static_cast<int>(o.rank_map.size());
+  // One plan per recorded rank replayed; replayed rank r takes its rank r from its source's
+  // plan. The recorded ranks ran together on one host clock, so their times stay aligned.
+  std::vector<int> sources = o.rank_map.empty() ? std::vector<int>{o.source_rank} : o.rank_map;
+  std::sort(sources.begin(), sources.end());
+  sources.erase(std::unique(sources.begin(), sources.end()), sources.end());
   std::vector<v1::RecordBatch> recorded;
   replay::FixtureSource source;
   std::string error;
-  if (!replay::readFixture(o.fixture, o.source_rank, &recorded, &source, &error)) {
-    std::fprintf(stderr, "flare-replay: %s\n", error.c_str());
-    return 2;
-  }
-  replay::PlanOptions popt;
-  popt.ranks = o.ranks;
-  popt.perturb = o.perturb;
   replay::Plan plan;
-  if (!replay::makePlan(recorded, popt, &plan, &error)) {
-    std::fprintf(stderr, "flare-replay: %s\n", error.c_str());
-    return 2;
+  std::map<int, replay::Plan> plans;
+  for (int src : sources) {
+    std::vector<v1::RecordBatch> batches_of_src;
+    replay::FixtureSource src_info;
+    if (!replay::readFixture(o.fixture, src, &batches_of_src, &src_info, &error)) {
+      std::fprintf(stderr, "flare-replay: %s\n", error.c_str());
+      return 2;
+    }
+    replay::PlanOptions popt;
+    popt.ranks = o.ranks;
+    popt.perturb = o.perturb;
+    replay::Plan p;
+    if (!replay::makePlan(batches_of_src, popt, &p, &error)) {
+      std::fprintf(stderr, "flare-replay: %s\n", error.c_str());
+      return 2;
+    }
+    if (plans.empty()) {
+      recorded = std::move(batches_of_src);
+      source = src_info;
+    }
+    plans.emplace(src, std::move(p));
+  }
+  plan = plans.begin()->second;
+  if (!o.rank_map.empty()) {
+    for (int r = 0; r < o.ranks; ++r) {
+      const replay::Plan& from = plans.at(o.rank_map[static_cast<size_t>(r)]);
+      plan.ranks[static_cast<size_t>(r)] = from.ranks[static_cast<size_t>(r)];
+      plan.t0_ns = std::min(plan.t0_ns, from.t0_ns);
+      plan.tend_ns = std::max(plan.tend_ns, from.tend_ns);
+      plan.steps = std::min(plan.steps, from.steps);
+    }
   }
   const v1::DeviceInfo* device = nullptr;
   for (const auto& b : recorded) {

@@ -6,10 +6,11 @@ delivered, the loop's own step count held per rank, GEMM TFLOPS in the kernel re
 diagnoses a user relies on: nothing on the healthy loops, the scenario's own fault where the
 replayer can show it, and a fault the replayer injects on one rank named on that rank only.
 
-The replayer streams one recorded rank (--source-rank) as every rank of the job. The host-stall
-fixture's stalled rank (its rank 1) therefore cannot be replayed beside healthy peers: each of
-its recorded ranks is replayed on its own for pipeline health, and the one-rank stall is
-asserted by injecting it (--stall) into a healthy fixture instead."""
+The replayer streams one recorded rank (--source-rank) as every rank of the job, or each
+replayed rank from a recorded rank of its own (--rank-map): the host-stall fixture's real GC
+pause on its rank 1 is replayed beside three healthy copies of its rank 0 and must be named on
+that rank alone; a fault the replayer injects (--stall, --slow-gpu) on one rank of a healthy
+fixture likewise."""
 
 import json
 import os
@@ -151,6 +152,17 @@ def test_a_fault_injected_on_one_rank_of_a_healthy_fixture_is_named_on_that_rank
     assert [(a["kind"], a["rank"], a["team"]) for a in alerts] == [(kind, rank, team)], alerts
 
 
+@pytest.mark.parametrize("mode", MODES)
+def test_the_recorded_gc_pause_of_one_rank_is_named_on_that_rank(build_dir, daemon, mode):
+    """host-stall: recorded rank 1 paused ~10 ms in a real gc.collect() every step (H200,
+    PyTorch 2.11); replayed as rank 3 beside three copies of the healthy recorded rank 0."""
+    name = "host-stall"
+    job, _ = replay(build_dir, daemon, name, mode, "--rank-map", "0,0,0,1")
+    wait_alerts(daemon, job, "issue_stall", timeout=10)
+    data = assert_healthy_pipeline(build_dir, daemon, job, min(loop_steps(name).values()))
+    assert diagnoses(data) == [("issue_stall", "algorithm", (3,))], data["diagnoses"]
+
+
 def test_the_fixtures_are_the_committed_real_gpu_captures():
     with open(os.path.join(FIXTURES, "metadata.json")) as f:
         meta = json.load(f)
@@ -161,3 +173,14 @@ def test_the_fixtures_are_the_committed_real_gpu_captures():
         assert sorted(loop_steps(name)) == list(range(x["ranks"]))
         for f in x["files"]:
             assert os.path.exists(os.path.join(FIXTURES, f)), f
+
+
+def test_a_rank_map_naming_a_rank_the_fixture_lacks_is_a_clear_error(build_dir):
+    res = subprocess.run([os.path.join(build_dir, "bin", "flare-replay"), "--fixture",
+                          os.path.join(FIXTURES, "host-stall"), "--rank-map", "0,5",
+                          "--target", "127.0.0.1:1"], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 2 and "no rank 5" in res.stderr, res.stderr
+    res = subprocess.run([os.path.join(build_dir, "bin", "flare-replay"), "--fixture",
+                          os.path.join(FIXTURES, "host-stall"), "--rank-map", "0,x"],
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 2 and "--rank-map" in res.stderr, res.stderr
