@@ -727,6 +727,31 @@ def cmd_alerts(args):
         time.sleep(args.interval)
 
 
+def looked_at(base, job, timeout):
+    """What an empty diagnosis looked at: the job's ranks, their batches and records, the ranks
+    whose data flared refused or dropped, and its hang incidents. Raises CliError (exit 4) for a
+    job the daemon does not know: an unknown job is not a healthy one."""
+    path = urllib.parse.quote(job, safe="")
+    try:
+        ranks = http_get(base, "/api/v1/jobs/%s/ranks" % path, timeout).get("ranks", [])
+    except CliError as e:
+        if e.status == 404:
+            raise CliError("job %r is not known to the daemon at %s, so nothing was diagnosed "
+                           "(`flare status --all` lists its jobs)" % (job, base), code=4)
+        raise
+    try:
+        hangs = http_get(base, "/api/v1/jobs/%s/hangs" % path, timeout).get("incidents", [])
+    except CliError:
+        hangs = None
+    refused = sorted({as_int(r.get("rank")) for r in ranks if r.get("refusals")})
+    lost = sorted({as_int(r.get("rank")) for r in ranks if as_int(r.get("lostBatches"))})
+    return {"ranks": len(ranks), "connected": sum(1 for r in ranks if r.get("connected")),
+            "batches": sum(as_int(r.get("batches")) for r in ranks),
+            "records": sum(as_int(r.get("records")) for r in ranks),
+            "ranksWithRefusedData": refused, "ranksWithLostBatches": lost,
+            "hangIncidents": None if hangs is None else len(hangs)}
+
+
 def cmd_diagnose(args):
     """The detectors run now by flared on the job's recent records."""
     base = args.daemon_http or os.environ.get("FLARE_DAEMON_HTTP") or DEFAULT_HTTP
@@ -734,17 +759,37 @@ def cmd_diagnose(args):
     got = http_get(base, "/api/v1/jobs/%s/diagnoses" % urllib.parse.quote(args.job, safe=""),
                    args.timeout)
     found = got.get("diagnoses", []) if isinstance(got, dict) else []
+    seen = None if found else looked_at(base, args.job, args.timeout)
     if args.json:
-        json.dump({"diagnoses": found}, sys.stdout, indent=2)
+        out = {"diagnoses": found}
+        if seen is not None:
+            out["lookedAt"] = seen
+        json.dump(out, sys.stdout, indent=2)
         print()
     elif not found:
-        print("no anomaly found in job %s" % args.job)
+        caveats = []
+        if seen["ranksWithRefusedData"]:
+            caveats.append("flared refused data of ranks %s (`flare status --job %s`)" % (
+                compact_ranges(seen["ranksWithRefusedData"]), args.job))
+        if seen["ranksWithLostBatches"]:
+            caveats.append("ranks %s lost batches" % compact_ranges(seen["ranksWithLostBatches"]))
+        if seen["hangIncidents"]:
+            caveats.append("%d hang incident(s): `flare hang --job %s`" % (
+                seen["hangIncidents"], args.job))
+        if seen["ranks"] == 0 or seen["records"] == 0:
+            caveats.append("no records have arrived yet")
+        print("no anomaly found in job %s: looked at %d rank(s) (%d connected), %d batches, "
+              "%d records in the detectors' window%s" % (
+                  args.job, seen["ranks"], seen["connected"], seen["batches"], seen["records"],
+                  "; but " + "; ".join(caveats) if caveats else ""))
     else:
         for d in found:
             print("[%s] %s" % (d.get("team"), d.get("summary")))
             for e in d.get("evidence", []):
                 print("    - %s" % e.get("text"))
-    return 3 if found else 0
+    if found:
+        return 3
+    return 5 if seen and (seen["hangIncidents"] or seen["ranksWithRefusedData"]) else 0
 
 
 def cmd_report(args):

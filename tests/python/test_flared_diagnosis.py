@@ -104,6 +104,14 @@ def test_flared_alerts_on_the_underclocked_rank_once_and_not_on_the_healthy_job(
     assert [d["kind"] for d in json.loads(res.stdout)["diagnoses"]] == ["gpu_slow"]
     res = flare(build_dir, "diagnose", "--daemon-http", http, "--job", "healthy")
     assert res.returncode == 0 and "no anomaly" in res.stdout
+    # An empty answer says what was looked at; an unknown job is not a healthy one.
+    assert "looked at 8 rank(s)" in res.stdout and " records " in res.stdout, res.stdout
+    res = flare(build_dir, "diagnose", "--daemon-http", http, "--job", "healthy", "--json")
+    seen = json.loads(res.stdout)["lookedAt"]
+    assert seen["ranks"] == 8 and seen["records"] > 0 and seen["ranksWithRefusedData"] == []
+    res = flare(build_dir, "diagnose", "--daemon-http", http, "--job", "nosuchjob")
+    assert res.returncode == 4 and "not known to the daemon" in res.stderr, res.stderr
+    assert res.stdout == ""
     # Alerts are stored: a restarted daemon still lists it.
     daemon.stop()
     again = Daemon(build_dir, tmp_path)
