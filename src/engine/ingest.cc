@@ -13,8 +13,9 @@
 #include "src/engine/auth.h"
 #include "src/engine/metrics.h"
 #include "src/engine/stats/sketch.h"
-#include "src/timing/collective_blocks.h"
-#include "src/timing/step_stats.h"
+#include "src/records/collective_blocks.h"
+#include "src/records/op_kind.h"
+#include "src/records/step_stats.h"
 
 namespace flare::engine {
 namespace {
@@ -23,7 +24,7 @@ constexpr size_t kMaxNameBytes = 4096;
 constexpr size_t kMaxShapeDims = 16;
 constexpr size_t kMaxShortString = 1024;
 constexpr size_t kMaxClusters = 64;
-constexpr size_t kMaxStepCauses = timing::StepStats::kMaxHostCauses;
+constexpr size_t kMaxStepCauses = records::StepStats::kMaxHostCauses;
 constexpr size_t kMaxSketchBytes = 16 * 1024;  // a serialized issue-latency sketch
 
 // A serialized LatencySketch from a StepStats: decodes, within size, at most `max_count` values
@@ -55,13 +56,6 @@ constexpr const char* kDropNames[] = {"ring_full",      "events_exhausted",    "
 // The one job-id rule (src/common/job_id.h), the hook's and the CLI's too.
 bool jobIdValid(const std::string& id) {
   return common::validJobId(id);
-}
-
-bool computesFlops(v1::OpKind k) {
-  return k == v1::OP_KIND_GEMM || k == v1::OP_KIND_ATTENTION || k == v1::OP_KIND_CUSTOM;
-}
-bool isCollective(v1::OpKind k) {
-  return k == v1::OP_KIND_COLLECTIVE || k == v1::OP_KIND_P2P;
 }
 
 }  // namespace
@@ -124,21 +118,6 @@ const char* reasonName(Reason r) {
   return i < std::size(kReasonNames) ? kReasonNames[i] : "unknown";
 }
 
-double busBwFactor(v1::CollectiveKind kind, int32_t n) {
-  if (n <= 0) return 1.0;
-  const double dn = n;
-  switch (kind) {
-    case v1::COLLECTIVE_KIND_ALL_REDUCE:
-      return 2.0 * (dn - 1) / dn;
-    case v1::COLLECTIVE_KIND_ALL_GATHER:
-    case v1::COLLECTIVE_KIND_REDUCE_SCATTER:
-    case v1::COLLECTIVE_KIND_ALL_TO_ALL:
-      return (dn - 1) / dn;
-    default:
-      return 1.0;
-  }
-}
-
 Ingest::Ingest(IngestConfig config, Store* store, const common::Clock& wall)
     : config_(std::move(config)), store_(store), wall_(wall) {}
 
@@ -172,12 +151,12 @@ Verdict Ingest::decode(const void* data, size_t size, v1::RankMessage* out) {
                          b.signatures_size() + b.api_names_size();
     const size_t room = config_.max_batch_items > other ? config_.max_batch_items - other : 0;
     std::string why;
-    switch (timing::expandCollectiveBlocks(out->mutable_batch(), room, &why)) {
-      case timing::Expand::kOk:
+    switch (records::expandCollectiveBlocks(out->mutable_batch(), room, &why)) {
+      case records::Expand::kOk:
         break;
-      case timing::Expand::kTooMany:
+      case records::Expand::kTooMany:
         return reject(Reason::kOversized, Code::kResourceExhausted, why + " (--max-batch-items)");
-      case timing::Expand::kMalformed:
+      case records::Expand::kMalformed:
         return reject(Reason::kMalformed, Code::kInvalidArgument, why, true);
     }
   }
@@ -428,7 +407,7 @@ std::string stepStatsError(const v1::StepStats& st, const TimeLimits& limits, Re
            std::to_string(st.gpu_ops()) + " ops";
   }
   for (const v1::HostCause& c : st.causes()) {
-    if (c.name().empty() || c.name().size() > timing::StepStats::kMaxCauseNameBytes ||
+    if (c.name().empty() || c.name().size() > records::StepStats::kMaxCauseNameBytes ||
         !validStepSketch(c.issue_latency(), st.gpu_ops(), false)) {
       return "step statistics: a host cause without a name or with a bad sketch";
     }
@@ -970,13 +949,13 @@ void Ingest::fillReport(const JobState& job, v1::GetReportResponse* out) const {
     r->set_total_ns(st->total_ns);
     r->set_time_share(
         busy > 0 && onGpu(*st) ? static_cast<double>(st->total_ns) / static_cast<double>(busy) : 0);
-    if (st->total_ns > 0 && computesFlops(st->sig.kind())) {
+    if (st->total_ns > 0 && records::computesFlops(st->sig.kind())) {
       r->set_tflops(st->flops / static_cast<double>(st->total_ns) / 1e3);  // flop/ns = GFLOP/s
     }
-    if (st->total_ns > 0 && isCollective(st->sig.kind())) {
+    if (st->total_ns > 0 && records::isCollective(st->sig.kind())) {
       const int32_t n = st->nranks > 0 ? st->nranks : job.world_size;
       r->set_busbw_gbps(st->bytes / static_cast<double>(st->total_ns) *
-                        busBwFactor(st->sig.collective(), n));  // bytes/ns = GB/s
+                        records::busBandwidthFactor(st->sig.collective(), n));  // bytes/ns = GB/s
     }
     r->set_p50_ns(st->hist.quantile(0.5));
     r->set_p99_ns(st->hist.quantile(0.99));

@@ -413,7 +413,4 @@ class RealtimeClock final : public common::Clock {
   int64_t nowNs() const noexcept override { return common::realtimeNs(); }
 };
 
-// The nccl-tests bus-bandwidth factor of a collective over n ranks.
-double busBwFactor(v1::CollectiveKind kind, int32_t nranks);
-
 }  // namespace flare::engine

@@ -622,14 +622,6 @@ TEST_F(IngestTest, SummariesFeedTheReport) {
   EXPECT_NEAR(r.signatures(0).p50_ns(), 100000, 19000);
 }
 
-TEST(BusBwFactor, NcclTestsDefinitions) {
-  EXPECT_DOUBLE_EQ(busBwFactor(v1::COLLECTIVE_KIND_ALL_REDUCE, 4), 1.5);
-  EXPECT_DOUBLE_EQ(busBwFactor(v1::COLLECTIVE_KIND_ALL_GATHER, 4), 0.75);
-  EXPECT_DOUBLE_EQ(busBwFactor(v1::COLLECTIVE_KIND_REDUCE_SCATTER, 8), 0.875);
-  EXPECT_DOUBLE_EQ(busBwFactor(v1::COLLECTIVE_KIND_ALL_TO_ALL, 2), 0.5);
-  EXPECT_DOUBLE_EQ(busBwFactor(v1::COLLECTIVE_KIND_BROADCAST, 8), 1.0);
-}
-
 }  // namespace
 }  // namespace flare::engine
 

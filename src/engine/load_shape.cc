@@ -3,7 +3,7 @@
 #include <cmath>
 
 #include "src/engine/stats/sketch.h"
-#include "src/timing/step_stats.h"
+#include "src/records/step_stats.h"
 
 namespace flare::engine::load {
 
@@ -48,8 +48,8 @@ int addSummaryInterval(v1::RecordBatch* b, int sigs, int ops_per_step, int64_t n
   st->set_inter_ns(interval_ns / 20);
   st->set_minority_ns(interval_ns / 10);
   st->set_gpu_ops(static_cast<uint64_t>(ops_per_step));
-  stats::LatencySketch all(timing::StepStats::kStepSketchAccuracy);
-  stats::LatencySketch cause(timing::StepStats::kStepSketchAccuracy);
+  stats::LatencySketch all(records::StepStats::kStepSketchAccuracy);
+  stats::LatencySketch cause(records::StepStats::kStepSketchAccuracy);
   double sum = 0;
   for (int i = 0; i < ops_per_step; ++i) {
     const double v = 5e3 * std::pow(1e4, static_cast<double>(i) / ops_per_step);

@@ -15,8 +15,8 @@
 
 #include "flare/v1/records.pb.h"
 #include "src/engine/ingest.h"
-#include "src/timing/step_accumulator.h"
-#include "src/timing/step_stats_wire.h"
+#include "src/records/step_accumulator.h"
+#include "src/records/step_stats_wire.h"
 
 namespace flare::engine {
 namespace {
@@ -163,8 +163,8 @@ TEST(StepValidationProperty, EveryStepStatsTheRankEmitsPassesTheDaemonsValidatio
       if (arrivals[a].kind == 0)
         later_issue[a] = std::min(later_issue[a], job.ops[arrivals[a].index].issue);
     }
-    timing::StepAccumulator acc;
-    std::vector<timing::StepResult> got;
+    records::StepAccumulator acc;
+    std::vector<records::StepResult> got;
     for (size_t a = 0; a < arrivals.size(); ++a) {
       const Arrival& x = arrivals[a];
       if (x.kind == 0) {
@@ -189,7 +189,7 @@ TEST(StepValidationProperty, EveryStepStatsTheRankEmitsPassesTheDaemonsValidatio
     ASSERT_EQ(got.size(), job.boundaries - 1);
     for (size_t i = 0; i < got.size(); ++i) {
       v1::StepStats wire;
-      timing::encodeStepStats(
+      records::encodeStepStats(
           got[i], [](int64_t t) { return t; }, &wire);
       Reason reason = Reason::kCount;
       const std::string error = stepStatsError(wire, limits, &reason);
@@ -197,7 +197,7 @@ TEST(StepValidationProperty, EveryStepStatsTheRankEmitsPassesTheDaemonsValidatio
                            << ", " << wire.end_ns() << "): inter " << wire.inter_ns() << ", busy "
                            << wire.gpu_busy_ns() << ", minority " << wire.minority_ns();
       ++steps_checked;
-      full_causes += wire.causes_size() == timing::StepStats::kMaxHostCauses ? 1 : 0;
+      full_causes += wire.causes_size() == records::StepStats::kMaxHostCauses ? 1 : 0;
       negative += wire.issue_latency_sum_ns() < 0 ? 1 : 0;
     }
   }

@@ -13,8 +13,9 @@
 #include <utility>
 
 #include "src/common/text.h"
+#include "src/records/op_kind.h"
+#include "src/records/step_stats.h"
 #include "src/timing/spool_sink.h"
-#include "src/timing/step_stats.h"
 
 namespace flare::timeline {
 namespace {
@@ -25,23 +26,11 @@ using CollKey = std::pair<uint64_t, uint64_t>;  // (communicator, sequence numbe
 
 constexpr int64_t kLaunchSliceNs = 1'000;  // nominal width of a launch slice (see header)
 
-bool isCollective(const flare::v1::Signature& sig) {
+// Group collectives only, not send/recv (records::isCollective counts both): a collective
+// instance is matched across all members of its communicator by (communicator, sequence number)
+// and linked by flow arrows; point-to-point ops have no such all-member instance.
+bool isGroupCollective(const flare::v1::Signature& sig) {
   return sig.kind() == flare::v1::OP_KIND_COLLECTIVE;
-}
-
-// nccl-tests bus-bandwidth factor of a collective over n ranks.
-double busFactor(flare::v1::CollectiveKind kind, int n) {
-  if (n <= 1) return 1.0;
-  switch (kind) {
-    case flare::v1::COLLECTIVE_KIND_ALL_REDUCE:
-      return 2.0 * (n - 1) / n;
-    case flare::v1::COLLECTIVE_KIND_ALL_GATHER:
-    case flare::v1::COLLECTIVE_KIND_REDUCE_SCATTER:
-    case flare::v1::COLLECTIVE_KIND_ALL_TO_ALL:
-      return static_cast<double>(n - 1) / n;
-    default:
-      return 1.0;
-  }
 }
 
 // The API call that issued an op, as the CPU-side slice is named (Kineto's runtime events).
@@ -121,7 +110,8 @@ bool firstPass(const std::vector<RankSource>& sources, Pass1* p1, Summary* summa
     for (const auto& k : data.kernels) {
       p1->base_ns = std::min(p1->base_ns, std::min(k.issue_ns(), k.start_ns()));
       auto sig = data.sigs.find(k.signature_id());
-      if (sig == data.sigs.end() || !isCollective(sig->second) || !k.has_collective()) continue;
+      if (sig == data.sigs.end() || !isGroupCollective(sig->second) || !k.has_collective())
+        continue;
       const CollKey key{k.collective().comm_hash(), k.collective().seq()};
       ends[key] = k.end_ns();
       p1->members[key].push_back(src.rank);
@@ -130,7 +120,7 @@ bool firstPass(const std::vector<RankSource>& sources, Pass1* p1, Summary* summa
     for (const auto& s : data.spans) {
       p1->base_ns = std::min(p1->base_ns, s.start_ns());
       auto api = data.apis.find(s.api_id());
-      if (api != data.apis.end() && timing::isStepApiName(api->second))
+      if (api != data.apis.end() && records::isStepApiName(api->second))
         starts.push_back(s.start_ns());
     }
     std::sort(starts.begin(), starts.end());
@@ -360,7 +350,7 @@ void RankWriter::writeGpu(const RankData& data) {
           const double algbw = static_cast<double>(bytes) / dur;  // GB/s
           char buf[64];
           std::snprintf(buf, sizeof(buf), ",\"algbw GB/s\":%.3f,\"busbw GB/s\":%.3f", algbw,
-                        algbw * busFactor(sig.collective(), c.nranks()));
+                        algbw * records::busBandwidthFactor(sig.collective(), c.nranks()));
           args += buf;
         }
       }
@@ -386,7 +376,7 @@ void RankWriter::writeGpu(const RankData& data) {
                 ",\"tid\":" + std::to_string(track.second) + ",\"ts\":" + ts(start) + "}");
       ++summary_->launch_flows;
       // Collective flows: from the previous member rank's instance to this one.
-      if (link_collectives_ && k.has_collective() && isCollective(sig)) {
+      if (link_collectives_ && k.has_collective() && isGroupCollective(sig)) {
         const CollKey key{k.collective().comm_hash(), k.collective().seq()};
         auto m = p1_.members.find(key);
         if (m != p1_.members.end()) {
@@ -738,7 +728,7 @@ std::vector<int64_t> stepStarts(const std::vector<flare::v1::RecordBatch>& batch
     for (const auto& a : b.api_names()) apis[a.id()] = a.qualified_name();
     for (const auto& s : b.spans()) {
       auto it = apis.find(s.api_id());
-      if (it != apis.end() && timing::isStepApiName(it->second)) starts.push_back(s.start_ns());
+      if (it != apis.end() && records::isStepApiName(it->second)) starts.push_back(s.start_ns());
     }
   }
   std::sort(starts.begin(), starts.end());

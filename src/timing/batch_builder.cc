@@ -7,7 +7,8 @@
 
 #include "flare/step.h"
 #include "src/common/log.h"
-#include "src/timing/step_stats_wire.h"
+#include "src/records/op_kind.h"
+#include "src/records/step_stats_wire.h"
 
 namespace flare::timing {
 namespace {
@@ -51,8 +52,9 @@ std::string libraryOf(std::string_view name) {
   return "";
 }
 
+// The shared fact (src/records/op_kind.h) on the hook's own kind.
 bool isCollective(OpKind kind) {
-  return kind == OpKind::kCollective || kind == OpKind::kP2P;
+  return records::isCollective(toProtoKind(kind));
 }
 
 }  // namespace
@@ -227,10 +229,10 @@ void BatchBuilder::noteStepBoundary() {
 }
 
 void BatchBuilder::addStepStats(bool final) {
-  for (StepResult& r : steps_.take(final)) {
+  for (records::StepResult& r : steps_.take(final)) {
     if (!batch_open_) openBatch();
     flare::v1::StepStats* out = batch_.add_step_stats();
-    encodeStepStats(
+    records::encodeStepStats(
         r, [this](int64_t t) { return clock_map_.fromMonotonic(t); }, out);
     account(out->ByteSizeLong());
   }
@@ -276,7 +278,7 @@ void BatchBuilder::addSpans(std::span<const CompletedSpan> spans) {
       // MODE_SUMMARY: a traced call may hold up launches; `__next__` marks the input wait.
       if (auto name = api_names_.find(span.api_id); name != api_names_.end()) {
         steps_.addHostEvent(span.start_ns, span.end_ns, span.thread_id, name->second);
-        if (isStepApiName(name->second)) {
+        if (records::isStepApiName(name->second)) {
           steps_.addLoaderSpan(span.start_ns, span.end_ns);
           noteStepBoundary();
         }

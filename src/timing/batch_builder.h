@@ -21,8 +21,8 @@
 
 #include "flare/v1/records.pb.h"
 #include "src/common/clock.h"
-#include "src/timing/collective_blocks.h"
-#include "src/timing/step_accumulator.h"
+#include "src/records/collective_blocks.h"
+#include "src/records/step_accumulator.h"
 #include "src/timing/summary_aggregator.h"
 #include "src/timing/timing.h"
 
@@ -95,10 +95,10 @@ class BatchBuilder {
   bool drops_dirty_ = false;
   std::optional<flare::v1::DeviceInfo> device_;  // not sent yet
   SummaryAggregator aggregator_;
-  CollectiveBlockWriter collectives_;                         // the open batch's collective blocks
+  records::CollectiveBlockWriter collectives_;                // the open batch's collective blocks
   flare::v1::KernelRecord scratch_;                           // a collective being added to a block
   std::unordered_map<uint32_t, uint64_t> collective_counts_;  // signature id → count (shape[0])
-  StepAccumulator steps_;                                     // MODE_SUMMARY's per-step statistics
+  records::StepAccumulator steps_;                            // MODE_SUMMARY's per-step statistics
   bool accumulating_ = false;  // the mode of the last addOps/addSpans
   // Asks summary_mode(); a change of mode resets the step accumulator. True: MODE_SUMMARY.
   bool summarizing();

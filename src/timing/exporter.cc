@@ -19,7 +19,7 @@
 #include "src/common/log.h"
 #include "src/common/private_dir.h"
 #include "src/common/text.h"
-#include "src/timing/collective_blocks.h"
+#include "src/records/collective_blocks.h"
 #include "src/timing/spool_sink.h"
 
 namespace flare::timing {
@@ -272,7 +272,7 @@ void GrpcExporter::enqueue(flare::v1::RecordBatch&& batch) {
   std::lock_guard<std::mutex> lock(mu_);
   if (shutdown_done_) {
     // After shutdown: keep nothing, count.
-    stats_.records_dropped += recordCount(item.batch);
+    stats_.records_dropped += records::recordCount(item.batch);
     stats_.send_failed++;
     send_failed_.fetch_add(1, std::memory_order_relaxed);
     return;
@@ -428,7 +428,7 @@ bool GrpcExporter::spoolAppend(const flare::v1::RecordBatch& batch_in) {
   std::lock_guard<std::mutex> lock(mu_);
   if (dropped || !ok) {
     stats_.spool_dropped++;
-    stats_.records_dropped += recordCount(batch_in);
+    stats_.records_dropped += records::recordCount(batch_in);
     spool_dropped_.fetch_add(1, std::memory_order_relaxed);
   }
   if (ok) stats_.batches_spooled++;

@@ -15,7 +15,7 @@
 #include "src/common/log.h"
 #include "src/common/private_dir.h"
 #include "src/common/text.h"
-#include "src/timing/collective_blocks.h"
+#include "src/records/collective_blocks.h"
 
 namespace flare::timing {
 namespace {
@@ -158,10 +158,10 @@ void SpoolSink::finish() {
 
 void SpoolSink::write(const flare::v1::RecordBatch& batch) {
   if (disabled()) {
-    dropped_.fetch_add(recordCount(batch), std::memory_order_relaxed);
+    dropped_.fetch_add(records::recordCount(batch), std::memory_order_relaxed);
     return;
   }
-  const uint64_t kernels = recordCount(batch);
+  const uint64_t kernels = records::recordCount(batch);
   std::string bytes;
   const size_t size = batch.ByteSizeLong();
   bytes.reserve(size + 10);
@@ -249,7 +249,8 @@ bool readSpoolFile(const std::string& path, std::vector<flare::v1::RecordBatch>*
         return fail(fmt::format("{}: malformed batch at offset {}", path, offset));
       }
       std::string why;
-      if (expandCollectiveBlocks(&batch, kMaxExpandedRecords, &why) != Expand::kOk) {
+      if (records::expandCollectiveBlocks(&batch, kMaxExpandedRecords, &why) !=
+          records::Expand::kOk) {
         return fail(fmt::format("{}: batch at offset {}: {}", path, offset, why));
       }
       out->push_back(std::move(batch));

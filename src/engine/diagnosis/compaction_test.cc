@@ -57,7 +57,7 @@ flare::v1::RecordBatch second(int rank, int64_t t, double factor, double lo, int
   st->set_end_ns((t + 1) * kSec);
   st->set_gpu_busy_ns(kSec * 9 / 10);
   st->set_gpu_ops(static_cast<uint64_t>(ops));
-  stats::LatencySketch sketch(timing::StepStats::kStepSketchAccuracy);
+  stats::LatencySketch sketch(records::StepStats::kStepSketchAccuracy);
   double sum = 0;
   for (int i = 0; i < ops; ++i) {
     const double v = lo * std::pow(100.0, (i + 0.5 * static_cast<double>(t % 2)) / ops);

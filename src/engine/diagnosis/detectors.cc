@@ -395,7 +395,7 @@ std::vector<double> issueLatencies(const JobModel& job, const RankData& r,
       return v;
     }
     // The quantile sample from the steps' merged sketch (its buckets come in ascending order).
-    stats::LatencySketch merged(timing::StepStats::kStepSketchAccuracy);
+    stats::LatencySketch merged(records::StepStats::kStepSketchAccuracy);
     for (const ReceivedStep* st : steps) merged.merge(st->stats.latency);
     for (const CoarseSteps& c : r.coarse_steps) merged.merge(c.latency);
     v.reserve(max_values);
@@ -485,7 +485,7 @@ std::map<int, std::pair<double, double>> idlePerStep(const JobModel& job) {
   std::map<int, std::pair<double, double>> out;
   for (const auto& [rank, r] : job.ranks()) {
     std::vector<double> idle, steps;
-    for (const timing::StepStats& st : job.stepStats(rank)) {
+    for (const records::StepStats& st : job.stepStats(rank)) {
       if (st.step == 0) continue;
       const double step = static_cast<double>(st.end_ns - st.start_ns);
       idle.push_back(step - static_cast<double>(st.gpu_busy_ns));
@@ -890,10 +890,10 @@ struct VoidSteps {
 std::map<int, VoidSteps> voidPerStep(const JobModel& job) {
   std::map<int, VoidSteps> result;
   for (const auto& [rank, r] : job.ranks()) {
-    // The shared per-step definition (src/timing/step_stats.h), the first step skipped (warm-up).
+    // The shared per-step definition (src/records/step_stats.h), the first step skipped (warm-up).
     const auto steps = job.stepStats(rank);
     std::vector<double> v_inter, v_minority;
-    for (const timing::StepStats& st : steps) {
+    for (const records::StepStats& st : steps) {
       if (st.step == 0) continue;
       v_inter.push_back(st.vInter());
       if (st.end_ns - st.start_ns - st.inter_ns > 0) v_minority.push_back(st.vMinority());
@@ -1443,8 +1443,8 @@ StepIssueLatency stepIssueLatency(const JobModel& job) {
   for (const auto& [rank, s] : starts) {
     std::vector<double> means(n_steps, NAN), offsets(n_steps, NAN), idle(n_steps, NAN);
     // Each step's issue-latency and issue-offset sums (the rank's own in MODE_SUMMARY).
-    std::map<int64_t, timing::StepStats> by_step;
-    for (timing::StepStats& st : job.stepStats(rank)) {
+    std::map<int64_t, records::StepStats> by_step;
+    for (records::StepStats& st : job.stepStats(rank)) {
       const int64_t k = st.step;
       by_step.insert_or_assign(k, std::move(st));
     }

@@ -434,7 +434,7 @@ void JobModel::compactRank(RankData& r) {
     into->end = std::max(into->end, st.stats.end_ns);
     into->latency.merge(st.stats.latency);
     for (const auto& [api, sketch] : st.causes) mergeSketch(&into->causes, api, sketch);
-    st.stats.latency = stats::LatencySketch(timing::StepStats::kStepSketchAccuracy);
+    st.stats.latency = stats::LatencySketch(records::StepStats::kStepSketchAccuracy);
     std::vector<std::pair<uint32_t, stats::LatencySketch>>().swap(st.causes);
   }
 }
@@ -668,7 +668,7 @@ std::vector<int64_t> JobModel::stepStarts(int rank) const {
   std::vector<int64_t> starts = it->second.step_starts;
   if (starts.empty()) {
     for (const Span& s : it->second.spans) {
-      if (timing::isStepApiName(apis_[s.api])) starts.push_back(s.start);
+      if (records::isStepApiName(apis_[s.api])) starts.push_back(s.start);
     }
   }
   std::sort(starts.begin(), starts.end());
@@ -711,16 +711,16 @@ std::vector<const ReceivedStep*> JobModel::receivedSteps(int rank) const {
   return out;
 }
 
-std::vector<timing::StepStats> JobModel::stepStats(int rank) const {
+std::vector<records::StepStats> JobModel::stepStats(int rank) const {
   const auto it = ranks_.find(rank);
   if (it == ranks_.end()) return {};
   const std::vector<int64_t> starts = stepStarts(rank);
   const RankData& r = it->second;
   if (!r.steps.empty()) {  // MODE_SUMMARY: the rank's own figures
-    std::vector<timing::StepStats> out;
+    std::vector<records::StepStats> out;
     out.reserve(r.steps.size());
     for (const ReceivedStep& st : r.steps) {
-      timing::StepStats& o = out.emplace_back();  // the figures, not the sketch (see the header)
+      records::StepStats& o = out.emplace_back();  // the figures, not the sketch (see the header)
       o.start_ns = st.stats.start_ns;
       o.end_ns = st.stats.end_ns;
       o.gpu_busy_ns = st.stats.gpu_busy_ns;
@@ -731,24 +731,24 @@ std::vector<timing::StepStats> JobModel::stepStats(int rank) const {
       o.issue_offset_sum_ns = st.stats.issue_offset_sum_ns;
       o.step = stepIndex(starts, st.stats.start_ns, st.stats.end_ns);
     }
-    std::sort(out.begin(), out.end(), [](const timing::StepStats& a, const timing::StepStats& b) {
+    std::sort(out.begin(), out.end(), [](const records::StepStats& a, const records::StepStats& b) {
       return a.start_ns < b.start_ns;
     });
     return out;
   }
   if (starts.size() < 2) return {};
-  std::vector<timing::StepOp> ops;
+  std::vector<records::StepOp> ops;
   ops.reserve(r.ops.size());
   for (const Op& op : r.ops) {
     const auto kind = signatures_[op.sig].kind();
     if (kind == flare::v1::OP_KIND_SYNC) continue;  // host-side, not GPU work
     ops.push_back({op.issue, op.start, op.end, kind == flare::v1::OP_KIND_KERNEL});
   }
-  std::vector<timing::StepSpan> loader;
+  std::vector<records::StepSpan> loader;
   for (const Span& s : r.spans) {
-    if (timing::isStepApiName(apis_[s.api])) loader.push_back({s.start, s.end});
+    if (records::isStepApiName(apis_[s.api])) loader.push_back({s.start, s.end});
   }
-  return timing::computeStepStats(ops, loader, starts);
+  return records::computeStepStats(ops, loader, starts);
 }
 
 }  // namespace flare::engine

@@ -18,7 +18,7 @@
 
 #include "flare/v1/records.pb.h"
 #include "src/engine/stats/kde.h"
-#include "src/timing/step_stats.h"
+#include "src/records/step_stats.h"
 
 namespace flare::engine {
 
@@ -141,7 +141,7 @@ struct SummaryWindow {
 // One step's statistics as the rank computed them (MODE_SUMMARY, RecordBatch.step_stats): the
 // detectors read these in place of the raw compute ops (stepStats()).
 struct ReceivedStep {
-  timing::StepStats stats;  // step = 0; JobModel::stepStats numbers it
+  records::StepStats stats;  // step = 0; JobModel::stepStats numbers it
   // Job-wide API id (apis()) of a host cause → issue latencies of the ops it held up.
   std::vector<std::pair<uint32_t, stats::LatencySketch>> causes;
 };
@@ -150,7 +150,7 @@ struct ReceivedStep {
 // rank's steps that started in one bucket of time, merged; the steps keep their figures.
 struct CoarseSteps {
   int64_t start = 0, end = 0;  // of the steps folded in, rank's epoch ns
-  stats::LatencySketch latency{timing::StepStats::kStepSketchAccuracy};
+  stats::LatencySketch latency{records::StepStats::kStepSketchAccuracy};
   std::vector<std::pair<uint32_t, stats::LatencySketch>> causes;  // as ReceivedStep::causes
 };
 
@@ -243,12 +243,12 @@ class JobModel {
   int64_t warmupEnd(int rank) const;
 
   // Per-step statistics of a rank: the ones it sent (MODE_SUMMARY), else computed from its ops
-  // and spans with the same definition (src/timing/step_stats.h): one entry per complete step,
+  // and spans with the same definition (src/records/step_stats.h): one entry per complete step,
   // oldest first, step = the index of its start among stepStarts(rank) (0: the window's first,
   // the warm-up the detectors skip). Empty when the rank sent none and has fewer than two step
   // starts. A step the rank sent comes without its issue-latency sketch (`latency` empty: copying
   // a sketch per step per call would dominate at 10,000 ranks); receivedSteps() has them.
-  std::vector<timing::StepStats> stepStats(int rank) const;
+  std::vector<records::StepStats> stepStats(int rank) const;
   // The steps a rank sent (MODE_SUMMARY) from its second step boundary on (the warm-up skipped),
   // oldest first; empty in raw mode.
   std::vector<const ReceivedStep*> receivedSteps(int rank) const;

@@ -11,8 +11,8 @@
 #include "flare/step.h"
 #include "src/engine/diagnosis/detectors.h"
 #include "src/engine/diagnosis/job_model.h"
-#include "src/timing/step_accumulator.h"
-#include "src/timing/step_stats_wire.h"
+#include "src/records/step_accumulator.h"
+#include "src/records/step_stats_wire.h"
 
 namespace flare::engine {
 namespace {
@@ -276,7 +276,7 @@ flare::v1::RecordBatch asSummary(const flare::v1::RecordBatch& raw) {
   *out.mutable_spans() = raw.spans();
   std::map<uint32_t, std::string> apis;
   for (const auto& a : raw.api_names()) apis[a.id()] = a.qualified_name();
-  timing::StepAccumulator acc;
+  records::StepAccumulator acc;
   for (const auto& sp : raw.spans())
     acc.addHostEvent(sp.start_ns(), sp.end_ns(), sp.thread_id(), apis[sp.api_id()]);
   for (const auto& k : raw.kernels()) {
@@ -288,7 +288,7 @@ flare::v1::RecordBatch asSummary(const flare::v1::RecordBatch& raw) {
     }
   }
   for (const auto& r : acc.take(true))
-    timing::encodeStepStats(
+    records::encodeStepStats(
         r, [](int64_t t) { return t; }, out.add_step_stats());
   return out;
 }

@@ -12,6 +12,7 @@
 #include "src/common/text.h"
 #include "src/engine/stats/quantile.h"
 #include "src/engine/stats/wasserstein.h"
+#include "src/records/op_kind.h"
 
 namespace flare::engine {
 namespace {
@@ -23,11 +24,6 @@ constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 
 bool isGpuOp(OpKind kind) {
   return kind != flare::v1::OP_KIND_SYNC;
-}
-
-bool computesFlops(OpKind kind) {
-  return kind == flare::v1::OP_KIND_GEMM || kind == flare::v1::OP_KIND_ATTENTION ||
-         kind == flare::v1::OP_KIND_CUSTOM;
 }
 
 // Issue latencies of a rank's GPU ops issued after its warm-up (its second step start).
@@ -50,7 +46,7 @@ LatencyQuantiles quantilesOf(std::vector<double>& v, const std::vector<double>& 
 }
 
 // Per step interval of one rank: step time, V_inter, V_minority, from the shared per-step
-// definition (JobModel::stepStats, src/timing/step_stats.h); NaN where undefined.
+// definition (JobModel::stepStats, src/records/step_stats.h); NaN where undefined.
 void rankSteps(const JobModel& job, const RankData& r, const std::vector<int64_t>& starts,
                std::vector<double>* step_ns, std::vector<double>* v_inter,
                std::vector<double>* v_minority) {
@@ -60,7 +56,7 @@ void rankSteps(const JobModel& job, const RankData& r, const std::vector<int64_t
     v_inter->push_back(kNaN);
     v_minority->push_back(kNaN);
   }
-  for (const timing::StepStats& st : steps) {
+  for (const records::StepStats& st : steps) {
     const auto i = static_cast<size_t>(st.step);
     if (i >= v_inter->size()) continue;
     (*v_inter)[i] = st.vInter();
@@ -190,7 +186,7 @@ JobSeries computeSeries(const JobModel& job, const SeriesOptions& options,
       ss.total_ns += a.total_ns;
       flops += a.flops;
     }
-    const bool has_flops = computesFlops(job.signatures()[sig_id].kind());
+    const bool has_flops = records::computesFlops(job.signatures()[sig_id].kind());
     ss.tflops = has_flops && ss.total_ns > 0 ? flops / ss.total_ns / 1e3 : 0;  // flop/ns = GFLOP/s
     for (int r : included) {
       auto it = per_rank.find(r);

@@ -29,9 +29,9 @@
 #include <vector>
 
 #include "src/engine/stats/sketch.h"
-#include "src/timing/step_stats.h"
+#include "src/records/step_stats.h"
 
-namespace flare::timing {
+namespace flare::records {
 
 struct StepResult {
   StepStats stats;
@@ -112,4 +112,4 @@ class StepAccumulator {
   uint64_t overflow_ops_ = 0;
 };
 
-}  // namespace flare::timing
+}  // namespace flare::records

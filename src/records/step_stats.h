@@ -22,7 +22,7 @@
 
 #include "src/engine/stats/sketch.h"
 
-namespace flare::timing {
+namespace flare::records {
 
 // One GPU op as the step computation needs it (rank clock, ns).
 struct StepOp {
@@ -72,4 +72,4 @@ std::vector<StepStats> computeStepStats(std::span<const StepOp> ops,
                                         std::span<const StepSpan> loader,
                                         std::span<const int64_t> starts);
 
-}  // namespace flare::timing
+}  // namespace flare::records

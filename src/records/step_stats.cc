@@ -1,10 +1,10 @@
-#include "src/timing/step_stats.h"
+#include "src/records/step_stats.h"
 
 #include <algorithm>
 #include <climits>
 #include <utility>
 
-namespace flare::timing {
+namespace flare::records {
 namespace {
 
 using Interval = std::pair<int64_t, int64_t>;
@@ -124,4 +124,4 @@ std::vector<StepStats> computeStepStats(std::span<const StepOp> ops,
   return out;
 }
 
-}  // namespace flare::timing
+}  // namespace flare::records

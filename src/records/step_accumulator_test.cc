@@ -1,7 +1,7 @@
 // The rank's StepAccumulator (MODE_SUMMARY) against the daemon's definition: fed ops and spans
 // in the order the poller sees them, it must produce the StepStats computeStepStats gives for
 // the whole record set, name the host causes as causesBefore does, and count what it could not.
-#include "src/timing/step_accumulator.h"
+#include "src/records/step_accumulator.h"
 
 #include <gtest/gtest.h>
 
@@ -10,7 +10,7 @@
 #include <random>
 #include <string>
 
-namespace flare::timing {
+namespace flare::records {
 namespace {
 
 // A job of `steps` steps of ~1 ms: each step a DataLoader call, then 40 ops on one stream
@@ -184,4 +184,4 @@ TEST(StepAccumulator, WatermarkDecidesWhenAStepIsFinal) {
 }
 
 }  // namespace
-}  // namespace flare::timing
+}  // namespace flare::records

@@ -1,4 +1,4 @@
-#include "src/timing/step_stats_wire.h"
+#include "src/records/step_stats_wire.h"
 
 #include <algorithm>
 #include <string>
@@ -7,7 +7,7 @@
 
 #include "src/common/log.h"
 
-namespace flare::timing {
+namespace flare::records {
 
 void encodeStepStats(const StepResult& r, const std::function<int64_t(int64_t)>& to_epoch,
                      flare::v1::StepStats* out) {
@@ -46,4 +46,4 @@ void encodeStepStats(const StepResult& r, const std::function<int64_t(int64_t)>&
   out->set_late_ops(r.late_ops);
 }
 
-}  // namespace flare::timing
+}  // namespace flare::records

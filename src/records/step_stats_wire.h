@@ -7,13 +7,13 @@
 #include <functional>
 
 #include "flare/v1/records.pb.h"
-#include "src/timing/step_accumulator.h"
+#include "src/records/step_accumulator.h"
 
-namespace flare::timing {
+namespace flare::records {
 
 // Fills `out` from `r`; `to_epoch` converts the step's boundaries (the accumulator's clock) to
 // the batch's epoch nanoseconds.
 void encodeStepStats(const StepResult& r, const std::function<int64_t(int64_t)>& to_epoch,
                      flare::v1::StepStats* out);
 
-}  // namespace flare::timing
+}  // namespace flare::records

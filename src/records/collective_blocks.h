@@ -15,7 +15,7 @@
 
 #include "flare/v1/records.pb.h"
 
-namespace flare::timing {
+namespace flare::records {
 
 class CollectiveBlockWriter {
  public:
@@ -47,4 +47,4 @@ Expand expandCollectiveBlocks(flare::v1::RecordBatch* batch, size_t max_records,
 // blocks and the executions its KernelSummary clusters count.
 uint64_t recordCount(const flare::v1::RecordBatch& batch);
 
-}  // namespace flare::timing
+}  // namespace flare::records

@@ -1,6 +1,6 @@
 // The compact collective encoding of MODE_SUMMARY: what a block stands for is exactly the records
 // put in (through a real encode/decode of the batch), hostile blocks are refused.
-#include "src/timing/collective_blocks.h"
+#include "src/records/collective_blocks.h"
 
 #include <gtest/gtest.h>
 
@@ -11,7 +11,7 @@
 #include <tuple>
 #include <vector>
 
-namespace flare::timing {
+namespace flare::records {
 namespace {
 
 flare::v1::KernelRecord collective(uint32_t sig, uint64_t stream, uint64_t comm, uint64_t seq,
@@ -133,4 +133,4 @@ TEST(CollectiveBlocksTest, HostileBlocksAreRefusedAndLeaveTheBatchAlone) {
 }
 
 }  // namespace
-}  // namespace flare::timing
+}  // namespace flare::records

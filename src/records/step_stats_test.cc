@@ -1,9 +1,9 @@
 // Tests of the per-step statistics against values computed by hand.
-#include "src/timing/step_stats.h"
+#include "src/records/step_stats.h"
 
 #include <gtest/gtest.h>
 
-namespace flare::timing {
+namespace flare::records {
 namespace {
 
 // Two steps [0,100) and [100,200). Ops (issue, start, end, kernel):
@@ -63,4 +63,4 @@ TEST(StepStats, SketchesMerge) {
 }
 
 }  // namespace
-}  // namespace flare::timing
+}  // namespace flare::records

@@ -1,6 +1,6 @@
-#include "src/timing/collective_blocks.h"
+#include "src/records/collective_blocks.h"
 
-namespace flare::timing {
+namespace flare::records {
 namespace {
 
 uint64_t mix(uint64_t h, uint64_t v) {
@@ -144,4 +144,4 @@ uint64_t recordCount(const flare::v1::RecordBatch& batch) {
   return n;
 }
 
-}  // namespace flare::timing
+}  // namespace flare::records

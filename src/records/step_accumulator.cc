@@ -1,10 +1,10 @@
-#include "src/timing/step_accumulator.h"
+#include "src/records/step_accumulator.h"
 
 #include <algorithm>
 #include <climits>
 #include <set>
 
-namespace flare::timing {
+namespace flare::records {
 
 void StepAccumulator::addGpuOp(int64_t issue, int64_t start, int64_t end, bool kernel,
                                uint64_t thread) {
@@ -159,4 +159,4 @@ std::vector<StepResult> StepAccumulator::take(bool final) {
   return out;
 }
 
-}  // namespace flare::timing
+}  // namespace flare::records
