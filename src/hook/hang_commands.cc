@@ -3,6 +3,8 @@
 #include <dlfcn.h>
 #include <unistd.h>
 
+#include <nccl.h>
+
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -15,7 +17,6 @@
 #include "src/hang/stack_capture.h"
 #include "src/hook/deep_trace.h"
 #include "src/hook/runtime.h"
-#include "src/sim/flare_sim_nccl.h"
 
 namespace flare::hook {
 
@@ -66,6 +67,16 @@ void exitCommand(const flare::v1::Exit& req, flare::v1::CommandResult* result) {
   }).detach();
 }
 
+// The simulated NCCL's flareSimNcclConnectionSteps (src/sim/flare_sim_nccl.h), looked up with
+// dlsym: the real libnccl has no such symbol, and the hook must not depend on src/sim. The
+// record mirrors FlareSimConnStep field for field (a C struct: same types, same order).
+struct FlareSimConnStep {
+  int32_t channel;
+  int32_t peer;  // rank on the other end, in the communicator
+  uint64_t step;
+  int32_t send;  // 1: this rank's send connection to peer; 0: its receive connection from peer
+};
+static_assert(sizeof(FlareSimConnStep) == 24, "must match src/sim/flare_sim_nccl.h");
 using StepsFn = int (*)(ncclComm_t, FlareSimConnStep*, int, uint64_t*);
 
 void dumpStacks(const flare::v1::DumpStacks& req, flare::v1::CommandResult* result) {
