@@ -9,33 +9,43 @@ import pytest
 
 from conftest import python_interpreters
 
-# The child: loads the capture library with ctypes, asks for a capture from a native thread in
-# 300 ms, then parks its main thread in `main_sleeper` and a second thread in `worker_waits`.
-# Mode "gil": the main thread sleeps inside a C call made through ctypes.PyDLL, which keeps the
-# GIL for the whole call, so the capture cannot take the GIL.
+# The child: loads the capture library with ctypes, parks a second thread in `worker_waits` (the
+# main thread goes on only once it waits there) and its main thread in `main_sleeper`, blocked
+# reading a pipe; the library's native thread
+# captures once the main thread is blocked in that read (never after a fixed delay: under load
+# the main thread was once caught on its way, inside os.path.exists), writes the file, then
+# writes the byte the read returns with. Mode "gil": the main thread reads through
+# ctypes.PyDLL, which keeps the GIL for the whole call, so the capture cannot take the GIL.
 CHILD = textwrap.dedent('''
-    import ctypes, os, sys, threading, time
+    import ctypes, os, sys, threading
     lib = ctypes.CDLL(sys.argv[1])
     out = sys.argv[2]
     hold_gil = sys.argv[3] == "gil"
-    usleep = ctypes.PyDLL(None).usleep
-    stop = threading.Event()
+    read_holding_gil = ctypes.PyDLL(None).read
+    buf = ctypes.create_string_buffer(1)
+    cond = threading.Condition()
 
     def worker_waits():
-        stop.wait(30)          # WORKER_LINE
+        with cond:
+            cond.notify()
+            cond.wait(30)          # WORKER_LINE
 
-    def main_sleeper():
-        while not os.path.exists(out):
-            if hold_gil:
-                usleep(1000000)  # MAIN_LINE_GIL
-            else:
-                time.sleep(0.01)   # MAIN_LINE
+    def main_sleeper(fd):
+        if hold_gil:
+            while read_holding_gil(fd, buf, 1) != 1: pass  # MAIN_LINE_GIL
+        else:
+            os.read(fd, 1)  # MAIN_LINE
 
     t = threading.Thread(target=worker_waits, name="worker")
-    t.start()
-    assert lib.flare_hang_test_capture_later(300, out.encode()) == 0
-    main_sleeper()
-    stop.set()
+    with cond:
+        t.start()
+        cond.wait(30)  # back once the worker waits at WORKER_LINE (its wait released cond)
+    wait_fd, done_fd = os.pipe()
+    assert lib.flare_hang_test_capture_when_blocked(wait_fd, done_fd, out.encode()) == 0
+    main_sleeper(wait_fd)
+    assert os.path.exists(out)
+    with cond:
+        cond.notify()
     t.join()
 ''')
 
