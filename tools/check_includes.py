@@ -66,8 +66,6 @@ def module_of(path):
     if parts[0] in ("proto", "tools", "tests"):
         return parts[0]
     if parts[0] == "src" and len(parts) > 2:
-        if parts[1] == "engine" and parts[2] == "stats":
-            return "stats"  # src/engine/stats: the stats module, not yet moved to src/stats
         return parts[1]
     return None
 

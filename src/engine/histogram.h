@@ -1,6 +1,6 @@
 // LogHistogram: a fixed-size histogram of durations with log-spaced buckets (4 per power of
 // two, so a quantile is off by at most ~19%), for the p50/p99 of the per-job kernel report. A
-// stopgap until src/engine/stats provides KDE clusters; cheap enough to update per record.
+// stopgap until src/stats provides KDE clusters; cheap enough to update per record.
 //
 // Value type, not thread-safe (its owner's lock guards it). Serializes to a fixed-layout blob
 // for the store.

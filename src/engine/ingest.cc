@@ -12,10 +12,10 @@
 #include "src/common/text.h"
 #include "src/engine/auth.h"
 #include "src/engine/metrics.h"
-#include "src/engine/stats/sketch.h"
 #include "src/records/collective_blocks.h"
 #include "src/records/op_kind.h"
 #include "src/records/step_stats.h"
+#include "src/stats/sketch.h"
 
 namespace flare::engine {
 namespace {

@@ -2,8 +2,8 @@
 
 #include <cmath>
 
-#include "src/engine/stats/sketch.h"
 #include "src/records/step_stats.h"
+#include "src/stats/sketch.h"
 
 namespace flare::engine::load {
 

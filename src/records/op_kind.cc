@@ -1,6 +1,6 @@
 #include "src/records/op_kind.h"
 
-#include "src/engine/stats/perf_model.h"
+#include "src/stats/perf_model.h"
 
 namespace flare::records {
 

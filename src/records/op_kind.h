@@ -20,7 +20,7 @@ bool isCollective(flare::v1::OpKind kind);
 // (docs/metrics.md): 2(n−1)/n all-reduce; (n−1)/n all-gather, reduce-scatter, all-to-all;
 // 1 broadcast, reduce, send/recv and anything else. One rank moves nothing over a link, so
 // all-reduce & co. give 0 there, as nccl-tests reports. nranks < 1 (count unknown): 1, i.e.
-// busbw = algbw. The formula itself is stats::busBandwidthFactor (src/engine/stats/perf_model.h).
+// busbw = algbw. The formula itself is stats::busBandwidthFactor (src/stats/perf_model.h).
 double busBandwidthFactor(flare::v1::CollectiveKind kind, int nranks);
 
 }  // namespace flare::records

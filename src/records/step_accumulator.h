@@ -28,8 +28,8 @@
 #include <utility>
 #include <vector>
 
-#include "src/engine/stats/sketch.h"
 #include "src/records/step_stats.h"
+#include "src/stats/sketch.h"
 
 namespace flare::records {
 

@@ -20,7 +20,7 @@
 #include <string_view>
 #include <vector>
 
-#include "src/engine/stats/sketch.h"
+#include "src/stats/sketch.h"
 
 namespace flare::records {
 

@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "src/engine/stats/kde.h"
+#include "src/stats/kde.h"
 
 namespace flare::timing {
 namespace {

@@ -13,7 +13,7 @@
 #include "src/engine/diagnosis/detectors.h"
 #include "src/engine/diagnosis/job_model.h"
 #include "src/engine/load_shape.h"
-#include "src/engine/stats/sketch.h"
+#include "src/stats/sketch.h"
 
 namespace flare::engine {
 namespace {

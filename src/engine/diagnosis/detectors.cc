@@ -12,12 +12,12 @@
 #include "flare/step.h"
 #include "src/common/text.h"
 #include "src/engine/diagnosis/summary_detectors.h"
-#include "src/engine/stats/changepoint.h"
-#include "src/engine/stats/outliers.h"
-#include "src/engine/stats/paired.h"
-#include "src/engine/stats/perf_model.h"
-#include "src/engine/stats/quantile.h"
-#include "src/engine/stats/wasserstein.h"
+#include "src/stats/changepoint.h"
+#include "src/stats/outliers.h"
+#include "src/stats/paired.h"
+#include "src/stats/perf_model.h"
+#include "src/stats/quantile.h"
+#include "src/stats/wasserstein.h"
 
 namespace flare::engine {
 namespace {

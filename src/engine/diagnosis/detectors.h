@@ -24,7 +24,7 @@
 
 #include "src/engine/diagnosis/history.h"
 #include "src/engine/diagnosis/job_model.h"
-#include "src/engine/stats/perf_model.h"
+#include "src/stats/perf_model.h"
 
 namespace flare::engine {
 
@@ -122,7 +122,7 @@ std::map<int, ArrivalStats> collectiveArrivals(const JobModel& job);
 // "arrives last at X% of its collectives (n of m)" for `rank`; nullopt when it took part in none.
 std::optional<Evidence> arrivalEvidence(const std::map<int, ArrivalStats>& arrivals, int rank);
 
-// nccl-tests bus-bandwidth factor of a wire collective kind over n ranks (src/engine/stats).
+// nccl-tests bus-bandwidth factor of a wire collective kind over n ranks (src/stats).
 double busBandwidthFactor(flare::v1::CollectiveKind kind, int n);
 
 // A throughput fail-slow: the job's step time (median over ranks) rose by at least

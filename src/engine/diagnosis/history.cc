@@ -9,8 +9,8 @@
 #include "flare/step.h"
 #include "src/engine/diagnosis/detectors.h"
 #include "src/engine/diagnosis/job_metrics.h"
-#include "src/engine/stats/quantile.h"
-#include "src/engine/stats/wasserstein.h"
+#include "src/stats/quantile.h"
+#include "src/stats/wasserstein.h"
 
 namespace flare::engine {
 namespace {

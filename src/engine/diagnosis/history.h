@@ -21,7 +21,7 @@
 
 #include "flare/v1/service.pb.h"
 #include "src/engine/diagnosis/job_model.h"
-#include "src/engine/stats/sketch.h"
+#include "src/stats/sketch.h"
 
 namespace flare::engine {
 

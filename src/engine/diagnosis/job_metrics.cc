@@ -5,7 +5,7 @@
 #include <climits>
 
 #include "src/engine/diagnosis/detectors.h"
-#include "src/engine/stats/quantile.h"
+#include "src/stats/quantile.h"
 
 namespace flare::engine {
 namespace {

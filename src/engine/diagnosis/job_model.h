@@ -17,8 +17,8 @@
 #include <vector>
 
 #include "flare/v1/records.pb.h"
-#include "src/engine/stats/kde.h"
 #include "src/records/step_stats.h"
+#include "src/stats/kde.h"
 
 namespace flare::engine {
 

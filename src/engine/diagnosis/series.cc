@@ -10,9 +10,9 @@
 #include <utility>
 
 #include "src/common/text.h"
-#include "src/engine/stats/quantile.h"
-#include "src/engine/stats/wasserstein.h"
 #include "src/records/op_kind.h"
+#include "src/stats/quantile.h"
+#include "src/stats/wasserstein.h"
 
 namespace flare::engine {
 namespace {

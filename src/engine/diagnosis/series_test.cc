@@ -6,7 +6,7 @@
 
 #include <cmath>
 
-#include "src/engine/stats/json.h"
+#include "src/stats/json.h"
 
 namespace flare::engine {
 namespace {

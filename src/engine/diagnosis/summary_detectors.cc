@@ -6,8 +6,8 @@
 #include <string>
 #include <utility>
 
-#include "src/engine/stats/outliers.h"
-#include "src/engine/stats/quantile.h"
+#include "src/stats/outliers.h"
+#include "src/stats/quantile.h"
 
 namespace flare::engine {
 namespace {

@@ -1,4 +1,4 @@
-#include "src/engine/stats/sketch.h"
+#include "src/stats/sketch.h"
 
 #include <gtest/gtest.h>
 

@@ -1,4 +1,4 @@
-#include "src/engine/stats/changepoint.h"
+#include "src/stats/changepoint.h"
 
 #include <gtest/gtest.h>
 

@@ -1,4 +1,4 @@
-#include "src/engine/stats/wasserstein.h"
+#include "src/stats/wasserstein.h"
 
 #include <algorithm>
 #include <cmath>

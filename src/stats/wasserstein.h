@@ -12,8 +12,8 @@
 #include <span>
 #include <vector>
 
-#include "src/engine/stats/kde.h"
-#include "src/engine/stats/sketch.h"
+#include "src/stats/kde.h"
+#include "src/stats/sketch.h"
 
 namespace flare::stats {
 

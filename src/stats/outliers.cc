@@ -1,12 +1,12 @@
-#include "src/engine/stats/outliers.h"
+#include "src/stats/outliers.h"
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <utility>
 
-#include "src/engine/stats/quantile.h"
-#include "src/engine/stats/wasserstein.h"
+#include "src/stats/quantile.h"
+#include "src/stats/wasserstein.h"
 
 namespace flare::stats {
 

@@ -10,7 +10,7 @@
 // and index ranges (the top bucket's bound must be a finite double), that the bucket counts plus
 // zeroCount add up to count without overflow, finite sum/min/max with min ≤ max when count > 0,
 // and that no byte is left over.
-#include "src/engine/stats/sketch.h"
+#include "src/stats/sketch.h"
 
 #include <algorithm>
 #include <bit>

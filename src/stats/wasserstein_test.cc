@@ -1,4 +1,4 @@
-#include "src/engine/stats/wasserstein.h"
+#include "src/stats/wasserstein.h"
 
 #include <gtest/gtest.h>
 
@@ -7,7 +7,7 @@
 #include <random>
 #include <vector>
 
-#include "src/engine/stats/quantile.h"
+#include "src/stats/quantile.h"
 
 namespace flare::stats {
 namespace {

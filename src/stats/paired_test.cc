@@ -1,4 +1,4 @@
-#include "src/engine/stats/paired.h"
+#include "src/stats/paired.h"
 
 #include <gtest/gtest.h>
 

@@ -1,10 +1,10 @@
-#include "src/engine/stats/kde.h"
+#include "src/stats/kde.h"
 
 #include <algorithm>
 #include <cmath>
 #include <utility>
 
-#include "src/engine/stats/quantile.h"
+#include "src/stats/quantile.h"
 
 namespace flare::stats {
 

@@ -1,4 +1,4 @@
-#include "src/engine/stats/quantile.h"
+#include "src/stats/quantile.h"
 
 #include <gtest/gtest.h>
 

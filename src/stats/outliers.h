@@ -13,7 +13,7 @@
 #include <span>
 #include <vector>
 
-#include "src/engine/stats/kde.h"
+#include "src/stats/kde.h"
 
 namespace flare::stats {
 

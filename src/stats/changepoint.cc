@@ -1,10 +1,10 @@
-#include "src/engine/stats/changepoint.h"
+#include "src/stats/changepoint.h"
 
 #include <algorithm>
 #include <cmath>
 #include <limits>
 
-#include "src/engine/stats/quantile.h"
+#include "src/stats/quantile.h"
 
 namespace flare::stats {
 

@@ -1,4 +1,4 @@
-#include "src/engine/stats/outliers.h"
+#include "src/stats/outliers.h"
 
 #include <gtest/gtest.h>
 

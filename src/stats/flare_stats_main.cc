@@ -27,15 +27,15 @@
 #include <string>
 #include <vector>
 
-#include "src/engine/stats/changepoint.h"
-#include "src/engine/stats/json.h"
-#include "src/engine/stats/kde.h"
-#include "src/engine/stats/outliers.h"
-#include "src/engine/stats/paired.h"
-#include "src/engine/stats/perf_model.h"
-#include "src/engine/stats/quantile.h"
-#include "src/engine/stats/sketch.h"
-#include "src/engine/stats/wasserstein.h"
+#include "src/stats/changepoint.h"
+#include "src/stats/json.h"
+#include "src/stats/kde.h"
+#include "src/stats/outliers.h"
+#include "src/stats/paired.h"
+#include "src/stats/perf_model.h"
+#include "src/stats/quantile.h"
+#include "src/stats/sketch.h"
+#include "src/stats/wasserstein.h"
 
 namespace flare::stats {
 namespace {

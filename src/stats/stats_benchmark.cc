@@ -10,10 +10,10 @@
 #include <random>
 #include <vector>
 
-#include "src/engine/stats/kde.h"
-#include "src/engine/stats/outliers.h"
-#include "src/engine/stats/sketch.h"
-#include "src/engine/stats/wasserstein.h"
+#include "src/stats/kde.h"
+#include "src/stats/outliers.h"
+#include "src/stats/sketch.h"
+#include "src/stats/wasserstein.h"
 
 namespace flare::stats {
 namespace {

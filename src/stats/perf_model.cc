@@ -1,4 +1,4 @@
-#include "src/engine/stats/perf_model.h"
+#include "src/stats/perf_model.h"
 
 #include <algorithm>
 #include <cctype>

@@ -1,10 +1,10 @@
-#include "src/engine/stats/paired.h"
+#include "src/stats/paired.h"
 
 #include <algorithm>
 #include <cmath>
 #include <numeric>
 
-#include "src/engine/stats/quantile.h"
+#include "src/stats/quantile.h"
 
 namespace flare::stats {
 namespace {

@@ -1,4 +1,4 @@
-#include "src/engine/stats/kde.h"
+#include "src/stats/kde.h"
 
 #include <gtest/gtest.h>
 

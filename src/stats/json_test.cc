@@ -1,4 +1,4 @@
-#include "src/engine/stats/json.h"
+#include "src/stats/json.h"
 
 #include <gtest/gtest.h>
 
