@@ -116,7 +116,10 @@ TEST(SimNccl, LateRankDelaysEveryRankButWaitsLeast) {
   for (int r = 0; r < kRanks; ++r) {
     if (r == 2) {
       // The culprit arrives last and waits least: its kernel only transfers.
-      EXPECT_NEAR(ms[r], modelMs(bytes, 1.0) + 0.004, 0.2) << "rank " << r;
+      // (The simulated GPU follows the host's clock: a loaded host can delay its stream thread
+      // by milliseconds, never by the 130+ ms the others wait.)
+      EXPECT_GT(ms[r], modelMs(bytes, 1.0) * 0.95) << "rank " << r;
+      EXPECT_LT(ms[r], modelMs(bytes, 1.0) + 30.0) << "rank " << r;
     } else {
       EXPECT_GT(ms[r], 130.0) << "rank " << r;   // waited for rank 2
       EXPECT_LT(ms[r], 2000.0) << "rank " << r;  // and no hang
