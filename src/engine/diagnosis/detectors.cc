@@ -12,6 +12,7 @@
 #include "flare/step.h"
 #include "src/common/text.h"
 #include "src/engine/diagnosis/summary_detectors.h"
+#include "src/records/op_kind.h"
 #include "src/stats/changepoint.h"
 #include "src/stats/outliers.h"
 #include "src/stats/paired.h"
@@ -279,7 +280,7 @@ void detectSlowLink(const JobModel& job, const DiagnoseOptions& opt, std::vector
     const auto& sig = job.signatures()[first->sig];
     CommStats& cs = comms[{key.first, first->sig}];
     cs.busbw.push_back(static_cast<double>(first->bytes) / t *
-                       busBandwidthFactor(sig.collective(), first->nranks));  // GB/s
+                       records::busBandwidthFactor(sig.collective(), first->nranks));  // GB/s
     for (const auto& [rank, op] : inst.members) cs.ranks.insert(rank);
     cs.sig = first->sig;
     cs.bytes = static_cast<double>(first->bytes);
@@ -1230,28 +1231,6 @@ const char* teamName(Team team) {
       return "infrastructure";
   }
   return "infrastructure";
-}
-
-double busBandwidthFactor(flare::v1::CollectiveKind kind, int n) {
-  using stats::Collective;
-  Collective c = Collective::kSendRecv;  // broadcast, reduce, send/recv: 1
-  switch (kind) {
-    case flare::v1::COLLECTIVE_KIND_ALL_REDUCE:
-      c = Collective::kAllReduce;
-      break;
-    case flare::v1::COLLECTIVE_KIND_ALL_GATHER:
-      c = Collective::kAllGather;
-      break;
-    case flare::v1::COLLECTIVE_KIND_REDUCE_SCATTER:
-      c = Collective::kReduceScatter;
-      break;
-    case flare::v1::COLLECTIVE_KIND_ALL_TO_ALL:
-      c = Collective::kAllToAll;
-      break;
-    default:
-      break;
-  }
-  return n <= 1 ? 1.0 : stats::busBandwidthFactor(c, n);
 }
 
 std::optional<Evidence> arrivalEvidence(const std::map<int, ArrivalStats>& arrivals, int rank) {

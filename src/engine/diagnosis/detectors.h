@@ -122,9 +122,6 @@ std::map<int, ArrivalStats> collectiveArrivals(const JobModel& job);
 // "arrives last at X% of its collectives (n of m)" for `rank`; nullopt when it took part in none.
 std::optional<Evidence> arrivalEvidence(const std::map<int, ArrivalStats>& arrivals, int rank);
 
-// nccl-tests bus-bandwidth factor of a wire collective kind over n ranks (src/stats).
-double busBandwidthFactor(flare::v1::CollectiveKind kind, int n);
-
 // A throughput fail-slow: the job's step time (median over ranks) rose by at least
 // `fail_slow_min_relative` at step `step` (a mean-shift change point, flare_stats).
 struct FailSlow {

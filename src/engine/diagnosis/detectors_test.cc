@@ -11,19 +11,6 @@
 namespace flare::engine {
 namespace {
 
-TEST(BusBandwidthFactor, NcclTestsDefinitions) {
-  EXPECT_DOUBLE_EQ(busBandwidthFactor(flare::v1::COLLECTIVE_KIND_ALL_REDUCE, 8), 2.0 * 7 / 8);
-  EXPECT_DOUBLE_EQ(busBandwidthFactor(flare::v1::COLLECTIVE_KIND_ALL_GATHER, 4), 0.75);
-  EXPECT_DOUBLE_EQ(busBandwidthFactor(flare::v1::COLLECTIVE_KIND_BROADCAST, 4), 1.0);
-  EXPECT_DOUBLE_EQ(busBandwidthFactor(flare::v1::COLLECTIVE_KIND_SEND, 2), 1.0);
-}
-
-}  // namespace
-}  // namespace flare::engine
-
-namespace flare::engine {
-namespace {
-
 // 8 ranks, 24 steps of 10 ms marked by StepMarkers, 6 GEMMs of 1 ms per step and rank. In
 // `slow_steps` rank 3's GEMMs take `factor` ms and every rank's step grows by the difference
 // (the others wait for it at the step's end).

@@ -5,6 +5,7 @@
 #include <climits>
 
 #include "src/engine/diagnosis/detectors.h"
+#include "src/records/op_kind.h"
 #include "src/stats/quantile.h"
 
 namespace flare::engine {
@@ -54,8 +55,9 @@ std::map<uint32_t, std::vector<double>> collectiveBusbw(const JobModel& job) {
     const double t = static_cast<double>(last_end - last_start);
     if (t <= 0 || first->bytes == 0) continue;
     const auto& sig = job.signatures()[first->sig];
-    out[first->sig].push_back(static_cast<double>(first->bytes) / t *
-                              busBandwidthFactor(sig.collective(), first->nranks));  // B/ns = GB/s
+    out[first->sig].push_back(
+        static_cast<double>(first->bytes) / t *
+        records::busBandwidthFactor(sig.collective(), first->nranks));  // B/ns = GB/s
   }
   return out;
 }
