@@ -22,7 +22,7 @@
 
 #include "flare/v1/records.pb.h"
 #include "src/common/text.h"
-#include "src/timing/spool_sink.h"
+#include "src/records/spool_format.h"
 
 namespace fs = std::filesystem;
 
@@ -77,7 +77,7 @@ int main(int argc, char** argv) {
     const std::string job = path.parent_path().parent_path().filename().string();
     std::vector<flare::v1::RecordBatch> batches;
     std::string error;
-    if (!flare::timing::readSpoolFile(path.string(), &batches, &error)) {
+    if (!flare::records::readSpoolFile(path.string(), &batches, &error)) {
       std::fprintf(stderr, "flare-export: %s: %s\n", path.c_str(), error.c_str());
       status = 1;
     }

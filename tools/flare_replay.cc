@@ -39,7 +39,7 @@
 #include "flare/v1/protocol.h"
 #include "flare/v1/service.grpc.pb.h"
 #include "src/common/text.h"
-#include "src/timing/spool_sink.h"
+#include "src/records/spool_format.h"
 
 #include "tools/replay/fixture_reader.h"
 #include "tools/replay/replay_plan.h"
@@ -335,7 +335,7 @@ bool dumpSpool(const std::string& dir, const std::string& job, int rank,
   for (v1::RecordBatch b : batches) {
     replay::shiftTimes(&b, offset);
     std::string bytes;
-    timing::appendVarint(&bytes, b.ByteSizeLong());
+    records::appendVarint(&bytes, b.ByteSizeLong());
     b.AppendToString(&bytes);
     std::fwrite(bytes.data(), 1, bytes.size(), f);
   }

@@ -111,7 +111,7 @@ HttpResponse seriesResponse(Analyzer& analyzer, const std::string& job, const Ht
 // GET /api/v1/jobs/{job}/records[?ranks=0-7,64]: the raw records flared holds for a job — the
 // detectors' window (every rank's ops, spans, step markers and kernel summaries; one batch per
 // rank) followed by the deep-trace (CUPTI) records the store keeps of those ranks — as a
-// protobuf delimited stream of RecordBatch, the spool file format (src/timing/spool_sink.h), so
+// protobuf delimited stream of RecordBatch, the spool file format (src/records/spool_format.h), so
 // that `flare timeline --job` and `flare export --job` run the offline tools on it.
 HttpResponse recordsResponse(Analyzer& analyzer, Store* store, const std::string& job,
                              const HttpRequest& r) {

@@ -14,8 +14,8 @@
 
 #include "src/common/text.h"
 #include "src/records/op_kind.h"
+#include "src/records/spool_format.h"
 #include "src/records/step_stats.h"
-#include "src/timing/spool_sink.h"
 
 namespace flare::timeline {
 namespace {
@@ -875,7 +875,7 @@ bool spoolSources(const std::string& dir, const std::string& job, const std::vec
       for (const auto& f : files) {
         std::vector<flare::v1::RecordBatch> batches;
         std::string e;
-        if (!flare::timing::readSpoolFile(f.string(), &batches, &e)) {
+        if (!records::readSpoolFile(f.string(), &batches, &e)) {
           *err = e;
           ok = false;
         }

@@ -20,13 +20,12 @@
 #include "src/common/private_dir.h"
 #include "src/common/text.h"
 #include "src/records/collective_blocks.h"
-#include "src/timing/spool_sink.h"
+#include "src/records/spool_format.h"
 
 namespace flare::timing {
 namespace {
 
 constexpr char kLog[] = "export";
-constexpr uint64_t kMaxSpoolBatch = 64ull << 20;
 
 bool pwriteAll(int fd, const char* data, size_t size, uint64_t offset) {
   size_t done = 0;
@@ -404,7 +403,7 @@ bool GrpcExporter::spoolAppend(const flare::v1::RecordBatch& batch_in) {
   std::string bytes;
   auto encode = [&](const flare::v1::RecordBatch& b) {
     bytes.clear();
-    appendVarint(&bytes, b.ByteSizeLong());
+    records::appendVarint(&bytes, b.ByteSizeLong());
     b.AppendToString(&bytes);
   };
   encode(*batch);
@@ -454,7 +453,7 @@ bool GrpcExporter::spoolReadNext(flare::v1::RecordBatch* batch) {
       }
     }
     std::string data;
-    if (ok && length <= kMaxSpoolBatch && offset + length <= spool_write_) {
+    if (ok && length <= records::kMaxSpoolBatchBytes && offset + length <= spool_write_) {
       data.resize(length);
       ok = preadAll(spool_fd_, data.data(), length, offset) && batch->ParseFromString(data);
     } else {

@@ -19,7 +19,7 @@
 #include "flare/v1/protocol.h"
 #include "flare/v1/service.grpc.pb.h"
 #include "src/common/clock.h"
-#include "src/timing/spool_sink.h"
+#include "src/records/spool_format.h"
 #include "src/timing/transport.h"
 
 #include "gtest/gtest.h"
@@ -356,7 +356,7 @@ TEST_F(ExporterTest, WrongTokenIsRefusedAndRecordsStayInTheSpool) {
   }
   std::vector<RecordBatch> spooled;
   std::string error;
-  ASSERT_TRUE(readSpoolFile(exporter.spoolPath(), &spooled, &error)) << error;
+  ASSERT_TRUE(records::readSpoolFile(exporter.spoolPath(), &spooled, &error)) << error;
   std::vector<std::pair<int, RecordBatch>> as_stream;
   for (auto& b : spooled) as_stream.emplace_back(1, b);
   checkComplete(as_stream, 3000, 3);
@@ -503,7 +503,7 @@ TEST_F(ExporterTest, SpoolCapDropsAndCountsEveryLostRecord) {
   EXPECT_GT(st.spool_dropped, 0u);
   std::vector<RecordBatch> spooled;
   std::string error;
-  ASSERT_TRUE(readSpoolFile(exporter.spoolPath(), &spooled, &error)) << error;
+  ASSERT_TRUE(records::readSpoolFile(exporter.spoolPath(), &spooled, &error)) << error;
   uint64_t kept = 0;
   std::set<uint32_t> sigs;
   for (const auto& b : spooled) {
@@ -641,7 +641,7 @@ TEST_F(ExporterTest, ShutdownWithTheDaemonDownIsBoundedAndSpools) {
   EXPECT_LT(common::monotonicNs() - t0, 1'600'000'000);  // deadline + one connect attempt
   std::vector<RecordBatch> spooled;
   std::string error;
-  ASSERT_TRUE(readSpoolFile(exporter.spoolPath(), &spooled, &error)) << error;
+  ASSERT_TRUE(records::readSpoolFile(exporter.spoolPath(), &spooled, &error)) << error;
   std::vector<std::pair<int, RecordBatch>> as_stream;
   for (auto& b : spooled) as_stream.emplace_back(1, b);
   checkComplete(as_stream, 2000, 1);

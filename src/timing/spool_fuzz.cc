@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "flare/v1/service.pb.h"
-#include "src/timing/spool_sink.h"
+#include "src/records/spool_format.h"
 #include "src/timing/spool_upload.h"
 
 namespace {
@@ -77,7 +77,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (!writeFile(pending, data, size)) return 0;
   std::vector<flare::v1::RecordBatch> batches;
   std::string error;
-  flare::timing::readSpoolFile(pending, &batches, &error);
+  flare::records::readSpoolFile(pending, &batches, &error);
   // The first half as the .meta, the rest as the pending file: the uploader's parser.
   const size_t half = size / 2;
   if (!writeFile(flare::timing::spoolMetaPath(pending), data, half) ||

@@ -1,18 +1,12 @@
 // The local spool: a Sink that appends the Tracer's output to a file as flare.v1.RecordBatch
-// messages, and the reader for such files.
+// messages. The file format and its reader (readSpoolFile) are src/records/spool_format.h.
 //
 // File: DIR/<job>/<rank>/records-<pid>.pb, a sequence of length-delimited RecordBatch messages
-// (protobuf's delimited format: a varint byte count, then the message), appended with write(2):
-//
-//   ┌────────┬──────────────────────┬────────┬──────────────────────┬───
-//   │ varint │ RecordBatch (≤ ~64K) │ varint │ RecordBatch          │ ...
-//   └────────┴──────────────────────┴────────┴──────────────────────┴───
-//
-// The batches come from a BatchBuilder (batch_builder.h: tables before records, epoch times,
-// cumulative drop counters, batch_seq 1, 2, ... without gaps), cut at about batch_bytes or at
-// flush(). A crash loses at most the
-// open batch; a crash during a write leaves a truncated last batch, which readSpoolFile()
-// reports (returning the complete batches before it).
+// (spool_format.h), appended with write(2). The batches come from a BatchBuilder
+// (batch_builder.h: tables before records, epoch times, cumulative drop counters, batch_seq
+// 1, 2, ... without gaps), cut at about batch_bytes or at flush(). A crash loses at most the
+// open batch; a crash during a write leaves a truncated last batch, which
+// records::readSpoolFile() reports (returning the complete batches before it).
 //
 // Failure: if the directory cannot be created or a write fails (disk full, permissions), the
 // sink logs one warning, closes the file and drops everything after (dropped records are
@@ -86,14 +80,5 @@ class SpoolSink final : public Sink {
   std::atomic<uint64_t> written_{0};
   std::atomic<uint64_t> dropped_{0};
 };
-
-// Appends `value` as a protobuf varint (the length prefix of the delimited format).
-void appendVarint(std::string* out, uint64_t value);
-
-// Reads a spool file. On success returns true with every batch in `out` (appended). On a
-// truncated or malformed file returns false with a message in `error` (offset included);
-// `out` then holds the complete batches before the bad one. An empty file is valid.
-bool readSpoolFile(const std::string& path, std::vector<flare::v1::RecordBatch>* out,
-                   std::string* error);
 
 }  // namespace flare::timing

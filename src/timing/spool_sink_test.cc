@@ -16,6 +16,7 @@
 
 #include "src/common/clock.h"
 #include "src/common/log.h"
+#include "src/records/spool_format.h"
 #include "src/timing/fake_device_timer.h"
 #include "src/timing/timing.h"
 
@@ -57,7 +58,7 @@ class SpoolSinkTest : public ::testing::Test {
   std::vector<flare::v1::RecordBatch> readBack(const std::string& path) {
     std::vector<flare::v1::RecordBatch> batches;
     std::string error;
-    EXPECT_TRUE(readSpoolFile(path, &batches, &error)) << error;
+    EXPECT_TRUE(records::readSpoolFile(path, &batches, &error)) << error;
     return batches;
   }
 
@@ -276,31 +277,31 @@ TEST_F(SpoolSinkTest, TruncatedAndGarbageFilesAreRejected) {
   fs::resize_file(path, fs::file_size(path) - 5);
   std::vector<flare::v1::RecordBatch> batches;
   std::string error;
-  EXPECT_FALSE(readSpoolFile(path, &batches, &error));
+  EXPECT_FALSE(records::readSpoolFile(path, &batches, &error));
   EXPECT_THAT(error, HasSubstr("truncated"));
   EXPECT_EQ(batches.size(), 2u);  // the complete ones before the cut
 
   const std::string garbage = dir_ + "/garbage.pb";
   std::ofstream(garbage, std::ios::binary) << std::string("\x03\x0f\xff\xff", 4);
   batches.clear();
-  EXPECT_FALSE(readSpoolFile(garbage, &batches, &error));
+  EXPECT_FALSE(records::readSpoolFile(garbage, &batches, &error));
   EXPECT_THAT(error, HasSubstr("malformed"));
   EXPECT_TRUE(batches.empty());
 
   std::ofstream(garbage, std::ios::binary | std::ios::trunc)
       << std::string("\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff", 11);
-  EXPECT_FALSE(readSpoolFile(garbage, &batches, &error));
+  EXPECT_FALSE(records::readSpoolFile(garbage, &batches, &error));
   EXPECT_THAT(error, HasSubstr("length prefix"));
 
   std::ofstream(garbage, std::ios::binary | std::ios::trunc) << std::string("\xff\xff\xff\x7f", 4);
-  EXPECT_FALSE(readSpoolFile(garbage, &batches, &error));
+  EXPECT_FALSE(records::readSpoolFile(garbage, &batches, &error));
   EXPECT_THAT(error, HasSubstr("implausible"));
 
   { std::ofstream empty(garbage, std::ios::binary | std::ios::trunc); }  // valid, no batches
-  EXPECT_TRUE(readSpoolFile(garbage, &batches, &error));
+  EXPECT_TRUE(records::readSpoolFile(garbage, &batches, &error));
   EXPECT_TRUE(batches.empty());
 
-  EXPECT_FALSE(readSpoolFile(dir_ + "/missing.pb", &batches, &error));
+  EXPECT_FALSE(records::readSpoolFile(dir_ + "/missing.pb", &batches, &error));
 }
 
 TEST_F(SpoolSinkTest, UnwritableDirectoryDisablesWithOneWarning) {

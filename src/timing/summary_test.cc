@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "src/common/clock.h"
+#include "src/records/spool_format.h"
 #include "src/timing/batch_builder.h"
 #include "src/timing/fake_device_timer.h"
 #include "src/timing/spool_sink.h"
@@ -112,7 +113,7 @@ TEST_F(SummaryModeTest, ComputeOpsAreSummarisedCollectivesStayRaw) {
   }
   std::vector<flare::v1::RecordBatch> batches;
   std::string error;
-  ASSERT_TRUE(readSpoolFile(path, &batches, &error)) << error;
+  ASSERT_TRUE(records::readSpoolFile(path, &batches, &error)) << error;
   std::map<std::string, uint32_t> ids;
   std::map<uint32_t, std::vector<flare::v1::KernelSummary>> summaries;
   std::vector<flare::v1::KernelRecord> raw;

@@ -14,8 +14,8 @@
 #include <tuple>
 
 #include "src/common/clock.h"
+#include "src/records/spool_format.h"
 #include "src/timing/batch_builder.h"
-#include "src/timing/spool_sink.h"
 
 namespace fs = std::filesystem;
 
@@ -476,7 +476,7 @@ bool readFixture(const std::string& path, int source_rank, std::vector<v1::Recor
   }
   source->format = "spool";
   std::string read_error;
-  if (!timing::readSpoolFile(best.string(), out, &read_error)) {
+  if (!records::readSpoolFile(best.string(), out, &read_error)) {
     std::fprintf(stderr, "flare-replay: %s: %s (replaying the complete batches)\n", best.c_str(),
                  read_error.c_str());
   }

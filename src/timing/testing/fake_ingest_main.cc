@@ -28,7 +28,7 @@
 
 #include "flare/v1/protocol.h"
 #include "flare/v1/service.grpc.pb.h"
-#include "src/timing/spool_sink.h"
+#include "src/records/spool_format.h"
 
 namespace {
 
@@ -76,7 +76,7 @@ class Ingest final : public flare::v1::Ingest::Service {
       const std::string job = p.parent_path().parent_path().filename().string();
       std::vector<flare::v1::RecordBatch> batches;
       std::string error;
-      flare::timing::readSpoolFile(p.string(), &batches, &error);
+      flare::records::readSpoolFile(p.string(), &batches, &error);
       for (const auto& b : batches) seen_.insert(std::make_tuple(job, rank, pid, b.batch_seq()));
     }
   }
