@@ -17,7 +17,7 @@
 #include <utility>
 #include <vector>
 
-#include "src/hook/hang_commands.h"
+#include "src/hook/rank_commands.h"
 #include "src/hook/real.h"
 #include "src/hook/runtime.h"
 #include "src/hook/timed.h"
@@ -35,7 +35,7 @@ struct CommInfo {
   int rank = 0;
   std::atomic<uint64_t> coll_seq{0};
   std::atomic<uint64_t> p2p_seq{0};
-  // Hang diagnosis (hang_commands.h): the API of the last collective issued, and the highest
+  // Hang diagnosis (rank_commands.h): the API of the last collective issued, and the highest
   // collective sequence number the timing layer saw complete on the GPU.
   std::atomic<const char*> last_api{nullptr};
   std::atomic<uint64_t> completed_seq{0};

@@ -29,7 +29,7 @@
 #include "src/common/private_dir.h"
 #include "src/hook/cudart_fns.h"
 #include "src/hook/deep_trace.h"
-#include "src/hook/hang_commands.h"
+#include "src/hook/rank_commands.h"
 #include "src/hook/real.h"
 #include "src/timing/exporter.h"
 #include "src/timing/spool_sink.h"
@@ -181,7 +181,7 @@ struct State {
   std::unique_ptr<CudaDeviceTimer> timer;
   std::unique_ptr<timing::Sink> sink;
   timing::GrpcExporter* exporter = nullptr;    // == sink when streaming to flared
-  std::unique_ptr<HangCommands> commands;      // DumpStacks / Inspect (hang_commands.h)
+  std::unique_ptr<RankCommands> commands;      // daemon commands (rank_commands.h)
   std::unique_ptr<HangWatch> watch;            // rank watchdog (FLARE_HANG_TIMEOUT)
   std::unique_ptr<CollectiveTracker> tracker;  // wraps sink: completed collectives
   std::unique_ptr<timing::Tracer> tracer;
@@ -372,7 +372,7 @@ void init() {
   if (dir.empty()) dir = common::defaultSpoolRoot();  // per user, 0700 (private_dir.h)
   const std::string daemon = common::envString("FLARE_DAEMON", "");
   if (!daemon.empty()) {
-    state->commands = std::make_unique<HangCommands>(id.rank, id.world_size);
+    state->commands = std::make_unique<RankCommands>(id.rank, id.world_size);
     auto exporter = makeExporter(id, daemon, dir, state->commands.get());
     state->exporter = exporter.get();
     state->sink = std::move(exporter);

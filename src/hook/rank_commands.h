@@ -1,7 +1,8 @@
-// Hang diagnosis on the rank: the CommandHandler the exporter calls (on its stream reader
-// thread, which keeps running while the application's main thread is stuck) for the daemon's
-// DumpStacks and Inspect commands, and a Sink wrapper that records which collectives the timing
-// layer saw complete.
+// The commands a rank receives from the daemon: RankCommands, the CommandHandler the exporter
+// calls (on its stream reader thread, which keeps running while the application's main thread is
+// stuck) for every command — DumpStacks, Inspect and Exit (hang diagnosis, below), DeepTrace
+// (deep_trace.h); anything else is answered "not supported yet" — and a Sink wrapper that
+// records which collectives the timing layer saw complete.
 //
 //   DumpStacks: hang::captureStacks() (native and Python stacks of every thread), plus
 //     StackDump.collectives: per NCCL communicator this process created, the last collective it
@@ -77,9 +78,9 @@ class CollectiveTracker final : public timing::Sink {
 // (EX_TEMPFAIL, "try again": the launcher may restart the job).
 inline constexpr int kHangKillExitCode = 75;
 
-class HangCommands final : public timing::CommandHandler {
+class RankCommands final : public timing::CommandHandler {
  public:
-  HangCommands(int rank, int world_size) : rank_(rank), world_size_(world_size) {}
+  RankCommands(int rank, int world_size) : rank_(rank), world_size_(world_size) {}
   void handle(const flare::v1::Command& command, flare::v1::CommandResult* result) override;
 
  private:

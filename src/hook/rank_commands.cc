@@ -1,4 +1,4 @@
-#include "src/hook/hang_commands.h"
+#include "src/hook/rank_commands.h"
 
 #include <dlfcn.h>
 #include <unistd.h>
@@ -151,7 +151,7 @@ void inspect(const flare::v1::Inspect& req, int rank, int world_size,
 
 }  // namespace
 
-void HangCommands::handle(const flare::v1::Command& command, flare::v1::CommandResult* result) {
+void RankCommands::handle(const flare::v1::Command& command, flare::v1::CommandResult* result) {
   if (command.has_dump_stacks()) {
     dumpStacks(command.dump_stacks(), result);
   } else if (command.has_inspect()) {
