@@ -1,4 +1,4 @@
-// The batches flare-loadgen sends (src/engine/loadgen_main.cc), built in one place so that the
+// The batches flare-loadgen sends (tools/flare_loadgen.cc), built in one place so that the
 // in-process window measurement (diagnosis/compaction_test.cc) feeds flared's model the same
 // load the daemon benchmarks do (docs/benchmarks.md).
 #pragma once

@@ -3,7 +3,8 @@
 //
 //   echo '{"op":"w1","a":[1,2,3],"b":[4,5]}' | flare-stats
 //
-// One JSON object on stdin, one on stdout. Ops and their fields (see README.md for outputs):
+// One JSON object on stdin, one on stdout. Ops and their fields (see src/stats/README.md for
+// outputs):
 //   w1           a, b: samples                        → w1 (exact)
 //   kde          values, rule (silverman|scott), at, grid_size, exact_max_n
 //                                                     → bandwidth, at (exact density), grid

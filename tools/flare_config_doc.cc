@@ -1,5 +1,5 @@
-// flare-config-doc: prints the table of every declared setting (config.cc) as Markdown, or
-// checks/rewrites the generated section of docs/configuration.md.
+// flare-config-doc: prints the table of every declared setting (src/common/config.cc) as Markdown,
+// or checks/rewrites the generated section of docs/configuration.md.
 //
 //   flare-config-doc                 print the table
 //   flare-config-doc --check FILE    exit 1 if FILE's generated section differs
