@@ -11,7 +11,7 @@
 #include <thread>
 #include <vector>
 
-#include "src/timing/fake_device_timer.h"
+#include "src/timing/testing/fake_device_timer.h"
 
 namespace flare::hook {
 namespace {

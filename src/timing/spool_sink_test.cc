@@ -17,7 +17,7 @@
 #include "src/common/clock.h"
 #include "src/common/log.h"
 #include "src/records/spool_format.h"
-#include "src/timing/fake_device_timer.h"
+#include "src/timing/testing/fake_device_timer.h"
 #include "src/timing/timing.h"
 
 namespace flare::timing {

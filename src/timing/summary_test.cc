@@ -12,9 +12,9 @@
 #include "src/common/clock.h"
 #include "src/records/spool_format.h"
 #include "src/timing/batch_builder.h"
-#include "src/timing/fake_device_timer.h"
 #include "src/timing/spool_sink.h"
 #include "src/timing/summary_aggregator.h"
+#include "src/timing/testing/fake_device_timer.h"
 #include "src/timing/timing.h"
 
 namespace flare::timing {

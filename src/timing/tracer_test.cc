@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "src/common/clock.h"
-#include "src/timing/fake_device_timer.h"
+#include "src/timing/testing/fake_device_timer.h"
 #include "src/timing/timing.h"
 
 namespace flare::timing {
