@@ -161,6 +161,12 @@ def test_the_recorded_gc_pause_of_one_rank_is_named_on_that_rank(build_dir, daem
     wait_alerts(daemon, job, "issue_stall", timeout=10)
     data = assert_healthy_pipeline(build_dir, daemon, job, min(loop_steps(name).values()))
     assert diagnoses(data) == [("issue_stall", "algorithm", (3,))], data["diagnoses"]
+    # And its cause: the GC spans the rank traced, against its excess GPU idle per step (on a
+    # real GPU the first kernel after the pause is not among the fastest-issued ones).
+    d = data["diagnoses"][0]
+    assert "likely cause: gc@collect" in d["summary"], d
+    assert any(e["metric"] == "api_time" and e["text"].startswith("gc@collect")
+               for e in d["evidence"]), d["evidence"]
 
 
 def test_the_fixtures_are_the_committed_real_gpu_captures():

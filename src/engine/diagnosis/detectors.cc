@@ -497,6 +497,40 @@ std::map<int, std::pair<double, double>> idlePerStep(const JobModel& job) {
   return out;
 }
 
+// Per traced API: the median over the rank's steps (the first skipped) of the host time its
+// spans took inside the step (both modes send spans). The second way a stall's cause is named:
+// on a real GPU the first kernel after a long host pause is not among the fastest-issued (it
+// pays the GPU's wake-up), so the starved-kernel rule below can miss a GC pause that the
+// step's own time shows plainly.
+std::map<std::string, double> apiTimePerStep(const JobModel& job, int rank) {
+  std::map<std::string, double> out;
+  const auto it = job.ranks().find(rank);
+  if (it == job.ranks().end() || it->second.spans.empty()) return out;
+  std::vector<const Span*> spans;
+  for (const Span& sp : it->second.spans) spans.push_back(&sp);
+  std::sort(spans.begin(), spans.end(),
+            [](const Span* a, const Span* b) { return a->start < b->start; });
+  std::map<std::string, std::vector<double>> per_step;
+  size_t steps = 0;
+  for (const records::StepStats& st : job.stepStats(rank)) {
+    if (st.step == 0) continue;
+    ++steps;
+    std::map<std::string, double> in_step;
+    for (const Span* sp : spans) {
+      if (sp->start >= st.end_ns) break;
+      const int64_t lo = std::max(sp->start, st.start_ns);
+      const int64_t hi = std::min(sp->end, st.end_ns);
+      if (hi > lo) in_step[job.apis()[sp->api]] += static_cast<double>(hi - lo);
+    }
+    for (const auto& [name, ns] : in_step) per_step[name].push_back(ns);
+  }
+  for (auto& [name, v] : per_step) {
+    v.resize(steps, 0.0);  // steps without the API count as 0
+    out[name] = median(v);
+  }
+  return out;
+}
+
 // The kernels a stall starved (issue latency below `low`) and what held the host just before
 // them: from the raw ops (causesBefore) or, in MODE_SUMMARY, from the host causes the rank sent
 // per step (the same rule, applied on the rank; counts by sketch bucket).
@@ -623,6 +657,7 @@ void detectIssueStall(const JobModel& job, const DiagnoseOptions& opt,
   const double delay_fence =
       delays.size() >= 3 ? tukeyUpperFence(delays, opt.tukey_alpha) : INFINITY;
   std::optional<Starved> all_starved;  // pooled_reference: every rank's, summed
+  std::optional<std::map<int, std::map<std::string, double>>> api_time;  // apiTimePerStep
   std::map<std::string, int> all_counts;
   for (const auto& [rank, s] : score) {
     const double floor = std::max(opt.issue_w1_floor_ns, 0.2 * std::abs(others_median[rank]));
@@ -751,6 +786,40 @@ void detectIssueStall(const JobModel& job, const DiagnoseOptions& opt,
                                   fmtPct(other_share) + " on the other ranks)",
                               share, other_share});
         break;
+      }
+    }
+    if (named.empty() && idle_excess > 0) {
+      // The most specific traced API (the smallest that qualifies: a GC pause rather than the
+      // backward() call around it) whose host time per step exceeds the other ranks' by at
+      // least half this rank's excess GPU idle.
+      if (!api_time) {
+        api_time.emplace();
+        for (const auto& [o, ro] : job.ranks()) (*api_time)[o] = apiTimePerStep(job, o);
+      }
+      const auto& mine = api_time->at(rank);
+      double best_excess = INFINITY, best_others = 0;
+      for (const auto& [name, ns] : mine) {
+        std::vector<double> others;
+        for (const auto& [o, times] : *api_time) {
+          if (o == rank && !pooled_reference) continue;
+          const auto t = times.find(name);
+          others.push_back(t == times.end() ? 0.0 : t->second);
+        }
+        const double others_ns = others.empty() ? 0.0 : median(others);
+        const double excess = ns - others_ns;
+        if (excess >= 0.5 * idle_excess && excess < best_excess) {
+          best_excess = excess;
+          best_others = others_ns;
+          named = name;
+        }
+      }
+      if (!named.empty()) {
+        d.evidence.push_back(
+            {"api_time",
+             named + " held the host " + fmtMs(mine.at(named)) + " per step on this rank vs " +
+                 fmtMs(best_others) + " on the other ranks (median): " +
+                 fmtPct(std::min(1.0, best_excess / idle_excess)) + " of its excess GPU idle",
+             mine.at(named), best_others});
       }
     }
     d.summary = "rank " + std::to_string(rank) +
