@@ -172,7 +172,13 @@ class _LoaderIter:
         self.loader, self.i = loader, 0
         self.batch = ctypes.create_string_buffer(loader.batch_tokens * 8)
 
+    def __iter__(self):
+        return self
+
     def __next__(self):
+        # When this call began: a step is the interval between two calls, as Flare measures it
+        # (the traced __next__ spans are its step boundaries).
+        self.entered = time.perf_counter()
         if self.i >= self.loader.steps:
             raise StopIteration
         self.i += 1
@@ -392,10 +398,23 @@ def main(argv=None):
     import sim_train  # noqa: E402  (this script's directory is sys.path[0])
     loader = sim_train.SyntheticLoader(args.steps, args.data_ms, args.seq * args.micro_batch)
     step = 0
-    t0 = time.perf_counter()
     # Flare's explicit step marker (include/flare/step.h), when the hook is preloaded.
     mark_step = getattr(_G, "flare_step", None)
-    for batch in loader:
+    # A step's time is from its DataLoader call to the next one (the one that raises
+    # StopIteration ends the last step): the same instants as Flare's step boundaries, so that
+    # host scheduling between the step's end and the next call (this print, on a loaded
+    # machine) counts in both or in neither. Each step's line is printed at the next call.
+    it = iter(loader)
+    pending = None  # (step, gemm_ms, its DataLoader call's time) of the step printed next
+
+    def report(entered):
+        print('FLARE_SIM_STEP {"rank":%d,"step":%d,"step_ms":%.3f,"gemm_ms":%.4f}'
+              % (rank, pending[0], (entered - pending[2]) * 1000, pending[1]), flush=True)
+
+    for batch in it:
+        if pending is not None:
+            report(it.entered)
+        started = it.entered
         flareSimSetStep(step)
         if mark_step is not None:
             mark_step()
@@ -414,11 +433,10 @@ def main(argv=None):
         model.backward()
         model.optimizer_step()
         model.synchronize_step()
-        now = time.perf_counter()
-        print('FLARE_SIM_STEP {"rank":%d,"step":%d,"step_ms":%.3f,"gemm_ms":%.4f}'
-              % (rank, step, (now - t0) * 1000, model.gemm_ms()), flush=True)
-        t0 = now
+        pending = (step, model.gemm_ms(), started)
         step += 1
+    if pending is not None:
+        report(it.entered)
     return 0
 
 
