@@ -54,13 +54,34 @@ timing::OpInfo kernelHandleInfo(cudaKernel_t kernel, void** args, dim3 grid, dim
                           block.x, block.y, block.z);
 }
 
-template <typename Real>
-cudaError_t launchHandle(Real real, cudaKernel_t kernel, dim3 grid, dim3 block, void** args,
-                         size_t shmem, cudaStream_t stream) {
+timing::OpInfo launchInfo(const void* func, void** args, dim3 grid, dim3 block) {
+  return kernelInfo(func, args, grid, block);
+}
+timing::OpInfo launchInfo(cudaKernel_t kernel, void** args, dim3 grid, dim3 block) {
+  return kernelHandleInfo(kernel, args, grid, block);
+}
+
+// Every runtime launch of a kernel by function symbol (`const void*`) or by handle
+// (`cudaKernel_t`), timed on its stream.
+template <typename Key, typename Real>
+cudaError_t launch(Real real, Key func, dim3 grid, dim3 block, void** args, size_t shmem,
+                   cudaStream_t stream) {
   if (!real) return cudaErrorInsufficientDriver;
   return timedCall(
-      stream, [&] { return kernelHandleInfo(kernel, args, grid, block); }, ok,
-      [&] { return real(kernel, grid, block, args, shmem, stream); });
+      stream, [&] { return launchInfo(func, args, grid, block); }, ok,
+      [&] { return real(func, grid, block, args, shmem, stream); });
+}
+
+template <typename Real>
+cudaError_t launchExC(Real real, const cudaLaunchConfig_t* config, const void* func, void** args) {
+  if (!real) return cudaErrorInsufficientDriver;
+  return timedCall(
+      config ? config->stream : nullptr,
+      [&] {
+        return config ? kernelInfo(func, args, config->gridDim, config->blockDim)
+                      : kernelInfo(func, args, dim3(), dim3());
+      },
+      ok, [&] { return real(config, func, args); });
 }
 
 // `name` is a string literal: its address identifies it, so the per-call key costs no hashing
@@ -115,47 +136,23 @@ using namespace flare::hook;  // NOLINT: the exported wrappers below
 
 FLARE_EXPORT cudaError_t cudaLaunchKernel(const void* func, dim3 grid, dim3 block, void** args,
                                           size_t shmem, cudaStream_t stream) {
-  auto real = g_cudart.launchKernel.get();
-  if (!real) return cudaErrorInsufficientDriver;
-  return timedCall(
-      stream, [&] { return kernelInfo(func, args, grid, block); }, ok,
-      [&] { return real(func, grid, block, args, shmem, stream); });
+  return launch(g_cudart.launchKernel.get(), func, grid, block, args, shmem, stream);
 }
 
 FLARE_EXPORT cudaError_t cudaLaunchKernelExC(const cudaLaunchConfig_t* config, const void* func,
                                              void** args) {
-  auto real = g_cudart.launchKernelExC.get();
-  if (!real) return cudaErrorInsufficientDriver;
-  return timedCall(
-      config ? config->stream : nullptr,
-      [&] {
-        return config ? kernelInfo(func, args, config->gridDim, config->blockDim)
-                      : kernelInfo(func, args, dim3(), dim3());
-      },
-      ok, [&] { return real(config, func, args); });
+  return launchExC(g_cudart.launchKernelExC.get(), config, func, args);
 }
 
 // The per-thread-default-stream variants (code built with --default-stream per-thread).
 FLARE_EXPORT cudaError_t cudaLaunchKernel_ptsz(const void* func, dim3 grid, dim3 block, void** args,
                                                size_t shmem, cudaStream_t stream) {
-  auto real = g_cudart.launchKernelPtsz.get();
-  if (!real) return cudaErrorInsufficientDriver;
-  return timedCall(
-      stream, [&] { return kernelInfo(func, args, grid, block); }, ok,
-      [&] { return real(func, grid, block, args, shmem, stream); });
+  return launch(g_cudart.launchKernelPtsz.get(), func, grid, block, args, shmem, stream);
 }
 
 FLARE_EXPORT cudaError_t cudaLaunchKernelExC_ptsz(const cudaLaunchConfig_t* config,
                                                   const void* func, void** args) {
-  auto real = g_cudart.launchKernelExCPtsz.get();
-  if (!real) return cudaErrorInsufficientDriver;
-  return timedCall(
-      config ? config->stream : nullptr,
-      [&] {
-        return config ? kernelInfo(func, args, config->gridDim, config->blockDim)
-                      : kernelInfo(func, args, dim3(), dim3());
-      },
-      ok, [&] { return real(config, func, args); });
+  return launchExC(g_cudart.launchKernelExCPtsz.get(), config, func, args);
 }
 
 // `<<<>>>` as CUDA 13's nvcc compiles it: the stub looks the kernel up once (__cudaGetKernel)
@@ -163,23 +160,18 @@ FLARE_EXPORT cudaError_t cudaLaunchKernelExC_ptsz(const cudaLaunchConfig_t* conf
 // elementwise, reduction, attention and optimizer kernels) would be recorded.
 FLARE_EXPORT cudaError_t __cudaLaunchKernel(cudaKernel_t kernel, dim3 grid, dim3 block, void** args,
                                             size_t shmem, cudaStream_t stream) {
-  return launchHandle(g_cudart.launchKernelHandle.get(), kernel, grid, block, args, shmem, stream);
+  return launch(g_cudart.launchKernelHandle.get(), kernel, grid, block, args, shmem, stream);
 }
 
 FLARE_EXPORT cudaError_t __cudaLaunchKernel_ptsz(cudaKernel_t kernel, dim3 grid, dim3 block,
                                                  void** args, size_t shmem, cudaStream_t stream) {
-  return launchHandle(g_cudart.launchKernelHandlePtsz.get(), kernel, grid, block, args, shmem,
-                      stream);
+  return launch(g_cudart.launchKernelHandlePtsz.get(), kernel, grid, block, args, shmem, stream);
 }
 
 FLARE_EXPORT cudaError_t cudaLaunchCooperativeKernel(const void* func, dim3 grid, dim3 block,
                                                      void** args, size_t shmem,
                                                      cudaStream_t stream) {
-  auto real = g_cudart.launchCooperativeKernel.get();
-  if (!real) return cudaErrorInsufficientDriver;
-  return timedCall(
-      stream, [&] { return kernelInfo(func, args, grid, block); }, ok,
-      [&] { return real(func, grid, block, args, shmem, stream); });
+  return launch(g_cudart.launchCooperativeKernel.get(), func, grid, block, args, shmem, stream);
 }
 
 FLARE_EXPORT cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t stream) {

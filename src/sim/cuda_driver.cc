@@ -108,90 +108,51 @@ SIM_API CUresult cuDriverGetVersion(int* version) {
   return CUDA_SUCCESS;
 }
 
+namespace {
+
+// The error codes the simulator returns: the driver's name and text of each.
+struct ErrorText {
+  CUresult code;
+  const char* name;
+  const char* text;
+};
+constexpr ErrorText kErrors[] = {
+    {CUDA_SUCCESS, "CUDA_SUCCESS", "no error"},
+    {CUDA_ERROR_INVALID_VALUE, "CUDA_ERROR_INVALID_VALUE", "invalid argument"},
+    {CUDA_ERROR_OUT_OF_MEMORY, "CUDA_ERROR_OUT_OF_MEMORY", "out of memory"},
+    {CUDA_ERROR_NOT_INITIALIZED, "CUDA_ERROR_NOT_INITIALIZED", "initialization error"},
+    {CUDA_ERROR_DEINITIALIZED, "CUDA_ERROR_DEINITIALIZED", "driver shutting down"},
+    {CUDA_ERROR_INVALID_DEVICE, "CUDA_ERROR_INVALID_DEVICE", "invalid device ordinal"},
+    {CUDA_ERROR_INVALID_HANDLE, "CUDA_ERROR_INVALID_HANDLE", "invalid resource handle"},
+    {CUDA_ERROR_NOT_FOUND, "CUDA_ERROR_NOT_FOUND", "named symbol not found"},
+    {CUDA_ERROR_NOT_READY, "CUDA_ERROR_NOT_READY", "device not ready"},
+    {CUDA_ERROR_ILLEGAL_STATE, "CUDA_ERROR_ILLEGAL_STATE",
+     "the operation is not permitted in this state"},
+    {CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED",
+     "operation not permitted when stream is capturing"},
+};
+
+const ErrorText* findError(CUresult error) {
+  for (const ErrorText& e : kErrors) {
+    if (e.code == error) return &e;
+  }
+  return nullptr;
+}
+
+}  // namespace
+
 SIM_API CUresult cuGetErrorName(CUresult error, const char** str) {
   if (!str) return CUDA_ERROR_INVALID_VALUE;
-  switch (error) {
-    case CUDA_SUCCESS:
-      *str = "CUDA_SUCCESS";
-      break;
-    case CUDA_ERROR_INVALID_VALUE:
-      *str = "CUDA_ERROR_INVALID_VALUE";
-      break;
-    case CUDA_ERROR_OUT_OF_MEMORY:
-      *str = "CUDA_ERROR_OUT_OF_MEMORY";
-      break;
-    case CUDA_ERROR_NOT_INITIALIZED:
-      *str = "CUDA_ERROR_NOT_INITIALIZED";
-      break;
-    case CUDA_ERROR_DEINITIALIZED:
-      *str = "CUDA_ERROR_DEINITIALIZED";
-      break;
-    case CUDA_ERROR_INVALID_DEVICE:
-      *str = "CUDA_ERROR_INVALID_DEVICE";
-      break;
-    case CUDA_ERROR_INVALID_HANDLE:
-      *str = "CUDA_ERROR_INVALID_HANDLE";
-      break;
-    case CUDA_ERROR_NOT_FOUND:
-      *str = "CUDA_ERROR_NOT_FOUND";
-      break;
-    case CUDA_ERROR_NOT_READY:
-      *str = "CUDA_ERROR_NOT_READY";
-      break;
-    case CUDA_ERROR_ILLEGAL_STATE:
-      *str = "CUDA_ERROR_ILLEGAL_STATE";
-      break;
-    case CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED:
-      *str = "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED";
-      break;
-    default:
-      *str = nullptr;
-      return CUDA_ERROR_INVALID_VALUE;
-  }
-  return CUDA_SUCCESS;
+  const ErrorText* e = findError(error);
+  *str = e ? e->name : nullptr;
+  return e ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
 
 SIM_API CUresult cuGetErrorString(CUresult error, const char** str) {
   if (!str) return CUDA_ERROR_INVALID_VALUE;
-  switch (error) {
-    case CUDA_SUCCESS:
-      *str = "no error";
-      break;
-    case CUDA_ERROR_INVALID_VALUE:
-      *str = "invalid argument";
-      break;
-    case CUDA_ERROR_OUT_OF_MEMORY:
-      *str = "out of memory";
-      break;
-    case CUDA_ERROR_NOT_INITIALIZED:
-      *str = "initialization error";
-      break;
-    case CUDA_ERROR_DEINITIALIZED:
-      *str = "driver shutting down";
-      break;
-    case CUDA_ERROR_INVALID_DEVICE:
-      *str = "invalid device ordinal";
-      break;
-    case CUDA_ERROR_INVALID_HANDLE:
-      *str = "invalid resource handle";
-      break;
-    case CUDA_ERROR_NOT_FOUND:
-      *str = "named symbol not found";
-      break;
-    case CUDA_ERROR_NOT_READY:
-      *str = "device not ready";
-      break;
-    case CUDA_ERROR_ILLEGAL_STATE:
-      *str = "the operation is not permitted in this state";
-      break;
-    case CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED:
-      *str = "operation not permitted when stream is capturing";
-      break;
-    default:
-      *str = nullptr;
-      return CUDA_ERROR_INVALID_VALUE;
-  }
-  return CUDA_SUCCESS;
+  const ErrorText* e = findError(error);
+  *str = e ? e->text : nullptr;
+  return e ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
 
 SIM_API CUresult cuDeviceGetCount(int* count) {

@@ -81,6 +81,17 @@ int allToAll(int n) {
   return bad ? 1 : 0;
 }
 
+// A JIT-loaded kernel (what Triton and CUTLASS launch through the driver), with a cost rule
+// of `FLARE_SIM_COST_NANOS` on its first parameter.
+CUfunction jitKernel(const char* name) {
+  CUmodule mod;
+  cuModuleLoadData(&mod, "jit-image");
+  CUfunction f;
+  cuModuleGetFunction(&f, mod, name);
+  flareSimRegisterKernelCost(name, FLARE_SIM_COST_NANOS, 0);
+  return f;
+}
+
 int procAddress() {
   void* p = nullptr;
   if (cuGetProcAddress("cuLaunchKernel", &p, 12000, CU_GET_PROC_ADDRESS_DEFAULT, nullptr) !=
@@ -88,11 +99,7 @@ int procAddress() {
     return 2;
   }
   auto launch_fn = reinterpret_cast<decltype(&cuLaunchKernel)>(p);
-  CUmodule mod;
-  cuModuleLoadData(&mod, "jit-image");
-  CUfunction f;
-  cuModuleGetFunction(&f, mod, "triton_poi_fused_add_0");
-  flareSimRegisterKernelCost("triton_poi_fused_add_0", FLARE_SIM_COST_NANOS, 0);
+  CUfunction f = jitKernel("triton_poi_fused_add_0");
   for (int i = 0; i < 5; ++i) {
     uint64_t ns = 100'000;
     void* params[] = {&ns};
@@ -111,11 +118,7 @@ int entryPoint() {
     return 2;
   }
   auto launch_ex = reinterpret_cast<decltype(&cuLaunchKernelEx)>(p);
-  CUmodule mod;
-  cuModuleLoadData(&mod, "jit-image");
-  CUfunction f;
-  cuModuleGetFunction(&f, mod, "cutlass_sm90_cluster_kernel");
-  flareSimRegisterKernelCost("cutlass_sm90_cluster_kernel", FLARE_SIM_COST_NANOS, 0);
+  CUfunction f = jitKernel("cutlass_sm90_cluster_kernel");
   for (int i = 0; i < 3; ++i) {
     uint64_t ns = 100'000;
     void* params[] = {&ns};
