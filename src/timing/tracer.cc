@@ -271,6 +271,7 @@ struct Tracer::Impl {
   }
   ThreadState* threadStateSlow() noexcept;
   enum class Take { kOk, kExhausted, kError };
+  // Pops the op's end event and, unless `start` is null (end-only timing), its start event.
   Take takeEvents(ThreadState* ts, int device, Event** start, Event** end) noexcept;
   Take refill(ThreadState* ts, int device) noexcept;
   std::vector<Event*>& freeList(int device);  // pool_mu_ held; grows free_
@@ -521,7 +522,7 @@ Tracer::Impl::Take Tracer::Impl::takeEvents(ThreadState* ts, int device, Event**
     const Take taken = refill(ts, device);
     if (taken != Take::kOk) return taken;
   }
-  *start = ts->cache[--ts->cache_size];
+  if (start != nullptr) *start = ts->cache[--ts->cache_size];
   *end = ts->cache[--ts->cache_size];
   return Take::kOk;
 }
@@ -620,9 +621,10 @@ bool Tracer::Impl::begin(void* stream, Ticket* ticket) noexcept {
       counters_.event_errors.fetch_add(1, std::memory_order_relaxed);
       return false;
     }
-    Event* start = nullptr;
+    // end_only: the start is the chained sentinel, and only the end event is taken.
+    Event* start = chained ? &g_chained_start : nullptr;
     Event* end = nullptr;
-    switch (takeEvents(ts, device, &start, &end)) {
+    switch (takeEvents(ts, device, chained ? nullptr : &start, &end)) {
       case Take::kOk:
         break;
       case Take::kExhausted:
@@ -630,10 +632,6 @@ bool Tracer::Impl::begin(void* stream, Ticket* ticket) noexcept {
         return false;
       case Take::kError:  // counted by refill()
         return false;
-    }
-    if (chained) {  // one event per op: the start event goes straight back to the cache
-      ts->cache[ts->cache_size++] = start;
-      start = &g_chained_start;
     }
     const int64_t issue_ns = clock_->nowNs();
     ts->in_flight_issue_ns.store(issue_ns, std::memory_order_relaxed);
