@@ -778,6 +778,9 @@ def cmd_diagnose(args):
                 seen["hangIncidents"], args.job))
         if seen["ranks"] == 0 or seen["records"] == 0:
             caveats.append("no records have arrived yet")
+        if seen["hangIncidents"] is None:
+            caveats.append("its hang incidents could not be read (`flare hang --job %s`)"
+                           % args.job)
         print("no anomaly found in job %s: looked at %d rank(s) (%d connected), %d batches, "
               "%d records in the detectors' window%s" % (
                   args.job, seen["ranks"], seen["connected"], seen["batches"], seen["records"],

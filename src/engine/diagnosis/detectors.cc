@@ -506,28 +506,28 @@ std::map<std::string, double> apiTimePerStep(const JobModel& job, int rank) {
   std::map<std::string, double> out;
   const auto it = job.ranks().find(rank);
   if (it == job.ranks().end() || it->second.spans.empty()) return out;
-  std::vector<const Span*> spans;
-  for (const Span& sp : it->second.spans) spans.push_back(&sp);
-  std::sort(spans.begin(), spans.end(),
-            [](const Span* a, const Span* b) { return a->start < b->start; });
+  std::vector<records::StepStats> steps = job.stepStats(rank);
+  std::erase_if(steps, [](const records::StepStats& st) { return st.step == 0; });
+  std::sort(steps.begin(), steps.end(),
+            [](const auto& a, const auto& b) { return a.start_ns < b.start_ns; });
+  if (steps.empty()) return out;
+  // Each span's time, split over the steps it overlaps (found by binary search on the steps'
+  // starts): O(spans × log steps), not spans × steps.
   std::map<std::string, std::vector<double>> per_step;
-  size_t steps = 0;
-  for (const records::StepStats& st : job.stepStats(rank)) {
-    if (st.step == 0) continue;
-    ++steps;
-    std::map<std::string, double> in_step;
-    for (const Span* sp : spans) {
-      if (sp->start >= st.end_ns) break;
-      const int64_t lo = std::max(sp->start, st.start_ns);
-      const int64_t hi = std::min(sp->end, st.end_ns);
-      if (hi > lo) in_step[job.apis()[sp->api]] += static_cast<double>(hi - lo);
+  for (const Span& sp : it->second.spans) {
+    auto st = std::upper_bound(steps.begin(), steps.end(), sp.start,
+                               [](int64_t t, const auto& s) { return t < s.start_ns; });
+    if (st != steps.begin()) --st;
+    for (; st != steps.end() && st->start_ns < sp.end; ++st) {
+      const int64_t lo = std::max(sp.start, st->start_ns);
+      const int64_t hi = std::min(sp.end, st->end_ns);
+      if (hi <= lo) continue;
+      std::vector<double>& v = per_step[job.apis()[sp.api]];
+      v.resize(steps.size(), 0.0);  // steps without the API count as 0
+      v[static_cast<size_t>(st - steps.begin())] += static_cast<double>(hi - lo);
     }
-    for (const auto& [name, ns] : in_step) per_step[name].push_back(ns);
   }
-  for (auto& [name, v] : per_step) {
-    v.resize(steps, 0.0);  // steps without the API count as 0
-    out[name] = median(v);
-  }
+  for (auto& [name, v] : per_step) out[name] = median(v);
   return out;
 }
 
