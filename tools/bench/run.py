@@ -22,8 +22,10 @@ Sections (select with --only; all by default):
              /diagnoses. ~3-4 minutes per size.
 
   diagnosis  the scenario matrix on the sim stack (healthy runs and every fault, several
-             severities, repeated over five shapes): detection rate, false alarms, detection
-             delay in steps, culprit rank and routed team; flare-diagnose on each run's spool.
+             severities, 8 and 16 ranks in several TP x DP layouts, sparse faults; repeated
+             over five shapes and one FLARE_SIM_SEED per repetition): detection rate, false
+             alarms, detection delay in steps, culprit rank and routed team; flare-diagnose on
+             each run's spool; a markdown table of the result.
 
 The GPU half (tests/gpu/bench) runs on a GPU machine only.
 """
@@ -194,13 +196,20 @@ def volume(build, args):
         shutil.rmtree(spool, ignore_errors=True)
 
 
-# The scenario matrix on the sim (issue 6's scenarios, issue 9 item 4). Each entry: name; env
-# (FLARE_SIM_* faults); args (extra flare-sim-train arguments); kind, ranks, team (the expected
-# diagnosis; kind None = healthy: any alert is a false alarm); onset (the step the fault starts,
-# for the detection delay); baseline (diagnose against healthy runs of the same shape: the
-# regression detector and learned void thresholds); python (the Python workload, 4 ranks: the
-# traced DataLoader that V_inter needs); truth (a function of the run's records that says whether
-# the fault, as injected, meets the definition the detector implements; None = always).
+# The scenario matrix on the sim (issue 6's scenarios, issue 9 item 4, issue 21 item 8). Each
+# entry: name; env (FLARE_SIM_* faults); args (extra flare-sim-train arguments); kind, ranks, team
+# (the expected diagnosis; kind None = healthy: any alert is a false alarm); onset (the step the
+# fault starts, for the detection delay); baseline (diagnose against healthy runs of the same
+# shape: the regression detector and learned void thresholds); python (the Python workload, 4
+# ranks: the traced DataLoader that V_inter needs); world and tp (the layout: WORLD ranks as
+# TP x DP, default 8 ranks with TP 2); truth (a function of the run's records that says whether
+# the fault, as injected, meets the definition the detector implements; None = always);
+# extended (issue 21's classes: more severities, 16 ranks, other TP x DP layouts, sparse faults;
+# skipped with --diag-classic).
+#
+# Every repetition runs with its own FLARE_SIM_SEED (--diag-seed + rep), so that the simulator's
+# noise (src/sim/noise.h: kernel, step, rank and host jitter calibrated on real H200 traces)
+# differs between runs as it does between real runs; the five shapes cycle over the repetitions.
 DIAG_SHAPES = [(4096, 4), (8192, 2), (2048, 6), (4096, 3), (6144, 2)]
 DIAG_STEPS = 16
 ALL = list(range(8))
@@ -237,6 +246,40 @@ SCENARIOS = [
     dict(name="minority-kernels-120 (threshold learned from baseline)",
          args=["--extra-kernels", "120"], kind="void_minority", ranks=ALL, team="algorithm",
          baseline=True),
+    # --- issue 21, item 8: the extended classes ---
+    # Severities beyond the classic ones.
+    dict(name="gpu-5%", env={"FLARE_SIM_CLOCK_FACTOR": "5:0.95"}, kind="gpu_slow", ranks=[5],
+         team="operations", extended=True),
+    dict(name="gpu-30%", env={"FLARE_SIM_CLOCK_FACTOR": "1:0.7"}, kind="gpu_slow", ranks=[1],
+         team="operations", extended=True),
+    dict(name="link-10%", env={"FLARE_SIM_LINK_FACTOR": "6:0.9"}, kind="link_slow", ranks=[6],
+         team="operations", extended=True),
+    dict(name="stall-10ms", env={"FLARE_SIM_HOST_STALL": "2:10"}, kind="issue_stall", ranks=[2],
+         team="algorithm", extended=True),
+    # Other layouts: 8 ranks as TP 4 x DP 2 and as pure DP; 16 ranks as TP 2 x DP 8 and
+    # TP 4 x DP 4.
+    dict(name="healthy-8-tp4", tp=4, extended=True),
+    dict(name="healthy-8-dp8", tp=1, extended=True),
+    dict(name="healthy-16", world=16, extended=True),
+    dict(name="healthy-16-tp4", world=16, tp=4, extended=True),
+    dict(name="gpu-20%-8-tp4", tp=4, env={"FLARE_SIM_CLOCK_FACTOR": "6:0.8"}, kind="gpu_slow",
+         ranks=[6], team="operations", extended=True),
+    dict(name="link-50%-8-dp8", tp=1, env={"FLARE_SIM_LINK_FACTOR": "2:0.5"}, kind="link_slow",
+         ranks=[2], team="operations", extended=True),
+    dict(name="gpu-20%-16", world=16, env={"FLARE_SIM_CLOCK_FACTOR": "11:0.8"}, kind="gpu_slow",
+         ranks=[11], team="operations", extended=True),
+    dict(name="gpu-10%-16-tp4", world=16, tp=4, env={"FLARE_SIM_CLOCK_FACTOR": "9:0.9"},
+         kind="gpu_slow", ranks=[9], team="operations", extended=True),
+    dict(name="link-50%-16-tp4", world=16, tp=4, env={"FLARE_SIM_LINK_FACTOR": "13:0.5"},
+         kind="link_slow", ranks=[13], team="operations", extended=True),
+    dict(name="stall-5ms-16", world=16, env={"FLARE_SIM_HOST_STALL": "14:5"},
+         kind="issue_stall", ranks=[14], team="algorithm", extended=True),
+    # Sparse faults (issue 21, item 1): one rank's host pauses for a long time every Nth step
+    # only (a periodic GC, a checkpoint stall). Not detected yet: the matrix says so.
+    dict(name="sparse-stall-30ms-every-5th", env={"FLARE_SIM_HOST_STALL": "3:30:5"},
+         kind="issue_stall", ranks=[3], team="algorithm", extended=True),
+    dict(name="sparse-stall-60ms-every-8th-16", world=16, env={"FLARE_SIM_HOST_STALL": "10:60:8"},
+         kind="issue_stall", ranks=[10], team="algorithm", extended=True),
 ]
 DIAG_BASELINES = 3  # healthy runs per shape for the baseline scenarios
 
@@ -295,19 +338,19 @@ def true_v_minority(build, spool):
     return per_rank
 
 
-def _sim_run(build, scenario, shape, spool, json_out):
+def _sim_run(build, scenario, shape, spool, json_out, seed=1):
     hook = os.path.join(build, "lib", "libflare_hook.so")
     hidden, layers = shape
     env = dict(scenario.get("env", {}), LD_PRELOAD=hook, FLARE_OUTPUT_DIR=spool,
-               FLARE_JOB_ID="job")
+               FLARE_JOB_ID="job", FLARE_SIM_SEED=str(seed))
     cmd = [os.path.join(build, "bin", "flare-sim-train"), "--steps", str(DIAG_STEPS),
-           "--layers", str(layers), "--hidden", str(hidden), "--tp", "2", "--quiet",
-           "--json", json_out]
+           "--layers", str(layers), "--hidden", str(hidden), "--tp", str(scenario.get("tp", 2)),
+           "--quiet", "--json", json_out]
     if scenario.get("python"):
         env["TRACED_PYTHON_API"] = "sim_train@_LoaderIter.__next__,sim_train@injected_sync"
         cmd += ["--python", "--ranks", "4"]
     else:
-        cmd += ["--ranks", "8"]
+        cmd += ["--ranks", str(scenario.get("world", 8))]
     cmd += scenario.get("args", [])
     res = sh(cmd, env=env)
     if res.returncode != 0:
@@ -352,25 +395,28 @@ def diagnosis(build, args):
     work = tempfile.mkdtemp(prefix="flare-diag-")
     out = {"steps": DIAG_STEPS, "shapes": DIAG_SHAPES, "scenarios": {}}
     only = set(args.diag_scenario or [])
+    scenarios = [sc for sc in SCENARIOS if (not only or sc["name"] in only)
+                 and (only or args.diag_extended or not sc.get("extended"))]
+    out["seeds"] = [args.diag_seed + rep
+                    for rep in range(max(args.diag_reps, args.diag_healthy_reps or 0))]
     try:
         # Healthy baselines per shape (only the shapes the repetitions use).
         baselines, base_step_ms, base_idle_ms = {}, {}, {}
         shapes_used = [DIAG_SHAPES[i % len(DIAG_SHAPES)]
                        for i in range(max(args.diag_reps, args.diag_healthy_reps or 0))]
-        if any(sc.get("baseline") for sc in SCENARIOS if not only or sc["name"] in only):
+        if any(sc.get("baseline") for sc in scenarios):
             for shape in sorted(set(shapes_used)):
                 baselines[shape], times = [], []
                 for i in range(DIAG_BASELINES):
                     spool = os.path.join(work, f"base-{shape[0]}-{shape[1]}-{i}")
+                    # Baselines draw their own seeds, apart from the runs they judge.
                     times.append(_sim_run(build, {"name": "baseline"}, shape, spool,
-                                          spool + ".json"))
+                                          spool + ".json", seed=args.diag_seed + 100000 + i))
                     baselines[shape].append(spool)
                 base_step_ms[shape] = statistics.median(times)
                 base_idle_ms[shape] = statistics.median(gpu_idle_ms(build, b)
                                                         for b in baselines[shape])
-        for sc in SCENARIOS:
-            if only and sc["name"] not in only:
-                continue
+        for sc in scenarios:
             kind, team = sc.get("kind"), sc.get("team")
             onset = sc.get("onset", 0)
             row = {"runs": 0, "expected": 0, "detected": 0, "culprit_right": 0, "team_right": 0,
@@ -384,9 +430,10 @@ def diagnosis(build, args):
             for rep in range(reps):
                 want_ranks = sc.get("ranks")
                 shape = DIAG_SHAPES[rep % len(DIAG_SHAPES)]
+                seed = args.diag_seed + rep
                 spool = os.path.join(work, f"run-{rep}")
                 shutil.rmtree(spool, ignore_errors=True)
-                step_ms = _sim_run(build, sc, shape, spool, spool + ".json")
+                step_ms = _sim_run(build, sc, shape, spool, spool + ".json", seed)
                 bases = baselines.get(shape, []) if sc.get("baseline") else []
                 if sc.get("baseline"):
                     row["step_change"].append(round(step_ms / base_step_ms[shape] - 1, 4))
@@ -405,7 +452,7 @@ def diagnosis(build, args):
                         truth_spool = spool + "-raw-twin"
                         shutil.rmtree(truth_spool, ignore_errors=True)
                         twin = dict(sc, env=dict(sc.get("env", {}), FLARE_MODE="raw"))
-                        _sim_run(build, twin, shape, truth_spool, truth_spool + ".json")
+                        _sim_run(build, twin, shape, truth_spool, truth_spool + ".json", seed)
                         row["truth_from"] = "raw-mode twin run"
                     v = true_v_minority(build, truth_spool)
                     row["truth"].append(round(statistics.median(v.values()), 3))
@@ -421,7 +468,7 @@ def diagnosis(build, args):
                             x["kind"], 0) + 1
                         # Which evidence carried it (the detectors list the signal that fired).
                         row.setdefault("false_alarm_detail", []).append(
-                            f"rep {rep} {shape}: {x['kind']} ranks {x['ranks']}: " +
+                            f"rep {rep} seed {seed} {shape}: {x['kind']} ranks {x['ranks']}: " +
                             " | ".join(e["text"] for e in x["evidence"][:3]))
                 if kind is None:
                     continue
@@ -438,9 +485,15 @@ def diagnosis(build, args):
                         row["delays"].append(_detection_delay(build, spool, bases, kind, onset))
                 else:
                     row.setdefault("missed", []).append(
-                        f"rep {rep} {shape}: found {[x['kind'] for x in found]}")
+                        f"rep {rep} seed {seed} {shape}: found "
+                        f"{[(x['kind'], x['ranks']) for x in found]}")
+                if hits and hits[0]["ranks"] != want_ranks:
+                    row.setdefault("wrong_culprit", []).append(
+                        f"rep {rep} seed {seed} {shape}: named {hits[0]['ranks']}")
                 shutil.rmtree(spool, ignore_errors=True)
             row["seconds"] = round(time.time() - t0, 1)
+            row["layout"] = (f"{4 if sc.get('python') else sc.get('world', 8)} ranks, "
+                             f"TP {1 if sc.get('python') else sc.get('tp', 2)}")
             out["scenarios"][sc["name"]] = row
             print(f"  {sc['name']}: {json.dumps(row)}", flush=True)
     finally:
@@ -457,7 +510,31 @@ def diagnosis(build, args):
         "all_runs": sum(r["runs"] for r in out["scenarios"].values()),
         "runs_with_wrong_alarm": sum(r["runs_with_false_alarm"] for r in out["scenarios"].values()),
     }
+    out["table"] = diagnosis_table(out)
+    print(out["table"], flush=True)
     return out
+
+
+def diagnosis_table(out):
+    """The matrix as the markdown table docs/benchmarks.md quotes."""
+    lines = ["| scenario | layout | detected (culprit right / team right) | runs with a wrong "
+             "alarm | false-alarm kinds |", "|---|---|---|---|---|"]
+    for name, r in out["scenarios"].items():
+        if r["expected"]:
+            det = f"{r['detected']}/{r['expected']} ({r['culprit_right']} / {r['team_right']})"
+        elif r.get("expected_silent"):
+            det = f"silent {r['silent_right']}/{r['expected_silent']}"
+        else:
+            det = "— (healthy)"
+        kinds = ", ".join(f"{k} {v}" for k, v in sorted(r["false_alarm_kinds"].items())) or "—"
+        lines.append(f"| {name} | {r.get('layout', '')} | {det} | "
+                     f"{r['runs_with_false_alarm']}/{r['runs']} | {kinds} |")
+    t = out.get("totals", {})
+    if t:
+        lines.append(f"| **total** | | {t['detected']}/{t['fault_runs']} ({t['culprit_right']} / "
+                     f"{t['team_right']}) | healthy {t['healthy_runs_with_alarm']}/"
+                     f"{t['healthy_runs']}, all {t['runs_with_wrong_alarm']}/{t['all_runs']} | |")
+    return "\n".join(lines)
 
 
 def daemon(build, args):
@@ -516,6 +593,11 @@ def main():
                         "needs many")
     p.add_argument("--diag-scenario", action="append",
                    help="run only this diagnosis scenario (repeatable; default all)")
+    p.add_argument("--diag-seed", type=int, default=1,
+                   help="FLARE_SIM_SEED of the first repetition (rep i runs with seed + i)")
+    p.add_argument("--diag-classic", dest="diag_extended", action="store_false",
+                   help="only the classic scenarios (leave out issue 21's extended classes: "
+                        "more severities, 16 ranks, TP x DP layouts, sparse faults)")
     p.add_argument("--no-diag-delay", dest="diag_delay", action="store_false",
                    help="skip the detection-delay search (flare-diagnose --until-step)")
     p.add_argument("--daemon-ranks", default="1024,10000",
