@@ -74,7 +74,7 @@ struct FrameRule {
   FrameClass result;
 };
 
-// The rule table (documented in src/hang/README.md).
+// The rule table (documented in docs/hang-analysis.md).
 std::span<const FrameRule> frameRules();
 
 FrameClass classifyPython(const flare::v1::PythonFrame& f);

@@ -307,8 +307,8 @@ def test_long_collective_below_its_override_is_not_a_hang(build_dir, slow_silenc
     # job runs to its end without a report; without it, the same job raises one (the test
     # can fail). The optimizer kernel that waits (cudaStreamWaitEvent) for the all-reduce is
     # excused while the all-reduce runs on the GPU (its start event completed), also when the
-    # kernel became the head of its stream first (a loaded machine: this used to be a false
-    # positive, src/hang/README.md).
+    # kernel became the head of its stream first (a loaded machine; docs/hang-analysis.md,
+    # cross-stream waits).
     daemon = slow_silence_daemon
     job = "longar-%s" % ("override" if override else "none")
     env = {"FLARE_SIM_HOST_STALL": "2:3000:4", "FLARE_HANG_TIMEOUT": "1.5"}

@@ -520,7 +520,7 @@ def test_late_import_of_a_package_submodule_leaves_the_import_system_as_it_was(t
     assert run.returncode == 0, run.stderr
     assert run.result == {"loader": "SourceFileLoader", "spec_loader": "SourceFileLoader",
                           "root": "a"}
-    # importlib.reload makes a new code object, which is not traced (README, known gaps): the
+    # importlib.reload makes a new code object, which is not traced (docs/python-tracing.md, known gaps): the
     # two calls before the reload are.
     assert len(run.named("xml.dom.minidom@parseString")) == 2
 
