@@ -26,6 +26,10 @@
 // hello, another rank, bytes that do not decode) ask the transport to close the stream. Either
 // way the Verdict says what was refused, and the transport tells the rank (BatchRejected).
 //
+// Files: this class's batch path is split by stage: ingest_session.cc (hello, close, the checks of
+// a batch as a whole), ingest_validate.{h,cc} (the items' rules, pure functions), ingest_apply.cc
+// (Ingest::batch and applying); ingest.cc has the rest.
+//
 // Threading: every public method is thread-safe (one mutex; batches are small and applying one
 // is a few hundred nanoseconds per record). CommandChannel methods are called with that mutex
 // held and must only queue. Owned by flared_main; holds a Store* it does not own.
@@ -39,6 +43,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -99,15 +104,9 @@ struct Verdict {
   bool ok() const { return code == Code::kOk; }
 };
 
-// The plausible range of times in what a rank sends (Unix-epoch ns).
-struct TimeLimits {
-  int64_t min_ns = 0;           // earliest timestamp
-  int64_t max_ns = 0;           // latest timestamp (the daemon's now + --max-future)
-  int64_t max_duration_ns = 0;  // longest kernel, span or step
-};
-// Why flared drops one StepStats, "" when it keeps it; `reason` gets the refusal's label. The
-// rank's StepAccumulator (src/timing) emits only statistics that pass (a property test checks).
-std::string stepStatsError(const v1::StepStats& st, const TimeLimits& limits, Reason* reason);
+// The items' validation of a batch (TimeLimits, stepStatsError, findInvalidItems) is in
+// ingest_validate.h.
+struct BatchFilter;
 
 // The transport's side of one stream, for messages the daemon sends unprompted.
 class CommandChannel {
@@ -359,7 +358,6 @@ class Ingest {
     std::shared_ptr<CommandChannel> channel;
   };
 
-  struct BatchFilter;
   Verdict reject(Reason r, Code code, std::string error, bool close = false);
   // Whole-batch refusal of a rank's batch: counted for the rank too and logged once.
   Verdict refuseBatch(const JobState& job, RankState& rs, int64_t now, Reason r, Code code,
@@ -367,9 +365,15 @@ class Ingest {
   // Notes a refusal for the rank (its Refusals, one log line per job, rank and reason).
   void noteRefused(const JobState& job, RankState& rs, int64_t now, Reason r, uint64_t batches,
                    uint64_t items, const std::string& error);
-  // Marks every invalid item of `b` in `f`; `new_sigs` gets the signature ids the batch adds.
-  void validate(const Session& s, const v1::RecordBatch& b, int64_t now,
-                std::unordered_map<uint32_t, uint32_t>* new_sigs, BatchFilter* f);
+  // Counts and notes the items `f` found invalid (they are not applied); the batch's Verdict.
+  Verdict noteDroppedItems(const JobState& job, RankState& rs, int64_t now, const BatchFilter& f);
+  // A batch's stages, under mu_. admitBatch (ingest_session.cc): the checks of the batch as a
+  // whole (the stream's session and rank, batch_seq, size, rate bucket); nullopt when it may be
+  // applied, with `session` and `incarnation` set, else the refusal to return. applyBatch
+  // (ingest_apply.cc): applies a batch whose items all passed findInvalidItems.
+  std::optional<Verdict> admitBatch(uint64_t session_id, const v1::RecordBatch& b, int64_t now,
+                                    Session** session, RankState::Incarnation** incarnation);
+  void applyBatch(Session& s, RankState::Incarnation& inc, const v1::RecordBatch& b, int64_t now);
   uint32_t internSignature(JobState& job, const v1::Signature& sig);
   void applyDrops(RankState& rs, const v1::DropCounters& d);
   void fillReport(const JobState& job, v1::GetReportResponse* out) const;

@@ -15,6 +15,7 @@
 
 #include "flare/v1/records.pb.h"
 #include "src/engine/ingest.h"
+#include "src/engine/ingest_validate.h"
 #include "src/records/step_accumulator.h"
 #include "src/records/step_stats_wire.h"
 
