@@ -7,8 +7,8 @@
 #include <span>
 
 #include "flare/step.h"
-#include "src/engine/diagnosis/detectors.h"
 #include "src/engine/diagnosis/job_metrics.h"
+#include "src/engine/diagnosis/signals.h"
 #include "src/stats/quantile.h"
 #include "src/stats/wasserstein.h"
 

@@ -34,56 +34,6 @@ double medianOf(std::vector<double> v) {
 
 }  // namespace
 
-bool hasSummaries(const JobModel& job) {
-  for (const auto& [rank, r] : job.ranks()) {
-    if (!r.summaries.empty()) return true;
-  }
-  return false;
-}
-
-const SummaryIndex::Run* SummaryIndex::Rank::find(uint32_t sig) const {
-  const auto run = std::lower_bound(runs.begin(), runs.end(), sig,
-                                    [](const Run& x, uint32_t s) { return x.sig < s; });
-  return run == runs.end() || run->sig != sig ? nullptr : &*run;
-}
-
-SummaryIndex indexSummaries(const JobModel& job, const std::vector<char>& keep, bool skip_warmup) {
-  SummaryIndex index;
-  index.ranks.reserve(job.ranks().size());
-  std::vector<char> seen(job.signatures().size());
-  for (const auto& [rank, r] : job.ranks()) {
-    const int64_t warm = skip_warmup ? job.warmupEnd(rank) : INT64_MIN;
-    const bool has_later =
-        skip_warmup && std::any_of(r.summaries.begin(), r.summaries.end(),
-                                   [warm](const SummaryWindow& w) { return w.start >= warm; });
-    SummaryIndex::Rank& rw = index.ranks.emplace_back();
-    rw.data = &r;
-    for (size_t i = r.summaries.size(); i-- > 0;) {
-      const SummaryWindow& w = r.summaries[i];
-      if (w.sig >= keep.size() || !keep[w.sig] || (has_later && w.start < warm)) continue;
-      rw.order.emplace_back(w.sig, static_cast<uint32_t>(i));
-      if (!seen[w.sig]) {
-        seen[w.sig] = 1;
-        index.sigs.push_back(w.sig);
-      }
-    }
-    std::stable_sort(rw.order.begin(), rw.order.end(),
-                     [](const auto& x, const auto& y) { return x.first < y.first; });
-    for (uint32_t a = 0; a < rw.order.size();) {
-      SummaryIndex::Run run{rw.order[a].first, a, a, 0, 0};
-      for (; run.hi < rw.order.size() && rw.order[run.hi].first == run.sig; ++run.hi) {
-        const SummaryWindow& w = r.summaries[rw.order[run.hi].second];
-        run.count += w.count();
-        run.sum += w.sumNs();
-      }
-      a = run.hi;
-      rw.runs.push_back(run);
-    }
-  }
-  std::sort(index.sigs.begin(), index.sigs.end());
-  return index;
-}
-
 void detectSlowGpuFromSummaries(const JobModel& job, const DiagnoseOptions& opt,
                                 const std::map<int, ArrivalStats>& arrivals,
                                 std::vector<Diagnosis>* out) {

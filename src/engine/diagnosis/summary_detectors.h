@@ -20,37 +20,9 @@
 
 #include "src/engine/diagnosis/detectors.h"
 #include "src/engine/diagnosis/job_model.h"
+#include "src/engine/diagnosis/signals.h"
 
 namespace flare::engine {
-
-// True when any rank of the job sent kernel summaries (MODE_SUMMARY): the detectors that need
-// every op's times (issue stall, GPU idle / void, regression) are skipped for such a job.
-bool hasSummaries(const JobModel& job);
-
-// Each rank's summary windows grouped by signature, newest first within one, with each
-// signature's count and duration over its windows: lets a detector go one signature at a time
-// over every rank without holding every signature's values at once (at 10,000 ranks that was
-// ~0.5 GB per pass, freed and faulted in again every pass).
-struct SummaryIndex {
-  struct Run {
-    uint32_t sig;
-    uint32_t lo, hi;  // [lo, hi) in `order`
-    uint64_t count;
-    double sum;
-  };
-  struct Rank {
-    const RankData* data = nullptr;
-    std::vector<std::pair<uint32_t, uint32_t>> order;  // (signature, window index), by signature
-    std::vector<Run> runs;                             // by signature
-    const Run* find(uint32_t sig) const;
-    const SummaryWindow& window(uint32_t k) const { return data->summaries[order[k].second]; }
-  };
-  std::vector<Rank> ranks;     // in rank order
-  std::vector<uint32_t> sigs;  // every signature indexed, ascending
-};
-// The windows whose signature `keep` selects (indexed by job-wide id); with `skip_warmup`, a
-// rank's windows that start before its warm-up end are left out when it has later ones.
-SummaryIndex indexSummaries(const JobModel& job, const std::vector<char>& keep, bool skip_warmup);
 
 void detectSlowGpuFromSummaries(const JobModel& job, const DiagnoseOptions& options,
                                 const std::map<int, ArrivalStats>& arrivals,

@@ -1,0 +1,108 @@
+// What the detectors produce and how they are tuned: a Diagnosis (kind, team, culprit ranks,
+// evidence), the options every detector reads (DiagnoseOptions), and the diagnoses as text and
+// JSON. The detectors themselves: detector.h (the interface), registry.cc (the list),
+// detectors.h (diagnose()).
+//
+// Plain values: thread-compatible, no state.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "src/stats/perf_model.h"
+
+namespace flare::engine {
+
+enum class Team { kOperations, kAlgorithm, kInfrastructure };
+const char* teamName(Team team);
+
+struct Evidence {
+  std::string metric;  // "gemm_duration", "busbw", "issue_latency_w1", "v_inter", ...
+  std::string text;    // readable: what was measured against what
+  double value = 0;
+  double reference = 0;
+};
+
+struct Diagnosis {
+  std::string kind;  // gpu_slow, link_slow, issue_stall, void_inter, void_minority,
+                     // unoptimized_gemm, issue_latency_regression
+  Team team = Team::kInfrastructure;
+  std::string cause;  // "GPU", "network", "host stall", "input pipeline", ...
+  std::vector<int> ranks;
+  std::string summary;  // one line a person can read
+  std::vector<Evidence> evidence;
+  double severity = 0;  // relative effect (0.25 = 25% slower / lower)
+};
+
+struct DiagnoseOptions {
+  int min_samples = 3;            // per rank and signature
+  double tukey_alpha = 1.5;       // fence Q3 + alpha·IQR
+  double gpu_min_effect = 0.05;   // a GPU must be at least this much slower
+  double link_min_effect = 0.15;  // a communicator's busbw at least this much lower
+  double issue_w1_floor_ns = 20'000;
+  double idle_min_share = 0.08;  // a stalled rank's extra GPU idle time, share of the step
+  // ... and it must be above the other ranks' median in so many steps that the one-sided sign
+  // test's p-value times the number of ranks is at most this (docs/metrics.md).
+  double idle_steps_alpha = 0.05;
+  // Paired per-step stall test: a rank whose host issued each step's work later than the other
+  // ranks' median for that step in so many steps that the one-sided sign test's p-value times
+  // the number of ranks (Bonferroni) is at most `stall_paired_alpha`, by a median of at least
+  // `stall_paired_min_share` of the step time and above the Tukey fence of the ranks' median
+  // delays (docs/metrics.md).
+  double stall_paired_alpha = 0.01;
+  double stall_paired_min_share = 0.025;
+  double v_inter_threshold = 0.25;
+  // Fixed V_minority threshold, used without a baseline or healthy history: above what eager
+  // PyTorch transformers reach when healthy (46-48% on the H200 fixtures; docs/metrics.md).
+  double v_minority_threshold = 0.60;
+  // With a healthy baseline, the void thresholds are learned from it instead: the baseline's
+  // largest per-rank median plus max(this, 1.5 × IQR of its per-step values).
+  double void_learned_min_delta = 0.05;
+  // un-optimized GEMM (docs/metrics.md): a shape is held to the best of the job's alike aligned
+  // GEMMs (same dtype, flops per call and arithmetic intensity within this factor), after the
+  // ranks' warm-up. A misaligned shape's median call below misaligned_ratio × theirs; an aligned
+  // shape's fast calls (10th percentile) below ratio × theirs.
+  double unoptimized_alike_factor = 2.0;
+  double unoptimized_misaligned_ratio = 0.9;
+  double unoptimized_ratio = 0.5;
+  // ... or achieved < peak ratio × the shape's expected TFLOPS on the ranks' device (the peak
+  // table's model, stats/perf_model.h), when the device is known. `peaks` null: the built-in
+  // table (flared --device-peak adds entries).
+  double unoptimized_peak_ratio = 0.3;
+  const stats::PeakTable* peaks = nullptr;
+  uint64_t unoptimized_min_flops = 1'000'000'000;
+  // Issue-latency regression against a baseline: alarm above max(floor, the largest W1 between
+  // a baseline rank and the baseline's other ranks).
+  double regression_w1_floor_ns = 20'000;
+  // When > 0: the healthy spread measured between several healthy baseline runs
+  // (healthyIssueLatencySpread, design.md's "largest W1 between healthy runs"); the threshold is
+  // then regression_spread_factor × it instead of the one-baseline proxy above (still floored by
+  // regression_w1_floor_ns). Factor 2: a new healthy run within W1 r of the healthy runs lies
+  // within 2r of the reference run (triangle inequality), and the largest W1 among a few
+  // baselines estimates r, not 2r (docs/metrics.md).
+  double regression_healthy_spread_ns = 0;
+  double regression_spread_factor = 2.0;
+  // And never below this share of the baseline's median issue latency (the clipping cap): healthy
+  // reruns on a loaded host moved the clipped W1 by up to 5% of it (docs/metrics.md).
+  double regression_relative_floor = 0.08;
+  // Fail-slow entry: a step-time change point of at least this relative size, with at least
+  // this many steps on each side.
+  double fail_slow_min_relative = 0.05;
+  size_t fail_slow_min_steps = 3;
+  // Jitter window (intermittent slowness, no level shift): steps whose time exceeds both the
+  // series' far-out Tukey fence (Q3 + 3·IQR) and (1 + jitter_min_relative) × its median; at
+  // least jitter_min_spikes of them, at most jitter_max_share of the steps.
+  double jitter_min_relative = 0.10;
+  size_t jitter_min_spikes = 3;
+  double jitter_max_share = 0.4;
+};
+
+// "[operations] rank 3: GPU slow — ..." lines, one per diagnosis (and its evidence indented).
+std::string formatDiagnoses(const std::vector<Diagnosis>& diagnoses);
+// {"diagnoses":[{"kind","team","cause","severity","ranks","summary","evidence":[...]}]}
+std::string diagnosesToJson(const std::vector<Diagnosis>& diagnoses);
+// One diagnosis as the JSON object of the list above.
+std::string diagnosisToJson(const Diagnosis& d);
+
+}  // namespace flare::engine

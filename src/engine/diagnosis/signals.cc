@@ -1,0 +1,599 @@
+#include "src/engine/diagnosis/signals.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <set>
+#include <span>
+#include <utility>
+
+#include "flare/step.h"
+#include "src/stats/changepoint.h"
+#include "src/stats/outliers.h"
+#include "src/stats/paired.h"
+#include "src/stats/quantile.h"
+#include "src/stats/wasserstein.h"
+
+namespace flare::engine {
+namespace signals {
+namespace {
+
+// How many of a sketch's values lie below `x` (by bucket midpoint).
+uint64_t countBelow(const stats::LatencySketch& sketch, double x) {
+  uint64_t n = 0;
+  sketch.forEachBucket([&n, x](double lo, double hi, uint64_t count) {
+    if (0.5 * (lo + hi) < x) n += count;
+  });
+  return n;
+}
+
+// What held the host just before the kernels a stall starved: for each starved kernel, the
+// host gap since the previous launch on its thread; a traced Python span or host
+// synchronization call that ended inside that gap and covers at least half of it is named.
+// (An untraced stall — a sleep, an untraced API — names nothing, rather than a bystander.)
+std::vector<std::pair<std::string, int>> causesBefore(const JobModel& job, const RankData& r,
+                                                      const std::vector<const Op*>& starved) {
+  struct HostEvent {
+    int64_t start, end;
+    uint64_t thread;
+    std::string name;
+  };
+  std::vector<HostEvent> host;
+  for (const Span& s : r.spans) host.push_back({s.start, s.end, s.thread, job.apis()[s.api]});
+  std::map<uint64_t, std::vector<int64_t>> issues;  // thread -> launch times
+  for (const Op& op : r.ops) {
+    const auto& sig = job.signatures()[op.sig];
+    if (sig.kind() == flare::v1::OP_KIND_SYNC) {
+      if (sig.name() != FLARE_STEP_MARKER_NAME)
+        host.push_back({op.start, op.end, op.thread, sig.name()});
+    } else {
+      issues[op.thread].push_back(op.issue);
+    }
+  }
+  for (auto& [thread, v] : issues) std::sort(v.begin(), v.end());
+  std::sort(host.begin(), host.end(),
+            [](const HostEvent& a, const HostEvent& b) { return a.end < b.end; });
+  std::map<std::string, int> counts;
+  for (const Op* op : starved) {
+    const auto& v = issues[op->thread];
+    auto it = std::lower_bound(v.begin(), v.end(), op->issue);
+    if (it == v.begin()) continue;
+    const int64_t prev = *(it - 1);
+    const int64_t gap = op->issue - prev;
+    auto h = std::lower_bound(host.begin(), host.end(), prev,
+                              [](const HostEvent& e, int64_t t) { return e.end < t; });
+    std::set<std::string> seen;
+    for (; h != host.end() && h->end <= op->issue; ++h) {
+      if (h->thread != op->thread || 2 * (h->end - h->start) < gap) continue;
+      if (seen.insert(h->name).second) counts[h->name]++;
+    }
+  }
+  std::vector<std::pair<std::string, int>> out(counts.begin(), counts.end());
+  std::sort(out.begin(), out.end(),
+            [](const auto& a, const auto& b) { return a.second > b.second; });
+  return out;
+}
+
+}  // namespace
+
+using flare::v1::OpKind;
+
+double median(std::vector<double> v) {
+  return stats::quantileInPlace(v, 0.5);
+}
+
+double wasserstein1(const std::vector<double>& a, const std::vector<double>& b) {
+  return stats::wasserstein1(std::span<const double>(a), std::span<const double>(b));
+}
+
+double tukeyUpperFence(const std::vector<double>& values, double alpha) {
+  return stats::tukeyFences(values, alpha).upper;
+}
+
+bool isCompute(OpKind kind) {
+  return kind == flare::v1::OP_KIND_GEMM || kind == flare::v1::OP_KIND_ATTENTION;
+}
+
+bool isGpuOp(OpKind kind) {
+  return kind != flare::v1::OP_KIND_SYNC;
+}
+
+std::string fmtMs(double ns) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.3f ms", ns / 1e6);
+  return buf;
+}
+
+std::string fmtPct(double ratio) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.1f%%", ratio * 100);
+  return buf;
+}
+
+std::string fmtNum(double v, const char* unit) {
+  char buf[48];
+  std::snprintf(buf, sizeof(buf), "%.1f %s", v, unit);
+  return buf;
+}
+
+std::string shapeText(const flare::v1::Signature& sig) {
+  std::string out = "[";
+  for (int i = 0; i < sig.shape_size(); ++i) out += (i ? "," : "") + std::to_string(sig.shape(i));
+  out += "]";
+  const std::string dtype = flare::v1::DType_Name(sig.dtype());
+  if (sig.dtype() != flare::v1::DTYPE_UNSPECIFIED) out += " " + dtype.substr(6);  // DTYPE_
+  return out;
+}
+
+std::string rankList(const std::vector<int>& ranks) {
+  std::string out;
+  for (size_t i = 0; i < ranks.size(); ++i) out += (i ? "," : "") + std::to_string(ranks[i]);
+  return out;
+}
+
+int64_t warmupEnd(const JobModel& job, int rank) {
+  const auto starts = job.stepStarts(rank);
+  return starts.size() >= 2 ? starts[1] : INT64_MIN;
+}
+
+std::vector<double> issueLatencies(const JobModel& job, const RankData& r, size_t max_values) {
+  std::vector<double> v;
+  if (!r.steps.empty()) {
+    const std::vector<const ReceivedStep*> steps = job.receivedSteps(r.rank);
+    uint64_t total = 0;
+    for (const ReceivedStep* st : steps) total += st->stats.latency.count();
+    for (const CoarseSteps& c : r.coarse_steps) total += c.latency.count();  // folded steps
+    auto add = [&v](double lo, double hi, uint64_t count) {
+      v.insert(v.end(), count, 0.5 * (lo + hi));
+    };
+    if (total <= max_values) {
+      v.reserve(total);
+      for (const ReceivedStep* st : steps) st->stats.latency.forEachBucket(add);
+      for (const CoarseSteps& c : r.coarse_steps) c.latency.forEachBucket(add);
+      return v;
+    }
+    // The quantile sample from the steps' merged sketch (its buckets come in ascending order).
+    stats::LatencySketch merged(records::StepStats::kStepSketchAccuracy);
+    for (const ReceivedStep* st : steps) merged.merge(st->stats.latency);
+    for (const CoarseSteps& c : r.coarse_steps) merged.merge(c.latency);
+    v.reserve(max_values);
+    uint64_t below = 0;  // values in the buckets before this one
+    size_t k = 0;
+    merged.forEachBucket([&](double lo, double hi, uint64_t count) {
+      for (; k < max_values; ++k) {
+        const auto target = static_cast<uint64_t>((static_cast<double>(k) + 0.5) *
+                                                  static_cast<double>(merged.count()) /
+                                                  static_cast<double>(max_values));
+        if (target >= below + count) break;
+        v.push_back(0.5 * (lo + hi));
+      }
+      below += count;
+    });
+    return v;
+  }
+  const int64_t after = warmupEnd(job, r.rank);
+  for (const Op& op : r.ops) {
+    if (op.issue >= after && isGpuOp(job.signatures()[op.sig].kind()))
+      v.push_back(static_cast<double>(op.issueLatency()));
+  }
+  if (v.size() > max_values) {
+    std::sort(v.begin(), v.end());
+    std::vector<double> sample(max_values);
+    for (size_t k = 0; k < max_values; ++k) {
+      sample[k] =
+          v[static_cast<size_t>((static_cast<double>(k) + 0.5) * static_cast<double>(v.size()) /
+                                static_cast<double>(max_values))];
+    }
+    v = std::move(sample);
+  }
+  return v;
+}
+
+std::map<int, std::pair<double, double>> idlePerStep(const JobModel& job) {
+  std::map<int, std::pair<double, double>> out;
+  for (const auto& [rank, r] : job.ranks()) {
+    std::vector<double> idle, steps;
+    for (const records::StepStats& st : job.stepStats(rank)) {
+      if (st.step == 0) continue;
+      const double step = static_cast<double>(st.end_ns - st.start_ns);
+      idle.push_back(step - static_cast<double>(st.gpu_busy_ns));
+      steps.push_back(step);
+    }
+    if (!idle.empty()) out[rank] = {median(idle), median(steps)};
+  }
+  return out;
+}
+
+std::map<std::string, double> apiTimePerStep(const JobModel& job, int rank) {
+  std::map<std::string, double> out;
+  const auto it = job.ranks().find(rank);
+  if (it == job.ranks().end() || it->second.spans.empty()) return out;
+  std::vector<records::StepStats> steps = job.stepStats(rank);
+  std::erase_if(steps, [](const records::StepStats& st) { return st.step == 0; });
+  std::sort(steps.begin(), steps.end(),
+            [](const auto& a, const auto& b) { return a.start_ns < b.start_ns; });
+  if (steps.empty()) return out;
+  // Each span's time, split over the steps it overlaps (found by binary search on the steps'
+  // starts): O(spans × log steps), not spans × steps.
+  std::map<std::string, std::vector<double>> per_step;
+  for (const Span& sp : it->second.spans) {
+    auto st = std::upper_bound(steps.begin(), steps.end(), sp.start,
+                               [](int64_t t, const auto& s) { return t < s.start_ns; });
+    if (st != steps.begin()) --st;
+    for (; st != steps.end() && st->start_ns < sp.end; ++st) {
+      const int64_t lo = std::max(sp.start, st->start_ns);
+      const int64_t hi = std::min(sp.end, st->end_ns);
+      if (hi <= lo) continue;
+      std::vector<double>& v = per_step[job.apis()[sp.api]];
+      v.resize(steps.size(), 0.0);  // steps without the API count as 0
+      v[static_cast<size_t>(st - steps.begin())] += static_cast<double>(hi - lo);
+    }
+  }
+  for (auto& [name, v] : per_step) out[name] = median(v);
+  return out;
+}
+
+Starved starvedBy(const JobModel& job, const RankData& r, double low) {
+  Starved out;
+  if (!r.steps.empty()) {
+    std::map<std::string, int> counts;
+    for (const ReceivedStep* st : job.receivedSteps(r.rank)) {
+      out.count += countBelow(st->stats.latency, low);
+      for (const auto& [api, sketch] : st->causes)
+        counts[job.apis()[api]] += static_cast<int>(countBelow(sketch, low));
+    }
+    for (const CoarseSteps& c : r.coarse_steps) {  // folded steps (JobModel::setCompaction)
+      out.count += countBelow(c.latency, low);
+      for (const auto& [api, sketch] : c.causes)
+        counts[job.apis()[api]] += static_cast<int>(countBelow(sketch, low));
+    }
+    for (const auto& [name, n] : counts) {
+      if (n > 0) out.causes.emplace_back(name, n);
+    }
+    std::stable_sort(out.causes.begin(), out.causes.end(),
+                     [](const auto& a, const auto& b) { return a.second > b.second; });
+    return out;
+  }
+  std::vector<const Op*> starved;
+  const int64_t after = warmupEnd(job, r.rank);
+  for (const Op& op : r.ops) {
+    if (op.issue >= after && isGpuOp(job.signatures()[op.sig].kind()) && op.issueLatency() < low)
+      starved.push_back(&op);
+  }
+  out.count = starved.size();
+  out.causes = causesBefore(job, r, starved);
+  return out;
+}
+
+std::map<int, VoidSteps> voidPerStep(const JobModel& job) {
+  std::map<int, VoidSteps> result;
+  for (const auto& [rank, r] : job.ranks()) {
+    // The shared per-step definition (src/records/step_stats.h), the first step skipped (warm-up).
+    const auto steps = job.stepStats(rank);
+    std::vector<double> v_inter, v_minority;
+    for (const records::StepStats& st : steps) {
+      if (st.step == 0) continue;
+      v_inter.push_back(st.vInter());
+      if (st.end_ns - st.start_ns - st.inter_ns > 0) v_minority.push_back(st.vMinority());
+    }
+    if (v_inter.empty()) continue;
+    result[rank] = {std::move(v_inter), std::move(v_minority)};
+  }
+  return result;
+}
+
+}  // namespace signals
+
+using namespace signals;
+
+std::optional<Evidence> arrivalEvidence(const std::map<int, ArrivalStats>& arrivals, int rank) {
+  auto a = arrivals.find(rank);
+  if (a == arrivals.end() || a->second.instances == 0) return std::nullopt;
+  const double share = static_cast<double>(a->second.last) / a->second.instances;
+  return Evidence{"collective_arrival",
+                  "arrives last at " + fmtPct(share) + " of its collectives (" +
+                      std::to_string(a->second.last) + " of " +
+                      std::to_string(a->second.instances) + ")",
+                  share, 0};
+}
+
+std::map<int, ArrivalStats> collectiveArrivals(const JobModel& job) {
+  std::map<std::pair<uint64_t, uint64_t>, std::vector<std::pair<int, const Op*>>> instances;
+  for (const auto& [rank, r] : job.ranks()) {
+    for (const Op& op : r.ops) {
+      if (job.signatures()[op.sig].kind() == flare::v1::OP_KIND_COLLECTIVE && op.comm != 0)
+        instances[{op.comm, op.seq}].push_back({rank, &op});
+    }
+  }
+  std::map<int, ArrivalStats> out;
+  std::map<int, double> wait_sum;
+  for (const auto& [key, members] : instances) {
+    if (members.size() < 2 || static_cast<int>(members.size()) != members[0].second->nranks)
+      continue;
+    const auto last = std::max_element(
+        members.begin(), members.end(),
+        [](const auto& a, const auto& b) { return a.second->start < b.second->start; });
+    for (const auto& [rank, op] : members) {
+      ArrivalStats& s = out[rank];
+      ++s.instances;
+      wait_sum[rank] += static_cast<double>(op->duration());
+    }
+    ++out[last->first].last;
+  }
+  for (auto& [rank, s] : out) s.mean_wait_ns = s.instances ? wait_sum[rank] / s.instances : 0;
+  return out;
+}
+
+namespace {
+
+// The job's step time per step from step 1 on (series[i] is step i + 1): the median over ranks
+// of each rank's step (a synchronous job steps together; the median ignores one rank's missing
+// marker). Empty without step boundaries.
+std::vector<double> jobStepSeries(const JobModel& job) {
+  size_t steps = SIZE_MAX;
+  std::map<int, std::vector<int64_t>> starts;
+  for (const auto& [rank, r] : job.ranks()) {
+    starts[rank] = job.stepStarts(rank);
+    if (starts[rank].size() >= 2) steps = std::min(steps, starts[rank].size() - 1);
+  }
+  std::vector<double> series;
+  if (steps == SIZE_MAX) return series;
+  for (size_t i = 1; i < steps; ++i) {  // step 0 is warm-up
+    std::vector<double> per_rank;
+    for (const auto& [rank, s] : starts) {
+      if (s.size() > i + 1) per_rank.push_back(static_cast<double>(s[i + 1] - s[i]));
+    }
+    series.push_back(median(per_rank));
+  }
+  return series;
+}
+
+}  // namespace
+
+std::optional<Jitter> findJitter(const JobModel& job, const DiagnoseOptions& options) {
+  const std::vector<double> series = jobStepSeries(job);
+  if (series.size() < 2 * options.jitter_min_spikes + 2) return std::nullopt;
+  const double med = median(series);
+  const auto fences = stats::tukeyFences(series, 3.0);
+  const double threshold = std::max(fences.upper, med * (1.0 + options.jitter_min_relative));
+  Jitter j;
+  std::vector<double> spikes;
+  for (size_t i = 0; i < series.size(); ++i) {
+    if (series[i] > threshold) {
+      j.steps.push_back(i + 1);
+      spikes.push_back(series[i]);
+    }
+  }
+  if (j.steps.size() < options.jitter_min_spikes ||
+      static_cast<double>(j.steps.size()) > options.jitter_max_share * series.size()) {
+    return std::nullopt;
+  }
+  j.median_ns = med;
+  j.spike_ns = median(spikes);
+  j.fence_ns = threshold;
+  return j;
+}
+
+std::optional<FailSlow> findFailSlow(const JobModel& job, const DiagnoseOptions& options) {
+  const std::vector<double> series = jobStepSeries(job);
+  if (series.size() + 1 < 2 * options.fail_slow_min_steps + 1) return std::nullopt;
+  stats::SegmentationOptions seg;
+  seg.minSegment = options.fail_slow_min_steps;
+  const auto changes = stats::detectMeanShifts(series, seg);
+  // The last significant slow-down: what the job is living with now.
+  for (auto it = changes.rbegin(); it != changes.rend(); ++it) {
+    if (it->relative >= options.fail_slow_min_relative) {
+      return FailSlow{it->index + 1, it->before, it->after};
+    }
+  }
+  return std::nullopt;
+}
+
+std::vector<double> rankIssueLatencies(const JobModel& job, int rank) {
+  auto it = job.ranks().find(rank);
+  return it == job.ranks().end() ? std::vector<double>{} : issueLatencies(job, it->second);
+}
+
+std::map<int, VoidStats> voidPerRank(const JobModel& job) {
+  std::map<int, VoidStats> out;
+  for (const auto& [rank, v] : voidPerStep(job)) {
+    VoidStats& vs = out[rank];
+    vs.v_inter = median(v.v_inter);
+    vs.v_minority = v.v_minority.empty() ? 0 : median(v.v_minority);
+    vs.steps = v.v_inter.size();
+  }
+  return out;
+}
+
+ApiRates apiRates(const JobModel& m) {
+  ApiRates found;
+  uint64_t ops = 0;
+  for (const auto& [rank, r] : m.ranks()) {
+    ops += r.ops.size();
+    // MODE_SUMMARY: the summarised ops count too (host spans such as cudaStreamWaitEvent among
+    // them, as syncs), so that rates compare across modes.
+    for (const SummaryWindow& w : r.summaries) {
+      ops += w.count();
+      const auto& sig = m.signatures()[w.sig];
+      if (sig.kind() == flare::v1::OP_KIND_SYNC && sig.name() != FLARE_STEP_MARKER_NAME)
+        found.syncs[sig.name()] += static_cast<double>(w.count());
+    }
+    for (const Span& s : r.spans) found.spans[m.apis()[s.api]] += 1;
+    for (const Op& op : r.ops) {
+      const auto& sig = m.signatures()[op.sig];
+      if (sig.kind() == flare::v1::OP_KIND_SYNC && sig.name() != FLARE_STEP_MARKER_NAME)
+        found.syncs[sig.name()] += 1;
+    }
+  }
+  for (auto* table : {&found.spans, &found.syncs}) {
+    for (auto& [name, n] : *table) n /= static_cast<double>(std::max<uint64_t>(ops, 1));
+  }
+  return found;
+}
+
+double healthyIssueLatencySpread(const std::vector<const JobModel*>& baselines) {
+  std::vector<std::vector<double>> pooled;
+  for (const JobModel* b : baselines) {
+    std::vector<double> all;
+    for (const auto& [rank, r] : b->ranks()) {
+      auto v = issueLatencies(*b, r);
+      all.insert(all.end(), v.begin(), v.end());
+    }
+    if (all.size() >= 30) pooled.push_back(std::move(all));
+  }
+  if (pooled.size() < 2) return 0;
+  const double cap = median(pooled[0]);
+  for (auto& v : pooled) {
+    for (double& x : v) x = std::min(x, cap);
+  }
+  double spread = 0;
+  for (size_t i = 0; i < pooled.size(); ++i) {
+    for (size_t j = i + 1; j < pooled.size(); ++j)
+      spread = std::max(spread, wasserstein1(pooled[i], pooled[j]));
+  }
+  return spread;
+}
+
+StepIssueLatency stepIssueLatency(const JobModel& job) {
+  StepIssueLatency out;
+  std::map<int, std::vector<int64_t>> starts;
+  for (const auto& [rank, r] : job.ranks()) {
+    auto s = job.stepStarts(rank);
+    if (s.size() >= 3) starts[rank] = std::move(s);
+  }
+  if (starts.size() < 3) return out;
+  std::vector<double> step_times;
+  for (const auto& [rank, s] : starts) {
+    for (size_t i = 1; i + 1 < s.size(); ++i)
+      step_times.push_back(static_cast<double>(s[i + 1] - s[i]));
+  }
+  out.median_step_ns = median(step_times);
+  // The grid: the lowest rank's complete steps, the first skipped (warm-up).
+  const std::vector<int64_t>& ref = starts.begin()->second;
+  const size_t n_steps = ref.size() - 2;
+  const double tolerance = 0.5 * out.median_step_ns;
+  for (const auto& [rank, s] : starts) {
+    std::vector<double> means(n_steps, NAN), offsets(n_steps, NAN), idle(n_steps, NAN);
+    // Each step's issue-latency and issue-offset sums (the rank's own in MODE_SUMMARY).
+    std::map<int64_t, records::StepStats> by_step;
+    for (records::StepStats& st : job.stepStats(rank)) {
+      const int64_t k = st.step;
+      by_step.insert_or_assign(k, std::move(st));
+    }
+    for (size_t g = 0; g < n_steps; ++g) {
+      const int64_t target = ref[g + 1];
+      // This rank's complete step (not its first) starting nearest the grid's step.
+      size_t best = 0;
+      double best_dist = INFINITY;
+      for (size_t i = 1; i + 1 < s.size(); ++i) {
+        const double dist = std::abs(static_cast<double>(s[i] - target));
+        if (dist < best_dist) {
+          best_dist = dist;
+          best = i;
+        }
+      }
+      if (best == 0 || best_dist > tolerance) continue;
+      auto st = by_step.find(static_cast<int64_t>(best));
+      if (st == by_step.end() || st->second.gpu_ops < 1) continue;
+      const auto n = static_cast<double>(st->second.gpu_ops);
+      means[g] = st->second.issue_latency_sum_ns / n;
+      offsets[g] = st->second.issue_offset_sum_ns / n;
+      idle[g] = static_cast<double>(st->second.end_ns - st->second.start_ns) -
+                static_cast<double>(st->second.gpu_busy_ns);
+    }
+    out.ranks.push_back(rank);
+    out.means.push_back(std::move(means));
+    out.offsets.push_back(std::move(offsets));
+    out.idle.push_back(std::move(idle));
+  }
+  return out;
+}
+
+namespace {
+
+// The test from a rank's per-step excess offsets (`delay`) and excess issue latencies.
+PairedStall pairedFrom(const std::vector<double>& delay, std::vector<double> shift, size_t ranks) {
+  PairedStall out;
+  const stats::SignTestResult t = stats::signTest(delay);
+  out.steps = delay.size();
+  out.later = t.positive;
+  out.p_value = t.p_value;
+  out.p_adjusted = std::min(1.0, t.p_value * static_cast<double>(ranks));
+  out.median_delay_ns = delay.empty() ? 0 : median(delay);
+  for (double& x : shift) x = -x;
+  out.latency_shift_ns = shift.empty() ? 0 : median(shift);
+  return out;
+}
+
+}  // namespace
+
+PairedStall pairedStallTest(const StepIssueLatency& s, size_t rank_index) {
+  if (rank_index >= s.offsets.size() || s.offsets.size() < 3) return {};
+  // Positive = this rank's host issued the step's work later than its peers' median.
+  return pairedFrom(stats::excessOverPeers(s.offsets, rank_index, 2),
+                    stats::excessOverPeers(s.means, rank_index, 2), s.ranks.size());
+}
+
+std::vector<PairedStall> pairedStallTests(const StepIssueLatency& s) {
+  std::vector<PairedStall> out(s.offsets.size());
+  if (s.offsets.size() < 3) return out;
+  const auto delays = stats::excessOverPeersAll(s.offsets, 2);
+  auto shifts = stats::excessOverPeersAll(s.means, 2);
+  for (size_t i = 0; i < out.size(); ++i)
+    out[i] = pairedFrom(delays[i], std::move(shifts[i]), s.ranks.size());
+  return out;
+}
+
+// ---- kernel summaries ---------------------------------------------------------------------------
+
+bool hasSummaries(const JobModel& job) {
+  for (const auto& [rank, r] : job.ranks()) {
+    if (!r.summaries.empty()) return true;
+  }
+  return false;
+}
+
+const SummaryIndex::Run* SummaryIndex::Rank::find(uint32_t sig) const {
+  const auto run = std::lower_bound(runs.begin(), runs.end(), sig,
+                                    [](const Run& x, uint32_t s) { return x.sig < s; });
+  return run == runs.end() || run->sig != sig ? nullptr : &*run;
+}
+
+SummaryIndex indexSummaries(const JobModel& job, const std::vector<char>& keep, bool skip_warmup) {
+  SummaryIndex index;
+  index.ranks.reserve(job.ranks().size());
+  std::vector<char> seen(job.signatures().size());
+  for (const auto& [rank, r] : job.ranks()) {
+    const int64_t warm = skip_warmup ? job.warmupEnd(rank) : INT64_MIN;
+    const bool has_later =
+        skip_warmup && std::any_of(r.summaries.begin(), r.summaries.end(),
+                                   [warm](const SummaryWindow& w) { return w.start >= warm; });
+    SummaryIndex::Rank& rw = index.ranks.emplace_back();
+    rw.data = &r;
+    for (size_t i = r.summaries.size(); i-- > 0;) {
+      const SummaryWindow& w = r.summaries[i];
+      if (w.sig >= keep.size() || !keep[w.sig] || (has_later && w.start < warm)) continue;
+      rw.order.emplace_back(w.sig, static_cast<uint32_t>(i));
+      if (!seen[w.sig]) {
+        seen[w.sig] = 1;
+        index.sigs.push_back(w.sig);
+      }
+    }
+    std::stable_sort(rw.order.begin(), rw.order.end(),
+                     [](const auto& x, const auto& y) { return x.first < y.first; });
+    for (uint32_t a = 0; a < rw.order.size();) {
+      SummaryIndex::Run run{rw.order[a].first, a, a, 0, 0};
+      for (; run.hi < rw.order.size() && rw.order[run.hi].first == run.sig; ++run.hi) {
+        const SummaryWindow& w = r.summaries[rw.order[run.hi].second];
+        run.count += w.count();
+        run.sum += w.sumNs();
+      }
+      a = run.hi;
+      rw.runs.push_back(run);
+    }
+  }
+  std::sort(index.sigs.begin(), index.sigs.end());
+  return index;
+}
+
+}  // namespace flare::engine
