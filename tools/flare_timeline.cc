@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "src/common/rank_list.h"
 #include "src/timeline/timeline.h"
 
 namespace {
@@ -22,7 +23,7 @@ constexpr char kUsage[] =
     "                      (-o FILE | --per-rank DIR)\n"
     "  --input DIR      spool root (FLARE_OUTPUT_DIR) or one job's folder\n"
     "  --job ID         the job, when DIR holds several\n"
-    "  --ranks LIST     ranks to export, e.g. 0-7,64 (default: all)\n"
+    "  --ranks LIST     ranks to export, e.g. 0-7,64 or * (default: all)\n"
     "  --steps A-B      steps A..B inclusive (from the DataLoader's __next__ spans)\n"
     "  --no-align       keep each rank's own clock (default: align on collectives)\n"
     "  -o FILE          one trace with every rank (Perfetto UI)\n"
@@ -41,20 +42,6 @@ bool parseRange(const std::string& text, long* a, long* b) {
   const char* rest = end + 1;
   *b = std::strtol(rest, &end, 10);
   return end != rest && *end == '\0' && errno == 0 && *b >= *a;
-}
-
-bool parseList(const std::string& text, std::vector<int>* out) {
-  size_t pos = 0;
-  while (pos <= text.size()) {
-    const size_t comma = text.find(',', pos);
-    const std::string item = text.substr(pos, comma == std::string::npos ? comma : comma - pos);
-    long a = 0, b = 0;
-    if (!parseRange(item, &a, &b) || b - a > 1'000'000) return false;
-    for (long r = a; r <= b; ++r) out->push_back(static_cast<int>(r));
-    if (comma == std::string::npos) break;
-    pos = comma + 1;
-  }
-  return !out->empty();
 }
 
 }  // namespace
@@ -80,9 +67,15 @@ int main(int argc, char** argv) {
       continue;
     }
     if (a == "--ranks" && value(&v)) {
-      if (!parseList(v, &ranks)) {
-        std::fprintf(stderr, "flare-timeline: bad --ranks '%s' (e.g. 0-7,64)\n", v.c_str());
+      std::string error;
+      const auto set = flare::common::parseRankSet("--ranks", v, &error);
+      if (!set) {
+        std::fprintf(stderr, "flare-timeline: %s\n", error.c_str());
         return 2;
+      }
+      if (!set->all()) {
+        const std::vector<int> more = set->ranks();
+        ranks.insert(ranks.end(), more.begin(), more.end());
       }
       continue;
     }

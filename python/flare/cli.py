@@ -49,6 +49,7 @@ import urllib.parse
 import urllib.request
 import uuid
 
+from .ranks import RankListError, parse_rank_list
 from .safe_text import SafeStream, escape_controls
 
 DEFAULT_DAEMON = "127.0.0.1:7070"
@@ -363,21 +364,13 @@ def fetch_job_records(base, job, ranks, folder, timeout=60.0, quiet=False):
     return written
 
 
-def parse_rank_list(text):
-    ranks = set()
-    for item in text.split(","):
-        item = item.strip()
-        if not item:
-            continue
-        try:
-            if "-" in item:
-                a, b = item.split("-", 1)
-                ranks.update(range(int(a), int(b) + 1))
-            else:
-                ranks.add(int(item))
-        except ValueError:
-            raise CliError("--ranks: a list like 0-7,64 (got %r)" % text, code=2)
-    return ranks
+def parse_ranks(value, what="--ranks"):
+    """A rank list (flare.ranks: "0,2,4-7", or * for every rank) -> None (every rank) or the
+    sorted ranks; CliError (exit status 2) naming `what` on a malformed list."""
+    try:
+        return parse_rank_list(value, what)
+    except RankListError as e:
+        raise CliError(str(e), code=2)
 
 
 def run_tool_on_daemon(what, rest):
@@ -396,7 +389,8 @@ def run_tool_on_daemon(what, rest):
                        "for HTA)" % job, code=2)
     ranks = None
     if "--ranks" in rest and rest.index("--ranks") + 1 < len(rest):
-        ranks = parse_rank_list(rest[rest.index("--ranks") + 1])
+        listed = parse_ranks(rest[rest.index("--ranks") + 1])
+        ranks = None if listed is None else set(listed)
     with tempfile.TemporaryDirectory(prefix="flare-records-") as folder:
         fetch_job_records(base, job, ranks, folder, timeout=timeout, quiet=quiet)
         if quiet:
@@ -897,21 +891,6 @@ def cmd_baseline(args):
     return 0
 
 
-def parse_ranks(value):
-    """"2,5" or "0-3,7" -> sorted list of ranks; raises CliError on anything else."""
-    ranks = set()
-    for part in value.split(","):
-        part = part.strip()
-        lo, dash, hi = part.partition("-")
-        if not lo.isdigit() or (dash and not hi.isdigit()):
-            raise CliError("--ranks %r is not a list like 2,5 or 0-3,7" % value)
-        first, last = int(lo), int(hi) if dash else int(lo)
-        if last < first or last - first > 1 << 20:
-            raise CliError("--ranks %r: bad range %s" % (value, part))
-        ranks.update(range(first, last + 1))
-    return sorted(ranks)
-
-
 DEEP_FINAL = ("STATE_DONE", "STATE_SKIPPED")
 
 
@@ -938,7 +917,7 @@ def cmd_deep_trace(args):
     parse_address(base, "--daemon-http")
     if not 1 <= args.steps <= 1000:
         raise CliError("--steps must be in [1, 1000]")
-    ranks = parse_ranks(args.ranks) if args.ranks else []
+    ranks = (parse_ranks(args.ranks) if args.ranks else None) or []
     job = urllib.parse.quote(args.job, safe="")
     body = {"ranks": ranks, "command": {"deepTrace": {"steps": args.steps}}}
     token = args.token or os.environ.get("FLARE_TOKEN", "")

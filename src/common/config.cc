@@ -24,7 +24,8 @@ namespace {
 // The one declaration point of every setting (conventions.md #8). Keep each help text to one
 // sentence: docs/configuration.md is generated from, or checked against, this table.
 // Types: "int", "double", "bool", "string", "duration" (seconds, or a number with a unit
-// suffix ns|us|ms|s|m|h), "rank-list" (RANK:FIELD[:FIELD...],..., RANK may be '*').
+// suffix ns|us|ms|s|m|h), "ranks" (a rank list: 0,2,4-7 or *), "rank-list" (per-rank entries
+// RANKS:FIELD[:FIELD...],..., RANKS being N, A-B or '*'); both parsed by src/common/rank_list.h.
 constexpr ParamInfo kParams[] = {
     // --- log ---
     {"FLARE_LOG_LEVEL", "string", "info", "log",
@@ -470,74 +471,6 @@ std::string envString(const char* name, const std::string& def) {
   } catch (...) {
     return {};
   }
-}
-
-const RankEntry* entryForRank(const std::vector<RankEntry>& list, int rank) {
-  const RankEntry* any = nullptr;
-  for (const auto& e : list) {
-    if (e.rank == rank) return &e;
-    if (e.rank == -1) any = &e;
-  }
-  return any;
-}
-
-std::vector<RankEntry> parseRankList(const char* name, std::string_view value, size_t min_fields,
-                                     size_t max_fields) {
-  std::vector<RankEntry> out;
-  try {
-    size_t pos = 0;
-    while (pos <= value.size()) {
-      size_t comma = value.find(',', pos);
-      if (comma == std::string_view::npos) comma = value.size();
-      std::string_view entry = trim(value.substr(pos, comma - pos));
-      pos = comma + 1;
-      if (entry.empty()) continue;  // "a,,b" and a trailing comma are harmless
-
-      RankEntry e;
-      size_t colon = entry.find(':');
-      std::string_view rank_text = trim(entry.substr(0, colon));
-      if (colon != std::string_view::npos) {
-        std::string_view rest = entry.substr(colon + 1);
-        size_t p = 0;
-        while (true) {
-          size_t c = rest.find(':', p);
-          std::string_view f = trim(rest.substr(p, c == std::string_view::npos ? c : c - p));
-          e.fields.emplace_back(f);
-          if (c == std::string_view::npos) break;
-          p = c + 1;
-        }
-      }
-
-      if (rank_text == "*") {
-        e.rank = -1;
-      } else {
-        auto r = parseInt(rank_text);
-        if (!r || *r < 0 || *r > std::numeric_limits<int>::max()) {
-          warnOnce(name, entry,
-                   fmt::format("flare: {} entry '{}' has a bad rank '{}' (expected a "
-                               "non-negative integer or '*'); ignoring the entry",
-                               name, entry, rank_text));
-          continue;
-        }
-        e.rank = static_cast<int>(*r);
-      }
-
-      if (e.fields.size() < min_fields || e.fields.size() > max_fields) {
-        std::string expected = min_fields == max_fields
-                                   ? fmt::format("{}", min_fields)
-                                   : fmt::format("{} to {}", min_fields, max_fields);
-        warnOnce(name, entry,
-                 fmt::format("flare: {} entry '{}' has {} field(s) after the rank, expected {}; "
-                             "ignoring the entry",
-                             name, entry, e.fields.size(), expected));
-        continue;
-      }
-      out.push_back(std::move(e));
-    }
-  } catch (...) {
-    // Out of memory while parsing a setting: keep what was parsed.
-  }
-  return out;
 }
 
 }  // namespace flare::common

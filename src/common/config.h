@@ -23,7 +23,8 @@ namespace flare::common {
 // One declared setting.
 struct ParamInfo {
   const char* name;           // "FLARE_HANG_TIMEOUT"
-  const char* type;           // "int", "double", "bool", "string", "duration", "rank-list"
+  const char* type;           // "int", "double", "bool", "string", "duration", "ranks",
+                              // "rank-list" (src/common/rank_list.h)
   const char* default_value;  // as a user would write it
   const char* subsystem;      // "sim", "hook", "timing", "pyprof", "exporter", "hang", "log"
   const char* help;           // one sentence
@@ -61,20 +62,6 @@ std::optional<int64_t> parseInt(std::string_view s);
 std::optional<double> parseDouble(std::string_view s);
 std::optional<bool> parseBool(std::string_view s);
 std::optional<double> parseDurationSeconds(std::string_view s);
-
-// A per-rank list: "RANK:F1[:F2...],RANK:F1,..." as used by the FLARE_SIM_* fault variables.
-// RANK is a non-negative integer or '*' (every rank, stored as -1).
-struct RankEntry {
-  int rank;
-  std::vector<std::string> fields;
-};
-// Parses `value` (the content of variable `name`). Entries with a bad rank or a field count
-// outside [min_fields, max_fields] are skipped, each with one warning naming the entry.
-std::vector<RankEntry> parseRankList(const char* name, std::string_view value, size_t min_fields,
-                                     size_t max_fields);
-
-// The entry of `list` that applies to `rank`: its own entry, else a '*' entry, else nullptr.
-const RankEntry* entryForRank(const std::vector<RankEntry>& list, int rank);
 
 // Emits a warning line through the sink (used by other modules for validation messages).
 void configWarning(const std::string& line);

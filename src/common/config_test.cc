@@ -231,62 +231,10 @@ TEST_F(ConfigTest, WarningOnceHelper) {
   EXPECT_THAT(lines(), ElementsAre("flare: one", "flare: always", "flare: always"));
 }
 
-TEST_F(ConfigTest, RankListGoodEntries) {
-  auto list = parseRankList("FLARE_TEST_RL1", " 0:1.5, 3:0.5 ,*:2,", 1, 1);
-  ASSERT_EQ(list.size(), 3u);
-  EXPECT_EQ(list[0].rank, 0);
-  EXPECT_THAT(list[0].fields, ElementsAre("1.5"));
-  EXPECT_EQ(list[1].rank, 3);
-  EXPECT_THAT(list[1].fields, ElementsAre("0.5"));
-  EXPECT_EQ(list[2].rank, -1);
-  EXPECT_THAT(list[2].fields, ElementsAre("2"));
-  EXPECT_THAT(lines(), IsEmpty());
-}
-
-TEST_F(ConfigTest, RankListVariableFieldCounts) {
-  auto list = parseRankList("FLARE_TEST_RL2", "1:200,2:50:10", 1, 2);
-  ASSERT_EQ(list.size(), 2u);
-  EXPECT_THAT(list[0].fields, ElementsAre("200"));
-  EXPECT_THAT(list[1].fields, ElementsAre("50", "10"));
-  EXPECT_THAT(parseRankList("FLARE_TEST_RL2", "", 1, 2), IsEmpty());
-  EXPECT_THAT(parseRankList("FLARE_TEST_RL2", " , ,", 1, 2), IsEmpty());
-  EXPECT_THAT(lines(), IsEmpty());
-}
-
-TEST_F(ConfigTest, RankListBadEntriesAreSkippedWithOneWarningEach) {
-  const char* value = "0:collective:5,x:compute:3,-1:skip:2,4:compute,5:a:b:c,6,:skip:1,2:skip:9";
-  auto list = parseRankList("FLARE_TEST_RL3", value, 2, 2);
-  ASSERT_EQ(list.size(), 2u);
-  EXPECT_EQ(list[0].rank, 0);
-  EXPECT_THAT(list[0].fields, ElementsAre("collective", "5"));
-  EXPECT_EQ(list[1].rank, 2);
-  EXPECT_THAT(list[1].fields, ElementsAre("skip", "9"));
-  auto got = lines();
-  ASSERT_EQ(got.size(), 6u);
-  EXPECT_EQ(got[0],
-            "flare: FLARE_TEST_RL3 entry 'x:compute:3' has a bad rank 'x' (expected a "
-            "non-negative integer or '*'); ignoring the entry");
-  EXPECT_THAT(got[1], HasSubstr("entry '-1:skip:2' has a bad rank '-1'"));
-  EXPECT_EQ(got[2],
-            "flare: FLARE_TEST_RL3 entry '4:compute' has 1 field(s) after the rank, expected 2; "
-            "ignoring the entry");
-  EXPECT_THAT(got[3], HasSubstr("entry '5:a:b:c' has 3 field(s) after the rank, expected 2"));
-  EXPECT_THAT(got[4], HasSubstr("entry '6' has 0 field(s)"));
-  EXPECT_THAT(got[5], HasSubstr("entry ':skip:1' has a bad rank ''"));
-  // Parsing the same value again says nothing new.
-  EXPECT_EQ(parseRankList("FLARE_TEST_RL3", value, 2, 2).size(), 2u);
-  EXPECT_EQ(lines().size(), 6u);
-}
-
-TEST_F(ConfigTest, RankListRangeMessage) {
-  EXPECT_THAT(parseRankList("FLARE_TEST_RL4", "1:2:3:4", 1, 2), IsEmpty());
-  EXPECT_THAT(lines(), ElementsAre("flare: FLARE_TEST_RL4 entry '1:2:3:4' has 3 field(s) after "
-                                   "the rank, expected 1 to 2; ignoring the entry"));
-}
-
 TEST(ParamTableTest, NamesAreUniqueDeclaredAndDocumented) {
   std::set<std::string> names;
-  const std::set<std::string> types = {"int", "double", "bool", "string", "duration", "rank-list"};
+  const std::set<std::string> types = {"int",      "double", "bool",     "string",
+                                       "duration", "ranks",  "rank-list"};
   for (const ParamInfo& p : allParams()) {
     ASSERT_NE(p.name, nullptr);
     std::string name = p.name;

@@ -9,6 +9,7 @@
 #include <string_view>
 #include <vector>
 
+#include "src/common/rank_list.h"
 #include "src/common/text.h"
 #include "src/engine/analyzer.h"
 #include "src/engine/hang_monitor.h"
@@ -66,12 +67,13 @@ bool parseI64(const std::string& s, int64_t* out) {
   }
 }
 
-// GET /api/v1/jobs/{job}/series[?max_steps=N&max_ranks=N&max_signatures=N&points=N&ranks=3,5
+// GET /api/v1/jobs/{job}/series[?max_steps=N&max_ranks=N&max_signatures=N&points=N&ranks=3,5-7
 // &baseline=JOB]: the plot series of the job's detector window (diagnosis/series.h). Limits are
 // clamped to the kSeries* hard limits; bad numbers are a 400, a job without a window a 404.
 HttpResponse seriesResponse(Analyzer& analyzer, const std::string& job, const HttpRequest& r) {
   auto bad = [](const std::string& what) {
-    return HttpResponse{400, "application/json", "{\"error\":\"" + what + "\"}\n"};
+    return HttpResponse{400, "application/json",
+                        "{\"error\":" + flare::common::jsonQuote(what) + "}\n"};
   };
   SeriesOptions opt;
   const std::pair<const char*, size_t*> limits[] = {{"max_steps", &opt.max_steps},
@@ -86,14 +88,10 @@ HttpResponse seriesResponse(Analyzer& analyzer, const std::string& job, const Ht
     *field = static_cast<size_t>(std::min<uint64_t>(v, 1u << 20));
   }
   if (const auto it = r.query.find("ranks"); it != r.query.end()) {
-    std::stringstream list(it->second);
-    std::string item;
-    while (std::getline(list, item, ',')) {
-      uint64_t v = 0;
-      if (item.empty()) continue;
-      if (!parseU64(item, &v) || v > (1u << 30)) return bad("ranks: comma-separated rank ids");
-      opt.priority_ranks.push_back(static_cast<int>(v));
-    }
+    std::string error;
+    const auto set = flare::common::parseRankSet("ranks", it->second, &error);
+    if (!set) return bad(error);
+    if (!set->all()) opt.priority_ranks = set->ranks();
   }
   const auto base = r.query.find("baseline");
   const auto out =
@@ -121,19 +119,10 @@ HttpResponse recordsResponse(Analyzer& analyzer, Store* store, const std::string
   };
   std::vector<int> ranks;
   if (const auto it = r.query.find("ranks"); it != r.query.end()) {
-    std::stringstream list(it->second);
-    std::string item;
-    while (std::getline(list, item, ',')) {
-      if (item.empty()) continue;
-      const size_t dash = item.find('-');
-      uint64_t a = 0, b = 0;
-      const bool ok = dash == std::string::npos ? parseU64(item, &a) && (b = a, true)
-                                                : parseU64(item.substr(0, dash), &a) &&
-                                                      parseU64(item.substr(dash + 1), &b);
-      if (!ok || a > b || b > (1u << 30) || b - a > (1u << 20))
-        return fail(400, "ranks: a list like 0-7,64");
-      for (uint64_t v = a; v <= b; ++v) ranks.push_back(static_cast<int>(v));
-    }
+    std::string error;
+    const auto set = flare::common::parseRankSet("ranks", it->second, &error);
+    if (!set) return fail(400, error);
+    if (!set->all()) ranks = set->ranks();
   }
   const auto batches = analyzer.recordBatches(job, ranks);
   if (!batches) {

@@ -16,6 +16,7 @@
 #include <unordered_map>
 
 #include "src/common/config.h"
+#include "src/common/rank_list.h"
 
 namespace flare::sim {
 namespace {
@@ -38,7 +39,7 @@ int rankFromEnv() {
 double factorFor(const char* var, int rank, int64_t* from_step = nullptr) {
   auto raw = common::getEnv(var);
   if (!raw) return 1.0;
-  auto list = common::parseRankList(var, *raw, 1, from_step ? 2 : 1);
+  auto list = common::parsePerRankList(var, *raw, 1, from_step ? 2 : 1);
   const auto* e = common::entryForRank(list, rank);
   if (!e) return 1.0;
   if (from_step && e->fields.size() > 1) {
@@ -74,9 +75,9 @@ Settings loadSettings() {
   s.clock_factor = factorFor("FLARE_SIM_CLOCK_FACTOR", s.rank, &s.clock_from_step);
   s.link_factor = factorFor("FLARE_SIM_LINK_FACTOR", s.rank);
   if (auto raw = common::getEnv("FLARE_SIM_HANG")) {
-    auto list = common::parseRankList("FLARE_SIM_HANG", *raw, 2, 3);
+    auto list = common::parsePerRankList("FLARE_SIM_HANG", *raw, 2, 3);
     for (const auto& e : list) {
-      if (e.rank != s.rank && e.rank != -1) continue;
+      if (!e.ranks.contains(s.rank)) continue;
       auto step = common::parseInt(e.fields[1]);
       if (!step || *step < 0) {
         common::configWarning("flare: FLARE_SIM_HANG entry step '" + e.fields[1] +

@@ -18,6 +18,7 @@
 #include <thread>
 
 #include "src/common/config.h"
+#include "src/common/rank_list.h"
 #include "src/sim/cuda_registration.h"
 #include "src/sim/flare_sim.h"
 
@@ -106,7 +107,7 @@ std::optional<common::RankEntry> entryFor(const char* var, int rank, size_t min_
                                           size_t max_fields) {
   auto raw = common::getEnv(var);
   if (!raw) return std::nullopt;
-  const auto list = common::parseRankList(var, *raw, min_fields, max_fields);
+  const auto list = common::parsePerRankList(var, *raw, min_fields, max_fields);
   const common::RankEntry* e = common::entryForRank(list, rank);
   return e ? std::optional<common::RankEntry>(*e) : std::nullopt;
 }
