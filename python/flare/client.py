@@ -120,10 +120,13 @@ class KernelRow:
     total_ns: int
     time_share: float
     tflops: float
-    busbw_gbps: float
+    busbw_gbps: float  # per rank: bytes over each rank's own kernel time, waits included
     p50_ns: int
     p99_ns: int
     raw: Dict[str, Any] = field(default_factory=dict, repr=False)
+    # The job-level busbw of this signature (the job metrics' definition: from the last rank's
+    # start to the last end), median over its complete instances; 0: not measured.
+    job_busbw_gbps: float = 0.0
 
     @classmethod
     def from_json(cls, j):
@@ -134,12 +137,12 @@ class KernelRow:
         return cls(sig.get("name", ""), kind, shape, dtype,
                    _int(j.get("count")), _int(j.get("totalNs")), _float(j.get("timeShare")),
                    _float(j.get("tflops")), _float(j.get("busbwGbps")), _int(j.get("p50Ns")),
-                   _int(j.get("p99Ns")), j)
+                   _int(j.get("p99Ns")), j, _float(j.get("jobBusbwGbps")))
 
     def row(self):
         return {k: getattr(self, k) for k in ("name", "kind", "shape", "dtype", "count",
                                               "total_ns", "time_share", "tflops", "busbw_gbps",
-                                              "p50_ns", "p99_ns")}
+                                              "job_busbw_gbps", "p50_ns", "p99_ns")}
 
 
 @dataclass

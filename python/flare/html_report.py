@@ -23,9 +23,9 @@ bins beyond that), MAX_TABLE_ROWS kernel rows.
 import html
 import math
 
-from .report import NOT_MEASURED, fmt_latency, fmt_ns, fmt_pct, flagged_ranks, flatten, \
-    daemon_measured, rate_text, reported_rows, slowest_rank_text, split_alerts, spread_text, \
-    steady_columns
+from .report import JOB_BUSBW, JOB_BUSBW_UNMEASURED, NOT_MEASURED, RANK_BUSBW, \
+    daemon_measured, flagged_ranks, flatten, fmt_latency, fmt_ns, fmt_pct, rank_busbw_text, \
+    rate_text, reported_rows, slowest_rank_text, split_alerts, spread_text, steady_columns
 
 MAX_LINES = 64
 MAX_COLUMNS = 160
@@ -626,7 +626,9 @@ def kernels_html(data):
             if key not in extra_keys:
                 extra_keys.append(key)
     head = ["signature", "kind", "shape", "dtype", "layout", "count", "GPU time", "share",
-            "p50", "p99", "TFLOPS / busbw", "spread across ranks"] + extra_keys
+            "p50", "p99", "TFLOPS / job busbw", "rank busbw", "spread across ranks"] + extra_keys
+    tips = {"TFLOPS / job busbw": "GEMM/attention: TFLOPS. Collectives: " + JOB_BUSBW,
+            "rank busbw": RANK_BUSBW}
     rows = []
     for k in kernels[:MAX_TABLE_ROWS]:
         extra = dict(flatten(k.get("extra", {})))
@@ -636,21 +638,26 @@ def kernels_html(data):
                  ("n", k["count"], k["count"]), ("n", fmt_ns(k["totalNs"]), k["totalNs"]),
                  ("n", fmt_pct(k["timeShare"]), k["timeShare"]),
                  ("n", fmt_ns(k["p50Ns"]), k["p50Ns"]), ("n", fmt_ns(k["p99Ns"]), k["p99Ns"]),
-                 ("n", rate_text(k), k["tflops"] or k["busbwGbps"]),
+                 ("n", rate_text(k), k["tflops"] or k["jobBusbwGbps"]),
+                 ("n", rank_busbw_text(k), k["busbwGbps"]),
                  ("n", spread_text(k), k["spread"] if k["spread"] is not None else -1)]
         cells += [("", extra.get(key, ""), None) for key in extra_keys]
-        rows.append("<tr>%s</tr>" % "".join(
-            '<td%s%s>%s</td>' % (' class="n%s"' % (" soft" if i == 11 else "") if cls else
-                                 ' class="wrap"' if i in (0, 2) else
-                                 ' class="soft"' if i == 1 else "",
-                                 ' data-v="%s"' % v if v is not None else "", esc(text))
-            for i, (cls, text, v) in enumerate(cells)))
+        rows.append('<tr data-kind="%s">%s</tr>' % (esc(k["kind"]), "".join(
+            '<td%s%s%s>%s</td>' % (' class="n%s"' % (" soft" if i in (10, 12) else "") if cls
+                                   else ' class="wrap"' if i in (0, 2) else
+                                   ' class="soft"' if i == 1 else "",
+                                   ' data-v="%s"' % v if v is not None else "",
+                                   ' title="job busbw %s: %s"' % (NOT_MEASURED,
+                                                                  JOB_BUSBW_UNMEASURED)
+                                   if i == 10 and text == NOT_MEASURED else "", esc(text))
+            for i, (cls, text, v) in enumerate(cells))))
     note = ""
     if len(kernels) > MAX_TABLE_ROWS:
         note = '<p class="note">First %d of %d signatures.</p>' % (MAX_TABLE_ROWS, len(kernels))
     return ('<div class="scroll"><table id="kernels" class="sortable"><thead><tr>%s</tr></thead>'
-            '<tbody>%s</tbody></table></div>%s' % ("".join("<th>%s</th>" % esc(h) for h in head),
-                                                   "".join(rows), note))
+            '<tbody>%s</tbody></table></div>%s' % ("".join(
+                '<th%s>%s</th>' % (' title="%s"' % esc(tips[h]) if h in tips else "", esc(h))
+                for h in head), "".join(rows), note))
 
 
 def ranks_html(data, flagged):
@@ -735,7 +742,8 @@ def render(data):
                             'window).</p>'))
     body.append(section("kernels", "Kernel report", kernels_html(data),
                         "Share: of the job's GPU time. Spread: (slowest − fastest) / median of "
-                        "the ranks' median durations."))
+                        "the ranks' median durations. Collectives have two bus bandwidths: the "
+                        + JOB_BUSBW + "; the " + RANK_BUSBW + "."))
     body.append(section("ranks", "Ranks", ranks_html(data, flagged)))
     _rows, unknown = reported_rows((data.get("metrics") or {}).get("reported", {}))
     if unknown:

@@ -16,7 +16,18 @@ import urllib.parse
 # Report fields rendered by name; anything else in the report is shown under "other fields".
 KNOWN_REPORT_KEYS = {"jobId", "signatures"}
 KNOWN_SIGNATURE_KEYS = {"signature", "count", "totalNs", "timeShare", "tflops", "busbwGbps",
-                        "p50Ns", "p99Ns"}
+                        "p50Ns", "p99Ns", "jobBusbwGbps", "jobBusbwInstances"}
+
+# The two bus bandwidths of a collective, named apart wherever they are shown (docs/metrics.md
+# "Bus bandwidth: job and per rank"). Both use nccl-tests' busbw factor (records::
+# busBandwidthFactor); they differ in the time they divide by.
+JOB_BUSBW = ("job busbw: nccl-tests busbw with t from the start of the last-issued instance "
+             "across ranks to the end of the last one, median over the complete instances in "
+             "the detectors' window; the bus bandwidth metric and /metrics' "
+             "flare_job_busbw_bytes_per_second give it per collective kind")
+RANK_BUSBW = ("rank busbw: bytes over each rank's own kernel time, every call of every rank of "
+              "the whole job; a rank's kernel time includes waiting for late peers, so it is "
+              "below the job busbw when ranks arrive apart")
 
 
 def _num(value, default=0.0):
@@ -145,6 +156,8 @@ def derive(data):
             "timeShare": _num(row.get("timeShare")),
             "tflops": _num(row.get("tflops")),
             "busbwGbps": _num(row.get("busbwGbps")),
+            "jobBusbwGbps": _num(row.get("jobBusbwGbps")),
+            "jobBusbwInstances": int(_num(row.get("jobBusbwInstances"))),
             "p50Ns": _num(row.get("p50Ns")),
             "p99Ns": _num(row.get("p99Ns")),
             "spread": None,
@@ -235,11 +248,24 @@ def fmt_pct(ratio):
 
 
 def rate_text(k):
+    """TFLOPS of a GEMM/attention signature; the job busbw of a collective (JOB_BUSBW: the
+    bus bandwidth metric's computation, per signature)."""
     if k["tflops"] > 0:
         return "%.1f TFLOPS" % k["tflops"]
-    if k["busbwGbps"] > 0:
-        return "%.1f GB/s busbw" % k["busbwGbps"]
+    if k["kind"] == "collective":
+        if k.get("jobBusbwInstances") and k.get("jobBusbwGbps", 0) > 0:
+            return "%.1f GB/s" % k["jobBusbwGbps"]
+        return NOT_MEASURED
     return "-"
+
+
+JOB_BUSBW_UNMEASURED = ("no complete instance of it in the detectors' window (summary mode, a "
+                        "rank's records missing, or the daemon has no window for the job)")
+
+
+def rank_busbw_text(k):
+    """The per-rank busbw of a collective (RANK_BUSBW)."""
+    return "%.1f GB/s" % k["busbwGbps"] if k["busbwGbps"] > 0 else "-"
 
 
 def spread_text(k):
@@ -345,9 +371,8 @@ def reported_rows(reported, derived=None):
         for bw in jm.pop("busbw", []) or []:
             rows.append(("bus bandwidth", "%s: %.1f GB/s over %s instances" % (
                 bw.get("kind", "?"), _num(bw.get("busbwGbps")), bw.get("instances", 0)),
-                "median over instances, each timed from the last rank's arrival (the kernel "
-                "table's is per size, at the median kernel duration, waits for the other ranks "
-                "included)"))
+                "job busbw: median over every %s instance, each timed from the last rank's "
+                "start to the last end; per signature in the kernel table" % bw.get("kind", "?")))
         has_base = jm.pop("hasBaseline", False)
         w1, thr = jm.pop("issueLatencyW1Ns", None), jm.pop("issueLatencyW1ThresholdNs", None)
         if has_base:
@@ -487,13 +512,18 @@ def format_text(data, top=25):
     out.append("Kernels (%s by GPU time)" % ("all %d" % len(kernels) if len(shown) == len(kernels)
                                              else "top %d of %d" % (len(shown), len(kernels))))
     if shown:
-        out.append("  %-34s %-10s %-22s %-6s %8s %7s %10s %18s  %s" % (
-            "signature", "kind", "shape", "dtype", "count", "share", "p50", "TFLOPS/busbw",
-            "spread across ranks"))
+        out.append("  %-34s %-10s %-22s %-6s %8s %7s %10s %18s %11s  %s" % (
+            "signature", "kind", "shape", "dtype", "count", "share", "p50", "TFLOPS/job busbw",
+            "rank busbw", "spread across ranks"))
     for k in shown:
-        line = "  %-34s %-10s %-22s %-6s %8d %7s %10s %18s  %s" % (
+        line = "  %-34s %-10s %-22s %-6s %8d %7s %10s %18s %11s  %s" % (
             k["name"][:34], k["kind"][:10], k["shape"][:22], k["dtype"][:6], k["count"],
-            fmt_pct(k["timeShare"]), fmt_ns(k["p50Ns"]), rate_text(k), spread_text(k))
+            fmt_pct(k["timeShare"]), fmt_ns(k["p50Ns"]), rate_text(k), rank_busbw_text(k),
+            spread_text(k))
         extra = ", ".join("%s=%s" % kv for kv in flatten(k["extra"]))
         out.append(line + ("  " + extra if extra else ""))
+    if any(k["kind"] == "collective" for k in shown):
+        out.append("  (%s;" % JOB_BUSBW)
+        out.append("   %s%s)" % (RANK_BUSBW, "; job busbw not measured: " + JOB_BUSBW_UNMEASURED
+                                 if any(rate_text(k) == NOT_MEASURED for k in shown) else ""))
     return "\n".join(out) + "\n"

@@ -197,6 +197,7 @@ std::vector<v1::Alert> Analyzer::run(int64_t now_ns) {
     const History* history = job.history ? &*job.history : nullptr;
     v1::JobMetrics metrics = computeJobMetrics(model, history, options_.samples_per_step);
     metrics.set_computed_unix_ns(now_ns);
+    std::map<std::string, SignatureBusbw> signature_busbw = signatureBusbw(model);
     std::vector<Diagnosis> found = diagnose(model, options_.diagnose, nullptr, history);
     const size_t ops = model.opCount();
     std::lock_guard lock(mu_);
@@ -205,6 +206,7 @@ std::vector<v1::Alert> Analyzer::run(int64_t now_ns) {
       found.push_back(std::move(*refused));
     w.window_ops = ops;
     w.metrics = std::move(metrics);
+    w.signature_busbw = std::move(signature_busbw);
     for (auto& [key, age] : w.active) ++age;
     for (const Diagnosis& d : found) {
       std::vector<int> ranks = d.ranks;
@@ -359,6 +361,14 @@ void Analyzer::enrichReport(v1::GetReportResponse* report) const {
   if (it == jobs_.end()) return;
   const JobWindow& w = it->second;
   if (w.metrics) *report->mutable_metrics() = *w.metrics;
+  if (!w.signature_busbw.empty()) {
+    for (auto& s : *report->mutable_signatures()) {
+      auto b = w.signature_busbw.find(signatureKey(s.signature()));
+      if (b == w.signature_busbw.end()) continue;
+      s.set_job_busbw_gbps(b->second.gbps);
+      s.set_job_busbw_instances(b->second.instances);
+    }
+  }
   const History* history = baselines_.contains(report->job_id()) ? nullptr : historyFor(w);
   if (history == nullptr) return;
   report->set_baseline_runs(static_cast<uint32_t>(history->runs));

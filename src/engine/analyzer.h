@@ -39,6 +39,7 @@
 #include "flare/v1/service.pb.h"
 #include "src/engine/diagnosis/detectors.h"
 #include "src/engine/diagnosis/history.h"
+#include "src/engine/diagnosis/job_metrics.h"
 #include "src/engine/diagnosis/job_model.h"
 #include "src/engine/diagnosis/series.h"
 
@@ -137,6 +138,9 @@ class Analyzer {
     int32_t backend_rank = 0;       // the rank `backend` came from
     int32_t world_size = 0;
     std::optional<v1::JobMetrics> metrics;
+    // Job-level busbw per collective signature (signatureKey), from the same run as `metrics`:
+    // the kernel report's job_busbw_gbps. Under mu_.
+    std::map<std::string, SignatureBusbw> signature_busbw;
     // What Ingest refused of each rank: per reason (batches, items), the last error and time.
     struct Refused {
       std::map<std::string, std::pair<uint64_t, uint64_t>> by_reason;

@@ -3,6 +3,7 @@
 through `flare run`. Checks the text and JSON report, the daemon's /series against the sim's own
 step times, the HTML page in headless Chromium (DOM after its script ran, and a screenshot), and
 the failure paths (daemon down, unknown job, bad input)."""
+import html
 import html.parser
 import json
 import re
@@ -260,6 +261,38 @@ def test_figures_agree_across_text_json_html_and_metrics(build_dir, job):
                                                  kind=bw["kind"]) / 1e9)
     assert busbw == "%s: %.1f GB/s" % (bw["kind"], bw["busbwGbps"])
     assert busbw in text and busbw in panel
+    # Bus bandwidth per collective signature: the kernel table's job busbw is the metric's own
+    # computation per signature (so the kind's figure lies between its signatures'), and reads
+    # the same in the text table, the JSON and the HTML table; the per-rank busbw (own kernel
+    # time, waits included) is a second figure under its own name, never in the job's column.
+    report = job["daemon"].get("/api/v1/jobs/slowgpu/report")
+    colls = [r for r in report["signatures"] if r["signature"]["kind"] == "OP_KIND_COLLECTIVE"]
+    assert colls
+    html_rows = re.findall(r'<tr data-kind="collective">(.*?)</tr>',
+                           open(page, encoding="utf-8").read(), re.S)
+    assert len(html_rows) == len(colls)
+    table = text[text.index("Kernels ("):]
+    for kind in {b["kind"] for b in jm["busbw"]}:
+        mine = [r for r in colls if r["signature"]["collective"] == "COLLECTIVE_KIND_"
+                + kind.upper()]
+        assert mine and all(int(r["jobBusbwInstances"]) > 0 for r in mine), mine
+        per_sig = [r["jobBusbwGbps"] for r in mine]
+        got = [b for b in jm["busbw"] if b["kind"] == kind][0]
+        assert min(per_sig) - 1e-9 <= got["busbwGbps"] <= max(per_sig) + 1e-9, (got, per_sig)
+        assert int(got["instances"]) == sum(int(r["jobBusbwInstances"]) for r in mine)
+    kernels = {(k["name"], k["shape"]): k for k in data["kernels"]}
+    for r in colls:
+        k = kernels[(r["signature"]["name"], "[%s]" % ",".join(r["signature"]["shape"]))]
+        assert k["jobBusbwGbps"] == r["jobBusbwGbps"] and k["busbwGbps"] == r["busbwGbps"]
+        job_bw, rank_bw = "%.1f GB/s" % r["jobBusbwGbps"], "%.1f GB/s" % r["busbwGbps"]
+        line = [ln for ln in table.splitlines() if ln.startswith("  " + k["name"][:34])
+                and k["shape"][:22] in ln][0]
+        assert re.search(r"\s%s\s+%s\s" % (re.escape(job_bw), re.escape(rank_bw)), line), line
+        cells = [re.sub(r"<[^>]+>", "", c) for c in re.findall(r"<td.*?</td>", "".join(
+            row for row in html_rows if ">%s<" % html.escape(k["name"]) in row
+            and html.escape(k["shape"]) in row))]
+        assert cells[10:12] == [job_bw, rank_bw], cells
+    assert "TFLOPS/job busbw" in table and "rank busbw" in table
     rate = "%.2f steps/s" % gauge("flare_job_steps_per_second")
     assert rate == "%.2f steps/s" % jm["stepsPerSecond"] and rate in text and rate in panel
     void = "V_inter %.1f%%, V_minority %.1f%%" % (100 * gauge("flare_job_void_inter_ratio"),

@@ -62,6 +62,16 @@ std::map<uint32_t, std::vector<double>> collectiveBusbw(const JobModel& job) {
   return out;
 }
 
+std::map<std::string, SignatureBusbw> signatureBusbw(const JobModel& job) {
+  std::map<std::string, SignatureBusbw> out;
+  for (auto& [sig, values] : collectiveBusbw(job)) {
+    SignatureBusbw& b = out[signatureKey(job.signatures()[sig])];
+    b.instances = values.size();
+    b.gbps = median(std::move(values));
+  }
+  return out;
+}
+
 flare::v1::JobMetrics computeJobMetrics(const JobModel& job, const History* history,
                                         uint64_t samples_per_step) {
   flare::v1::JobMetrics m;

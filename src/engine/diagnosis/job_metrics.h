@@ -24,6 +24,15 @@ std::string collectiveKindName(flare::v1::CollectiveKind kind);
 // all `nranks` members present, t from the last member's start to the last member's end.
 std::map<uint32_t, std::vector<double>> collectiveBusbw(const JobModel& job);
 
+// The job-level bus bandwidth of each collective signature: the median of its collectiveBusbw
+// instances (the figure JobMetrics.busbw gives per kind, per signature), keyed by
+// signatureKey() so that the kernel report's rows (other ids) find theirs.
+struct SignatureBusbw {
+  double gbps = 0;
+  uint64_t instances = 0;
+};
+std::map<std::string, SignatureBusbw> signatureBusbw(const JobModel& job);
+
 // `samples_per_step`: the job's batch size when configured (0: the largest `samples` a rank
 // reported in its step markers; none: samples_per_second stays 0). `history` may be null.
 flare::v1::JobMetrics computeJobMetrics(const JobModel& job, const History* history,

@@ -100,6 +100,22 @@ TEST(JobMetrics, ThroughputTflopsAndBusbwMatchHandComputedValues) {
   EXPECT_LE(m.bytes_per_rank_step(), per_rank.back());
 }
 
+TEST(JobMetrics, PerSignatureBusbwIsTheJobFigureOfEachSignature) {
+  // The kernel report's job_busbw_gbps: the same instances as JobMetrics.busbw, keyed by the
+  // signature (not by kind), and none for a non-collective.
+  const JobModel job = syntheticJob();
+  const auto by_sig = signatureBusbw(job);
+  ASSERT_EQ(by_sig.size(), 1u);
+  v1::Signature ar;
+  ar.set_name("ncclAllReduce");
+  ar.set_kind(v1::OP_KIND_COLLECTIVE);
+  const auto it = by_sig.find(signatureKey(ar));
+  ASSERT_NE(it, by_sig.end());
+  EXPECT_EQ(it->second.instances, 3u);
+  EXPECT_NEAR(it->second.gbps, computeJobMetrics(job, nullptr, 0).busbw(0).busbw_gbps(), 1e-12);
+  EXPECT_NEAR(it->second.gbps, 15.0, 1e-9);
+}
+
 stats::LatencySketch sketchOf(int64_t first_us, int64_t last_us) {
   stats::LatencySketch s;
   for (int64_t us = first_us; us <= last_us; ++us) s.add(static_cast<double>(us * kUs));
