@@ -2,7 +2,8 @@
 // (service flare.v1.Ingest, rpc Stream), spilling to the local spool while the daemon is slow,
 // down or refuses the rank, and replaying the spool in order when it comes back.
 //
-// Flow (exporter.cc has the details):
+// Flow (files: exporter.cc the Sink calls, shutdown and the connect loop; exporter_stream.cc one
+// stream; exporter_spool.cc the pending spool; exporter_resend.cc the re-send window):
 //
 //   poller thread (Sink calls)            sender thread "flare-export"         reader thread
 //   BatchBuilder → closed batch ──▶ memory queue (≤ buffer_bytes) ──▶ stream.write ◀── acks,
@@ -177,26 +178,34 @@ class GrpcExporter final : public Sink {
   };
   struct Stream;
 
+  // exporter.cc
   void enqueue(flare::v1::RecordBatch&& batch);  // the builder's emit (poller thread)
   void run();                                    // the sender thread
-  bool streamOnce();                             // one connection; false: attempt failed
+  void checkStall();
+  int64_t nowNs() const;
+  // exporter_stream.cc: one stream, on the sender thread (readLoop: its reader thread).
+  bool streamOnce();  // one connection; false: attempt failed
+  bool connect(Stream& s);
+  bool sendPending(Stream& s, bool* first, bool* graceful);
+  std::string endStream(Stream& s, bool graceful);
   bool sendBatch(Stream& s, flare::v1::RecordBatch& batch, bool first);
   void readLoop(Stream* s);
+  void learnTables(const flare::v1::RecordBatch& batch);
+  flare::v1::RankMessage makeHello();
+  // exporter_spool.cc: the pending spool.
   void spill(size_t keep_bytes);                          // any thread; takes spool_mu_ then mu_
   bool spoolAppend(const flare::v1::RecordBatch& batch);  // spool_mu_ held
   bool spoolReadNext(flare::v1::RecordBatch* batch);      // spool_mu_ held
   bool spoolPending();
   void finishSpool();
-  void learnTables(const flare::v1::RecordBatch& batch);
-  flare::v1::RankMessage makeHello();
   void writeMeta();   // spool_mu_ held
   void keepOrphan();  // spool_mu_ held
   void sweepOrphans();
+  static void stripRecords(flare::v1::RecordBatch* batch);
+  // exporter_resend.cc: the re-send window (sender thread).
+  bool resendWindow(Stream& s, bool* first);
   void remember(Item&& item);  // into the re-send window
   void parkResend();
-  static void stripRecords(flare::v1::RecordBatch* batch);
-  void checkStall();
-  int64_t nowNs() const;
 
   ExporterOptions options_;
   std::unique_ptr<Transport> transport_;
