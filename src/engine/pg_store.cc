@@ -15,7 +15,6 @@
 namespace flare::engine {
 namespace {
 
-constexpr size_t kMaxOpsPerTransaction = 20000;
 constexpr int64_t kRawFoldWindowNs = 60LL * 1000000000LL;
 
 constexpr const char* kSchema = R"sql(
@@ -326,7 +325,8 @@ bool migrateRawRecords(PGconn* c, std::string* error) {
 
 }  // namespace
 
-PgStore::PgStore(Options options) : options_(std::move(options)) {}
+PgStore::PgStore(Options options)
+    : options_(std::move(options)), queue_(options_.max_queued_ops, options_.max_queued_raw) {}
 
 std::unique_ptr<PgStore> PgStore::open(const Options& options, std::string* error) {
   std::unique_ptr<PgStore> store(new PgStore(options));
@@ -357,96 +357,46 @@ bool PgStore::init(std::string* error) {
     next_alert_id_ = static_cast<uint64_t>(geti(r, 0, 0)) + 1;
     PQclear(r);
   }
-  writer_ = std::thread([this] { writerLoop(); });
+  queue_.start([this](std::vector<Op>& ops) { commit(ops); });
   return true;
 }
 
 PgStore::~PgStore() {
-  if (writer_.joinable()) {
-    {
-      std::lock_guard lock(queue_mu_);
-      stop_ = true;
-    }
-    queue_cv_.notify_all();
-    writer_.join();
-  }
+  queue_.stop();
   if (read_ != nullptr) PQfinish(read_);
   if (write_ != nullptr) PQfinish(write_);
 }
 
-void PgStore::enqueue(Op op, size_t raw_records, bool never_drop) {
-  {
-    std::lock_guard lock(queue_mu_);
-    if (!never_drop && (queue_.size() >= options_.max_queued_ops ||
-                        queued_raw_ + raw_records > options_.max_queued_raw)) {
-      dropped_.fetch_add(raw_records > 0 ? raw_records : 1, std::memory_order_relaxed);
-      return;
-    }
-    queue_.emplace_back(std::move(op), raw_records);
-    queued_raw_ += raw_records;
-    ++enqueued_seq_;
-    queue_depth_.store(queue_.size(), std::memory_order_relaxed);
+void PgStore::commit(std::vector<Op>& ops) {
+  std::lock_guard wl(write_mu_);
+  exec(write_, "BEGIN");
+  for (auto& op : ops) op(write_);
+  // A failed statement aborts the transaction: COMMIT then rolls it back as a whole.
+  PGresult* r = PQexec(write_, "COMMIT");
+  const bool committed =
+      PQresultStatus(r) == PGRES_COMMAND_OK && std::string(PQcmdStatus(r)) == "COMMIT";
+  PQclear(r);
+  if (!committed) {
+    errors_.fetch_add(ops.size(), std::memory_order_relaxed);
+    FLARE_LOG_ERROR("engine", "postgres: a transaction of {} writes was rolled back", ops.size());
   }
-  queue_cv_.notify_one();
-}
-
-void PgStore::writerLoop() {
-  std::vector<Op> ops;
-  for (;;) {
-    {
-      std::unique_lock lock(queue_mu_);
-      queue_cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
-      if (queue_.empty() && stop_) return;
-      while (!queue_.empty() && ops.size() < kMaxOpsPerTransaction) {
-        ops.push_back(std::move(queue_.front().first));
-        queued_raw_ -= queue_.front().second;
-        queue_.pop_front();
-      }
-      queue_depth_.store(queue_.size(), std::memory_order_relaxed);
-    }
-    {
-      std::lock_guard wl(write_mu_);
-      exec(write_, "BEGIN");
-      for (auto& op : ops) op(write_);
-      std::string err;
-      // A failed statement aborts the transaction: COMMIT then rolls it back as a whole.
-      PGresult* r = PQexec(write_, "COMMIT");
-      const bool committed =
-          PQresultStatus(r) == PGRES_COMMAND_OK && std::string(PQcmdStatus(r)) == "COMMIT";
-      PQclear(r);
-      if (!committed) {
-        errors_.fetch_add(ops.size(), std::memory_order_relaxed);
-        FLARE_LOG_ERROR("engine", "postgres: a transaction of {} writes was rolled back",
-                        ops.size());
-      }
-      transactions_.fetch_add(1, std::memory_order_relaxed);
-    }
-    const size_t n = ops.size();
-    ops.clear();
-    {
-      std::lock_guard lock(queue_mu_);
-      applied_seq_ += n;
-    }
-    drained_cv_.notify_all();
-  }
+  transactions_.fetch_add(1, std::memory_order_relaxed);
 }
 
 void PgStore::flush() {
-  std::unique_lock lock(queue_mu_);
-  const uint64_t target = enqueued_seq_;
-  drained_cv_.wait(lock, [&] { return applied_seq_ >= target; });
+  queue_.flush();
 }
 
 void PgStore::putJob(const JobRow& r) {
-  enqueue([this, r](PGconn* c) { (writeJob(c, r) ? rows_written_ : errors_)++; }, 0);
+  queue_.push([this, r](PGconn* c) { (writeJob(c, r) ? rows_written_ : errors_)++; }, 0);
 }
 
 void PgStore::putRank(const RankRow& r) {
-  enqueue([this, r](PGconn* c) { (writeRank(c, r) ? rows_written_ : errors_)++; }, 0);
+  queue_.push([this, r](PGconn* c) { (writeRank(c, r) ? rows_written_ : errors_)++; }, 0);
 }
 
 void PgStore::putSignature(const SignatureRow& r) {
-  enqueue(
+  queue_.push(
       [this, r](PGconn* c) {
         const bool ok = Params()
                             .text(r.job_id)
@@ -461,13 +411,13 @@ void PgStore::putSignature(const SignatureRow& r) {
 }
 
 void PgStore::putSignatureStats(const SignatureStatsRow& r) {
-  enqueue([this, r](PGconn* c) { (writeSignatureStats(c, r) ? rows_written_ : errors_)++; }, 0);
+  queue_.push([this, r](PGconn* c) { (writeSignatureStats(c, r) ? rows_written_ : errors_)++; }, 0);
 }
 
 void PgStore::appendRaw(const std::string& job_id, std::vector<RawRecord> records) {
   if (records.empty()) return;
   const size_t n = records.size();
-  enqueue(
+  queue_.push(
       [this, job_id, recs = std::move(records)](PGconn* c) mutable {
         const size_t total = recs.size();
         const uint64_t ok = writeRaw(c, job_id, std::move(recs));
@@ -480,7 +430,7 @@ void PgStore::appendRaw(const std::string& job_id, std::vector<RawRecord> record
 void PgStore::appendDeepTrace(const std::string& job_id, std::vector<DeepTraceRow> rows) {
   if (rows.empty()) return;
   const size_t n = rows.size();
-  enqueue(
+  queue_.push(
       [this, job_id, rows = std::move(rows)](PGconn* c) {
         const uint64_t ok = writeDeepTrace(c, job_id, rows);
         raw_written_ += ok;
@@ -491,7 +441,7 @@ void PgStore::appendDeepTrace(const std::string& job_id, std::vector<DeepTraceRo
 
 void PgStore::putWindowSummaries(std::vector<WindowSummaryRow> rows) {
   if (rows.empty()) return;
-  enqueue(
+  queue_.push(
       [this, rows = std::move(rows)](PGconn* c) {
         const uint64_t ok = writeWindows(c, rows);
         rows_written_ += ok;
@@ -505,16 +455,12 @@ void PgStore::putCheckpoint(Checkpoint cp) {
   size_t raw = 0;
   for (const auto& [job, recs] : cp.raw) raw += recs.size();
   for (const auto& [job, rows] : cp.deep_trace) raw += rows.size();
-  {
-    std::lock_guard lock(queue_mu_);
-    if (queued_raw_ + raw > options_.max_queued_raw) {
-      dropped_.fetch_add(raw, std::memory_order_relaxed);
-      cp.raw.clear();
-      cp.deep_trace.clear();
-      raw = 0;
-    }
+  if (!queue_.admitRaw(raw)) {
+    cp.raw.clear();
+    cp.deep_trace.clear();
+    raw = 0;
   }
-  enqueue(
+  queue_.push(
       [this, cp = std::move(cp)](PGconn* c) mutable {
         uint64_t ok = 0, bad = 0;
         auto count = [&](bool good) { ++(good ? ok : bad); };
@@ -565,7 +511,7 @@ void PgStore::putCheckpoint(Checkpoint cp) {
 uint64_t PgStore::putAlert(v1::Alert a) {
   a.set_id(next_alert_id_.fetch_add(1));
   const uint64_t id = a.id();
-  enqueue(
+  queue_.push(
       [this, a = std::move(a)](PGconn* c) {
         const bool ok = Params()
                             .u64(a.id())
@@ -586,7 +532,7 @@ uint64_t PgStore::putAlert(v1::Alert a) {
 }
 
 void PgStore::putBaseline(const std::string& key, const std::string& value, int64_t now_ns) {
-  enqueue(
+  queue_.push(
       [this, key, value, now_ns](PGconn* c) {
         const bool ok = Params().text(key).blob(value).i64(now_ns).run(
             c,
@@ -598,7 +544,7 @@ void PgStore::putBaseline(const std::string& key, const std::string& value, int6
 }
 
 void PgStore::removeBaseline(const std::string& key) {
-  enqueue(
+  queue_.push(
       [this, key](PGconn* c) {
         const bool ok = Params().text(key).run(c, "DELETE FROM baselines WHERE key=$1");
         (ok ? rows_written_ : errors_)++;
@@ -987,15 +933,14 @@ void PgStore::writeMetrics(PromWriter& w) const {
   w.sample("flare_store_rows_written_total", c(rows_written_), {{"table", "state"}});
   w.family("flare_store_dropped_total", "counter",
            "Writes (raw records counted singly) dropped because the write queue was full.");
-  w.sample("flare_store_dropped_total", c(dropped_));
+  w.sample("flare_store_dropped_total", queue_.dropped());
   w.family("flare_store_errors_total", "counter", "Rows or transactions the database refused.");
   w.sample("flare_store_errors_total", c(errors_));
   w.family("flare_store_retired_rows_total", "counter",
            "Rows removed by the retention policy and the size cap.");
   w.sample("flare_store_retired_rows_total", c(retired_), {{"why", "all"}});
   w.family("flare_store_queue_depth", "gauge", "Writes waiting for the writer thread.");
-  w.sample("flare_store_queue_depth",
-           static_cast<uint64_t>(queue_depth_.load(std::memory_order_relaxed)));
+  w.sample("flare_store_queue_depth", static_cast<uint64_t>(queue_.depth()));
 }
 
 }  // namespace flare::engine

@@ -3,23 +3,23 @@
 // writer thread in batched transactions (a Checkpoint is one op, so one transaction), reads
 // synchronous on a second connection.
 //
-// Threads: the writer thread owns the write connection; reads hold read_mu_. Owned by its
-// creator; the destructor drains the queue and joins the writer. flared uses it for
-// --db postgresql://...; tested against a real server (pg_store_test.cc).
+// Threads: the write queue's writer thread (store_write_queue.h) owns the write connection;
+// reads hold read_mu_. Owned by its creator; the destructor drains the queue and joins the
+// writer. flared uses it for --db postgresql://...; tested against a real server
+// (pg_store_test.cc).
 #pragma once
 
 #include <libpq-fe.h>
 
 #include <atomic>
-#include <condition_variable>
-#include <deque>
 #include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
-#include <thread>
+#include <vector>
 
 #include "src/engine/store.h"
+#include "src/engine/store_write_queue.h"
 
 namespace flare::engine {
 
@@ -27,8 +27,8 @@ class PgStore final : public Store {
  public:
   struct Options {
     std::string conninfo;  // libpq connection string ("host=/tmp/pg dbname=flare user=flare")
-    size_t max_queued_ops = 200000;
-    size_t max_queued_raw = 2000000;
+    size_t max_queued_ops = kDefaultMaxQueuedOps;  // as SqliteStore::Options
+    size_t max_queued_raw = kDefaultMaxQueuedRaw;
   };
 
   // Connects twice and creates the schema. Null with *error set on failure.
@@ -71,8 +71,7 @@ class PgStore final : public Store {
   using Op = std::function<void(PGconn*)>;
   explicit PgStore(Options options);
   bool init(std::string* error);
-  void enqueue(Op op, size_t raw_records, bool never_drop = false);
-  void writerLoop();
+  void commit(std::vector<Op>& ops);  // the queue's writer thread
 
   Options options_;
   PGconn* write_ = nullptr;  // writer thread (and maintain(), after a flush, under write_mu_)
@@ -80,24 +79,13 @@ class PgStore final : public Store {
   std::mutex read_mu_;
   std::mutex write_mu_;
 
-  std::mutex queue_mu_;
-  std::condition_variable queue_cv_;
-  std::condition_variable drained_cv_;
-  std::deque<std::pair<Op, size_t>> queue_;
-  size_t queued_raw_ = 0;
-  uint64_t enqueued_seq_ = 0;
-  uint64_t applied_seq_ = 0;
-  bool stop_ = false;
-  std::thread writer_;
-
+  StoreWriteQueue<Op> queue_;
   std::atomic<uint64_t> next_alert_id_{1};
   std::atomic<uint64_t> transactions_{0};
   std::atomic<uint64_t> rows_written_{0};
   std::atomic<uint64_t> raw_written_{0};
-  std::atomic<uint64_t> dropped_{0};
   std::atomic<uint64_t> errors_{0};
   std::atomic<uint64_t> retired_{0};
-  std::atomic<size_t> queue_depth_{0};
 };
 
 }  // namespace flare::engine

@@ -14,7 +14,6 @@
 namespace flare::engine {
 namespace {
 
-constexpr size_t kMaxOpsPerTransaction = 20000;
 constexpr int64_t kRawFoldWindowNs = 60LL * 1000000000LL;  // raw records fold into 1-min rows
 
 constexpr const char* kSchema = R"sql(
@@ -205,7 +204,8 @@ int64_t pragmaInt(sqlite3* db, const char* sql) {
 
 }  // namespace
 
-SqliteStore::SqliteStore(Options options) : options_(std::move(options)) {}
+SqliteStore::SqliteStore(Options options)
+    : options_(std::move(options)), queue_(options_.max_queued_ops, options_.max_queued_raw) {}
 
 std::unique_ptr<SqliteStore> SqliteStore::open(const Options& options, std::string* error) {
   std::unique_ptr<SqliteStore> store(new SqliteStore(options));
@@ -241,80 +241,33 @@ bool SqliteStore::init(std::string* error) {
   }
   next_alert_id_ = static_cast<uint64_t>(pragmaInt(write_db_, "SELECT MAX(id) FROM alerts")) + 1;
   live_bytes_ = liveBytes();
-  writer_ = std::thread([this] { writerLoop(); });
+  writer_ = std::make_unique<Writer>(write_db_);
+  queue_.start([this](std::vector<Op>& ops) { commit(ops); });
   return true;
 }
 
 SqliteStore::~SqliteStore() {
-  if (writer_.joinable()) {
-    {
-      std::lock_guard lock(queue_mu_);
-      stop_ = true;
-    }
-    queue_cv_.notify_all();
-    writer_.join();
-  }
+  queue_.stop();
+  writer_.reset();  // finalizes the cached statements before the connection closes
   sqlite3_close_v2(read_db_);
   sqlite3_close_v2(write_db_);
 }
 
-void SqliteStore::enqueue(Op op, size_t raw_records) {
-  {
-    std::lock_guard lock(queue_mu_);
-    if (queue_.size() >= options_.max_queued_ops ||
-        queued_raw_ + raw_records > options_.max_queued_raw) {
-      dropped_.fetch_add(raw_records > 0 ? raw_records : 1, std::memory_order_relaxed);
-      return;
-    }
-    queue_.emplace_back(std::move(op), raw_records);
-    queued_raw_ += raw_records;
-    ++enqueued_seq_;
-    queue_depth_.store(queue_.size(), std::memory_order_relaxed);
+void SqliteStore::commit(std::vector<Op>& ops) {
+  std::lock_guard wl(write_mu_);
+  exec(write_db_, "BEGIN");
+  for (auto& op : ops) op(*writer_);
+  std::string err;
+  if (!exec(write_db_, "COMMIT", &err)) {
+    errors_.fetch_add(ops.size(), std::memory_order_relaxed);
+    FLARE_LOG_ERROR("engine", "store: commit failed: {}", err);
+    exec(write_db_, "ROLLBACK");
   }
-  queue_cv_.notify_one();
-}
-
-void SqliteStore::writerLoop() {
-  Writer writer(write_db_);
-  std::vector<Op> ops;
-  for (;;) {
-    {
-      std::unique_lock lock(queue_mu_);
-      queue_cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
-      if (queue_.empty() && stop_) return;
-      while (!queue_.empty() && ops.size() < kMaxOpsPerTransaction) {
-        ops.push_back(std::move(queue_.front().first));
-        queued_raw_ -= queue_.front().second;
-        queue_.pop_front();
-      }
-      queue_depth_.store(queue_.size(), std::memory_order_relaxed);
-    }
-    {
-      std::lock_guard wl(write_mu_);
-      exec(write_db_, "BEGIN");
-      for (auto& op : ops) op(writer);
-      std::string err;
-      if (!exec(write_db_, "COMMIT", &err)) {
-        errors_.fetch_add(ops.size(), std::memory_order_relaxed);
-        FLARE_LOG_ERROR("engine", "store: commit failed: {}", err);
-        exec(write_db_, "ROLLBACK");
-      }
-      transactions_.fetch_add(1, std::memory_order_relaxed);
-    }
-    const size_t n = ops.size();
-    ops.clear();
-    {
-      std::lock_guard lock(queue_mu_);
-      applied_seq_ += n;
-    }
-    drained_cv_.notify_all();
-  }
+  transactions_.fetch_add(1, std::memory_order_relaxed);
 }
 
 void SqliteStore::flush() {
-  std::unique_lock lock(queue_mu_);
-  const uint64_t target = enqueued_seq_;
-  drained_cv_.wait(lock, [&] { return applied_seq_ >= target; });
+  queue_.flush();
 }
 
 namespace {
@@ -443,15 +396,15 @@ bool SqliteStore::migrateRawRecords(std::string* error) {
 }
 
 void SqliteStore::putJob(const JobRow& r) {
-  enqueue([this, r](Writer& w) { countResult(writeJob(w, r), rows_written_, errors_); }, 0);
+  queue_.push([this, r](Writer& w) { countResult(writeJob(w, r), rows_written_, errors_); }, 0);
 }
 
 void SqliteStore::putRank(const RankRow& r) {
-  enqueue([this, r](Writer& w) { countResult(writeRank(w, r), rows_written_, errors_); }, 0);
+  queue_.push([this, r](Writer& w) { countResult(writeRank(w, r), rows_written_, errors_); }, 0);
 }
 
 void SqliteStore::putSignature(const SignatureRow& r) {
-  enqueue(
+  queue_.push(
       [this, r](Writer& w) {
         Stmt s(w, "INSERT OR REPLACE INTO signatures VALUES(?,?,?)");
         s.bind(1, r.job_id).bindU(2, r.sig_id).blob(3, r.signature);
@@ -461,14 +414,14 @@ void SqliteStore::putSignature(const SignatureRow& r) {
 }
 
 void SqliteStore::putSignatureStats(const SignatureStatsRow& r) {
-  enqueue([this, r](Writer& w) { countResult(writeSignatureStats(w, r), rows_written_, errors_); },
-          0);
+  queue_.push(
+      [this, r](Writer& w) { countResult(writeSignatureStats(w, r), rows_written_, errors_); }, 0);
 }
 
 void SqliteStore::appendRaw(const std::string& job_id, std::vector<RawRecord> records) {
   if (records.empty()) return;
   const size_t n = records.size();
-  enqueue(
+  queue_.push(
       [this, job_id, recs = std::move(records)](Writer& w) mutable {
         const size_t total = recs.size();
         const uint64_t ok = writeRaw(w, job_id, std::move(recs));
@@ -481,7 +434,7 @@ void SqliteStore::appendRaw(const std::string& job_id, std::vector<RawRecord> re
 void SqliteStore::appendDeepTrace(const std::string& job_id, std::vector<DeepTraceRow> rows) {
   if (rows.empty()) return;
   const size_t n = rows.size();
-  enqueue(
+  queue_.push(
       [this, job_id, rows = std::move(rows)](Writer& w) {
         const uint64_t ok = writeDeepTrace(w, job_id, rows);
         raw_written_.fetch_add(ok, std::memory_order_relaxed);
@@ -509,7 +462,7 @@ std::vector<DeepTraceRow> SqliteStore::deepTrace(const std::string& job_id, int3
 
 void SqliteStore::putWindowSummaries(std::vector<WindowSummaryRow> rows) {
   if (rows.empty()) return;
-  enqueue(
+  queue_.push(
       [this, rows = std::move(rows)](Writer& w) {
         const uint64_t ok = writeWindows(w, rows);
         rows_written_.fetch_add(ok, std::memory_order_relaxed);
@@ -523,18 +476,14 @@ void SqliteStore::putCheckpoint(Checkpoint cp) {
   size_t raw = 0;
   for (const auto& [job, recs] : cp.raw) raw += recs.size();
   for (const auto& [job, rows] : cp.deep_trace) raw += rows.size();
-  {
-    std::lock_guard lock(queue_mu_);
-    if (queued_raw_ + raw > options_.max_queued_raw) {
-      // Over the raw cap: the raw records go, counted; the state and the marks still commit.
-      dropped_.fetch_add(raw, std::memory_order_relaxed);
-      cp.raw.clear();
-      cp.deep_trace.clear();
-      raw = 0;
-    }
+  if (!queue_.admitRaw(raw)) {
+    // Over the raw cap: the raw records go, counted; the state and the marks still commit.
+    cp.raw.clear();
+    cp.deep_trace.clear();
+    raw = 0;
   }
   auto op = [this, cp = std::move(cp)](Writer& w) mutable {
-    // The whole checkpoint is one op, hence inside one transaction (writerLoop).
+    // The whole checkpoint is one op, hence inside one transaction (commit).
     uint64_t ok = 0, bad = 0;
     auto count = [&](bool good) { ++(good ? ok : bad); };
     for (const JobRow& r : cp.jobs) count(writeJob(w, r));
@@ -567,18 +516,13 @@ void SqliteStore::putCheckpoint(Checkpoint cp) {
     raw_written_.fetch_add(raw_ok, std::memory_order_relaxed);
     errors_.fetch_add(bad + (raw_n - raw_ok), std::memory_order_relaxed);
   };
-  std::lock_guard lock(queue_mu_);
-  queue_.emplace_back(std::move(op), raw);
-  queued_raw_ += raw;
-  ++enqueued_seq_;
-  queue_depth_.store(queue_.size(), std::memory_order_relaxed);
-  queue_cv_.notify_one();
+  queue_.push(std::move(op), raw, /*never_drop=*/true);
 }
 
 uint64_t SqliteStore::putAlert(v1::Alert a) {
   a.set_id(next_alert_id_.fetch_add(1));
   const uint64_t id = a.id();
-  enqueue(
+  queue_.push(
       [this, a = std::move(a)](Writer& w) {
         Stmt s(w, "INSERT OR REPLACE INTO alerts VALUES(?,?,?,?,?,?,?,?)");
         s.bindU(1, a.id()).bind(2, a.job_id()).bind(3, int64_t{a.rank()}).bind(4, a.kind());
@@ -590,7 +534,7 @@ uint64_t SqliteStore::putAlert(v1::Alert a) {
 }
 
 void SqliteStore::putBaseline(const std::string& key, const std::string& value, int64_t now_ns) {
-  enqueue(
+  queue_.push(
       [this, key, value, now_ns](Writer& w) {
         Stmt s(w, "INSERT OR REPLACE INTO baselines VALUES(?,?,?)");
         s.bind(1, key).blob(2, value).bind(3, now_ns);
@@ -600,7 +544,7 @@ void SqliteStore::putBaseline(const std::string& key, const std::string& value, 
 }
 
 void SqliteStore::removeBaseline(const std::string& key) {
-  enqueue(
+  queue_.push(
       [this, key](Writer& w) {
         Stmt s(w, "DELETE FROM baselines WHERE key=?");
         s.bind(1, key);
@@ -896,7 +840,7 @@ void SqliteStore::writeMetrics(PromWriter& w) const {
   w.sample("flare_store_rows_written_total", c(rows_written_), {{"table", "state"}});
   w.family("flare_store_dropped_total", "counter",
            "Writes (raw records counted singly) dropped because the write queue was full.");
-  w.sample("flare_store_dropped_total", c(dropped_));
+  w.sample("flare_store_dropped_total", queue_.dropped());
   w.family("flare_store_errors_total", "counter", "Rows or transactions the database refused.");
   w.sample("flare_store_errors_total", c(errors_));
   w.family("flare_store_retired_rows_total", "counter",
@@ -909,8 +853,7 @@ void SqliteStore::writeMetrics(PromWriter& w) const {
            "Pages in use times page size, at the last maintenance.");
   w.sample("flare_store_live_bytes", live_bytes_.load(std::memory_order_relaxed));
   w.family("flare_store_queue_depth", "gauge", "Writes waiting for the writer thread.");
-  w.sample("flare_store_queue_depth",
-           static_cast<uint64_t>(queue_depth_.load(std::memory_order_relaxed)));
+  w.sample("flare_store_queue_depth", static_cast<uint64_t>(queue_.depth()));
 }
 
 }  // namespace flare::engine

@@ -1,22 +1,21 @@
 // SqliteStore: the Store on an embedded SQLite database (WAL mode, synchronous=NORMAL: a crash
 // of flared loses nothing committed; a power loss may lose the last transactions).
 //
-// Threads: one writer thread owns the write connection and applies queued writes in batched
-// transactions (everything queued at the time, up to kMaxOpsPerTransaction). Reads use a
-// second connection under a mutex. Owned by flared_main (or a test); the destructor drains
-// the queue and joins the writer.
+// Threads: the write queue's writer thread (store_write_queue.h) owns the write connection and
+// applies queued writes in batched transactions (everything queued at the time, up to
+// kMaxOpsPerTransaction). Reads use a second connection under a mutex. Owned by flared_main (or
+// a test); the destructor drains the queue and joins the writer.
 #pragma once
 
 #include <atomic>
-#include <condition_variable>
-#include <deque>
 #include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
-#include <thread>
+#include <vector>
 
 #include "src/engine/store.h"
+#include "src/engine/store_write_queue.h"
 
 struct sqlite3;
 
@@ -25,9 +24,9 @@ namespace flare::engine {
 class SqliteStore final : public Store {
  public:
   struct Options {
-    std::string path;                 // file name; ":memory:" is not supported (two connections)
-    size_t max_queued_ops = 200000;   // writes beyond this are dropped and counted
-    size_t max_queued_raw = 2000000;  // raw records waiting (~200 MB); beyond: dropped, counted
+    std::string path;  // file name; ":memory:" is not supported (two connections)
+    size_t max_queued_ops = kDefaultMaxQueuedOps;  // writes beyond this are dropped and counted
+    size_t max_queued_raw = kDefaultMaxQueuedRaw;  // raw records waiting; beyond: dropped, counted
   };
 
   // Opens (creating) the database and its schema. Returns null with *error set on failure.
@@ -75,8 +74,7 @@ class SqliteStore final : public Store {
   explicit SqliteStore(Options options);
   bool init(std::string* error);
   bool migrateRawRecords(std::string* error);
-  void enqueue(Op op, size_t raw_records);
-  void writerLoop();
+  void commit(std::vector<Op>& ops);  // the queue's writer thread
 
   Options options_;
   sqlite3* write_db_ = nullptr;  // writer thread (and maintain(), after a flush, under write_mu_)
@@ -84,27 +82,17 @@ class SqliteStore final : public Store {
   std::mutex read_mu_;
   std::mutex write_mu_;  // held while a transaction runs
 
-  std::mutex queue_mu_;
-  std::condition_variable queue_cv_;
-  std::condition_variable drained_cv_;
-  std::deque<std::pair<Op, size_t>> queue_;  // op, raw records in it
-  size_t queued_raw_ = 0;
-  uint64_t enqueued_seq_ = 0;
-  uint64_t applied_seq_ = 0;
-  bool stop_ = false;
-  std::thread writer_;
-
+  std::unique_ptr<Writer> writer_;  // used by the queue's writer thread only
+  StoreWriteQueue<Op> queue_;
   std::atomic<uint64_t> next_alert_id_{1};
   std::atomic<uint64_t> transactions_{0};
   std::atomic<uint64_t> rows_written_{0};
   std::atomic<uint64_t> raw_written_{0};
-  std::atomic<uint64_t> dropped_{0};
   std::atomic<uint64_t> errors_{0};
   std::atomic<uint64_t> summarized_{0};
   std::atomic<uint64_t> expired_{0};
   std::atomic<uint64_t> evicted_{0};
   std::atomic<int64_t> live_bytes_{0};
-  std::atomic<size_t> queue_depth_{0};
 };
 
 }  // namespace flare::engine
