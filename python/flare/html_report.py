@@ -10,10 +10,18 @@ Sections and their ids (tests/python/test_report.py checks them in headless Chro
   #alerts           the alerts the daemon raised and stored for the job (when any)
   #step-time        svg: step time per rank and step (path.rank-line per rank, .flagged ones red)
   #heatmap          svg: rank x step heat map of step time (rect.cell per rank and step)
-  #latency-cdf      svg: issue-latency CDF of the job, each rank, and the baseline job
   #flops-sig        svg: TFLOPS per GEMM/attention signature (rect.bar)
   #flops-rank       svg: GEMM/attention TFLOPS per rank (rect.bar per rank)
-  #void             svg: median V_inter and V_minority per rank
+  #algorithm        the algorithm team's view:
+    #latency-w1       ul: every issue-latency W1 (li[data-w1]: baseline, history, diagnosis)
+    #latency-table    table: p10/p50/p90/p99 of the job, the baseline job and each rank
+                      (tr[data-row=job|baseline|rank], data-rank)
+    #latency-cdf      svg: issue-latency CDF of the job, each rank, and the baseline job
+    #void-inter-map, #void-minority-map
+                      svg: V_inter / V_minority per rank and step (rect.vcell, data-rank,
+                      data-step, data-v; grey and "not measured: why" where undefined)
+    #void             svg: median V_inter and V_minority per rank
+  Issue latencies and W1 read in one unit, the diagnoses' (fmt_latency: ms, 3 decimals).
   #kernels          table: the kernel report (one tbody row per signature)
   #ranks            table: the ranks
 The warm-up step (the window's first, which the detectors skip) is left out of the step charts.
@@ -25,7 +33,8 @@ import math
 
 from .report import JOB_BUSBW, JOB_BUSBW_UNMEASURED, NOT_MEASURED, RANK_BUSBW, \
     daemon_measured, flagged_ranks, flatten, fmt_latency, fmt_ns, fmt_pct, rank_busbw_text, \
-    rate_text, reported_rows, slowest_rank_text, split_alerts, spread_text, steady_columns
+    quantile_at, rate_text, reported_rows, slowest_rank_text, split_alerts, spread_text, \
+    steady_columns, _num
 
 MAX_LINES = 64
 MAX_COLUMNS = 160
@@ -70,6 +79,8 @@ svg .median-line{fill:none;stroke:#212529;stroke-width:2}
 svg .baseline-line{fill:none;stroke:#2b8a3e;stroke-width:2.4;stroke-dasharray:6 4}
 svg .hl{stroke:#f08c00!important;stroke-width:3!important;opacity:1!important}
 svg rect.hl{stroke:#f08c00;stroke-width:2}
+h3{font-size:14px;margin:12px 0 4px} #latency-w1{margin:4px 0 8px 18px;padding:0}
+#latency-w1 b.unmeasured,td.unmeasured{color:#868e96}
 .legend span{display:inline-block;margin-right:14px;font-size:12px}
 .legend i{display:inline-block;width:18px;height:3px;vertical-align:middle;margin-right:4px}
 """
@@ -392,12 +403,22 @@ def step_time_svg(series, flagged):
 
 
 def heatmap_svg(series, flagged):
+    return matrix_svg("heatmap", "step time heat map", series, "stepTimeNs", flagged, fmt_ns,
+                      "cell", "step time")
+
+
+def matrix_svg(svg_id, title, series, key, flagged, fmt, cell_cls, what, fixed=None,
+               unmeasured=None):
+    """A rank x step heat map of the series matrix `key` (rect.`cell_cls` per rank and column,
+    data-rank, data-step: the first step of the column, data-v: the value). Colour range: the
+    values inside Tukey's far fences, or `fixed` (lo, hi). A missing value is grey, its title
+    "not measured" and the reason `unmeasured(rank, column index)` gives."""
     cols = steady_columns(series)
     ranks = series.get("ranks", [])
-    rows = series.get("stepTimeNs", [])
+    rows = series.get(key, []) or []
     first = int(series.get("steps", {}).get("first", 0))
     if not cols or not ranks:
-        return empty("heatmap", "No step times to draw.")
+        return empty(svg_id, "No %s to draw." % what)
     # Columns: steps, averaged in bins when there are more than MAX_COLUMNS.
     per = max(1, math.ceil(len(cols) / MAX_COLUMNS))
     bins = [cols[i:i + per] for i in range(0, len(cols), per)]
@@ -410,8 +431,8 @@ def heatmap_svg(series, flagged):
         grid.append(line)
     values = sorted(v for line in grid for v in line if v is not None)
     if not values:
-        return empty("heatmap", "No step times to draw.")
-    lo, hi = robust_range(values)
+        return empty(svg_id, "No %s to draw." % what)
+    lo, hi = fixed if fixed else robust_range(values)
     clipped = values[-1] > hi or values[0] < lo
     left, top = 64, 22
     cw = max(3.0, min(28.0, 760.0 / len(bins)))
@@ -431,10 +452,14 @@ def heatmap_svg(series, flagged):
             step_text = ("step %d" % (first + b[0]) if len(b) == 1 else
                          "steps %d-%d" % (first + b[0], first + b[-1]))
             colour = "#e9ecef" if v is None else viridis((v - lo) / (hi - lo) if hi > lo else .5)
-            parts.append('<rect class="cell" data-rank="%s" x="%.1f" y="%.1f" width="%.1f" '
-                         'height="%.1f" fill="%s"><title>rank %s, %s: %s</title></rect>' % (
-                             rank, left + ci * cw, y, cw, ch, colour, rank, step_text,
-                             fmt_ns(v)))
+            shown = fmt(v) if v is not None else NOT_MEASURED + (
+                ": " + unmeasured(ri, b[0]) if unmeasured else "")
+            parts.append('<rect class="%s" data-rank="%s" data-step="%d"%s x="%.1f" y="%.1f" '
+                         'width="%.1f" height="%.1f" fill="%s"><title>rank %s, %s: %s%s</title>'
+                         '</rect>' % (cell_cls, rank, first + b[0], ' data-v="%.6g"' % v
+                                      if v is not None else "", left + ci * cw, y, cw, ch,
+                                      colour, rank, step_text, what + " " if cell_cls != "cell"
+                                      else "", esc(shown)))
         if rank in flagged:
             parts.append('<rect x="%.1f" y="%.1f" width="%.1f" height="%.1f" fill="none" '
                          'stroke="%s" stroke-width="2"/>' % (left, y, cw * len(bins), ch, FLAG))
@@ -448,13 +473,13 @@ def heatmap_svg(series, flagged):
         parts.append('<rect x="%.1f" y="%.1f" width="14" height="%.2f" fill="%s"/>' % (
             lx, top + lh * (1 - (i + 1) / 20), lh / 20 + .5, viridis((i + .5) / 20)))
     parts.append('<text x="%.1f" y="%.1f">%s%s</text>' % (lx + 18, top + 8, "≥ " if clipped
-                                                          else "", esc(fmt_ns(hi))))
+                                                          else "", esc(fmt(hi))))
     parts.append('<text x="%.1f" y="%.1f">%s%s</text>' % (lx + 18, top + lh, "≤ " if clipped
-                                                          else "", esc(fmt_ns(lo))))
+                                                          else "", esc(fmt(lo))))
     parts.append('<text x="%d" y="%d">step →</text>' % (left, height - 8))
-    return ('<svg id="heatmap" viewBox="0 0 %d %d" width="%d" height="%d" role="img" '
-            'aria-label="step time heat map">%s</svg>' % (width, height, width, height,
-                                                          "".join(parts)))
+    return ('<svg id="%s" viewBox="0 0 %d %d" width="%d" height="%d" role="img" '
+            'aria-label="%s">%s</svg>' % (svg_id, width, height, width, height, esc(title),
+                                          "".join(parts)))
 
 
 def latency_svg(series, flagged):
@@ -500,6 +525,138 @@ def latency_svg(series, flagged):
         legend.append('<span>no baseline job (flare report --baseline JOB)</span>')
     legend.append('<span><i style="background:%s"></i>diagnosed rank(s)</span>' % FLAG)
     return p.svg() + '<div class="legend">%s</div>' % "".join(legend)
+
+
+LATENCY_POINTS = ((0.1, "p10"), (0.5, "p50"), (0.9, "p90"), (0.99, "p99"))
+
+
+def latency_table_html(data, series, flagged):
+    """The issue-latency distributions as numbers: the job (ranks pooled), the baseline job and
+    each rank at p10/p50/p90/p99, in the unit of the diagnoses (fmt_latency: ms, 3 decimals)."""
+    lat = series.get("issueLatency") or {}
+    probs = lat.get("probabilities") or []
+    job = lat.get("job") or {}
+    if quantile_at(probs, job.get("ns") or [], 0.5) is None:
+        return empty("latency-table", "Issue latency %s: no GPU kernel issued after the warm-up "
+                     "step in the daemon's window." % NOT_MEASURED)
+    base = lat.get("baseline") if isinstance(lat.get("baseline"), dict) else None
+    rows = [("job", "", "job (all ranks pooled)", job)]
+    if base:
+        rows.append(("baseline", "", "baseline job %s" % base.get("jobId", ""), base))
+    for r in sorted(lat.get("perRank") or [], key=lambda r: r.get("rank", 0)):
+        rows.append(("rank", r.get("rank"), "rank %s%s" % (
+            r.get("rank"), " (diagnosed)" if r.get("rank") in flagged else ""), r))
+    body = []
+    for kind, rank, name, q in rows:
+        qs = q.get("ns") or []
+        cells = ['<td>%s</td><td class="n">%s</td>' % (esc(name), esc(q.get("samples", "-")))]
+        for p, _label in LATENCY_POINTS:
+            v = quantile_at(probs, qs, p)
+            cells.append('<td class="n"%s>%s</td>' % (' data-v="%g"' % v if v is not None else "",
+                                                      esc(fmt_latency(v) if v is not None
+                                                          else NOT_MEASURED)))
+        body.append('<tr data-row="%s"%s%s>%s</tr>' % (
+            kind, ' data-rank="%s"' % rank if kind == "rank" else "",
+            ' class="flagged"' if kind == "rank" and rank in flagged else "", "".join(cells)))
+    if not base:
+        body.append('<tr data-row="baseline"><td>baseline job</td><td class="n unmeasured" '
+                    'colspan="5">%s: no baseline job given (flare report --baseline '
+                    'HEALTHY_JOB)</td></tr>' % NOT_MEASURED)
+    return ('<div class="scroll"><table id="latency-table" class="sortable"><thead><tr>'
+            '<th>distribution</th><th>kernels</th>%s</tr></thead><tbody>%s</tbody></table></div>'
+            % ("".join("<th>%s</th>" % lbl for _p, lbl in LATENCY_POINTS), "".join(body)))
+
+
+def latency_w1_html(data, series):
+    """Every issue-latency W1 the daemon computed for the job, each with what it compares, in
+    the diagnoses' unit; "not measured" and why for the ones it did not."""
+    items = []
+    lat = series.get("issueLatency") or {}
+    base = lat.get("baseline") if isinstance(lat.get("baseline"), dict) else None
+
+    def item(what, value, detail, kind):
+        unmeasured = value.startswith(NOT_MEASURED)
+        items.append('<li data-w1="%s"><b%s>%s</b> %s</li>' % (
+            kind, ' class="unmeasured"' if unmeasured else "", esc(value), esc(what + detail)))
+    if base and _finite(base.get("w1Ns")) and base.get("w1Ns"):
+        item("this job (ranks pooled) to baseline job %s" % base.get("jobId", ""),
+             "W1 " + fmt_latency(base["w1Ns"]), "", "baseline")
+    else:
+        item("this job to a baseline job", NOT_MEASURED, ": %s" % (
+            "the daemon computed no W1 for this pair" if base else
+            "no baseline job given (flare report --baseline HEALTHY_JOB)"), "baseline")
+    jm = ((data.get("report") or {}).get("metrics")) or {}
+    if jm.get("hasBaseline"):
+        item("this job to the healthy history of its backend and scale (%s run%s)" % (
+            jm.get("baselineRuns", "?"), "" if jm.get("baselineRuns") == 1 else "s"),
+            "W1 " + fmt_latency(_num(jm.get("issueLatencyW1Ns"))),
+            ", alarm threshold %s" % fmt_latency(_num(jm.get("issueLatencyW1ThresholdNs"))),
+            "history")
+    else:
+        item("this job to healthy history", NOT_MEASURED, ": %s" % (
+            "no healthy baseline of this backend and scale yet (flare baseline add --job "
+            "HEALTHY_JOB)" if jm else "the detectors have not run on this job"), "history")
+    found = False
+    for d in data.get("diagnoses", []):
+        for e in d.get("evidence", []):
+            if e.get("metric") != "issue_latency_w1":
+                continue
+            found = True
+            who = ("rank %s" % ",".join(str(r) for r in d.get("ranks", []))
+                   if d.get("ranks") else "the job")
+            item("%s, from the %s diagnosis: %s" % (who, d.get("kind", ""), e.get("text", "")),
+                 "W1 " + fmt_latency(_num(e.get("value"))), "", "diagnosis")
+    if not found:
+        items.append('<li data-w1="ranks">Per rank, W1 to the other ranks: no rank crossed the '
+                     'detectors\' fence (no issue-latency diagnosis in this window).</li>')
+    return '<ul id="latency-w1">%s</ul>' % "".join(items)
+
+
+def void_maps_html(series, flagged):
+    """V_inter and V_minority per rank and step, as two heat maps on one 0..max scale."""
+    ranks = series.get("ranks", [])
+    vi, vm = series.get("vInter") or [], series.get("vMinority") or []
+    values = [v for rows in (vi, vm) for row in rows for v in row if _finite(v)]
+    if not values:
+        return (empty("void-inter-map", "V_inter %s: no step boundaries in the window (a "
+                      "DataLoader or flare.step() marks them)." % NOT_MEASURED) +
+                empty("void-minority-map", "V_minority %s: no step boundaries in the window."
+                      % NOT_MEASURED))
+    hi = max(max(values), 0.01)
+
+    def why_inter(ri, i):
+        return "no step statistics for this step (no kernel ran in it)"
+
+    def why_minority(ri, i):
+        row = vi[ri] if ri < len(vi) else []
+        if i < len(row) and _finite(row[i]):
+            return "the GPU was idle around the DataLoader call for the whole step"
+        return why_inter(ri, i)
+    return ('<div class="grid2"><div><h3>V_inter per rank and step</h3>%s</div>'
+            '<div><h3>V_minority per rank and step</h3>%s</div></div>' % (
+                matrix_svg("void-inter-map", "V_inter per rank and step", series, "vInter",
+                           flagged, fmt_pct, "vcell", "V_inter", (0.0, hi), why_inter),
+                matrix_svg("void-minority-map", "V_minority per rank and step", series,
+                           "vMinority", flagged, fmt_pct, "vcell", "V_minority", (0.0, hi),
+                           why_minority))) if ranks else ""
+
+
+def algorithm_html(data, series, flagged, thresholds):
+    """The algorithm team's view: how kernels were issued (issue latency: job, ranks, baseline,
+    and every W1) and where the GPU idled (void per rank and step)."""
+    return ('<div id="algorithm">'
+            '<h3>Issue latency</h3><p class="note">Kernel start on the GPU minus its launch on '
+            'the host, after the warm-up. Healthy jobs queue kernels ahead of the GPU (a broad '
+            'distribution); a stalled host (GC, needless synchronization) collapses it toward '
+            'zero. W1: the 1-Wasserstein distance between two distributions, in the unit of the '
+            'diagnoses.</p>%s<div class="grid2"><div>%s</div><div>%s</div></div>'
+            '<h3>Void</h3><p class="note">V_inter: GPU idle from the last kernel before the '
+            'DataLoader call to the first after it, over the step. V_minority: GPU time in '
+            'kernels outside GEMM/attention/communication, over the rest of the step. Grey '
+            'cells: not measured (hover for the reason).</p>%s%s</div>' % (
+                latency_w1_html(data, series), latency_table_html(data, series, flagged),
+                latency_svg(series, flagged), void_maps_html(series, flagged),
+                void_svg(series, flagged, thresholds)))
 
 
 def compute_signatures(series):
@@ -725,16 +882,14 @@ def render(data):
     if series:
         body.append('<div class="grid2">%s%s</div>' % (
             section("step-time", "Step time", step_time_svg(series, flagged), window_note),
-            section("latency-cdf", "Issue-latency CDF", latency_svg(series, flagged),
-                    "Kernel start on the GPU minus its launch on the host, after the warm-up. "
-                    "A stalled host collapses it toward zero.")))
-        body.append(section("heatmap", "Step time: rank × step", heatmap_svg(series, flagged),
-                            "Colour: step time (yellow = slow). Diagnosed ranks are outlined."))
+            section("heatmap", "Step time: rank × step", heatmap_svg(series, flagged),
+                    "Colour: step time (yellow = slow). Diagnosed ranks are outlined.")))
         body.append('<div class="grid2">%s%s</div>' % (
             section("flops-sig", "TFLOPS per signature", flops_sig_svg(series)),
             section("flops-rank", "TFLOPS per rank", flops_rank_svg(series, flagged),
                     "GEMM and attention FLOPs over their GPU time, each rank.")))
-        body.append(section("void", "Void percentages", void_svg(series, flagged, thresholds)))
+        body.append(section("algorithm", "For the algorithm team: issue latency and void",
+                            algorithm_html(data, series, flagged, thresholds), window_note))
     else:
         body.append(section("series", "Series", '<p class="note" id="no-series">The daemon has '
                             'no per-step series for this job (no detector window: flared runs '

@@ -132,6 +132,15 @@ def _rows(series, key):
     return out
 
 
+def quantile_at(probs, qs, p):
+    """The series' quantile `qs` at the probability of `probs` nearest to p (None: no
+    quantiles). The text report, the Metrics panel and the algorithm view all read it here."""
+    if not probs or len(qs) != len(probs):
+        return None
+    best = min(range(len(probs)), key=lambda i: abs(probs[i] - p))
+    return _num(qs[best], None)
+
+
 def derive(data):
     """Adds data["kernels"] (the report's rows joined with the per-rank series: spread across
     ranks and the slowest rank) and data["metrics"] (step time, void %, issue latency, and the
@@ -205,10 +214,7 @@ def derive(data):
         job_q = (lat.get("job") or {}).get("ns") or []
 
         def at(qs, p):
-            if not probs or len(qs) != len(probs):
-                return None
-            best = min(range(len(probs)), key=lambda i: abs(probs[i] - p))
-            return _num(qs[best], None)
+            return quantile_at(probs, qs, p)
         if job_q:
             metrics["issueLatencyP50Ns"] = at(job_q, 0.5)
             metrics["issueLatencyP99Ns"] = at(job_q, 0.99)

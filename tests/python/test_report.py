@@ -457,7 +457,8 @@ def test_html_report_renders_in_headless_chromium(build_dir, job):
     dom.feed(dump.stdout)
     body = dom.find("body")
     assert body and body[0].get("data-interactive") == "1", "the page's script did not run"
-    for sid in ("step-time", "heatmap", "latency-cdf", "flops-sig", "flops-rank", "void"):
+    for sid in ("step-time", "heatmap", "latency-cdf", "flops-sig", "flops-rank", "void",
+                "void-inter-map", "void-minority-map"):
         assert dom.find("svg", id=sid), sid
     # Diagnoses: the underclocked rank, once: its alert is a badge on it, not a second list.
     diags = dom.find("div", cls="diagnosis")
@@ -501,10 +502,56 @@ def test_html_report_renders_in_headless_chromium(build_dir, job):
         [b for b in bars if b["data-rank"] == str(SLOW)][0]["y"])
     # Void percentages: two bars per rank.
     assert len(dom.find("rect", svg="void", cls="bar")) == 2 * RANKS
-    # The kernel table: one row per signature of the report; the ranks table: one per rank.
+    # The algorithm team's view. Issue latency: the job, the baseline job and each rank at
+    # p10-p99 in the diagnoses' unit (ms, 3 decimals), the job's p50 the text report's; every
+    # W1 with what it compares, the baseline one the text report's.
+    algo = re.search(r'<div id="algorithm">.*?</section>', dump.stdout, re.S).group(0)
+    assert len(dom.find("tr", data_row="rank")) == RANKS
+    assert len(dom.find("tr", data_row="job")) == len(dom.find("tr", data_row="baseline")) == 1
+
+    def cells(row):
+        return [re.sub(r"<[^>]+>", "", c) for c in re.findall(r"<td.*?</td>", row, re.S)]
+    job_row = cells(re.search(r'<tr data-row="job">(.*?)</tr>', algo, re.S).group(1))
+    p50, p99 = re.search(r"issue latency +p50 (\d+\.\d{3} ms), p99 (\d+\.\d{3} ms)",
+                         text).groups()
+    assert job_row[3] == p50 and job_row[5] == p99, (job_row, p50, p99)
+    assert all(re.fullmatch(r"\d+\.\d{3} ms", c) for c in job_row[2:]), job_row
+    base_row = cells(re.search(r'<tr data-row="baseline">(.*?)</tr>', algo, re.S).group(1))
+    assert base_row[0] == "baseline job healthy" and base_row[3] == "%.3f ms" % (
+        data["metrics"]["baseline"]["issueLatencyP50Ns"] / 1e6)
+    slow_row = cells(re.search(r'<tr data-row="rank" data-rank="%d" class="flagged">(.*?)</tr>'
+                               % SLOW, algo, re.S).group(1))
+    mine = [r for r in series["issueLatency"]["perRank"] if r["rank"] == SLOW][0]
+    assert slow_row[1] == str(mine["samples"])
+    text_b = flare(build_dir, "report", "--daemon-http", job["http"], "--job", "slowgpu",
+                   "--baseline", "healthy").stdout
+    w1 = re.search(r"W1 of this job's to it \(ranks pooled\) (\d+\.\d{3} ms)",
+                   text_b).group(1)
+    items = {a["data-w1"] for a in dom.find("li") if a.get("data-w1")}
+    assert {"baseline", "history", "ranks"} <= items, items
+    assert re.search(r'<li data-w1="baseline"><b>W1 %s</b> this job \(ranks pooled\) to '
+                     r'baseline job healthy' % re.escape(w1), algo), algo[:3000]
+    assert re.search(r'<li data-w1="history"><b class="unmeasured">not measured</b> this job to '
+                     r'healthy history: no healthy baseline', algo)
+    assert " us<" not in algo and " us " not in algo  # one unit: no microseconds beside ms
+    # Void per rank and step: a cell per rank and drawn step in each map, with the series'
+    # value (a ratio) and its percentage; the diagnosed rank's row outlined.
+    for sid, key in (("void-inter-map", "vInter"), ("void-minority-map", "vMinority")):
+        got = dom.find("rect", svg=sid, cls="vcell")
+        assert len(got) == RANKS * steady, sid
+        for a in got:
+            row = series[key][series["ranks"].index(int(a["data-rank"]))]
+            v = row[int(a["data-step"]) - series["steps"]["first"]]
+            if v is None:
+                assert "data-v" not in a
+            else:
+                assert float(a["data-v"]) == pytest.approx(v, rel=1e-5, abs=1e-9), (sid, a)
+    # The kernel table: one row per signature of the report; the ranks table: one per rank; the
+    # issue-latency table: the job, the baseline and one per rank.
     rows = [e for e in dom.elements if e[0] == "tr"]
-    assert len(rows) == len(data["kernels"]) + 1 + RANKS + 1  # + header rows
-    assert len(dom.find("tr", data_rank=str(SLOW), cls="flagged")) == 1
+    assert len(rows) == len(data["kernels"]) + 1 + RANKS + 1 + RANKS + 2 + 1  # + header rows
+    # The diagnosed rank is marked in the ranks table and the issue-latency table.
+    assert len(dom.find("tr", data_rank=str(SLOW), cls="flagged")) == 2
 
     # The kernel table fits a 1,300 px window without horizontal scrolling: measured by a
     # wrapper page that loads the report in a frame of that width (--dump-dom prints what its
@@ -642,6 +689,71 @@ def test_unmeasured_figures_read_not_measured_with_the_reason_never_zero():
     for raw in ("metrics.", "rankTflops", "hasBaseline", "computedUnixNs", "1795719291085083351"):
         assert raw not in panel, raw
     assert "unknown-fields" not in page  # every field the daemon sent is known
+
+
+def test_algorithm_view_reads_the_diagnosis_w1_and_says_what_was_not_measured():
+    """The algorithm team's view of an issue-stalled rank: the diagnosis's W1 in the diagnosis's
+    own unit (the first report showed one W1 as "430.1 us" in a card and "0.198 ms" in the
+    diagnosis); no baseline job and no history read "not measured" with the reason; a step
+    without statistics is a grey "not measured" cell that says why, never 0%."""
+    sys.path.insert(0, os.path.join(ROOT, "python"))
+    try:
+        from flare import html_report, report
+    finally:
+        sys.path.pop(0)
+    probs = [i / 100 for i in range(101)]
+    series = {"ranks": [0, 1], "rankCount": 2,
+              "steps": {"total": 4, "first": 0, "count": 4, "warmup": 1}, "truncated": {},
+              "stepTimeNs": [[9e7, 5e7, 5e7, 5e7], [9e7, 5e7, 5e7, 5e7]],
+              "vInter": [[0.5, 0.02, None, 0.03], [0.5, 0.25, 0.3, 0.2]],
+              "vMinority": [[0.1, 0.04, None, 0.05], [0.1, 0.06, 0.07, 0.08]],
+              "signatures": [],
+              "issueLatency": {"probabilities": probs,
+                               "job": {"samples": 200, "ns": [1e4 * i for i in range(101)]},
+                               "perRank": [{"rank": 0, "samples": 100,
+                                            "ns": [2e4 * i for i in range(101)]},
+                                           {"rank": 1, "samples": 100,
+                                            "ns": [1e2 * i for i in range(101)]}],
+                               "baseline": None}}
+    stall = {"kind": "issue_stall", "team": "algorithm", "cause": "host stall", "ranks": [1],
+             "summary": "rank 1: kernel issue stalled",
+             "evidence": [{"metric": "issue_latency_w1", "value": 198123.0,
+                           "reference": 100000.0,
+                           "text": "issue-latency distribution W1 0.198 ms from the other ranks "
+                                   "(fence 0.100 ms); median 0.005 ms vs 1.000 ms"}]}
+    data = {"jobId": "j", "ranks": [], "diagnoses": [stall], "hangs": [], "alerts": [],
+            "series": series, "report": {"jobId": "j", "signatures": [], "metrics": {
+                "steps": 3, "stepsPerSecond": 20, "hasBaseline": False}}}
+    page = html_report.render(report.derive(data))
+    algo = re.search(r'<div id="algorithm">.*?</section>', page, re.S).group(0)
+    assert '<li data-w1="diagnosis"><b>W1 0.198 ms</b> rank 1, from the issue_stall diagnosis: ' \
+        'issue-latency distribution W1 0.198 ms from the other ranks' in algo, algo
+    assert '<li data-w1="baseline"><b class="unmeasured">not measured</b> this job to a ' \
+        'baseline job: no baseline job given (flare report --baseline HEALTHY_JOB)' in algo
+    assert '<li data-w1="history"><b class="unmeasured">not measured</b> this job to healthy ' \
+        'history: no healthy baseline of this backend and scale yet' in algo
+    assert 'data-w1="ranks"' not in algo  # a rank's W1 is given: not "no rank crossed"
+    # Quantiles: rank 1's p50 (100 x 50 ns) in ms with three decimals, as the diagnoses write.
+    row = re.search(r'<tr data-row="rank" data-rank="1" class="flagged">(.*?)</tr>', algo).group(1)
+    assert ">0.005 ms<" in row and "us<" not in algo
+    assert re.search(r'<tr data-row="baseline"><td>baseline job</td><td class="n unmeasured" '
+                     r'colspan="5">not measured: no baseline job given', algo)
+    # Rank 0's step 2: no statistics: grey, "not measured" and why, in both void maps.
+    for sid, what, other in (("void-inter-map", "V_inter", "0.3"),
+                             ("void-minority-map", "V_minority", "0.07")):
+        svg = re.search(r'<svg id="%s".*?</svg>' % sid, algo, re.S).group(0)
+        assert svg.count('class="vcell"') == 2 * 3  # the warm-up step is not drawn
+        cell = re.search(r'<rect class="vcell" data-rank="0" data-step="2" [^>]*>(.*?)</rect>',
+                         svg).group(0)
+        assert "data-v" not in cell and 'fill="#e9ecef"' in cell
+        assert "rank 0, step 2: %s not measured: no step statistics for this step" % what in cell
+        assert 'data-rank="1" data-step="2" data-v="%s"' % other in svg  # the other rank's
+    # No step at all: both views say so instead of drawing zeros.
+    for key in ("vInter", "vMinority"):
+        series[key] = [[None] * 4, [None] * 4]
+    page = html_report.render(report.derive(data))
+    assert "V_inter not measured: no step boundaries in the window" in page
+    assert "V_minority not measured: no step boundaries in the window" in page
 
 
 def test_each_finding_is_shown_once_with_its_alert():
