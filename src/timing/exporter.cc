@@ -13,6 +13,7 @@
 
 #include "src/common/log.h"
 #include "src/common/private_dir.h"
+#include "src/common/text.h"
 #include "src/records/collective_blocks.h"
 #include "src/timing/exporter_internal.h"
 

@@ -16,6 +16,7 @@
 
 #include "src/common/log.h"
 #include "src/common/private_dir.h"
+#include "src/common/text.h"
 #include "src/records/collective_blocks.h"
 #include "src/records/spool_format.h"
 #include "src/timing/exporter.h"
