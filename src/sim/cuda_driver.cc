@@ -469,22 +469,31 @@ SIM_API CUresult cuKernelGetName(const char** name, CUkernel kernel) {
   return cuFuncGetName(name, reinterpret_cast<CUfunction>(kernel));
 }
 
-SIM_API CUresult cuLaunchKernel(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz,
-                                unsigned int bx, unsigned int by, unsigned int bz,
-                                unsigned int shared_mem, CUstream stream, void** params,
-                                void** extra) {
+namespace {
+// Both launch entry points share this; cuLaunchKernelEx must not call the exported
+// cuLaunchKernel, which a preloaded library interposes (the real driver never calls back out
+// through its own exported symbols, so a launch that bypasses the interposed one stays unseen).
+CUresult launchGrid(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
+                    unsigned bz, CUstream stream, void** params) {
   if (!f) return CUDA_ERROR_INVALID_HANDLE;
   if (!gx || !gy || !gz || !bx || !by || !bz) return CUDA_ERROR_INVALID_VALUE;
   uint64_t threads = uint64_t{gx} * gy * gz * bx * by * bz;
   return launchKernel(f, threads, stream, params);
 }
+}  // namespace
+
+SIM_API CUresult cuLaunchKernel(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz,
+                                unsigned int bx, unsigned int by, unsigned int bz,
+                                unsigned int shared_mem, CUstream stream, void** params,
+                                void** extra) {
+  return launchGrid(f, gx, gy, gz, bx, by, bz, stream, params);
+}
 
 SIM_API CUresult cuLaunchKernelEx(const CUlaunchConfig* config, CUfunction f, void** params,
                                   void** extra) {
   if (!config) return CUDA_ERROR_INVALID_VALUE;
-  return cuLaunchKernel(f, config->gridDimX, config->gridDimY, config->gridDimZ, config->blockDimX,
-                        config->blockDimY, config->blockDimZ, config->sharedMemBytes,
-                        config->hStream, params, extra);
+  return launchGrid(f, config->gridDimX, config->gridDimY, config->gridDimZ, config->blockDimX,
+                    config->blockDimY, config->blockDimZ, config->hStream, params);
 }
 
 SIM_API CUresult cuGraphInstantiateWithFlags(CUgraphExec* exec, CUgraph graph,
