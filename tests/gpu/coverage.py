@@ -5,9 +5,11 @@ kernels show up in Flare's records and in the timeline.
 Two short raw-mode runs of tests/gpu/bench/gpt_train.py (size tiny), spooled:
   - --cuda-graph: the whole step captured once and replayed; every replay is a `graph` record
     (cudaGraphLaunch) with a GPU duration;
-  - --compile: torch.compile's Triton kernels, launched through the driver API (cuLaunchKernel),
-    are `kernel` records named by their Triton function (triton_*), with durations; flare-timeline
-    draws them.
+  - --compile: torch.compile's Triton kernels, launched through the driver API (Triton's launcher
+    takes cuLaunchKernelEx by dlsym on its own dlopen("libcuda.so.1") handle, which the hook's
+    dlsym answers with its wrapper, src/hook/dlsym_interpose.cc), are `kernel` records named by
+    their Triton function (triton_*), with durations, every step (the most frequent one at least
+    once per step: the compiled forward runs each step); flare-timeline draws them.
 Writes OUT/coverage.json and OUT/coverage.md; exits 1 when a check fails.
 
   python3 tests/gpu/coverage.py --kit KIT --out OUT [--budget-s 60]
@@ -94,6 +96,11 @@ def main():
         checks["Triton kernels recorded by name"] = (
             len(names) > 0 and all(r["duration_ns"] > 0 for r in triton),
             "%d records of %d Triton kernels" % (len(triton), len(names)))
+        most = max(names.values()) if names else 0
+        checks["Triton kernels recorded every step"] = (
+            most >= loop["total_steps"] > 0,
+            "the most frequent Triton kernel: %d records for %d steps" % (most,
+                                                                          loop["total_steps"]))
         trace = os.path.join(work, "compile-timeline.json")
         tl = subprocess.run([os.path.join(kit, "bin", "flare-timeline"), "--input", spool,
                              "-o", trace], capture_output=True, text=True, timeout=120)
