@@ -163,19 +163,21 @@ constexpr ParamInfo kParams[] = {
     {"FLARE_SIM_OP_COUNTS", "string", "", "sim",
      "A directory: each simulated process writes its per-step counts of kernels, memcpys and "
      "memsets there at exit (ops-RANK-PID.json; the truth of the deep-trace tests)."},
-    {"FLARE_SIM_CUPTI_BUSY", "string", "", "sim",
-     "subscribe|enable: the simulated libcupti refuses cuptiSubscribe (another subscriber) or "
-     "cuptiActivityEnable, as when torch.profiler or Nsight holds CUPTI."},
+    {"FLARE_SIM_CUPTI_BUSY", "rank-list", "", "sim",
+     "RANKS:subscribe|enable entries (a bare value: every rank): the simulated libcupti of those "
+     "ranks refuses cuptiSubscribe (another subscriber) or cuptiActivityEnable, as when "
+     "torch.profiler or Nsight holds CUPTI."},
     {"FLARE_SIM_CUPTI_LOADED", "string", "", "sim",
      "A file the simulated libcupti appends its process id to when it is loaded (tests)."},
-    {"FLARE_SIM_INJECT_SYNC", "bool", "0", "sim",
-     "Python workload (--python): call sim_train.injected_sync(), a cudaDeviceSynchronize through "
-     "ctypes, at the start of each layer's forward (traced as sim_train@injected_sync)."},
-    {"FLARE_SIM_INJECT_SYNC_US", "double", "-1", "sim",
-     "C++ workload: when >= 0, each layer's forward starts with a cudaStreamSynchronize of the "
-     "compute stream followed by this many microseconds of host time (a sleep) before the next "
-     "launch (a "
-     "needless synchronize: the GPU idles while the host refills its queue); < 0: off."},
+    {"FLARE_SIM_INJECT_SYNC", "rank-list", "", "sim",
+     "RANKS:1 entries (a bare 1: every rank), Python workload (--python): those ranks call "
+     "sim_train.injected_sync(), a cudaDeviceSynchronize through ctypes, at the start of each "
+     "layer's forward (traced as sim_train@injected_sync)."},
+    {"FLARE_SIM_INJECT_SYNC_US", "rank-list", "", "sim",
+     "RANKS:US entries (a bare US: every rank), C++ workload: on those ranks each layer's forward "
+     "starts with a cudaStreamSynchronize of the compute stream followed by US microseconds of "
+     "host time (a sleep) before the next launch (a needless synchronize: the GPU idles while "
+     "the host refills its queue); a negative US: off."},
     {"FLARE_SIM_PEAK_TFLOPS", "double", "400", "sim",
      "Dense bf16/fp16 tensor-core TFLOPS the simulated cost model uses."},
     {"FLARE_SIM_MEM_BW_GBPS", "double", "2000", "sim",
@@ -190,12 +192,35 @@ constexpr ParamInfo kParams[] = {
      "default, matching FLARE_SIM_PEAK_TFLOPS' default)."},
     {"FLARE_SIM_TIME_SCALE", "double", "1.0", "sim",
      "Multiplies every simulated duration (use < 1 to make tests faster)."},
-    {"FLARE_SIM_FIRST_LAUNCH_MS", "double", "0", "sim",
-     "Host milliseconds the first launch of each kernel function takes inside the launch call, "
-     "before the kernel is queued (the real stack's lazy module loading); 0: off."},
-    {"FLARE_SIM_COLD_GEMM_MS", "double", "0", "sim",
-     "Host milliseconds the first cuBLAS/cuBLASLt call of each GEMM shape takes before it "
-     "launches (the real library's heuristics on a cold call); 0: off."},
+    {"FLARE_SIM_FIRST_LAUNCH_MS", "rank-list", "", "sim",
+     "RANKS:MS entries (a bare MS: every rank): host milliseconds the first launch of each "
+     "kernel function takes inside the launch call, before the kernel is queued (the real "
+     "stack's lazy module loading); unset or 0: off."},
+    {"FLARE_SIM_COLD_GEMM_MS", "rank-list", "", "sim",
+     "RANKS:MS entries (a bare MS: every rank): host milliseconds the first cuBLAS/cuBLASLt call "
+     "of each GEMM shape takes before it launches (the real library's heuristics on a cold "
+     "call); unset or 0: off."},
+    {"FLARE_SIM_NOISE", "bool", "1", "sim",
+     "The simulated GPU and host vary like real ones (kernel, step, rank and host jitter and "
+     "host hiccups, calibrated on real H200 traces; src/sim/noise.h); 0: the exact cost model."},
+    {"FLARE_SIM_SEED", "int", "1", "sim",
+     "Seed of the simulator's noise: the same seed gives the same durations, another seed "
+     "another run (every rank draws its own, from the seed and its rank)."},
+    {"FLARE_SIM_KERNEL_JITTER", "double", "0.008", "sim",
+     "Log-normal sigma (about the coefficient of variation) of each kernel launch's duration."},
+    {"FLARE_SIM_STEP_JITTER", "double", "0.009", "sim",
+     "Log-normal sigma of the factor every kernel of one rank's step shares."},
+    {"FLARE_SIM_RANK_JITTER", "double", "0.005", "sim",
+     "Log-normal sigma of each rank's speed for the whole run (GPUs of one model differ)."},
+    {"FLARE_SIM_HOST_JITTER", "double", "0.05", "sim",
+     "Log-normal sigma of the workloads' per-step host work (their DataLoader wait)."},
+    {"FLARE_SIM_HICCUP_RATE", "double", "0.001", "sim",
+     "Probability per kernel launch that the launching thread pauses first (a host hiccup)."},
+    {"FLARE_SIM_HICCUP_US", "double", "80", "sim",
+     "Mean microseconds of a host hiccup (exponentially distributed)."},
+    {"FLARE_SIM_KERNEL_LOG", "string", "", "sim",
+     "A directory: each simulated process writes every kernel duration the model gave there at "
+     "exit (kernels-RANK-PID.tsv: step, name, n-th launch, ns; the truth of the noise tests)."},
     {"FLARE_SIM_RUN_ID", "string", "", "sim",
      "Set by flare-sim-train: names this run's shared-memory communicator segments."},
     {"FLARE_SIM_RDZV_DIR", "string", "/tmp", "sim",

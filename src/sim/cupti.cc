@@ -214,9 +214,10 @@ uint32_t simKinds(CUpti_ActivityKind kind) {
   }
 }
 
+// FLARE_SIM_CUPTI_BUSY=RANKS:subscribe|enable (a bare value: every rank): this rank's mode.
 std::string busyMode() {
-  const char* v = std::getenv("FLARE_SIM_CUPTI_BUSY");
-  return v ? v : "";
+  char buf[32];
+  return flareSimRankEntry("FLARE_SIM_CUPTI_BUSY", 1, 1, 1, buf, sizeof(buf)) == 1 ? buf : "";
 }
 
 struct LoadMarker {

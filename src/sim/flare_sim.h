@@ -6,8 +6,10 @@
 // simulated stack. Names start with `flareSim` so that the hook never interposes them.
 #pragma once
 
-#include <cuda.h>
+#include <stddef.h>
 #include <stdint.h>
+
+#include <cuda.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -52,6 +54,19 @@ double flareSimLinkFactor(void);
 double flareSimSetting(const char* name);
 // The step at which this rank hangs with `kind` ("collective", "compute", "skip"), or -1.
 int64_t flareSimHangStep(const char* kind);
+// Host noise (src/sim/noise.h): the factor this rank's host work of `step` at `site` (a small
+// integer naming the place: 0 the C++ and Python workloads' DataLoader wait, 1 the PyTorch-like
+// dataset's per-sample read) is multiplied by; 1.0 with FLARE_SIM_NOISE=0. Deterministic per
+// FLARE_SIM_SEED, rank, step and site.
+double flareSimHostFactor(int64_t step, int site);
+// This rank's entry of the per-rank list in environment variable `var` ("RANKS:F1[:F2...],...",
+// RANKS being N, A-B or '*'; src/common/rank_list.h, the one reader), for workloads that cannot
+// link it (the Python ones): writes the entry's fields joined by ':' into `buf` (NUL-terminated,
+// truncated to `len`) and returns their number, or -1 when no entry names this rank. Entries
+// with a field count outside [min_fields, max_fields] are skipped with a warning. With
+// `bare_is_every_rank`, a value without ':' is one field for every rank (the older form).
+int flareSimRankEntry(const char* var, int min_fields, int max_fields, int bare_is_every_rank,
+                      char* buf, size_t len);
 // True once the process is exiting: blocking operations must return.
 int flareSimShuttingDown(void);
 // Blocks until *word != expected, a wake, or the timeout (ns, <0 = 100 ms). Works on words in

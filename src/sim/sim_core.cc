@@ -11,9 +11,12 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
+#include <optional>
 #include <set>
 #include <string_view>
 #include <unordered_map>
+#include <vector>
 
 #include "src/common/config.h"
 #include "src/common/rank_list.h"
@@ -60,6 +63,34 @@ double factorFor(const char* var, int rank, int64_t* from_step = nullptr) {
   return *f;
 }
 
+// This rank's entry of the per-rank list in `var` (src/common/rank_list.h): its fields, or
+// nullopt when no entry names the rank. With `bare_is_every_rank`, a value without ':' is one
+// field for every rank (the older form of the variables that took a single value).
+std::optional<std::vector<std::string>> rankFields(const char* var, int rank, size_t min_fields,
+                                                   size_t max_fields, bool bare_is_every_rank) {
+  auto raw = common::getEnv(var);
+  if (!raw || raw->empty()) return std::nullopt;
+  std::string value = *raw;
+  if (bare_is_every_rank && value.find(':') == std::string::npos) value = "*:" + value;
+  const auto list = common::parsePerRankList(var, value, min_fields, max_fields);
+  const common::RankEntry* e = common::entryForRank(list, rank);
+  if (!e) return std::nullopt;
+  return e->fields;
+}
+
+// RANKS:MS entries (or a bare MS for every rank): this rank's milliseconds, 0 when none.
+double rankMs(const char* var, int rank) {
+  auto f = rankFields(var, rank, 1, 1, true);
+  if (!f) return 0;
+  auto ms = common::parseDouble((*f)[0]);
+  if (!ms || *ms < 0 || *ms > 60000) {
+    common::configWarning(std::string("flare: ") + var + " value '" + (*f)[0] +
+                          "' is not a number of milliseconds in [0, 60000]; using 0");
+    return 0;
+  }
+  return *ms;
+}
+
 Settings loadSettings() {
   Settings s;
   s.rank = rankFromEnv();
@@ -70,8 +101,18 @@ Settings loadSettings() {
   s.busbw_gbps = common::envDouble("FLARE_SIM_BUSBW_GBPS", 100, 0.001, 1e6);
   s.launch_latency_us = common::envDouble("FLARE_SIM_LAUNCH_LATENCY_US", 4, 0, 1e6);
   s.time_scale = common::envDouble("FLARE_SIM_TIME_SCALE", 1.0, 1e-6, 1e6);
-  s.first_launch_ms = common::envDouble("FLARE_SIM_FIRST_LAUNCH_MS", 0, 0, 60000);
-  s.cold_gemm_ms = common::envDouble("FLARE_SIM_COLD_GEMM_MS", 0, 0, 60000);
+  s.first_launch_ms = rankMs("FLARE_SIM_FIRST_LAUNCH_MS", s.rank);
+  s.cold_gemm_ms = rankMs("FLARE_SIM_COLD_GEMM_MS", s.rank);
+  s.noise.enabled = common::envBool("FLARE_SIM_NOISE", true);
+  s.noise.seed = static_cast<uint64_t>(
+      common::envInt("FLARE_SIM_SEED", 1, 0, std::numeric_limits<int64_t>::max()));
+  s.noise.kernel_cv = common::envDouble("FLARE_SIM_KERNEL_JITTER", 0.008, 0, 1);
+  s.noise.step_cv = common::envDouble("FLARE_SIM_STEP_JITTER", 0.009, 0, 1);
+  s.noise.rank_cv = common::envDouble("FLARE_SIM_RANK_JITTER", 0.005, 0, 1);
+  s.noise.host_cv = common::envDouble("FLARE_SIM_HOST_JITTER", 0.05, 0, 1);
+  s.noise.hiccup_rate = common::envDouble("FLARE_SIM_HICCUP_RATE", 0.001, 0, 1);
+  s.noise.hiccup_us = common::envDouble("FLARE_SIM_HICCUP_US", 80, 0, 1e6);
+  s.kernel_log = common::envString("FLARE_SIM_KERNEL_LOG", "");
   s.clock_factor = factorFor("FLARE_SIM_CLOCK_FACTOR", s.rank, &s.clock_from_step);
   s.link_factor = factorFor("FLARE_SIM_LINK_FACTOR", s.rank);
   if (auto raw = common::getEnv("FLARE_SIM_HANG")) {
@@ -264,6 +305,30 @@ const Settings& settings() {
   static const Settings* s = new Settings(loadSettings());
   return *s;
 }
+
+const Noise& noise() {
+  static const Noise* n = new Noise(settings().noise, settings().rank);
+  return *n;
+}
+
+namespace {
+// FLARE_SIM_KERNEL_LOG=DIR: every kernel duration the model gave, written at exit (the truth of
+// the noise tests). Never destroyed: workers may launch during exit.
+struct KernelLog {
+  struct Row {
+    int64_t step;
+    const char* name;  // a Function's name: valid for the process lifetime
+    uint64_t n;
+    Ns duration;
+  };
+  std::mutex mu;
+  std::vector<Row> rows;  // guarded by mu
+};
+KernelLog& kernelLog() {
+  static KernelLog* l = new KernelLog();
+  return *l;
+}
+}  // namespace
 
 Ns nowNs() {
   timespec ts;
@@ -508,12 +573,24 @@ CUresult launchKernel(CUfunc_st* f, uint64_t threads, CUstream stream, void** pa
   // before the call is stamped before the wait).
   if (cfg.first_launch_ms > 0 && !f->launched.exchange(true, std::memory_order_relaxed))
     flareSimSleepUntil(nowNs() + static_cast<Ns>(cfg.first_launch_ms * 1e6));
+  // Host noise: now and then the launching thread pauses (a page fault, the allocator, the GIL).
+  static std::atomic<uint64_t> launches{0};
+  if (const Ns pause = noise().hiccupNs(launches.fetch_add(1, std::memory_order_relaxed)))
+    flareSimSleepUntil(nowNs() + pause);
   Op op;
   op.kind = Op::Kind::kKernel;
   op.activity = FLARE_SIM_ACTIVITY_KERNEL;
   op.name = f->name.c_str();
   op.issue_ns = nowNs();
-  op.duration_ns = kernelDuration(f, threads, params);
+  // GPU noise: this launch's draw (rank, step, function, n-th launch of it).
+  const int64_t step = flareSimStep();
+  const uint64_t n = f->launches.fetch_add(1, std::memory_order_relaxed);
+  op.duration_ns = static_cast<Ns>(static_cast<double>(kernelDuration(f, threads, params)) *
+                                   noise().kernelFactor(f->name, n, step));
+  if (!cfg.kernel_log.empty()) {
+    std::lock_guard<std::mutex> lock(kernelLog().mu);
+    kernelLog().rows.push_back({step, op.name, n, op.duration_ns});
+  }
   if (cfg.hang_compute_step >= 0 && flareSimStep() >= cfg.hang_compute_step) {
     static std::atomic<bool> fired{false};
     if (!fired.exchange(true)) op.hang = true;
@@ -586,12 +663,30 @@ void writeOpCounts() {
   }
 }
 
+// FLARE_SIM_KERNEL_LOG=DIR: DIR/kernels-RANK-PID.tsv, one line per kernel launch:
+// step, name, n (the function's n-th launch), duration in ns.
+void writeKernelLog() {
+  const std::string& dir = flare::sim::settings().kernel_log;
+  if (dir.empty()) return;
+  const std::string path = dir + "/kernels-" + std::to_string(flare::sim::settings().rank) + "-" +
+                           std::to_string(getpid()) + ".tsv";
+  FILE* f = std::fopen(path.c_str(), "w");
+  if (!f) return;
+  std::lock_guard<std::mutex> lock(flare::sim::kernelLog().mu);
+  for (const auto& r : flare::sim::kernelLog().rows) {
+    std::fprintf(f, "%lld\t%s\t%llu\t%lld\n", static_cast<long long>(r.step), r.name,
+                 static_cast<unsigned long long>(r.n), static_cast<long long>(r.duration));
+  }
+  std::fclose(f);
+}
+
 // Blocking operations (hung kernels, collectives) must let the process exit.
 struct ShutdownFlag {
   ShutdownFlag() {
     std::atexit([] {
       flare::sim::g_shutdown.store(true);
       writeOpCounts();
+      writeKernelLog();
     });
   }
 };
@@ -685,6 +780,26 @@ __attribute__((visibility("default"))) int64_t flareSimHangStep(const char* kind
   if (k == "compute") return s.hang_compute_step;
   if (k == "skip") return s.hang_skip_step;
   return -1;
+}
+__attribute__((visibility("default"))) double flareSimHostFactor(int64_t step, int site) {
+  return flare::sim::noise().hostFactor(step, static_cast<uint64_t>(site < 0 ? 0 : site));
+}
+__attribute__((visibility("default"))) int flareSimRankEntry(const char* var, int min_fields,
+                                                             int max_fields, int bare_is_every_rank,
+                                                             char* buf, size_t len) {
+  if (!var || min_fields < 0 || max_fields < min_fields || (len > 0 && !buf)) return -1;
+  auto fields =
+      flare::sim::rankFields(var, flare::sim::settings().rank, static_cast<size_t>(min_fields),
+                             static_cast<size_t>(max_fields), bare_is_every_rank != 0);
+  if (!fields) return -1;
+  std::string joined;
+  for (size_t i = 0; i < fields->size(); ++i) joined += (i ? ":" : "") + (*fields)[i];
+  if (len > 0) {
+    const size_t n = std::min(len - 1, joined.size());
+    std::memcpy(buf, joined.data(), n);
+    buf[n] = '\0';
+  }
+  return static_cast<int>(fields->size());
 }
 __attribute__((visibility("default"))) int flareSimShuttingDown(void) {
   return flare::sim::shuttingDown() ? 1 : 0;

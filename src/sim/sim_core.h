@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "src/sim/flare_sim.h"
+#include "src/sim/noise.h"
 
 namespace flare::sim {
 
@@ -45,9 +46,9 @@ struct Settings {
   double busbw_gbps = 100;
   double launch_latency_us = 4;
   double time_scale = 1.0;
-  double clock_factor = 1.0;  // this rank
+  double clock_factor = 1.0;    // this rank
   int64_t clock_from_step = 0;  // the step the clock factor starts at (FLARE_SIM_CLOCK_FACTOR)
-  double link_factor = 1.0;   // this rank
+  double link_factor = 1.0;     // this rank
   int64_t hang_collective_step = -1;
   int hang_collective_nranks = 0;  // FLARE_SIM_HANG RANK:collective:STEP:NRANKS (0: any)
   int64_t hang_compute_step = -1;
@@ -58,8 +59,14 @@ struct Settings {
   // (FLARE_SIM_COLD_GEMM_MS, gemm_model.cc).
   double first_launch_ms = 0;
   double cold_gemm_ms = 0;
+  // How this GPU and its host vary (FLARE_SIM_NOISE, FLARE_SIM_SEED, FLARE_SIM_*_JITTER,
+  // FLARE_SIM_HICCUP_*; noise.h), and where every kernel duration is logged (FLARE_SIM_KERNEL_LOG).
+  NoiseParams noise;
+  std::string kernel_log;
 };
 const Settings& settings();
+// This rank's noise (settings().noise, settings().rank).
+const Noise& noise();
 
 // State of one event, shared with the operations that record or wait on it (an event may be
 // destroyed while a record is still queued, as in CUDA).
@@ -108,16 +115,16 @@ struct CUstream_st {
   int priority = 0;
   uint64_t id = 0;
   std::mutex mu;
-  std::condition_variable work_cv;  // worker waits for ops
-  std::condition_variable done_cv;  // synchronize waits for completions
-  std::deque<flare::sim::Op> queue;          // guarded by mu
-  uint64_t enqueued = 0;                     // guarded by mu
-  uint64_t completed = 0;                    // guarded by mu
-  bool destroyed = false;                    // guarded by mu
-  bool capturing = false;                    // guarded by mu
+  std::condition_variable work_cv;   // worker waits for ops
+  std::condition_variable done_cv;   // synchronize waits for completions
+  std::deque<flare::sim::Op> queue;  // guarded by mu
+  uint64_t enqueued = 0;             // guarded by mu
+  uint64_t completed = 0;            // guarded by mu
+  bool destroyed = false;            // guarded by mu
+  bool capturing = false;            // guarded by mu
   CUstreamCaptureMode capture_mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
-  std::vector<flare::sim::Op> captured;      // guarded by mu
-  flare::sim::Ns last_end = 0;               // worker thread only
+  std::vector<flare::sim::Op> captured;  // guarded by mu
+  flare::sim::Ns last_end = 0;           // worker thread only
 };
 
 struct CUevent_st {
@@ -131,6 +138,7 @@ struct CUfunc_st {
   std::atomic<int> cost_kind{-1};  // resolved on first launch from the cost registry
   std::atomic<int> cost_arg{0};
   std::atomic<bool> launched{false};  // FLARE_SIM_FIRST_LAUNCH_MS: the first launch was paid
+  std::atomic<uint64_t> launches{0};  // launches so far: which draw of the noise each one takes
 };
 
 struct CUmod_st {

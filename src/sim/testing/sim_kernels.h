@@ -5,11 +5,17 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <cstdlib>
 
 #include "src/sim/cuda_registration.h"
 #include "src/sim/flare_sim.h"
 
 namespace flare::sim::testing {
+
+// The programs that include this header test the cost model and the hook against it: they run
+// the exact model, without the simulator's noise (src/sim/noise.h), unless their environment
+// already says otherwise. Set before main, so before the simulator reads its settings.
+inline const int kExactModel = setenv("FLARE_SIM_NOISE", "0", /*overwrite=*/0);
 
 // A kernel handle: its address is the "host stub" the runtime keys launches by.
 struct SimKernel {

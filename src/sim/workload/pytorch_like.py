@@ -80,7 +80,8 @@ class TokenDataset(Dataset):
         return self.samples
 
     def __getitem__(self, i):
-        time.sleep(self.data_ms / 1000.0)
+        # Each sample's host time varies (the sim's host jitter, per FLARE_SIM_SEED and rank).
+        time.sleep(self.data_ms * S.flareSimHostFactor(i, 1) / 1000.0)
         return bytes([i % 251]) * self.sample_bytes
 
 

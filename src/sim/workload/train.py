@@ -66,6 +66,10 @@ flareSimRegisterKernelCost = _fn("flareSimRegisterKernelCost", c_int, ctypes.c_c
                                  c_int)
 flareSimSetStep = _fn("flareSimSetStep", None, ctypes.c_int64)
 flareSimHangStep = _fn("flareSimHangStep", ctypes.c_int64, ctypes.c_char_p)
+flareSimStep = _fn("flareSimStep", ctypes.c_int64)
+flareSimHostFactor = _fn("flareSimHostFactor", ctypes.c_double, ctypes.c_int64, c_int)
+flareSimRankEntry = _fn("flareSimRankEntry", c_int, ctypes.c_char_p, c_int, c_int, c_int,
+                        ctypes.c_char_p, c_size_t)
 cublasCreate = _fn("cublasCreate_v2", c_int, ctypes.POINTER(c_void_p))
 cublasSetStream = _fn("cublasSetStream_v2", c_int, c_void_p, c_void_p)
 cublasGemmEx = _fn("cublasGemmEx", c_int, c_void_p, c_int, c_int, c_int, c_int, c_int, c_void_p,
@@ -181,8 +185,9 @@ class _LoaderIter:
         self.entered = time.perf_counter()
         if self.i >= self.loader.steps:
             raise StopIteration
+        # The batch's host time varies from step to step (the sim's host jitter, FLARE_SIM_SEED).
+        time.sleep(self.loader.data_ms * flareSimHostFactor(self.i, 0) / 1000.0)
         self.i += 1
-        time.sleep(self.loader.data_ms / 1000.0)
         return self.batch
 
 
@@ -337,8 +342,23 @@ def injected_sync():
     check(cudaDeviceSynchronize(), "cudaDeviceSynchronize")
 
 
+def rank_entry(var, min_fields, max_fields, bare_is_every_rank=False):
+    """This rank's entry of the per-rank fault list in `var` (RANKS:FIELD[:FIELD...],..., RANKS
+    being N, A-B or *), read by the simulator's one reader (src/common/rank_list.h, through
+    flareSimRankEntry): its fields, or None when no entry names this rank. With
+    `bare_is_every_rank`, a value without ':' is one field for every rank (the legacy form)."""
+    buf = ctypes.create_string_buffer(4096)
+    n = flareSimRankEntry(var.encode(), min_fields, max_fields, int(bare_is_every_rank), buf,
+                          len(buf))
+    if n < 0:
+        return None
+    return buf.value.decode().split(":") if n > 0 else []
+
+
 def _inject_sync_fn():
-    if os.environ.get("FLARE_SIM_INJECT_SYNC", "0") in ("", "0"):
+    """FLARE_SIM_INJECT_SYNC=RANKS:1,... (or a bare 1: every rank)."""
+    e = rank_entry("FLARE_SIM_INJECT_SYNC", 1, 1, True)
+    if not e or e[0] in ("", "0"):
         return None
     import sim_train  # this script as a module (its directory is sys.path[0])
     return sim_train.injected_sync
@@ -350,31 +370,29 @@ def host_stall(ms):
 
 
 def parse_host_stall(rank):
-    raw = os.environ.get("FLARE_SIM_HOST_STALL", "")
-    found = None
-    for entry in filter(None, raw.split(",")):
-        parts = entry.split(":")
-        try:
-            r = -1 if parts[0] == "*" else int(parts[0])
-            ms = float(parts[1])
-            every = int(parts[2]) if len(parts) > 2 else 1
-            if len(parts) > 3 or ms <= 0 or every <= 0:
-                raise ValueError
-        except (ValueError, IndexError):
-            sys.stderr.write("flare-sim: FLARE_SIM_HOST_STALL entry '%s' is not "
-                             "RANK:MS[:EVERY]; ignored\n" % entry)
-            continue
-        if r in (rank, -1):
-            found = (ms, every)
-    return found
+    """FLARE_SIM_HOST_STALL=RANKS:MS[:EVERY]: (ms, every) for this rank (the simulator's RANK),
+    or None. `rank` is kept for callers; the reader takes the process's own rank."""
+    e = rank_entry("FLARE_SIM_HOST_STALL", 1, 2)
+    if e is None:
+        return None
+    try:
+        ms = float(e[0])
+        every = int(e[1]) if len(e) > 1 else 1
+        if ms <= 0 or every <= 0:
+            raise ValueError
+    except ValueError:
+        sys.stderr.write("flare-sim: FLARE_SIM_HOST_STALL entry for rank %d is not "
+                         "RANKS:MS[:EVERY]; ignored\n" % rank)
+        return None
+    return (ms, every)
 
 
 def parse_crash_step(rank):
-    for entry in filter(None, os.environ.get("FLARE_SIM_CRASH", "").split(",")):
-        parts = entry.split(":")
-        if len(parts) == 2 and parts[0].isdigit() and parts[1].isdigit() and int(parts[0]) == rank:
-            return int(parts[1])
-    return -1
+    """FLARE_SIM_CRASH=RANKS:STEP: the step this rank aborts at, or -1."""
+    e = rank_entry("FLARE_SIM_CRASH", 1, 1)
+    if e is None or not e[0].isdigit():
+        return -1
+    return int(e[0])
 
 
 def main(argv=None):

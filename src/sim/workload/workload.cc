@@ -129,6 +129,20 @@ Stall hostStallFor(int rank) {
   return s;
 }
 
+// FLARE_SIM_INJECT_SYNC_US=RANKS:US (a bare US: every rank, the older form): this rank's US, or
+// -1 (off). Read by the simulator's rank-list reader (flareSimRankEntry), as every fault is.
+double injectSyncUsFor() {
+  char buf[64];
+  if (flareSimRankEntry("FLARE_SIM_INJECT_SYNC_US", 1, 1, 1, buf, sizeof(buf)) != 1) return -1;
+  auto us = common::parseDouble(buf);
+  if (!us || *us > 1e6) {
+    common::configWarning(std::string("flare-sim: FLARE_SIM_INJECT_SYNC_US value '") + buf +
+                          "' is not a number of microseconds <= 1e6; off");
+    return -1;
+  }
+  return *us;
+}
+
 // FLARE_SIM_CRASH=RANK:STEP
 int64_t crashStepFor(int rank) {
   auto e = entryFor("FLARE_SIM_CRASH", rank, 1, 1);
@@ -227,9 +241,10 @@ std::vector<StepResult> run(const Options& o, void (*on_step)(const StepResult&)
   void* dev_batch = nullptr;
   if (o.copies > 0) check(cudaMalloc(&dev_batch, host_batch.size()), "cudaMalloc");
   const Stall stall = hostStallFor(o.rank);
-  // FLARE_SIM_INJECT_SYNC_US: a needless synchronize at the start of each layer's forward, then
-  // host work (framework overhead) before the next launch, during which the GPU has nothing.
-  const double inject_sync_us = common::envDouble("FLARE_SIM_INJECT_SYNC_US", -1, -1, 1e6);
+  // FLARE_SIM_INJECT_SYNC_US=RANKS:US (a bare US: every rank): a needless synchronize at the
+  // start of each layer's forward, then host work (framework overhead) before the next launch,
+  // during which the GPU has nothing.
+  const double inject_sync_us = injectSyncUsFor();
   const int64_t crash_step = crashStepFor(o.rank);
   const int64_t skip_step = flareSimHangStep("skip");
   std::vector<StepResult> results;
@@ -246,8 +261,10 @@ std::vector<StepResult> run(const Options& o, void (*on_step)(const StepResult&)
                    step);
       std::abort();
     }
-    // DataLoader: wait for the next batch on the host, then copy it to the GPU.
-    std::this_thread::sleep_for(std::chrono::microseconds(static_cast<int64_t>(o.data_ms * 1000)));
+    // DataLoader: wait for the next batch on the host, then copy it to the GPU. The wait varies
+    // from step to step (the sim's host noise, FLARE_SIM_HOST_JITTER).
+    std::this_thread::sleep_for(std::chrono::microseconds(
+        static_cast<int64_t>(o.data_ms * 1000 * flareSimHostFactor(step, 0))));
     // Input batches to the GPU and a zeroed buffer (--copies): memcpy and memset activity.
     for (int c = 0; c < o.copies; ++c) {
       check(cudaMemcpyAsync(dev_batch, host_batch.data(), host_batch.size(), cudaMemcpyHostToDevice,
