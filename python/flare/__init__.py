@@ -8,11 +8,11 @@
 __version__ = "0.1.0"
 
 from flare.client import (Alert, ApiError, Client, DaemonUnreachable, Diagnosis, FlareError,
-                          HangIncident, Job, KernelRow, Rank, Report, UnknownJob, rows)
+                          HangIncident, Job, KernelRow, NotHttp, Rank, Report, UnknownJob, rows)
 from flare.runtime import binding, hook_loaded, register_kernel, step
 
 __all__ = [
     "Alert", "ApiError", "Client", "DaemonUnreachable", "Diagnosis", "FlareError",
-    "HangIncident", "Job", "KernelRow", "Rank", "Report", "UnknownJob", "binding", "hook_loaded",
-    "register_kernel", "rows", "step",
+    "HangIncident", "Job", "KernelRow", "NotHttp", "Rank", "Report", "UnknownJob", "binding",
+    "hook_loaded", "register_kernel", "rows", "step",
 ]

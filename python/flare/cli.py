@@ -36,7 +36,6 @@ cannot be reached or answers something that is not its API.
 """
 import argparse
 import datetime
-import http.client
 import json
 import os
 import signal
@@ -44,16 +43,14 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
 import urllib.parse
-import urllib.request
 import uuid
 
+from .client import DEFAULT_HTTP, ApiError, Client, DaemonUnreachable, NotHttp
 from .ranks import RankListError, parse_rank_list
 from .safe_text import SafeStream, escape_controls
 
 DEFAULT_DAEMON = "127.0.0.1:7070"
-DEFAULT_HTTP = "127.0.0.1:9464"
 HOOK_NAME = "libflare_hook.so"
 
 
@@ -331,7 +328,8 @@ def fetch_job_records(base, job, ranks, folder, timeout=60.0, quiet=False):
     that progress can be shown) written as an offline spool: FOLDER/<job>/<rank>/records-0.pb.
     Returns the number of ranks written."""
     quoted = urllib.parse.quote(job, safe="")
-    listed = http_get(base, "/api/v1/jobs/%s/ranks" % quoted, timeout)
+    api = daemon(base, timeout)
+    listed = api.get("/api/v1/jobs/%s/ranks" % quoted)
     known = sorted(as_int(r.get("rank", 0)) for r in listed.get("ranks", []))
     wanted = [r for r in known if ranks is None or r in ranks]
     if not wanted:
@@ -349,8 +347,7 @@ def fetch_job_records(base, job, ranks, folder, timeout=60.0, quiet=False):
     written = 0
     try:
         for rank in wanted:
-            data = http_bytes(base, "GET", "/api/v1/jobs/%s/records?ranks=%d" % (quoted, rank),
-                              timeout)
+            data = api.get_bytes("/api/v1/jobs/%s/records?ranks=%d" % (quoted, rank))
             progress.step(len(data))
             if not data:
                 continue
@@ -493,78 +490,32 @@ def http_error(base, code, what, why=""):
     return text
 
 
-def api_url(base, path):
-    """flared's HTTP address (HOST:PORT, or https://HOST:PORT when flared serves HTTPS: it has
-    --tls-cert) and a path: the URL."""
-    if base.startswith(("http://", "https://")):
-        return base.rstrip("/") + path
-    return "http://%s%s" % (base, path)
+class Daemon(Client):
+    """flare.Client for the CLI: every daemon call goes through it, and its errors become
+    CliErrors (exit status 3) that say what to try next."""
 
-
-def tls_context(url):
-    """For https:// URLs, the roots that verify flared's certificate: FLARE_TLS_CA (the ranks'
-    setting), else the system's."""
-    if not url.startswith("https://"):
-        return None
-    import ssl
-    return ssl.create_default_context(cafile=os.environ.get("FLARE_TLS_CA") or None)
-
-
-def http_get(base, path, timeout):
-    url = api_url(base, path)
-    req = urllib.request.Request(url)
-    if auth_token():
-        req.add_header("X-Flare-Token", auth_token())
-    try:
-        with urllib.request.urlopen(req, timeout=timeout, context=tls_context(url)) as resp:
-            body = resp.read()
-    except urllib.error.HTTPError as e:
-        raise CliError(http_error(base, e.code, path), code=3, status=e.code)
-    except (urllib.error.URLError, OSError) as e:
-        reason = getattr(e, "reason", e)
-        raise CliError(unreachable(base, reason), code=3)
-    except http.client.HTTPException as e:  # e.g. the gRPC port: not HTTP/1.1
-        raise CliError("%s does not answer HTTP (%s): is it flared's --http address?"
-                       % (base, type(e).__name__), code=3)
-    try:
-        return json.loads(body)
-    except ValueError:
-        raise CliError("daemon at %s sent something that is not JSON for %s" % (base, path), code=3)
-
-
-def http_bytes(base, method, path, timeout, data=None, token=None, content_type=None):
-    """One request to flared's HTTP API; the raw answer. Error answers raise CliError carrying
-    the daemon's own message."""
-    url = api_url(base, path)
-    req = urllib.request.Request(url, data=data, method=method)
-    if content_type:
-        req.add_header("Content-Type", content_type)
-    if auth_token(token):
-        req.add_header("X-Flare-Token", auth_token(token))
-    try:
-        with urllib.request.urlopen(req, timeout=timeout, context=tls_context(url)) as resp:
-            return resp.read()
-    except urllib.error.HTTPError as e:
+    def request(self, method, path, body=None, job=None, raw=False):
         try:
-            why = json.loads(e.read()).get("error", "")
-        except (ValueError, AttributeError):
-            why = ""
-        raise CliError(http_error(base, e.code, "%s %s" % (method, path), why), code=3,
-                       status=e.code)
-    except (urllib.error.URLError, OSError) as e:
-        reason = getattr(e, "reason", e)
-        raise CliError(unreachable(base, reason), code=3)
+            return super().request(method, path, body, job, raw)
+        except NotHttp as e:
+            raise CliError("%s does not answer HTTP (%s): is it flared's --http address?"
+                           % (self.address, e.reason), code=3)
+        except DaemonUnreachable as e:
+            raise CliError(unreachable(self.address, e.reason), code=3)
+        except ApiError as e:
+            if not e.status:
+                raise CliError("daemon at %s sent something that is not JSON for %s"
+                               % (self.address, path), code=3)
+            what = path if method == "GET" else "%s %s" % (method, path)
+            raise CliError(http_error(self.address, e.status, what, e.detail), code=3,
+                           status=e.status)
 
 
-def http_send(base, method, path, body, timeout, token=None):
-    """POST/DELETE with a JSON body (and the job's token, for commands); the daemon's JSON
-    answer. Error answers raise CliError carrying the daemon's own message."""
-    data = None if body is None else json.dumps(body).encode()
-    raw = http_bytes(base, method, path, timeout, data, token, "application/json")
-    try:
-        return json.loads(raw)
-    except ValueError:
-        raise CliError("daemon at %s sent something that is not JSON for %s" % (base, path), code=3)
+def daemon(base, timeout, token=None):
+    """The daemon's HTTP API at `base` (HOST:PORT, or https://HOST:PORT when flared serves
+    HTTPS: it has --tls-cert; verified against FLARE_TLS_CA, else the system's roots), with the
+    token of auth_token()."""
+    return Daemon(base, timeout, auth_token(token))
 
 
 def as_int(value):
@@ -575,15 +526,14 @@ def as_int(value):
 
 
 def fetch_status(base, include_finished, timeout):
-    jobs = http_get(base, "/api/v1/jobs" + ("?include_finished=1" if include_finished else ""),
-                    timeout)
+    api = daemon(base, timeout)
+    jobs = api.get("/api/v1/jobs" + ("?include_finished=1" if include_finished else ""))
     if not isinstance(jobs, dict) or not isinstance(jobs.get("jobs", []), list):
         raise CliError("daemon at %s: /api/v1/jobs is not a job list" % base, code=3)
     out = []
     for job in jobs.get("jobs", []):
         job_id = job.get("jobId", "")
-        ranks = http_get(base, "/api/v1/jobs/%s/ranks" % urllib.parse.quote(job_id, safe=""),
-                         timeout)
+        ranks = api.get("/api/v1/jobs/%s/ranks" % urllib.parse.quote(job_id, safe=""))
         out.append({
             "jobId": job_id,
             "worldSize": as_int(job.get("worldSize")),
@@ -628,7 +578,7 @@ def no_jobs_text(base, included_finished, timeout):
     if included_finished:
         return ("no jobs at the daemon at %s, running or finished (jobs appear when a traced "
                 "rank connects: flare run --daemon HOST:PORT -- CMD)" % base)
-    got = http_get(base, "/api/v1/jobs?include_finished=1", timeout)
+    got = daemon(base, timeout).get("/api/v1/jobs?include_finished=1")
     finished = [j for j in (got.get("jobs", []) if isinstance(got, dict) else [])
                 if isinstance(j, dict)]
     if not finished:
@@ -684,13 +634,14 @@ def cmd_alerts(args):
     """The alerts flared raised (stored, deduplicated), oldest first; --follow keeps polling."""
     base = args.daemon_http or os.environ.get("FLARE_DAEMON_HTTP") or DEFAULT_HTTP
     parse_address(base, "--daemon-http")
+    api = daemon(base, args.timeout)
     since = 0
     printed = explained = 0
     while True:
         query = {"since": str(since)}
         if args.job:
             query["job"] = args.job
-        got = http_get(base, "/api/v1/alerts?" + urllib.parse.urlencode(query), args.timeout)
+        got = api.get("/api/v1/alerts?" + urllib.parse.urlencode(query))
         alerts = got.get("alerts", []) if isinstance(got, dict) else []
         alerts.sort(key=lambda a: as_int(a.get("id")))
         for a in alerts:
@@ -726,15 +677,16 @@ def looked_at(base, job, timeout):
     whose data flared refused or dropped, and its hang incidents. Raises CliError (exit 4) for a
     job the daemon does not know: an unknown job is not a healthy one."""
     path = urllib.parse.quote(job, safe="")
+    api = daemon(base, timeout)
     try:
-        ranks = http_get(base, "/api/v1/jobs/%s/ranks" % path, timeout).get("ranks", [])
+        ranks = api.get("/api/v1/jobs/%s/ranks" % path).get("ranks", [])
     except CliError as e:
         if e.status == 404:
             raise CliError("job %r is not known to the daemon at %s, so nothing was diagnosed "
                            "(`flare status --all` lists its jobs)" % (job, base), code=4)
         raise
     try:
-        hangs = http_get(base, "/api/v1/jobs/%s/hangs" % path, timeout).get("incidents", [])
+        hangs = api.get("/api/v1/jobs/%s/hangs" % path).get("incidents", [])
     except CliError:
         hangs = None
     refused = sorted({as_int(r.get("rank")) for r in ranks if r.get("refusals")})
@@ -750,8 +702,8 @@ def cmd_diagnose(args):
     """The detectors run now by flared on the job's recent records."""
     base = args.daemon_http or os.environ.get("FLARE_DAEMON_HTTP") or DEFAULT_HTTP
     parse_address(base, "--daemon-http")
-    got = http_get(base, "/api/v1/jobs/%s/diagnoses" % urllib.parse.quote(args.job, safe=""),
-                   args.timeout)
+    got = daemon(base, args.timeout).get(
+        "/api/v1/jobs/%s/diagnoses" % urllib.parse.quote(args.job, safe=""))
     found = got.get("diagnoses", []) if isinstance(got, dict) else []
     seen = None if found else looked_at(base, args.job, args.timeout)
     if args.json:
@@ -799,9 +751,11 @@ def cmd_report(args):
     if any(v is not None and v <= 0 for v in (args.max_steps, args.max_ranks)):
         raise CliError("--max-steps and --max-ranks must be positive")
 
+    api = daemon(base, args.timeout)
+
     def get(path, optional=False):
         try:
-            return http_get(base, path, args.timeout)
+            return api.get(path)
         except CliError as e:
             if optional and e.status == 404:
                 return None
@@ -863,7 +817,7 @@ def cmd_baseline(args):
     base = args.daemon_http or os.environ.get("FLARE_DAEMON_HTTP") or DEFAULT_HTTP
     parse_address(base, "--daemon-http")
     if args.action == "list":
-        got = http_get(base, "/api/v1/baselines", args.timeout)
+        got = daemon(base, args.timeout).get("/api/v1/baselines")
         runs = got.get("baselines", []) if isinstance(got, dict) else []
         if args.json:
             json.dump({"baselines": runs}, sys.stdout, indent=2)
@@ -879,14 +833,14 @@ def cmd_baseline(args):
     path = "/api/v1/jobs/%s/baseline" % urllib.parse.quote(args.job, safe="")
     if args.action == "add":
         body = {"backend": args.backend} if args.backend else {}
-        got = http_send(base, "POST", path, body, args.timeout)
+        got = daemon(base, args.timeout).post(path, body)
         if args.json:
             json.dump(got, sys.stdout, indent=2)
             print()
         else:
             print("job %s is now healthy history: %s" % (args.job, baseline_line(got)))
         return 0
-    http_send(base, "DELETE", path, None, args.timeout)
+    daemon(base, args.timeout).delete(path)
     print("job %s is no longer a baseline" % args.job)
     return 0
 
@@ -920,8 +874,8 @@ def cmd_deep_trace(args):
     ranks = (parse_ranks(args.ranks) if args.ranks else None) or []
     job = urllib.parse.quote(args.job, safe="")
     body = {"ranks": ranks, "command": {"deepTrace": {"steps": args.steps}}}
-    token = args.token or os.environ.get("FLARE_TOKEN", "")
-    sent = http_send(base, "POST", "/api/v1/jobs/%s/commands" % job, body, args.timeout, token)
+    api = daemon(base, args.timeout, args.token)
+    sent = api.post("/api/v1/jobs/%s/commands" % job, body)
     command_id = as_int(sent.get("commandId"))
     expected = as_int(sent.get("delivered")) + as_int(sent.get("queued"))
     if command_id <= 0:
@@ -929,7 +883,7 @@ def cmd_deep_trace(args):
     deadline = time.time() + args.wait
     rows = []
     while True:
-        got = http_get(base, "/api/v1/jobs/%s/commands/%d" % (job, command_id), args.timeout)
+        got = api.get("/api/v1/jobs/%s/commands/%d" % (job, command_id))
         rows = deep_trace_rows(got)
         done = len([r for r in rows if r["final"]]) >= expected
         if done or time.time() >= deadline:
@@ -1042,8 +996,8 @@ def cmd_hang(args):
     """The hang incidents flared diagnosed for a job (exit 3 when there is one)."""
     base = args.daemon_http or os.environ.get("FLARE_DAEMON_HTTP") or DEFAULT_HTTP
     parse_address(base, "--daemon-http")
-    got = http_get(base, "/api/v1/jobs/%s/hangs" % urllib.parse.quote(args.job, safe=""),
-                   args.timeout)
+    got = daemon(base, args.timeout).get(
+        "/api/v1/jobs/%s/hangs" % urllib.parse.quote(args.job, safe=""))
     if not isinstance(got, dict) or not isinstance(got.get("incidents", []), list):
         raise CliError("daemon at %s: the hangs of job %s are not an incident list" %
                        (base, args.job), code=3)

@@ -10,12 +10,18 @@
         print(d.team, d.summary)
 
 Every object keeps the daemon's JSON under `.raw`, so fields the daemon adds later are not
-lost. Errors: `DaemonUnreachable` (connection refused, timeout), `UnknownJob` (404 for a job),
-`ApiError` (any other non-2xx answer or a body that is not JSON); all derive from `FlareError`.
-Only the standard library is used. A `Client` holds no connection and is safe to share.
+lost. Endpoints without a typed method are reached with `get`, `post`, `delete` (JSON) and
+`get_bytes` (e.g. the protobuf records stream). Errors: `DaemonUnreachable` (connection refused,
+timeout; `NotHttp` when something answers that does not speak HTTP/1.1, such as flared's gRPC
+port), `UnknownJob` (404 for a job), `ApiError` (any other non-2xx answer, with `.status` and
+the daemon's own `.detail`, or a body that is not JSON, `.status` 0); all derive from
+`FlareError`. The `flare` CLI makes every daemon call through this class. Only the standard
+library is used. A `Client` holds no connection and is safe to share.
 """
 
+import http.client
 import json
+import os
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -30,7 +36,16 @@ class FlareError(Exception):
 
 
 class DaemonUnreachable(FlareError):
-    """The daemon's HTTP API did not answer."""
+    """The daemon's HTTP API did not answer; `.reason` says why (refused, timed out, ...)."""
+
+    def __init__(self, message, reason=None):
+        super().__init__(message)
+        self.reason = message if reason is None else reason
+
+
+class NotHttp(DaemonUnreachable):
+    """Something answered at the address but not in HTTP/1.1 (e.g. flared's gRPC port);
+    `.reason` is the kind of protocol error."""
 
 
 class UnknownJob(FlareError):
@@ -38,11 +53,13 @@ class UnknownJob(FlareError):
 
 
 class ApiError(FlareError):
-    """The daemon answered with an error status or something that is not JSON."""
+    """The daemon answered with an error status (`.status`, and `.detail`: the daemon's own
+    "error" text, or ""), or with something that is not JSON (`.status` 0)."""
 
-    def __init__(self, message, status=0):
+    def __init__(self, message, status=0, detail=""):
         super().__init__(message)
         self.status = status
+        self.detail = detail
 
 
 def _int(v):
@@ -223,24 +240,44 @@ class HangIncident:
 
 
 class Client:
-    """flared's HTTP query API at `address` ("HOST:PORT", default 127.0.0.1:9464)."""
+    """flared's HTTP query API at `address`: "HOST:PORT" (default 127.0.0.1:9464), or
+    "https://HOST:PORT" when flared serves HTTPS (its certificate is verified against `ca_file`,
+    default FLARE_TLS_CA, else the system's roots). `token` is sent as X-Flare-Token."""
 
-    def __init__(self, address=DEFAULT_HTTP, timeout=10.0, token=None):
+    def __init__(self, address=DEFAULT_HTTP, timeout=10.0, token=None, ca_file=None):
         if not isinstance(address, str) or ":" not in address:
             raise ValueError("address must be HOST:PORT, not %r" % (address,))
         self.address = address
         self.timeout = timeout
         self.token = token
+        self.ca_file = ca_file
 
-    def _request(self, method, path, body=None, job=None):
-        url = "http://%s%s" % (self.address, path)
-        headers = {"Content-Type": "application/json"} if body is not None else {}
+    def url(self, path):
+        """The URL of `path` (which starts with "/") at this daemon."""
+        if self.address.startswith(("http://", "https://")):
+            return self.address.rstrip("/") + path
+        return "http://%s%s" % (self.address, path)
+
+    def _tls(self, url):
+        if not url.startswith("https://"):
+            return None
+        import ssl
+        return ssl.create_default_context(
+            cafile=self.ca_file or os.environ.get("FLARE_TLS_CA") or None)
+
+    def request(self, method, path, body=None, job=None, raw=False):
+        """One call: `body` (any JSON value, or None) sent as JSON; the answer's bytes when `raw`,
+        else its parsed JSON (any JSON value). A 404 is UnknownJob when `job` is given."""
+        url = self.url(path)
+        data = None if body is None else json.dumps(body).encode()
+        headers = {"Content-Type": "application/json"} if data is not None else {}
         if self.token:
             headers["X-Flare-Token"] = self.token
-        req = urllib.request.Request(url, data=body, method=method, headers=headers)
+        req = urllib.request.Request(url, data=data, method=method, headers=headers)
         try:
-            with urllib.request.urlopen(req, timeout=self.timeout) as resp:
-                data = resp.read()
+            with urllib.request.urlopen(req, timeout=self.timeout,
+                                        context=self._tls(url)) as resp:
+                answer = resp.read()
         except urllib.error.HTTPError as e:
             detail = ""
             try:
@@ -250,15 +287,39 @@ class Client:
             if e.code == 404 and job is not None:
                 raise UnknownJob("flared at %s does not know job %r" % (self.address, job))
             raise ApiError("flared at %s answered %d for %s%s" %
-                           (self.address, e.code, path, ": " + detail if detail else ""), e.code)
+                           (self.address, e.code, path, ": " + detail if detail else ""),
+                           e.code, detail)
         except (urllib.error.URLError, OSError) as e:
+            reason = getattr(e, "reason", e)
             raise DaemonUnreachable("cannot reach flared's HTTP API at %s: %s" %
-                                    (self.address, getattr(e, "reason", e)))
+                                    (self.address, reason), reason)
+        except http.client.HTTPException as e:
+            raise NotHttp("%s does not answer HTTP (%s)" % (self.address, type(e).__name__),
+                          type(e).__name__)
+        if raw:
+            return answer
         try:
-            out = json.loads(data)
+            return json.loads(answer)
         except ValueError:
             raise ApiError("flared at %s sent something that is not JSON for %s" %
                            (self.address, path))
+
+    def get(self, path):
+        """GET `path`: the daemon's JSON answer."""
+        return self.request("GET", path)
+
+    def get_bytes(self, path):
+        """GET `path`: the answer's bytes (e.g. /api/v1/jobs/{job}/records, protobuf)."""
+        return self.request("GET", path, raw=True)
+
+    def post(self, path, body):
+        return self.request("POST", path, body)
+
+    def delete(self, path):
+        return self.request("DELETE", path)
+
+    def _request(self, method, path, body=None, job=None):
+        out = self.request(method, path, body, job)
         if not isinstance(out, dict):
             raise ApiError("flared at %s sent a JSON %s for %s, not an object" %
                            (self.address, type(out).__name__, path))
@@ -272,11 +333,11 @@ class Client:
 
     def healthy(self):
         """True when the daemon answers /healthz."""
+        url = self.url("/healthz")
         try:
-            with urllib.request.urlopen("http://%s/healthz" % self.address,
-                                        timeout=self.timeout) as resp:
+            with urllib.request.urlopen(url, timeout=self.timeout, context=self._tls(url)) as resp:
                 return resp.status == 200
-        except (urllib.error.URLError, OSError):
+        except (urllib.error.URLError, OSError, http.client.HTTPException):
             return False
 
     def jobs(self, include_finished=False):
@@ -322,8 +383,7 @@ class Client:
         body = {"command": command}
         if ranks:
             body["ranks"] = [int(r) for r in ranks]
-        return self._request("POST", self._job_path(job, "commands"),
-                             json.dumps(body).encode(), job=job)
+        return self._request("POST", self._job_path(job, "commands"), body, job=job)
 
     def command_results(self, job, command_id):
         got = self._request("GET", self._job_path(job, "commands/%d" % int(command_id)), job=job)
