@@ -1,196 +1,30 @@
-#include "src/engine/diagnosis/detectors.h"
-
+// The detector families not yet in their own file (issue 20, item 2: one file per family).
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <numeric>
+#include <map>
+#include <memory>
 #include <optional>
 #include <set>
-#include <span>
+#include <string>
+#include <tuple>
 #include <utility>
+#include <vector>
 
-#include "flare/step.h"
-#include "src/common/text.h"
-#include "src/engine/diagnosis/summary_detectors.h"
+#include "src/engine/diagnosis/detector.h"
 #include "src/records/op_kind.h"
-#include "src/stats/changepoint.h"
 #include "src/stats/outliers.h"
 #include "src/stats/paired.h"
 #include "src/stats/perf_model.h"
 #include "src/stats/quantile.h"
+#include "src/stats/sketch.h"
 #include "src/stats/wasserstein.h"
 
 namespace flare::engine {
+// ---- from link_slow.cc (moves to its own file) --------------------
 namespace {
 
-using flare::v1::OpKind;
 using namespace signals;
-
-// Up to this many ranks, a rank's issue latencies are compared with the other ranks' exactly;
-// beyond, with every rank's pooled, each rank represented by a quantile sample of this size.
-constexpr size_t kExactPeerRanks = 128;
-constexpr size_t kRankLatencySample = 256;
-// Up to kExactPeerRanks ranks, each rank's issue latencies are compared with the other ranks'
-// exactly (leave-one-out), from at most this many values a rank (a quantile sample beyond: a
-// summary-mode rank of 1,000 ops a step holds ~120,000 in a 120 s window).
-constexpr size_t kExactRankSample = 8192;
-
-// A GEMM's flops per call from its signature's shape [m, n, k, batch] (the hook's count).
-uint64_t gemmFlops(const flare::v1::Signature& sig) {
-  if (sig.kind() != flare::v1::OP_KIND_GEMM || sig.shape_size() < 3) return 0;
-  double f =
-      2.0 * static_cast<double>(sig.shape(0)) * static_cast<double>(sig.shape(1)) *
-      static_cast<double>(sig.shape(2)) *
-      (sig.shape_size() >= 4 ? static_cast<double>(std::max<int64_t>(sig.shape(3), 1)) : 1.0);
-  return f > 0 && f < 1.8e19 ? static_cast<uint64_t>(f) : 0;
-}
-
-std::optional<stats::Dtype> statsDtype(flare::v1::DType t) {
-  switch (t) {
-    case flare::v1::DTYPE_F32:
-      return stats::Dtype::kFp32;
-    case flare::v1::DTYPE_F16:
-      return stats::Dtype::kFp16;
-    case flare::v1::DTYPE_BF16:
-      return stats::Dtype::kBf16;
-    case flare::v1::DTYPE_F8E4M3:
-    case flare::v1::DTYPE_F8E5M2:
-      return stats::Dtype::kFp8;
-    default:
-      return std::nullopt;
-  }
-}
-
-// Intervals of collectives per rank and stream, to exclude compute that overlapped one on
-// another stream (its slowness is contention, not the GPU).
-struct CollectiveIntervals {
-  std::vector<std::pair<int64_t, int64_t>> spans;  // sorted by start
-  std::vector<uint64_t> streams;
-  bool overlapsOtherStream(const Op& op) const {
-    auto it = std::upper_bound(spans.begin(), spans.end(), std::make_pair(op.end, INT64_MAX));
-    for (auto i = it - spans.begin() - 1; i >= 0; --i) {
-      const auto& s = spans[static_cast<size_t>(i)];
-      if (s.second <= op.start) {
-        // Sorted by start only: earlier ones may still be long; scan a bounded window.
-        if (it - spans.begin() - i > 64) break;
-        continue;
-      }
-      if (streams[static_cast<size_t>(i)] != op.stream) return true;
-    }
-    return false;
-  }
-};
-
-CollectiveIntervals collectiveIntervals(const JobModel& job, const RankData& r) {
-  std::vector<std::pair<std::pair<int64_t, int64_t>, uint64_t>> all;
-  for (const Op& op : r.ops) {
-    const OpKind kind = job.signatures()[op.sig].kind();
-    if (kind == flare::v1::OP_KIND_COLLECTIVE || kind == flare::v1::OP_KIND_P2P)
-      all.push_back({{op.start, op.end}, op.stream});
-  }
-  std::sort(all.begin(), all.end());
-  CollectiveIntervals out;
-  for (const auto& [span, stream] : all) {
-    out.spans.push_back(span);
-    out.streams.push_back(stream);
-  }
-  return out;
-}
-
-// ---- A. slow GPU ------------------------------------------------------------------------
-
-void detectSlowGpu(const JobModel& job, const DiagnoseOptions& opt,
-                   const std::map<int, ArrivalStats>& arrivals, std::vector<Diagnosis>* out) {
-  std::map<int, CollectiveIntervals> intervals;
-  for (const auto& [rank, r] : job.ranks()) intervals[rank] = collectiveIntervals(job, r);
-  // signature -> rank -> durations (compute not overlapping a collective on another stream)
-  std::map<uint32_t, std::map<int, std::vector<double>>> durations;
-  std::map<uint32_t, double> flops_of;
-  for (const auto& [rank, r] : job.ranks()) {
-    const int64_t after = warmupEnd(job, rank);
-    for (const Op& op : r.ops) {
-      if (op.issue < after || !isCompute(job.signatures()[op.sig].kind())) continue;
-      if (intervals[rank].overlapsOtherStream(op)) continue;
-      durations[op.sig][rank].push_back(static_cast<double>(op.duration()));
-      flops_of[op.sig] = static_cast<double>(op.flops);
-    }
-  }
-  struct RankScore {
-    double flagged_weight = 0;
-    double total_weight = 0;
-    double weighted_ratio = 0;
-    uint32_t top_sig = 0;
-    double top_flops = 0;
-    double top_weight = -1;
-    double top_median = 0;
-    double top_reference = 0;
-  };
-  std::map<int, RankScore> scores;
-  for (const auto& [sig, per_rank] : durations) {
-    std::map<int, double> medians;
-    double weight = 0;
-    for (const auto& [rank, d] : per_rank) {
-      if (static_cast<int>(d.size()) < opt.min_samples) continue;
-      medians[rank] = median(d);
-      weight += std::accumulate(d.begin(), d.end(), 0.0);
-    }
-    if (medians.size() < 3) continue;  // two ranks cannot say which one is different
-    std::vector<double> meds;
-    for (const auto& [rank, m] : medians) meds.push_back(m);
-    const double reference = median(meds);
-    if (reference <= 0) continue;
-    std::vector<double> ratios;
-    for (double m : meds) ratios.push_back(m / reference);
-    const double fence =
-        std::max(1.0 + opt.gpu_min_effect, tukeyUpperFence(ratios, opt.tukey_alpha));
-    for (const auto& [rank, m] : medians) {
-      RankScore& s = scores[rank];
-      const double ratio = m / reference;
-      s.total_weight += weight;
-      s.weighted_ratio += weight * ratio;
-      if (ratio > fence) {
-        s.flagged_weight += weight;
-        if (weight > s.top_weight) {
-          s.top_weight = weight;
-          s.top_sig = sig;
-          s.top_flops = flops_of[sig];
-          s.top_median = m;
-          s.top_reference = reference;
-        }
-      }
-    }
-  }
-  for (const auto& [rank, s] : scores) {
-    if (s.total_weight <= 0 || s.flagged_weight < 0.5 * s.total_weight) continue;
-    const double slowdown = s.weighted_ratio / s.total_weight - 1.0;
-    const auto& sig = job.signatures()[s.top_sig];
-    Diagnosis d;
-    d.kind = "gpu_slow";
-    d.team = Team::kOperations;
-    d.cause = "GPU";
-    d.ranks = {rank};
-    d.severity = slowdown;
-    const double flops = s.top_flops;
-    Evidence e;
-    e.metric = "compute_duration";
-    e.value = s.top_median;
-    e.reference = s.top_reference;
-    e.text = sig.name() + " " + shapeText(sig) + ": median " + fmtMs(s.top_median) + " on rank " +
-             std::to_string(rank) + " vs " + fmtMs(s.top_reference) + " on the other ranks";
-    if (flops > 0) {
-      e.text += " (" + fmtNum(flops / s.top_median / 1e3, "TFLOPS") + " vs " +
-                fmtNum(flops / s.top_reference / 1e3, "TFLOPS") + ")";
-    }
-    d.evidence.push_back(e);
-    if (auto arrival = arrivalEvidence(arrivals, rank)) d.evidence.push_back(*arrival);
-    d.summary = "rank " + std::to_string(rank) + ": GPU slow — its GEMM/attention kernels run " +
-                fmtPct(slowdown) + " slower than the same kernels on the other ranks; the " +
-                "other ranks only wait for it";
-    out->push_back(std::move(d));
-  }
-}
-
-// ---- B. slow link --------------------------------------------------------------------------
 
 struct Instance {
   std::vector<std::pair<int, const Op*>> members;
@@ -302,7 +136,42 @@ void detectSlowLink(const JobModel& job, const DiagnoseOptions& opt, std::vector
   out->push_back(std::move(d));
 }
 
-// ---- C. host-side issue stall ---------------------------------------------------------------
+class LinkSlowDetector final : public Detector {
+ public:
+  std::string_view name() const override { return "link_slow"; }
+  std::vector<std::string_view> kinds() const override { return {"link_slow"}; }
+  DetectorNeeds needs() const override {
+    DetectorNeeds n;
+    n.window = Window::kCulprit;
+    n.cites_window = true;
+    return n;
+  }
+  std::vector<Diagnosis> run(const DetectorView& view) const override {
+    std::vector<Diagnosis> out;
+    detectSlowLink(view.job(), view.options(), &out);
+    return out;
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<Detector> makeLinkSlowDetector() {
+  return std::make_unique<LinkSlowDetector>();
+}
+
+// ---- from issue_stall.cc (moves to its own file) --------------------
+namespace {
+
+using namespace signals;
+
+// Up to this many ranks, a rank's issue latencies are compared with the other ranks' exactly;
+// beyond, with every rank's pooled, each rank represented by a quantile sample of this size.
+constexpr size_t kExactPeerRanks = 128;
+constexpr size_t kRankLatencySample = 256;
+// Up to kExactPeerRanks ranks, each rank's issue latencies are compared with the other ranks'
+// exactly (leave-one-out), from at most this many values a rank (a quantile sample beyond: a
+// summary-mode rank of 1,000 ops a step holds ~120,000 in a 120 s window).
+constexpr size_t kExactRankSample = 8192;
 
 void detectIssueStall(const JobModel& job, const DiagnoseOptions& opt,
                       const std::map<int, ArrivalStats>& arrivals, std::vector<Diagnosis>* out) {
@@ -565,7 +434,46 @@ void detectIssueStall(const JobModel& job, const DiagnoseOptions& opt,
   }
 }
 
-// ---- issue-latency regression against a healthy baseline -----------------------------------
+class IssueStallDetector final : public Detector {
+ public:
+  std::string_view name() const override { return "issue_stall"; }
+  std::vector<std::string_view> kinds() const override { return {"issue_stall"}; }
+  DetectorNeeds needs() const override {
+    DetectorNeeds n;
+    n.window = Window::kRecent;
+    n.cites_window = true;
+    return n;
+  }
+  std::vector<Diagnosis> run(const DetectorView& view) const override {
+    std::vector<Diagnosis> out;
+    // MODE_SUMMARY: GPU idle time and issue latencies come from the per-step statistics the
+    // ranks sent (JobModel::stepStats, issueLatencies), the same definitions as from raw ops.
+    detectIssueStall(view.job(), view.options(), view.arrivals(), &out);
+    // A rank named GPU-slow is not also named host-stalled: its slow GPU shifts its own host
+    // timing and GPU idle pattern (the host waits on it at blocking calls, its collectives wait
+    // less), which the stall signals can read as a stall; the slow GPU is the cause
+    // (docs/metrics.md).
+    std::set<int> slow_gpus;
+    for (const Diagnosis& d : view.earlier()) {
+      if (d.kind == "gpu_slow") slow_gpus.insert(d.ranks.begin(), d.ranks.end());
+    }
+    std::erase_if(out, [&](const Diagnosis& d) {
+      return d.ranks.size() == 1 && slow_gpus.count(d.ranks[0]) > 0;
+    });
+    return out;
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<Detector> makeIssueStallDetector() {
+  return std::make_unique<IssueStallDetector>();
+}
+
+// ---- from issue_latency_regression.cc (moves to its own file) --------------------
+namespace {
+
+using namespace signals;
 
 // Names what this job calls clearly more often than the baseline: the traced Python API first
 // (what the algorithm team changes), then the host synchronization call it makes.
@@ -685,7 +593,37 @@ void detectRegressionFromHistory(const JobModel& job, const History& history,
   out->push_back(std::move(d));
 }
 
-// ---- D. void percentages --------------------------------------------------------------------
+class IssueLatencyRegressionDetector final : public Detector {
+ public:
+  std::string_view name() const override { return "issue_latency_regression"; }
+  std::vector<std::string_view> kinds() const override { return {"issue_latency_regression"}; }
+  DetectorNeeds needs() const override {
+    DetectorNeeds n;
+    n.window = Window::kRecent;
+    n.reference = Reference::kBaselineOrHistory;
+    return n;
+  }
+  std::vector<Diagnosis> run(const DetectorView& view) const override {
+    std::vector<Diagnosis> out;
+    if (view.baseline() != nullptr) {
+      detectRegression(view.job(), *view.baseline(), view.options(), &out);
+    } else if (view.history() != nullptr) {
+      detectRegressionFromHistory(view.job(), *view.history(), &out);
+    }
+    return out;
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<Detector> makeIssueLatencyRegressionDetector() {
+  return std::make_unique<IssueLatencyRegressionDetector>();
+}
+
+// ---- from void_percentages.cc (moves to its own file) --------------------
+namespace {
+
+using namespace signals;
 
 // A void threshold learned from a healthy baseline (docs/metrics.md): the largest per-rank median
 // of the baseline plus the larger of `min_delta` and 1.5 × the IQR of its per-step values (a rank
@@ -782,7 +720,58 @@ void detectVoid(const JobModel& job, const DiagnoseOptions& opt, const JobModel*
   }
 }
 
-// ---- E. un-optimized GEMM ---------------------------------------------------------------------
+class VoidDetector final : public Detector {
+ public:
+  std::string_view name() const override { return "void"; }
+  std::vector<std::string_view> kinds() const override { return {"void_inter", "void_minority"}; }
+  DetectorNeeds needs() const override {
+    DetectorNeeds n;
+    n.window = Window::kRecent;
+    return n;
+  }
+  std::vector<Diagnosis> run(const DetectorView& view) const override {
+    std::vector<Diagnosis> out;
+    detectVoid(view.job(), view.options(), view.baseline(), view.history(), &out);
+    return out;
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<Detector> makeVoidDetector() {
+  return std::make_unique<VoidDetector>();
+}
+
+// ---- from unoptimized_gemm.cc (moves to its own file) --------------------
+namespace {
+
+using namespace signals;
+
+// A GEMM's flops per call from its signature's shape [m, n, k, batch] (the hook's count).
+uint64_t gemmFlops(const flare::v1::Signature& sig) {
+  if (sig.kind() != flare::v1::OP_KIND_GEMM || sig.shape_size() < 3) return 0;
+  double f =
+      2.0 * static_cast<double>(sig.shape(0)) * static_cast<double>(sig.shape(1)) *
+      static_cast<double>(sig.shape(2)) *
+      (sig.shape_size() >= 4 ? static_cast<double>(std::max<int64_t>(sig.shape(3), 1)) : 1.0);
+  return f > 0 && f < 1.8e19 ? static_cast<uint64_t>(f) : 0;
+}
+
+std::optional<stats::Dtype> statsDtype(flare::v1::DType t) {
+  switch (t) {
+    case flare::v1::DTYPE_F32:
+      return stats::Dtype::kFp32;
+    case flare::v1::DTYPE_F16:
+      return stats::Dtype::kFp16;
+    case flare::v1::DTYPE_BF16:
+      return stats::Dtype::kBf16;
+    case flare::v1::DTYPE_F8E4M3:
+    case flare::v1::DTYPE_F8E5M2:
+      return stats::Dtype::kFp8;
+    default:
+      return std::nullopt;
+  }
+}
 
 // The duration at quantile `q` of (duration, how many ops took it) pairs: the smallest value
 // whose cumulative count reaches q × total. Reorders `v`; 0 when empty.
@@ -1001,81 +990,26 @@ void detectUnoptimized(const JobModel& job, const DiagnoseOptions& opt,
   out->push_back(std::move(d));
 }
 
+class UnoptimizedGemmDetector final : public Detector {
+ public:
+  std::string_view name() const override { return "unoptimized_gemm"; }
+  std::vector<std::string_view> kinds() const override { return {"unoptimized_gemm"}; }
+  DetectorNeeds needs() const override {
+    DetectorNeeds n;
+    n.window = Window::kRecent;
+    return n;
+  }
+  std::vector<Diagnosis> run(const DetectorView& view) const override {
+    std::vector<Diagnosis> out;
+    detectUnoptimized(view.job(), view.options(), &out);
+    return out;
+  }
+};
+
 }  // namespace
 
-std::vector<Diagnosis> diagnose(const JobModel& whole, const DiagnoseOptions& options,
-                                const JobModel* baseline, const History* history) {
-  std::vector<Diagnosis> out;
-  // Fail-slow: when the job's step time rose at some step, the culprit detectors look at the
-  // steps since, where the cause lives (before it, every rank was healthy and would dilute it).
-  const std::optional<FailSlow> fail_slow = findFailSlow(whole, options);
-  std::optional<JobModel> recent;
-  if (fail_slow) recent = whole.sinceStep(fail_slow->step);
-  const JobModel& job = recent ? *recent : whole;
-  // Jitter (no level shift, spikes in a minority of steps): the GPU and network culprits are
-  // looked for in the spike steps only; the other detectors keep the whole window.
-  const std::optional<Jitter> jitter = fail_slow ? std::nullopt : findJitter(whole, options);
-  std::optional<JobModel> spiky;
-  if (jitter) spiky = whole.onlySteps(jitter->steps);
-  const JobModel& culprit_job = spiky ? *spiky : job;
-  const auto arrivals = collectiveArrivals(culprit_job);
-  const size_t first_culprit = out.size();
-  detectSlowGpu(culprit_job, options, arrivals, &out);
-  detectSlowGpuFromSummaries(culprit_job, options, arrivals, &out);
-  detectSlowLink(culprit_job, options, &out);
-  if (jitter) {
-    std::string steps;
-    for (size_t i = 0; i < jitter->steps.size() && i < 12; ++i)
-      steps += (i ? "," : "") + std::to_string(jitter->steps[i]);
-    if (jitter->steps.size() > 12) steps += ",...";
-    char text[256];
-    std::snprintf(text, sizeof(text),
-                  "step-time jitter: %zu steps (%s) took %.3f ms (median) against %.3f ms for "
-                  "the job's median step (threshold %.3f ms); those steps were analysed",
-                  jitter->steps.size(), steps.c_str(), jitter->spike_ns / 1e6,
-                  jitter->median_ns / 1e6, jitter->fence_ns / 1e6);
-    for (size_t i = first_culprit; i < out.size(); ++i) {
-      out[i].evidence.insert(out[i].evidence.begin(), Evidence{"step_time_jitter", text,
-                                                               jitter->spike_ns, jitter->fence_ns});
-    }
-  }
-  const auto job_arrivals = spiky ? collectiveArrivals(job) : arrivals;
-  // MODE_SUMMARY: GPU idle time and issue latencies come from the per-step statistics the ranks
-  // sent (JobModel::stepStats, issueLatencies), the same definitions as from raw ops.
-  detectIssueStall(job, options, job_arrivals, &out);
-  // A rank named GPU-slow is not also named host-stalled: its slow GPU shifts its own host timing
-  // and GPU idle pattern (the host waits on it at blocking calls, its collectives wait less),
-  // which the stall signals can read as a stall; the slow GPU is the cause (docs/metrics.md).
-  std::set<int> slow_gpus;
-  for (const Diagnosis& d : out) {
-    if (d.kind == "gpu_slow") slow_gpus.insert(d.ranks.begin(), d.ranks.end());
-  }
-  std::erase_if(out, [&](const Diagnosis& d) {
-    return d.kind == "issue_stall" && d.ranks.size() == 1 && slow_gpus.count(d.ranks[0]) > 0;
-  });
-  if (fail_slow) {
-    char text[160];
-    std::snprintf(text, sizeof(text),
-                  "fail-slow: the job's step time rose from %.3f ms to %.3f ms (+%.1f%%) at step "
-                  "%zu (change point); the steps since were analysed",
-                  fail_slow->before_ns / 1e6, fail_slow->after_ns / 1e6,
-                  (fail_slow->after_ns / fail_slow->before_ns - 1) * 100, fail_slow->step);
-    for (size_t i = first_culprit; i < out.size(); ++i) {
-      out[i].evidence.insert(
-          out[i].evidence.begin(),
-          Evidence{"step_time_change", text, fail_slow->after_ns, fail_slow->before_ns});
-    }
-  }
-  if (baseline != nullptr) {
-    detectRegression(job, *baseline, options, &out);
-  } else if (history != nullptr) {
-    detectRegressionFromHistory(job, *history, &out);
-  }
-  detectVoid(job, options, baseline, history, &out);
-  detectUnoptimized(job, options, &out);
-  std::stable_sort(out.begin(), out.end(),
-                   [](const Diagnosis& a, const Diagnosis& b) { return a.severity > b.severity; });
-  return out;
+std::unique_ptr<Detector> makeUnoptimizedGemmDetector() {
+  return std::make_unique<UnoptimizedGemmDetector>();
 }
 
 }  // namespace flare::engine

@@ -13,6 +13,10 @@
 // arrives last at collectives; a slow link shows as low bus bandwidth measured from the last
 // arrival (so waiting is not counted) on exactly the communicators that contain it.
 //
+// The detectors are plug-ins (detector.h), one file per family, listed in registry.cc; what
+// they measure is in signals.h. This header is the entry point callers use (flared's analyzer,
+// flare-diagnose, tests): diagnose() runs the built-in list.
+//
 // Plain functions over an immutable model: thread-compatible, no state.
 #pragma once
 
@@ -25,9 +29,11 @@
 
 namespace flare::engine {
 
-// `baseline`: a healthy run's model (flare-diagnose --baseline). `history`: stored healthy runs of
-// the job's backend and scale (flared): issue-latency regression with the learned threshold, and
-// void thresholds learned from history in place of the configured ones.
+// Runs the built-in detectors (builtinDetectors(), runDetectors in detector.h) on `job`; the
+// diagnoses, most severe first. `baseline`: a healthy run's model (flare-diagnose --baseline).
+// `history`: stored healthy runs of the job's backend and scale (flared): issue-latency regression
+// with the learned threshold, and void thresholds learned from history in place of the configured
+// ones.
 std::vector<Diagnosis> diagnose(const JobModel& job, const DiagnoseOptions& options,
                                 const JobModel* baseline = nullptr,
                                 const History* history = nullptr);
