@@ -493,7 +493,7 @@ def diagnosis(build, args):
                 shutil.rmtree(spool, ignore_errors=True)
             row["seconds"] = round(time.time() - t0, 1)
             row["layout"] = (f"{4 if sc.get('python') else sc.get('world', 8)} ranks, "
-                             f"TP {1 if sc.get('python') else sc.get('tp', 2)}")
+                             f"TP {sc.get('tp', 2)}")
             out["scenarios"][sc["name"]] = row
             print(f"  {sc['name']}: {json.dumps(row)}", flush=True)
     finally:
