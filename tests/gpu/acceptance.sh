@@ -29,6 +29,9 @@
 # Usage, on the GPU machine (from the repository root, or from the kit's root: the kit carries
 # tests/gpu):  FLARE_BUILD_DIR=KIT OUT=/some/dir tests/gpu/acceptance.sh
 # The kit: FLARE_KIT, else FLARE_BUILD_DIR, else the kit this script sits in, else ./.gpukit.
+# Flare runs from the kit's wheel, installed into KIT/venv on first use (tests/gpu/kit-env.sh):
+# every part uses the installed flare, flared, tools and hook; a kit without its wheel is an
+# error (exit 2), never a fallback to another Flare.
 # FLARE_ACCEPTANCE_PARTS=b,c runs only those parts (the others are listed as skipped), e.g. to
 # rerun one part; FLARE_ACCEPTANCE_SIM=0 on the GPU machine skips the PyTorch probe (~10 s).
 # Exit status: 0 when every part passed or was skipped, 1 otherwise.
@@ -40,14 +43,15 @@ mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 if [ -n "${FLARE_KIT:-${FLARE_BUILD_DIR:-}}" ]; then
   kit=${FLARE_KIT:-$FLARE_BUILD_DIR}
-elif [ -f "$root/lib/libflare_hook.so" ]; then
+elif [ -d "$root/wheel" ] || [ -f "$root/INSTALLED" ]; then
   kit=$root
 else
   kit=$root/.gpukit
 fi
-[ -f "$kit/lib/libflare_hook.so" ] || { echo "acceptance: no kit at $kit (tools/gpu-kit/make-kit.sh build KIT)" >&2; exit 2; }
-kit=$(cd "$kit" && pwd)
-export FLARE_KIT=$kit FLARE_BUILD_DIR=$kit OUT PYTHONUNBUFFERED=1
+. "$here/kit-env.sh"
+flare_use_kit "$kit" || exit 2
+kit=$FLARE_BUILD_DIR
+export OUT PYTHONUNBUFFERED=1
 py=${PYTHON:-python3}
 
 # Which mode: real needs PyTorch with a CUDA GPU.

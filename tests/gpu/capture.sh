@@ -20,12 +20,15 @@ root=$(cd "$here/../.." && pwd)
 OUT=${OUT:-/tmp/flare-fixtures}
 if [ -n "${FLARE_KIT:-${FLARE_BUILD_DIR:-}}" ]; then
   kit=${FLARE_KIT:-$FLARE_BUILD_DIR}
-elif [ -f "$root/lib/libflare_hook.so" ]; then
+elif [ -d "$root/wheel" ] || [ -f "$root/INSTALLED" ]; then
   kit=$root
 else
   kit=$root/.gpukit
 fi
-[ -f "$kit/lib/libflare_hook.so" ] || { echo "capture: no kit at $kit (tools/gpu-kit/make-kit.sh build KIT)" >&2; exit 2; }
+# Flare from the kit's wheel, installed on first use (tests/gpu/kit-env.sh); no fallback.
+. "$here/kit-env.sh"
+flare_use_kit "$kit" || exit 2
+kit=$FLARE_BUILD_DIR
 py=${PYTHON:-python3}
 sim=${FLARE_CAPTURE_SIM:-auto}
 if [ "$sim" = auto ]; then

@@ -196,7 +196,8 @@ def write(args, results):
     """e2e.json and e2e.md from the runs so far (after every run: a cut-off part keeps them)."""
     ok = bool(results) and all(r["ok"] for r in results)
     with open(os.path.join(args.out, "e2e.json"), "w") as f:
-        json.dump({"ok": ok, "sim": args.sim, "runs": results}, f, indent=1)
+        json.dump({"ok": ok, "sim": args.sim, "programs": args.programs, "runs": results}, f,
+                  indent=1)
     lines = ["# End to end through flared (%s)" % ("simulated stack, flare-sim-train --%s" %
                                                    args.sim_workload if args.sim else "PyTorch GPT loop, %s" %
                                                    args.size), "",
@@ -237,6 +238,11 @@ def main():
     start = time.monotonic()
     runs = [(m, int(n)) for m, n in (x.split(":") for x in args.runs.split(","))]
     daemon = Daemon(args.kit, work)
+    # What really ran (links resolved): the kit's installed wheel (tests/gpu/kit-env.sh), not a
+    # build tree; /proc/PID/exe is the program the console script exec'd.
+    args.programs = {"flared": os.path.realpath("/proc/%d/exe" % daemon.proc.pid),
+                     "hook": os.path.realpath(os.path.join(args.kit, "lib", "libflare_hook.so")),
+                     "flare": os.path.realpath(os.path.join(args.kit, "bin", "flare"))}
     results = []
     try:
         for i, (mode, ranks) in enumerate(runs):

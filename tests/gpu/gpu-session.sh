@@ -17,10 +17,14 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 OUT=${OUT:-/tmp/flare-gpu-session}
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
-export FLARE_BUILD_DIR=${FLARE_BUILD_DIR:-$PWD/.gpukit}
 log() { echo "$(date -u +%H:%M:%S) $*" | tee -a "$OUT/session.log" >&2; }
 t0=$(date +%s)
-log "session: kit $FLARE_BUILD_DIR ($(cat "$FLARE_BUILD_DIR/VERSION" 2>/dev/null))"
+# Flare from the kit's wheel, installed into KIT/venv first (tests/gpu/kit-env.sh): launch_cost,
+# acceptance.sh and capture.sh all run the installed hook and programs. No wheel: exit 2.
+. "$here/kit-env.sh"
+kit=${FLARE_BUILD_DIR:-$PWD/.gpukit}
+flare_use_kit "$kit" 2>> "$OUT/session.log" || { log "session: no usable kit at $kit (see above)"; tail -5 "$OUT/session.log" >&2; exit 2; }
+log "session: kit $kit ($(cat "$FLARE_BUILD_DIR/VERSION" 2>/dev/null)), Flare from $(sed -n 2p "$FLARE_BUILD_DIR/INSTALLED" 2>/dev/null || echo "$FLARE_BUILD_DIR")"
 # The per-call cost of a launch, bare and under the hook (tests/gpu/bench/launch_cost.cu, built
 # into the kit by make-kit.sh where nvcc is), before anything else loads the GPU.
 lc=$FLARE_BUILD_DIR/bin/launch_cost

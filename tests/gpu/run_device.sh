@@ -13,29 +13,33 @@
 #   checks     pytest tests/gpu (hook, Python tracing, cuda-gdb inspection)   ~1-2 min
 #   accuracy   per-kernel durations vs CUPTI (torch.profiler) and torch.cuda.Event   ~40 s
 #   overhead   tests/gpu/bench/overhead.py [args] (default: every workload, --budget-s 540)
-# The kit: FLARE_KIT, else FLARE_BUILD_DIR, else .gpukit.
+# The kit: FLARE_KIT, else FLARE_BUILD_DIR, else .gpukit. Flare runs from the kit's wheel,
+# installed into KIT/venv on first use (tests/gpu/kit-env.sh); Python (pytest, the benchmarks)
+# is that venv's, which sees the system's PyTorch. A kit without its wheel is an error.
 set -uo pipefail
 what=${1:-all}
 shift || true
 OUT=${OUT:-/tmp/flare-gpu-out}
 mkdir -p "$OUT"
-kit=$(realpath "${FLARE_KIT:-${FLARE_BUILD_DIR:-.gpukit}}")
-[ -f "$kit/lib/libflare_hook.so" ] || { echo "run_device: no kit at $kit (tools/gpu-kit/make-kit.sh)" >&2; exit 2; }
-export FLARE_BUILD_DIR=$kit PYTHONUNBUFFERED=1
-export PYTHONPATH=$PWD/python${PYTHONPATH:+:$PYTHONPATH}
+. "$(dirname "${BASH_SOURCE[0]}")/kit-env.sh"
+flare_use_kit "${FLARE_KIT:-${FLARE_BUILD_DIR:-.gpukit}}" || exit 2
+kit=$FLARE_BUILD_DIR
+py=${PYTHON:-python3}
+export PYTHONUNBUFFERED=1
 write_env() {
 {
   date -u
   nvidia-smi || true
   ldd --version | head -1
-  echo "kit needs: $(tr '\n' ' ' < "$kit/NEEDS")"
+  echo "kit needs: $(tr '\n' ' ' < "$kit/NEEDS" 2>/dev/null)"
+  [ -f "$kit/INSTALLED" ] && echo "flare installed: $(sed -n 1p "$kit/INSTALLED" | cut -d' ' -f2) at $(sed -n 2p "$kit/INSTALLED") (with $(sed -n 4p "$kit/INSTALLED"))"
   strings "$(ldconfig -p | awk '/libstdc\+\+\.so\.6 /{print $NF; exit}')" | grep -c "^$(sed -n 2p "$kit/NEEDS")$" |
     sed 's/^1$/libstdc++: has it/; s/^0$/libstdc++: MISSING the kit'"'"'s GLIBCXX/'
-  python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)'
+  "$py" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)'
   command -v cuda-gdb nvcc
   echo "kit version: $(cat "$kit/VERSION" 2>/dev/null || echo unknown)"
 } > "$OUT/nvidia-smi.txt" 2>&1
-python3 - "$OUT/environment.json" "$kit" <<'PY' 2>/dev/null || true
+"$py" - "$OUT/environment.json" "$kit" <<'PY' 2>/dev/null || true
 import json, os, platform, subprocess, sys
 env = {"python": platform.python_version(), "glibc": " ".join(platform.libc_ver())}
 try:
@@ -57,22 +61,27 @@ try:
     env["kit_version"] = open(os.path.join(sys.argv[2], "VERSION")).read().strip()
 except OSError:
     pass
+try:
+    import flare
+    env["flare_package"] = os.path.dirname(os.path.abspath(flare.__file__))
+except ImportError:
+    pass
 json.dump(env, open(sys.argv[1], "w"), indent=1)
 PY
 }
 if [ "$what" = env ] || [ "$what" = all ] || [ ! -f "$OUT/nvidia-smi.txt" ]; then write_env; fi
 rc=0
 if [ "$what" = checks ] || [ "$what" = all ]; then
-  python3 -m pytest -v -rs tests/gpu --junitxml="$OUT/gpu-junit.xml" > "$OUT/gpu-tests.log" 2>&1 || rc=1
+  "$py" -m pytest -v -rs tests/gpu --junitxml="$OUT/gpu-junit.xml" > "$OUT/gpu-tests.log" 2>&1 || rc=1
   tail -25 "$OUT/gpu-tests.log"
 fi
 if [ "$what" = accuracy ] || [ "$what" = all ]; then
-  python3 tests/gpu/bench/accuracy.py --build "$kit" --json "$OUT/accuracy.json" > "$OUT/accuracy.md" 2> "$OUT/accuracy.err" || rc=1
+  "$py" tests/gpu/bench/accuracy.py --build "$kit" --json "$OUT/accuracy.json" > "$OUT/accuracy.md" 2> "$OUT/accuracy.err" || rc=1
   cat "$OUT/accuracy.md"; tail -20 "$OUT/accuracy.err"
 fi
 if [ "$what" = overhead ] || [ "$what" = all ]; then
   [ $# -gt 0 ] || set -- --budget-s 540
-  python3 tests/gpu/bench/overhead.py --build "$kit" --json "$OUT/overhead.json" --md "$OUT/overhead.md" "$@" > /dev/null 2> "$OUT/overhead.err" || rc=1
+  "$py" tests/gpu/bench/overhead.py --build "$kit" --json "$OUT/overhead.json" --md "$OUT/overhead.md" "$@" > /dev/null 2> "$OUT/overhead.err" || rc=1
   cat "$OUT/overhead.md"; tail -20 "$OUT/overhead.err"
 fi
 exit $rc

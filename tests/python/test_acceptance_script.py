@@ -2,7 +2,9 @@
 runs from a kit must run end to end here too. Parts that need PyTorch and a GPU say so and why;
 the end-to-end part runs the simulated Python workload through flared in summary and raw mode,
 1 and 4 ranks, and must pass with no batch rejected; the results are a handful of files plus one
-archive; a part that runs past its budget is cut off and the others still report."""
+archive; a part that runs past its budget is cut off and the others still report. Flare runs
+from the kit's wheel, installed into a venv inside the kit on first use (tests/gpu/kit-env.sh):
+the daemon, hook and CLI the runs used must resolve there."""
 import json
 import os
 import subprocess
@@ -62,7 +64,17 @@ def test_simulated_acceptance_runs_end_to_end(kit, tmp_path):
     assert "| b | end to end through flared" in md and "skipped: needs PyTorch+GPU" in md
     with tarfile.open(out / "details.tar.gz") as tar:
         names = tar.getnames()
-    assert "e2e.json" in names and "logs/b.log" in names and "gpu-tests.log" in names
+        assert "e2e.json" in names and "logs/b.log" in names and "gpu-tests.log" in names
+        e2e = json.load(tar.extractfile("e2e.json"))
+    # What ran is the installed wheel: flared the process exec'd, the hook the ranks preloaded
+    # and the CLI that read the reports all resolve into the kit's venv.
+    site = (kit / "installed" / "INSTALLED").read_text().splitlines()[1]
+    assert site.startswith(str(kit / "venv") + "/"), site
+    assert e2e["programs"] == {"flared": site + "/bin/flared",
+                               "hook": site + "/lib/libflare_hook.so",
+                               "flare": str(kit / "venv" / "bin" / "flare")}, e2e["programs"]
+    env_txt = (out / "nvidia-smi.txt").read_text()
+    assert "flare installed: flare-" in env_txt and site in env_txt, env_txt
 
 
 def test_a_part_past_its_budget_is_cut_off_and_the_rest_report(kit, tmp_path):

