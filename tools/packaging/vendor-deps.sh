@@ -13,7 +13,8 @@
 # DT_NEEDED that named it rewritten: libflare_hook.so is preloaded into PyTorch processes, and a
 # vendored library must neither be taken for, nor replaced by, another copy of the same library
 # that the process loads (the system's, another wheel's).
-# Used by tools/gpu-kit/make-kit.sh (the GPU kit) and tools/packaging/make-wheel.sh (the wheel).
+# Used by tools/packaging/make-wheel.sh (the wheel, which the GPU kit of tools/gpu-kit/make-kit.sh
+# carries).
 # Needs patchelf, ldd, strip and sha256sum.
 #
 # Usage: vendor-deps.sh [--rename] DEPS_DIR FILE...
