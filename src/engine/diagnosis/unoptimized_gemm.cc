@@ -1,4 +1,9 @@
-// The detector families not yet in their own file (issue 20, item 2: one file per family).
+// Detector unoptimized_gemm: GEMM shapes that run well below what alike aligned GEMMs of the
+// same job reach (same dtype, flops per call and arithmetic intensity within a factor), or below
+// the shape's expected TFLOPS on the ranks' device (stats/perf_model.h), after the ranks'
+// warm-up; raw ops and kernel summaries alike. One diagnosis for the job, every slow shape as
+// evidence, with an alignment hint where a dimension is misaligned (docs/metrics.md).
+
 #include <algorithm>
 #include <cmath>
 #include <map>
@@ -13,7 +18,6 @@
 #include "src/stats/quantile.h"
 
 namespace flare::engine {
-// ---- from unoptimized_gemm.cc (moves to its own file) --------------------
 namespace {
 
 using namespace signals;
