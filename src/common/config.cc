@@ -298,6 +298,59 @@ const ParamInfo* findParam(std::string_view name) {
   return nullptr;
 }
 
+const char* declaredDefault(std::string_view name) {
+  const ParamInfo* p = findParam(name);
+  return p == nullptr ? "" : p->default_value;
+}
+
+namespace {
+
+// One warning (once per name) for a reader given a name without a usable declaration: a
+// programming error that the table test and the callers' tests rule out.
+void warnUndeclared(const char* name) {
+  try {
+    configWarningOnce(std::string(name) + '\0' + "<declared default>",
+                      fmt::format("flare: {} has no declared default of its type in "
+                                  "src/common/config.cc",
+                                  name));
+  } catch (...) {
+  }
+}
+
+// The declared default of `name` parsed by `parse` (nullopt, with the warning, when `name` is
+// not declared or its default does not parse).
+template <typename Parse>
+auto declaredValue(const char* name, Parse parse) {
+  const ParamInfo* p = findParam(name);
+  auto v = p == nullptr ? decltype(parse(std::string_view()))() : parse(p->default_value);
+  if (!v) warnUndeclared(name);
+  return v;
+}
+
+}  // namespace
+
+int64_t paramInt(const char* name, int64_t min_value, int64_t max_value) {
+  return envInt(name, declaredValue(name, parseInt).value_or(0), min_value, max_value);
+}
+
+double paramDouble(const char* name, double min_value, double max_value) {
+  return envDouble(name, declaredValue(name, parseDouble).value_or(0.0), min_value, max_value);
+}
+
+bool paramBool(const char* name) {
+  return envBool(name, declaredValue(name, parseBool).value_or(false));
+}
+
+std::string paramString(const char* name) {
+  if (findParam(name) == nullptr) warnUndeclared(name);
+  return envString(name, declaredDefault(name));
+}
+
+double paramDurationSeconds(const char* name, double min_value, double max_value) {
+  return envDurationSeconds(name, declaredValue(name, parseDurationSeconds).value_or(0.0),
+                            min_value, max_value);
+}
+
 std::optional<std::string> getEnv(const char* name) {
   const char* v = rawEnv(name);
   if (v == nullptr) return std::nullopt;

@@ -55,6 +55,18 @@ std::string envString(const char* name, const std::string& def);
 // ns|us|ms|s|m|h ("90", "1.5m", "500ms").
 double envDurationSeconds(const char* name, double def, double min_value, double max_value);
 
+// Readers of a declared setting with the default declared in the table: each default is
+// written once, there (conventions.md #8), and docs/configuration.md shows the value the code
+// uses. `name` must be declared with a default of the reader's type (the table test checks that
+// every typed default parses); an undeclared name warns once and reads as 0, false or "".
+int64_t paramInt(const char* name, int64_t min_value, int64_t max_value);
+double paramDouble(const char* name, double min_value, double max_value);
+bool paramBool(const char* name);
+std::string paramString(const char* name);
+double paramDurationSeconds(const char* name, double min_value, double max_value);
+// The declared default of `name` as a user would write it ("" when undeclared).
+const char* declaredDefault(std::string_view name);
+
 // Parsing helpers, also used on values that come from elsewhere (command lines). Surrounding
 // whitespace is ignored; anything else left over (trailing garbage), overflow, and for doubles
 // inf/nan or an exponent out of range ("1e999") give nullopt.

@@ -231,6 +231,48 @@ TEST_F(ConfigTest, WarningOnceHelper) {
   EXPECT_THAT(lines(), ElementsAre("flare: one", "flare: always", "flare: always"));
 }
 
+TEST_F(ConfigTest, ParamReadersTakeTheDeclaredDefault) {
+  unsetenv("FLARE_BATCH_BYTES");
+  unsetenv("FLARE_SIM_TIME_SCALE");
+  unsetenv("FLARE_PYTHON_DEFAULTS");
+  unsetenv("FLARE_SIM_DEVICE_NAME");
+  unsetenv("FLARE_HANG_TIMEOUT");
+  EXPECT_EQ(paramInt("FLARE_BATCH_BYTES", 1, 1 << 30), 65536);
+  EXPECT_EQ(paramDouble("FLARE_SIM_TIME_SCALE", 0, 10), 1.0);
+  EXPECT_TRUE(paramBool("FLARE_PYTHON_DEFAULTS"));
+  EXPECT_EQ(paramString("FLARE_SIM_DEVICE_NAME"), "Flare Simulated GPU");
+  EXPECT_EQ(paramDurationSeconds("FLARE_HANG_TIMEOUT", 0, 1e8), 300.0);
+  EXPECT_STREQ(declaredDefault("FLARE_HANG_TIMEOUT"), "300");
+  EXPECT_STREQ(declaredDefault("FLARE_NOT_DECLARED"), "");
+  EXPECT_THAT(lines(), IsEmpty());
+
+  // A set value wins; a bad one warns and falls back to the declared default.
+  set("FLARE_BATCH_BYTES", "4096");
+  EXPECT_EQ(paramInt("FLARE_BATCH_BYTES", 1, 1 << 30), 4096);
+  set("FLARE_BATCH_BYTES", "lots");
+  EXPECT_EQ(paramInt("FLARE_BATCH_BYTES", 1, 1 << 30), 65536);
+  set("FLARE_HANG_TIMEOUT", "2m");
+  EXPECT_EQ(paramDurationSeconds("FLARE_HANG_TIMEOUT", 0, 1e8), 120.0);
+  set("FLARE_PYTHON_DEFAULTS", "off");
+  EXPECT_FALSE(paramBool("FLARE_PYTHON_DEFAULTS"));
+  EXPECT_THAT(lines(), ElementsAre("flare: FLARE_BATCH_BYTES='lots' is not an integer; using "
+                                   "65536"));
+
+  // An undeclared name (a programming error) reads as zero, with one warning.
+  EXPECT_EQ(paramInt("FLARE_TEST_UNDECLARED", 0, 10), 0);
+  EXPECT_EQ(paramInt("FLARE_TEST_UNDECLARED", 0, 10), 0);
+  EXPECT_EQ(paramString("FLARE_TEST_UNDECLARED_S"), "");
+  // A declared name of another type has no default of the reader's type.
+  EXPECT_EQ(paramInt("FLARE_SIM_DEVICE_NAME", 0, 10), 0);
+  const auto got = lines();
+  ASSERT_EQ(got.size(), 4u);
+  EXPECT_EQ(got[1],
+            "flare: FLARE_TEST_UNDECLARED has no declared default of its type in "
+            "src/common/config.cc");
+  EXPECT_THAT(got[2], HasSubstr("FLARE_TEST_UNDECLARED_S has no declared default"));
+  EXPECT_THAT(got[3], HasSubstr("FLARE_SIM_DEVICE_NAME has no declared default"));
+}
+
 TEST(ParamTableTest, NamesAreUniqueDeclaredAndDocumented) {
   std::set<std::string> names;
   const std::set<std::string> types = {"int",      "double", "bool",     "string",

@@ -165,17 +165,18 @@ struct State {
   // rather than emitted: the first read happens while State is being built, and emitting
   // would log, which needs State.
   void readEnvironment(std::vector<std::string>* warnings) {
-    LogLevel lvl = LogLevel::kInfo;
+    const char* def = declaredDefault("FLARE_LOG_LEVEL");
+    LogLevel lvl = parseLogLevel(def).value_or(LogLevel::kInfo);
     if (auto raw = getEnv("FLARE_LOG_LEVEL")) {
       if (auto parsed = parseLogLevel(*raw)) {
         lvl = *parsed;
       } else {
         warnings->push_back("flare: FLARE_LOG_LEVEL='" + *raw +
-                            "' is not a log level (trace|debug|info|warn|error|off); using info");
+                            "' is not a log level (trace|debug|info|warn|error|off); using " + def);
       }
     }
     level.store(static_cast<int>(lvl), std::memory_order_release);
-    publishFilter(parseFilter(getEnv("FLARE_LOG_SUBSYSTEMS").value_or("")));
+    publishFilter(parseFilter(paramString("FLARE_LOG_SUBSYSTEMS")));
   }
 
   void publishFilter(SubsystemFilter* f) {

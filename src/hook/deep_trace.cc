@@ -180,7 +180,7 @@ void CUPTIAPI bufferCompleted(CUcontext, uint32_t, uint8_t* buffer, size_t /*siz
 std::string load(Capture& c) {
   if (c.lib != nullptr) return "";
   std::vector<std::string> candidates;
-  const std::string env = common::envString("FLARE_CUPTI_LIB", "");
+  const std::string env = common::paramString("FLARE_CUPTI_LIB");
   if (!env.empty()) {
     candidates.push_back(env);
   } else {
@@ -263,7 +263,7 @@ void flushAndFinish() {
   Capture& c = cap();
   const auto t0 = std::chrono::steady_clock::now();
   const double timeout_s =
-      common::envDurationSeconds("FLARE_DEEP_TRACE_FLUSH_SECONDS", 5.0, 0.1, 600.0);
+      common::paramDurationSeconds("FLARE_DEEP_TRACE_FLUSH_SECONDS", 0.1, 600.0);
   uint64_t last = ~uint64_t{0};
   int quiet = 0;
   for (;;) {
@@ -336,9 +336,9 @@ void arm(Capture& c, uint64_t command_id, uint32_t steps, flare::v1::CommandResu
     return skip(reason);
   }
   if (!c.pool) {
-    const auto count = static_cast<size_t>(common::envInt("FLARE_DEEP_TRACE_BUFFERS", 16, 2, 4096));
+    const auto count = static_cast<size_t>(common::paramInt("FLARE_DEEP_TRACE_BUFFERS", 2, 4096));
     const auto bytes = static_cast<size_t>(
-        common::envInt("FLARE_DEEP_TRACE_BUFFER_BYTES", 1 << 20, 4096, int64_t{256} << 20));
+        common::paramInt("FLARE_DEEP_TRACE_BUFFER_BYTES", 4096, int64_t{256} << 20));
     c.pool = std::make_unique<timing::BufferPool>(count, bytes);
   }
   const CUptiResult rr = c.fns.registerCallbacks(bufferRequested, bufferCompleted);
@@ -372,7 +372,7 @@ struct EnvTrigger {
 };
 EnvTrigger envTrigger() {
   EnvTrigger t;
-  const std::string v = common::envString("FLARE_DEEP_TRACE", "");
+  const std::string v = common::paramString("FLARE_DEEP_TRACE");
   if (v.empty()) return t;
   const size_t colon = v.find(':');
   const auto from =
@@ -478,8 +478,7 @@ void deepTraceAtExit() {
     }
   }
   // The flush thread is at work: give it its time.
-  const double limit =
-      common::envDurationSeconds("FLARE_DEEP_TRACE_FLUSH_SECONDS", 5.0, 0.1, 600.0);
+  const double limit = common::paramDurationSeconds("FLARE_DEEP_TRACE_FLUSH_SECONDS", 0.1, 600.0);
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(limit + 1);
   while (c.state.load() != kIdle && std::chrono::steady_clock::now() < deadline) {
     std::this_thread::sleep_for(std::chrono::milliseconds(5));

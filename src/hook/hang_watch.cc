@@ -43,11 +43,11 @@ HangWatch::HangWatch(hang::WatchdogOptions options, ReportFn report,
     : watchdog_(std::move(options)), report_(std::move(report)), wall_ns_(std::move(wall_ns)) {}
 
 bool HangWatch::optionsFromEnv(hang::WatchdogOptions* out) {
-  const double timeout_s = common::envDurationSeconds("FLARE_HANG_TIMEOUT", 300.0, 0.0, 1e8);
+  const double timeout_s = common::paramDurationSeconds("FLARE_HANG_TIMEOUT", 0.0, 1e8);
   if (!(timeout_s > 0)) return false;
   out->timeout_ns = static_cast<int64_t>(timeout_s * 1e9);
-  out->learn_factor = common::envDouble("FLARE_HANG_LEARN_FACTOR", 4.0, 0.0, 1e6);
-  const std::string ops = common::envString("FLARE_HANG_TIMEOUT_OPS", "");
+  out->learn_factor = common::paramDouble("FLARE_HANG_LEARN_FACTOR", 0.0, 1e6);
+  const std::string ops = common::paramString("FLARE_HANG_TIMEOUT_OPS");
   std::vector<std::string> errors;
   hang::parseOpTimeouts(ops, &out->op_timeouts, &errors);
   for (const std::string& e : errors) {

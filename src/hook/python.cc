@@ -100,7 +100,7 @@ FlarePyprofHost g_host = {};
 // Runs with the GIL held when the interpreter is about to run the main program: loads the
 // module for this version and hands it the host table. Every C++ static is initialized by now.
 void loadModule() {
-  if (common::envBool("FLARE_DISABLE", false)) return;
+  if (common::paramBool("FLARE_DISABLE")) return;
   const std::string path = selfDir() + "/flare/libflare_pyprof_cp" + std::to_string(g_major) +
                            std::to_string(g_minor) + ".so";
   // RTLD_LOCAL: its symbols stay private; its Py* references bind to the interpreter's.
@@ -114,11 +114,11 @@ void loadModule() {
     return;
   }
   auto install = reinterpret_cast<FlarePyprofInstallFn>(dlsym(handle, "flare_pyprof_install"));
-  static std::string* traced_api = new std::string(common::envString("TRACED_PYTHON_API", ""));
+  static std::string* traced_api = new std::string(common::paramString("TRACED_PYTHON_API"));
   g_host.abi = FLARE_PYPROF_ABI;
   g_host.size = sizeof(FlarePyprofHost);
   g_host.traced_api = traced_api->c_str();
-  g_host.defaults = common::envBool("FLARE_PYTHON_DEFAULTS", true) ? 1 : 0;
+  g_host.defaults = common::paramBool("FLARE_PYTHON_DEFAULTS") ? 1 : 0;
   g_host.intern_api = hostInternApi;
   g_host.open_span = hostOpenSpan;
   g_host.close_span = hostCloseSpan;

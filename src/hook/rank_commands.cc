@@ -43,7 +43,7 @@ namespace {
 // FLARE_EXIT_FLUSH_SECONDS), then _exit: the main thread is stuck, so exit() and its handlers
 // could block on it. Once per process.
 void exitCommand(const flare::v1::Exit& req, flare::v1::CommandResult* result) {
-  if (!common::envBool("FLARE_HANG_KILL", false)) {
+  if (!common::paramBool("FLARE_HANG_KILL")) {
     result->set_ok(false);
     result->set_error("refused: this rank did not opt in (FLARE_HANG_KILL=1)");
     FLARE_LOG_WARN("hang",
@@ -133,7 +133,7 @@ void inspect(const flare::v1::Inspect& req, int rank, int world_size,
     result->set_ok(true);
     return;
   }
-  const std::string script = common::envString("FLARE_CUDA_GDB_SCRIPT", "");
+  const std::string script = common::paramString("FLARE_CUDA_GDB_SCRIPT");
   if (script.empty()) {
     result->set_ok(false);
     result->set_error("inspect: not the simulated NCCL and FLARE_CUDA_GDB_SCRIPT is not set");
