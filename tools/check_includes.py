@@ -2,9 +2,10 @@
 """Checks the include directions between Flare's modules (docs/architecture.md, "Modules").
 
 Derives the module graph from the `#include "..."` lines of every C/C++ file under src/, tools/,
-tests/ and include/, and fails when an edge is not in ALLOWED below, or when src/sim is included
-from anything but test code. Run by ctest (test `include_directions`, label unit: `make test`)
-and by hand: `python3 tools/check_includes.py [--graph]` (--graph prints the edges and counts).
+tests/ and include/, and fails when an edge is not in ALLOWED below, when src/sim is included
+from anything but test code, or when a diagnosis helper includes a detector (DIAGNOSIS_HELPERS).
+Run by ctest (test `include_directions`, label unit: `make test`) and by hand:
+`python3 tools/check_includes.py [--graph]` (--graph prints the edges and counts).
 Standard library only; reads ~500 files in well under a second.
 """
 
@@ -49,6 +50,14 @@ SIM_USERS = (
     re.compile(r"_benchmark\.cc$"),  # hand-run benchmarks on the simulated stack, not shipped
 )
 
+# Inside src/engine/diagnosis: the helper layer — what measures or summarises a job without
+# diagnosing it — includes no detector; the detectors (detector.h, one file per family, listed in
+# registry.cc) call it, never the other way round.
+DIAGNOSIS_DIR = "src/engine/diagnosis"
+DIAGNOSIS_HELPERS = ("diagnosis", "signals", "job_model", "history", "job_metrics", "series")
+DETECTOR_HEADERS = tuple(DIAGNOSIS_DIR + "/" + h for h in
+                         ("detector.h", "detectors.h", "gpu_slow.h", "summary_detectors.h"))
+
 INCLUDE_RE = re.compile(r'^\s*#\s*include\s+"([^"]+)"')
 SOURCE_EXT = (".cc", ".h", ".cpp", ".hpp", ".c", ".inc")
 
@@ -86,6 +95,24 @@ def edges():
                         dst = module_of(m.group(1))
                         if dst and dst != src:
                             yield rel, m.group(1), src, dst
+
+
+def diagnosis_layer_errors():
+    """Includes of a detector header from the diagnosis helper layer (DIAGNOSIS_HELPERS)."""
+    errors = []
+    folder = os.path.join(ROOT, DIAGNOSIS_DIR)
+    for name in sorted(os.listdir(folder)):
+        stem, ext = os.path.splitext(name)
+        if ext not in SOURCE_EXT or stem not in DIAGNOSIS_HELPERS:
+            continue
+        with open(os.path.join(folder, name), encoding="utf-8", errors="replace") as f:
+            for line in f:
+                m = INCLUDE_RE.match(line)
+                if m and m.group(1) in DETECTOR_HEADERS:
+                    errors.append(f"{DIAGNOSIS_DIR}/{name}: includes {m.group(1)}: the diagnosis "
+                                  "helpers call no detector (tools/check_includes.py "
+                                  "DIAGNOSIS_HELPERS)")
+    return errors
 
 
 def check_table():
@@ -129,6 +156,7 @@ def main():
         errors.append(f"{rel}: includes {inc}: {src} may not depend on {dst} "
                       f"(allowed: {', '.join(sorted(allowed)) or 'nothing'}; "
                       "tools/check_includes.py ALLOWED)")
+    errors += diagnosis_layer_errors()
     if args.graph:
         for (src, dst), n in sorted(counts.items()):
             note = "  (pending: " + PENDING[(src, dst)] + ")" if (src, dst) in PENDING else ""

@@ -4,7 +4,7 @@
 #include <cctype>
 #include <climits>
 
-#include "src/engine/diagnosis/detectors.h"
+#include "src/engine/diagnosis/signals.h"
 #include "src/records/op_kind.h"
 #include "src/stats/quantile.h"
 
