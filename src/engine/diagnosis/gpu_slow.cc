@@ -28,7 +28,6 @@ namespace flare::engine {
 namespace {
 
 using flare::v1::OpKind;
-using namespace signals;
 
 // Intervals of collectives per rank and stream, to exclude compute that overlapped one on
 // another stream (its slowness is contention, not the GPU).
