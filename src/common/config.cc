@@ -275,10 +275,6 @@ void warnOnce(const char* name, std::string_view value, const std::string& line)
   configWarningOnce(key, line);
 }
 
-std::string formatDouble(double v) {
-  return fmt::format("{}", v);
-}
-
 // getenv() without allocation; empty counts as unset. Returns nullptr when unset.
 const char* rawEnv(const char* name) {
   const char* v = std::getenv(name);
@@ -456,73 +452,47 @@ std::optional<double> parseDurationSeconds(std::string_view s) {
   return r;
 }
 
-int64_t envInt(const char* name, int64_t def, int64_t min_value, int64_t max_value) {
+namespace {
+
+// The numeric readers: unset gives `def`; a value `parse` rejects, or one outside
+// [min_value, max_value], warns once (naming it `what`, values followed by `unit`) and gives `def`.
+template <typename T, typename Parse>
+T envNumber(const char* name, T def, T min_value, T max_value, Parse parse, const char* what,
+            const char* unit) {
   const char* raw = rawEnv(name);
   if (raw == nullptr) return def;
-  auto v = parseInt(raw);
+  auto v = parse(raw);
   try {
     if (!v) {
       warnOnce(name, raw,
-               fmt::format("flare: {}='{}' is not an integer; using {}", name, raw, def));
+               fmt::format("flare: {}='{}' is not {}; using {}{}", name, raw, what, def, unit));
       return def;
     }
     if (*v < min_value || *v > max_value) {
       warnOnce(name, raw,
-               fmt::format("flare: {}='{}' is out of range [{}, {}]; using {}", name, raw,
-                           min_value, max_value, def));
+               fmt::format("flare: {}='{}' is out of range [{}{}, {}{}]; using {}{}", name, raw,
+                           min_value, unit, max_value, unit, def, unit));
       return def;
     }
   } catch (...) {
     return def;
   }
-  return *v;
+  return static_cast<T>(*v);
+}
+
+}  // namespace
+
+int64_t envInt(const char* name, int64_t def, int64_t min_value, int64_t max_value) {
+  return envNumber(name, def, min_value, max_value, parseInt, "an integer", "");
 }
 
 double envDouble(const char* name, double def, double min_value, double max_value) {
-  const char* raw = rawEnv(name);
-  if (raw == nullptr) return def;
-  auto v = parseDouble(raw);
-  try {
-    if (!v) {
-      warnOnce(
-          name, raw,
-          fmt::format("flare: {}='{}' is not a number; using {}", name, raw, formatDouble(def)));
-      return def;
-    }
-    if (*v < min_value || *v > max_value) {
-      warnOnce(name, raw,
-               fmt::format("flare: {}='{}' is out of range [{}, {}]; using {}", name, raw,
-                           formatDouble(min_value), formatDouble(max_value), formatDouble(def)));
-      return def;
-    }
-  } catch (...) {
-    return def;
-  }
-  return *v;
+  return envNumber(name, def, min_value, max_value, parseDouble, "a number", "");
 }
 
 double envDurationSeconds(const char* name, double def, double min_value, double max_value) {
-  const char* raw = rawEnv(name);
-  if (raw == nullptr) return def;
-  auto v = parseDurationSeconds(raw);
-  try {
-    if (!v) {
-      warnOnce(name, raw,
-               fmt::format("flare: {}='{}' is not a duration (seconds, or a number with a unit "
-                           "ns|us|ms|s|m|h); using {}s",
-                           name, raw, formatDouble(def)));
-      return def;
-    }
-    if (*v < min_value || *v > max_value) {
-      warnOnce(name, raw,
-               fmt::format("flare: {}='{}' is out of range [{}s, {}s]; using {}s", name, raw,
-                           formatDouble(min_value), formatDouble(max_value), formatDouble(def)));
-      return def;
-    }
-  } catch (...) {
-    return def;
-  }
-  return *v;
+  return envNumber(name, def, min_value, max_value, parseDurationSeconds,
+                   "a duration (seconds, or a number with a unit ns|us|ms|s|m|h)", "s");
 }
 
 bool envBool(const char* name, bool def) {

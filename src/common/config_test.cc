@@ -12,6 +12,8 @@
 #include <thread>
 #include <vector>
 
+#include "src/common/testing/warning_capture.h"
+
 namespace flare::common {
 namespace {
 
@@ -19,37 +21,21 @@ using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::IsEmpty;
 
-// Captures the warning lines. Each test uses its own variable names: warnings are once per
-// (variable, value) per process, and the tests may share one process.
-std::mutex g_mu;
-std::vector<std::string> g_lines;
-
-void captureSink(const std::string& line) {
-  std::lock_guard<std::mutex> lock(g_mu);
-  g_lines.push_back(line);
-}
-
+// Captures the warning lines (each test uses its own variable names: warnings are once per
+// (variable, value) per process) and unsets the variables it set.
 class ConfigTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    std::lock_guard<std::mutex> lock(g_mu);
-    g_lines.clear();
-    setWarningSink(&captureSink);
-  }
   void TearDown() override {
-    setWarningSink(nullptr);
     for (const std::string& name : set_) unsetenv(name.c_str());
   }
   void set(const std::string& name, const std::string& value) {
     setenv(name.c_str(), value.c_str(), 1);
     set_.push_back(name);
   }
-  static std::vector<std::string> lines() {
-    std::lock_guard<std::mutex> lock(g_mu);
-    return g_lines;
-  }
+  std::vector<std::string> lines() const { return capture_.lines(); }
 
  private:
+  testing::WarningCapture capture_;
   std::vector<std::string> set_;
 };
 

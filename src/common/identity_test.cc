@@ -10,6 +10,7 @@
 
 #include "src/common/config.h"
 #include "src/common/job_id.h"
+#include "src/common/testing/warning_capture.h"
 
 namespace flare::common {
 namespace {
@@ -18,18 +19,10 @@ using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::IsEmpty;
 
-std::vector<std::string> g_lines;
-void captureSink(const std::string& line) {
-  g_lines.push_back(line);
-}
-
 class IdentityTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    g_lines.clear();
-    setWarningSink(&captureSink);
-  }
-  void TearDown() override { setWarningSink(nullptr); }
+  std::vector<std::string> lines() const { return capture_.lines(); }
+  testing::WarningCapture capture_;
 
   Identity resolve(const std::map<std::string, std::string>& vars) {
     EnvLookup env = [&vars](const char* name) -> std::optional<std::string> {
@@ -53,7 +46,7 @@ TEST_F(IdentityTest, NoLauncherIsASingleProcess) {
   EXPECT_EQ(id.job_id, "local-node7-4242");
   EXPECT_EQ(id.host, "node7");
   EXPECT_EQ(id.pid, 4242);
-  EXPECT_THAT(g_lines, IsEmpty());
+  EXPECT_THAT(lines(), IsEmpty());
 }
 
 TEST_F(IdentityTest, Torchrun) {
@@ -68,7 +61,7 @@ TEST_F(IdentityTest, Torchrun) {
   EXPECT_EQ(id.world_size, 16);
   EXPECT_EQ(id.local_world_size, 4);
   EXPECT_EQ(id.job_id, "job-abc");
-  EXPECT_THAT(g_lines, IsEmpty());
+  EXPECT_THAT(lines(), IsEmpty());
 }
 
 TEST_F(IdentityTest, TorchrunWithoutRunIdUsesTheMasterAddress) {
@@ -103,7 +96,7 @@ TEST_F(IdentityTest, Slurm) {
   EXPECT_EQ(id.world_size, 8);
   EXPECT_EQ(id.local_world_size, 4);
   EXPECT_EQ(id.job_id, "123456.0");
-  EXPECT_THAT(g_lines, IsEmpty());
+  EXPECT_THAT(lines(), IsEmpty());
 }
 
 TEST_F(IdentityTest, SlurmUnevenNodesAndNoStep) {
@@ -144,23 +137,23 @@ TEST_F(IdentityTest, FlareJobIdOverridesEverySource) {
                      {"SLURM_JOB_ID", "9"}})
                 .job_id,
             "mine");
-  EXPECT_THAT(g_lines, IsEmpty());
+  EXPECT_THAT(lines(), IsEmpty());
 }
 
 TEST_F(IdentityTest, UnsafeJobIdIsSanitized) {
   EXPECT_EQ(resolve({{"FLARE_JOB_ID", "a/b c"}}).job_id, "a_b_c");
-  EXPECT_THAT(g_lines, ElementsAre(HasSubstr("FLARE_JOB_ID='a/b c' is not a valid job id")));
+  EXPECT_THAT(lines(), ElementsAre(HasSubstr("FLARE_JOB_ID='a/b c' is not a valid job id")));
 }
 
 // The issue's case: '+' was accepted by the hook and refused by flared (the whole job then
 // spooled silently). One rule now (job_id.h): the hook replaces it and says so.
 TEST_F(IdentityTest, JobIdsFollowTheOneRule) {
   EXPECT_EQ(resolve({{"FLARE_JOB_ID", "a+b"}}).job_id, "a_b");
-  EXPECT_THAT(g_lines, ElementsAre(HasSubstr("1 to 128 of A-Z a-z 0-9 . _ - : @")));
-  g_lines.clear();
+  EXPECT_THAT(lines(), ElementsAre(HasSubstr("1 to 128 of A-Z a-z 0-9 . _ - : @")));
+  capture_.clear();
   const std::string ok = "Job-1.x_y:z@host";
   EXPECT_EQ(resolve({{"FLARE_JOB_ID", ok}}).job_id, ok);
-  EXPECT_THAT(g_lines, IsEmpty());
+  EXPECT_THAT(lines(), IsEmpty());
   EXPECT_EQ(resolve({{"FLARE_JOB_ID", std::string(200, 'j')}}).job_id, std::string(128, 'j'));
   // Whatever the hook produces, flared accepts.
   for (const std::string& in :
@@ -183,7 +176,7 @@ TEST_F(IdentityTest, RankNotBelowWorldSizeFallsBack) {
   EXPECT_EQ(id.source, "local");
   EXPECT_EQ(id.rank, 0);
   EXPECT_EQ(id.world_size, 1);
-  EXPECT_THAT(g_lines, ElementsAre("flare: RANK=4 is not below WORLD_SIZE=4; ignoring the "
+  EXPECT_THAT(lines(), ElementsAre("flare: RANK=4 is not below WORLD_SIZE=4; ignoring the "
                                    "torchrun variables"));
 }
 
@@ -196,7 +189,7 @@ TEST_F(IdentityTest, BadTorchrunFallsBackToSlurm) {
   EXPECT_EQ(id.source, "slurm");
   EXPECT_EQ(id.rank, 1);
   EXPECT_EQ(id.job_id, "55");
-  EXPECT_THAT(g_lines, ElementsAre("flare: RANK='abc' is not a non-negative integer; ignoring "
+  EXPECT_THAT(lines(), ElementsAre("flare: RANK='abc' is not a non-negative integer; ignoring "
                                    "the torchrun variables"));
 }
 
@@ -217,16 +210,16 @@ TEST_F(IdentityTest, BadValuesWarnOnce) {
        "SLURM_PROCID=3 is not below SLURM_NTASKS=2"},
   };
   for (const Case& c : cases) {
-    g_lines.clear();
+    capture_.clear();
     Identity id = resolve(c.vars);
     EXPECT_EQ(id.source, "local") << c.warning;
     EXPECT_EQ(id.rank, 0);
-    ASSERT_EQ(g_lines.size(), 1u) << c.warning;
-    EXPECT_THAT(g_lines[0], HasSubstr(c.warning));
+    ASSERT_EQ(lines().size(), 1u) << c.warning;
+    EXPECT_THAT(lines()[0], HasSubstr(c.warning));
     // The same environment again says nothing new.
-    g_lines.clear();
+    capture_.clear();
     resolve(c.vars);
-    EXPECT_THAT(g_lines, IsEmpty()) << c.warning;
+    EXPECT_THAT(lines(), IsEmpty()) << c.warning;
   }
 }
 
@@ -237,21 +230,21 @@ TEST_F(IdentityTest, BadLocalValuesKeepTheGlobalRank) {
   EXPECT_EQ(id.rank, 6);
   EXPECT_EQ(id.local_world_size, 4);
   EXPECT_EQ(id.local_rank, 2);
-  EXPECT_THAT(g_lines, ElementsAre("flare: LOCAL_RANK='oops' is not a non-negative integer; "
+  EXPECT_THAT(lines(), ElementsAre("flare: LOCAL_RANK='oops' is not a non-negative integer; "
                                    "using 2"));
 
-  g_lines.clear();
+  capture_.clear();
   id = resolve(
       {{"RANK", "6"}, {"WORLD_SIZE", "8"}, {"LOCAL_RANK", "5"}, {"LOCAL_WORLD_SIZE", "16"}});
   EXPECT_EQ(id.local_world_size, 8);
   EXPECT_EQ(id.local_rank, 5);
-  EXPECT_THAT(g_lines, ElementsAre("flare: LOCAL_WORLD_SIZE=16 is above WORLD_SIZE=8; using 8"));
+  EXPECT_THAT(lines(), ElementsAre("flare: LOCAL_WORLD_SIZE=16 is above WORLD_SIZE=8; using 8"));
 
-  g_lines.clear();
+  capture_.clear();
   id =
       resolve({{"RANK", "6"}, {"WORLD_SIZE", "8"}, {"LOCAL_RANK", "4"}, {"LOCAL_WORLD_SIZE", "4"}});
   EXPECT_EQ(id.local_rank, 2);
-  EXPECT_THAT(g_lines, ElementsAre("flare: LOCAL_RANK=4 is not below the local world size 4; "
+  EXPECT_THAT(lines(), ElementsAre("flare: LOCAL_RANK=4 is not below the local world size 4; "
                                    "using 2"));
 }
 
@@ -263,7 +256,7 @@ TEST_F(IdentityTest, MalformedSlurmTaskListFallsBackToOneNode) {
   EXPECT_EQ(id.source, "slurm");
   EXPECT_EQ(id.local_world_size, 2);
   EXPECT_EQ(id.local_rank, 1);
-  EXPECT_THAT(g_lines, ElementsAre(HasSubstr("SLURM_TASKS_PER_NODE='2(x'")));
+  EXPECT_THAT(lines(), ElementsAre(HasSubstr("SLURM_TASKS_PER_NODE='2(x'")));
 }
 
 TEST(SlurmTasksPerNodeTest, Parses) {

@@ -4,11 +4,11 @@
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
-#include <mutex>
 #include <string>
 #include <vector>
 
 #include "src/common/config.h"
+#include "src/common/testing/warning_capture.h"
 
 namespace flare::common {
 namespace {
@@ -17,28 +17,14 @@ using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::IsEmpty;
 
-std::mutex g_mu;
-std::vector<std::string> g_lines;
-
-void captureSink(const std::string& line) {
-  std::lock_guard<std::mutex> lock(g_mu);
-  g_lines.push_back(line);
-}
-
 // Captures config warnings. Each test uses its own variable names: warnings are once per
 // (variable, value) per process.
 class RankListTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    std::lock_guard<std::mutex> lock(g_mu);
-    g_lines.clear();
-    setWarningSink(&captureSink);
-  }
-  void TearDown() override { setWarningSink(nullptr); }
-  static std::vector<std::string> lines() {
-    std::lock_guard<std::mutex> lock(g_mu);
-    return g_lines;
-  }
+  std::vector<std::string> lines() const { return capture_.lines(); }
+
+ private:
+  testing::WarningCapture capture_;
 };
 
 std::vector<int> ranksOf(std::string_view text) {
