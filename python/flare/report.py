@@ -245,7 +245,7 @@ def fmt_ns(ns):
 
 def fmt_latency(ns):
     """Issue latencies and their W1 distances, in one unit everywhere: milliseconds with three
-    decimals, as flared's diagnoses print them (detectors.cc fmtMs)."""
+    decimals, as flared's diagnoses print them (src/engine/diagnosis/signals.cc fmtMs)."""
     return "-" if ns is None else "%.3f ms" % (float(ns) / 1e6)
 
 

@@ -7,8 +7,8 @@
 //
 //   for every GPU op issued in the step, the host gap since the previous launch on its thread;
 //   each host event on that thread that ended inside the gap and lasted at least half of it is
-//   a cause of that op (detectors.cc causesBefore, the raw-mode definition); per cause name, a
-//   LatencySketch of the issue latencies of the ops it held up.
+//   a cause of that op (src/engine/diagnosis/signals.cc causesBefore, the raw-mode definition); per
+//   cause name, a LatencySketch of the issue latencies of the ops it held up.
 //
 // Step boundaries: step markers when the rank has sent any, else the starts of DataLoader
 // `__next__` spans (JobModel::stepStarts). Step k = [b_k, b_k+1) is taken once the boundary

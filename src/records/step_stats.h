@@ -55,7 +55,8 @@ struct StepStats {
   static constexpr size_t kMaxHostCauses = 64;
   static constexpr size_t kMaxCauseNameBytes = 1024;
 
-  // V_inter and V_minority as detectors.cc defines them (0 when undefined).
+  // V_inter and V_minority as the diagnosis defines them (src/engine/diagnosis/signals.h
+  // voidPerStep) (0 when undefined).
   double vInter() const;
   double vMinority() const;
 };
