@@ -11,6 +11,7 @@
 #include "src/common/log.h"
 #include "src/engine/metrics.h"
 #include "src/engine/raw_chunks.h"
+#include "src/engine/store_checkpoint.h"
 
 namespace flare::engine {
 namespace {
@@ -450,60 +451,57 @@ void PgStore::putWindowSummaries(std::vector<WindowSummaryRow> rows) {
       0);
 }
 
+namespace {
+
+// A checkpoint's rows, as statements on the writer's connection (writeCheckpoint).
+struct CheckpointOut {
+  PGconn* c;
+  bool job(const JobRow& r) { return writeJob(c, r); }
+  bool rank(const RankRow& r) { return writeRank(c, r); }
+  bool signatureStats(const SignatureStatsRow& r) { return writeSignatureStats(c, r); }
+  uint64_t raw(const std::string& job, std::vector<RawRecord>&& recs) {
+    return writeRaw(c, job, std::move(recs));
+  }
+  uint64_t deepTrace(const std::string& job, const std::vector<DeepTraceRow>& rows) {
+    return writeDeepTrace(c, job, rows);
+  }
+  uint64_t windows(const std::vector<WindowSummaryRow>& rows) { return writeWindows(c, rows); }
+  bool openWindows(const OpenWindowsRow& r) {
+    return Params()
+        .text(r.job_id)
+        .i64(r.rank)
+        .blob(encodeOpenWindows(r.rows))
+        .run(c,
+             "INSERT INTO open_windows VALUES($1,$2,$3) ON CONFLICT(job_id, rank) "
+             "DO UPDATE SET rows=EXCLUDED.rows");
+  }
+  bool batchSeq(const BatchSeqRow& r) {
+    return Params()
+        .text(r.job_id)
+        .i64(r.rank)
+        .i64(r.pid)
+        .i64(r.start_ns)
+        .u64(r.seq)
+        .i64(r.updated_ns)
+        .run(c,
+             "INSERT INTO batch_seqs VALUES($1,$2,$3,$4,$5,$6) ON CONFLICT(job_id, "
+             "rank, pid, start_ns) DO UPDATE SET seq=EXCLUDED.seq, "
+             "updated_ns=EXCLUDED.updated_ns");
+  }
+};
+
+}  // namespace
+
 void PgStore::putCheckpoint(Checkpoint cp) {
   if (cp.empty()) return;
-  size_t raw = 0;
-  for (const auto& [job, recs] : cp.raw) raw += recs.size();
-  for (const auto& [job, rows] : cp.deep_trace) raw += rows.size();
-  if (!queue_.admitRaw(raw)) {
-    cp.raw.clear();
-    cp.deep_trace.clear();
-    raw = 0;
-  }
+  const size_t raw = admitCheckpoint(cp, queue_);
   queue_.push(
       [this, cp = std::move(cp)](PGconn* c) mutable {
-        uint64_t ok = 0, bad = 0;
-        auto count = [&](bool good) { ++(good ? ok : bad); };
-        for (const JobRow& r : cp.jobs) count(writeJob(c, r));
-        for (const RankRow& r : cp.ranks) count(writeRank(c, r));
-        for (const SignatureStatsRow& r : cp.signature_stats) count(writeSignatureStats(c, r));
-        uint64_t raw_ok = 0, raw_n = 0;
-        for (auto& [job, recs] : cp.raw) {
-          raw_n += recs.size();
-          raw_ok += writeRaw(c, job, std::move(recs));
-        }
-        for (const auto& [job, rows] : cp.deep_trace) {
-          raw_ok += writeDeepTrace(c, job, rows);
-          raw_n += rows.size();
-        }
-        const uint64_t win_ok = writeWindows(c, cp.windows);
-        ok += win_ok;
-        bad += cp.windows.size() - win_ok;
-        for (const OpenWindowsRow& r : cp.open_windows) {
-          count(Params()
-                    .text(r.job_id)
-                    .i64(r.rank)
-                    .blob(encodeOpenWindows(r.rows))
-                    .run(c,
-                         "INSERT INTO open_windows VALUES($1,$2,$3) ON CONFLICT(job_id, rank) "
-                         "DO UPDATE SET rows=EXCLUDED.rows"));
-        }
-        for (const BatchSeqRow& r : cp.seqs) {
-          count(Params()
-                    .text(r.job_id)
-                    .i64(r.rank)
-                    .i64(r.pid)
-                    .i64(r.start_ns)
-                    .u64(r.seq)
-                    .i64(r.updated_ns)
-                    .run(c,
-                         "INSERT INTO batch_seqs VALUES($1,$2,$3,$4,$5,$6) ON CONFLICT(job_id, "
-                         "rank, pid, start_ns) DO UPDATE SET seq=EXCLUDED.seq, "
-                         "updated_ns=EXCLUDED.updated_ns"));
-        }
-        rows_written_ += ok;
-        raw_written_ += raw_ok;
-        errors_ += bad + (raw_n - raw_ok);
+        CheckpointOut out{c};
+        const CheckpointCounts n = writeCheckpoint(cp, out);
+        rows_written_ += n.rows_ok;
+        raw_written_ += n.raw_ok;
+        errors_ += n.rows_failed + n.raw_failed;
       },
       raw, /*never_drop=*/true);
 }

@@ -10,6 +10,7 @@
 #include "src/common/log.h"
 #include "src/engine/metrics.h"
 #include "src/engine/raw_chunks.h"
+#include "src/engine/store_checkpoint.h"
 
 namespace flare::engine {
 namespace {
@@ -471,50 +472,47 @@ void SqliteStore::putWindowSummaries(std::vector<WindowSummaryRow> rows) {
       0);
 }
 
+namespace {
+
+// A checkpoint's rows, as SQLite statements on the writer's connection (writeCheckpoint).
+template <typename W>
+struct CheckpointOut {
+  W& w;
+  bool job(const JobRow& r) { return writeJob(w, r); }
+  bool rank(const RankRow& r) { return writeRank(w, r); }
+  bool signatureStats(const SignatureStatsRow& r) { return writeSignatureStats(w, r); }
+  uint64_t raw(const std::string& job, std::vector<RawRecord>&& recs) {
+    return writeRaw(w, job, std::move(recs));
+  }
+  uint64_t deepTrace(const std::string& job, const std::vector<DeepTraceRow>& rows) {
+    return writeDeepTrace(w, job, rows);
+  }
+  uint64_t windows(const std::vector<WindowSummaryRow>& rows) { return writeWindows(w, rows); }
+  bool openWindows(const OpenWindowsRow& r) {
+    Stmt s(w, "INSERT OR REPLACE INTO open_windows VALUES(?,?,?)");
+    s.bind(1, r.job_id).bind(2, int64_t{r.rank}).blob(3, encodeOpenWindows(r.rows));
+    return s.run();
+  }
+  bool batchSeq(const BatchSeqRow& r) {
+    Stmt s(w, "INSERT OR REPLACE INTO batch_seqs VALUES(?,?,?,?,?,?)");
+    s.bind(1, r.job_id).bind(2, int64_t{r.rank}).bind(3, int64_t{r.pid}).bind(4, r.start_ns);
+    s.bindU(5, r.seq).bind(6, r.updated_ns);
+    return s.run();
+  }
+};
+
+}  // namespace
+
 void SqliteStore::putCheckpoint(Checkpoint cp) {
   if (cp.empty()) return;
-  size_t raw = 0;
-  for (const auto& [job, recs] : cp.raw) raw += recs.size();
-  for (const auto& [job, rows] : cp.deep_trace) raw += rows.size();
-  if (!queue_.admitRaw(raw)) {
-    // Over the raw cap: the raw records go, counted; the state and the marks still commit.
-    cp.raw.clear();
-    cp.deep_trace.clear();
-    raw = 0;
-  }
+  const size_t raw = admitCheckpoint(cp, queue_);
   auto op = [this, cp = std::move(cp)](Writer& w) mutable {
     // The whole checkpoint is one op, hence inside one transaction (commit).
-    uint64_t ok = 0, bad = 0;
-    auto count = [&](bool good) { ++(good ? ok : bad); };
-    for (const JobRow& r : cp.jobs) count(writeJob(w, r));
-    for (const RankRow& r : cp.ranks) count(writeRank(w, r));
-    for (const SignatureStatsRow& r : cp.signature_stats) count(writeSignatureStats(w, r));
-    uint64_t raw_ok = 0, raw_n = 0;
-    for (auto& [job, recs] : cp.raw) {
-      raw_n += recs.size();
-      raw_ok += writeRaw(w, job, std::move(recs));
-    }
-    for (const auto& [job, rows] : cp.deep_trace) {
-      raw_ok += writeDeepTrace(w, job, rows);
-      raw_n += rows.size();
-    }
-    const uint64_t win_ok = writeWindows(w, cp.windows);
-    ok += win_ok;
-    bad += cp.windows.size() - win_ok;
-    for (const OpenWindowsRow& r : cp.open_windows) {
-      Stmt s(w, "INSERT OR REPLACE INTO open_windows VALUES(?,?,?)");
-      s.bind(1, r.job_id).bind(2, int64_t{r.rank}).blob(3, encodeOpenWindows(r.rows));
-      count(s.run());
-    }
-    for (const BatchSeqRow& r : cp.seqs) {
-      Stmt s(w, "INSERT OR REPLACE INTO batch_seqs VALUES(?,?,?,?,?,?)");
-      s.bind(1, r.job_id).bind(2, int64_t{r.rank}).bind(3, int64_t{r.pid}).bind(4, r.start_ns);
-      s.bindU(5, r.seq).bind(6, r.updated_ns);
-      count(s.run());
-    }
-    rows_written_.fetch_add(ok, std::memory_order_relaxed);
-    raw_written_.fetch_add(raw_ok, std::memory_order_relaxed);
-    errors_.fetch_add(bad + (raw_n - raw_ok), std::memory_order_relaxed);
+    CheckpointOut<Writer> out{w};
+    const CheckpointCounts n = writeCheckpoint(cp, out);
+    rows_written_.fetch_add(n.rows_ok, std::memory_order_relaxed);
+    raw_written_.fetch_add(n.raw_ok, std::memory_order_relaxed);
+    errors_.fetch_add(n.rows_failed + n.raw_failed, std::memory_order_relaxed);
   };
   queue_.push(std::move(op), raw, /*never_drop=*/true);
 }
