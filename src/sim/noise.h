@@ -24,6 +24,7 @@
 
 namespace flare::sim {
 
+// The defaults are the declared ones (src/common/config.cc; sim_noise_test checks they agree).
 struct NoiseParams {
   bool enabled = true;         // FLARE_SIM_NOISE
   uint64_t seed = 1;           // FLARE_SIM_SEED

@@ -7,7 +7,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <string>
 #include <vector>
+
+#include "src/common/config.h"
 
 namespace flare::sim {
 namespace {
@@ -19,6 +23,23 @@ double robustCv(std::vector<double> xs) {
   for (double x : xs) dev.push_back(std::fabs(x - med));
   std::sort(dev.begin(), dev.end());
   return 1.4826 * dev[dev.size() / 2] / med;
+}
+
+// NoiseParams' defaults (what these tests check the dispersion of) are the declared defaults the
+// simulator reads (src/common/config.cc).
+TEST(SimNoise, DefaultsAreTheDeclaredOnes) {
+  const NoiseParams p;
+  auto declared = [](const char* name) {
+    return std::strtod(common::declaredDefault(name), nullptr);
+  };
+  EXPECT_EQ(p.enabled, declared("FLARE_SIM_NOISE") != 0);
+  EXPECT_EQ(p.seed, static_cast<uint64_t>(declared("FLARE_SIM_SEED")));
+  EXPECT_DOUBLE_EQ(p.kernel_cv, declared("FLARE_SIM_KERNEL_JITTER"));
+  EXPECT_DOUBLE_EQ(p.step_cv, declared("FLARE_SIM_STEP_JITTER"));
+  EXPECT_DOUBLE_EQ(p.rank_cv, declared("FLARE_SIM_RANK_JITTER"));
+  EXPECT_DOUBLE_EQ(p.host_cv, declared("FLARE_SIM_HOST_JITTER"));
+  EXPECT_DOUBLE_EQ(p.hiccup_rate, declared("FLARE_SIM_HICCUP_RATE"));
+  EXPECT_DOUBLE_EQ(p.hiccup_us, declared("FLARE_SIM_HICCUP_US"));
 }
 
 TEST(SimNoise, SameSeedSameDrawsOtherSeedOtherDraws) {

@@ -103,16 +103,18 @@ Settings loadSettings() {
   s.time_scale = common::envDouble("FLARE_SIM_TIME_SCALE", 1.0, 1e-6, 1e6);
   s.first_launch_ms = rankMs("FLARE_SIM_FIRST_LAUNCH_MS", s.rank);
   s.cold_gemm_ms = rankMs("FLARE_SIM_COLD_GEMM_MS", s.rank);
-  s.noise.enabled = common::envBool("FLARE_SIM_NOISE", true);
+  // The noise's defaults are declared once, in src/common/config.cc (calibrated on real traces:
+  // docs/testing.md, "The simulator's noise").
+  s.noise.enabled = common::paramBool("FLARE_SIM_NOISE");
   s.noise.seed = static_cast<uint64_t>(
-      common::envInt("FLARE_SIM_SEED", 1, 0, std::numeric_limits<int64_t>::max()));
-  s.noise.kernel_cv = common::envDouble("FLARE_SIM_KERNEL_JITTER", 0.008, 0, 1);
-  s.noise.step_cv = common::envDouble("FLARE_SIM_STEP_JITTER", 0.009, 0, 1);
-  s.noise.rank_cv = common::envDouble("FLARE_SIM_RANK_JITTER", 0.005, 0, 1);
-  s.noise.host_cv = common::envDouble("FLARE_SIM_HOST_JITTER", 0.05, 0, 1);
-  s.noise.hiccup_rate = common::envDouble("FLARE_SIM_HICCUP_RATE", 0.001, 0, 1);
-  s.noise.hiccup_us = common::envDouble("FLARE_SIM_HICCUP_US", 80, 0, 1e6);
-  s.kernel_log = common::envString("FLARE_SIM_KERNEL_LOG", "");
+      common::paramInt("FLARE_SIM_SEED", 0, std::numeric_limits<int64_t>::max()));
+  s.noise.kernel_cv = common::paramDouble("FLARE_SIM_KERNEL_JITTER", 0, 1);
+  s.noise.step_cv = common::paramDouble("FLARE_SIM_STEP_JITTER", 0, 1);
+  s.noise.rank_cv = common::paramDouble("FLARE_SIM_RANK_JITTER", 0, 1);
+  s.noise.host_cv = common::paramDouble("FLARE_SIM_HOST_JITTER", 0, 1);
+  s.noise.hiccup_rate = common::paramDouble("FLARE_SIM_HICCUP_RATE", 0, 1);
+  s.noise.hiccup_us = common::paramDouble("FLARE_SIM_HICCUP_US", 0, 1e6);
+  s.kernel_log = common::paramString("FLARE_SIM_KERNEL_LOG");
   s.clock_factor = factorFor("FLARE_SIM_CLOCK_FACTOR", s.rank, &s.clock_from_step);
   s.link_factor = factorFor("FLARE_SIM_LINK_FACTOR", s.rank);
   if (auto raw = common::getEnv("FLARE_SIM_HANG")) {
