@@ -41,6 +41,12 @@ constexpr ParamInfo kParams[] = {
     // --- hook ---
     {"FLARE_DISABLE", "bool", "0", "hook",
      "Turns tracing off in libflare_hook.so: every wrapper forwards untouched."},
+    {"FLARE_HOOK_DLSYM", "bool", "1", "hook",
+     "The hook's dlsym hands out its wrappers for the driver's launch entry points "
+     "(cuLaunchKernel, cuLaunchKernelEx, their _ptsz variants, cuGetProcAddress) looked up on a "
+     "handle of libcuda, as Triton's launcher does; 0 (or FLARE_DISABLE) leaves dlsym exactly "
+     "glibc's, and such launches unseen. Read once, at the first such lookup; an unreadable "
+     "value means the default (x86-64 only)."},
     // --- exporter ---
     {"FLARE_OUTPUT_DIR", "string", "", "exporter",
      "Directory of the local spool (DIR/<job>/<rank>/records-<pid>.pb), used when no daemon is "
