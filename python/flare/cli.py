@@ -511,6 +511,18 @@ class Daemon(Client):
                            status=e.status)
 
 
+def daemon_address(given):
+    """flared's HTTP address: --daemon-http, else FLARE_DAEMON_HTTP, else the default; checked."""
+    base = given or os.environ.get("FLARE_DAEMON_HTTP") or DEFAULT_HTTP
+    parse_address(base, "--daemon-http")
+    return base
+
+
+def add_daemon_http(parser):
+    parser.add_argument("--daemon-http", help="flared's HTTP address HOST:PORT (default: "
+                        "FLARE_DAEMON_HTTP or %s)" % DEFAULT_HTTP)
+
+
 def daemon(base, timeout, token=None):
     """The daemon's HTTP API at `base` (HOST:PORT, or https://HOST:PORT when flared serves
     HTTPS: it has --tls-cert; verified against FLARE_TLS_CA, else the system's roots), with the
@@ -590,8 +602,7 @@ def no_jobs_text(base, included_finished, timeout):
 
 
 def cmd_status(args):
-    base = args.daemon_http or os.environ.get("FLARE_DAEMON_HTTP") or DEFAULT_HTTP
-    parse_address(base, "--daemon-http")
+    base = daemon_address(args.daemon_http)
     jobs = fetch_status(base, args.all, args.timeout)
     if args.json:
         json.dump({"jobs": jobs}, sys.stdout, indent=2)
@@ -632,8 +643,7 @@ def cmd_status(args):
 
 def cmd_alerts(args):
     """The alerts flared raised (stored, deduplicated), oldest first; --follow keeps polling."""
-    base = args.daemon_http or os.environ.get("FLARE_DAEMON_HTTP") or DEFAULT_HTTP
-    parse_address(base, "--daemon-http")
+    base = daemon_address(args.daemon_http)
     api = daemon(base, args.timeout)
     since = 0
     printed = explained = 0
@@ -700,8 +710,7 @@ def looked_at(base, job, timeout):
 
 def cmd_diagnose(args):
     """The detectors run now by flared on the job's recent records."""
-    base = args.daemon_http or os.environ.get("FLARE_DAEMON_HTTP") or DEFAULT_HTTP
-    parse_address(base, "--daemon-http")
+    base = daemon_address(args.daemon_http)
     got = daemon(base, args.timeout).get(
         "/api/v1/jobs/%s/diagnoses" % urllib.parse.quote(args.job, safe=""))
     found = got.get("diagnoses", []) if isinstance(got, dict) else []
@@ -744,8 +753,7 @@ def cmd_diagnose(args):
 def cmd_report(args):
     """A job's kernel report, diagnoses and metrics: text, --json, and/or an --html page."""
     from . import report
-    base = args.daemon_http or os.environ.get("FLARE_DAEMON_HTTP") or DEFAULT_HTTP
-    parse_address(base, "--daemon-http")
+    base = daemon_address(args.daemon_http)
     if args.top < 0:
         raise CliError("--top must be 0 (all) or more")
     if any(v is not None and v <= 0 for v in (args.max_steps, args.max_ranks)):
@@ -814,8 +822,7 @@ def baseline_line(b):
 def cmd_baseline(args):
     """Healthy history: jobs whose issue-latency, void and kernel figures later jobs of the same
     backend and scale are compared with (learned thresholds, docs/metrics.md)."""
-    base = args.daemon_http or os.environ.get("FLARE_DAEMON_HTTP") or DEFAULT_HTTP
-    parse_address(base, "--daemon-http")
+    base = daemon_address(args.daemon_http)
     if args.action == "list":
         got = daemon(base, args.timeout).get("/api/v1/baselines")
         runs = got.get("baselines", []) if isinstance(got, dict) else []
@@ -867,8 +874,7 @@ def deep_trace_rows(results):
 
 def cmd_deep_trace(args):
     """Asks ranks for a CUPTI deep trace of N steps and waits for their answers."""
-    base = args.daemon_http or os.environ.get("FLARE_DAEMON_HTTP") or DEFAULT_HTTP
-    parse_address(base, "--daemon-http")
+    base = daemon_address(args.daemon_http)
     if not 1 <= args.steps <= 1000:
         raise CliError("--steps must be in [1, 1000]")
     ranks = (parse_ranks(args.ranks) if args.ranks else None) or []
@@ -994,8 +1000,7 @@ def print_hang_incident(inc, max_frames):
 
 def cmd_hang(args):
     """The hang incidents flared diagnosed for a job (exit 3 when there is one)."""
-    base = args.daemon_http or os.environ.get("FLARE_DAEMON_HTTP") or DEFAULT_HTTP
-    parse_address(base, "--daemon-http")
+    base = daemon_address(args.daemon_http)
     got = daemon(base, args.timeout).get(
         "/api/v1/jobs/%s/hangs" % urllib.parse.quote(args.job, safe=""))
     if not isinstance(got, dict) or not isinstance(got.get("incidents", []), list):
@@ -1030,8 +1035,7 @@ def cmd_upload(args):
 def add_hang_parser(sub):
     h = sub.add_parser("hang", help="a job's hang incidents: suspects, stack groups, "
                        "collective progress (exit 3 when there is one)")
-    h.add_argument("--daemon-http", help="flared's HTTP address HOST:PORT (default: "
-                   "FLARE_DAEMON_HTTP or %s)" % DEFAULT_HTTP)
+    add_daemon_http(h)
     h.add_argument("--job", required=True, help="the job")
     h.add_argument("--json", action="store_true", help="print the incidents as JSON")
     h.add_argument("--frames", type=int, default=3, help="frames shown per stack group")
@@ -1055,15 +1059,13 @@ def build_parser():
     r.add_argument("command", nargs=argparse.REMAINDER, help="the command, after --")
     r.set_defaults(func=cmd_run)
     s = sub.add_parser("status", help="jobs and ranks the daemon knows")
-    s.add_argument("--daemon-http", help="flared's HTTP address HOST:PORT (default: "
-                   "FLARE_DAEMON_HTTP or %s)" % DEFAULT_HTTP)
+    add_daemon_http(s)
     s.add_argument("--json", action="store_true", help="print JSON")
     s.add_argument("--all", action="store_true", help="include finished jobs")
     s.add_argument("--timeout", type=float, default=5.0, help="seconds per request")
     s.set_defaults(func=cmd_status)
     a = sub.add_parser("alerts", help="alerts the daemon raised (routed to a team)")
-    a.add_argument("--daemon-http", help="flared's HTTP address HOST:PORT (default: "
-                   "FLARE_DAEMON_HTTP or %s)" % DEFAULT_HTTP)
+    add_daemon_http(a)
     a.add_argument("--job", help="only this job")
     a.add_argument("--follow", action="store_true", help="keep printing new alerts")
     a.add_argument("--interval", type=float, default=2.0, help="seconds between polls (--follow)")
@@ -1072,16 +1074,14 @@ def build_parser():
     a.set_defaults(func=cmd_alerts)
     g = sub.add_parser("diagnose", help="run the detectors on a job's recent records in flared "
                        "now (exit 3 when something is found; offline: diagnose-spool)")
-    g.add_argument("--daemon-http", help="flared's HTTP address HOST:PORT (default: "
-                   "FLARE_DAEMON_HTTP or %s)" % DEFAULT_HTTP)
+    add_daemon_http(g)
     g.add_argument("--job", required=True, help="the job")
     g.add_argument("--json", action="store_true", help="print JSON")
     g.add_argument("--timeout", type=float, default=5.0, help="seconds per request")
     g.set_defaults(func=cmd_diagnose)
     rp = sub.add_parser("report", help="a job's kernel report, diagnoses and metrics (text, "
                         "--json, --html page)")
-    rp.add_argument("--daemon-http", help="flared's HTTP address HOST:PORT (default: "
-                    "FLARE_DAEMON_HTTP or %s)" % DEFAULT_HTTP)
+    add_daemon_http(rp)
     rp.add_argument("--job", required=True, help="the job")
     rp.add_argument("--json", action="store_true", help="print everything as one JSON object")
     rp.add_argument("--html", metavar="FILE", help="write a self-contained HTML page (charts, "
@@ -1105,8 +1105,7 @@ def build_parser():
     b.add_argument("--job", help="the job (add, remove)")
     b.add_argument("--backend", help="add: the backend key (default: the device name its ranks "
                    "reported)")
-    b.add_argument("--daemon-http", help="flared's HTTP address HOST:PORT (default: "
-                   "FLARE_DAEMON_HTTP or %s)" % DEFAULT_HTTP)
+    add_daemon_http(b)
     b.add_argument("--json", action="store_true", help="print JSON")
     b.add_argument("--timeout", type=float, default=30.0, help="seconds per request")
     b.set_defaults(func=cmd_baseline)
@@ -1120,11 +1119,10 @@ def build_parser():
     u.set_defaults(func=cmd_upload)
     d = sub.add_parser("deep-trace", help="capture every kernel, memcpy and memset of N steps "
                        "with CUPTI on some ranks (exit 1 unless every rank finished)")
-    d.add_argument("--daemon-http", help="flared's HTTP address HOST:PORT (default: "
-                   "FLARE_DAEMON_HTTP or %s)" % DEFAULT_HTTP)
+    add_daemon_http(d)
     d.add_argument("--job", required=True, help="the job")
     d.add_argument("--steps", type=int, required=True, help="steps to capture (1-1000)")
-    d.add_argument("--ranks", help="ranks, e.g. 2,5 or 0-3 (default: every rank)")
+    d.add_argument("--ranks", help="ranks, e.g. 2,5 or 0-3,8 (default or *: every rank)")
     d.add_argument("--token", help="the job's token (default: FLARE_TOKEN)")
     d.add_argument("--wait", type=float, default=120.0,
                    help="seconds to wait for the ranks to finish (default 120)")

@@ -1,12 +1,11 @@
 """The `flare` CLI (python/flare): `flare run` and `flare status`."""
-import http.server
 import json
 import os
 import subprocess
 import sys
-import threading
 
 import pytest
+from fake_api import RoutesApi, serving
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -90,32 +89,14 @@ def test_run_without_a_hook_library_says_where_it_looked(tmp_path):
     assert "libflare_hook.so not found" in res.stderr and "FLARE_HOOK_LIB" in res.stderr
 
 
-class FakeApi(http.server.BaseHTTPRequestHandler):
+class FakeApi(RoutesApi):
     routes = {}
-
-    def do_GET(self):
-        body = self.routes.get(self.path)
-        if body is None:
-            self.send_response(404)
-            self.end_headers()
-            return
-        data = body.encode() if isinstance(body, str) else json.dumps(body).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, *args):
-        pass
 
 
 @pytest.fixture
 def api():
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), FakeApi)
-    t = threading.Thread(target=server.serve_forever, daemon=True)
-    t.start()
-    yield server
-    server.shutdown()
+    with serving(FakeApi) as server:
+        yield server
 
 
 # flared's answers: the protobuf JSON mapping (lowerCamelCase, 64-bit integers as strings,

@@ -7,6 +7,7 @@ import sys
 import threading
 
 import pytest
+from fake_api import serving
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "python"))
 import flare  # noqa: E402
@@ -50,12 +51,9 @@ class Api(http.server.BaseHTTPRequestHandler):
 
 @pytest.fixture
 def api():
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Api)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
     Api.seen = []
-    yield "127.0.0.1:%d" % server.server_address[1]
-    server.shutdown()
-    server.server_close()
+    with serving(Api) as server:
+        yield "127.0.0.1:%d" % server.server_address[1]
 
 
 def test_generic_calls_send_the_token_and_return_json_or_bytes(api):

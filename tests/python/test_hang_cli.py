@@ -1,14 +1,13 @@
 """`flare hang --job ID [--json]`: a job's hang incidents from flared's /api/v1/jobs/{job}/hangs,
 shown compactly (suspects, stack groups, collective progress, watchdog reports, time taken),
 and its failure paths. The end-to-end run against the real flared is in test_hang_flared.py."""
-import http.server
 import json
 import os
 import subprocess
 import sys
-import threading
 
 import pytest
+from fake_api import RoutesApi, serving
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -20,31 +19,14 @@ def flare(*args, timeout=60):
                           text=True, timeout=timeout)
 
 
-class Api(http.server.BaseHTTPRequestHandler):
+class Api(RoutesApi):
     routes = {}
-
-    def do_GET(self):
-        body = self.routes.get(self.path)
-        if body is None:
-            self.send_response(404)
-            self.end_headers()
-            return
-        data = body.encode() if isinstance(body, str) else json.dumps(body).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, *args):
-        pass
 
 
 @pytest.fixture
 def api():
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Api)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield "127.0.0.1:%d" % server.server_address[1]
-    server.shutdown()
+    with serving(Api) as server:
+        yield "127.0.0.1:%d" % server.server_address[1]
 
 
 # As flared's incidentToJson writes it (src/engine/hang_monitor.cc).
