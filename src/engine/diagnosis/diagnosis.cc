@@ -34,6 +34,9 @@ std::string diagnosisToJson(const Diagnosis& d) {
                     "\",\"cause\":" + common::jsonQuote(d.cause) +
                     ",\"severity\":" + jsonNumber(d.severity) + ",\"ranks\":[";
   for (size_t r = 0; r < d.ranks.size(); ++r) out += (r ? "," : "") + std::to_string(d.ranks[r]);
+  out += "],\"victims\":[";
+  for (size_t r = 0; r < d.victims.size(); ++r)
+    out += (r ? "," : "") + std::to_string(d.victims[r]);
   out += "],\"summary\":" + common::jsonQuote(d.summary) + ",\"evidence\":[";
   for (size_t e = 0; e < d.evidence.size(); ++e) {
     const Evidence& ev = d.evidence[e];
@@ -55,6 +58,13 @@ std::string formatDiagnoses(const std::vector<Diagnosis>& diagnoses) {
   std::string out;
   for (const Diagnosis& d : diagnoses) {
     out += "[" + std::string(teamName(d.team)) + "] " + d.summary + "\n";
+    if (!d.victims.empty()) {
+      out += "    victims (slowed by the culprit, not at fault): rank";
+      out += d.victims.size() > 1 ? "s " : " ";
+      for (size_t r = 0; r < d.victims.size(); ++r)
+        out += (r ? "," : "") + std::to_string(d.victims[r]);
+      out += "\n";
+    }
     for (const Evidence& e : d.evidence) out += "    - " + e.text + "\n";
   }
   return out;

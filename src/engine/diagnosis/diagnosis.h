@@ -28,8 +28,11 @@ struct Diagnosis {
   std::string kind;  // gpu_slow, link_slow, issue_stall, void_inter, void_minority,
                      // unoptimized_gemm, issue_latency_regression
   Team team = Team::kInfrastructure;
-  std::string cause;  // "GPU", "network", "host stall", "input pipeline", ...
-  std::vector<int> ranks;
+  std::string cause;       // "GPU", "network", "host stall", "input pipeline", ...
+  std::vector<int> ranks;  // the culprit(s): the rank(s) at fault
+  // Bystanders: ranks the fault slows (they share a slow communicator with the culprit, or wait
+  // for it) that the evidence clears; named so that nobody chases them, never among `ranks`.
+  std::vector<int> victims;
   std::string summary;  // one line a person can read
   std::vector<Evidence> evidence;
   double severity = 0;  // relative effect (0.25 = 25% slower / lower)
@@ -40,6 +43,9 @@ struct DiagnoseOptions {
   double tukey_alpha = 1.5;       // fence Q3 + alpha·IQR
   double gpu_min_effect = 0.05;   // a GPU must be at least this much slower
   double link_min_effect = 0.15;  // a communicator's busbw at least this much lower
+  // A member of a slow communicator is cleared (a victim, not the culprit) when another
+  // communicator it is in runs within this share of its peers' busbw (docs/metrics.md).
+  double link_clear_margin = 0.05;
   double issue_w1_floor_ns = 20'000;
   double idle_min_share = 0.08;  // a stalled rank's extra GPU idle time, share of the step
   // ... and it must be above the other ranks' median in so many steps that the one-sided sign
@@ -100,7 +106,7 @@ struct DiagnoseOptions {
 
 // "[operations] rank 3: GPU slow — ..." lines, one per diagnosis (and its evidence indented).
 std::string formatDiagnoses(const std::vector<Diagnosis>& diagnoses);
-// {"diagnoses":[{"kind","team","cause","severity","ranks","summary","evidence":[...]}]}
+// {"diagnoses":[{"kind","team","cause","severity","ranks","victims","summary","evidence":[...]}]}
 std::string diagnosesToJson(const std::vector<Diagnosis>& diagnoses);
 // One diagnosis as the JSON object of the list above.
 std::string diagnosisToJson(const Diagnosis& d);

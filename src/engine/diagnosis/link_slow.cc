@@ -1,7 +1,7 @@
 // Detector link_slow: a slow network link. Communicators doing the same collective of the same
 // size over as many ranks are peers; one whose bus bandwidth, measured from the last arrival
-// (so waiting is not counted), is link_min_effect below its peers' is slow, and the culprit is
-// the rank in every slow communicator and in no healthy one (docs/metrics.md).
+// (so waiting is not counted), is link_min_effect below its peers' is slow. Its members that are
+// also in a healthy communicator are victims; the others are the culprits (docs/metrics.md).
 
 #include <algorithm>
 #include <cstdio>
@@ -70,8 +70,12 @@ void detectSlowLink(const JobModel& job, const DiagnoseOptions& opt, std::vector
         {key.first, median(cs.busbw)});
     by_comm[key.first] = &cs;
   }
-  std::map<uint64_t, std::pair<double, double>> slow;  // comm -> (busbw, reference)
-  std::set<uint64_t> evaluated;
+  // Every compared communicator's busbw against its peer group's reference; the slow ones.
+  struct Compared {
+    double busbw = 0, reference = 0;
+    double ratio() const { return reference > 0 ? busbw / reference : 1.0; }
+  };
+  std::map<uint64_t, Compared> compared;  // comm -> its worst ratio over its signatures
   for (const auto& [gkey, members] : groups) {
     if (members.size() < 2) continue;
     std::vector<double> values;
@@ -79,37 +83,56 @@ void detectSlowLink(const JobModel& job, const DiagnoseOptions& opt, std::vector
     const double reference =
         members.size() >= 3 ? median(values) : *std::max_element(values.begin(), values.end());
     for (const auto& [comm, bw] : members) {
-      evaluated.insert(comm);
-      if (bw < reference * (1.0 - opt.link_min_effect)) {
-        auto& s = slow[comm];
-        if (s.second == 0 || bw / reference < s.first / s.second) s = {bw, reference};
-      }
+      auto [it, added] = compared.try_emplace(comm, Compared{bw, reference});
+      if (!added && bw / reference < it->second.ratio()) it->second = {bw, reference};
     }
+  }
+  std::map<uint64_t, Compared> slow;
+  for (const auto& [comm, c] : compared) {
+    if (c.ratio() < 1.0 - opt.link_min_effect) slow[comm] = c;
   }
   if (slow.empty()) return;
-  // The culprit is in every slow communicator and in no healthy one that was compared.
-  std::map<int, int> slow_count, healthy_count;
-  for (uint64_t comm : evaluated) {
-    for (int rank : by_comm[comm]->ranks) (slow.count(comm) ? slow_count : healthy_count)[rank]++;
+  // Culprit versus victims (docs/metrics.md, "link_slow"): a slow link slows every communicator
+  // its rank is in; a bystander shares one slow communicator with it and is in others that run
+  // at their peers' speed. So, per slow communicator, a member is cleared (a victim) when one of
+  // its other compared communicators is healthy: within link_clear_margin of its peers. The
+  // members not cleared are the culprits: in slow communicators only, or in others that are
+  // slower too (a mild slow-down can leave the culprit's second communicator just above the
+  // threshold; it is still not healthy). When no member of a slow communicator can be cleared,
+  // or every member can, the data cannot separate them: all its members are named, as the
+  // link(s) between them.
+  const double clear_ratio = 1.0 - opt.link_clear_margin;
+  std::map<int, std::vector<uint64_t>> comms_of;
+  for (const auto& [comm, c] : compared) {
+    for (int rank : by_comm[comm]->ranks) comms_of[rank].push_back(comm);
   }
-  std::vector<int> culprits;
-  for (const auto& [rank, n] : slow_count) {
-    if (n == static_cast<int>(slow.size()) && healthy_count[rank] == 0) culprits.push_back(rank);
-  }
-  if (culprits.empty()) {  // e.g. one slow communicator: name its members (the link between them)
-    std::set<int> members;
-    for (const auto& [comm, unused] : slow) {
-      for (int rank : by_comm[comm]->ranks) members.insert(rank);
+  std::set<int> culprit_set, involved;
+  bool separated = true;
+  for (const auto& [comm, c] : slow) {
+    std::vector<int> kept;
+    for (int rank : by_comm[comm]->ranks) {
+      involved.insert(rank);
+      bool cleared = false;
+      for (uint64_t other : comms_of[rank]) {
+        if (other != comm && !slow.count(other) && compared[other].ratio() >= clear_ratio)
+          cleared = true;
+      }
+      if (!cleared) kept.push_back(rank);
     }
-    culprits.assign(members.begin(), members.end());
+    if (kept.empty() || kept.size() == by_comm[comm]->ranks.size()) {
+      separated = false;
+      culprit_set.insert(by_comm[comm]->ranks.begin(), by_comm[comm]->ranks.end());
+    } else {
+      culprit_set.insert(kept.begin(), kept.end());
+    }
   }
+  std::vector<int> culprits(culprit_set.begin(), culprit_set.end());
   Diagnosis d;
   d.kind = "link_slow";
   d.team = Team::kOperations;
   d.cause = "network";
   d.ranks = culprits;
-  double worst = 0;
-  for (const auto& [comm, v] : slow) {
+  auto busbwEvidence = [&](uint64_t comm, const Compared& v, const char* note) {
     const CommStats& cs = *by_comm[comm];
     const auto& sig = job.signatures()[cs.sig];
     std::vector<int> ranks(cs.ranks.begin(), cs.ranks.end());
@@ -118,16 +141,51 @@ void detectSlowLink(const JobModel& job, const DiagnoseOptions& opt, std::vector
     d.evidence.push_back({"busbw",
                           sig.name() + " of " + fmtNum(cs.bytes / (1 << 20), "MiB") +
                               " on communicator " + hash + " (ranks " + rankList(ranks) +
-                              "): busbw " + fmtNum(v.first, "GB/s") + " vs " +
-                              fmtNum(v.second, "GB/s") + " on peer communicators",
-                          v.first, v.second});
-    worst = std::max(worst, 1.0 - v.first / v.second);
+                              "): busbw " + fmtNum(v.busbw, "GB/s") + " vs " +
+                              fmtNum(v.reference, "GB/s") + " on peer communicators" + note,
+                          v.busbw, v.reference});
+  };
+  double worst = 0;
+  for (const auto& [comm, v] : slow) {
+    busbwEvidence(comm, v, "");
+    worst = std::max(worst, 1.0 - v.ratio());
+  }
+  // The culprits' other communicators that are slower than their peers without passing the
+  // threshold: why they were not cleared.
+  for (const auto& [comm, v] : compared) {
+    if (slow.count(comm) || v.ratio() >= clear_ratio) continue;
+    const std::set<int>& ranks = by_comm[comm]->ranks;
+    if (std::any_of(ranks.begin(), ranks.end(), [&](int r) { return culprit_set.count(r); })) {
+      busbwEvidence(comm, v, " (below its peers, under the threshold: not cleared)");
+      involved.insert(ranks.begin(), ranks.end());
+    }
+  }
+  for (int rank : involved) {
+    if (!culprit_set.count(rank)) d.victims.push_back(rank);
   }
   d.severity = worst;
-  d.summary = "rank" + std::string(culprits.size() > 1 ? "s " : " ") + rankList(culprits) +
-              ": slow network link — bus bandwidth " + fmtPct(worst) +
-              " below peer communicators on every communicator " +
-              (culprits.size() > 1 ? "they share" : "it is in");
+  const std::string who =
+      "rank" + std::string(culprits.size() > 1 ? "s " : " ") + rankList(culprits);
+  if (separated) {
+    d.summary = who + ": slow network link — bus bandwidth " + fmtPct(worst) +
+                " below peer communicators on every communicator " +
+                (culprits.size() > 1 ? "they share" : "it is in");
+  } else if (culprits.size() == 2) {
+    d.summary = "the link between ranks " + std::to_string(culprits[0]) + " and " +
+                std::to_string(culprits[1]) + ": slow network link — bus bandwidth " +
+                fmtPct(worst) +
+                " below peer communicators; the data cannot tell which end (no other "
+                "communicator separates them)";
+  } else {
+    d.summary = who + ": slow network link — bus bandwidth " + fmtPct(worst) +
+                " below peer communicators; the data cannot tell which of them (no other "
+                "communicator separates them)";
+  }
+  if (!d.victims.empty()) {
+    d.summary += "; rank" + std::string(d.victims.size() > 1 ? "s " : " ") + rankList(d.victims) +
+                 " only share a slow communicator with " + (culprits.size() > 1 ? "them" : "it") +
+                 " (victims, not at fault)";
+  }
   out->push_back(std::move(d));
 }
 
