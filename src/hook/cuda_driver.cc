@@ -3,6 +3,8 @@
 // through entry points resolved at run time (cuBLAS, CUTLASS cluster launches, JIT-compiled
 // code) are still seen. Launches made while another intercepted
 // call is in progress (cuBLAS inside cublasGemmEx) are forwarded untouched (runtime.h).
+#include "src/hook/cuda_driver.h"
+
 #include <cuda.h>
 #include <cuda_runtime_api.h>
 
@@ -184,3 +186,39 @@ FLARE_EXPORT CUresult cuGetProcAddress(const char* symbol, void** pfn, int versi
                                        cuuint64_t flags) {
   return cuGetProcAddress_v2(symbol, pfn, version, flags, nullptr);
 }
+
+namespace flare::hook {
+
+// The table of what dlsym hands out (dlsym_interpose.cc): a launcher that takes the driver's
+// entry points by dlsym on its own dlopen("libcuda.so.1") handle (Triton's) gets the wrappers,
+// which forward to the function it looked up.
+bool isWrappedDriverSymbol(const char* name) {
+  if (name[0] != 'c' || name[1] != 'u' || (name[2] != 'L' && name[2] != 'G')) return false;
+  for (const char* s : {"cuLaunchKernel", "cuLaunchKernelEx", "cuLaunchKernel_ptsz",
+                        "cuLaunchKernelEx_ptsz", "cuGetProcAddress", "cuGetProcAddress_v2"}) {
+    if (std::strcmp(name, s) == 0) return true;
+  }
+  return false;
+}
+
+void* wrapDriverSymbol(const char* name, void* real) {
+  void* p = real;
+  if (std::strcmp(name, "cuLaunchKernel") == 0) {
+    substitute(&p, g_fns.launchKernel, &cuLaunchKernel);
+  } else if (std::strcmp(name, "cuLaunchKernel_ptsz") == 0) {
+    substitute(&p, g_fns.launchKernelPtsz, &cuLaunchKernel_ptsz);
+  } else if (std::strcmp(name, "cuLaunchKernelEx") == 0) {
+    substitute(&p, g_fns.launchKernelEx, &cuLaunchKernelEx);
+  } else if (std::strcmp(name, "cuLaunchKernelEx_ptsz") == 0) {
+    substitute(&p, g_fns.launchKernelExPtsz, &cuLaunchKernelEx_ptsz);
+  } else if (std::strcmp(name, "cuGetProcAddress_v2") == 0) {
+    substitute(&p, g_fns.getProcAddress, &cuGetProcAddress_v2);
+  } else if (std::strcmp(name, "cuGetProcAddress") == 0 &&
+             real != reinterpret_cast<void*>(&cuGetProcAddress)) {
+    // The pre-12.0 entry point: its wrapper forwards to the driver's cuGetProcAddress_v2.
+    p = reinterpret_cast<void*>(&cuGetProcAddress);
+  }
+  return p;
+}
+
+}  // namespace flare::hook
