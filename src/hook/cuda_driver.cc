@@ -137,6 +137,11 @@ void substituteLaunch(const char* symbol, void** pfn, bool ptsz) {
 }  // namespace
 }  // namespace flare::hook
 
+#undef cuGetProcAddress
+// The pre-12.0 entry point (no status argument), below.
+FLARE_EXPORT CUresult cuGetProcAddress(const char* symbol, void** pfn, int version,
+                                       cuuint64_t flags);
+
 FLARE_EXPORT CUresult cuGetProcAddress_v2(const char* symbol, void** pfn, int version,
                                           cuuint64_t flags,
                                           CUdriverProcAddressQueryResult* status) {
@@ -145,7 +150,10 @@ FLARE_EXPORT CUresult cuGetProcAddress_v2(const char* symbol, void** pfn, int ve
   CUresult r = real(symbol, pfn, version, flags, status);
   if (r != CUDA_SUCCESS || !symbol || !pfn || !*pfn) return r;
   if (std::strcmp(symbol, "cuGetProcAddress") == 0) {
-    *pfn = reinterpret_cast<void*>(&cuGetProcAddress_v2);
+    // Asked for by a CUDA 11 caller (version < 12000), the driver hands out the 4-argument
+    // entry point: so do we, or its call would pass garbage as `status`.
+    *pfn = version >= 12000 ? reinterpret_cast<void*>(&cuGetProcAddress_v2)
+                            : reinterpret_cast<void*>(&cuGetProcAddress);
   } else {
     substituteLaunch(symbol, pfn, (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) != 0);
   }

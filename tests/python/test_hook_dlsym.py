@@ -62,6 +62,11 @@ def test_launches_through_dlsym_on_a_libcuda_handle_are_recorded_exactly(dlsym_p
     for name in ("cuLaunchKernel", "cuLaunchKernelEx", "cuGetProcAddress_v2"):
         assert lookups["handle:" + name] == ("libflare_hook.so", "error=none"), lookups
     assert lookups["procaddress:cuLaunchKernel"][0] == "libflare_hook.so"
+    # cuGetProcAddress through it: the signature the caller's CUDA version has.
+    assert lookups["procaddress:cuGetProcAddress@11030"] == ("libflare_hook.so",
+                                                             "cuGetProcAddress")
+    assert lookups["procaddress:cuGetProcAddress@12000"] == ("libflare_hook.so",
+                                                             "cuGetProcAddress_v2")
     triton = [r for r in records if r["name"].startswith("triton_")]
     got = collections.Counter((r["name"], r["flops"]) for r in triton)
     assert got == EXPECTED, got

@@ -131,6 +131,17 @@ int main(void) {
     return 5;
   }
   printf("procaddress:cuLaunchKernel %s\n", objectOf(via_proc));
+  /* cuGetProcAddress itself, by the version the caller was built for: 12.0 brought the
+     5-argument signature (_v2); a CUDA 11 caller needs the 4-argument one. */
+  for (int version = 11030; version <= 12000; version += 970) {
+    void* gpa = NULL;
+    if (proc("cuGetProcAddress", &gpa, version, CU_GET_PROC_ADDRESS_DEFAULT, &q) != CUDA_SUCCESS) {
+      return 5;
+    }
+    Dl_info info;
+    printf("procaddress:cuGetProcAddress@%d %s %s\n", version, objectOf(gpa),
+           gpa && dladdr(gpa, &info) && info.dli_sname ? info.dli_sname : "unnamed");
+  }
   for (int i = 0; i < 2; ++i) {
     uint64_t ns = 50000;
     void* params[] = {&ns};
