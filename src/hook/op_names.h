@@ -1,0 +1,23 @@
+// Naming helpers of the wrappers' cold paths: demangling, signature-key hashing, dtype names,
+// the attention-by-name rule. Pure functions; any thread.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace flare::hook {
+
+// Demangles a C++ symbol (returns it unchanged when it is not mangled).
+std::string demangle(const char* name);
+
+// Mixes values into a 64-bit key (FNV-1a over the bytes).
+uint64_t hashBytes(const void* data, size_t n, uint64_t seed = 1469598103934665603ull);
+
+// Short name of a cudaDataType value ("bf16", "f16", "f32", "e4m3", ...; "other").
+const char* cudaDataTypeName(int type);
+
+// Attention kernels are recognized by name (flash, fmha, attention, sdpa).
+bool looksLikeAttention(const std::string& name);
+
+}  // namespace flare::hook
