@@ -41,7 +41,7 @@ struct CudartFns {
       "cudaStreamWaitEvent", kCudartLib};
   RealFn<cudaError_t (*)(const char**, const void*)> funcGetName{"cudaFuncGetName", kCudartLib};
 
-  // Not interposed: the timing layer's DeviceTimer (runtime.cc) calls these.
+  // Not interposed: the timing layer's DeviceTimer (device_timer.cc) calls these.
   RealFn<cudaError_t (*)(cudaEvent_t*, unsigned)> eventCreateWithFlags{"cudaEventCreateWithFlags",
                                                                        kCudartLib};
   RealFn<cudaError_t (*)(cudaEvent_t)> eventDestroy{"cudaEventDestroy", kCudartLib};

@@ -7,7 +7,8 @@
 // generic method "/flare.v1.Ingest/Stream"), so the process's protobuf registry never sees a
 // second copy of Flare's messages, and the process's global symbol scope never gets Flare's
 // gRPC: a Python `grpcio` (or any other gRPC/protobuf copy) imported by the training script
-// cannot bind to it, nor Flare to theirs. Encoding and decoding stay in the hook (exporter.cc).
+// cannot bind to it, nor Flare to theirs. Encoding and decoding stay in the hook
+// (exporter_stream.cc).
 //
 // The interfaces below are header-only and pure virtual, shared by both sides of the dlopen.
 //
