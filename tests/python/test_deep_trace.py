@@ -24,11 +24,11 @@ import re
 import signal
 import subprocess
 import time
-import urllib.request
 
 import pytest
 
 import trace_rules
+from flared_process import Flared
 from pipeline_health import assert_nothing_refused
 
 RANKS = 8
@@ -50,37 +50,16 @@ def kind_counts(records):
     return (c["KIND_KERNEL"], c["KIND_MEMCPY"], c["KIND_MEMSET"])
 
 
-class Daemon:
+class Daemon(Flared):
     def __init__(self, build_dir, workdir, *flags):
-        self.log_path = os.path.join(str(workdir), "flared.log")
-        self.proc = subprocess.Popen(
-            [os.path.join(build_dir, "bin", "flared"), "--listen", "127.0.0.1:0", "--http",
-             "127.0.0.1:0", "--db", os.path.join(str(workdir), "flared.db"),
-             "--hang-timeout-s", "0",
-             *(flags or ("--diagnose-interval-s", "0", "--deep-trace-steps", "0"))],
-            stdout=open(self.log_path, "w"), stderr=subprocess.STDOUT)
-        for _ in range(400):
-            m = re.search(r"gRPC on port (\d+), HTTP on port (\d+)", open(self.log_path).read())
-            if m:
-                self.grpc, self.http = int(m.group(1)), int(m.group(2))
-                return
-            assert self.proc.poll() is None, open(self.log_path).read()
-            time.sleep(0.05)
-        raise AssertionError("flared did not start")
+        super().__init__(build_dir, workdir, "--hang-timeout-s", "0",
+                         *(flags or ("--diagnose-interval-s", "0", "--deep-trace-steps", "0")))
 
     def get(self, path):
-        return json.loads(self.text(path))
-
-    def text(self, path):
-        with urllib.request.urlopen("http://127.0.0.1:%d%s" % (self.http, path), timeout=10) as r:
-            return r.read().decode()
+        return self.json(path)
 
     def stop(self):
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
+        super().stop(timeout=20, kill=True)
 
 
 @pytest.fixture

@@ -4,48 +4,25 @@ daemon raises routed, deduplicated alerts (stored, in /metrics, through `flare a
 import json
 import os
 import re
-import signal
 import subprocess
 import time
-import urllib.request
 
 import pytest
+from flared_process import Flared
 from pipeline_health import assert_nothing_refused
 
 
-class Daemon:
+class Daemon(Flared):
     """A real flared on free loopback ports (detectors every second); `extra`: more flags."""
 
     def __init__(self, build_dir, workdir, *extra):
-        log = os.path.join(str(workdir), "flared.log")
-        self.log_path = log
-        self.proc = subprocess.Popen(
-            [os.path.join(build_dir, "bin", "flared"), "--listen", "127.0.0.1:0", "--http",
-             "127.0.0.1:0", "--db", os.path.join(str(workdir), "flared.db"),
-             "--diagnose-interval-s", "1", *extra], stdout=open(log, "w"),
-            stderr=subprocess.STDOUT)
-        for _ in range(400):
-            m = re.search(r"gRPC on port (\d+), HTTP on port (\d+)", open(log).read())
-            if m:
-                self.grpc, self.http = int(m.group(1)), int(m.group(2))
-                return
-            assert self.proc.poll() is None, open(log).read()
-            time.sleep(0.05)
-        raise AssertionError("flared did not start")
+        super().__init__(build_dir, workdir, "--diagnose-interval-s", "1", *extra)
 
     def get(self, path):
-        with urllib.request.urlopen("http://127.0.0.1:%d%s" % (self.http, path), timeout=10) as r:
-            return r.read().decode()
-
-    def json(self, path):
-        return json.loads(self.get(path))
+        return self.text(path)
 
     def alerts(self, job):
         return self.json("/api/v1/alerts?job=" + job).get("alerts", [])
-
-    def stop(self):
-        self.proc.send_signal(signal.SIGTERM)
-        self.proc.wait(timeout=30)
 
 
 @pytest.fixture

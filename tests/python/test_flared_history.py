@@ -9,47 +9,25 @@ import http.server
 import json
 import os
 import re
-import signal
 import statistics
 import subprocess
 import threading
 import time
-import urllib.request
 
 import pytest
+from flared_process import Flared
 from pipeline_health import assert_nothing_refused
 
 RANKS = 4
 LAYERS = "8"  # a synchronize per layer: more layers, a clearer collapse of the issue queue
 
 
-class Daemon:
+class Daemon(Flared):
     def __init__(self, build_dir, workdir, *extra):
-        self.log_path = os.path.join(str(workdir), "flared.log")
-        self.proc = subprocess.Popen(
-            [os.path.join(build_dir, "bin", "flared"), "--listen", "127.0.0.1:0", "--http",
-             "127.0.0.1:0", "--db", os.path.join(str(workdir), "flared.db"),
-             "--diagnose-interval-s", "1", *extra], stdout=open(self.log_path, "w"),
-            stderr=subprocess.STDOUT)
-        for _ in range(200):
-            m = re.search(r"gRPC on port (\d+), HTTP on port (\d+)", open(self.log_path).read())
-            if m:
-                self.grpc, self.http = int(m.group(1)), int(m.group(2))
-                return
-            assert self.proc.poll() is None, open(self.log_path).read()
-            time.sleep(0.05)
-        raise AssertionError("flared did not start")
+        super().__init__(build_dir, workdir, "--diagnose-interval-s", "1", *extra)
 
     def get(self, path):
-        with urllib.request.urlopen("http://127.0.0.1:%d%s" % (self.http, path), timeout=10) as r:
-            return r.read().decode()
-
-    def json(self, path):
-        return json.loads(self.get(path))
-
-    def stop(self):
-        self.proc.send_signal(signal.SIGTERM)
-        self.proc.wait(timeout=30)
+        return self.text(path)
 
 
 def start(build_dir, tmp_path, *extra):

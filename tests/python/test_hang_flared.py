@@ -5,7 +5,6 @@ answered by libflare_hook.so on its stream thread), runs the analysis and raises
 alert (operations) naming the culprit rank, served at /api/v1/jobs/{job}/hangs. The truth is
 the injected fault (FLARE_SIM_HANG, FLARE_SIM_CRASH, SIGSTOP)."""
 
-import json
 import os
 import re
 import signal
@@ -14,32 +13,19 @@ import time
 import urllib.request
 
 import pytest
+from flared_process import Flared
 from pipeline_health import assert_nothing_refused
 
 HANG_TIMEOUT_S = 2
 
 
-class Daemon:
+class Daemon(Flared):
     def __init__(self, build_dir, workdir, hang_timeout_s=HANG_TIMEOUT_S):
-        self.log_path = os.path.join(str(workdir), "flared.log")
-        self.proc = subprocess.Popen(
-            [os.path.join(build_dir, "bin", "flared"), "--listen", "127.0.0.1:0", "--http",
-             "127.0.0.1:0", "--db", os.path.join(str(workdir), "flared.db"),
-             "--diagnose-interval-s", "0", "--hang-timeout-s", str(hang_timeout_s),
-             "--hang-answer-timeout-s", "2"],
-            stdout=open(self.log_path, "w"), stderr=subprocess.STDOUT)
-        for _ in range(200):
-            m = re.search(r"gRPC on port (\d+), HTTP on port (\d+)", open(self.log_path).read())
-            if m:
-                self.grpc, self.http = int(m.group(1)), int(m.group(2))
-                return
-            assert self.proc.poll() is None, open(self.log_path).read()
-            time.sleep(0.05)
-        raise AssertionError("flared did not start")
+        super().__init__(build_dir, workdir, "--diagnose-interval-s", "0", "--hang-timeout-s",
+                         hang_timeout_s, "--hang-answer-timeout-s", "2")
 
     def get(self, path):
-        with urllib.request.urlopen("http://127.0.0.1:%d%s" % (self.http, path), timeout=10) as r:
-            return json.loads(r.read().decode())
+        return self.json(path)
 
 
 @pytest.fixture

@@ -9,7 +9,6 @@ import json
 import re
 import os
 import shutil
-import signal
 import struct
 import subprocess
 import sys
@@ -20,6 +19,7 @@ import urllib.request
 import zlib
 
 import pytest
+from flared_process import Flared
 from pipeline_health import assert_nothing_refused
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -27,39 +27,20 @@ RANKS, STEPS, SLOW = 8, 12, 3
 FLAG_RGB = (0xE0, 0x31, 0x31)  # html_report.FLAG: the diagnosed rank's bar
 
 
-class Daemon:
+class Daemon(Flared):
     def __init__(self, build_dir, workdir):
-        ready = os.path.join(workdir, "ready")
-        self.log = os.path.join(workdir, "flared.log")
-        if os.path.exists(ready):
-            os.unlink(ready)  # a previous daemon's ports
-        self.proc = subprocess.Popen(
-            [os.path.join(build_dir, "bin", "flared"), "--listen", "127.0.0.1:0", "--http",
-             "127.0.0.1:0", "--db", os.path.join(workdir, "flared.db"),
-             "--diagnose-interval-s", "1", "--ready-file", ready],
-            stdout=open(self.log, "w"), stderr=subprocess.STDOUT)
-        for _ in range(400):
-            if os.path.exists(ready):
-                self.grpc, self.http = map(int, open(ready).read().split())
-                return
-            assert self.proc.poll() is None, open(self.log).read()
-            time.sleep(0.05)
-        raise AssertionError("flared did not start")
+        super().__init__(build_dir, workdir, "--diagnose-interval-s", "1")
+        self.log = self.log_path
 
     def get(self, path):
-        with urllib.request.urlopen("http://127.0.0.1:%d%s" % (self.http, path), timeout=20) as r:
-            return json.loads(r.read())
+        return self.json(path, timeout=20)
 
     def status_of(self, path):
         try:
-            urllib.request.urlopen("http://127.0.0.1:%d%s" % (self.http, path), timeout=20)
+            self.text(path, timeout=20)
             return 200
         except urllib.error.HTTPError as e:
             return e.code
-
-    def stop(self):
-        self.proc.send_signal(signal.SIGTERM)
-        self.proc.wait(timeout=30)
 
 
 def flare(build_dir, *args, timeout=120):
