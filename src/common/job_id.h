@@ -1,4 +1,4 @@
-// The one job-id rule, shared by the hook (identity.cc), flared (ingest.cc) and the CLI
+// The one job-id rule, shared by the hook (identity.cc), flared (ingest_session.cc) and the CLI
 // (python/flare/cli.py: JOB_ID_CHARS and JOB_ID_MAX mirror the constants below; a test keeps
 // them equal). Job ids become folder names in the spool, metric labels and URL path segments, so
 // they are kept to an alphabet that is safe in all three: 1 to 128 of A-Z a-z 0-9 . _ - : @

@@ -420,7 +420,7 @@ void RankWriter::writeDeepTrace(const RankData& data) {
   }
   // CUPTI's times and the traced ops' (CUDA events mapped to the host clock) differ by the
   // mapping's error: about a microsecond on an idle machine, but the tracer keeps a reference
-  // whose host-side bracket is up to 100 µs wide (kTightReferenceNs, src/timing/tracer.cc), so
+  // whose host-side bracket is up to 100 µs wide (kTightReferenceNs, src/timing/tracer_impl.h), so
   // on a loaded host every traced op of a device may be tens of µs late (19 µs in a CI run:
   // longer than most kernels). Per device, the records are moved onto the traced ops' clock by
   // the offset that lines up the most record ends with traced ends (a kernel's end event
