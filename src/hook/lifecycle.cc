@@ -37,7 +37,7 @@ void atExit() {
   }
   if (timing::GrpcExporter* e = g_exporter.load()) {
     // Send what is queued, bounded; the rest goes to the spool.
-    const double s = common::envDurationSeconds("FLARE_EXIT_FLUSH_SECONDS", 2.0, 0.0, 60.0);
+    const double s = common::paramDurationSeconds("FLARE_EXIT_FLUSH_SECONDS", 0.0, 60.0);
     e->shutdown(static_cast<int64_t>(s * 1e9));
   }
   g_tracer.store(nullptr);

@@ -56,7 +56,7 @@ void turnOff(const char* why) {
 }
 
 void init() {
-  if (common::envBool("FLARE_DISABLE", false)) {
+  if (common::paramBool("FLARE_DISABLE")) {
     g_off.store(true);
     return;
   }
@@ -68,9 +68,9 @@ void init() {
   }
   const common::Identity id = common::identityFromEnv();
   common::initLogging(id);
-  std::string dir = common::envString("FLARE_OUTPUT_DIR", "");
+  std::string dir = common::paramString("FLARE_OUTPUT_DIR");
   if (dir.empty()) dir = common::defaultSpoolRoot();  // per user, 0700 (private_dir.h)
-  const std::string daemon = common::envString("FLARE_DAEMON", "");
+  const std::string daemon = common::paramString("FLARE_DAEMON");
   if (!daemon.empty()) {
     state->commands = std::make_unique<RankCommands>(id.rank, id.world_size);
     auto exporter = makeExporter(id, daemon, dir, state->commands.get());

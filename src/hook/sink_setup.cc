@@ -63,7 +63,7 @@ bool summaryMode(bool streaming) {
 // FLARE_TIMING: pair (a start and an end event per op) or end (the end event only;
 // TracerOptions::end_only). Anything else: one warning, pair.
 bool endOnlyTiming() {
-  const std::string timing = common::envString("FLARE_TIMING", "pair");
+  const std::string timing = common::paramString("FLARE_TIMING");
   if (timing == "end") return true;
   if (timing != "pair") {
     common::logOnce(common::LogLevel::kWarn, "hook", "bad-timing",
@@ -74,10 +74,10 @@ bool endOnlyTiming() {
 
 // The batch bounds (FLARE_BATCH_BYTES, FLARE_BATCH_INTERVAL_MS), for the exporter and the spool.
 size_t batchBytes() {
-  return static_cast<size_t>(common::envInt("FLARE_BATCH_BYTES", 64 << 10, 1 << 10, 64 << 20));
+  return static_cast<size_t>(common::paramInt("FLARE_BATCH_BYTES", 1 << 10, 64 << 20));
 }
 int64_t batchIntervalNs() {
-  return common::envInt("FLARE_BATCH_INTERVAL_MS", 1000, 10, 3'600'000) * 1'000'000;
+  return common::paramInt("FLARE_BATCH_INTERVAL_MS", 10, 3'600'000) * 1'000'000;
 }
 
 // FLARE_DAEMON set: the exporter over libflare_exporter.so (dlopened RTLD_LOCAL, see
@@ -87,14 +87,14 @@ std::unique_ptr<timing::GrpcExporter> makeExporter(const common::Identity& id,
                                                    const std::string& daemon,
                                                    const std::string& dir,
                                                    timing::CommandHandler* handler) {
-  std::string lib = common::envString("FLARE_EXPORTER_LIB", "");
+  std::string lib = common::paramString("FLARE_EXPORTER_LIB");
   if (lib.empty()) lib = hookDirectory() + "/libflare_exporter.so";
   std::string error;
   timing::TransportOptions topts;
-  const std::string ca_path = common::envString("FLARE_TLS_CA", "");
-  const std::string cert_path = common::envString("FLARE_TLS_CERT", "");
-  const std::string key_path = common::envString("FLARE_TLS_KEY", "");
-  const std::string server_name = common::envString("FLARE_TLS_SERVER_NAME", "");
+  const std::string ca_path = common::paramString("FLARE_TLS_CA");
+  const std::string cert_path = common::paramString("FLARE_TLS_CERT");
+  const std::string key_path = common::paramString("FLARE_TLS_KEY");
+  const std::string server_name = common::paramString("FLARE_TLS_SERVER_NAME");
   std::string ca, cert, key;
   bool tls_ok = true;
   if (!ca_path.empty() || !cert_path.empty() || !key_path.empty() || !server_name.empty()) {
@@ -130,18 +130,18 @@ std::unique_ptr<timing::GrpcExporter> makeExporter(const common::Identity& id,
   timing::ExporterOptions o;
   o.identity = id;
   o.mode = summaryMode(true) ? flare::v1::MODE_SUMMARY : flare::v1::MODE_RAW;
-  o.token = common::envString("FLARE_TOKEN", "");
+  o.token = common::paramString("FLARE_TOKEN");
   o.flare_version = FLARE_VERSION_STRING;
-  o.hang_kill = common::envBool("FLARE_HANG_KILL", false);
-  o.sweep_spool = common::envBool("FLARE_SPOOL_SWEEP", true);
+  o.hang_kill = common::paramBool("FLARE_HANG_KILL");
+  o.sweep_spool = common::paramBool("FLARE_SPOOL_SWEEP");
   o.spool_dir = dir;
   o.handler = handler;
   o.buffer_bytes = static_cast<size_t>(
-      common::envInt("FLARE_EXPORT_BUFFER_BYTES", 8 << 20, 256 << 10, int64_t{1} << 34));
-  o.spool_max_bytes = static_cast<uint64_t>(
-      common::envInt("FLARE_SPOOL_MAX_BYTES", int64_t{1} << 30, 0, int64_t{1} << 50));
-  o.resend_bytes = static_cast<size_t>(
-      common::envInt("FLARE_EXPORT_RESEND_BYTES", 16 << 20, 0, int64_t{1} << 30));
+      common::paramInt("FLARE_EXPORT_BUFFER_BYTES", 256 << 10, int64_t{1} << 34));
+  o.spool_max_bytes =
+      static_cast<uint64_t>(common::paramInt("FLARE_SPOOL_MAX_BYTES", 0, int64_t{1} << 50));
+  o.resend_bytes =
+      static_cast<size_t>(common::paramInt("FLARE_EXPORT_RESEND_BYTES", 0, int64_t{1} << 30));
   o.batch_bytes = batchBytes();
   return std::make_unique<timing::GrpcExporter>(std::move(transport), std::move(o));
 }

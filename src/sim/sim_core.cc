@@ -94,13 +94,13 @@ double rankMs(const char* var, int rank) {
 Settings loadSettings() {
   Settings s;
   s.rank = rankFromEnv();
-  s.devices = static_cast<int>(common::envInt("FLARE_SIM_DEVICES", 8, 1, 1024));
-  s.device_name = common::envString("FLARE_SIM_DEVICE_NAME", "Flare Simulated GPU");
-  s.peak_tflops = common::envDouble("FLARE_SIM_PEAK_TFLOPS", 400, 0.001, 1e6);
-  s.mem_bw_gbps = common::envDouble("FLARE_SIM_MEM_BW_GBPS", 2000, 0.001, 1e6);
-  s.busbw_gbps = common::envDouble("FLARE_SIM_BUSBW_GBPS", 100, 0.001, 1e6);
-  s.launch_latency_us = common::envDouble("FLARE_SIM_LAUNCH_LATENCY_US", 4, 0, 1e6);
-  s.time_scale = common::envDouble("FLARE_SIM_TIME_SCALE", 1.0, 1e-6, 1e6);
+  s.devices = static_cast<int>(common::paramInt("FLARE_SIM_DEVICES", 1, 1024));
+  s.device_name = common::paramString("FLARE_SIM_DEVICE_NAME");
+  s.peak_tflops = common::paramDouble("FLARE_SIM_PEAK_TFLOPS", 0.001, 1e6);
+  s.mem_bw_gbps = common::paramDouble("FLARE_SIM_MEM_BW_GBPS", 0.001, 1e6);
+  s.busbw_gbps = common::paramDouble("FLARE_SIM_BUSBW_GBPS", 0.001, 1e6);
+  s.launch_latency_us = common::paramDouble("FLARE_SIM_LAUNCH_LATENCY_US", 0, 1e6);
+  s.time_scale = common::paramDouble("FLARE_SIM_TIME_SCALE", 1e-6, 1e6);
   s.first_launch_ms = rankMs("FLARE_SIM_FIRST_LAUNCH_MS", s.rank);
   s.cold_gemm_ms = rankMs("FLARE_SIM_COLD_GEMM_MS", s.rank);
   // The noise's defaults are declared once, in src/common/config.cc (calibrated on real traces:
