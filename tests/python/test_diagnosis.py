@@ -315,3 +315,69 @@ def test_minority_kernels_below_the_fixed_threshold_are_found_against_baselines(
     assert "learned from the healthy baseline" in e["text"]
     assert e["value"] == pytest.approx(truth, abs=0.02)
     assert e["reference"] == pytest.approx(base + 0.05, abs=0.02)
+
+
+# ---- sparse and intermittent faults: the slow_steps detector (docs/metrics.md) ---------------
+
+def slow_step_culprit(d):
+    return next(e for e in d["evidence"] if e["metric"] == "slow_step_culprit")
+
+
+@BOTH_MODES
+@pytest.mark.parametrize("rank,every,steps", [(3, 5, 30), (6, 8, 40)])
+def test_sparse_host_stall_every_nth_step_names_that_rank_and_its_period(build_dir, tmp_path,
+                                                                          mode, rank, every,
+                                                                          steps):
+    # One rank's host pauses 30 ms every Nth step: on those steps the whole job waits (the step
+    # nearly doubles), on the others nothing is wrong, so neither the rank's medians nor the
+    # job's step-time level move; only the slow steps, attributed one by one, name it.
+    def check(attempt):
+        out = tmp_path / str(attempt)
+        run_job(build_dir, out, "sparse", {"FLARE_SIM_HOST_STALL": f"{rank}:30:{every}",
+                                           "FLARE_MODE": mode, "FLARE_SIM_SEED": str(attempt + 1)},
+                steps=steps)
+        found = diagnose(build_dir, out)
+        assert [(d["kind"], d["ranks"], d["team"]) for d in found] == \
+            [("issue_stall", [rank], "algorithm")], found
+        d = found[0]
+        culprit = slow_step_culprit(d)
+        stalled = list(range(every, steps, every))
+        assert f"every {every} steps" in d["summary"] and f"every {every} steps" in culprit["text"]
+        # Every stalled step (the warm-up step 0 aside) is one the rank caused.
+        assert culprit["value"] == len(stalled), culprit["text"]
+        assert culprit["reference"] <= 0.05
+        cost = next(e for e in d["evidence"] if e["metric"] == "slow_step_cost")
+        # The job lost most of the pause on each stalled step (the GPU's queue absorbs a part).
+        extra_ms = float(re.match(r"([0-9.]+) ms extra", cost["text"]).group(1))
+        assert 15 < extra_ms < 33, cost["text"]
+        # The share of the job's time lost: the extra time over the whole run's time.
+        assert cost["value"] / cost["reference"] == pytest.approx(
+            len(stalled) * extra_ms / (steps * 33), rel=0.35)
+
+    on_a_loaded_machine(check)
+
+
+@BOTH_MODES
+def test_burst_of_host_stalls_names_that_rank(build_dir, tmp_path, mode):
+    # Rank 5 pauses 30 ms in each of steps 12-15 only (FLARE_SIM_HOST_STALL's step range).
+    def check(attempt):
+        out = tmp_path / str(attempt)
+        run_job(build_dir, out, "burst", {"FLARE_SIM_HOST_STALL": "5:30:1:12-15",
+                                          "FLARE_MODE": mode, "FLARE_SIM_SEED": str(attempt + 1)},
+                steps=30)
+        found = diagnose(build_dir, out)
+        assert [(d["kind"], d["ranks"], d["team"]) for d in found] == \
+            [("issue_stall", [5], "algorithm")], found
+        assert "burst of 4 consecutive steps (steps 12,13,14,15)" in found[0]["summary"], found
+
+    on_a_loaded_machine(check)
+
+
+@BOTH_MODES
+@pytest.mark.parametrize("seed", [2, 3, 5])
+def test_long_healthy_runs_raise_nothing(build_dir, tmp_path, mode, seed):
+    # 40 steps with the simulator's hardware-like noise and this machine's scheduling noise:
+    # some steps are slow, none has the same culprit often enough to name it.
+    run_job(build_dir, tmp_path, "healthy", {"FLARE_MODE": mode, "FLARE_SIM_SEED": str(seed)},
+            steps=40)
+    assert diagnose(build_dir, tmp_path) == []

@@ -13,6 +13,7 @@
   X(GpuSlowFromSummaries)   /* gpu_slow.cc */                 \
   X(LinkSlow)               /* link_slow.cc */                \
   X(IssueStall)             /* issue_stall.cc */              \
+  X(SlowSteps)              /* slow_steps.cc */               \
   X(IssueLatencyRegression) /* issue_latency_regression.cc */ \
   X(Void)                   /* void_percentages.cc */         \
   X(UnoptimizedGemm)        /* unoptimized_gemm.cc */

@@ -9,6 +9,7 @@
 #include <nccl.h>
 
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -99,6 +100,10 @@ ncclUniqueId exchangeId(const std::string& dir, const std::string& key, bool lea
 struct Stall {
   double ms = 0;
   int every = 1;
+  int64_t first = 0, last = INT64_MAX;  // the steps it applies to (a burst)
+  bool at(int64_t step) const {
+    return ms > 0 && step >= first && step <= last && step % every == 0;
+  }
 };
 
 // The entry of a FLARE_SIM_* rank list for `rank` (an exact rank wins over '*'), parsed and
@@ -112,20 +117,30 @@ std::optional<common::RankEntry> entryFor(const char* var, int rank, size_t min_
   return e ? std::optional<common::RankEntry>(*e) : std::nullopt;
 }
 
-// FLARE_SIM_HOST_STALL=RANK:MS[:EVERY_N_STEPS]
+// FLARE_SIM_HOST_STALL=RANK:MS[:EVERY_N_STEPS[:FIRST-LAST]] (FIRST-LAST: only in those steps, a
+// burst)
 Stall hostStallFor(int rank) {
   Stall s;
-  auto e = entryFor("FLARE_SIM_HOST_STALL", rank, 1, 2);
+  auto e = entryFor("FLARE_SIM_HOST_STALL", rank, 1, 3);
   if (!e) return s;
   auto ms = common::parseDouble(e->fields[0]);
   auto every = e->fields.size() > 1 ? common::parseInt(e->fields[1]) : std::optional<int64_t>(1);
-  if (!ms || *ms <= 0 || !every || *every <= 0) {
+  std::optional<int64_t> first = 0, last = INT64_MAX;
+  if (e->fields.size() > 2) {
+    const std::string& range = e->fields[2];
+    const size_t dash = range.find('-');
+    first = dash == std::string::npos ? std::nullopt : common::parseInt(range.substr(0, dash));
+    last = dash == std::string::npos ? std::nullopt : common::parseInt(range.substr(dash + 1));
+  }
+  if (!ms || *ms <= 0 || !every || *every <= 0 || !first || !last || *first < 0 || *last < *first) {
     common::configWarning("flare-sim: FLARE_SIM_HOST_STALL entry for rank " + std::to_string(rank) +
-                          " is not RANK:MS[:EVERY]; ignored");
+                          " is not RANK:MS[:EVERY[:FIRST-LAST]]; ignored");
     return s;
   }
   s.ms = *ms;
   s.every = static_cast<int>(*every);
+  s.first = *first;
+  s.last = *last;
   return s;
 }
 
@@ -299,7 +314,7 @@ std::vector<StepResult> run(const Options& o, void (*on_step)(const StepResult&)
       gemm(h, T, h_tp, true, false);  // output projection
       tpAllReduce();
       launch(k_residual, act_bytes * 3, compute);
-      if (l == o.layers / 2 && stall.ms > 0 && step % stall.every == 0) {
+      if (l == o.layers / 2 && stall.at(step)) {
         // Injected GC-like pause on the host in the middle of the forward pass.
         std::this_thread::sleep_for(std::chrono::microseconds(int64_t(stall.ms * 1000)));
       }
