@@ -69,8 +69,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "flare-sim-rank: RANK %d >= WORLD_SIZE %d\n", o.rank, o.world_size);
     return 2;
   }
-  const char* dir = std::getenv("FLARE_SIM_RDZV_DIR");
-  o.rdzv_dir = dir && *dir ? dir : "/tmp";
+  o.rdzv_dir = flare::common::paramString("FLARE_SIM_RDZV_DIR");
   g_rank = o.rank;
   try {
     flare::sim::workload::run(o, printStep);
