@@ -204,8 +204,8 @@ def volume(build, args):
 # ranks: the traced DataLoader that V_inter needs); world and tp (the layout: WORLD ranks as
 # TP x DP, default 8 ranks with TP 2); truth (a function of the run's records that says whether
 # the fault, as injected, meets the definition the detector implements; None = always);
-# extended (issue 21's classes: more severities, 16 ranks, other TP x DP layouts, sparse faults;
-# skipped with --diag-classic).
+# steps (default DIAG_STEPS); extended (issue 21's classes: more severities, 16 ranks, other
+# TP x DP layouts, sparse faults; skipped with --diag-classic).
 #
 # Every repetition runs with its own FLARE_SIM_SEED (--diag-seed + rep), so that the simulator's
 # noise (src/sim/noise.h: kernel, step, rank and host jitter calibrated on real H200 traces)
@@ -275,11 +275,14 @@ SCENARIOS = [
     dict(name="stall-5ms-16", world=16, env={"FLARE_SIM_HOST_STALL": "14:5"},
          kind="issue_stall", ranks=[14], team="algorithm", extended=True),
     # Sparse faults (issue 21, item 1): one rank's host pauses for a long time every Nth step
-    # only (a periodic GC, a checkpoint stall). Not detected yet: the matrix says so.
-    dict(name="sparse-stall-30ms-every-5th", env={"FLARE_SIM_HOST_STALL": "3:30:5"},
+    # only (a periodic GC, a checkpoint stall), over 40 steps so that there are several (the
+    # slow_steps detector needs at least 3 slow steps); the issue's own case is every 10th.
+    dict(name="sparse-stall-30ms-every-5th", env={"FLARE_SIM_HOST_STALL": "3:30:5"}, steps=40,
          kind="issue_stall", ranks=[3], team="algorithm", extended=True),
+    dict(name="sparse-stall-40ms-every-10th", env={"FLARE_SIM_HOST_STALL": "5:40:10"}, steps=40,
+         kind="issue_stall", ranks=[5], team="algorithm", extended=True),
     dict(name="sparse-stall-60ms-every-8th-16", world=16, env={"FLARE_SIM_HOST_STALL": "10:60:8"},
-         kind="issue_stall", ranks=[10], team="algorithm", extended=True),
+         steps=40, kind="issue_stall", ranks=[10], team="algorithm", extended=True),
 ]
 DIAG_BASELINES = 3  # healthy runs per shape for the baseline scenarios
 
@@ -343,7 +346,8 @@ def _sim_run(build, scenario, shape, spool, json_out, seed=1):
     hidden, layers = shape
     env = dict(scenario.get("env", {}), LD_PRELOAD=hook, FLARE_OUTPUT_DIR=spool,
                FLARE_JOB_ID="job", FLARE_SIM_SEED=str(seed))
-    cmd = [os.path.join(build, "bin", "flare-sim-train"), "--steps", str(DIAG_STEPS),
+    cmd = [os.path.join(build, "bin", "flare-sim-train"),
+           "--steps", str(scenario.get("steps", DIAG_STEPS)),
            "--layers", str(layers), "--hidden", str(hidden), "--tp", str(scenario.get("tp", 2)),
            "--quiet", "--json", json_out]
     if scenario.get("python"):
@@ -372,11 +376,11 @@ def _diagnose(build, spool, baselines, until=None):
     return json.loads(d.stdout)["diagnoses"]
 
 
-def _detection_delay(build, spool, baselines, kind, onset):
+def _detection_delay(build, spool, baselines, kind, onset, steps=DIAG_STEPS):
     """Steps of data after the onset the detectors needed: the smallest N such that the first N
     steps (flare-diagnose --until-step N) give the expected diagnosis, minus the onset step
     (binary search; detection is taken as monotone in N)."""
-    lo, hi = onset + 2, DIAG_STEPS  # fewer than two steps past the onset cannot show it
+    lo, hi = onset + 2, steps  # fewer than two steps past the onset cannot show it
     if not any(x["kind"] == kind for x in _diagnose(build, spool, baselines, hi)):
         return None
     while lo < hi:
@@ -482,7 +486,8 @@ def diagnosis(build, args):
                     row["culprit_right"] += int(hits[0]["ranks"] == want_ranks)
                     row["team_right"] += int(hits[0]["team"] == team)
                     if args.diag_delay:
-                        row["delays"].append(_detection_delay(build, spool, bases, kind, onset))
+                        row["delays"].append(_detection_delay(build, spool, bases, kind, onset,
+                                                              sc.get("steps", DIAG_STEPS)))
                 else:
                     row.setdefault("missed", []).append(
                         f"rep {rep} seed {seed} {shape}: found "
@@ -494,6 +499,7 @@ def diagnosis(build, args):
             row["seconds"] = round(time.time() - t0, 1)
             row["layout"] = (f"{4 if sc.get('python') else sc.get('world', 8)} ranks, "
                              f"TP {sc.get('tp', 2)}")
+            row["steps"] = sc.get("steps", DIAG_STEPS)
             out["scenarios"][sc["name"]] = row
             print(f"  {sc['name']}: {json.dumps(row)}", flush=True)
     finally:
