@@ -378,10 +378,10 @@ void PgStore::commit(std::vector<Op>& ops) {
       PQresultStatus(r) == PGRES_COMMAND_OK && std::string(PQcmdStatus(r)) == "COMMIT";
   PQclear(r);
   if (!committed) {
-    errors_.fetch_add(ops.size(), std::memory_order_relaxed);
+    counters_.errors.fetch_add(ops.size(), std::memory_order_relaxed);
     FLARE_LOG_ERROR("engine", "postgres: a transaction of {} writes was rolled back", ops.size());
   }
-  transactions_.fetch_add(1, std::memory_order_relaxed);
+  counters_.transactions.fetch_add(1, std::memory_order_relaxed);
 }
 
 void PgStore::flush() {
@@ -389,11 +389,13 @@ void PgStore::flush() {
 }
 
 void PgStore::putJob(const JobRow& r) {
-  queue_.push([this, r](PGconn* c) { (writeJob(c, r) ? rows_written_ : errors_)++; }, 0);
+  queue_.push(
+      [this, r](PGconn* c) { (writeJob(c, r) ? counters_.rows_written : counters_.errors)++; }, 0);
 }
 
 void PgStore::putRank(const RankRow& r) {
-  queue_.push([this, r](PGconn* c) { (writeRank(c, r) ? rows_written_ : errors_)++; }, 0);
+  queue_.push(
+      [this, r](PGconn* c) { (writeRank(c, r) ? counters_.rows_written : counters_.errors)++; }, 0);
 }
 
 void PgStore::putSignature(const SignatureRow& r) {
@@ -406,13 +408,17 @@ void PgStore::putSignature(const SignatureRow& r) {
                             .run(c,
                                  "INSERT INTO signatures VALUES($1,$2,$3) ON CONFLICT(job_id, "
                                  "sig_id) DO UPDATE SET signature=EXCLUDED.signature");
-        (ok ? rows_written_ : errors_)++;
+        (ok ? counters_.rows_written : counters_.errors)++;
       },
       0);
 }
 
 void PgStore::putSignatureStats(const SignatureStatsRow& r) {
-  queue_.push([this, r](PGconn* c) { (writeSignatureStats(c, r) ? rows_written_ : errors_)++; }, 0);
+  queue_.push(
+      [this, r](PGconn* c) {
+        (writeSignatureStats(c, r) ? counters_.rows_written : counters_.errors)++;
+      },
+      0);
 }
 
 void PgStore::appendRaw(const std::string& job_id, std::vector<RawRecord> records) {
@@ -422,8 +428,8 @@ void PgStore::appendRaw(const std::string& job_id, std::vector<RawRecord> record
       [this, job_id, recs = std::move(records)](PGconn* c) mutable {
         const size_t total = recs.size();
         const uint64_t ok = writeRaw(c, job_id, std::move(recs));
-        raw_written_ += ok;
-        errors_ += total - ok;
+        counters_.raw_written += ok;
+        counters_.errors += total - ok;
       },
       n);
 }
@@ -434,8 +440,8 @@ void PgStore::appendDeepTrace(const std::string& job_id, std::vector<DeepTraceRo
   queue_.push(
       [this, job_id, rows = std::move(rows)](PGconn* c) {
         const uint64_t ok = writeDeepTrace(c, job_id, rows);
-        raw_written_ += ok;
-        errors_ += rows.size() - ok;
+        counters_.raw_written += ok;
+        counters_.errors += rows.size() - ok;
       },
       n);
 }
@@ -445,8 +451,8 @@ void PgStore::putWindowSummaries(std::vector<WindowSummaryRow> rows) {
   queue_.push(
       [this, rows = std::move(rows)](PGconn* c) {
         const uint64_t ok = writeWindows(c, rows);
-        rows_written_ += ok;
-        errors_ += rows.size() - ok;
+        counters_.rows_written += ok;
+        counters_.errors += rows.size() - ok;
       },
       0);
 }
@@ -499,9 +505,9 @@ void PgStore::putCheckpoint(Checkpoint cp) {
       [this, cp = std::move(cp)](PGconn* c) mutable {
         CheckpointOut out{c};
         const CheckpointCounts n = writeCheckpoint(cp, out);
-        rows_written_ += n.rows_ok;
-        raw_written_ += n.raw_ok;
-        errors_ += n.rows_failed + n.raw_failed;
+        counters_.rows_written += n.rows_ok;
+        counters_.raw_written += n.raw_ok;
+        counters_.errors += n.rows_failed + n.raw_failed;
       },
       raw, /*never_drop=*/true);
 }
@@ -523,7 +529,7 @@ uint64_t PgStore::putAlert(v1::Alert a) {
                             .run(c,
                                  "INSERT INTO alerts VALUES($1,$2,$3,$4,$5,$6,$7,$8) ON "
                                  "CONFLICT(id) DO NOTHING");
-        (ok ? rows_written_ : errors_)++;
+        (ok ? counters_.rows_written : counters_.errors)++;
       },
       0);
   return id;
@@ -536,7 +542,7 @@ void PgStore::putBaseline(const std::string& key, const std::string& value, int6
             c,
             "INSERT INTO baselines VALUES($1,$2,$3) ON CONFLICT(key) DO UPDATE SET "
             "value=EXCLUDED.value, updated_ns=EXCLUDED.updated_ns");
-        (ok ? rows_written_ : errors_)++;
+        (ok ? counters_.rows_written : counters_.errors)++;
       },
       0);
 }
@@ -545,7 +551,7 @@ void PgStore::removeBaseline(const std::string& key) {
   queue_.push(
       [this, key](PGconn* c) {
         const bool ok = Params().text(key).run(c, "DELETE FROM baselines WHERE key=$1");
-        (ok ? rows_written_ : errors_)++;
+        (ok ? counters_.rows_written : counters_.errors)++;
       },
       0);
 }
@@ -698,7 +704,7 @@ std::vector<RawRecord> PgStore::rawRecords(const std::string& job_id, int64_t si
         break;
       }
       if (!sel.add(static_cast<int32_t>(geti(r, i, 0)), gets(r, i, 2))) {
-        noteCorruptRawChunk(&errors_);
+        noteCorruptRawChunk(&counters_.errors);
       }
     }
     PQclear(r);
@@ -843,7 +849,7 @@ MaintenanceResult PgStore::maintain(int64_t now_ns, const RetentionPolicy& polic
         // A chunk that does not decode goes with the others.
         if (!splitRawChunk(gets(r, i, 1), static_cast<int32_t>(geti(r, i, 2)), gets(r, i, 3),
                            raw_cutoff, &fold, &kept)) {
-          noteCorruptRawChunk(&errors_);
+          noteCorruptRawChunk(&counters_.errors);
         }
       }
       PQclear(r);
@@ -861,7 +867,7 @@ MaintenanceResult PgStore::maintain(int64_t now_ns, const RetentionPolicy& polic
     if (ok) {
       result.raw_summarized = fold.records();
     } else {
-      errors_++;
+      counters_.errors++;
     }
     // Deep-trace records live as long as raw records (as in SqliteStore).
     Params().i64(raw_cutoff).run(write_, "DELETE FROM deep_trace WHERE start_ns<$1");
@@ -923,22 +929,10 @@ MaintenanceResult PgStore::maintain(int64_t now_ns, const RetentionPolicy& polic
 
 void PgStore::writeMetrics(PromWriter& w) const {
   auto c = [](const std::atomic<uint64_t>& a) { return a.load(std::memory_order_relaxed); };
-  w.family("flare_store_transactions_total", "counter", "Write transactions committed.");
-  w.sample("flare_store_transactions_total", c(transactions_));
-  w.family("flare_store_rows_written_total", "counter",
-           "Rows written to the store, by table group.");
-  w.sample("flare_store_rows_written_total", c(raw_written_), {{"table", "raw_records"}});
-  w.sample("flare_store_rows_written_total", c(rows_written_), {{"table", "state"}});
-  w.family("flare_store_dropped_total", "counter",
-           "Writes (raw records counted singly) dropped because the write queue was full.");
-  w.sample("flare_store_dropped_total", queue_.dropped());
-  w.family("flare_store_errors_total", "counter", "Rows or transactions the database refused.");
-  w.sample("flare_store_errors_total", c(errors_));
+  queue_.writeMetrics(w, counters_);
   w.family("flare_store_retired_rows_total", "counter",
            "Rows removed by the retention policy and the size cap.");
   w.sample("flare_store_retired_rows_total", c(retired_), {{"why", "all"}});
-  w.family("flare_store_queue_depth", "gauge", "Writes waiting for the writer thread.");
-  w.sample("flare_store_queue_depth", static_cast<uint64_t>(queue_.depth()));
 }
 
 }  // namespace flare::engine

@@ -81,10 +81,7 @@ class PgStore final : public Store {
 
   StoreWriteQueue<Op> queue_;
   std::atomic<uint64_t> next_alert_id_{1};
-  std::atomic<uint64_t> transactions_{0};
-  std::atomic<uint64_t> rows_written_{0};
-  std::atomic<uint64_t> raw_written_{0};
-  std::atomic<uint64_t> errors_{0};
+  StoreWriteCounters counters_;
   std::atomic<uint64_t> retired_{0};
 };
 

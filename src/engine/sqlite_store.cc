@@ -260,11 +260,11 @@ void SqliteStore::commit(std::vector<Op>& ops) {
   for (auto& op : ops) op(*writer_);
   std::string err;
   if (!exec(write_db_, "COMMIT", &err)) {
-    errors_.fetch_add(ops.size(), std::memory_order_relaxed);
+    counters_.errors.fetch_add(ops.size(), std::memory_order_relaxed);
     FLARE_LOG_ERROR("engine", "store: commit failed: {}", err);
     exec(write_db_, "ROLLBACK");
   }
-  transactions_.fetch_add(1, std::memory_order_relaxed);
+  counters_.transactions.fetch_add(1, std::memory_order_relaxed);
 }
 
 void SqliteStore::flush() {
@@ -397,11 +397,19 @@ bool SqliteStore::migrateRawRecords(std::string* error) {
 }
 
 void SqliteStore::putJob(const JobRow& r) {
-  queue_.push([this, r](Writer& w) { countResult(writeJob(w, r), rows_written_, errors_); }, 0);
+  queue_.push(
+      [this, r](Writer& w) {
+        countResult(writeJob(w, r), counters_.rows_written, counters_.errors);
+      },
+      0);
 }
 
 void SqliteStore::putRank(const RankRow& r) {
-  queue_.push([this, r](Writer& w) { countResult(writeRank(w, r), rows_written_, errors_); }, 0);
+  queue_.push(
+      [this, r](Writer& w) {
+        countResult(writeRank(w, r), counters_.rows_written, counters_.errors);
+      },
+      0);
 }
 
 void SqliteStore::putSignature(const SignatureRow& r) {
@@ -409,14 +417,17 @@ void SqliteStore::putSignature(const SignatureRow& r) {
       [this, r](Writer& w) {
         Stmt s(w, "INSERT OR REPLACE INTO signatures VALUES(?,?,?)");
         s.bind(1, r.job_id).bindU(2, r.sig_id).blob(3, r.signature);
-        countResult(s.run(), rows_written_, errors_);
+        countResult(s.run(), counters_.rows_written, counters_.errors);
       },
       0);
 }
 
 void SqliteStore::putSignatureStats(const SignatureStatsRow& r) {
   queue_.push(
-      [this, r](Writer& w) { countResult(writeSignatureStats(w, r), rows_written_, errors_); }, 0);
+      [this, r](Writer& w) {
+        countResult(writeSignatureStats(w, r), counters_.rows_written, counters_.errors);
+      },
+      0);
 }
 
 void SqliteStore::appendRaw(const std::string& job_id, std::vector<RawRecord> records) {
@@ -426,8 +437,8 @@ void SqliteStore::appendRaw(const std::string& job_id, std::vector<RawRecord> re
       [this, job_id, recs = std::move(records)](Writer& w) mutable {
         const size_t total = recs.size();
         const uint64_t ok = writeRaw(w, job_id, std::move(recs));
-        raw_written_.fetch_add(ok, std::memory_order_relaxed);
-        errors_.fetch_add(total - ok, std::memory_order_relaxed);
+        counters_.raw_written.fetch_add(ok, std::memory_order_relaxed);
+        counters_.errors.fetch_add(total - ok, std::memory_order_relaxed);
       },
       n);
 }
@@ -438,8 +449,8 @@ void SqliteStore::appendDeepTrace(const std::string& job_id, std::vector<DeepTra
   queue_.push(
       [this, job_id, rows = std::move(rows)](Writer& w) {
         const uint64_t ok = writeDeepTrace(w, job_id, rows);
-        raw_written_.fetch_add(ok, std::memory_order_relaxed);
-        errors_.fetch_add(rows.size() - ok, std::memory_order_relaxed);
+        counters_.raw_written.fetch_add(ok, std::memory_order_relaxed);
+        counters_.errors.fetch_add(rows.size() - ok, std::memory_order_relaxed);
       },
       n);
 }
@@ -466,8 +477,8 @@ void SqliteStore::putWindowSummaries(std::vector<WindowSummaryRow> rows) {
   queue_.push(
       [this, rows = std::move(rows)](Writer& w) {
         const uint64_t ok = writeWindows(w, rows);
-        rows_written_.fetch_add(ok, std::memory_order_relaxed);
-        errors_.fetch_add(rows.size() - ok, std::memory_order_relaxed);
+        counters_.rows_written.fetch_add(ok, std::memory_order_relaxed);
+        counters_.errors.fetch_add(rows.size() - ok, std::memory_order_relaxed);
       },
       0);
 }
@@ -510,9 +521,9 @@ void SqliteStore::putCheckpoint(Checkpoint cp) {
     // The whole checkpoint is one op, hence inside one transaction (commit).
     CheckpointOut<Writer> out{w};
     const CheckpointCounts n = writeCheckpoint(cp, out);
-    rows_written_.fetch_add(n.rows_ok, std::memory_order_relaxed);
-    raw_written_.fetch_add(n.raw_ok, std::memory_order_relaxed);
-    errors_.fetch_add(n.rows_failed + n.raw_failed, std::memory_order_relaxed);
+    counters_.rows_written.fetch_add(n.rows_ok, std::memory_order_relaxed);
+    counters_.raw_written.fetch_add(n.raw_ok, std::memory_order_relaxed);
+    counters_.errors.fetch_add(n.rows_failed + n.raw_failed, std::memory_order_relaxed);
   };
   queue_.push(std::move(op), raw, /*never_drop=*/true);
 }
@@ -525,7 +536,7 @@ uint64_t SqliteStore::putAlert(v1::Alert a) {
         Stmt s(w, "INSERT OR REPLACE INTO alerts VALUES(?,?,?,?,?,?,?,?)");
         s.bindU(1, a.id()).bind(2, a.job_id()).bind(3, int64_t{a.rank()}).bind(4, a.kind());
         s.bind(5, a.severity()).bind(6, a.team()).bind(7, a.message()).bind(8, a.time_unix_ns());
-        countResult(s.run(), rows_written_, errors_);
+        countResult(s.run(), counters_.rows_written, counters_.errors);
       },
       0);
   return id;
@@ -536,7 +547,7 @@ void SqliteStore::putBaseline(const std::string& key, const std::string& value, 
       [this, key, value, now_ns](Writer& w) {
         Stmt s(w, "INSERT OR REPLACE INTO baselines VALUES(?,?,?)");
         s.bind(1, key).blob(2, value).bind(3, now_ns);
-        countResult(s.run(), rows_written_, errors_);
+        countResult(s.run(), counters_.rows_written, counters_.errors);
       },
       0);
 }
@@ -546,7 +557,7 @@ void SqliteStore::removeBaseline(const std::string& key) {
       [this, key](Writer& w) {
         Stmt s(w, "DELETE FROM baselines WHERE key=?");
         s.bind(1, key);
-        countResult(s.run(), rows_written_, errors_);
+        countResult(s.run(), counters_.rows_written, counters_.errors);
       },
       0);
 }
@@ -653,7 +664,7 @@ std::vector<RawRecord> SqliteStore::rawRecords(const std::string& job_id, int64_
          "start_ns<? AND end_ns>=? ORDER BY start_ns, id");
   s.bind(1, job_id).bind(2, rawChunkLowerBound(since_ns)).bind(3, until_ns).bind(4, since_ns);
   while (s.step() == SQLITE_ROW && sel.wants(s.i64(1))) {
-    if (!sel.add(static_cast<int32_t>(s.i64(0)), s.str(2))) noteCorruptRawChunk(&errors_);
+    if (!sel.add(static_cast<int32_t>(s.i64(0)), s.str(2))) noteCorruptRawChunk(&counters_.errors);
   }
   return sel.take();
 }
@@ -753,7 +764,7 @@ MaintenanceResult SqliteStore::maintain(int64_t now_ns, const RetentionPolicy& p
         folded_ids.push_back(q.i64(0));  // a chunk that does not decode goes with the others
         if (!splitRawChunk(q.str(1), static_cast<int32_t>(q.i64(2)), q.str(3), raw_cutoff, &fold,
                            &kept)) {
-          noteCorruptRawChunk(&errors_);
+          noteCorruptRawChunk(&counters_.errors);
         }
       }
     }
@@ -772,7 +783,7 @@ MaintenanceResult SqliteStore::maintain(int64_t now_ns, const RetentionPolicy& p
     if (ok) {
       result.raw_summarized = fold.records();
     } else {
-      errors_.fetch_add(1, std::memory_order_relaxed);
+      counters_.errors.fetch_add(1, std::memory_order_relaxed);
     }
   }
   // 2. Window rows and alerts past their retention.
@@ -830,17 +841,7 @@ MaintenanceResult SqliteStore::maintain(int64_t now_ns, const RetentionPolicy& p
 
 void SqliteStore::writeMetrics(PromWriter& w) const {
   auto c = [](const std::atomic<uint64_t>& a) { return a.load(std::memory_order_relaxed); };
-  w.family("flare_store_transactions_total", "counter", "Write transactions committed.");
-  w.sample("flare_store_transactions_total", c(transactions_));
-  w.family("flare_store_rows_written_total", "counter",
-           "Rows written to the store, by table group.");
-  w.sample("flare_store_rows_written_total", c(raw_written_), {{"table", "raw_records"}});
-  w.sample("flare_store_rows_written_total", c(rows_written_), {{"table", "state"}});
-  w.family("flare_store_dropped_total", "counter",
-           "Writes (raw records counted singly) dropped because the write queue was full.");
-  w.sample("flare_store_dropped_total", queue_.dropped());
-  w.family("flare_store_errors_total", "counter", "Rows or transactions the database refused.");
-  w.sample("flare_store_errors_total", c(errors_));
+  queue_.writeMetrics(w, counters_);
   w.family("flare_store_retired_rows_total", "counter",
            "Rows removed by the retention policy (summarized raw records, expired rows) and "
            "by the size cap (evicted).");
@@ -850,8 +851,6 @@ void SqliteStore::writeMetrics(PromWriter& w) const {
   w.family("flare_store_live_bytes", "gauge",
            "Pages in use times page size, at the last maintenance.");
   w.sample("flare_store_live_bytes", live_bytes_.load(std::memory_order_relaxed));
-  w.family("flare_store_queue_depth", "gauge", "Writes waiting for the writer thread.");
-  w.sample("flare_store_queue_depth", static_cast<uint64_t>(queue_.depth()));
 }
 
 }  // namespace flare::engine

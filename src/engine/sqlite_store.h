@@ -85,10 +85,7 @@ class SqliteStore final : public Store {
   std::unique_ptr<Writer> writer_;  // used by the queue's writer thread only
   StoreWriteQueue<Op> queue_;
   std::atomic<uint64_t> next_alert_id_{1};
-  std::atomic<uint64_t> transactions_{0};
-  std::atomic<uint64_t> rows_written_{0};
-  std::atomic<uint64_t> raw_written_{0};
-  std::atomic<uint64_t> errors_{0};
+  StoreWriteCounters counters_;
   std::atomic<uint64_t> summarized_{0};
   std::atomic<uint64_t> expired_{0};
   std::atomic<uint64_t> evicted_{0};

@@ -21,6 +21,8 @@
 #include <utility>
 #include <vector>
 
+#include "src/engine/metrics.h"
+
 namespace flare::engine {
 
 // Ops per transaction: large enough that a burst commits in few transactions, small enough that
@@ -30,6 +32,15 @@ inline constexpr size_t kMaxOpsPerTransaction = 20000;
 // records waiting (~200 MB).
 inline constexpr size_t kDefaultMaxQueuedOps = 200000;
 inline constexpr size_t kDefaultMaxQueuedRaw = 2000000;
+
+// What a store's writes did: the counters behind the flare_store_* write metrics, updated by the
+// ops and the commit function (writer thread), read by /metrics (any thread).
+struct StoreWriteCounters {
+  std::atomic<uint64_t> transactions{0};  // transactions committed (or rolled back)
+  std::atomic<uint64_t> rows_written{0};  // state rows: jobs, ranks, signatures, windows, marks
+  std::atomic<uint64_t> raw_written{0};   // raw records and deep-trace rows
+  std::atomic<uint64_t> errors{0};        // rows or whole transactions the database refused
+};
 
 // `Op` is the store's write operation (a std::function taking its write connection).
 template <typename Op>
@@ -101,6 +112,25 @@ class StoreWriteQueue {
 
   uint64_t dropped() const { return dropped_.load(std::memory_order_relaxed); }
   size_t depth() const { return depth_.load(std::memory_order_relaxed); }
+
+  // The write metrics both stores export: transactions, rows written, drops, errors and the
+  // queue depth (each store adds its own retention and size families).
+  void writeMetrics(PromWriter& w, const StoreWriteCounters& n) const {
+    auto c = [](const std::atomic<uint64_t>& a) { return a.load(std::memory_order_relaxed); };
+    w.family("flare_store_transactions_total", "counter", "Write transactions committed.");
+    w.sample("flare_store_transactions_total", c(n.transactions));
+    w.family("flare_store_rows_written_total", "counter",
+             "Rows written to the store, by table group.");
+    w.sample("flare_store_rows_written_total", c(n.raw_written), {{"table", "raw_records"}});
+    w.sample("flare_store_rows_written_total", c(n.rows_written), {{"table", "state"}});
+    w.family("flare_store_dropped_total", "counter",
+             "Writes (raw records counted singly) dropped because the write queue was full.");
+    w.sample("flare_store_dropped_total", dropped());
+    w.family("flare_store_errors_total", "counter", "Rows or transactions the database refused.");
+    w.sample("flare_store_errors_total", c(n.errors));
+    w.family("flare_store_queue_depth", "gauge", "Writes waiting for the writer thread.");
+    w.sample("flare_store_queue_depth", static_cast<uint64_t>(depth()));
+  }
 
  private:
   void writerLoop() {
