@@ -276,6 +276,20 @@ HangIncident HangMonitor::diagnose(const std::string& job_id, const v1::ListRank
   v1::Command dump;
   dump.mutable_dump_stacks()->set_native(true);
   const auto answers = roundTrip(job_id, connected, dump);
+  // Watchdog reports that arrived while the ranks answered belong to this episode too; what each
+  // rank's watchdog found stuck is evidence for the analysis (hang::analyze, rule 6).
+  auto takeLateReports = [&] {
+    std::vector<ReceivedHangReport> late = ingest_.takeHangReports();
+    for (ReceivedHangReport& r : late) {
+      if (r.job_id == job_id) {
+        inc.watchdog.push_back({r.rank, r.received_ns, std::move(r.report)});
+      } else {
+        std::lock_guard lock(mu_);
+        requeued_.push_back(std::move(r));
+      }
+    }
+  };
+  takeLateReports();
 
   std::vector<hang::RankEvidence> evidence;
   char why[96];
@@ -300,6 +314,9 @@ HangIncident HangMonitor::diagnose(const std::string& job_id, const v1::ListRank
       e.stacks = it->second.stacks();
       inc.answered.push_back(r.rank());
     }
+    for (const WatchdogEvidence& w : inc.watchdog) {  // the rank's latest report
+      if (w.rank == e.rank) e.stuck.assign(w.report.stuck().begin(), w.report.stuck().end());
+    }
     evidence.push_back(std::move(e));
   }
   inc.diagnosis = hang::analyze(evidence);
@@ -320,16 +337,7 @@ HangIncident HangMonitor::diagnose(const std::string& job_id, const v1::ListRank
     }
     if (inc.inspected) inc.diagnosis = hang::analyze(evidence);
   }
-  // Reports that arrived while the ranks answered belong to this episode too.
-  std::vector<ReceivedHangReport> late = ingest_.takeHangReports();
-  for (ReceivedHangReport& r : late) {
-    if (r.job_id == job_id) {
-      inc.watchdog.push_back({r.rank, r.received_ns, std::move(r.report)});
-    } else {
-      std::lock_guard lock(mu_);
-      requeued_.push_back(std::move(r));
-    }
-  }
+  takeLateReports();
   inc.diagnosed_ns = wall_.nowNs();
   const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   inc.took_s = took;
@@ -351,6 +359,10 @@ HangIncident HangMonitor::diagnose(const std::string& job_id, const v1::ListRank
              std::to_string(s.gpu_index) + (s.gpu_uuid.empty() ? "" : " (" + s.gpu_uuid + ")") +
              " [" + s.reason + "];";
     }
+  }
+  if (!inc.diagnosis.victims.empty()) {
+    msg += " victims (wait for the suspects, not at fault): ranks " +
+           hang::compactRanges(inc.diagnosis.victims) + ";";
   }
   msg += " | " + inc.trigger;
   for (const std::string& line : inc.diagnosis.evidence) msg += " | " + line;
@@ -431,7 +443,8 @@ std::string incidentToJson(const HangIncident& inc) {
       ",\"inspected\":" + (inc.inspected ? "true" : "false") +
       ",\"exitSent\":" + std::to_string(inc.exit_sent) +
       ",\"needsInspection\":" + (d.needs_inspection ? "true" : "false") +
-      ",\"alertId\":" + std::to_string(inc.alert_id) + ",\"suspects\":[";
+      ",\"alertId\":" + std::to_string(inc.alert_id) + ",\"victims\":" + jsonInts(d.victims) +
+      ",\"suspects\":[";
   for (size_t i = 0; i < d.suspects.size(); ++i) {
     const hang::Suspect& s = d.suspects[i];
     o += std::string(i ? "," : "") + "{\"rank\":" + std::to_string(s.rank) +

@@ -448,6 +448,59 @@ std::string compactRanges(std::vector<int> ranks) {
   return out;
 }
 
+namespace {
+
+bool isComputeKind(const std::string& kind) {
+  return kind == "kernel" || kind == "gemm" || kind == "attention";
+}
+bool isCommunicationKind(const std::string& kind) {
+  return kind == "collective" || kind == "p2p";
+}
+
+// Rule 6: among several suspects, the watchdog reports separate the rank whose longest-stuck op
+// is a compute kernel from the partners whose longest-stuck op is a collective (they wait for
+// it; the kernels queued behind their collective are younger).
+void applyWatchdog(const std::vector<const RankEvidence*>& ranks, Diagnosis& d) {
+  if (d.suspects.size() < 2) return;
+  std::unordered_map<int, const RankEvidence*> by_rank;
+  for (const RankEvidence* e : ranks) by_rank[e->rank] = e;
+  std::vector<Suspect> culprits;
+  std::vector<int> waiting;
+  std::string culprit_ops;
+  for (const Suspect& s : d.suspects) {
+    auto it = by_rank.find(s.rank);
+    if (it == by_rank.end() || it->second->stuck.empty()) return;  // no report: cannot clear
+    // The op stuck longest: a kernel queued behind a stuck collective (a stream waiting on the
+    // collective's event) is younger than it, and so is a collective waiting for a stuck kernel.
+    const auto& stuck = it->second->stuck;
+    const auto oldest =
+        std::max_element(stuck.begin(), stuck.end(),
+                         [](const auto& a, const auto& b) { return a.age_ns() < b.age_ns(); });
+    if (isComputeKind(oldest->kind())) {
+      Suspect c = s;
+      char age[48];
+      std::snprintf(age, sizeof(age), " for %.1f s", static_cast<double>(oldest->age_ns()) / 1e9);
+      c.reason += "; its watchdog: " + oldest->kind() + " " + oldest->name() + " stuck" + age;
+      culprit_ops +=
+          (culprit_ops.empty() ? "" : ", ") + std::to_string(s.rank) + ": " + oldest->name();
+      culprits.push_back(std::move(c));
+    } else if (isCommunicationKind(oldest->kind())) {
+      waiting.push_back(s.rank);
+    } else {
+      return;  // stuck in something else first (a copy, a graph): not cleared
+    }
+  }
+  if (culprits.empty() || waiting.empty()) return;
+  d.suspects = std::move(culprits);
+  d.victims = sortedUnique(std::move(waiting));
+  d.evidence.push_back(
+      "watchdogs: ranks " + compactRanges(d.victims) +
+      " are stuck in a collective first, waiting for the compute kernel stuck on " + culprit_ops +
+      ": victims, not culprits");
+}
+
+}  // namespace
+
 Diagnosis analyze(std::span<const RankEvidence> input) {
   Diagnosis d;
   // Ranks in ascending order, first entry of a duplicate wins.
@@ -692,11 +745,29 @@ Diagnosis analyze(std::span<const RankEvidence> input) {
       bool any_inspected = std::any_of(ranks.begin(), ranks.end(),
                                        [](const RankEvidence* e) { return e->inspected; });
       d.needs_inspection = !any_inspected;
-      const std::vector<int> absent = any_inspected ? neverArrived(join) : std::vector<int>{};
+      std::vector<int> absent = any_inspected ? neverArrived(join) : std::vector<int>{};
       if (!absent.empty() && absent.size() < ranks.size()) {
         d.kind = HangKind::kNonCommunication;
         d.evidence.push_back("ranks " + compactRanges(absent) +
                              ": every connection at step 0 while the others moved");
+        // Of those, a rank whose inspection found a collective kernel running (it reported
+        // connections: its GPU waits in the collective, at step 0 for want of its peer) waits
+        // for one whose GPU is not in a collective kernel at all (no connection reported): when
+        // both kinds are there, the first are victims, the second the culprits.
+        std::vector<int> in_kernel, outside_kernel;
+        for (int r : absent) {
+          auto it = by_rank.find(r);
+          if (it == by_rank.end()) continue;
+          (it->second->connections.empty() ? outside_kernel : in_kernel).push_back(r);
+        }
+        if (!in_kernel.empty() && !outside_kernel.empty()) {
+          d.victims = in_kernel;
+          absent = outside_kernel;
+          d.evidence.push_back("ranks " + compactRanges(in_kernel) +
+                               ": their GPUs wait in a collective kernel for ranks " +
+                               compactRanges(outside_kernel) +
+                               ", whose GPUs run no collective kernel: victims, not culprits");
+        }
         for (int r : absent) {
           if (by_rank.count(r)) {
             d.suspects.push_back(makeSuspect(*by_rank.at(r),
@@ -734,6 +805,7 @@ Diagnosis analyze(std::span<const RankEvidence> input) {
     d.kind = HangKind::kNonCommunication;
     addSuspects(not_issued, "never issued the collective the others wait in");
   }
+  applyWatchdog(ranks, d);
   return d;
 }
 
@@ -752,6 +824,10 @@ std::string formatDiagnosis(const Diagnosis& d, size_t max_frames) {
   out += '\n';
   for (const Suspect& s : d.suspects) {
     out += "  rank " + std::to_string(s.rank) + ": " + s.reason + '\n';
+  }
+  if (!d.victims.empty()) {
+    out +=
+        "  victims (wait for the suspects, not at fault): ranks " + compactRanges(d.victims) + '\n';
   }
   if (d.needs_inspection) out += "  needs inspection of the NCCL kernels (cuda-gdb)\n";
   for (const std::string& e : d.evidence) out += "  " + e + '\n';

@@ -19,6 +19,15 @@
 //      with the smallest progress in the most channels is the suspect link, its two ends the
 //      suspects. Without steps: needs_inspection.
 //   5. No rank inside communication and nothing else pointing at a rank: kInconclusive.
+//   4b. With connection steps, ranks whose every connection stayed at step 0 while others
+//      moved never reached the collective: suspects (kNonCommunication). Among them, one whose
+//      inspection found a collective kernel running (it reported connections) waits for one
+//      whose GPU runs none (no connection reported): when both kinds are there, the first are
+//      victims (Diagnosis::victims), the second the suspects.
+//   6. Watchdog evidence (RankEvidence.stuck): when several ranks are suspects and the op stuck
+//      longest on some of them is a compute kernel (kernel, gemm, attention) while on the others
+//      it is a collective (they wait for the first ones; the kernels queued behind their
+//      collective are younger), the compute-stuck ranks are the suspects, the others victims.
 // A rank that answered but whose main thread has no frame (it did not answer the capture
 // signal) counts neither as inside nor as outside communication (unknown_stack).
 //
@@ -58,6 +67,9 @@ struct RankEvidence {
   flare::v1::StackDump stacks;  // collectives (CollectiveProgress) ride in stacks.collectives
   bool inspected = false;       // connections came from an inspection (may be empty)
   std::vector<flare::v1::ConnectionStep> connections;
+  // What the rank's watchdog found stuck (HangReport.stuck: the head op of each stuck stream);
+  // empty when it sent no report.
+  std::vector<flare::v1::StuckOp> stuck;
 };
 
 // ---- frame classification ----
@@ -137,7 +149,10 @@ struct SuspectLink {
 
 struct Diagnosis {
   HangKind kind = HangKind::kInconclusive;
-  std::vector<Suspect> suspects;           // ascending rank
+  std::vector<Suspect> suspects;  // ascending rank
+  // Ranks the evidence first pointed at that it then clears (rules 4b and 6): they wait in a
+  // collective for a suspect. Ascending; never among the suspects.
+  std::vector<int> victims;
   std::vector<StackGroup> groups;          // largest first
   std::vector<LaggingCollective> lagging;  // per communicator with an incomplete collective
   std::vector<ProgressGroup> progress;     // by communicator, then issued, then completed

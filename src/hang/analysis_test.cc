@@ -80,6 +80,51 @@ TEST(Analyze, ComputeHangNamesTheRankOutsideCommunication) {
   EXPECT_FALSE(d.needs_inspection);
 }
 
+flare::v1::StuckOp stuckOp(const std::string& kind, const std::string& name, double age_s) {
+  flare::v1::StuckOp op;
+  op.set_kind(kind);
+  op.set_name(name);
+  op.set_age_ns(static_cast<int64_t>(age_s * 1e9));
+  if (kind == "collective") {
+    op.set_communicator("tp");
+    op.set_seq(kSeq);
+  }
+  return op;
+}
+
+TEST(Analyze, WatchdogSeparatesTheComputeHangFromItsTensorParallelPartner) {
+  // TP 2: rank 5's GEMM never finishes; its partner rank 4's GPU waits in their TP all-reduce
+  // while rank 4's host, like rank 5's, waits outside communication (a later synchronize). The
+  // stacks cannot tell them apart; the watchdogs can: rank 5 is stuck in a kernel, rank 4 only in
+  // the collective.
+  auto ranks = makeJob(JobShape{8, 2, 8}, Scenario::kComputeHang, 5);
+  ranks[4].stacks = testing::computeStacks();
+  ranks[4].stacks.mutable_collectives()->CopyFrom(ranks[5].stacks.collectives());
+  {
+    Diagnosis before = analyze(ranks);  // no watchdog report: both named, as before
+    EXPECT_EQ(suspectRanks(before), (std::vector<int>{4, 5})) << formatDiagnosis(before);
+    EXPECT_TRUE(before.victims.empty());
+  }
+  for (auto& e : ranks) e.stuck = {stuckOp("collective", "ncclAllReduce", 3.0)};
+  ranks[5].stuck = {stuckOp("gemm", "cublasGemmEx", 3.2),
+                    stuckOp("collective", "ncclAllReduce", 3.0)};
+  Diagnosis d = analyze(ranks);
+  EXPECT_EQ(d.kind, HangKind::kNonCommunication);
+  EXPECT_EQ(suspectRanks(d), std::vector<int>{5}) << formatDiagnosis(d);
+  EXPECT_EQ(d.victims, std::vector<int>{4});
+  EXPECT_NE(d.suspects[0].reason.find("gemm cublasGemmEx stuck"), std::string::npos)
+      << d.suspects[0].reason;
+  EXPECT_NE(formatDiagnosis(d).find("victims (wait for the suspects, not at fault): ranks 4"),
+            std::string::npos)
+      << formatDiagnosis(d);
+  // A partner whose watchdog said nothing is not cleared: no evidence, no acquittal.
+  ranks[4].stuck.clear();
+  EXPECT_EQ(suspectRanks(analyze(ranks)), (std::vector<int>{4, 5}));
+  // Both stuck in compute kernels first: both stay suspects.
+  ranks[4].stuck = {stuckOp("kernel", "elementwise", 3.1), stuckOp("collective", "ar", 3.0)};
+  EXPECT_EQ(suspectRanks(analyze(ranks)), (std::vector<int>{4, 5}));
+}
+
 TEST(Analyze, RankThatNeverIssuedTheCollectiveIsTheCulprit) {
   auto ranks = makeJob(JobShape{8, 2, 8}, Scenario::kSkip, 5);
   Diagnosis d = analyze(ranks);
@@ -319,6 +364,40 @@ TEST(Analyze, RankWhoseConnectionsAllStayAtZeroNeverReachedTheCollective) {
   }
   Diagnosis d = analyze(ranks);
   EXPECT_TRUE(d.suspects.empty()) << formatDiagnosis(d);
+}
+
+TEST(Analyze, RankWaitingInAKernelForTheRankThatNeverArrivedIsAVictim) {
+  // Rank 5's GPU is stuck before the collective (no collective kernel running: no connection);
+  // rank 4's GPU runs the collective kernel and waits for 5 (its connections reported, at step 0,
+  // as are its peers' towards it): both never moved, only 5 is the culprit.
+  constexpr int kN = 8, kCulprit = 5, kPartner = 4;
+  auto ranks = waitingAtStepEnd(kN);
+  auto stuck = [](int r) { return r == kCulprit || r == kPartner; };
+  for (auto& e : ranks) {
+    e.inspected = true;
+    if (e.rank == kCulprit) continue;
+    for (int ch = 0; ch < 2; ++ch) {
+      const int next = (e.rank + 1) % kN, prev = (e.rank + kN - 1) % kN;
+      flare::v1::ConnectionStep s, r;
+      s.set_channel(ch);
+      s.set_peer(next);
+      s.set_send(true);
+      s.set_step(stuck(next) || stuck(e.rank) ? 0 : 8);
+      r.set_channel(ch);
+      r.set_peer(prev);
+      r.set_send(false);
+      r.set_step(stuck(prev) || stuck(e.rank) ? 0 : 8);
+      e.connections.push_back(s);
+      e.connections.push_back(r);
+    }
+  }
+  Diagnosis d = analyze(ranks);
+  EXPECT_EQ(d.kind, HangKind::kNonCommunication) << formatDiagnosis(d);
+  EXPECT_EQ(suspectRanks(d), std::vector<int>{kCulprit}) << formatDiagnosis(d);
+  EXPECT_EQ(d.victims, std::vector<int>{kPartner}) << formatDiagnosis(d);
+  // Without the partner's connections (say its inspection failed), nothing clears it.
+  ranks[kPartner].connections.clear();
+  EXPECT_EQ(suspectRanks(analyze(ranks)), (std::vector<int>{kPartner, kCulprit}));
 }
 
 TEST(Analyze, NobodyInCommunicationIsInconclusive) {
