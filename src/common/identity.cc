@@ -133,15 +133,20 @@ std::string localJobId(const ProcessInfo& proc) {
   return fmt::format("local-{}-{}", proc.host, proc.pid);
 }
 
+// The ranks `source` gave, into `id`.
+void assign(const Ranks& r, const char* source, Identity& id) {
+  id.rank = r.rank;
+  id.world_size = r.world_size;
+  id.local_rank = r.local_rank;
+  id.local_world_size = r.local_world_size;
+  id.source = source;
+}
+
 bool fromTorchrun(const EnvLookup& env, const ProcessInfo& proc, Identity& id) {
   auto r = validate("torchrun", readInt(env, "RANK", 0), readInt(env, "WORLD_SIZE", 1),
                     readInt(env, "LOCAL_RANK", 0), readInt(env, "LOCAL_WORLD_SIZE", 1));
   if (!r) return false;
-  id.rank = r->rank;
-  id.world_size = r->world_size;
-  id.local_rank = r->local_rank;
-  id.local_world_size = r->local_world_size;
-  id.source = "torchrun";
+  assign(*r, "torchrun", id);
   // torchrun's default rendezvous id is "none"; ranks of one job still agree on the master's
   // address, or, on one node without one, on the elastic agent that is their parent.
   auto run_id = lookup(env, "TORCHELASTIC_RUN_ID");
@@ -181,11 +186,7 @@ bool fromSlurm(const EnvLookup& env, Identity& id) {
   auto r = validate("Slurm", readInt(env, "SLURM_PROCID", 0), world,
                     readInt(env, "SLURM_LOCALID", 0), local_world);
   if (!r) return false;
-  id.rank = r->rank;
-  id.world_size = r->world_size;
-  id.local_rank = r->local_rank;
-  id.local_world_size = r->local_world_size;
-  id.source = "slurm";
+  assign(*r, "slurm", id);
   auto job = lookup(env, "SLURM_JOB_ID");
   if (!job) job = lookup(env, "SLURM_JOBID");
   auto step = lookup(env, "SLURM_STEP_ID");
