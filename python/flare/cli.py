@@ -518,9 +518,11 @@ def daemon_address(given):
     return base
 
 
-def add_daemon_http(parser):
+def add_daemon_http(parser, timeout):
+    """The flags of every command that asks flared: --daemon-http and --timeout."""
     parser.add_argument("--daemon-http", help="flared's HTTP address HOST:PORT (default: "
                         "FLARE_DAEMON_HTTP or %s)" % DEFAULT_HTTP)
+    parser.add_argument("--timeout", type=float, default=timeout, help="seconds per request")
 
 
 def daemon(base, timeout, token=None):
@@ -1035,11 +1037,10 @@ def cmd_upload(args):
 def add_hang_parser(sub):
     h = sub.add_parser("hang", help="a job's hang incidents: suspects, stack groups, "
                        "collective progress (exit 3 when there is one)")
-    add_daemon_http(h)
+    add_daemon_http(h, timeout=5.0)
     h.add_argument("--job", required=True, help="the job")
     h.add_argument("--json", action="store_true", help="print the incidents as JSON")
     h.add_argument("--frames", type=int, default=3, help="frames shown per stack group")
-    h.add_argument("--timeout", type=float, default=5.0, help="seconds per request")
     h.set_defaults(func=cmd_hang)
 
 
@@ -1059,29 +1060,26 @@ def build_parser():
     r.add_argument("command", nargs=argparse.REMAINDER, help="the command, after --")
     r.set_defaults(func=cmd_run)
     s = sub.add_parser("status", help="jobs and ranks the daemon knows")
-    add_daemon_http(s)
+    add_daemon_http(s, timeout=5.0)
     s.add_argument("--json", action="store_true", help="print JSON")
     s.add_argument("--all", action="store_true", help="include finished jobs")
-    s.add_argument("--timeout", type=float, default=5.0, help="seconds per request")
     s.set_defaults(func=cmd_status)
     a = sub.add_parser("alerts", help="alerts the daemon raised (routed to a team)")
-    add_daemon_http(a)
+    add_daemon_http(a, timeout=5.0)
     a.add_argument("--job", help="only this job")
     a.add_argument("--follow", action="store_true", help="keep printing new alerts")
     a.add_argument("--interval", type=float, default=2.0, help="seconds between polls (--follow)")
     a.add_argument("--json", action="store_true", help="one JSON object per alert")
-    a.add_argument("--timeout", type=float, default=5.0, help="seconds per request")
     a.set_defaults(func=cmd_alerts)
     g = sub.add_parser("diagnose", help="run the detectors on a job's recent records in flared "
                        "now (exit 3 when something is found; offline: diagnose-spool)")
-    add_daemon_http(g)
+    add_daemon_http(g, timeout=5.0)
     g.add_argument("--job", required=True, help="the job")
     g.add_argument("--json", action="store_true", help="print JSON")
-    g.add_argument("--timeout", type=float, default=5.0, help="seconds per request")
     g.set_defaults(func=cmd_diagnose)
     rp = sub.add_parser("report", help="a job's kernel report, diagnoses and metrics (text, "
                         "--json, --html page)")
-    add_daemon_http(rp)
+    add_daemon_http(rp, timeout=10.0)
     rp.add_argument("--job", required=True, help="the job")
     rp.add_argument("--json", action="store_true", help="print everything as one JSON object")
     rp.add_argument("--html", metavar="FILE", help="write a self-contained HTML page (charts, "
@@ -1097,7 +1095,6 @@ def build_parser():
     rp.add_argument("--max-ranks", type=int, help="ranks in the series (diagnosed ones first; "
                     "daemon default 128, at most 512)")
     rp.add_argument("--quiet", action="store_true", help="no progress or 'wrote' lines on stderr")
-    rp.add_argument("--timeout", type=float, default=10.0, help="seconds per request")
     rp.set_defaults(func=cmd_report)
     b = sub.add_parser("baseline", help="mark jobs as healthy history (learned thresholds)",
                        description="add: mark a finished or running job healthy; list; remove.")
@@ -1105,9 +1102,8 @@ def build_parser():
     b.add_argument("--job", help="the job (add, remove)")
     b.add_argument("--backend", help="add: the backend key (default: the device name its ranks "
                    "reported)")
-    add_daemon_http(b)
+    add_daemon_http(b, timeout=30.0)
     b.add_argument("--json", action="store_true", help="print JSON")
-    b.add_argument("--timeout", type=float, default=30.0, help="seconds per request")
     b.set_defaults(func=cmd_baseline)
     u = sub.add_parser("upload", help="upload the spools that ended processes left (the daemon "
                        "was unreachable) to flared, exactly once")
@@ -1119,7 +1115,7 @@ def build_parser():
     u.set_defaults(func=cmd_upload)
     d = sub.add_parser("deep-trace", help="capture every kernel, memcpy and memset of N steps "
                        "with CUPTI on some ranks (exit 1 unless every rank finished)")
-    add_daemon_http(d)
+    add_daemon_http(d, timeout=5.0)
     d.add_argument("--job", required=True, help="the job")
     d.add_argument("--steps", type=int, required=True, help="steps to capture (1-1000)")
     d.add_argument("--ranks", help="ranks, e.g. 2,5 or 0-3,8 (default or *: every rank)")
@@ -1127,7 +1123,6 @@ def build_parser():
     d.add_argument("--wait", type=float, default=120.0,
                    help="seconds to wait for the ranks to finish (default 120)")
     d.add_argument("--json", action="store_true", help="print JSON")
-    d.add_argument("--timeout", type=float, default=5.0, help="seconds per request")
     d.set_defaults(func=cmd_deep_trace)
     add_hang_parser(sub)
     for name, what in (("export", "a job's records as JSON lines: online from flared (--job ID) "
