@@ -381,3 +381,47 @@ def test_long_healthy_runs_raise_nothing(build_dir, tmp_path, mode, seed):
     run_job(build_dir, tmp_path, "healthy", {"FLARE_MODE": mode, "FLARE_SIM_SEED": str(seed)},
             steps=40)
     assert diagnose(build_dir, tmp_path) == []
+
+
+# ---- magnitudes against the culprit's own steps before a change point (docs/metrics.md) -----
+
+@pytest.mark.parametrize("mode,steps,onset", [("raw", 30, 15), ("summary", 90, 45)])
+def test_fail_slow_magnitude_is_the_ranks_own_kernels_after_against_before(build_dir, tmp_path,
+                                                                           mode, steps, onset):
+    # Rank 3's clock drops to 80% from the middle of the run: its kernels take 1/0.8 = 1.25× as
+    # long. The job's step time rises by less (~12-24%: part of the step is not rank 3's
+    # compute), and a comparison over the whole window mixes healthy and slow steps (~12%); the
+    # magnitude is rank 3's own kernels after the change against its own before it. Summary mode
+    # needs windows wholly on each side (1 s windows): a longer run.
+    def check(attempt):
+        out = tmp_path / str(attempt)
+        run_job(build_dir, out, "failslow", {"FLARE_SIM_CLOCK_FACTOR": f"3:0.8:{onset}",
+                                             "FLARE_MODE": mode,
+                                             "FLARE_SIM_SEED": str(attempt + 1)}, steps=steps)
+        found = diagnose(build_dir, out)
+        assert [(d["kind"], d["ranks"]) for d in found] == [("gpu_slow", [3])], found
+        d = found[0]
+        assert d["severity"] == pytest.approx(0.25, abs=0.03), d
+        own = next(e for e in d["evidence"] if e["metric"] == "own_change")
+        m = re.search(r"steps (\d+)-(\d+) against steps (\d+)-(\d+) \(change point at step (\d+)\)",
+                      own["text"])
+        assert m, own["text"]
+        after_first, after_last, before_first, before_last, change = map(int, m.groups())
+        assert abs(change - onset) <= 1 and before_last < change <= after_first, own["text"]
+        assert before_first >= 1 and after_last <= steps - 1
+        assert own["value"] / own["reference"] == pytest.approx(1.25, abs=0.03)
+        assert "%.1f%% slower than its own kernels before" % (100 * d["severity"]) in d["summary"]
+
+    on_a_loaded_machine(check)
+
+
+def test_slow_link_magnitude_is_the_bus_bandwidth_reduction(build_dir, tmp_path):
+    # A link at 80% of the bus bandwidth: busbw 20% below the peer communicators' (the
+    # definition: severity = 1 - busbw / reference, docs/metrics.md).
+    run_job(build_dir, tmp_path, "link80", {"FLARE_SIM_LINK_FACTOR": "5:0.8"}, steps=12)
+    found = diagnose(build_dir, tmp_path)
+    assert [(d["kind"], d["ranks"]) for d in found] == [("link_slow", [5])], found
+    assert found[0]["severity"] == pytest.approx(0.20, abs=0.03), found[0]
+    for e in found[0]["evidence"]:
+        if e["metric"] == "busbw":
+            assert e["value"] / e["reference"] == pytest.approx(0.8, abs=0.03), e

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "src/engine/diagnosis/detector.h"
+#include "src/engine/diagnosis/own_change.h"
 #include "src/stats/outliers.h"
 #include "src/stats/quantile.h"
 
@@ -302,6 +303,7 @@ class GpuSlowDetector final : public Detector {
   std::vector<Diagnosis> run(const DetectorView& view) const override {
     std::vector<Diagnosis> out;
     detectSlowGpu(view.job(), view.options(), view.arrivals(), &out);
+    measureAgainstOwnSteps(view.whole(), view.options(), &out);  // after a fail-slow
     return out;
   }
 };
@@ -323,6 +325,7 @@ class GpuSlowFromSummariesDetector final : public Detector {
     const size_t before = out.size();
     detectSlowGpuFromSummaries(view.job(), view.options(), view.arrivals(), &out);
     out.erase(out.begin(), out.begin() + static_cast<std::ptrdiff_t>(before));
+    measureAgainstOwnSteps(view.whole(), view.options(), &out);  // after a fail-slow
     return out;
   }
 };

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "src/engine/diagnosis/detector.h"
+#include "src/engine/diagnosis/own_change.h"
 #include "src/records/op_kind.h"
 
 namespace flare::engine {
@@ -202,6 +203,7 @@ class LinkSlowDetector final : public Detector {
   std::vector<Diagnosis> run(const DetectorView& view) const override {
     std::vector<Diagnosis> out;
     detectSlowLink(view.job(), view.options(), &out);
+    measureAgainstOwnSteps(view.whole(), view.options(), &out);  // after a fail-slow
     return out;
   }
 };
