@@ -1,7 +1,10 @@
 #include "src/common/text.h"
 
+#include <cxxabi.h>
+
 #include <cctype>
 #include <cstdio>
+#include <cstdlib>
 
 namespace flare::common {
 
@@ -72,6 +75,16 @@ std::string safePathComponent(std::string_view text) {
     out += ok ? c : '_';
   }
   if (out.empty() || out == "." || out == "..") out.assign(1, '_');
+  return out;
+}
+
+std::string demangle(const char* name) {
+  if (name == nullptr) return "?";
+  int status = 0;
+  char* d = abi::__cxa_demangle(name, nullptr, nullptr, &status);
+  if (status != 0 || d == nullptr) return name;
+  std::string out(d);
+  std::free(d);
   return out;
 }
 

@@ -20,6 +20,10 @@ std::string printable(std::string_view s);
 // -> "gemm". A name without the prefix is only lower-cased.
 std::string enumLabel(std::string_view enum_name, std::string_view prefix);
 
+// A C++ symbol demangled ("_ZN5flare3fooEv" -> "flare::foo()"); a name that is not mangled
+// comes back unchanged, a null one as "?". Allocates; not for signal handlers.
+std::string demangle(const char* name);
+
 // `text` made safe as one path component: anything but [A-Za-z0-9._-] becomes '_'; "", "." and
 // ".." become "_".
 std::string safePathComponent(std::string_view text);

@@ -1,6 +1,5 @@
 #include "src/hang/stack_capture.h"
 
-#include <cxxabi.h>
 #include <dirent.h>
 #include <dlfcn.h>
 #include <errno.h>
@@ -23,6 +22,7 @@
 #include <mutex>
 #include <unordered_map>
 
+#include "src/common/text.h"
 #include "src/hang/elf_symbols.h"
 
 namespace flare::hang {
@@ -153,15 +153,6 @@ std::string threadName(pid_t tid) {
   return std::string(buf, size_t(n));
 }
 
-std::string demangle(const char* name) {
-  int status = 0;
-  char* d = abi::__cxa_demangle(name, nullptr, nullptr, &status);
-  if (status != 0 || !d) return name;
-  std::string out(d);
-  std::free(d);
-  return out;
-}
-
 // Frame i of a stack: frame 0 is the exact PC, callers are return addresses (pc - 1 lies in
 // the calling instruction).
 void symbolize(uintptr_t pc, bool exact, ElfSymbolCache& cache, flare::v1::NativeFrame* f) {
@@ -178,13 +169,13 @@ void symbolize(uintptr_t pc, bool exact, ElfSymbolCache& cache, flare::v1::Nativ
   const uintptr_t bias = lm->l_addr;
   f->set_offset(pc - bias);
   if (info.dli_sname) {
-    f->set_symbol(demangle(info.dli_sname));
+    f->set_symbol(common::demangle(info.dli_sname));
   } else {
     const std::string path = (module.empty() || lm->l_name == nullptr || lm->l_name[0] == '\0')
                                  ? "/proc/self/exe"
                                  : module;
     std::string_view name = cache.get(path).lookup(lookup - bias);
-    if (!name.empty()) f->set_symbol(demangle(std::string(name).c_str()));
+    if (!name.empty()) f->set_symbol(common::demangle(std::string(name).c_str()));
   }
   if (module.empty() || (lm->l_name && lm->l_name[0] == '\0')) {
     char exe[4096];

@@ -1,22 +1,11 @@
 // Naming helpers (op_names.h).
 #include "src/hook/op_names.h"
 
-#include <cxxabi.h>
 #include <library_types.h>
 
 #include <cstdlib>
 
 namespace flare::hook {
-
-std::string demangle(const char* name) {
-  if (!name) return "?";
-  int status = 0;
-  char* d = abi::__cxa_demangle(name, nullptr, nullptr, &status);
-  if (status != 0 || !d) return name;
-  std::string out(d);
-  std::free(d);
-  return out;
-}
 
 uint64_t hashBytes(const void* data, size_t n, uint64_t seed) {
   auto* p = static_cast<const unsigned char*>(data);

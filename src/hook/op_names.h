@@ -1,15 +1,17 @@
-// Naming helpers of the wrappers' cold paths: demangling, signature-key hashing, dtype names,
-// the attention-by-name rule. Pure functions; any thread.
+// Naming helpers of the wrappers' cold paths: demangling (common's), signature-key hashing, dtype
+// names, the attention-by-name rule. Pure functions; any thread.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <string>
 
+#include "src/common/text.h"
+
 namespace flare::hook {
 
-// Demangles a C++ symbol (returns it unchanged when it is not mangled).
-std::string demangle(const char* name);
+// Demangles a C++ symbol (returns it unchanged when it is not mangled): src/common/text.h's.
+using common::demangle;
 
 // Mixes values into a 64-bit key (FNV-1a over the bytes).
 uint64_t hashBytes(const void* data, size_t n, uint64_t seed = 1469598103934665603ull);

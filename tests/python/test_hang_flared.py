@@ -36,11 +36,7 @@ def daemon(build_dir, tmp_path):
     yield d
     if d.proc.poll() is None:
         assert_nothing_refused(d.http)
-    d.proc.send_signal(signal.SIGTERM)
-    try:
-        d.proc.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        d.proc.kill()
+    d.stop(timeout=20, kill=True)
 
 
 def start_job(build_dir, daemon, tmp_path, job, fault_env=None, steps=40, timeout_s=25,
@@ -217,11 +213,7 @@ def slow_silence_daemon(build_dir, tmp_path):
     yield d
     if d.proc.poll() is None:
         assert_nothing_refused(d.http)
-    d.proc.send_signal(signal.SIGTERM)
-    try:
-        d.proc.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        d.proc.kill()
+    d.stop(timeout=20, kill=True)
 
 
 def metric(daemon, name):
