@@ -6,10 +6,12 @@
 // object per record: job, rank, kind, name, dtype, shape, layout, stream, device, thread,
 // issue/start/end/duration/issue-latency in ns, flops, bytes, and for collectives the
 // communicator hash, sequence number, rank count and peer; the traced Python span a kernel was
-// launched under (parent_span, 0: none) and its correlation id. Traced Python spans are lines
+// launched under (parent_span, 0: none) and its correlation id; "weight" when a 1-in-N sampled
+// launch stands for more than itself (FLARE_SAMPLE_KERNELS). Traced Python spans are lines
 // of kind "span": name (API), id, parent, thread, start/end/duration, and gc_* for collections.
 // Kernel summaries (FLARE_MODE=summary) are lines of kind "summary": op_kind, name, dtype, shape,
-// stream, device, window_start_ns/window_end_ns and clusters [{count, p50_ns, p99_ns, sum_ns}].
+// stream, device, window_start_ns/window_end_ns and clusters [{count, p50_ns, p99_ns, sum_ns}],
+// and "sampled_ops" when the counts are estimates from that many timed launches.
 // Exit 1 when a file is unreadable (the others are still printed), 2 on bad arguments.
 #include <algorithm>
 #include <cctype>
@@ -128,6 +130,8 @@ int main(int argc, char** argv) {
         std::printf(",\"parent_span\":%llu,\"correlation\":%llu",
                     static_cast<unsigned long long>(k.parent_span_id()),
                     static_cast<unsigned long long>(k.correlation_id()));
+        // A 1-in-N sampled launch (FLARE_SAMPLE_KERNELS): the launches it stands for.
+        if (k.weight() > 1) std::printf(",\"weight\":%u", k.weight());
         if (k.has_collective()) {
           const auto& c = k.collective();
           std::printf(",\"comm_hash\":\"%016llx\",\"seq\":%llu,\"nranks\":%d",
@@ -158,7 +162,12 @@ int main(int argc, char** argv) {
                       static_cast<long long>(c.p50_ns()), static_cast<long long>(c.p99_ns()),
                       static_cast<long long>(c.sum_ns()));
         }
-        std::printf("]}\n");
+        std::printf("]");
+        // Sampled launches: the counts above are estimates from this many timed ones.
+        if (ks.sampled_ops() > 0) {
+          std::printf(",\"sampled_ops\":%llu", static_cast<unsigned long long>(ks.sampled_ops()));
+        }
+        std::printf("}\n");
       }
     }
   }

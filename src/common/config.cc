@@ -88,6 +88,14 @@ constexpr ParamInfo kParams[] = {
      "issue time on an idle stream), half the event cost per launch (docs/benchmarks.md, "
      "\"On a real GPU\"); experimental: work the hook does not see on that stream (Triton "
      "kernels) is then counted in the next op's duration."},
+    {"FLARE_SAMPLE_KERNELS", "int", "1", "hook",
+     "1-in-N timing of plain kernel launches (cudaLaunchKernel[ExC], __cudaLaunchKernel, "
+     "cuLaunchKernel[Ex]) per launching thread, 1 to 1024: 1 times every launch; N > 1 times a "
+     "thread's first 32 launches, then one launch in a random gap of 1 to 2N-1 (mean N), and "
+     "each timed record carries the launches it stands for (its weight), so counts, GPU time, "
+     "FLOPs and bytes are estimates and GPU busy, minority and void figures of a step come from "
+     "the samples (docs/metrics.md); an untimed launch costs a thread-local countdown; GEMMs, "
+     "collectives, copies, sets, graphs and syncs stay exact."},
     {"FLARE_EXIT_FLUSH_SECONDS", "duration", "2", "exporter",
      "At process exit, time given to send queued batches to the daemon; the rest is spooled."},
     {"FLARE_BATCH_BYTES", "int", "65536", "exporter",

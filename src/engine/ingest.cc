@@ -323,6 +323,7 @@ void Ingest::fillReport(const JobState& job, v1::GetReportResponse* out) const {
     }
     r->set_p50_ns(st->hist.quantile(0.5));
     r->set_p99_ns(st->hist.quantile(0.99));
+    if (st->estimated > 0) r->set_estimated(st->estimated);
   }
 }
 

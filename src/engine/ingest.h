@@ -287,6 +287,9 @@ class Ingest {
     int32_t nranks = 0;
     LogHistogram hist;
     bool dirty = false;
+    // Of count, launches estimated from 1-in-N samples (KernelRecord.weight - 1 summed, and a
+    // sampled KernelSummary's counts beyond its sampled_ops): SignatureReport.estimated.
+    uint64_t estimated = 0;
   };
   struct RankState {
     int32_t rank = 0;

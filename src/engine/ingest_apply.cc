@@ -113,11 +113,16 @@ void Ingest::applyBatch(Session& s, RankState::Incarnation& inc, const v1::Recor
     const int64_t d = k.end_ns() - k.start_ns();
     if (st.count == 0 || d < st.min_ns) st.min_ns = d;
     if (st.count == 0 || d > st.max_ns) st.max_ns = d;
-    ++st.count;
-    st.total_ns += d;
-    st.hist.add(d);
-    st.flops += static_cast<double>(k.flops() != 0 ? k.flops() : st.sig.flops_per_call());
-    st.bytes += static_cast<double>(k.bytes() != 0 ? k.bytes() : st.sig.bytes_per_call());
+    // A 1-in-N sampled launch stands for `weight` launches: counts and totals are estimates.
+    const uint64_t weight = k.weight() > 1 ? k.weight() : 1;
+    st.count += weight;
+    st.total_ns += d * static_cast<int64_t>(weight);
+    st.hist.add(d, weight);
+    st.estimated += weight - 1;
+    st.flops += static_cast<double>(weight) *
+                static_cast<double>(k.flops() != 0 ? k.flops() : st.sig.flops_per_call());
+    st.bytes += static_cast<double>(weight) *
+                static_cast<double>(k.bytes() != 0 ? k.bytes() : st.sig.bytes_per_call());
     if (k.has_collective() && k.collective().nranks() > 0) st.nranks = k.collective().nranks();
     st.dirty = true;
     if (raw != nullptr) {
@@ -180,6 +185,11 @@ void Ingest::applyBatch(Session& s, RankState::Incarnation& inc, const v1::Recor
         w->p99_ns = std::max(w->p99_ns, c.p99_ns());
       }
       summarized += c.count();
+    }
+    if (sm.sampled_ops() > 0) {  // 1-in-N sampled: the clusters' counts beyond the timed ops
+      uint64_t counted = 0;
+      for (const auto& c : sm.clusters()) counted += c.count();
+      if (counted > sm.sampled_ops()) st.estimated += counted - sm.sampled_ops();
     }
     st.dirty = true;
   }

@@ -622,6 +622,49 @@ TEST_F(IngestTest, SummariesFeedTheReport) {
   EXPECT_NEAR(r.signatures(0).p50_ns(), 100000, 19000);
 }
 
+// 1-in-N sampled plain kernels (FLARE_SAMPLE_KERNELS): a raw record of weight w counts w
+// launches of its duration (count, total, FLOPs), a sampled summary's counts are taken as they
+// come, and the report says how many of the count were estimated; a weight beyond any gap the
+// hook can draw is refused.
+TEST_F(IngestTest, SampledKernelsAreEstimatedInTheReport) {
+  make();
+  const uint64_t s = connect("job", 0, 1);
+  v1::RecordBatch b;
+  b.set_rank(0);
+  b.set_batch_seq(1);
+  v1::Signature k;
+  k.set_id(1);
+  k.set_name("elementwise_kernel");
+  k.set_kind(v1::OP_KIND_KERNEL);
+  *b.add_signatures() = k;
+  k.set_id(2);
+  k.set_name("reduce_kernel");
+  *b.add_signatures() = k;
+  addKernel(&b, 1, kNow, 10000)->set_weight(8);
+  addKernel(&b, 1, kNow + 100000, 10000)->set_weight(5);
+  addKernel(&b, 1, kNow + 200000, 10000);                     // a warm-up launch: weight 1
+  addKernel(&b, 1, kNow + 300000, 10000)->set_weight(70000);  // refused
+  v1::KernelSummary* sm = b.add_summaries();
+  sm->set_signature_id(2);
+  sm->set_window_start_ns(kNow);
+  sm->set_window_end_ns(kNow + 1000000);
+  sm->set_sampled_ops(10);
+  auto* c = sm->add_clusters();
+  c->set_count(80);
+  c->set_p50_ns(20000);
+  c->set_p99_ns(21000);
+  c->set_sum_ns(80 * 20000);
+  ASSERT_TRUE(ingest_->batch(s, b).ok());
+  const auto r = report("job");
+  ASSERT_EQ(r.signatures_size(), 2);
+  EXPECT_EQ(r.signatures(0).signature().name(), "reduce_kernel");
+  EXPECT_EQ(r.signatures(0).count(), 80u);
+  EXPECT_EQ(r.signatures(0).estimated(), 70u);
+  EXPECT_EQ(r.signatures(1).count(), 14u);
+  EXPECT_EQ(r.signatures(1).total_ns(), 14 * 10000);
+  EXPECT_EQ(r.signatures(1).estimated(), 11u);
+}
+
 }  // namespace
 }  // namespace flare::engine
 

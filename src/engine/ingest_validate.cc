@@ -144,6 +144,8 @@ BatchFilter findInvalidItems(const v1::RecordBatch& b, const BatchLimits& limits
                (k.collective().nranks() < 0 ||
                 static_cast<size_t>(k.collective().nranks()) > limits.max_ranks_per_job)) {
       f.drop(&f.kernels, i, Reason::kBadRecord, "collective nranks out of range");
+    } else if (k.weight() > 65535) {  // a gap of 1-in-N sampling is below 2N <= 2048
+      f.drop(&f.kernels, i, Reason::kBadRecord, "kernel record weight out of range");
     }
   }
   for (int i = 0; i < b.summaries_size(); ++i) {

@@ -11,6 +11,7 @@
 #include <atomic>
 #include <cstring>
 
+#include "src/hook/launch_sampling.h"
 #include "src/hook/real.h"
 #include "src/hook/runtime.h"
 #include "src/hook/timed.h"
@@ -66,20 +67,29 @@ CUresult launch(LaunchFn real, CUfunction f, unsigned gx, unsigned gy, unsigned 
                 unsigned by, unsigned bz, unsigned shmem, CUstream stream, void** params,
                 void** extra) {
   if (!real) return CUDA_ERROR_NOT_INITIALIZED;
+  if (untimedLaunch()) {  // 1-in-N sampling (launch_sampling.h): before anything else
+    Guard guard;
+    return real(f, gx, gy, gz, bx, by, bz, shmem, stream, params, extra);
+  }
   return timedCall(
-      stream, [&] { return kernelInfo(f, params, gx, gy, gz, bx, by, bz); }, ok,
+      stream, [&] { return sampledLaunch(kernelInfo(f, params, gx, gy, gz, bx, by, bz)); }, ok,
       [&] { return real(f, gx, gy, gz, bx, by, bz, shmem, stream, params, extra); });
 }
 
 CUresult launchEx(LaunchExFn real, const CUlaunchConfig* config, CUfunction f, void** params,
                   void** extra) {
   if (!real) return CUDA_ERROR_NOT_INITIALIZED;
+  if (untimedLaunch()) {
+    Guard guard;
+    return real(config, f, params, extra);
+  }
   return timedCall(
       config ? config->hStream : nullptr,
       [&] {
-        return config ? kernelInfo(f, params, config->gridDimX, config->gridDimY, config->gridDimZ,
-                                   config->blockDimX, config->blockDimY, config->blockDimZ)
-                      : kernelInfo(f, params, 0, 0, 0, 0, 0, 0);
+        return sampledLaunch(config ? kernelInfo(f, params, config->gridDimX, config->gridDimY,
+                                                 config->gridDimZ, config->blockDimX,
+                                                 config->blockDimY, config->blockDimZ)
+                                    : kernelInfo(f, params, 0, 0, 0, 0, 0, 0));
       },
       ok, [&] { return real(config, f, params, extra); });
 }

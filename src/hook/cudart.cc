@@ -1,13 +1,18 @@
 // Interposed CUDA runtime calls: kernel launches, graph launches, async copies/sets (timed on
 // the GPU), and the synchronization calls (recorded as host spans: they are what kernel-issue
 // stalls are made of).
+#include <sys/syscall.h>
+#include <unistd.h>
+
 #include <cuda.h>
 #include <cuda_runtime_api.h>
 
 #include <cstring>
 
 #include "src/common/clock.h"
+#include "src/common/config.h"
 #include "src/hook/cudart_fns.h"
+#include "src/hook/launch_sampling.h"
 #include "src/hook/real.h"
 #include "src/hook/runtime.h"
 #include "src/hook/timed.h"
@@ -17,6 +22,41 @@
 namespace flare::hook {
 
 CudartFns g_cudart;
+
+// --- 1-in-N sampling of plain kernel launches (launch_sampling.h) ----------------------------
+
+thread_local LaunchSampler t_sampler;
+
+int64_t sampleKernelsSetting() {
+  static const int64_t n = common::paramInt("FLARE_SAMPLE_KERNELS", 1, kMaxSampleKernels);
+  return n;
+}
+
+uint16_t takeLaunchWeight() {
+  const int64_t n = sampleKernelsSetting();
+  if (n <= 1) return 1;  // countdown stays 0: every launch takes the timed path
+  LaunchSampler& s = t_sampler;
+  const uint16_t weight = s.next_weight;
+  if (++s.timed <= kWarmupLaunches) {
+    s.countdown = 1;
+    s.next_weight = 1;
+    return weight;
+  }
+  if (s.rng == 0) {  // splitmix64 of the thread id and the clock: threads draw different gaps
+    uint64_t z = (static_cast<uint64_t>(::syscall(SYS_gettid)) << 32) ^
+                 static_cast<uint64_t>(common::monotonicNs()) ^ 0x9e3779b97f4a7c15ull;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    s.rng = (z ^ (z >> 31)) | 1;
+  }
+  s.rng ^= s.rng << 13;  // xorshift64
+  s.rng ^= s.rng >> 7;
+  s.rng ^= s.rng << 17;
+  const auto gap = static_cast<int32_t>(1 + s.rng % static_cast<uint64_t>(2 * n - 1));
+  s.countdown = gap;
+  s.next_weight = static_cast<uint16_t>(gap);
+  return weight;
+}
 
 namespace {
 
@@ -67,19 +107,27 @@ template <typename Key, typename Real>
 cudaError_t launch(Real real, Key func, dim3 grid, dim3 block, void** args, size_t shmem,
                    cudaStream_t stream) {
   if (!real) return cudaErrorInsufficientDriver;
+  if (untimedLaunch()) {  // 1-in-N sampling: the cheapest exit, before anything else
+    Guard guard;
+    return real(func, grid, block, args, shmem, stream);
+  }
   return timedCall(
-      stream, [&] { return launchInfo(func, args, grid, block); }, ok,
+      stream, [&] { return sampledLaunch(launchInfo(func, args, grid, block)); }, ok,
       [&] { return real(func, grid, block, args, shmem, stream); });
 }
 
 template <typename Real>
 cudaError_t launchExC(Real real, const cudaLaunchConfig_t* config, const void* func, void** args) {
   if (!real) return cudaErrorInsufficientDriver;
+  if (untimedLaunch()) {
+    Guard guard;
+    return real(config, func, args);
+  }
   return timedCall(
       config ? config->stream : nullptr,
       [&] {
-        return config ? kernelInfo(func, args, config->gridDim, config->blockDim)
-                      : kernelInfo(func, args, dim3(), dim3());
+        return sampledLaunch(config ? kernelInfo(func, args, config->gridDim, config->blockDim)
+                                    : kernelInfo(func, args, dim3(), dim3()));
       },
       ok, [&] { return real(config, func, args); });
 }

@@ -7,7 +7,7 @@
 namespace flare::records {
 
 void StepAccumulator::addGpuOp(int64_t issue, int64_t start, int64_t end, bool kernel,
-                               uint64_t thread) {
+                               uint64_t thread, uint32_t weight) {
   if (issue < taken_until_) {
     ++late_ops_;
     if (end < taken_until_) return;  // nothing of it falls in a step still open
@@ -21,7 +21,7 @@ void StepAccumulator::addGpuOp(int64_t issue, int64_t start, int64_t end, bool k
     ops_.erase(ops_.begin(), ops_.begin() + half);
     overflow_ops_ += static_cast<uint64_t>(half);
   }
-  ops_.push_back({StepOp{issue, start, std::max(start, end), kernel}, thread});
+  ops_.push_back({StepOp{issue, start, std::max(start, end), kernel}, thread, weight});
 }
 
 void StepAccumulator::addHostEvent(int64_t start, int64_t end, uint64_t thread,
@@ -70,6 +70,14 @@ StepResult StepAccumulator::computeStep(int64_t s0, int64_t s1) {
   if (!stats.empty()) result.stats = std::move(stats.front());
   result.stats.start_ns = s0;
   result.stats.end_ns = s1;
+  uint64_t weights = 0;
+  bool sampled = false;
+  for (const PendingOp& p : ops_) {
+    if (p.op.issue < s0 || p.op.issue >= s1) continue;
+    weights += p.weight;
+    sampled = sampled || p.weight > 1;
+  }
+  if (sampled) result.gpu_ops_estimated = weights;
 
   // Causes: per thread, the launches in issue order (earlier steps' latest launch first).
   std::map<uint64_t, std::vector<const PendingOp*>> by_thread;

@@ -38,6 +38,9 @@ struct StepResult {
   // Cause name → issue latencies of the step's GPU ops it held up (2% sketches).
   std::vector<std::pair<std::string, stats::LatencySketch>> causes;
   uint64_t late_ops = 0;  // ops of earlier, already taken steps seen since the previous result
+  // With 1-in-N sampled plain kernels (an op of weight > 1 issued in the step): the launches
+  // the step's ops stand for (sum of their weights); 0 when every op of the step had weight 1.
+  uint64_t gpu_ops_estimated = 0;
 };
 
 class StepAccumulator {
@@ -56,8 +59,10 @@ class StepAccumulator {
   static constexpr int64_t kMaxHoldNs = 2'000'000'000;
   explicit StepAccumulator(size_t max_ops = kDefaultMaxOps) : max_ops_(max_ops) {}
 
-  // A GPU op (any op that is not a host synchronization): kernel = OP_KIND_KERNEL.
-  void addGpuOp(int64_t issue, int64_t start, int64_t end, bool kernel, uint64_t thread);
+  // A GPU op (any op that is not a host synchronization): kernel = OP_KIND_KERNEL. `weight`:
+  // the launches it stands for (1-in-N sampling, timing::OpInfo::weight).
+  void addGpuOp(int64_t issue, int64_t start, int64_t end, bool kernel, uint64_t thread,
+                uint32_t weight = 1);
   // A host event that may hold up launches: a traced Python call or a synchronization call.
   void addHostEvent(int64_t start, int64_t end, uint64_t thread, const std::string& name);
   // A DataLoader `__next__` span (also a host event: add it there too).
@@ -84,6 +89,7 @@ class StepAccumulator {
   struct PendingOp {
     StepOp op;
     uint64_t thread = 0;
+    uint32_t weight = 1;
   };
   struct HostEvent {
     int64_t start = 0, end = 0;

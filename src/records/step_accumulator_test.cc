@@ -147,6 +147,24 @@ TEST(StepAccumulator, MarkersLateOpsAndOverflow) {
   EXPECT_TRUE(none.take(true).empty());
 }
 
+// 1-in-N sampled kernels: gpu_ops (and the sketches) count the timed ops, gpu_ops_estimated
+// the launches they stand for; a step of weight-1 ops only reports no estimate.
+TEST(StepAccumulator, SampledOpsGiveAnEstimatedOpCount) {
+  StepAccumulator acc;
+  for (int64_t b : {100, 200, 300, 400, 500}) acc.addStepMarker(b);
+  acc.addGpuOp(110, 115, 120, true, 1, 8);
+  acc.addGpuOp(130, 135, 140, true, 1, 3);
+  acc.addGpuOp(150, 155, 160, false, 1);  // a GEMM: exact
+  acc.addGpuOp(210, 215, 220, false, 1);  // step 2: nothing sampled
+  auto r = acc.take(false);
+  ASSERT_EQ(r.size(), 2u);
+  EXPECT_EQ(r[0].stats.gpu_ops, 3u);
+  EXPECT_EQ(r[0].stats.latency.count(), 3u);
+  EXPECT_EQ(r[0].gpu_ops_estimated, 12u);
+  EXPECT_EQ(r[1].stats.gpu_ops, 1u);
+  EXPECT_EQ(r[1].gpu_ops_estimated, 0u);
+}
+
 // With the Tracer's watermark a step leaves as soon as every op issued in it has completed,
 // however far the GPU lags (no op lost as late), and a stuck stream delays it at most
 // kMaxSlackSteps.

@@ -44,6 +44,7 @@ void encodeStepStats(const StepResult& r, const std::function<int64_t(int64_t)>&
     cause->set_issue_latency(bytes.data(), bytes.size());
   }
   out->set_late_ops(r.late_ops);
+  out->set_gpu_ops_estimated(r.gpu_ops_estimated);
 }
 
 }  // namespace flare::records

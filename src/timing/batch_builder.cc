@@ -164,7 +164,7 @@ void BatchBuilder::addOps(std::span<const CompletedOp> ops) {
       const SyncSignature* sync = nullptr;
       if (op.info.kind != OpKind::kSync) {
         steps_.addGpuOp(op.issue_ns, op.start_ns, op.end_ns, op.info.kind == OpKind::kKernel,
-                        op.thread_id);
+                        op.thread_id, op.info.weight);
       } else if (auto it = syncs_.find(op.info.signature_id); it != syncs_.end()) {
         sync = &it->second;
         if (sync->marker) {
@@ -194,6 +194,7 @@ void BatchBuilder::addOps(std::span<const CompletedOp> ops) {
     rec->set_issue_latency_ns(op.start_ns - op.issue_ns);
     rec->set_flops(op.info.flops);
     rec->set_bytes(op.info.bytes);
+    if (op.info.weight > 1) rec->set_weight(op.info.weight);
     if (isCollective(op.info.kind)) {
       flare::v1::CollectiveInfo* coll = rec->mutable_collective();
       coll->set_comm_hash(op.info.comm_hash);
@@ -249,6 +250,7 @@ void BatchBuilder::addSummaries() {
     out->set_window_end_ns(clock_map_.fromMonotonic(s.window_end_ns));
     out->set_flops(s.flops);
     out->set_bytes(s.bytes);
+    if (s.sampled_ops != 0) out->set_sampled_ops(s.sampled_ops);
     for (const SummaryCluster& c : s.clusters) {
       flare::v1::KernelSummary::Cluster* cl = out->add_clusters();
       cl->set_count(c.count);

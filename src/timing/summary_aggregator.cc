@@ -41,8 +41,10 @@ void SummaryAggregator::add(const CompletedOp& op) {
     acc.last_end = std::max(acc.last_end, op.end_ns);
   }
   acc.durations.push_back(static_cast<double>(std::max<int64_t>(0, op.end_ns - op.start_ns)));
-  acc.flops += op.info.flops;
-  acc.bytes += op.info.bytes;
+  const uint64_t w = op.info.weight > 0 ? op.info.weight : 1;
+  acc.flops += op.info.flops * w;
+  acc.bytes += op.info.bytes * w;
+  acc.weights += w;
   if (!open_) {
     open_ = true;
     first_start_ns_ = op.start_ns;
@@ -72,11 +74,31 @@ std::vector<OpSummary> SummaryAggregator::take() {
     for (const stats::DurationCluster& c : clustering.clusters) {
       s.clusters.push_back(SummaryCluster{c.count, roundNs(c.p50), roundNs(c.p99), roundNs(c.sum)});
     }
+    if (acc.weights != acc.durations.size() && !s.clusters.empty()) {
+      // Sampled: each cluster stands for its share of the weights (count and sum scaled by
+      // weights / timed ops; the rounding goes to the largest cluster, so the counts sum to the
+      // weights); its quantiles are the timed ops'.
+      const double scale =
+          static_cast<double>(acc.weights) / static_cast<double>(acc.durations.size());
+      uint64_t given = 0;
+      size_t largest = 0;
+      for (size_t i = 1; i < s.clusters.size(); ++i) {
+        if (s.clusters[i].count > s.clusters[largest].count) largest = i;
+      }
+      for (SummaryCluster& c : s.clusters) {
+        c.sum_ns = roundNs(static_cast<double>(c.sum_ns) * scale);
+        c.count = static_cast<uint64_t>(std::llround(static_cast<double>(c.count) * scale));
+        given += c.count;
+      }
+      SummaryCluster& big = s.clusters[largest];
+      big.count = big.count + acc.weights - given;  // unsigned wrap cancels: exact sum
+      s.sampled_ops = acc.durations.size();
+    }
     s.flops = acc.flops;
     s.bytes = acc.bytes;
     out.push_back(std::move(s));
     acc.durations.clear();  // keeps the capacity for the next window
-    acc.flops = acc.bytes = 0;
+    acc.flops = acc.bytes = acc.weights = 0;
     ++it;
   }
   open_ = false;

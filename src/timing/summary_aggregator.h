@@ -41,6 +41,10 @@ struct OpSummary {
   std::vector<SummaryCluster> clusters;  // ascending durations; counts sum to the ops added
   uint64_t flops = 0;                    // totals over the window's ops of this key
   uint64_t bytes = 0;
+  // 1-in-N sampled launches (an op of weight > 1, OpInfo::weight): the ops actually timed; the
+  // clusters' counts and sums, flops and bytes are then estimates (scaled by the weights; the
+  // counts sum to the weights). 0: every op had weight 1, all exact.
+  uint64_t sampled_ops = 0;
 };
 
 class SummaryAggregator {
@@ -50,7 +54,8 @@ class SummaryAggregator {
   static bool shouldSummarize(OpKind kind);
 
   // Adds one completed op (of a summarised kind). Negative durations (clock-map error) count
-  // as 0 ns.
+  // as 0 ns. An op of weight w stands for w launches (1-in-N sampling): its flops and bytes
+  // count w times, and the key's clusters are scaled so that their counts sum to the weights.
   void add(const CompletedOp& op);
   // True once an op ended window_ns after the open window's first start.
   bool due() const { return open_ && last_end_ns_ - first_start_ns_ >= window_ns_; }
@@ -66,6 +71,7 @@ class SummaryAggregator {
     int64_t last_end = 0;
     uint64_t flops = 0;
     uint64_t bytes = 0;
+    uint64_t weights = 0;  // sum of the ops' weights (== durations.size() unless sampled)
   };
   int64_t window_ns_;
   bool open_ = false;

@@ -195,6 +195,36 @@ TEST(SummaryAggregatorTest, WindowIsDueAfterWindowNsAndTakeResets) {
   EXPECT_EQ(out[0].clusters[0].sum_ns, 300);
 }
 
+// 1-in-N sampled launches (FLARE_SAMPLE_KERNELS): a cluster stands for its share of the
+// weights, its quantiles are the timed ops', the counts sum to the weights exactly, and the
+// summary says how many ops were timed. Unsampled keys are unchanged (sampled_ops 0).
+TEST(SummaryAggregatorTest, SampledOpsScaleCountsSumsFlopsToTheirWeights) {
+  SummaryAggregator agg(1'000'000'000);
+  uint64_t weights = 0;
+  for (int i = 0; i < 30; ++i) {  // two modes: 20 ops at ~10 us, 10 at ~40 us, weights 7 or 9
+    CompletedOp op = opAt(1, i * 100'000, i < 20 ? 10'000 + i : 40'000 + i);
+    op.info.weight = static_cast<uint16_t>(i % 2 == 0 ? 7 : 9);
+    op.info.flops = 1000;
+    weights += op.info.weight;
+    agg.add(op);
+  }
+  agg.add(opAt(2, 0, 5'000));  // weight 1: exact
+  auto out = agg.take();
+  ASSERT_EQ(out.size(), 2u);
+  const OpSummary& s = out[0];
+  EXPECT_EQ(s.sampled_ops, 30u);
+  ASSERT_EQ(s.clusters.size(), 2u);
+  EXPECT_EQ(s.clusters[0].count + s.clusters[1].count, weights);  // 240
+  EXPECT_EQ(s.clusters[0].count, 160u);                           // 20 of 30 timed ops
+  EXPECT_EQ(s.clusters[1].count, 80u);
+  EXPECT_NEAR(s.clusters[0].p50_ns, 10'010, 10);  // quantiles of the timed ops
+  EXPECT_NEAR(static_cast<double>(s.clusters[0].sum_ns), 8.0 * (20 * 10'000 + 190), 1.0);
+  EXPECT_EQ(s.flops, 1000 * weights);
+  EXPECT_EQ(out[1].sampled_ops, 0u);
+  ASSERT_EQ(out[1].clusters.size(), 1u);
+  EXPECT_EQ(out[1].clusters[0].count, 1u);
+}
+
 TEST(SummaryAggregatorTest, WhatIsSummarised) {
   EXPECT_TRUE(SummaryAggregator::shouldSummarize(OpKind::kGemm));
   EXPECT_TRUE(SummaryAggregator::shouldSummarize(OpKind::kKernel));

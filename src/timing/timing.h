@@ -51,6 +51,10 @@ struct Signature {
 struct OpInfo {
   uint32_t signature_id = 0;
   OpKind kind = OpKind::kKernel;
+  // Launches this op stands for: 1, or with 1-in-N sampling of plain kernel launches
+  // (FLARE_SAMPLE_KERNELS, src/hook/launch_sampling.h) the launches of its thread since the
+  // previous timed one, itself included. Counts, times, FLOPs and bytes scale by it.
+  uint16_t weight = 1;
   uint64_t flops = 0;
   uint64_t bytes = 0;      // collectives: S of the nccl-tests definitions
   uint64_t comm_hash = 0;  // collectives: stable communicator identity

@@ -62,7 +62,7 @@ flare::v1::HealthyBaseline makeBaseline(const JobModel& job) {
   for (const auto& [rank, r] : job.ranks()) {
     const auto starts = job.stepStarts(rank);
     const int64_t after = starts.size() >= 2 ? starts[1] : INT64_MIN;
-    ops += r.ops.size();
+    for (const Op& op : r.ops) ops += op.weight;  // 1-in-N sampled kernels: estimated
     for (const SummaryWindow& w : r.summaries) ops += w.count();
     // Per op kind: the raw ops (in MODE_SUMMARY the collectives and syncs only).
     for (const Op& op : r.ops) {
@@ -116,7 +116,9 @@ flare::v1::HealthyBaseline makeBaseline(const JobModel& job) {
       if (op.issue < after || sig.kind() == flare::v1::OP_KIND_SYNC ||
           sig.name() == FLARE_STEP_MARKER_NAME)
         continue;
-      durations[op.sig].push_back(static_cast<double>(op.duration()));
+      // A 1-in-N sampled launch stands for `weight` launches (the baseline's count).
+      durations[op.sig].insert(durations[op.sig].end(), op.weight,
+                               static_cast<double>(op.duration()));
       if (op.flops > 0) flops[op.sig] = static_cast<double>(op.flops);
     }
     // MODE_SUMMARY: each cluster's median for its count; windows that end after the warm-up.

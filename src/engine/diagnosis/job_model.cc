@@ -134,6 +134,7 @@ void JobModel::addBatch(int rank, const flare::v1::RecordBatch& batch) {
     op.bytes = k.bytes() ? k.bytes() : signatures_[op.sig].bytes_per_call();
     op.parent_span = k.parent_span_id();
     op.thread = k.thread_id();
+    op.weight = std::clamp<uint32_t>(k.weight(), 1, 65535);
     if (k.has_collective()) {
       op.comm = k.collective().comm_hash();
       op.seq = k.collective().seq();
@@ -468,6 +469,7 @@ std::optional<flare::v1::RecordBatch> JobModel::rankBatch(int rank) const {
     if (op.bytes != signatures_[op.sig].bytes_per_call()) k->set_bytes(op.bytes);
     k->set_parent_span_id(op.parent_span);
     k->set_thread_id(op.thread);
+    if (op.weight > 1) k->set_weight(op.weight);
     if (op.comm != 0 || op.nranks != 0) {
       k->mutable_collective()->set_comm_hash(op.comm);
       k->mutable_collective()->set_seq(op.seq);

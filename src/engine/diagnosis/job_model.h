@@ -40,6 +40,8 @@ struct Op {
   uint64_t bytes = 0;
   uint64_t parent_span = 0;
   uint64_t thread = 0;
+  // Launches this op stands for (KernelRecord.weight: 1-in-N sampled plain kernels), >= 1.
+  uint32_t weight = 1;
   int64_t duration() const { return end - start; }
   int64_t issueLatency() const { return start - issue; }
 };
