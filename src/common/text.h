@@ -4,6 +4,7 @@
 
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace flare::common {
 
@@ -19,6 +20,10 @@ std::string printable(std::string_view s);
 // A protobuf enum value's name without its prefix, in lower case: ("OP_KIND_GEMM", "OP_KIND_")
 // -> "gemm". A name without the prefix is only lower-cased.
 std::string enumLabel(std::string_view enum_name, std::string_view prefix);
+
+// The lines of `text`, without their '\n' (a '\r' stays); a final '\n' ends the last line
+// rather than starting an empty one. Views into `text`.
+std::vector<std::string_view> splitLines(std::string_view text);
 
 // A C++ symbol demangled ("_ZN5flare3fooEv" -> "flare::foo()"); a name that is not mangled
 // comes back unchanged, a null one as "?". Allocates; not for signal handlers.

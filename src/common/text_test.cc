@@ -2,6 +2,9 @@
 
 #include <gtest/gtest.h>
 
+#include <string_view>
+#include <vector>
+
 namespace flare::common {
 namespace {
 
@@ -11,6 +14,14 @@ TEST(DemangleTest, MangledPlainAndNull) {
   EXPECT_EQ(demangle("ncclAllReduce"), "ncclAllReduce");  // not mangled: unchanged
   EXPECT_EQ(demangle(""), "");
   EXPECT_EQ(demangle(nullptr), "?");
+}
+
+TEST(SplitLinesTest, LinesWithoutTheirNewline) {
+  using V = std::vector<std::string_view>;
+  EXPECT_EQ(splitLines("a\nbb\n\nc"), (V{"a", "bb", "", "c"}));
+  EXPECT_EQ(splitLines("a\r\nb\n"), (V{"a\r", "b"}));  // a final newline ends the last line
+  EXPECT_EQ(splitLines("\n"), (V{""}));
+  EXPECT_TRUE(splitLines("").empty());
 }
 
 }  // namespace

@@ -12,6 +12,8 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "src/common/text.h"
+
 namespace flare::hang {
 namespace {
 
@@ -46,12 +48,7 @@ bool field(std::string_view line, std::string_view key, long long* out) {
 
 ParseStats parseInspectOutput(std::string_view output, flare::v1::InspectResult* result) {
   ParseStats st;
-  size_t pos = 0;
-  while (pos < output.size()) {
-    size_t eol = output.find('\n', pos);
-    if (eol == std::string_view::npos) eol = output.size();
-    std::string_view line = output.substr(pos, eol - pos);
-    pos = eol + 1;
+  for (std::string_view line : common::splitLines(output)) {
     while (!line.empty() && (line.back() == '\r' || line.back() == ' ')) line.remove_suffix(1);
     if (line.substr(0, 11) == "FLARE-STEP ") {
       long long channel, peer, step, send;

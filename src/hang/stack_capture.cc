@@ -210,12 +210,7 @@ using IsInitFn = int (*)();
 std::vector<PythonThreadDump> parsePythonDump(std::string_view text, int* skipped) {
   std::vector<PythonThreadDump> out;
   int bad = 0;
-  size_t pos = 0;
-  while (pos < text.size()) {
-    size_t eol = text.find('\n', pos);
-    if (eol == std::string_view::npos) eol = text.size();
-    std::string_view line = text.substr(pos, eol - pos);
-    pos = eol + 1;
+  for (std::string_view line : common::splitLines(text)) {
     if (line.empty()) continue;
     auto startsWith = [&](std::string_view p) { return line.substr(0, p.size()) == p; };
     if (startsWith("Thread 0x") || startsWith("Current thread 0x")) {
