@@ -283,6 +283,11 @@ SCENARIOS = [
          kind="issue_stall", ranks=[5], team="algorithm", extended=True),
     dict(name="sparse-stall-60ms-every-8th-16", world=16, env={"FLARE_SIM_HOST_STALL": "10:60:8"},
          steps=40, kind="issue_stall", ranks=[10], team="algorithm", extended=True),
+    # A burst: one rank's host pauses in five consecutive steps only (FLARE_SIM_HOST_STALL's
+    # step range); and healthy runs as long, where the slow_steps detector sees the most steps.
+    dict(name="burst-stall-30ms-steps-20-24", env={"FLARE_SIM_HOST_STALL": "1:30:1:20-24"},
+         steps=40, kind="issue_stall", ranks=[1], team="algorithm", extended=True),
+    dict(name="healthy-40-steps", steps=40, extended=True),
 ]
 DIAG_BASELINES = 3  # healthy runs per shape for the baseline scenarios
 
