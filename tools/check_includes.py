@@ -54,7 +54,8 @@ SIM_USERS = (
 # diagnosing it — includes no detector; the detectors (detector.h, one file per family, listed in
 # registry.cc) call it, never the other way round.
 DIAGNOSIS_DIR = "src/engine/diagnosis"
-DIAGNOSIS_HELPERS = ("diagnosis", "signals", "job_model", "history", "job_metrics", "series")
+DIAGNOSIS_HELPERS = ("diagnosis", "signals", "job_model", "history", "job_metrics", "series",
+                     "own_change")
 DETECTOR_HEADERS = tuple(DIAGNOSIS_DIR + "/" + h for h in
                          ("detector.h", "detectors.h", "gpu_slow.h", "summary_detectors.h"))
 
