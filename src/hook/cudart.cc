@@ -25,7 +25,7 @@ CudartFns g_cudart;
 
 // --- 1-in-N sampling of plain kernel launches (launch_sampling.h) ----------------------------
 
-thread_local LaunchSampler t_sampler;
+constinit thread_local LaunchSampler t_sampler FLARE_HOOK_TLS;
 
 int64_t sampleKernelsSetting() {
   static const int64_t n = common::paramInt("FLARE_SAMPLE_KERNELS", 1, kMaxSampleKernels);

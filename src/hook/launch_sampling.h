@@ -39,14 +39,15 @@ constexpr uint32_t kWarmupLaunches = 32;
 // The largest N accepted for FLARE_SAMPLE_KERNELS (gaps stay below 2^16, OpInfo::weight).
 constexpr int64_t kMaxSampleKernels = 1024;
 
-// The launching thread's countdown; trivially constructible and destructible (no TLS guard).
+// The launching thread's countdown; trivially constructible and destructible (no TLS guard),
+// initial-exec TLS (FLARE_HOOK_TLS, thread_state.h).
 struct LaunchSampler {
   int32_t countdown = 0;     // launches left up to and including the next timed one; <= 1: time it
   uint16_t next_weight = 1;  // the weight of that next timed launch
   uint32_t timed = 0;        // timed launches of this thread so far (for the warm-up)
   uint64_t rng = 0;          // xorshift64 state; 0: not seeded
 };
-extern thread_local LaunchSampler t_sampler;
+extern constinit thread_local LaunchSampler t_sampler FLARE_HOOK_TLS;
 
 // Called first by a plain-kernel launch wrapper: true when this launch is not sampled, and the
 // wrapper forwards it under a Guard. A launch made inside another intercepted call (depth > 0)

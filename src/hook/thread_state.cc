@@ -7,7 +7,7 @@
 
 namespace flare::hook {
 
-thread_local int t_depth = 0;
+constinit thread_local int t_depth FLARE_HOOK_TLS = 0;
 
 namespace {
 std::unordered_map<uint64_t, uint32_t>& sigCache() {

@@ -8,10 +8,16 @@
 
 namespace flare::hook {
 
+// Initial-exec TLS for the thread_locals every launch reads (this depth, the 1-in-N countdown of
+// launch_sampling.h): libflare_hook.so is loaded at start-up (LD_PRELOAD), never dlopened, so
+// they live in the static TLS block and are read %fs-relative, without the __tls_get_addr call
+// of the default model (a few ns per access on an untimed launch).
+#define FLARE_HOOK_TLS __attribute__((tls_model("initial-exec")))
+
 // Re-entrancy depth of the calling thread: a vendor call made while another intercepted call
 // is in progress (the runtime launching through the driver, cuBLAS launching its kernels) is
 // forwarded untouched, so every op is recorded once, at the outermost API.
-extern thread_local int t_depth;
+extern constinit thread_local int t_depth FLARE_HOOK_TLS;
 
 struct Guard {
   Guard() : outer(t_depth++ == 0) {}
