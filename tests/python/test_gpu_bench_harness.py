@@ -71,6 +71,15 @@ def test_a_failing_arm_is_a_clear_error(build_dir, tmp_path):
     assert "flare-raw" not in rows and rows["flare-summary"]["overhead_pct"] == pytest.approx(5.0)
 
 
+def test_the_sampled_arm_runs_summary_mode_with_one_in_n_kernel_timing(build_dir, tmp_path):
+    proc, out = run(build_dir, tmp_path, "--arms", "bare,flare-summary,flare-summary-sampled",
+                    "--sample-kernels", "16", env={"STANDIN_SAMPLE_KERNELS": "16"})
+    assert proc.returncode == 0, proc.stderr
+    rows = json.loads(out.read_text())["summary"]["launch-bound"]["arms"]
+    assert rows["flare-summary-sampled"]["overhead_pct"] == pytest.approx(1.0)
+    assert rows["flare-summary"]["overhead_pct"] == pytest.approx(5.0)
+
+
 def test_arms_must_include_the_bare_one(build_dir, tmp_path):
     proc, _ = run(build_dir, tmp_path, "--arms", "flare-raw")
     assert proc.returncode == 2 and "bare" in proc.stderr

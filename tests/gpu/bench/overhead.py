@@ -39,8 +39,9 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ARMS = ("bare", "flare-summary", "flare-raw", "torch-profiler")
-# Also selectable with --arms: summary mode with one CUDA event per op (FLARE_TIMING=end).
-EXTRA_ARMS = ("flare-summary-end",)
+# Also selectable with --arms: summary mode with one CUDA event per op (FLARE_TIMING=end), with
+# 1-in-N timing of plain kernel launches (FLARE_SAMPLE_KERNELS=--sample-kernels), and both.
+EXTRA_ARMS = ("flare-summary-end", "flare-summary-sampled", "flare-summary-end-sampled")
 WORKLOADS = ("gpt-small", "gpt-medium", "gpt-large", "launch-bound", "cuda-graph", "compile")
 BUDGET_PCT = {"gpt-small": 0.5, "gpt-medium": 0.5, "gpt-large": 0.5, "launch-bound": 2.0}
 
@@ -68,8 +69,10 @@ class Worker:
             env.update(LD_PRELOAD=os.path.join(args.build, "lib", "libflare_hook.so"),
                        FLARE_OUTPUT_DIR=self.spool, FLARE_JOB_ID="overhead-" + arm,
                        FLARE_MODE=arm.split("-")[1])
-            if arm.endswith("-end"):
+            if "end" in arm.split("-")[2:]:
                 env["FLARE_TIMING"] = "end"
+            if arm.endswith("-sampled"):
+                env["FLARE_SAMPLE_KERNELS"] = str(args.sample_kernels)
         cmd = [sys.executable, args.worker, "--threads", str(args.threads)]
         if arm == "torch-profiler":
             cmd.append("--profiler")
@@ -225,6 +228,8 @@ def main():
     ap.add_argument("--idle-cpus", default=None, help="where waiting arms wait (default: 1, or "
                     "core 0 on smaller machines)")
     ap.add_argument("--threads", type=int, default=2, help="torch.set_num_threads per arm")
+    ap.add_argument("--sample-kernels", type=int, default=32, help="FLARE_SAMPLE_KERNELS of the "
+                    "-sampled arms (1-in-N timing of plain kernel launches)")
     ap.add_argument("--boot", type=int, default=2000, help="bootstrap resamples")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--worker", default=os.path.join(HERE, "overhead_worker.py"))

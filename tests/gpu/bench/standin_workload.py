@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """A stand-in for overhead_worker.py with no GPU, for the harness's own test
 (tests/python/test_gpu_bench_harness.py): it speaks the same protocol and reports the step times
-a model of each arm gives (bare 10 ms; FLARE_MODE summary +5%, raw +10%; --profiler +30%), times a
+a model of each arm gives (bare 10 ms; FLARE_MODE summary +5%, raw +10%; --profiler +30%;
+summary with FLARE_SAMPLE_KERNELS, which must be STANDIN_SAMPLE_KERNELS or 32, +1%), times a
 drift of +1% per window it has measured, which the per-round ratio must cancel. It checks what
 the harness passes (LD_PRELOAD set exactly for the Flare arms, the same CPU affinity for every
 arm, moved onto the measurement cores for each window) and fails its load when STANDIN_FAIL_ARM
@@ -20,10 +21,16 @@ proto = os.fdopen(os.dup(1), "w", buffering=1)
 os.dup2(2, 1)
 mode = os.environ.get("FLARE_MODE", "")
 preload = os.environ.get("LD_PRELOAD", "")
+sample = os.environ.get("FLARE_SAMPLE_KERNELS", "")
 arm = "torch-profiler" if a.profiler else ("flare-%s" % mode if mode else "bare")
+if sample:
+    arm += "-sampled"
 if bool(mode) != ("libflare_hook.so" in preload):
     sys.exit("stand-in: FLARE_MODE=%r with LD_PRELOAD=%r" % (mode, preload))
-factor = {"bare": 1.0, "flare-summary": 1.05, "flare-raw": 1.10, "torch-profiler": 1.30}[arm]
+if sample and sample != os.environ.get("STANDIN_SAMPLE_KERNELS", "32"):
+    sys.exit("stand-in: FLARE_SAMPLE_KERNELS=%r" % sample)
+factor = {"bare": 1.0, "flare-summary": 1.05, "flare-raw": 1.10, "torch-profiler": 1.30,
+          "flare-summary-sampled": 1.01}[arm]
 
 
 def reply(**kw):
