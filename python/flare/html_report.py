@@ -31,7 +31,7 @@ bins beyond that), MAX_TABLE_ROWS kernel rows.
 import html
 import math
 
-from .report import JOB_BUSBW, JOB_BUSBW_UNMEASURED, NOT_MEASURED, RANK_BUSBW, \
+from .report import JOB_BUSBW, JOB_BUSBW_UNMEASURED, NOT_MEASURED, RANK_BUSBW, SAMPLED, \
     daemon_measured, flagged_ranks, flatten, fmt_latency, fmt_ns, fmt_pct, rank_busbw_text, \
     quantile_at, rate_text, reported_rows, slowest_rank_text, split_alerts, spread_text, \
     steady_columns, _num
@@ -786,13 +786,16 @@ def kernels_html(data):
             "p50", "p99", "TFLOPS / job busbw", "rank busbw", "spread across ranks"] + extra_keys
     tips = {"TFLOPS / job busbw": "GEMM/attention: TFLOPS. Collectives: " + JOB_BUSBW,
             "rank busbw": RANK_BUSBW}
+    if any(k.get("estimated") for k in kernels):
+        tips["count"] = SAMPLED
     rows = []
     for k in kernels[:MAX_TABLE_ROWS]:
         extra = dict(flatten(k.get("extra", {})))
         cells = [("", k["name"], None), ("", k["kind"] + (" " + k["collective"]
                                                           if k["collective"] else ""), None),
                  ("", k["shape"], None), ("", k["dtype"], None), ("", k["layout"], None),
-                 ("n", k["count"], k["count"]), ("n", fmt_ns(k["totalNs"]), k["totalNs"]),
+                 ("n", ("~%d" if k.get("estimated") else "%d") % k["count"], k["count"]),
+                 ("n", fmt_ns(k["totalNs"]), k["totalNs"]),
                  ("n", fmt_pct(k["timeShare"]), k["timeShare"]),
                  ("n", fmt_ns(k["p50Ns"]), k["p50Ns"]), ("n", fmt_ns(k["p99Ns"]), k["p99Ns"]),
                  ("n", rate_text(k), k["tflops"] or k["jobBusbwGbps"]),

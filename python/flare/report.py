@@ -16,7 +16,10 @@ import urllib.parse
 # Report fields rendered by name; anything else in the report is shown under "other fields".
 KNOWN_REPORT_KEYS = {"jobId", "signatures"}
 KNOWN_SIGNATURE_KEYS = {"signature", "count", "totalNs", "timeShare", "tflops", "busbwGbps",
-                        "p50Ns", "p99Ns", "jobBusbwGbps", "jobBusbwInstances"}
+                        "p50Ns", "p99Ns", "jobBusbwGbps", "jobBusbwInstances", "estimated"}
+# A count (and its GPU time) estimated from 1-in-N timed launches (SignatureReport.estimated).
+SAMPLED = ("~: estimated from 1-in-N samples of plain kernel launches (FLARE_SAMPLE_KERNELS on "
+           "the ranks; docs/metrics.md \"Sampled kernel launches\")")
 
 # The two bus bandwidths of a collective, named apart wherever they are shown (docs/metrics.md
 # "Bus bandwidth: job and per rank"). Both use nccl-tests' busbw factor (records::
@@ -161,6 +164,7 @@ def derive(data):
             "layout": sig.get("layout", ""),
             "collective": label(sig.get("collective"), "COLLECTIVE_KIND_"),
             "count": int(_num(row.get("count"))),
+            "estimated": int(_num(row.get("estimated"))),
             "totalNs": _num(row.get("totalNs")),
             "timeShare": _num(row.get("timeShare")),
             "tflops": _num(row.get("tflops")),
@@ -522,12 +526,15 @@ def format_text(data, top=25):
             "signature", "kind", "shape", "dtype", "count", "share", "p50", "TFLOPS/job busbw",
             "rank busbw", "spread across ranks"))
     for k in shown:
-        line = "  %-34s %-10s %-22s %-6s %8d %7s %10s %18s %11s  %s" % (
-            k["name"][:34], k["kind"][:10], k["shape"][:22], k["dtype"][:6], k["count"],
+        count = ("~%d" if k.get("estimated") else "%d") % k["count"]
+        line = "  %-34s %-10s %-22s %-6s %8s %7s %10s %18s %11s  %s" % (
+            k["name"][:34], k["kind"][:10], k["shape"][:22], k["dtype"][:6], count,
             fmt_pct(k["timeShare"]), fmt_ns(k["p50Ns"]), rate_text(k), rank_busbw_text(k),
             spread_text(k))
         extra = ", ".join("%s=%s" % kv for kv in flatten(k["extra"]))
         out.append(line + ("  " + extra if extra else ""))
+    if any(k.get("estimated") for k in shown):
+        out.append("  (%s)" % SAMPLED)
     if any(k["kind"] == "collective" for k in shown):
         out.append("  (%s;" % JOB_BUSBW)
         out.append("   %s%s)" % (RANK_BUSBW, "; job busbw not measured: " + JOB_BUSBW_UNMEASURED

@@ -19,6 +19,7 @@ import math
 import os
 import re
 import subprocess
+import sys
 
 import pytest
 
@@ -192,3 +193,29 @@ def test_host_stall_is_still_named(build_dir, tmp_path, mode):
 def test_healthy_sampled_job_raises_nothing(build_dir, tmp_path, mode):
     run_job(build_dir, tmp_path, "healthy", {"FLARE_MODE": mode})
     assert diagnose(build_dir, tmp_path) == []
+
+
+def test_the_report_marks_estimated_counts():
+    """flare report (text and HTML): a signature whose count flared estimated from sampled
+    launches (SignatureReport.estimated) reads ~count, with the footnote; an exact one does not."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    sys.path.insert(0, os.path.join(root, "python"))
+    try:
+        from flare import html_report, report
+    finally:
+        sys.path.pop(0)
+    kernel = {"name": "elementwise_kernel", "kind": "OP_KIND_KERNEL"}
+    gemm = {"name": "cublasGemmEx", "kind": "OP_KIND_GEMM", "shape": ["8", "16", "32"]}
+    data = {"jobId": "j", "ranks": [], "diagnoses": [], "series": None, "hangs": [], "alerts": [],
+            "report": {"jobId": "j", "signatures": [
+                {"signature": kernel, "count": "800", "estimated": "700", "totalNs": "8000",
+                 "timeShare": 0.5, "p50Ns": "10", "p99Ns": "12"},
+                {"signature": gemm, "count": "40", "totalNs": "8000", "timeShare": 0.5,
+                 "p50Ns": "200", "p99Ns": "210"}]}}
+    report.derive(data)
+    text = report.format_text(data)
+    assert re.search(r"elementwise_kernel .* ~800 ", text), text
+    assert re.search(r"cublasGemmEx .* 40 ", text) and "~40" not in text
+    assert "estimated from 1-in-N samples" in text and "estimated=" not in text
+    page = html_report.render(data)
+    assert "~800" in page and "estimated from 1-in-N samples" in page
