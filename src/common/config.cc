@@ -95,7 +95,8 @@ constexpr ParamInfo kParams[] = {
      "each timed record carries the launches it stands for (its weight), so counts, GPU time, "
      "FLOPs and bytes are estimates and GPU busy, minority and void figures of a step come from "
      "the samples (docs/metrics.md); an untimed launch costs a thread-local countdown; GEMMs, "
-     "collectives, copies, sets, graphs and syncs stay exact."},
+     "collectives, copies, sets, graphs and syncs stay exact; FLARE_TIMING=end is then refused "
+     "(pair is used)."},
     {"FLARE_EXIT_FLUSH_SECONDS", "duration", "2", "exporter",
      "At process exit, time given to send queued batches to the daemon; the rest is spooled."},
     {"FLARE_BATCH_BYTES", "int", "65536", "exporter",

@@ -55,7 +55,8 @@ def truth(folder):
     return out
 
 
-def traced_run(sim_train, build_dir, tmp_path, tag, sample=None, mode="raw", ranks=2):
+def traced_run(sim_train, build_dir, tmp_path, tag, sample=None, mode="raw", ranks=2,
+               env_extra=None):
     spool, log = tmp_path / tag, tmp_path / (tag + "-log")
     log.mkdir()
     env = {"LD_PRELOAD": os.path.join(build_dir, "lib", "libflare_hook.so"),
@@ -63,6 +64,7 @@ def traced_run(sim_train, build_dir, tmp_path, tag, sample=None, mode="raw", ran
            "FLARE_SIM_KERNEL_LOG": str(log)}
     if sample is not None:
         env["FLARE_SAMPLE_KERNELS"] = str(sample)
+    env.update(env_extra or {})
     res = sim_train("--ranks", ranks, "--steps", STEPS, "--layers", LAYERS, "--hidden", 2048,
                     "--seq", 1024, "--tp", 2, env=env)
     assert res.returncode == 0, res.stderr
@@ -153,6 +155,25 @@ def test_malformed_values_are_refused_with_a_warning_naming_the_setting(sim_trai
     for (rank, kind, name), (n, _, _) in est.items():
         if kind in ("kernel", "attention"):
             assert n == true[(rank, kernel_key(name))][0], name
+
+
+def test_end_only_timing_is_refused_with_sampling(sim_train, build_dir, tmp_path):
+    """FLARE_TIMING=end takes an op's start from the previous timed op's end on its stream: the
+    untimed launches between them would count in its duration. With N > 1 the hook says so once
+    and times with the pair of events: the GPU time estimates stay right."""
+    records, true, res = traced_run(sim_train, build_dir, tmp_path, "end", sample=N,
+                                    env_extra={"FLARE_TIMING": "end"})
+    lines = [line for line in res.stderr.splitlines() if "FLARE_TIMING=end is not used" in line]
+    assert len(lines) == 2, res.stderr  # one per rank
+    gemm = [r for r in records if r["kind"] == "gemm"]
+    # Each GEMM follows untimed kernels on its stream: with end-only timing its duration would
+    # hold theirs; with the pair it is the cuBLAS call's own (the sim's GEMM kernels).
+    est = estimates(records)
+    for (rank, kind, name), (_, _, ns) in est.items():
+        if kind == "kernel" and "residual_add" in name:
+            count, true_ns = true[(rank, kernel_key(name))]
+            assert within(ns, true_ns, count), (name, ns, true_ns)
+    assert gemm
 
 
 # The detectors on a sampled job: the scenarios of test_diagnosis.py, same verdicts.
