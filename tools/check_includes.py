@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Checks the include directions between Flare's modules (docs/architecture.md, "Modules").
+"""Checks the include directions between Flare's modules (docs/architecture.md, "Modules: the dependency graph").
 
 Derives the module graph from the `#include "..."` lines of every C/C++ file under src/, tools/,
 tests/ and include/, and fails when an edge is not in ALLOWED below, when src/sim is included

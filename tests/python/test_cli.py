@@ -100,7 +100,7 @@ def api():
 
 
 # flared's answers: the protobuf JSON mapping (lowerCamelCase, 64-bit integers as strings,
-# every field printed), src/engine/README.md "HTTP API".
+# every field printed), docs/daemon-protocol.md "HTTP API".
 JOBS = {"jobs": [{"jobId": "job/a", "worldSize": 2, "ranksConnected": 1,
                   "startTimeUnixNs": "1795000000000000000", "lastSeenUnixNs": "1795000001000000000",
                   "finished": False}]}

@@ -93,7 +93,7 @@ JobSeries computeSeries(const JobModel& job, const SeriesOptions& options,
 
 // {"jobId","window":{...},"ranks":[...],"steps":{...},"stepTimeNs":[[...]],"vInter":[[...]],
 //  "vMinority":[[...]],"issueLatency":{...},"signatures":[...]} — the layout is documented in
-// src/engine/README.md. NaN is written as null.
+// docs/daemon-protocol.md ("HTTP API"). NaN is written as null.
 std::string seriesToJson(const std::string& job_id, const JobModel& job, const JobSeries& series,
                          const std::string& baseline_job = "");
 
