@@ -79,6 +79,11 @@ std::string stepStatsError(const v1::StepStats& st, const TimeLimits& limits, Re
       !std::isfinite(st.issue_offset_sum_ns())) {
     return "step statistics: gpu_ops or an issue-latency sum out of range";
   }
+  // Sampled kernels: the weights of the step's ops, at least one each, below 2^16 each.
+  if (st.gpu_ops_estimated() != 0 &&
+      (st.gpu_ops_estimated() < st.gpu_ops() || st.gpu_ops_estimated() > (st.gpu_ops() << 16))) {
+    return "step statistics: gpu_ops_estimated out of range";
+  }
   if (static_cast<size_t>(st.causes_size()) > kMaxStepCauses) {
     return "step statistics: more than " + std::to_string(kMaxStepCauses) + " host causes";
   }

@@ -68,6 +68,8 @@ def traced_run(sim_train, build_dir, tmp_path, tag, sample=None, mode="raw", ran
     res = sim_train("--ranks", ranks, "--steps", STEPS, "--layers", LAYERS, "--hidden", 2048,
                     "--seq", 1024, "--tp", 2, env=env)
     assert res.returncode == 0, res.stderr
+    if not spool.exists():  # streamed to flared: nothing spooled
+        return [], truth(str(log)), res
     exp = subprocess.run([os.path.join(build_dir, "bin", "flare-export"), "--input", str(spool)],
                          capture_output=True, text=True, timeout=60)
     assert exp.returncode == 0, exp.stderr
@@ -240,3 +242,55 @@ def test_the_report_marks_estimated_counts():
     assert "estimated from 1-in-N samples" in text and "estimated=" not in text
     page = html_report.render(data)
     assert "~800" in page and "estimated from 1-in-N samples" in page
+
+
+@pytest.mark.parametrize("mode", ["raw", "summary"])
+def test_flareds_report_estimates_sampled_counts_and_keeps_the_rest_exact(sim_train, build_dir,
+                                                                          tmp_path, mode):
+    """Streamed to flared (raw records with their weight, or summaries with sampled_ops): the
+    per-job kernel report's plain-kernel counts are estimates within the tolerance of the truth
+    and say how much is estimated; GEMMs and collectives are counted exactly."""
+    import time
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    try:
+        from flared_process import Flared
+        from pipeline_health import assert_nothing_refused
+    finally:
+        sys.path.pop(0)
+    daemon = Flared(build_dir, tmp_path)
+    try:
+        _, true, _ = traced_run(sim_train, build_dir, tmp_path, "streamed", sample=N, mode=mode,
+                                env_extra={"FLARE_DAEMON": "127.0.0.1:%d" % daemon.grpc})
+        exact, _, _ = traced_run(sim_train, build_dir, tmp_path, "exact")
+        want_exact = collections.Counter()
+        for r in exact:
+            if r["kind"] in ("gemm", "collective"):
+                want_exact[r["name"]] += 1
+        def by_name():  # {name: [count, estimated, kind]}, shapes of one name added up
+            rows = collections.defaultdict(lambda: [0, 0, ""])
+            for s in daemon.json("/api/v1/jobs/streamed/report").get("signatures", []):
+                row = rows[s["signature"]["name"]]
+                row[0] += int(s["count"])
+                row[1] += int(s.get("estimated", 0))
+                row[2] = s["signature"].get("kind", "")
+            return rows
+        deadline = time.monotonic() + 20
+        while True:
+            rows = by_name()
+            got = {n: rows[n][0] for n in want_exact if n in rows}
+            if got == dict(want_exact) or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        assert got == dict(want_exact)
+        assert all(rows[n][1] == 0 for n in want_exact)
+        plain = {n: r for n, r in rows.items() if r[2] in ("OP_KIND_KERNEL", "OP_KIND_ATTENTION")}
+        assert plain
+        for name, (count, estimated, _) in plain.items():
+            made = sum(true[(rank, kernel_key(name))][0] for rank in (0, 1))
+            assert within(count, made, made), (name, count, made)
+            assert 0 < estimated < count, (name, count, estimated)
+        # Weighted records, sampled summaries and StepStats with gpu_ops_estimated all pass
+        # flared's validation.
+        assert_nothing_refused(daemon.http)
+    finally:
+        daemon.stop()
