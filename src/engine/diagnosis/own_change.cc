@@ -8,6 +8,7 @@
 
 #include "src/engine/diagnosis/signals.h"
 #include "src/records/op_kind.h"
+#include "src/stats/changepoint.h"
 
 namespace flare::engine {
 namespace {
@@ -123,18 +124,67 @@ std::optional<OwnChange> computeFromSummaries(const JobModel& whole, const Diagn
   return c;
 }
 
+// The rank's GPU compute time per step (index s − 1 for step s ≥ 1), to find where it changed:
+// from raw ops the GEMM/attention time issued in the step; in MODE_SUMMARY its GPU busy time
+// minus its collectives' time in the step (raw in both modes; an estimate that waiting in
+// collectives overlapping compute biases, so it only locates the change, never measures it).
+// Steps without figures are 0.
+std::vector<double> computePerStep(const JobModel& whole, const RankData& r,
+                                   const std::vector<int64_t>& starts) {
+  const size_t n = starts.size() - 1;  // complete steps 0..n-1
+  std::vector<double> x(n, 0.0);
+  if (r.summaries.empty()) {
+    for (const Op& op : r.ops) {
+      if (!isCompute(whole.signatures()[op.sig].kind())) continue;
+      const size_t s = stepAt(starts, op.issue);
+      if (s < n) x[s] += static_cast<double>(op.duration());
+    }
+  } else {
+    for (const records::StepStats& st : whole.stepStats(r.rank)) {
+      if (st.step >= 0 && static_cast<size_t>(st.step) < n)
+        x[static_cast<size_t>(st.step)] = static_cast<double>(st.gpu_busy_ns);
+    }
+    for (const Op& op : r.ops) {
+      if (whole.signatures()[op.sig].kind() != flare::v1::OP_KIND_COLLECTIVE) continue;
+      const size_t s = stepAt(starts, op.start);
+      if (s < n) x[s] -= static_cast<double>(std::min(op.end, starts[s + 1]) - op.start);
+    }
+  }
+  x.erase(x.begin());  // the warm-up step
+  return x;
+}
+
+// The rank's own slow-down point: the last rise of its GPU compute time per step by at least
+// gpu_min_effect (binary segmentation, flare_stats), as a step number; 0: none.
+size_t ownChangeStep(const std::vector<double>& per_step, const DiagnoseOptions& opt) {
+  if (per_step.size() < 2 * opt.fail_slow_min_steps + 1) return 0;
+  stats::SegmentationOptions seg;
+  seg.minSegment = opt.fail_slow_min_steps;
+  const auto changes = stats::detectMeanShifts(per_step, seg);
+  for (auto it = changes.rbegin(); it != changes.rend(); ++it) {
+    if (it->relative >= opt.gpu_min_effect) return it->index + 1;
+  }
+  return 0;
+}
+
 }  // namespace
 
 std::optional<OwnChange> ownComputeChange(const JobModel& whole, const DiagnoseOptions& options,
                                           int rank) {
-  const auto fail = findFailSlow(whole, options);
   const auto it = whole.ranks().find(rank);
-  if (!fail || it == whole.ranks().end()) return std::nullopt;
+  if (it == whole.ranks().end()) return std::nullopt;
   const std::vector<int64_t> starts = whole.stepStarts(rank);
   if (starts.size() < 3) return std::nullopt;
   const RankData& r = it->second;
-  if (!r.summaries.empty()) return computeFromSummaries(whole, options, r, starts, fail->step);
-  return computeFromOps(whole, options, r, starts, {fail->step, starts.size() - 1});
+  // The job's change point, else the rank's own.
+  const std::vector<double> per_step = computePerStep(whole, r, starts);
+  const auto fail = findFailSlow(whole, options);
+  const size_t change = fail ? fail->step : ownChangeStep(per_step, options);
+  if (change < 3 || change + 1 >= starts.size()) return std::nullopt;
+  std::optional<OwnChange> c =
+      r.summaries.empty() ? computeFromOps(whole, options, r, starts, {change, starts.size() - 1})
+                          : computeFromSummaries(whole, options, r, starts, change);
+  return c;
 }
 
 std::optional<OwnChange> ownBusbwChange(const JobModel& whole, const DiagnoseOptions& options,
@@ -213,15 +263,14 @@ void measureAgainstOwnSteps(const JobModel& whole, const DiagnoseOptions& option
       const auto c = ownComputeChange(whole, options, d.ranks[0]);
       if (!c || c->ratio <= 1) continue;
       d.severity = c->ratio - 1;
-      d.evidence.push_back({"own_change",
-                            "its GEMM/attention kernels take " + fmtPct(c->ratio - 1) +
-                                " longer than its own before the change (" +
-                                std::to_string(c->signatures) + " kernel signatures, " +
-                                (c->from_summaries ? "mean" : "median") + " per call, " +
-                                ownChangeSteps(*c) + ")",
-                            c->after, c->before});
-      d.summary = who + ": GPU slow since step " + std::to_string(c->change_step) +
-                  " — its GEMM/attention kernels run " + fmtPct(c->ratio - 1) +
+      const std::string what = "its GEMM/attention kernels take " + fmtPct(c->ratio - 1) +
+                               " longer than its own before the change (" +
+                               std::to_string(c->signatures) + " kernel signatures, " +
+                               (c->from_summaries ? "mean" : "median") + " per call, " +
+                               ownChangeSteps(*c) + ")";
+      d.evidence.push_back({"own_change", what, c->after, c->before});
+      d.summary = who + ": GPU slow since step " + std::to_string(c->change_step) + " — its " +
+                  "GEMM/attention kernels run " + fmtPct(c->ratio - 1) +
                   " slower than its own kernels before (" + ownChangeSteps(*c) +
                   "); the other ranks only wait for it";
     } else if (d.kind == "link_slow") {

@@ -33,8 +33,10 @@ struct OwnChange {
 // on one side) duration after ÷ before, weighted by the signature's time after. Raw ops compare
 // steps 1..K−2 with K+1..end (one step left out on each side of the change step K: a change
 // point found one step early or late mixes nothing); summary windows compare those that end
-// before step K with those that start at or after it. nullopt: no fail-slow, or no signature
-// with enough calls on both sides.
+// before step K with those that start at or after it. K is the job's fail-slow step, else the
+// rank's own: the last rise of its GPU compute time per step by at least gpu_min_effect (binary
+// segmentation; its GPU time is not moved by the host noise that can hide the job-level change).
+// nullopt: no change, or too few calls on both sides.
 std::optional<OwnChange> ownComputeChange(const JobModel& whole, const DiagnoseOptions& options,
                                           int rank);
 

@@ -132,6 +132,21 @@ TEST(OwnChange, SlowerClockFromMidRunReadsAsTheKernelsOwnSlowdown) {
       << found[0].summary;
 }
 
+TEST(OwnChange, WithoutAJobChangePointTheRanksOwnIsUsed) {
+  // Host noise can hide the job's change point (or the fail-slow tests reject it); the rank's
+  // GPU time per step, which that noise does not move, still shows where it slowed down.
+  DiagnoseOptions strict;
+  strict.fail_slow_min_relative = 10;  // no job-level fail-slow
+  const JobModel m = build({1.25, 0});
+  ASSERT_FALSE(findFailSlow(m, strict).has_value());
+  const auto c = ownComputeChange(m, strict, 2);
+  ASSERT_TRUE(c.has_value());
+  EXPECT_EQ(c->change_step, static_cast<size_t>(kOnset));
+  EXPECT_NEAR(c->ratio, 1.25, 0.005);
+  // A healthy rank's GPU time did not change: no change point of its own.
+  EXPECT_FALSE(ownComputeChange(m, strict, 5).has_value());
+}
+
 TEST(OwnChange, SlowerLinkFromMidRunReadsAsTheBusBandwidthReduction) {
   // 9.5 ms from the last arrival before, 9.5 / 0.8 after: busbw at 80%.
   const JobModel m = build({1.0, 2'375'000});
