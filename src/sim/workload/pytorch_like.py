@@ -284,7 +284,8 @@ def main(argv=None):
     for step, batch in enumerate(loader):
         S.flareSimSetStep(step)
         x = batch.cuda(non_blocking=True)
-        loss = model(x, stall_ms if stall and step % stall_every == 0 else None)
+        loss = model(x, stall_ms if stall and step % stall_every == 0
+                     and stall[2] <= step <= stall[3] else None)
         loss.backward()
         optimizer.step()
         optimizer.zero_grad()

@@ -276,7 +276,8 @@ class Model:
         self.gemm(h, T, h_tp, True, False)
         self.tp_all_reduce()
         self.residual(self.act_bytes * 3, c)
-        if layer == self.args.layers // 2 and stall and step % stall[1] == 0:
+        if (layer == self.args.layers // 2 and stall and step % stall[1] == 0
+                and stall[2] <= step <= stall[3]):
             host_stall(stall[0])
         self.layer_norm(self.act_bytes * 2, c)
         self.gemm(self.ffn_tp, T, h, True, False)
@@ -370,21 +371,26 @@ def host_stall(ms):
 
 
 def parse_host_stall(rank):
-    """FLARE_SIM_HOST_STALL=RANKS:MS[:EVERY]: (ms, every) for this rank (the simulator's RANK),
-    or None. `rank` is kept for callers; the reader takes the process's own rank."""
-    e = rank_entry("FLARE_SIM_HOST_STALL", 1, 2)
+    """FLARE_SIM_HOST_STALL=RANKS:MS[:EVERY[:FIRST-LAST]]: (ms, every, first, last) for this rank
+    (the simulator's RANK), or None; FIRST-LAST limits it to those steps (a burst), as the C++
+    workload reads it. `rank` is kept for callers; the reader takes the process's own rank."""
+    e = rank_entry("FLARE_SIM_HOST_STALL", 1, 3)
     if e is None:
         return None
     try:
         ms = float(e[0])
         every = int(e[1]) if len(e) > 1 else 1
-        if ms <= 0 or every <= 0:
+        first, last = 0, sys.maxsize
+        if len(e) > 2:
+            a, b = e[2].split("-")
+            first, last = int(a), int(b)
+        if ms <= 0 or every <= 0 or first < 0 or last < first:
             raise ValueError
     except ValueError:
         sys.stderr.write("flare-sim: FLARE_SIM_HOST_STALL entry for rank %d is not "
-                         "RANKS:MS[:EVERY]; ignored\n" % rank)
+                         "RANKS:MS[:EVERY[:FIRST-LAST]]; ignored\n" % rank)
         return None
-    return (ms, every)
+    return (ms, every, first, last)
 
 
 def parse_crash_step(rank):
