@@ -90,9 +90,14 @@ StepTable buildTable(const JobModel& job) {
     std::vector<size_t>& to_grid = grid_of[rank];
     to_grid.assign(s.size(), SIZE_MAX);
     for (size_t g = 0; g < n; ++g) {
+      // The rank's complete step (not its first) starting nearest the grid's: the boundaries
+      // are sorted, so the nearest is one of the two around it (binary search).
       size_t best = 0;
       double best_dist = INFINITY;
-      for (size_t i = 1; i + 1 < s.size(); ++i) {
+      const auto at = std::lower_bound(s.begin(), s.end(), ref[g + 1]);
+      const size_t hi = static_cast<size_t>(at - s.begin());
+      for (size_t i : {hi == 0 ? size_t{0} : hi - 1, hi}) {
+        if (i < 1 || i + 1 >= s.size()) continue;
         const double d = std::abs(static_cast<double>(s[i] - ref[g + 1]));
         if (d < best_dist) {
           best_dist = d;
@@ -189,14 +194,13 @@ Top2 top2(const std::vector<double>& v) {
 
 // Each rank's excess over its peers' median at grid step g (NaN where it has no value).
 std::vector<double> excessAt(const std::vector<std::vector<double>>& rows, size_t g) {
+  // One block (this step) of stats::excessOverPeersAll: O(ranks · log ranks), not ranks².
+  std::vector<std::vector<double>> column(rows.size());
+  for (size_t i = 0; i < rows.size(); ++i) column[i] = {rows[i][g]};
+  const auto excess = stats::excessOverPeersAll(column, 2);
   std::vector<double> out(rows.size(), NAN);
   for (size_t i = 0; i < rows.size(); ++i) {
-    if (!std::isfinite(rows[i][g])) continue;
-    std::vector<double> peers;
-    for (size_t j = 0; j < rows.size(); ++j) {
-      if (j != i && std::isfinite(rows[j][g])) peers.push_back(rows[j][g]);
-    }
-    if (peers.size() >= 2) out[i] = rows[i][g] - median(peers);
+    if (!excess[i].empty()) out[i] = excess[i][0];
   }
   return out;
 }
