@@ -212,5 +212,140 @@ TEST(LinkSlow, OneCommunicatorWithNoPeerToCompareIsNotBlamed) {
   EXPECT_TRUE(linkDiagnoses(linkJob({{3, 0.7}}, /*tp=*/false)).empty());
 }
 
+// ---- evidence that passed its test: fail-slow and jitter under host noise ----------------------
+
+// A job of 8 ranks stepping together through `step_ms` (step 0 the warm-up), with one all-reduce
+// per step over all ranks; in each step the rank `late[step]` arrives last (-1: nobody stands
+// out, every rank arrives at once).
+JobModel seriesJob(const std::vector<double>& step_ms, const std::vector<int>& late) {
+  const int64_t ms = 1'000'000;
+  JobModel job;
+  for (int rank = 0; rank < 8; ++rank) {
+    flare::v1::RecordBatch b;
+    auto* sig = b.add_signatures();
+    sig->set_id(1);
+    sig->set_name("ncclAllReduce");
+    sig->set_kind(flare::v1::OP_KIND_COLLECTIVE);
+    sig->set_collective(flare::v1::COLLECTIVE_KIND_ALL_REDUCE);
+    int64_t t = 0;
+    for (size_t step = 0; step < step_ms.size(); ++step) {
+      auto* st = b.add_steps();
+      st->set_step(step);
+      st->set_start_ns(t);
+      const int64_t len = static_cast<int64_t>(step_ms[step] * ms);
+      const int64_t arrive = t + len / 2 + (late[step] == rank ? len / 4 : 0);
+      auto* k = b.add_kernels();
+      k->set_signature_id(1);
+      k->set_stream_id(9);
+      k->set_issue_ns(arrive - ms / 10);
+      k->set_start_ns(arrive);
+      k->set_end_ns(t + len - ms / 10);
+      k->set_bytes(1 << 20);
+      k->mutable_collective()->set_comm_hash(42);
+      k->mutable_collective()->set_seq(step);
+      k->mutable_collective()->set_nranks(8);
+      t += len;
+    }
+    job.addBatch(rank, b);
+  }
+  return job;
+}
+
+// Host noise as a loaded host makes it: every step ±2% (uniform), and now and then (`hiccups`, a
+// share of the steps) a hiccup of +14% to +71% on a random rank, which then arrives last.
+// Deterministic per seed. `shift_at`: from that step on the level is `shift` higher (a fail-slow);
+// `every`: every that many steps rank 3 pauses, costing `spike` (a recurring fault).
+struct Noisy {
+  std::vector<double> ms;
+  std::vector<int> late;
+  std::vector<bool> hiccup;
+};
+Noisy noisySeries(uint64_t seed, size_t steps, double hiccups, size_t shift_at = 0,
+                  double shift = 0, size_t every = 0, double spike = 0) {
+  uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
+  auto uniform = [&x] {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    return static_cast<double>(x % 1'000'000) / 1e6;
+  };
+  Noisy n;
+  for (size_t s = 0; s < steps; ++s) {
+    double v = 10.0 * (1 + 0.04 * (uniform() - 0.5));
+    int late = -1;
+    const bool hiccup = uniform() < hiccups;
+    if (hiccup) {
+      v += 10.0 * (0.14 + 0.57 * uniform());
+      late = static_cast<int>(uniform() * 8) % 8;
+    }
+    if (shift_at > 0 && s >= shift_at) v += 10.0 * shift;
+    if (every > 0 && s > 0 && s % every == 0) {
+      v += 10.0 * spike;
+      late = 3;
+    }
+    n.ms.push_back(s == 0 ? 50.0 : v);
+    n.late.push_back(late);
+    n.hiccup.push_back(hiccup);
+  }
+  return n;
+}
+
+// The tests switched off: what findFailSlow and findJitter accepted before they had them.
+DiagnoseOptions untested() {
+  DiagnoseOptions o;
+  o.fail_slow_alpha = 1;
+  o.fail_slow_min_sigmas = 0;
+  o.fail_slow_min_held = 0;
+  o.fail_slow_min_after = o.fail_slow_min_steps;
+  o.jitter_min_sigmas = 0;
+  o.jitter_alike_factor = 1e9;
+  o.jitter_alpha = 1e9;
+  return o;
+}
+
+TEST(Evidence, HostNoiseGivesNoChangePointAndNoJitterWindow) {
+  size_t untested_hits = 0;
+  for (uint64_t seed = 1; seed <= 20; ++seed) {
+    for (size_t steps : {24u, 40u, 80u}) {
+      const Noisy n = noisySeries(seed, steps, seed % 2 ? 0.08 : 0.04);
+      const JobModel job = seriesJob(n.ms, n.late);
+      EXPECT_FALSE(findFailSlow(job, DiagnoseOptions{}).has_value()) << seed << " " << steps;
+      EXPECT_FALSE(findJitter(job, DiagnoseOptions{}).has_value()) << seed << " " << steps;
+      untested_hits +=
+          findFailSlow(job, untested()).has_value() || findJitter(job, untested()).has_value();
+    }
+  }
+  // The same series without the tests: host noise passed for evidence (the issue's report).
+  EXPECT_GE(untested_hits, 5u);  // 6 of the 60 series
+}
+
+// The faults are found in the same noise at 4% hiccups (at 8%, two hiccups just before the onset
+// can pass for it: the onset is then placed there, 5 steps early, in one of these seeds).
+TEST(Evidence, AFailSlowUnderHostNoiseIsFoundAtItsOnset) {
+  for (uint64_t seed = 1; seed <= 10; ++seed) {
+    for (double shift : {0.25, 0.35}) {
+      const Noisy n = noisySeries(seed, 40, 0.04, 24, shift);
+      const auto f = findFailSlow(seriesJob(n.ms, n.late), DiagnoseOptions{});
+      ASSERT_TRUE(f.has_value()) << seed << " " << shift;
+      EXPECT_NEAR(static_cast<double>(f->step), 24.0, 2.0) << seed << " " << shift;
+    }
+  }
+}
+
+TEST(Evidence, ARecurringPauseOfOneRankIsAJitterWindowOfItsSteps) {
+  for (uint64_t seed = 1; seed <= 10; ++seed) {
+    const Noisy n = noisySeries(seed, 42, 0.04, 0, 0, 6, 0.5);  // rank 3, every 6th step
+    const auto j = findJitter(seriesJob(n.ms, n.late), DiagnoseOptions{});
+    ASSERT_TRUE(j.has_value()) << seed;
+    // Every injected step the noise left alone; besides them at most noise spikes that happened
+    // to hit rank 3.
+    for (size_t s = 6; s <= 40; s += 6) {
+      if (n.hiccup[s]) continue;
+      EXPECT_NE(std::find(j->steps.begin(), j->steps.end(), s), j->steps.end()) << seed << " " << s;
+    }
+    for (size_t s : j->steps) EXPECT_EQ(n.late[s], 3) << seed << " " << s;
+  }
+}
+
 }  // namespace
 }  // namespace flare::engine

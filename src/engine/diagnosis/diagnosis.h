@@ -96,12 +96,32 @@ struct DiagnoseOptions {
   // this many steps on each side.
   double fail_slow_min_relative = 0.05;
   size_t fail_slow_min_steps = 3;
+  // ... and it is evidence (and narrows the detectors' window) only when it passes its tests
+  // (docs/metrics.md): the steps since are slower than the steps before by a one-sided
+  // Mann-Whitney test at level fail_slow_alpha, the shift of the median is at least
+  // fail_slow_min_sigmas robust standard deviations (1.4826·MAD) of the steps before, and the
+  // new level holds.
+  double fail_slow_alpha = 0.01;
+  double fail_slow_min_sigmas = 3.0;
+  // ... at least this share of the steps since lie above the midpoint of the shift, and there
+  // are at least fail_slow_min_after of them (a burst of host hiccups at the end of the window
+  // is a few steps).
+  double fail_slow_min_held = 0.7;
+  size_t fail_slow_min_after = 5;
   // Jitter window (intermittent slowness, no level shift): steps whose time exceeds both the
   // series' far-out Tukey fence (Q3 + 3·IQR) and (1 + jitter_min_relative) × its median; at
   // least jitter_min_spikes of them, at most jitter_max_share of the steps.
   double jitter_min_relative = 0.10;
   size_t jitter_min_spikes = 3;
   double jitter_max_share = 0.4;
+  // A spike also passes jitter_min_sigmas robust standard deviations of the series above its
+  // median, and counts only when its excess is within jitter_alike_factor of the spikes' median
+  // excess (a recurring cause recurs at one size; host noise spikes come in every size).
+  double jitter_min_sigmas = 6.0;
+  double jitter_alike_factor = 2.0;
+  // ... and, where the spike steps have collectives, the rank arriving last in most of them is
+  // the same beyond chance: one-sided binomial test against 1/ranks, × ranks, at this level.
+  double jitter_alpha = 0.05;
 };
 
 // "[operations] rank 3: GPU slow — ..." lines, one per diagnosis (and its evidence indented).

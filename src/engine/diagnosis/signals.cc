@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <map>
 #include <set>
 #include <span>
 #include <utility>
@@ -350,23 +351,133 @@ std::vector<double> jobStepSeries(const JobModel& job) {
 
 }  // namespace
 
+namespace {
+
+// 1.4826 · MAD: the noise's robust standard deviation (spikes and a shift in a minority of the
+// values do not inflate it).
+double robustSigma(const std::vector<double>& v) {
+  if (v.empty()) return 0;
+  const double m = median(v);
+  std::vector<double> dev;
+  dev.reserve(v.size());
+  for (double x : v) dev.push_back(std::abs(x - m));
+  return 1.4826 * median(std::move(dev));
+}
+
+// One-sided Mann-Whitney U test that `a` tends to be larger than `b`: the normal approximation
+// with tie correction and continuity correction (both samples of 3 or more here). 1 when it
+// cannot be computed.
+double mannWhitneyGreater(const std::vector<double>& a, const std::vector<double>& b) {
+  const double n1 = static_cast<double>(a.size()), n2 = static_cast<double>(b.size());
+  if (a.empty() || b.empty()) return 1;
+  std::vector<std::pair<double, int>> all;
+  for (double x : a) all.push_back({x, 0});
+  for (double x : b) all.push_back({x, 1});
+  std::sort(all.begin(), all.end());
+  double rank_sum_a = 0, ties = 0;
+  for (size_t i = 0; i < all.size();) {
+    size_t j = i;
+    while (j < all.size() && all[j].first == all[i].first) ++j;
+    const double avg_rank = (static_cast<double>(i + 1) + static_cast<double>(j)) / 2;
+    const double t = static_cast<double>(j - i);
+    ties += t * t * t - t;
+    for (size_t k = i; k < j; ++k) {
+      if (all[k].second == 0) rank_sum_a += avg_rank;
+    }
+    i = j;
+  }
+  const double u = rank_sum_a - n1 * (n1 + 1) / 2;
+  const double n = n1 + n2;
+  const double var = n1 * n2 / 12 * ((n + 1) - ties / (n * (n - 1)));
+  if (var <= 0) return 1;
+  const double z = (u - n1 * n2 / 2 - 0.5) / std::sqrt(var);
+  return 0.5 * std::erfc(z / std::sqrt(2.0));
+}
+
+}  // namespace
+
 std::optional<Jitter> findJitter(const JobModel& job, const DiagnoseOptions& options) {
   const std::vector<double> series = jobStepSeries(job);
   if (series.size() < 2 * options.jitter_min_spikes + 2) return std::nullopt;
   const double med = median(series);
-  const auto fences = stats::tukeyFences(series, 3.0);
-  const double threshold = std::max(fences.upper, med * (1.0 + options.jitter_min_relative));
-  Jitter j;
-  std::vector<double> spikes;
+  // A spike passes the relative floor and jitter_min_sigmas robust standard deviations
+  // (1.4826·MAD, which spikes in a minority of the steps do not inflate) of the step time's own
+  // noise above its median (docs/metrics.md, "Evidence that passed its test"). A far-out Tukey
+  // fence (Q3 + 3·IQR, about 4.7σ for Gaussian noise) was the bar before; it rises with the
+  // spikes once they are a quarter of the steps.
+  const double sigma = robustSigma(series);
+  const double threshold =
+      std::max(med * (1.0 + options.jitter_min_relative), med + options.jitter_min_sigmas * sigma);
+  std::vector<size_t> candidates;
+  std::vector<double> excess;
   for (size_t i = 0; i < series.size(); ++i) {
     if (series[i] > threshold) {
-      j.steps.push_back(i + 1);
-      spikes.push_back(series[i]);
+      candidates.push_back(i);
+      excess.push_back(series[i] - med);
+    }
+  }
+  if (candidates.empty()) return std::nullopt;
+  // Recurring: one cause costs about the same time each time it strikes; host noise spikes are
+  // of every size. Only the spikes within jitter_alike_factor of their median excess count.
+  const double typical = median(excess);
+  Jitter j;
+  std::vector<double> spikes;
+  for (size_t k = 0; k < candidates.size(); ++k) {
+    if (excess[k] * options.jitter_alike_factor >= typical &&
+        excess[k] <= typical * options.jitter_alike_factor) {
+      j.steps.push_back(candidates[k] + 1);
+      spikes.push_back(series[candidates[k]]);
     }
   }
   if (j.steps.size() < options.jitter_min_spikes ||
       static_cast<double>(j.steps.size()) > options.jitter_max_share * series.size()) {
     return std::nullopt;
+  }
+  // Beyond chance: host noise strikes a rank at random, a recurring fault the same rank. Each
+  // spike step is attributed to the rank that arrived last at most of its collectives; the
+  // most frequent rank must be so by a one-sided binomial test against 1/ranks (× ranks,
+  // Bonferroni) at jitter_alpha, and only its spikes are kept. Spike steps without a complete
+  // collective attribute nothing; when none can be attributed the test is not made.
+  std::map<size_t, int> culprit_of;  // spike step -> rank
+  std::map<int, size_t> per_rank;
+  for (size_t step : j.steps) {
+    const auto arrivals = collectiveArrivals(job.onlySteps({step}));
+    int best = -1;
+    uint64_t most = 0;
+    bool tie = false;
+    for (const auto& [rank, a] : arrivals) {
+      if (a.last > most) {
+        most = a.last;
+        best = rank;
+        tie = false;
+      } else if (a.last == most && most > 0) {
+        tie = true;
+      }
+    }
+    if (best >= 0 && !tie) {
+      culprit_of[step] = best;
+      ++per_rank[best];
+    }
+  }
+  if (!culprit_of.empty()) {
+    const auto top =
+        std::max_element(per_rank.begin(), per_rank.end(),
+                         [](const auto& a, const auto& b) { return a.second < b.second; });
+    const double ranks = static_cast<double>(std::max<size_t>(job.ranks().size(), 2));
+    const double p = std::min(
+        1.0, ranks * stats::binomialUpperTail(culprit_of.size(), top->second, 1.0 / ranks));
+    if (p > options.jitter_alpha) return std::nullopt;
+    std::vector<size_t> kept;
+    spikes.clear();
+    for (size_t step : j.steps) {
+      auto it = culprit_of.find(step);
+      if (it != culprit_of.end() && it->second == top->first) {
+        kept.push_back(step);
+        spikes.push_back(series[step - 1]);
+      }
+    }
+    if (kept.size() < options.jitter_min_spikes) return std::nullopt;
+    j.steps = std::move(kept);
   }
   j.median_ns = med;
   j.spike_ns = median(spikes);
@@ -380,11 +491,34 @@ std::optional<FailSlow> findFailSlow(const JobModel& job, const DiagnoseOptions&
   stats::SegmentationOptions seg;
   seg.minSegment = options.fail_slow_min_steps;
   const auto changes = stats::detectMeanShifts(series, seg);
-  // The last significant slow-down: what the job is living with now.
+  // The last slow-down that passes the tests (docs/metrics.md): the steps since it against the
+  // steps before it — what the job is living with now against what it had.
   for (auto it = changes.rbegin(); it != changes.rend(); ++it) {
-    if (it->relative >= options.fail_slow_min_relative) {
-      return FailSlow{it->index + 1, it->before, it->after};
+    if (it->relative < options.fail_slow_min_relative) continue;
+    // Before: the segment since the previous change point (the first steps after the warm-up
+    // often run slower, a level of their own).
+    const size_t from = std::next(it) != changes.rend() ? std::next(it)->index : 0;
+    const std::vector<double> before(series.begin() + from, series.begin() + it->index);
+    const std::vector<double> after(series.begin() + it->index, series.end());
+    if (before.size() < options.fail_slow_min_steps || after.size() < options.fail_slow_min_after)
+      continue;
+    const double med_before = median(before);
+    const double shift = median(after) - med_before;
+    // Larger than the relative floor and than the noise's robust spread before the change ...
+    if (shift < options.fail_slow_min_relative * med_before ||
+        shift < options.fail_slow_min_sigmas * robustSigma(before)) {
+      continue;
     }
+    // ... the level holds: most steps since sit above the midpoint of the shift (a burst of
+    // host hiccups raises a few steps, not the level) ...
+    const double mid = med_before + shift / 2;
+    const auto held =
+        std::count_if(after.begin(), after.end(), [mid](double v) { return v > mid; });
+    if (static_cast<double>(held) < options.fail_slow_min_held * static_cast<double>(after.size()))
+      continue;
+    // ... and the steps since are slower than the steps before (one-sided Mann-Whitney).
+    if (mannWhitneyGreater(after, before) > options.fail_slow_alpha) continue;
+    return FailSlow{it->index + 1, it->before, it->after};
   }
   return std::nullopt;
 }
