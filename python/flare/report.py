@@ -477,6 +477,9 @@ def format_text(data, top=25):
         out.append("  [%s] %s%s" % (d.get("team", "?"), d.get("summary", ""),
                                     "  (alert raised: %s)" % alert.get("severity", "")
                                     if alert else ""))
+        if d.get("victims"):
+            out.append("      victims (slowed by the culprit, not at fault): ranks %s" %
+                       ",".join(str(r) for r in d["victims"]))
         for e in d.get("evidence", []):
             out.append("      - %s" % e.get("text", ""))
     for h in data.get("hangs", []):
