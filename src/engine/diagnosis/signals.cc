@@ -588,20 +588,29 @@ double healthyIssueLatencySpread(const std::vector<const JobModel*>& baselines) 
   return spread;
 }
 
-StepIssueLatency stepIssueLatency(const JobModel& job) {
-  StepIssueLatency out;
-  std::map<int, std::vector<int64_t>> starts;
+RankStepStarts rankStepStarts(const JobModel& job) {
+  RankStepStarts out;
   for (const auto& [rank, r] : job.ranks()) {
     auto s = job.stepStarts(rank);
-    if (s.size() >= 3) starts[rank] = std::move(s);
+    if (s.size() >= 3) out.starts[rank] = std::move(s);
   }
-  if (starts.size() < 3) return out;
-  std::vector<double> step_times;
-  for (const auto& [rank, s] : starts) {
+  if (out.starts.size() < 3) {
+    out.starts.clear();
+    return out;
+  }
+  for (const auto& [rank, s] : out.starts) {
     for (size_t i = 1; i + 1 < s.size(); ++i)
-      step_times.push_back(static_cast<double>(s[i + 1] - s[i]));
+      out.durations.push_back(static_cast<double>(s[i + 1] - s[i]));
   }
-  out.median_step_ns = median(step_times);
+  return out;
+}
+
+StepIssueLatency stepIssueLatency(const JobModel& job) {
+  StepIssueLatency out;
+  RankStepStarts rs = rankStepStarts(job);
+  if (rs.starts.empty()) return out;
+  const std::map<int, std::vector<int64_t>>& starts = rs.starts;
+  out.median_step_ns = median(std::move(rs.durations));
   // The grid: the lowest rank's complete steps, the first skipped (warm-up).
   const std::vector<int64_t>& ref = starts.begin()->second;
   const size_t n_steps = ref.size() - 2;

@@ -72,6 +72,16 @@ struct StepIssueLatency {
 };
 StepIssueLatency stepIssueLatency(const JobModel& job);
 
+// Each rank's step start times, for the ranks with at least three (two complete steps), and the
+// durations of their steps without the first (warm-up) and the last, pooled over those ranks:
+// what the per-step detectors align ranks by. `starts` is empty when fewer than three ranks have
+// them.
+struct RankStepStarts {
+  std::map<int, std::vector<int64_t>> starts;
+  std::vector<double> durations;
+};
+RankStepStarts rankStepStarts(const JobModel& job);
+
 // The paired per-step stall test of one rank (index into `s.ranks`): a one-sided sign test over
 // the steps of (own mean issue offset − the peers' median): a host that stalls issues the same
 // work later than its peers in every step. `p_adjusted` = p × number of ranks (Bonferroni).

@@ -69,18 +69,10 @@ struct StepTable {
 
 StepTable buildTable(const JobModel& job) {
   StepTable t;
-  std::map<int, std::vector<int64_t>> starts;
-  for (const auto& [rank, r] : job.ranks()) {
-    auto s = job.stepStarts(rank);
-    if (s.size() >= 3) starts[rank] = std::move(s);
-  }
-  if (starts.size() < 3) return t;
-  std::vector<double> durations;
-  for (const auto& [rank, s] : starts) {
-    for (size_t i = 1; i + 1 < s.size(); ++i)
-      durations.push_back(static_cast<double>(s[i + 1] - s[i]));
-  }
-  const double tolerance = 0.5 * median(durations);
+  RankStepStarts rs = rankStepStarts(job);
+  if (rs.starts.empty()) return t;
+  const std::map<int, std::vector<int64_t>>& starts = rs.starts;
+  const double tolerance = 0.5 * median(std::move(rs.durations));
   const std::vector<int64_t>& ref = starts.begin()->second;
   const size_t n = ref.size() - 2;
   for (size_t g = 0; g < n; ++g) t.step.push_back(g + 1);
