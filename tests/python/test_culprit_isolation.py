@@ -19,6 +19,8 @@ import urllib.request
 
 import pytest
 
+from offline_diagnose import diagnose
+
 RANKS = 8
 
 
@@ -31,13 +33,6 @@ def run_job(build_dir, out, env, tp=2, steps=12):
                           str(tp), "--quiet"], env=full, capture_output=True, text=True,
                          timeout=300)
     assert res.returncode == 0, res.stderr
-
-
-def diagnose(build_dir, out):
-    res = subprocess.run([os.path.join(build_dir, "bin", "flare-diagnose"), "--input", str(out),
-                          "--json"], capture_output=True, text=True, timeout=120)
-    assert res.returncode in (0, 3), res.stderr
-    return json.loads(res.stdout)["diagnoses"]
 
 
 @pytest.mark.parametrize("factor,seed", [("0.8", "1"), ("0.84", "1"), ("0.84", "2")])

@@ -8,6 +8,8 @@ import subprocess
 
 import pytest
 
+from offline_diagnose import diagnose
+
 RANKS = 8
 
 
@@ -25,15 +27,6 @@ def run_job(build_dir, out, job, env=None, steps=6, layers=4, hidden=4096, extra
 # The detectors read the same figures from raw ops and from what summary mode sends (kernel
 # summaries, per-step statistics, raw collectives): the scenarios run in both.
 BOTH_MODES = pytest.mark.parametrize("mode", ["raw", "summary"])
-
-
-def diagnose(build_dir, out, *extra):
-    res = subprocess.run([os.path.join(build_dir, "bin", "flare-diagnose"), "--input", str(out),
-                          "--json", *extra], capture_output=True, text=True, timeout=120)
-    assert res.returncode in (0, 3), res.stderr
-    found = json.loads(res.stdout)["diagnoses"]
-    assert (res.returncode == 3) == bool(found)
-    return found
 
 
 @pytest.mark.parametrize("hidden,layers,mode", [(4096, 4, "raw"), (8192, 2, "summary"),

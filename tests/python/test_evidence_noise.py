@@ -9,12 +9,13 @@ A healthy run raises no diagnosis at all, so its evidence cannot be read: the ru
 fault that holds from the first step (rank 3's GPU at 80% clock), whose diagnosis must cite no
 change point and no jitter, since the step time neither moved nor spiked."""
 
-import json
 import multiprocessing
 import os
 import subprocess
 
 import pytest
+
+from offline_diagnose import diagnose
 
 RANKS = 8
 
@@ -47,13 +48,6 @@ def run_job(build_dir, out, env, steps=20):
                           "--steps", str(steps), "--layers", "3", "--hidden", "4096", "--tp", "2",
                           "--quiet"], env=full, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr
-
-
-def diagnose(build_dir, out):
-    res = subprocess.run([os.path.join(build_dir, "bin", "flare-diagnose"), "--input", str(out),
-                          "--json"], capture_output=True, text=True, timeout=120)
-    assert res.returncode in (0, 3), res.stderr
-    return json.loads(res.stdout)["diagnoses"]
 
 
 WINDOW_METRICS = {"step_time_change", "step_time_jitter"}

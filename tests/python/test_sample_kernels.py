@@ -23,6 +23,8 @@ import sys
 
 import pytest
 
+from offline_diagnose import diagnose
+
 N = 8
 STEPS, LAYERS = 100, 4
 
@@ -187,13 +189,6 @@ def run_job(build_dir, out, job, env, steps=6):
                           "--steps", str(steps), "--layers", "4", "--hidden", "4096", "--tp", "2",
                           "--quiet"], env=full, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr
-
-
-def diagnose(build_dir, out):
-    res = subprocess.run([os.path.join(build_dir, "bin", "flare-diagnose"), "--input", str(out),
-                          "--json"], capture_output=True, text=True, timeout=120)
-    assert res.returncode in (0, 3), res.stderr
-    return json.loads(res.stdout)["diagnoses"]
 
 
 def test_underclocked_gpu_is_still_named(build_dir, tmp_path):
