@@ -9,16 +9,14 @@ never as a culprit.
 - A compute hang on one rank: flared's hang analysis names that rank alone; with TP 2 its
   partner, whose GPU waits in their all-reduce, is a victim (the watchdogs' stuck ops)."""
 
-import json
 import os
-import re
 import signal
 import subprocess
 import time
-import urllib.request
 
 import pytest
 
+from flared_process import Flared
 from offline_diagnose import diagnose
 
 RANKS = 8
@@ -64,40 +62,14 @@ def test_healthy_tp_dp_job_names_no_slow_link(build_dir, tmp_path, seed):
 HANG_TIMEOUT_S = 2
 
 
-class Daemon:
-    def __init__(self, build_dir, workdir):
-        self.log_path = os.path.join(str(workdir), "flared.log")
-        self.proc = subprocess.Popen(
-            [os.path.join(build_dir, "bin", "flared"), "--listen", "127.0.0.1:0", "--http",
-             "127.0.0.1:0", "--db", os.path.join(str(workdir), "flared.db"),
-             "--diagnose-interval-s", "0", "--hang-timeout-s", str(HANG_TIMEOUT_S),
-             "--hang-answer-timeout-s", "2"],
-            stdout=open(self.log_path, "w"), stderr=subprocess.STDOUT)
-        for _ in range(200):
-            m = re.search(r"gRPC on port (\d+), HTTP on port (\d+)", open(self.log_path).read())
-            if m:
-                self.grpc, self.http = int(m.group(1)), int(m.group(2))
-                return
-            assert self.proc.poll() is None, open(self.log_path).read()
-            time.sleep(0.05)
-        raise AssertionError("flared did not start")
-
-    def get(self, path):
-        with urllib.request.urlopen("http://127.0.0.1:%d%s" % (self.http, path), timeout=10) as r:
-            return json.loads(r.read().decode())
-
-
 @pytest.fixture
 def daemon(build_dir, tmp_path):
     if not os.path.exists(os.path.join(build_dir, "bin", "flared")):
         pytest.skip("build/bin/flared not built")
-    d = Daemon(build_dir, tmp_path)
+    d = Flared(build_dir, tmp_path, "--diagnose-interval-s", "0", "--hang-timeout-s",
+               HANG_TIMEOUT_S, "--hang-answer-timeout-s", "2")
     yield d
-    d.proc.send_signal(signal.SIGTERM)
-    try:
-        d.proc.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        d.proc.kill()
+    d.stop(timeout=20, kill=True)
 
 
 @pytest.mark.parametrize("tp,watchdog,victims", [(2, "0", [4]), (2, "1", [4]), (1, "0", [])])
@@ -120,7 +92,7 @@ def test_compute_hang_names_only_the_stuck_rank(build_dir, daemon, tmp_path, tp,
     try:
         deadline, incidents = time.time() + 25, []
         while time.time() < deadline and not incidents:
-            incidents = daemon.get("/api/v1/jobs/%s/hangs" % job)["incidents"]
+            incidents = daemon.json("/api/v1/jobs/%s/hangs" % job)["incidents"]
             time.sleep(0.1)
         assert len(incidents) == 1, incidents
         inc = incidents[0]
@@ -134,7 +106,7 @@ def test_compute_hang_names_only_the_stuck_rank(build_dir, daemon, tmp_path, tp,
         assert inc["kind"] == "non-communication hang", inc["text"]
         assert [s["rank"] for s in inc["suspects"]] == [5], inc["text"]
         assert inc["victims"] == victims, inc["text"]
-        alerts = [a for a in daemon.get("/api/v1/alerts?job=" + job)["alerts"]
+        alerts = [a for a in daemon.json("/api/v1/alerts?job=" + job)["alerts"]
                   if a["kind"] == "hang"]
         assert len(alerts) == 1 and alerts[0]["rank"] == 5, alerts
     finally:
