@@ -33,12 +33,14 @@ def run_job(build_dir, out, env, tp=2, steps=12):
     assert res.returncode == 0, res.stderr
 
 
-@pytest.mark.parametrize("factor,seed", [("0.8", "1"), ("0.84", "1"), ("0.84", "2")])
+@pytest.mark.parametrize("factor,seed", [("0.8", "1"), ("0.82", "1"), ("0.82", "2")])
 def test_slow_link_on_one_rank_names_that_rank_and_lists_its_partners_as_victims(
         build_dir, tmp_path, factor, seed):
-    # Rank 5: TP pair {4,5}, DP group {1,3,5,7}. At 0.84 the 192 MiB DP all-reduce is 16% slower
-    # (past link_min_effect) while the 16 MiB TP all-reduce, diluted by the fixed latency, may
-    # stay under it: the whole DP group used to be named.
+    # Rank 5: TP pair {4,5}, DP group {1,3,5,7}. At 0.82 the 192 MiB DP all-reduce is about 17.5%
+    # slower (past link_min_effect, 15%, by a margin the run-to-run spread of ~1 point does not
+    # cross; at 0.84 it measured 15.6% here and under 15% in a CI run) while the 16 MiB TP
+    # all-reduce, diluted by the fixed latency, lands on either side of it (seed 2 under, seed 1
+    # over): the whole DP group used to be named. The unit tests (link_slow) pin the exact case.
     run_job(build_dir, tmp_path, {"FLARE_SIM_LINK_FACTOR": "5:" + factor, "FLARE_SIM_SEED": seed})
     found = [d for d in diagnose(build_dir, tmp_path) if d["kind"] == "link_slow"]
     assert len(found) == 1, found
