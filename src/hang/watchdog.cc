@@ -123,7 +123,11 @@ std::optional<Suspicion> HangWatchdog::poll(int64_t now_ns) {
     std::erase_if(stuck, [](const StuckStream& s) { return !s.op.collective; });
   }
   if (stuck.empty()) return std::nullopt;
+  // Heads that run on the GPU first: a head that has not started waits for other work (the
+  // optimizer kernel behind the all-reduce it depends on), so it names a symptom, not the op the
+  // rank is stuck in, although it may have been a head for longer (it became head first).
   std::sort(stuck.begin(), stuck.end(), [](const StuckStream& a, const StuckStream& b) {
+    if (a.op.started != b.op.started) return a.op.started;
     return a.waited_ns != b.waited_ns ? a.waited_ns > b.waited_ns : a.stream < b.stream;
   });
   Suspicion s;

@@ -85,8 +85,10 @@ struct StuckStream {
 
 struct Suspicion {
   int64_t at_ns = 0;
-  StuckStream first;               // the stream stuck longest
-  std::vector<StuckStream> stuck;  // every stuck stream, longest first
+  // The stuck heads that started on the GPU (they run: what the rank is stuck in), longest
+  // first, then those that have not (they wait for other work), longest first.
+  StuckStream first;               // stuck.front()
+  std::vector<StuckStream> stuck;  // every stuck stream, in that order
 };
 
 class HangWatchdog {

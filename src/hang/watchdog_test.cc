@@ -219,8 +219,14 @@ TEST(HangWatchdog, KernelHeadFirstWaitingForARunningCollectiveIsNotStuck) {
   EXPECT_FALSE(w.poll(21 * kS));
   auto s = w.poll(22 * kS);  // past the all-reduce's own bound: both are stuck
   ASSERT_TRUE(s);
-  EXPECT_EQ(s->first.stream, 2u);  // the kernel waited longest
-  EXPECT_EQ(s->stuck.size(), 2u);
+  // The all-reduce runs and the kernel waits for it: the all-reduce is what the rank is stuck
+  // in, although the kernel has been a head for longer (it came first in the report, so a
+  // loaded rank reported its optimizer kernel instead of the hung collective).
+  EXPECT_EQ(s->first.stream, 1u);
+  EXPECT_EQ(s->first.op.name, "ncclAllReduce");
+  ASSERT_EQ(s->stuck.size(), 2u);
+  EXPECT_EQ(s->stuck[1].stream, 2u);
+  EXPECT_GT(s->stuck[1].waited_ns, s->stuck[0].waited_ns);
 }
 
 TEST(HangWatchdog, KernelIsJudgedByItsOwnBoundWhileNoCollectiveRuns) {
