@@ -42,6 +42,12 @@ class SimRun:
         n = len(values)
         return values[n // 2] if n % 2 else (values[n // 2 - 1] + values[n // 2]) / 2
 
+    def low(self, rank, key):
+        """The smallest of a rank's per-step values: for a GPU time measured between two events
+        (gemm_ms), the step least inflated by the host (a preempted host that launches the GEMM
+        late after recording the start event adds its delay; nothing makes it shorter)."""
+        return min(self.ranks[rank][key])
+
 
 @pytest.fixture
 def sim_train(build_dir, tmp_path):

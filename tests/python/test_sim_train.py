@@ -27,11 +27,13 @@ def test_underclocked_rank_slows_everyone_and_owns_the_slow_gemms(sim_train):
     for rank in range(4):
         # Synchronous training: the slow GPU holds back every rank's step.
         assert faulty.median(rank, "step_ms") > 1.08 * healthy.median(rank, "step_ms"), rank
-    slow = faulty.median(3, "gemm_ms")
+    # The GEMM's event-timed duration, its least host-inflated step (the median of 6 steps on a
+    # rank sharing 2 cores with 3 others read 7% high once, 1.175x instead of 1.25x).
+    slow = faulty.low(3, "gemm_ms")
     for rank in range(3):
-        assert slow > 1.2 * faulty.median(rank, "gemm_ms"), rank
+        assert slow > 1.2 * faulty.low(rank, "gemm_ms"), rank
     # 0.8 of the clock: GEMMs take 1/0.8 = 1.25x as long.
-    assert slow == pytest.approx(1.25 * healthy.median(3, "gemm_ms"), rel=0.08)
+    assert slow == pytest.approx(1.25 * healthy.low(3, "gemm_ms"), rel=0.08)
 
 
 @pytest.mark.parametrize("version", sorted(python_interpreters()))
