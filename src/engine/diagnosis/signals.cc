@@ -396,6 +396,58 @@ double mannWhitneyGreater(const std::vector<double>& a, const std::vector<double
 
 }  // namespace
 
+namespace {
+
+// Per step (each rank's own step k, as in onlySteps), the rank that arrived last at most of the
+// step's complete collectives; steps with a tie or none are absent. One pass over the ops: a
+// collective instance belongs to the step in which its last arriver issued it.
+std::map<size_t, int> lastArriverPerStep(const JobModel& job) {
+  std::map<std::pair<uint64_t, uint64_t>, std::vector<std::pair<int, const Op*>>> instances;
+  std::map<int, std::vector<int64_t>> starts;
+  for (const auto& [rank, r] : job.ranks()) {
+    starts[rank] = job.stepStarts(rank);
+    for (const Op& op : r.ops) {
+      if (job.signatures()[op.sig].kind() == flare::v1::OP_KIND_COLLECTIVE && op.comm != 0)
+        instances[{op.comm, op.seq}].push_back({rank, &op});
+    }
+  }
+  std::map<size_t, std::map<int, size_t>> lasts;  // step -> rank -> collectives it came last to
+  for (const auto& [key, members] : instances) {
+    if (members.size() < 2 || static_cast<int>(members.size()) != members[0].second->nranks)
+      continue;
+    const auto last = std::max_element(
+        members.begin(), members.end(),
+        [](const auto& a, const auto& b) { return a.second->start < b.second->start; });
+    const auto same = std::count_if(members.begin(), members.end(), [&last](const auto& m) {
+      return m.second->start == last->second->start;
+    });
+    if (same > 1) continue;  // nobody came last
+    const std::vector<int64_t>& s = starts[last->first];
+    const auto it = std::upper_bound(s.begin(), s.end(), last->second->issue);
+    if (it == s.begin() || it == s.end()) continue;  // before the first or after the last boundary
+    ++lasts[static_cast<size_t>(it - s.begin()) - 1][last->first];
+  }
+  std::map<size_t, int> out;
+  for (const auto& [step, per_rank] : lasts) {
+    int best = -1;
+    size_t most = 0;
+    bool tie = false;
+    for (const auto& [rank, n] : per_rank) {
+      if (n > most) {
+        most = n;
+        best = rank;
+        tie = false;
+      } else if (n == most) {
+        tie = true;
+      }
+    }
+    if (best >= 0 && !tie) out[step] = best;
+  }
+  return out;
+}
+
+}  // namespace
+
 std::optional<Jitter> findJitter(const JobModel& job, const DiagnoseOptions& options) {
   const std::vector<double> series = jobStepSeries(job);
   if (series.size() < 2 * options.jitter_min_spikes + 2) return std::nullopt;
@@ -434,44 +486,45 @@ std::optional<Jitter> findJitter(const JobModel& job, const DiagnoseOptions& opt
     return std::nullopt;
   }
   // Beyond chance: host noise strikes a rank at random, a recurring fault the same rank. Each
-  // spike step is attributed to the rank that arrived last at most of its collectives; the
-  // most frequent rank must be so by a one-sided binomial test against 1/ranks (× ranks,
-  // Bonferroni) at jitter_alpha, and only its spikes are kept. Spike steps without a complete
-  // collective attribute nothing; when none can be attributed the test is not made.
-  std::map<size_t, int> culprit_of;  // spike step -> rank
-  std::map<int, size_t> per_rank;
-  for (size_t step : j.steps) {
-    const auto arrivals = collectiveArrivals(job.onlySteps({step}));
-    int best = -1;
-    uint64_t most = 0;
-    bool tie = false;
-    for (const auto& [rank, a] : arrivals) {
-      if (a.last > most) {
-        most = a.last;
-        best = rank;
-        tie = false;
-      } else if (a.last == most && most > 0) {
-        tie = true;
-      }
-    }
-    if (best >= 0 && !tie) {
-      culprit_of[step] = best;
-      ++per_rank[best];
+  // step is attributed to the rank that arrived last at most of its collectives. A rank's spikes
+  // must be attributed to it more often than chance and than its own share of the quiet steps
+  // (those under the threshold) would give: a one-sided binomial test against the larger of 1/ranks
+  // and that share (Laplace-smoothed; × ranks, Bonferroni) at jitter_alpha; the rank with the
+  // smallest p-value is kept, and only its spikes. Against 1/ranks instead, a rank that is steadily
+  // last (a slow GPU) took every host hiccup of the job as its own jitter. Spike steps without a
+  // complete collective attribute nothing; when none can be attributed the test is not made.
+  const std::map<size_t, int> last_of = lastArriverPerStep(job);
+  std::map<int, size_t> per_rank, quiet_per_rank;
+  size_t attributed = 0, quiet = 0;
+  std::set<size_t> spiky(j.steps.begin(), j.steps.end());
+  for (const auto& [step, rank] : last_of) {
+    if (spiky.count(step)) {
+      ++per_rank[rank];
+      ++attributed;
+    } else if (step >= 1 && step <= series.size() && series[step - 1] <= threshold) {
+      ++quiet_per_rank[rank];
+      ++quiet;
     }
   }
-  if (!culprit_of.empty()) {
-    const auto top =
-        std::max_element(per_rank.begin(), per_rank.end(),
-                         [](const auto& a, const auto& b) { return a.second < b.second; });
+  if (attributed > 0) {
     const double ranks = static_cast<double>(std::max<size_t>(job.ranks().size(), 2));
-    const double p = std::min(
-        1.0, ranks * stats::binomialUpperTail(culprit_of.size(), top->second, 1.0 / ranks));
-    if (p > options.jitter_alpha) return std::nullopt;
+    int top = -1;
+    double best_p = 2;
+    for (const auto& [rank, k] : per_rank) {
+      const double share = std::max(1.0 / ranks, (static_cast<double>(quiet_per_rank[rank]) + 1) /
+                                                     (static_cast<double>(quiet) + ranks));
+      const double p = std::min(1.0, ranks * stats::binomialUpperTail(attributed, k, share));
+      if (p < best_p) {
+        best_p = p;
+        top = rank;
+      }
+    }
+    if (best_p > options.jitter_alpha) return std::nullopt;
     std::vector<size_t> kept;
     spikes.clear();
     for (size_t step : j.steps) {
-      auto it = culprit_of.find(step);
-      if (it != culprit_of.end() && it->second == top->first) {
+      auto it = last_of.find(step);
+      if (it != last_of.end() && it->second == top) {
         kept.push_back(step);
         spikes.push_back(series[step - 1]);
       }
