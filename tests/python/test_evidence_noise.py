@@ -51,6 +51,17 @@ def run_job(build_dir, out, env, steps=20):
 
 
 WINDOW_METRICS = {"step_time_change", "step_time_jitter"}
+# The hog is real host contention: the rank whose process shares its CPU may be named for it
+# (its GPU runs dry while its host waits for the CPU). No other diagnosis is right here.
+HOST_KINDS = {"issue_stall", "slow_steps"}
+
+
+def the_gpu_slow(found):
+    """The one gpu_slow diagnosis, on rank 3; anything else found names the host's contention."""
+    gpu = [d for d in found if d["kind"] == "gpu_slow"]
+    assert len(gpu) == 1 and gpu[0]["ranks"] == [3], found
+    assert all(d["kind"] in HOST_KINDS for d in found if d["kind"] != "gpu_slow"), found
+    return gpu[0]
 
 
 @pytest.mark.parametrize("seed", ["1", "2", "3"])
@@ -59,8 +70,7 @@ def test_steady_fault_under_a_cpu_hog_cites_no_change_point_or_jitter(build_dir,
     run_job(build_dir, tmp_path, {"FLARE_SIM_CLOCK_FACTOR": "3:0.8", "FLARE_SIM_SEED": seed},
             steps=30)
     found = diagnose(build_dir, tmp_path)
-    assert [d["kind"] for d in found] == ["gpu_slow"], found
-    assert found[0]["ranks"] == [3]
+    the_gpu_slow(found)
     cited = [e for d in found for e in d["evidence"] if e["metric"] in WINDOW_METRICS]
     assert cited == [], cited
 
@@ -74,9 +84,7 @@ def test_fail_slow_under_a_cpu_hog_is_cited_at_its_onset(build_dir, tmp_path, cp
     run_job(build_dir, tmp_path, {"FLARE_SIM_CLOCK_FACTOR": "3:0.7:14", "FLARE_SIM_SEED": seed},
             steps=30)
     found = diagnose(build_dir, tmp_path)
-    assert [d["kind"] for d in found] == ["gpu_slow"], found
-    d = found[0]
-    assert d["ranks"] == [3]
+    d = the_gpu_slow(found)
     change = d["evidence"][0]
     assert change["metric"] == "step_time_change", d["evidence"]
     step = int(change["text"].split("at step ")[1].split()[0].rstrip(":,"))

@@ -556,10 +556,17 @@ std::optional<FailSlow> findFailSlow(const JobModel& job, const DiagnoseOptions&
     if (before.size() < options.fail_slow_min_steps || after.size() < options.fail_slow_min_after)
       continue;
     const double med_before = median(before);
-    const double shift = median(after) - med_before;
-    // Larger than the relative floor and than the noise's robust spread before the change ...
+    const double med_after = median(after);
+    const double shift = med_after - med_before;
+    // Larger than the relative floor and than the noise's robust spread: 1.4826·MAD of the
+    // successive differences / √2 over both sides (a level shift is one difference, a slow drift
+    // cancels in them; the steps before alone gave a noisy spread, with hog bursts there hiding
+    // an 18% shift, and the deviations from each side's median counted a drift as noise) ...
+    std::vector<double> diffs;
+    for (size_t k = from + 1; k < series.size(); ++k) diffs.push_back(series[k] - series[k - 1]);
+    const double noise = robustSigma(diffs) / std::sqrt(2.0);
     if (shift < options.fail_slow_min_relative * med_before ||
-        shift < options.fail_slow_min_sigmas * robustSigma(before)) {
+        shift < options.fail_slow_min_sigmas * noise) {
       continue;
     }
     // ... the level holds: most steps since sit above the midpoint of the shift (a burst of
