@@ -11,12 +11,19 @@
 // --until-step N diagnoses only what each rank issued before its step N began (steps counted from
 // 0 by the rank's step markers): the diagnosis the job's first N steps allow (detection delay).
 //
+// What was looked at follows: "no anomaly found in 4 ranks, steps 1-8; window: all steps; 6
+// detectors ran (...); skipped: issue_latency_regression (needs a baseline or healthy history),
+// ..." when nothing is found, a "looked at ..." line after the diagnoses otherwise; with --json,
+// a "looked_at" object after "diagnoses" (lookedAtJson in src/engine/diagnosis/detector.h).
+//
 // Exit status: 0 nothing found, 3 diagnoses printed, 1 unreadable input, 2 bad arguments.
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "src/engine/diagnosis/detector.h"
 #include "src/engine/diagnosis/detectors.h"
 #include "src/engine/diagnosis/job_model.h"
 #include "src/timeline/timeline.h"
@@ -108,14 +115,17 @@ int main(int argc, char** argv) {
   if (baselines.size() >= 2)
     options.regression_healthy_spread_ns = flare::engine::healthyIssueLatencySpread(baseline_ptrs);
   if (until_step > 0) model = model.untilStep(until_step);
-  const auto diagnoses =
-      flare::engine::diagnose(model, options, baselines.empty() ? nullptr : &baselines[0]);
+  std::vector<flare::engine::DetectorRun> runs;
+  const auto diagnoses = flare::engine::diagnose(
+      model, options, baselines.empty() ? nullptr : &baselines[0], nullptr, &runs);
+  const flare::engine::LookedAt looked_at = flare::engine::lookedAt(model, std::move(runs));
   if (json) {
-    std::fputs(flare::engine::diagnosesToJson(diagnoses).c_str(), stdout);
+    std::fputs(flare::engine::diagnosesToJson(diagnoses, looked_at).c_str(), stdout);
   } else if (diagnoses.empty()) {
-    std::printf("no anomaly found in %zu ranks\n", model.ranks().size());
+    std::printf("no anomaly found in %s\n", flare::engine::lookedAtText(looked_at).c_str());
   } else {
     std::fputs(flare::engine::formatDiagnoses(diagnoses).c_str(), stdout);
+    std::printf("looked at %s\n", flare::engine::lookedAtText(looked_at).c_str());
   }
   return diagnoses.empty() ? 0 : 3;
 }

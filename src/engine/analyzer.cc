@@ -259,7 +259,7 @@ void Analyzer::handOver() {
   for (auto& [w, records] : taken) w->model.absorb(std::move(records));
 }
 
-std::vector<Diagnosis> Analyzer::diagnoseJob(const std::string& job_id) {
+std::vector<Diagnosis> Analyzer::diagnoseJob(const std::string& job_id, LookedAt* looked_at) {
   std::lock_guard analysis_lock(analysis_mu_);
   JobModel* model = syncedModel(job_id);
   if (model == nullptr) return {};
@@ -272,8 +272,10 @@ std::vector<Diagnosis> Analyzer::diagnoseJob(const std::string& job_id) {
     if (h != nullptr) history = *h;
     refused = refusedDiagnosis(w, common::realtimeNs());
   }
+  std::vector<DetectorRun> runs;
   std::vector<Diagnosis> found =
-      diagnose(*model, options_.diagnose, nullptr, history ? &*history : nullptr);
+      diagnose(*model, options_.diagnose, nullptr, history ? &*history : nullptr, &runs);
+  if (looked_at != nullptr) *looked_at = lookedAt(*model, std::move(runs));
   if (refused) found.push_back(std::move(*refused));
   return found;
 }

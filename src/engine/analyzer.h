@@ -90,8 +90,9 @@ class Analyzer {
   // detectors. The daemon calls it about once a second between runs, so that records wait in
   // the ingest half for a second rather than a whole run interval (memory per rank).
   void handOver();
-  // The current diagnoses of one job (not deduplicated): the on-demand query.
-  std::vector<Diagnosis> diagnoseJob(const std::string& job_id);
+  // The current diagnoses of one job (not deduplicated): the on-demand query. `looked_at`, when
+  // given, receives what the detectors looked at (ranks 0 and no detectors for an unknown job).
+  std::vector<Diagnosis> diagnoseJob(const std::string& job_id, LookedAt* looked_at = nullptr);
   // The records of `ranks` (all when empty) in the job's window, one RecordBatch per rank
   // (JobModel::rankBatch), in rank order; nullopt when the job has no window.
   std::optional<std::vector<v1::RecordBatch>> recordBatches(const std::string& job_id,

@@ -189,7 +189,9 @@ std::optional<HttpResponse> QueryApi::analysisRoute(const HttpRequest& r) {
       r.path.compare(r.path.size() - suffix.size(), suffix.size(), suffix) == 0) {
     const std::string job =
         r.path.substr(prefix.size(), r.path.size() - prefix.size() - suffix.size());
-    return HttpResponse{200, "application/json", diagnosesToJson(analyzer_->diagnoseJob(job))};
+    LookedAt looked_at;
+    const std::vector<Diagnosis> found = analyzer_->diagnoseJob(job, &looked_at);
+    return HttpResponse{200, "application/json", diagnosesToJson(found, looked_at)};
   }
   // /api/v1/jobs/{job}/records: the job's raw records (flare timeline/export --job).
   const std::string rsuffix = "/records";

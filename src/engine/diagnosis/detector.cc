@@ -4,6 +4,8 @@
 #include <cstdio>
 #include <utility>
 
+#include "src/common/text.h"
+
 namespace flare::engine {
 
 const char* windowName(Window window) {
@@ -81,6 +83,14 @@ Evidence jitterEvidence(const Jitter& j) {
   return Evidence{"step_time_jitter", text, j.spike_ns, j.fence_ns};
 }
 
+std::string stepList(const std::vector<size_t>& steps) {
+  std::string out;
+  for (size_t i = 0; i < steps.size() && i < 12; ++i)
+    out += (i ? "," : "") + std::to_string(steps[i]);
+  if (steps.size() > 12) out += ",...";
+  return out;
+}
+
 }  // namespace
 
 std::vector<Diagnosis> runDetectors(const DetectorRegistry& registry, const JobModel& whole,
@@ -116,9 +126,16 @@ std::vector<Diagnosis> runDetectors(const DetectorRegistry& registry, const JobM
   for (const auto& detector : detectors) {
     const DetectorNeeds needs = detector->needs();
     const auto [job, arrivals] = window(needs.window);
-    DetectorRun run{std::string(detector->name()), false, missing(needs, *job, baseline, history),
-                    0};
+    DetectorRun run{
+        std::string(detector->name()), false, missing(needs, *job, baseline, history), 0, {}};
     if (run.skipped.empty()) {
+      if (spiky && job == &*spiky) {
+        run.window = "the jitter steps " + stepList(jitter->steps);
+      } else if (recent && job == &*recent) {
+        run.window = "since the change point at step " + std::to_string(fail_slow->step);
+      } else {
+        run.window = "all steps";
+      }
       const DetectorView view(*job, whole, options, baseline, history, out, arrivals);
       std::vector<Diagnosis> found = detector->run(view);
       if (needs.cites_window) {
@@ -139,6 +156,86 @@ std::vector<Diagnosis> runDetectors(const DetectorRegistry& registry, const JobM
   std::stable_sort(out.begin(), out.end(),
                    [](const Diagnosis& a, const Diagnosis& b) { return a.severity > b.severity; });
   return out;
+}
+
+LookedAt lookedAt(const JobModel& job, std::vector<DetectorRun> runs) {
+  LookedAt out;
+  out.ranks = job.ranks().size();
+  for (const auto& [rank, data] : job.ranks()) {
+    for (const records::StepStats& st : job.stepStats(rank)) {
+      if (st.step <= 0) continue;  // the warm-up, skipped by the detectors
+      const size_t step = static_cast<size_t>(st.step);
+      out.first_step = out.has_steps ? std::min(out.first_step, step) : step;
+      out.last_step = out.has_steps ? std::max(out.last_step, step) : step;
+      out.has_steps = true;
+    }
+  }
+  out.detectors = std::move(runs);
+  return out;
+}
+
+std::string lookedAtText(const LookedAt& l) {
+  std::string out = std::to_string(l.ranks) + (l.ranks == 1 ? " rank" : " ranks");
+  if (l.has_steps) {
+    out += l.first_step == l.last_step
+               ? ", step " + std::to_string(l.first_step)
+               : ", steps " + std::to_string(l.first_step) + "-" + std::to_string(l.last_step);
+  } else {
+    out += ", no complete step after the warm-up";
+  }
+  // The windows the detectors that ran read, in order of first use, with their detectors when
+  // there is more than one.
+  std::vector<std::pair<std::string, std::vector<std::string>>> windows;
+  std::vector<std::string> ran;
+  std::string skipped;
+  for (const DetectorRun& r : l.detectors) {
+    if (!r.ran) {
+      skipped += (skipped.empty() ? "" : ", ") + r.name + " (" + r.skipped + ")";
+      continue;
+    }
+    ran.push_back(r.name);
+    auto it = std::find_if(windows.begin(), windows.end(),
+                           [&](const auto& w) { return w.first == r.window; });
+    if (it == windows.end()) it = windows.insert(windows.end(), {r.window, {}});
+    it->second.push_back(r.name);
+  }
+  auto join = [](const std::vector<std::string>& names) {
+    std::string s;
+    for (const std::string& n : names) s += (s.empty() ? "" : ", ") + n;
+    return s;
+  };
+  if (windows.size() == 1) {
+    out += "; window: " + windows[0].first;
+  } else if (windows.size() > 1) {
+    out += "; windows:";
+    for (size_t i = 0; i < windows.size(); ++i)
+      out += (i ? "; " : " ") + windows[i].first + " (" + join(windows[i].second) + ")";
+  }
+  out += "; " + std::to_string(ran.size()) + (ran.size() == 1 ? " detector ran" : " detectors ran");
+  if (!ran.empty()) out += " (" + join(ran) + ")";
+  if (!skipped.empty()) out += "; skipped: " + skipped;
+  return out;
+}
+
+std::string lookedAtJson(const LookedAt& l) {
+  std::string out = "{\"ranks\":" + std::to_string(l.ranks) + ",\"steps\":[";
+  if (l.has_steps) out += std::to_string(l.first_step) + "," + std::to_string(l.last_step);
+  out += "],\"detectors\":[";
+  for (size_t i = 0; i < l.detectors.size(); ++i) {
+    const DetectorRun& r = l.detectors[i];
+    out += (i ? "," : "") + std::string("{\"name\":") + common::jsonQuote(r.name) +
+           ",\"ran\":" + (r.ran ? "true" : "false") +
+           ",\"skipped\":" + common::jsonQuote(r.skipped) +
+           ",\"diagnoses\":" + std::to_string(r.diagnoses) +
+           ",\"window\":" + common::jsonQuote(r.window) + "}";
+  }
+  return out + "]}";
+}
+
+std::string diagnosesToJson(const std::vector<Diagnosis>& diagnoses, const LookedAt& looked_at) {
+  std::string out = diagnosesToJson(diagnoses);  // {"diagnoses":[...]}\n
+  out.resize(out.size() - 2);
+  return out + ",\"looked_at\":" + lookedAtJson(looked_at) + "}\n";
 }
 
 }  // namespace flare::engine

@@ -139,7 +139,31 @@ struct DetectorRun {
   bool ran = false;
   std::string skipped;  // why not, when !ran: "needs a baseline", "no kernel summaries", ...
   size_t diagnoses = 0;
+  // The steps it read (empty when skipped): "all steps", "since the change point at step K"
+  // (Window::kRecent after a fail-slow), "the jitter steps a,b,c" (Window::kCulprit on jitter).
+  std::string window;
 };
+
+// What a diagnosis looked at, for "nothing found" to say so (flare-diagnose, flared's
+// /api/v1/jobs/{job}/diagnoses): the ranks, the steps analysed and every detector's run.
+struct LookedAt {
+  size_t ranks = 0;
+  // The steps analysed, numbered as JobModel::stepStats numbers them (from the window's first
+  // step boundary; step 0, the warm-up, is skipped): the smallest and largest over the ranks.
+  // has_steps false when no rank has a complete step after its warm-up.
+  bool has_steps = false;
+  size_t first_step = 0, last_step = 0;
+  std::vector<DetectorRun> detectors;
+};
+LookedAt lookedAt(const JobModel& job, std::vector<DetectorRun> runs);
+// "4 ranks, steps 1-8; window: all steps; 6 detectors ran (gpu_slow, ...); skipped:
+// issue_latency_regression (needs a baseline or healthy history), ..." (one line, no newline).
+std::string lookedAtText(const LookedAt& looked_at);
+// {"ranks":4,"steps":[1,8],"detectors":[{"name":..,"ran":true,"skipped":"","diagnoses":0,
+// "window":"all steps"},...]}; "steps":[] when has_steps is false.
+std::string lookedAtJson(const LookedAt& looked_at);
+// diagnosesToJson with a "looked_at" key (lookedAtJson) after "diagnoses".
+std::string diagnosesToJson(const std::vector<Diagnosis>& diagnoses, const LookedAt& looked_at);
 
 // Runs every detector of `registry` in order on the view it needs, then orders the diagnoses by
 // severity (stable: equal severities keep the registry's order). `runs`, when given, receives

@@ -219,5 +219,62 @@ TEST(RunDetectors, DiagnoseRunsTheBuiltinRegistry) {
   }
 }
 
+TEST(RunDetectors, LookedAtNamesTheRanksStepsWindowsAndTheSkippedDetectorsWithTheirReasons) {
+  const JobModel job = failSlowJob();
+  const auto fail_slow = findFailSlow(job, DiagnoseOptions{});
+  ASSERT_TRUE(fail_slow.has_value());
+  std::vector<DetectorRun> runs;
+  const auto found = diagnose(job, DiagnoseOptions{}, nullptr, nullptr, &runs);
+  const LookedAt l = lookedAt(job, runs);
+  EXPECT_EQ(l.ranks, job.ranks().size());
+  ASSERT_TRUE(l.has_steps);
+  EXPECT_EQ(l.first_step, 1u);  // step 0 is the warm-up
+  EXPECT_EQ(l.last_step, job.stepStarts(0).size() - 2);
+  ASSERT_EQ(l.detectors.size(), builtinDetectors().detectors().size());
+  const std::string since = "since the change point at step " + std::to_string(fail_slow->step);
+  for (const DetectorRun& r : l.detectors) {
+    if (!r.ran) {
+      EXPECT_TRUE(r.window.empty()) << r.name;
+      continue;
+    }
+    const Window w = builtinDetectors().find(r.name)->needs().window;
+    EXPECT_EQ(r.window, w == Window::kWhole ? "all steps" : since) << r.name;
+  }
+  const std::string text = lookedAtText(l);
+  EXPECT_EQ(text.rfind(std::to_string(l.ranks) + " ranks, steps 1-" + std::to_string(l.last_step) +
+                           "; windows: " + since + " (gpu_slow, ",
+                       0),
+            0u)
+      << text;
+  EXPECT_NE(text.find("; all steps (slow_steps); 6 detectors ran (gpu_slow, "), std::string::npos)
+      << text;
+  EXPECT_NE(text.find("; skipped: gpu_slow_from_summaries (no kernel summaries), "
+                      "issue_latency_regression (needs a baseline or healthy history)"),
+            std::string::npos)
+      << text;
+  const std::string json = diagnosesToJson(found, l);
+  const std::string plain = diagnosesToJson(found);
+  EXPECT_EQ(json.rfind(plain.substr(0, plain.size() - 2) + ",\"looked_at\":{\"ranks\":", 0), 0u)
+      << json;
+  EXPECT_NE(json.find("{\"name\":\"issue_latency_regression\",\"ran\":false,\"skipped\":"
+                      "\"needs a baseline or healthy history\",\"diagnoses\":0,\"window\":\"\"}"),
+            std::string::npos)
+      << json;
+  EXPECT_NE(json.find("\"steps\":[1," + std::to_string(l.last_step) + "]"), std::string::npos);
+}
+
+TEST(RunDetectors, LookedAtOnAHealthyJobSaysAllStepsOnce) {
+  LookedAt l;
+  l.ranks = 2;
+  l.detectors = {{"a", true, "", 0, "all steps"}, {"b", false, "needs a baseline", 0, ""}};
+  EXPECT_EQ(lookedAtText(l),
+            "2 ranks, no complete step after the warm-up; window: all steps; 1 detector ran (a); "
+            "skipped: b (needs a baseline)");
+  EXPECT_EQ(lookedAtJson(l),
+            "{\"ranks\":2,\"steps\":[],\"detectors\":[{\"name\":\"a\",\"ran\":true,"
+            "\"skipped\":\"\",\"diagnoses\":0,\"window\":\"all steps\"},{\"name\":\"b\","
+            "\"ran\":false,\"skipped\":\"needs a baseline\",\"diagnoses\":0,\"window\":\"\"}]}");
+}
+
 }  // namespace
 }  // namespace flare::engine

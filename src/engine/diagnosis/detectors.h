@@ -22,6 +22,7 @@
 
 #include <vector>
 
+#include "src/engine/diagnosis/detector.h"
 #include "src/engine/diagnosis/diagnosis.h"
 #include "src/engine/diagnosis/history.h"
 #include "src/engine/diagnosis/job_model.h"
@@ -33,9 +34,11 @@ namespace flare::engine {
 // diagnoses, most severe first. `baseline`: a healthy run's model (flare-diagnose --baseline).
 // `history`: stored healthy runs of the job's backend and scale (flared): issue-latency regression
 // with the learned threshold, and void thresholds learned from history in place of the configured
-// ones.
+// ones. `runs`, when given, receives what became of each detector (ran, or skipped and why, and
+// the window it read): for lookedAt() in detector.h.
 std::vector<Diagnosis> diagnose(const JobModel& job, const DiagnoseOptions& options,
                                 const JobModel* baseline = nullptr,
-                                const History* history = nullptr);
+                                const History* history = nullptr,
+                                std::vector<DetectorRun>* runs = nullptr);
 
 }  // namespace flare::engine

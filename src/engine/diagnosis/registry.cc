@@ -42,8 +42,9 @@ const DetectorRegistry& builtinDetectors() {
 }
 
 std::vector<Diagnosis> diagnose(const JobModel& job, const DiagnoseOptions& options,
-                                const JobModel* baseline, const History* history) {
-  return runDetectors(builtinDetectors(), job, options, baseline, history);
+                                const JobModel* baseline, const History* history,
+                                std::vector<DetectorRun>* runs) {
+  return runDetectors(builtinDetectors(), job, options, baseline, history, runs);
 }
 
 }  // namespace flare::engine
