@@ -419,12 +419,12 @@ void RankWriter::writeDeepTrace(const RankData& data) {
               [](const TracedSpan& a, const TracedSpan& b) { return a.start < b.start; });
   }
   // CUPTI's times and the traced ops' (CUDA events mapped to the host clock) differ by the
-  // mapping's error: about a microsecond on an idle machine, but the tracer keeps a reference
-  // whose host-side bracket is up to 100 µs wide (kTightReferenceNs, src/timing/tracer_impl.h), so
-  // on a loaded host every traced op of a device may be tens of µs late (19 µs in a CI run:
-  // longer than most kernels). Per device, the records are moved onto the traced ops' clock by
-  // the offset that lines up the most record ends with traced ends (a kernel's end event
-  // completes with it): every difference within ±kMaxShiftNs between a record's end and a
+  // mapping's error: about a microsecond on an idle machine, but until a reference whose
+  // host-side bracket is under kTightReferenceNs (src/timing/tracer_impl.h) is taken, the tracer
+  // maps with a looser one, so on a loaded host every traced op of a device may be tens of µs
+  // late (19 µs in a CI run: longer than most kernels). Per device, the records are moved onto the
+  // traced ops' clock by the offset that lines up the most record ends with traced ends (a kernel's
+  // end event completes with it): every difference within ±kMaxShiftNs between a record's end and a
   // traced end is a candidate, and the densest kMatchNs-wide cluster of them wins. (The median
   // difference to the nearest traced end locked onto a neighbouring op as soon as the error
   // passed half an op's length, and the records then partially overlapped the traced ops.) A

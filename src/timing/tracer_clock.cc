@@ -22,9 +22,12 @@ using namespace tracer_internal;
 //   - the resolution of elapsedNs (cudaEventElapsedTime: about 0.5 µs);
 //   - a preemption of the poller between the record call and the host read puts every mapped
 //     time late by its length: the host clock is read around the call, and a reference whose
-//     bracket is wider than kTightReferenceNs is recorded again kLooseRetryNs later, the
-//     tighter one kept (one such 0.67 ms offset on one rank of a loaded 2-core machine made a
-//     healthy communicator look 25% slow, docs/benchmarks.md).
+//     bracket is wider than kTightReferenceNs is recorded again kLooseRetryNs later (and again,
+//     while loose), the tighter one kept (one such 0.67 ms offset on one rank of a loaded 2-core
+//     machine made a healthy communicator look 25% slow, docs/benchmarks.md; a 44 µs one,
+//     under the old 100 µs bound, made a 2-rank all-reduce 25% slow when its peer arrived last).
+//     The first reference of a device is usually loose: its bracket holds the private stream's
+//     creation.
 // A new reference is recorded every
 // recalibrate_ns; the old one stays in use until the new one completes, so ops are never held
 // back by a recalibration. Ops of a device wait (in their queue) only until its first

@@ -41,8 +41,12 @@ inline constexpr int64_t kMaxWaitNs = 100'000'000'000'000'000;  // ~3 years: no 
 inline constexpr int kReferenceAttempts = 3;  // before a device without calibration drops its ops
 // A reference whose record call took longer than this to bracket (the poller preempted around
 // it) may be off by that much: it is taken again after kLooseRetryNs, and replaces the one in
-// use only if it is tighter.
-inline constexpr int64_t kTightReferenceNs = 100'000;
+// use only if it is tighter. The error is a constant offset of every time the rank maps, and
+// collectives are timed across ranks (last end − last start), so a few tens of µs matter: at
+// 100 µs, a reference 44 µs late on one rank of a TP pair (a loaded 2-core host, the poller
+// descheduled after the record) stretched that pair's all-reduce from 176 to 220 µs whenever
+// its peer arrived last, and link_slow named the pair. An idle record call takes a few µs.
+inline constexpr int64_t kTightReferenceNs = 10'000;
 inline constexpr int64_t kLooseRetryNs = 50'000'000;
 inline constexpr int kMaxDevices = 1024;           // device ordinals index the pool's free lists
 inline constexpr int kReturnTries = 8;             // passes the poller may defer returning events

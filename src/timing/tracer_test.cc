@@ -395,6 +395,34 @@ TEST_F(TracerTest, ALooseReferenceIsTakenAgainAndTheTighterOneMapsTimes) {
   EXPECT_EQ(timer_.references(), 2);
 }
 
+TEST_F(TracerTest, AReferenceTensOfMicrosecondsLateIsTakenAgain) {
+  // The poller is descheduled for 44 µs right after recording the reference (a loaded 2-core
+  // host): every time this rank maps would be 44 µs late, and a collective timed across ranks
+  // (last end − last start) 44 µs longer whenever a peer arrived last. Under the old 100 µs
+  // bound the reference was kept for recalibrate_ns; now it is taken again 50 ms later.
+  timer_.afterNextReference([this] { clock_.advanceNs(44'000); });
+  TracerOptions opts = quietOptions();
+  Tracer tracer(&timer_, &clock_, &sink_, opts);
+  auto opNow = [&](int id) {
+    EXPECT_TRUE(launch(tracer, kStreamA, opInfo(id)));
+    const int64_t host = clock_.nowNs() + 5'000;
+    EXPECT_TRUE(timer_.completeOp(kStreamA, host, host + 3'000));
+    EXPECT_TRUE(tracer.drain(kLongWait));
+    return host;
+  };
+  const int64_t first = opNow(1);
+  EXPECT_EQ(timer_.references(), 1);
+  clock_.advanceNs(50'000'000);
+  const int64_t host = opNow(2);
+  EXPECT_EQ(timer_.references(), 2);
+  EXPECT_EQ(timer_.liveReferences(), 1);
+  const std::vector<CompletedOp> ops = sink_.ops();
+  ASSERT_EQ(ops.size(), 2u);
+  EXPECT_EQ(ops[0].start_ns, first + 44'000);  // mapped with the late reference
+  EXPECT_EQ(ops[1].start_ns, host);            // the retry's: exact
+  EXPECT_EQ(ops[1].end_ns, host + 3'000);
+}
+
 TEST_F(TracerTest, OpsWaitForTheFirstReferenceAndOldReferenceServesUntilTheNewCompletes) {
   int64_t offset = 1'000'000;
   timer_.setGpuOffset(0, offset);
