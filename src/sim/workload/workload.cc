@@ -166,10 +166,6 @@ int64_t crashStepFor(int rank) {
   return step && *step >= 0 ? *step : -1;
 }
 
-double msSince(std::chrono::steady_clock::time_point t) {
-  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t).count();
-}
-
 }  // namespace
 
 std::vector<StepResult> run(const Options& o, void (*on_step)(const StepResult&)) {
@@ -267,8 +263,21 @@ std::vector<StepResult> run(const Options& o, void (*on_step)(const StepResult&)
   // Flare's explicit step marker (include/flare/step.h), when the hook is loaded.
   using StepFn = int (*)();
   const auto mark_step = reinterpret_cast<StepFn>(dlsym(RTLD_DEFAULT, "flare_step"));
+  // A step's time is the interval between its start and the next step's (the last step's: its
+  // end), as the step marker sees it: the bookkeeping after a step and a preemption there
+  // belong to it. Its result is handed on once the next step has started.
+  std::optional<StepResult> pending;
+  std::chrono::steady_clock::time_point pending_t0;
+  auto emit = [&](std::chrono::steady_clock::time_point end) {
+    if (!pending) return;
+    pending->step_ms = std::chrono::duration<double, std::milli>(end - pending_t0).count();
+    results.push_back(*pending);
+    if (on_step) on_step(*pending);
+    pending.reset();
+  };
   for (int step = 0; step < o.steps; ++step) {
     auto t0 = std::chrono::steady_clock::now();
+    emit(t0);
     flareSimSetStep(step);
     if (mark_step != nullptr) mark_step();
     if (step == crash_step) {
@@ -364,13 +373,13 @@ std::vector<StepResult> run(const Options& o, void (*on_step)(const StepResult&)
 
     StepResult r;
     r.step = step;
-    r.step_ms = msSince(t0);
     float g = 0;
     check(cudaEventElapsedTime(&g, gemm_a, gemm_b), "elapsed");
     r.gemm_ms = g;
-    results.push_back(r);
-    if (on_step) on_step(r);
+    pending = r;
+    pending_t0 = t0;
   }
+  emit(std::chrono::steady_clock::now());
   cublasLtMatmulDescDestroy(lt_desc);
   if (dev_batch) cudaFree(dev_batch);
   return results;

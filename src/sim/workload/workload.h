@@ -33,8 +33,8 @@ struct Options {
 
 struct StepResult {
   int step = 0;
-  double step_ms = 0;   // host wall time of the whole step
-  double gemm_ms = 0;   // GPU time of layer 0's QKV GEMM (events around it)
+  double step_ms = 0;  // host wall time from this step's start to the next's (the last: its end)
+  double gemm_ms = 0;  // GPU time of layer 0's QKV GEMM (events around it)
 };
 
 // Runs the workload; returns one result per step. Throws std::runtime_error on a CUDA/NCCL
