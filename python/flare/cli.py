@@ -716,11 +716,15 @@ def cmd_diagnose(args):
     got = daemon(base, args.timeout).get(
         "/api/v1/jobs/%s/diagnoses" % urllib.parse.quote(args.job, safe=""))
     found = got.get("diagnoses", []) if isinstance(got, dict) else []
+    # What the detectors read and which of them ran or were skipped, and why (flared's words).
+    detectors = got.get("looked_at", {}) if isinstance(got, dict) else {}
     seen = None if found else looked_at(base, args.job, args.timeout)
     if args.json:
         out = {"diagnoses": found}
         if seen is not None:
             out["lookedAt"] = seen
+        if detectors:
+            out["looked_at"] = detectors
         json.dump(out, sys.stdout, indent=2)
         print()
     elif not found:
@@ -739,14 +743,17 @@ def cmd_diagnose(args):
             caveats.append("its hang incidents could not be read (`flare hang --job %s`)"
                            % args.job)
         print("no anomaly found in job %s: looked at %d rank(s) (%d connected), %d batches, "
-              "%d records in the detectors' window%s" % (
+              "%d records in the detectors' window%s%s" % (
                   args.job, seen["ranks"], seen["connected"], seen["batches"], seen["records"],
+                  " (%s)" % detectors["text"] if detectors.get("text") else "",
                   "; but " + "; ".join(caveats) if caveats else ""))
     else:
         for d in found:
             print("[%s] %s" % (d.get("team"), d.get("summary")))
             for e in d.get("evidence", []):
                 print("    - %s" % e.get("text"))
+        if detectors.get("text"):
+            print("looked at %s" % detectors["text"])
     if found:
         return 3
     return 5 if seen and (seen["hangIncidents"] or seen["ranksWithRefusedData"]) else 0

@@ -102,7 +102,8 @@ def test_flared_diagnoses_carry_what_was_looked_at(build_dir, tmp_path):
         assert by_name["gpu_slow"]["ran"], by_name
         # A job flared does not know: nothing was looked at.
         unknown = daemon.json("/api/v1/jobs/nosuchjob/diagnoses")
-        assert unknown == {"diagnoses": [], "looked_at": {"ranks": 0, "steps": [],
-                                                          "detectors": []}}
+        assert unknown == {"diagnoses": [], "looked_at": {
+            "ranks": 0, "steps": [], "detectors": [],
+            "text": "0 ranks, no complete step after the warm-up; 0 detectors ran"}}
     finally:
         daemon.stop(kill=True)

@@ -79,13 +79,21 @@ def test_flared_alerts_on_the_underclocked_rank_once_and_not_on_the_healthy_job(
     res = flare(build_dir, "diagnose", "--daemon-http", http, "--job", "slowgpu", "--json")
     assert res.returncode == 3
     assert [d["kind"] for d in json.loads(res.stdout)["diagnoses"]] == ["gpu_slow"]
+    res = flare(build_dir, "diagnose", "--daemon-http", http, "--job", "slowgpu")
+    assert res.returncode == 3 and "\nlooked at 8 ranks, steps " in res.stdout, res.stdout
     res = flare(build_dir, "diagnose", "--daemon-http", http, "--job", "healthy")
     assert res.returncode == 0 and "no anomaly" in res.stdout
-    # An empty answer says what was looked at; an unknown job is not a healthy one.
+    # An empty answer says what was looked at, detectors included (those skipped with their
+    # reason: no baseline here); an unknown job is not a healthy one.
     assert "looked at 8 rank(s)" in res.stdout and " records " in res.stdout, res.stdout
+    assert "detectors ran (gpu_slow, " in res.stdout, res.stdout
+    assert "skipped: " in res.stdout and "(needs a baseline or healthy history)" in res.stdout
     res = flare(build_dir, "diagnose", "--daemon-http", http, "--job", "healthy", "--json")
     seen = json.loads(res.stdout)["lookedAt"]
     assert seen["ranks"] == 8 and seen["records"] > 0 and seen["ranksWithRefusedData"] == []
+    detectors = json.loads(res.stdout)["looked_at"]["detectors"]
+    assert [d["name"] for d in detectors if not d["ran"]] and all(
+        d["skipped"] for d in detectors if not d["ran"]), detectors
     res = flare(build_dir, "diagnose", "--daemon-http", http, "--job", "nosuchjob")
     assert res.returncode == 4 and "not known to the daemon" in res.stderr, res.stderr
     assert res.stdout == ""

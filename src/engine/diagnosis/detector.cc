@@ -229,7 +229,8 @@ std::string lookedAtJson(const LookedAt& l) {
            ",\"diagnoses\":" + std::to_string(r.diagnoses) +
            ",\"window\":" + common::jsonQuote(r.window) + "}";
   }
-  return out + "]}";
+  // The same in words, so that clients print it as flare-diagnose does.
+  return out + "],\"text\":" + common::jsonQuote(lookedAtText(l)) + "}";
 }
 
 std::string diagnosesToJson(const std::vector<Diagnosis>& diagnoses, const LookedAt& looked_at) {

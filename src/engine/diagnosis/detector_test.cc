@@ -273,7 +273,9 @@ TEST(RunDetectors, LookedAtOnAHealthyJobSaysAllStepsOnce) {
   EXPECT_EQ(lookedAtJson(l),
             "{\"ranks\":2,\"steps\":[],\"detectors\":[{\"name\":\"a\",\"ran\":true,"
             "\"skipped\":\"\",\"diagnoses\":0,\"window\":\"all steps\"},{\"name\":\"b\","
-            "\"ran\":false,\"skipped\":\"needs a baseline\",\"diagnoses\":0,\"window\":\"\"}]}");
+            "\"ran\":false,\"skipped\":\"needs a baseline\",\"diagnoses\":0,\"window\":\"\"}],"
+            "\"text\":\"2 ranks, no complete step after the warm-up; window: all steps; 1 detector "
+            "ran (a); skipped: b (needs a baseline)\"}");
 }
 
 }  // namespace
