@@ -14,7 +14,7 @@
 // What was looked at follows: "no anomaly found in 4 ranks, steps 1-8; window: all steps; 6
 // detectors ran (...); skipped: issue_latency_regression (needs a baseline or healthy history),
 // ..." when nothing is found, a "looked at ..." line after the diagnoses otherwise; with --json,
-// a "looked_at" object after "diagnoses" (lookedAtJson in src/engine/diagnosis/detector.h).
+// a "lookedAt" object after "diagnoses" (lookedAtJson in src/engine/diagnosis/detector.h).
 //
 // Exit status: 0 nothing found, 3 diagnoses printed, 1 unreadable input, 2 bad arguments.
 #include <cstdio>

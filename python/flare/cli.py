@@ -717,14 +717,13 @@ def cmd_diagnose(args):
         "/api/v1/jobs/%s/diagnoses" % urllib.parse.quote(args.job, safe=""))
     found = got.get("diagnoses", []) if isinstance(got, dict) else []
     # What the detectors read and which of them ran or were skipped, and why (flared's words).
-    detectors = got.get("looked_at", {}) if isinstance(got, dict) else {}
+    detectors = got.get("lookedAt", {}) if isinstance(got, dict) else {}
     seen = None if found else looked_at(base, args.job, args.timeout)
     if args.json:
+        # flared's steps, detectors and text, with the CLI's own counts over them.
         out = {"diagnoses": found}
-        if seen is not None:
-            out["lookedAt"] = seen
-        if detectors:
-            out["looked_at"] = detectors
+        if seen is not None or detectors:
+            out["lookedAt"] = dict(detectors, **(seen or {}))
         json.dump(out, sys.stdout, indent=2)
         print()
     elif not found:

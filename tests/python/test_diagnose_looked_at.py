@@ -1,7 +1,7 @@
 """Nothing found always says what was looked at: flare-diagnose on a healthy job names the ranks,
 the steps analysed, the window, the detectors that ran and those skipped with their reasons
-(text), and lists every registered detector once under "looked_at" (--json); flared's
-/api/v1/jobs/{job}/diagnoses carries the same "looked_at" object."""
+(text), and lists every registered detector once under "lookedAt" (--json); flared's
+/api/v1/jobs/{job}/diagnoses carries the same "lookedAt" object."""
 
 import json
 import os
@@ -73,8 +73,8 @@ def test_a_healthy_job_says_what_flare_diagnose_looked_at(build_dir, tmp_path):
     assert res.returncode == 0, res.stderr
     got = json.loads(res.stdout)
     assert got["diagnoses"] == []
-    by_name = check_looked_at(got["looked_at"], RANKS)
-    assert got["looked_at"]["steps"] == [1, int(m.group(1))]
+    by_name = check_looked_at(got["lookedAt"], RANKS)
+    assert got["lookedAt"]["steps"] == [1, int(m.group(1))]
     assert [n for n, d in by_name.items() if d["ran"]] == ran
     assert by_name["issue_latency_regression"]["skipped"] == "needs a baseline or healthy history"
     assert all(d["window"] == "all steps" for d in by_name.values() if d["ran"])
@@ -94,15 +94,15 @@ def test_flared_diagnoses_carry_what_was_looked_at(build_dir, tmp_path):
         deadline = time.monotonic() + 15
         while True:
             got = daemon.json("/api/v1/jobs/healthy/diagnoses")
-            if got["looked_at"]["ranks"] == RANKS or time.monotonic() > deadline:
+            if got["lookedAt"]["ranks"] == RANKS or time.monotonic() > deadline:
                 break
             time.sleep(0.2)
         assert "diagnoses" in got
-        by_name = check_looked_at(got["looked_at"], RANKS)
+        by_name = check_looked_at(got["lookedAt"], RANKS)
         assert by_name["gpu_slow"]["ran"], by_name
         # A job flared does not know: nothing was looked at.
         unknown = daemon.json("/api/v1/jobs/nosuchjob/diagnoses")
-        assert unknown == {"diagnoses": [], "looked_at": {
+        assert unknown == {"diagnoses": [], "lookedAt": {
             "ranks": 0, "steps": [], "detectors": [],
             "text": "0 ranks, no complete step after the warm-up; 0 detectors ran"}}
     finally:

@@ -91,7 +91,7 @@ def test_flared_alerts_on_the_underclocked_rank_once_and_not_on_the_healthy_job(
     res = flare(build_dir, "diagnose", "--daemon-http", http, "--job", "healthy", "--json")
     seen = json.loads(res.stdout)["lookedAt"]
     assert seen["ranks"] == 8 and seen["records"] > 0 and seen["ranksWithRefusedData"] == []
-    detectors = json.loads(res.stdout)["looked_at"]["detectors"]
+    detectors = json.loads(res.stdout)["lookedAt"]["detectors"]
     assert [d["name"] for d in detectors if not d["ran"]] and all(
         d["skipped"] for d in detectors if not d["ran"]), detectors
     res = flare(build_dir, "diagnose", "--daemon-http", http, "--job", "nosuchjob")

@@ -236,7 +236,7 @@ std::string lookedAtJson(const LookedAt& l) {
 std::string diagnosesToJson(const std::vector<Diagnosis>& diagnoses, const LookedAt& looked_at) {
   std::string out = diagnosesToJson(diagnoses);  // {"diagnoses":[...]}\n
   out.resize(out.size() - 2);
-  return out + ",\"looked_at\":" + lookedAtJson(looked_at) + "}\n";
+  return out + ",\"lookedAt\":" + lookedAtJson(looked_at) + "}\n";
 }
 
 }  // namespace flare::engine

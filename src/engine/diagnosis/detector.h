@@ -162,7 +162,7 @@ std::string lookedAtText(const LookedAt& looked_at);
 // {"ranks":4,"steps":[1,8],"detectors":[{"name":..,"ran":true,"skipped":"","diagnoses":0,
 // "window":"all steps"},...]}; "steps":[] when has_steps is false.
 std::string lookedAtJson(const LookedAt& looked_at);
-// diagnosesToJson with a "looked_at" key (lookedAtJson) after "diagnoses".
+// diagnosesToJson with a "lookedAt" key (lookedAtJson) after "diagnoses".
 std::string diagnosesToJson(const std::vector<Diagnosis>& diagnoses, const LookedAt& looked_at);
 
 // Runs every detector of `registry` in order on the view it needs, then orders the diagnoses by

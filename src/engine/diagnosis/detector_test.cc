@@ -254,7 +254,7 @@ TEST(RunDetectors, LookedAtNamesTheRanksStepsWindowsAndTheSkippedDetectorsWithTh
       << text;
   const std::string json = diagnosesToJson(found, l);
   const std::string plain = diagnosesToJson(found);
-  EXPECT_EQ(json.rfind(plain.substr(0, plain.size() - 2) + ",\"looked_at\":{\"ranks\":", 0), 0u)
+  EXPECT_EQ(json.rfind(plain.substr(0, plain.size() - 2) + ",\"lookedAt\":{\"ranks\":", 0), 0u)
       << json;
   EXPECT_NE(json.find("{\"name\":\"issue_latency_regression\",\"ran\":false,\"skipped\":"
                       "\"needs a baseline or healthy history\",\"diagnoses\":0,\"window\":\"\"}"),
