@@ -164,12 +164,14 @@ def on_a_loaded_machine(check):
 
 def test_fail_slow_in_the_middle_of_the_run_is_found_from_its_onset(build_dir, tmp_path):
     # Rank 3's GPU slows down at step 14 of 20: over the whole run its kernels' median barely
-    # moves; the step-time change point tells the detectors to look at the steps since.
+    # moves; the step-time change point tells the detectors to look at the steps since. A 70%
+    # clock (the job's step about +15%): at 80% (+8..11%) the shift sits at the change point's
+    # 3-SD floor whenever the host is loaded (docs/metrics.md, test_evidence_noise.py).
     def check(attempt):
         out = tmp_path / str(attempt)
         run_job(build_dir, out / "healthy", "healthy", steps=20, layers=3)
         assert diagnose(build_dir, out / "healthy") == []
-        run_job(build_dir, out / "onset", "onset", {"FLARE_SIM_CLOCK_FACTOR": "3:0.8:14"},
+        run_job(build_dir, out / "onset", "onset", {"FLARE_SIM_CLOCK_FACTOR": "3:0.7:14"},
                 steps=20, layers=3)
         found = diagnose(build_dir, out / "onset")
         assert [d["kind"] for d in found] == ["gpu_slow"], found

@@ -147,6 +147,23 @@ std::vector<Diagnosis> runDetectors(const DetectorRegistry& registry, const JobM
           for (Diagnosis& d : found) d.evidence.insert(d.evidence.begin(), *cited);
         }
       }
+      // A narrowed window shows the fault that narrowed it; a steady fault elsewhere (a slow GPU
+      // beside another rank's host jitter) may not be in it: in one rank's spike steps that rank
+      // arrives last, not the slow GPU. The whole window adds what the narrowed one missed: a
+      // diagnosis of a kind and ranks not already found there.
+      if (job != &whole && missing(needs, whole, baseline, history).empty()) {
+        const DetectorView all(whole, whole, options, baseline, history, out, &whole_arrivals);
+        for (Diagnosis& d : detector->run(all)) {
+          const bool known = std::any_of(found.begin(), found.end(), [&d](const Diagnosis& f) {
+            const bool shared = std::any_of(d.ranks.begin(), d.ranks.end(), [&f](int r) {
+              return std::find(f.ranks.begin(), f.ranks.end(), r) != f.ranks.end();
+            });
+            return f.kind == d.kind && (shared || (d.ranks.empty() && f.ranks.empty()));
+          });
+          if (!known) found.push_back(std::move(d));
+        }
+        run.window += ", then all steps";
+      }
       run.ran = true;
       run.diagnoses = found.size();
       for (Diagnosis& d : found) out.push_back(std::move(d));

@@ -58,7 +58,8 @@ JobModel failSlowJob() {
 // What a recording detector saw.
 struct Seen {
   bool ran = false;
-  size_t steps = 0;  // step starts of rank 0 in view.job()
+  size_t runs = 0;   // views seen: a narrowed window, then the whole one
+  size_t steps = 0;  // step starts of rank 0 in the first view.job()
   const JobModel* baseline = nullptr;
   size_t earlier = 0;
 };
@@ -72,8 +73,9 @@ class Recorder final : public Detector {
   std::vector<std::string_view> kinds() const override { return {"test"}; }
   DetectorNeeds needs() const override { return needs_; }
   std::vector<Diagnosis> run(const DetectorView& view) const override {
+    if (!seen_->ran) seen_->steps = view.job().stepStarts(0).size();
     seen_->ran = true;
-    seen_->steps = view.job().stepStarts(0).size();
+    ++seen_->runs;
     seen_->baseline = view.baseline();
     seen_->earlier = view.earlier().size();
     Diagnosis d;
@@ -179,6 +181,11 @@ TEST(RunDetectors, EachDetectorSeesTheWindowItAskedForAndCitesWhatNarrowedIt) {
   EXPECT_EQ(recent.steps, job.sinceStep(fail_slow->step).stepStarts(0).size());
   EXPECT_LT(recent.steps, whole.steps);
   EXPECT_EQ(culprit.steps, recent.steps);  // no jitter: the culprit window is the recent one
+  // The narrowed detectors then read the whole window too; what they find there again (same
+  // kind, same ranks) is not added twice.
+  EXPECT_EQ(whole.runs, 1u);
+  EXPECT_EQ(recent.runs, 2u);
+  EXPECT_EQ(culprit.runs, 2u);
   ASSERT_EQ(found.size(), 3u);
   // Only the detector that cites its window opens with the fail-slow evidence.
   EXPECT_EQ(found[0].evidence.front().metric, "test");
@@ -186,6 +193,45 @@ TEST(RunDetectors, EachDetectorSeesTheWindowItAskedForAndCitesWhatNarrowedIt) {
   EXPECT_EQ(found[2].summary, "culprit");
   ASSERT_EQ(found[2].evidence.size(), 2u);
   EXPECT_EQ(found[2].evidence[0].metric, "step_time_change");
+}
+
+// Finds rank 3 only in a view of every step (a steady fault that the narrowed window, another
+// rank's spike steps, does not show), and rank 1 in any view.
+class SteadyOnRank3 final : public Detector {
+ public:
+  explicit SteadyOnRank3(size_t whole_steps) : whole_steps_(whole_steps) {}
+  std::string_view name() const override { return "steady"; }
+  std::vector<std::string_view> kinds() const override { return {"test"}; }
+  DetectorNeeds needs() const override { return needsOf(Window::kCulprit); }
+  std::vector<Diagnosis> run(const DetectorView& view) const override {
+    std::vector<Diagnosis> out(1);
+    out[0].kind = "test";
+    out[0].ranks = {1};
+    if (view.job().stepStarts(0).size() == whole_steps_) {
+      out.emplace_back();
+      out.back().kind = "test";
+      out.back().ranks = {3};
+    }
+    return out;
+  }
+
+ private:
+  size_t whole_steps_;
+};
+
+TEST(RunDetectors, ASteadyFaultOutsideTheNarrowedWindowIsStillFound) {
+  const JobModel job = failSlowJob();
+  DetectorRegistry registry;
+  registry.add(std::make_unique<SteadyOnRank3>(job.stepStarts(0).size()));
+  std::vector<DetectorRun> runs;
+  const auto found = runDetectors(registry, job, DiagnoseOptions{}, nullptr, nullptr, &runs);
+  std::vector<std::vector<int>> ranks;
+  for (const Diagnosis& d : found) ranks.push_back(d.ranks);
+  std::sort(ranks.begin(), ranks.end());
+  EXPECT_EQ(ranks, (std::vector<std::vector<int>>{{1}, {3}}));  // rank 1 once
+  ASSERT_EQ(runs.size(), 1u);
+  EXPECT_EQ(runs[0].diagnoses, 2u);
+  EXPECT_NE(runs[0].window.find(", then all steps"), std::string::npos) << runs[0].window;
 }
 
 TEST(RunDetectors, ASummaryDetectorIsSkippedOnARawJob) {
@@ -238,11 +284,11 @@ TEST(RunDetectors, LookedAtNamesTheRanksStepsWindowsAndTheSkippedDetectorsWithTh
       continue;
     }
     const Window w = builtinDetectors().find(r.name)->needs().window;
-    EXPECT_EQ(r.window, w == Window::kWhole ? "all steps" : since) << r.name;
+    EXPECT_EQ(r.window, w == Window::kWhole ? "all steps" : since + ", then all steps") << r.name;
   }
   const std::string text = lookedAtText(l);
   EXPECT_EQ(text.rfind(std::to_string(l.ranks) + " ranks, steps 1-" + std::to_string(l.last_step) +
-                           "; windows: " + since + " (gpu_slow, ",
+                           "; windows: " + since + ", then all steps (gpu_slow, ",
                        0),
             0u)
       << text;
