@@ -69,11 +69,17 @@ Evidence failSlowEvidence(const FailSlow& f) {
   return Evidence{"step_time_change", text, f.after_ns, f.before_ns};
 }
 
+// "5,9,13", at most 12 steps, then ",...".
+std::string stepList(const std::vector<size_t>& steps) {
+  std::string out;
+  for (size_t i = 0; i < steps.size() && i < 12; ++i)
+    out += (i ? "," : "") + std::to_string(steps[i]);
+  if (steps.size() > 12) out += ",...";
+  return out;
+}
+
 Evidence jitterEvidence(const Jitter& j) {
-  std::string steps;
-  for (size_t i = 0; i < j.steps.size() && i < 12; ++i)
-    steps += (i ? "," : "") + std::to_string(j.steps[i]);
-  if (j.steps.size() > 12) steps += ",...";
+  const std::string steps = stepList(j.steps);
   char text[256];
   std::snprintf(text, sizeof(text),
                 "step-time jitter: %zu steps (%s) took %.3f ms (median) against %.3f ms for "
@@ -81,14 +87,6 @@ Evidence jitterEvidence(const Jitter& j) {
                 j.steps.size(), steps.c_str(), j.spike_ns / 1e6, j.median_ns / 1e6,
                 j.fence_ns / 1e6);
   return Evidence{"step_time_jitter", text, j.spike_ns, j.fence_ns};
-}
-
-std::string stepList(const std::vector<size_t>& steps) {
-  std::string out;
-  for (size_t i = 0; i < steps.size() && i < 12; ++i)
-    out += (i ? "," : "") + std::to_string(steps[i]);
-  if (steps.size() > 12) out += ",...";
-  return out;
 }
 
 }  // namespace
