@@ -69,17 +69,8 @@ Evidence failSlowEvidence(const FailSlow& f) {
   return Evidence{"step_time_change", text, f.after_ns, f.before_ns};
 }
 
-// "5,9,13", at most 12 steps, then ",...".
-std::string stepList(const std::vector<size_t>& steps) {
-  std::string out;
-  for (size_t i = 0; i < steps.size() && i < 12; ++i)
-    out += (i ? "," : "") + std::to_string(steps[i]);
-  if (steps.size() > 12) out += ",...";
-  return out;
-}
-
 Evidence jitterEvidence(const Jitter& j) {
-  const std::string steps = stepList(j.steps);
+  const std::string steps = signals::stepList(j.steps);
   char text[256];
   std::snprintf(text, sizeof(text),
                 "step-time jitter: %zu steps (%s) took %.3f ms (median) against %.3f ms for "
@@ -128,7 +119,7 @@ std::vector<Diagnosis> runDetectors(const DetectorRegistry& registry, const JobM
         std::string(detector->name()), false, missing(needs, *job, baseline, history), 0, {}};
     if (run.skipped.empty()) {
       if (spiky && job == &*spiky) {
-        run.window = "the jitter steps " + stepList(jitter->steps);
+        run.window = "the jitter steps " + signals::stepList(jitter->steps);
       } else if (recent && job == &*recent) {
         run.window = "since the change point at step " + std::to_string(fail_slow->step);
       } else {

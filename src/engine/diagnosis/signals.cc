@@ -105,6 +105,14 @@ std::string fmtMs(double ns) {
   return buf;
 }
 
+std::string stepList(const std::vector<size_t>& steps) {
+  std::string out;
+  for (size_t i = 0; i < steps.size() && i < 12; ++i)
+    out += (i ? "," : "") + std::to_string(steps[i]);
+  if (steps.size() > 12) out += ",...";
+  return out;
+}
+
 std::string fmtPct(double ratio) {
   char buf[32];
   std::snprintf(buf, sizeof(buf), "%.1f%%", ratio * 100);
@@ -298,7 +306,7 @@ std::optional<Evidence> arrivalEvidence(const std::map<int, ArrivalStats>& arriv
                   share, 0};
 }
 
-std::map<int, ArrivalStats> collectiveArrivals(const JobModel& job) {
+std::vector<CollectiveInstance> completeCollectives(const JobModel& job) {
   std::map<std::pair<uint64_t, uint64_t>, std::vector<std::pair<int, const Op*>>> instances;
   for (const auto& [rank, r] : job.ranks()) {
     for (const Op& op : r.ops) {
@@ -306,20 +314,29 @@ std::map<int, ArrivalStats> collectiveArrivals(const JobModel& job) {
         instances[{op.comm, op.seq}].push_back({rank, &op});
     }
   }
-  std::map<int, ArrivalStats> out;
-  std::map<int, double> wait_sum;
-  for (const auto& [key, members] : instances) {
+  std::vector<CollectiveInstance> out;
+  for (auto& [key, members] : instances) {
     if (members.size() < 2 || static_cast<int>(members.size()) != members[0].second->nranks)
       continue;
     const auto last = std::max_element(
         members.begin(), members.end(),
         [](const auto& a, const auto& b) { return a.second->start < b.second->start; });
-    for (const auto& [rank, op] : members) {
+    const size_t index = static_cast<size_t>(last - members.begin());
+    out.push_back({std::move(members), index});
+  }
+  return out;
+}
+
+std::map<int, ArrivalStats> collectiveArrivals(const JobModel& job) {
+  std::map<int, ArrivalStats> out;
+  std::map<int, double> wait_sum;
+  for (const CollectiveInstance& c : completeCollectives(job)) {
+    for (const auto& [rank, op] : c.members) {
       ArrivalStats& s = out[rank];
       ++s.instances;
       wait_sum[rank] += static_cast<double>(op->duration());
     }
-    ++out[last->first].last;
+    ++out[c.members[c.last].first].last;
   }
   for (auto& [rank, s] : out) s.mean_wait_ns = s.instances ? wait_sum[rank] / s.instances : 0;
   return out;
@@ -402,30 +419,19 @@ namespace {
 // step's complete collectives; steps with a tie or none are absent. One pass over the ops: a
 // collective instance belongs to the step in which its last arriver issued it.
 std::map<size_t, int> lastArriverPerStep(const JobModel& job) {
-  std::map<std::pair<uint64_t, uint64_t>, std::vector<std::pair<int, const Op*>>> instances;
   std::map<int, std::vector<int64_t>> starts;
-  for (const auto& [rank, r] : job.ranks()) {
-    starts[rank] = job.stepStarts(rank);
-    for (const Op& op : r.ops) {
-      if (job.signatures()[op.sig].kind() == flare::v1::OP_KIND_COLLECTIVE && op.comm != 0)
-        instances[{op.comm, op.seq}].push_back({rank, &op});
-    }
-  }
+  for (const auto& [rank, r] : job.ranks()) starts[rank] = job.stepStarts(rank);
   std::map<size_t, std::map<int, size_t>> lasts;  // step -> rank -> collectives it came last to
-  for (const auto& [key, members] : instances) {
-    if (members.size() < 2 || static_cast<int>(members.size()) != members[0].second->nranks)
-      continue;
-    const auto last = std::max_element(
-        members.begin(), members.end(),
-        [](const auto& a, const auto& b) { return a.second->start < b.second->start; });
-    const auto same = std::count_if(members.begin(), members.end(), [&last](const auto& m) {
-      return m.second->start == last->second->start;
+  for (const CollectiveInstance& c : completeCollectives(job)) {
+    const auto& [last_rank, last_op] = c.members[c.last];
+    const auto same = std::count_if(c.members.begin(), c.members.end(), [&](const auto& m) {
+      return m.second->start == last_op->start;
     });
     if (same > 1) continue;  // nobody came last
-    const std::vector<int64_t>& s = starts[last->first];
-    const auto it = std::upper_bound(s.begin(), s.end(), last->second->issue);
+    const std::vector<int64_t>& s = starts[last_rank];
+    const auto it = std::upper_bound(s.begin(), s.end(), last_op->issue);
     if (it == s.begin() || it == s.end()) continue;  // before the first or after the last boundary
-    ++lasts[static_cast<size_t>(it - s.begin()) - 1][last->first];
+    ++lasts[static_cast<size_t>(it - s.begin()) - 1][last_rank];
   }
   std::map<size_t, int> out;
   for (const auto& [step, per_rank] : lasts) {

@@ -26,6 +26,15 @@
 
 namespace flare::engine {
 
+// A collective instance that every member of its communicator took part in (`nranks` ops, at
+// least 2): its members' ops, and which of them started last (the first such, in rank order).
+struct CollectiveInstance {
+  std::vector<std::pair<int, const Op*>> members;  // rank, op; ascending rank
+  size_t last = 0;                                 // index into members
+};
+// The job's complete collective instances, by (communicator, sequence number).
+std::vector<CollectiveInstance> completeCollectives(const JobModel& job);
+
 // Per-rank arrival statistics at collectives (complete instances only).
 struct ArrivalStats {
   uint64_t instances = 0;
@@ -172,6 +181,7 @@ std::string fmtPct(double ratio);
 std::string fmtNum(double v, const char* unit);
 std::string shapeText(const flare::v1::Signature& sig);
 std::string rankList(const std::vector<int>& ranks);
+std::string stepList(const std::vector<size_t>& steps);  // "5,9,13": at most 12, then ",..."
 
 // The end of a rank's warm-up: the start of its second step (first sightings, communicator
 // set-up and pool growth make the first step unlike the others); INT64_MIN without step

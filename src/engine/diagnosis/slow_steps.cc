@@ -99,15 +99,13 @@ StepTable buildTable(const JobModel& job) {
       if (best != 0 && best_dist <= tolerance) to_grid[best] = g;
     }
   }
-  // Collectives: each complete instance's last arrival (its kernel started last), by step.
-  std::map<std::pair<uint64_t, uint64_t>, std::vector<std::pair<int, const Op*>>> instances;
-  for (const auto& [rank, r] : job.ranks()) {
-    if (!starts.count(rank)) continue;
-    for (const Op& op : r.ops) {
-      if (job.signatures()[op.sig].kind() == flare::v1::OP_KIND_COLLECTIVE && op.comm != 0)
-        instances[{op.comm, op.seq}].push_back({rank, &op});
-    }
-  }
+  // Collectives: each complete instance's last arrival (its kernel started last), by step;
+  // instances with a member without matched steps are left out.
+  std::vector<CollectiveInstance> instances = completeCollectives(job);
+  std::erase_if(instances, [&starts](const CollectiveInstance& c) {
+    return std::any_of(c.members.begin(), c.members.end(),
+                       [&starts](const auto& m) { return !starts.count(m.first); });
+  });
   std::map<int, size_t> index;
   for (const auto& [rank, s] : starts) {
     index[rank] = t.ranks.size();
@@ -129,18 +127,13 @@ StepTable buildTable(const JobModel& job) {
     return grid_of.at(rank)[static_cast<size_t>(it - s.begin()) - 1];
   };
   std::vector<std::vector<double>> collective_ns(nr, std::vector<double>(n, 0.0));
-  for (const auto& [key, members] : instances) {
-    if (members.size() < 2 || static_cast<int>(members.size()) != members[0].second->nranks)
-      continue;
-    const auto last = std::max_element(
-        members.begin(), members.end(),
-        [](const auto& a, const auto& b) { return a.second->start < b.second->start; });
-    for (const auto& [rank, op] : members) {
+  for (const CollectiveInstance& c : instances) {
+    for (const auto& [rank, op] : c.members) {
       const size_t g = gridAt(rank, op->start);
       if (g == SIZE_MAX) continue;
       const size_t i = index.at(rank);
       ++t.member[i][g];
-      if (rank == last->first) ++t.last[i][g];
+      if (rank == c.members[c.last].first) ++t.last[i][g];
       // Its time inside the step (a collective may run past the step's end).
       const auto& s = starts.at(rank);
       const auto next = std::upper_bound(s.begin(), s.end(), op->start);
@@ -215,14 +208,6 @@ size_t periodOf(const std::vector<size_t>& steps) {
       diffs.begin(), diffs.end(), [](const auto& a, const auto& b) { return a.second < b.second; });
   const size_t n = steps.size() - 1;
   return best->first > 1 && 3 * best->second >= 2 * n ? best->first : 0;
-}
-
-std::string stepList(const std::vector<size_t>& steps) {
-  std::string out;
-  for (size_t i = 0; i < steps.size() && i < 12; ++i)
-    out += (i ? "," : "") + std::to_string(steps[i]);
-  if (steps.size() > 12) out += ",...";
-  return out;
 }
 
 void detectSlowSteps(const JobModel& job, const std::vector<Diagnosis>& earlier,
