@@ -180,7 +180,7 @@ struct Rank {
   std::string out_buf, err_buf;
   bool exited = false;
   int status = 0;
-  std::vector<double> step_ms, gemm_ms;
+  std::vector<double> step_ms, gemm_ms, boundary_ms;
 };
 
 double field(const std::string& line, const char* key) {
@@ -194,6 +194,7 @@ void handleLine(int r, Rank& rank, const std::string& line, bool is_err, bool qu
   if (!is_err && line.rfind(kTag, 0) == 0) {
     rank.step_ms.push_back(field(line, "step_ms"));
     rank.gemm_ms.push_back(field(line, "gemm_ms"));
+    rank.boundary_ms.push_back(field(line, "boundary_ms"));
     return;
   }
   if (!quiet || is_err) std::fprintf(is_err ? stderr : stdout, "[rank %d] %s\n", r, line.c_str());
@@ -295,6 +296,10 @@ void writeJson(const std::string& path, const std::vector<Rank>& ranks) {
     std::fprintf(f, "],\"gemm_ms\":[");
     for (size_t i = 0; i < ranks[r].gemm_ms.size(); ++i) {
       std::fprintf(f, "%s%.5f", i ? "," : "", ranks[r].gemm_ms[i]);
+    }
+    std::fprintf(f, "],\"boundary_ms\":[");
+    for (size_t i = 0; i < ranks[r].boundary_ms.size(); ++i) {
+      std::fprintf(f, "%s%.4f", i ? "," : "", ranks[r].boundary_ms[i]);
     }
     std::fprintf(f, "],\"status\":\"%s\"}", describe(ranks[r].status).c_str());
   }

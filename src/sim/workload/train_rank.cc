@@ -24,8 +24,10 @@ int usage() {
 
 int g_rank = 0;
 void printStep(const flare::sim::workload::StepResult& r) {
-  std::printf("FLARE_SIM_STEP {\"rank\":%d,\"step\":%d,\"step_ms\":%.3f,\"gemm_ms\":%.4f}\n",
-              g_rank, r.step, r.step_ms, r.gemm_ms);
+  std::printf(
+      "FLARE_SIM_STEP {\"rank\":%d,\"step\":%d,\"step_ms\":%.3f,\"gemm_ms\":%.4f,"
+      "\"boundary_ms\":%.4f}\n",
+      g_rank, r.step, r.step_ms, r.gemm_ms, r.boundary_ms);
   std::fflush(stdout);
 }
 

@@ -280,6 +280,8 @@ std::vector<StepResult> run(const Options& o, void (*on_step)(const StepResult&)
     emit(t0);
     flareSimSetStep(step);
     if (mark_step != nullptr) mark_step();
+    const double boundary_ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     if (step == crash_step) {
       std::fprintf(stderr, "flare-sim: rank %d crashing at step %d (FLARE_SIM_CRASH)\n", o.rank,
                    step);
@@ -376,6 +378,7 @@ std::vector<StepResult> run(const Options& o, void (*on_step)(const StepResult&)
     float g = 0;
     check(cudaEventElapsedTime(&g, gemm_a, gemm_b), "elapsed");
     r.gemm_ms = g;
+    r.boundary_ms = boundary_ms;
     pending = r;
     pending_t0 = t0;
   }

@@ -35,6 +35,10 @@ struct StepResult {
   int step = 0;
   double step_ms = 0;  // host wall time from this step's start to the next's (the last: its end)
   double gemm_ms = 0;  // GPU time of layer 0's QKV GEMM (events around it)
+  // How long the step's start took to mark (the clock read before flare_step to the one after):
+  // Flare's marker time lies in that bracket, so Flare's step can differ from step_ms by up to
+  // this step's and the next one's bracket (a preemption there on a loaded host).
+  double boundary_ms = 0;
 };
 
 // Runs the workload; returns one result per step. Throws std::runtime_error on a CUDA/NCCL
