@@ -423,8 +423,9 @@ std::map<size_t, int> lastArriverPerStep(const JobModel& job) {
   for (const auto& [rank, r] : job.ranks()) starts[rank] = job.stepStarts(rank);
   std::map<size_t, std::map<int, size_t>> lasts;  // step -> rank -> collectives it came last to
   for (const CollectiveInstance& c : completeCollectives(job)) {
-    const auto& [last_rank, last_op] = c.members[c.last];
-    const auto same = std::count_if(c.members.begin(), c.members.end(), [&](const auto& m) {
+    const int last_rank = c.members[c.last].first;
+    const Op* last_op = c.members[c.last].second;
+    const auto same = std::count_if(c.members.begin(), c.members.end(), [last_op](const auto& m) {
       return m.second->start == last_op->start;
     });
     if (same > 1) continue;  // nobody came last
