@@ -1,14 +1,17 @@
 // The simulated cuBLAS/cuBLASLt: GEMM kernels take the time of the cost model, computed here
 // independently from the formula in gemm_model.h.
+#include <gtest/gtest.h>
+
 #include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
-#include <gtest/gtest.h>
 
-#include "src/sim/testing/sim_kernels.h"
-
+#include <atomic>
 #include <cmath>
 #include <functional>
+#include <thread>
+
+#include "src/sim/testing/sim_kernels.h"
 
 namespace {
 
@@ -22,7 +25,10 @@ double expectedMs(double m, double n, double k, double batch, int elt_bytes, dou
   return 1e3 * (3e-6 + 2 * m * n * k * batch / (peak_tflops * 1e12 * eff));
 }
 
-// GEMMs are queued behind a busy kernel, so event times show their durations only.
+// GEMMs are queued behind a busy kernel, so event times show their durations only; the busy
+// kernel itself waits behind a gate (a host function that returns once the test has queued the
+// whole measurement), so no host delay can let the stream run dry before the GEMM is queued (a
+// host preempted for longer than the busy kernel, under a CPU hog, added 15 µs once).
 constexpr double kLaunchLatencyMs = 0.0;
 
 flare::sim::testing::SimKernel& busyKernel() {
@@ -31,6 +37,10 @@ flare::sim::testing::SimKernel& busyKernel() {
       (flare::sim::testing::registerKernel(k, "_Z4busyy", FLARE_SIM_COST_NANOS), true);
   (void)once;
   return k;
+}
+
+void waitForGate(void* open) {
+  while (!static_cast<std::atomic<bool>*>(open)->load()) std::this_thread::yield();
 }
 
 class SimBlas : public ::testing::Test {
@@ -42,10 +52,13 @@ class SimBlas : public ::testing::Test {
   }
   void TearDown() override { cudaStreamDestroy(stream_); }
   float timed(const std::function<void()>& fn) {
+    std::atomic<bool> open{false};
+    cudaLaunchHostFunc(stream_, waitForGate, &open);
     flare::sim::testing::launch(busyKernel(), 3'000'000, stream_);
     cudaEventRecord(start_, stream_);
     fn();
     cudaEventRecord(end_, stream_);
+    open = true;
     EXPECT_EQ(cudaEventSynchronize(end_), cudaSuccess);
     float ms = 0;
     cudaEventElapsedTime(&ms, start_, end_);
@@ -96,8 +109,8 @@ TEST_F(SimBlas, StridedBatchedAndSgemm) {
   float alpha = 1, beta = 0;
   float ms = timed([&] {
     EXPECT_EQ(cublasGemmStridedBatchedEx(h, CUBLAS_OP_N, CUBLAS_OP_T, 2048, 2048, 128, &alpha,
-                                         nullptr, CUDA_R_16BF, 2048, 0, nullptr, CUDA_R_16BF,
-                                         2048, 0, &beta, nullptr, CUDA_R_16BF, 2048, 0, 32,
+                                         nullptr, CUDA_R_16BF, 2048, 0, nullptr, CUDA_R_16BF, 2048,
+                                         0, &beta, nullptr, CUDA_R_16BF, 2048, 0, 32,
                                          CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
               CUBLAS_STATUS_SUCCESS);
   });
@@ -109,8 +122,8 @@ TEST_F(SimBlas, StridedBatchedAndSgemm) {
   });
   EXPECT_NEAR(sgemm, expectedMs(1024, 1024, 1024, 1, 4, 400 * 0.5) + kLaunchLatencyMs, 0.001);
   EXPECT_EQ(cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, -1, 4, 4, &alpha, nullptr, CUDA_R_16F, 4,
-                         nullptr, CUDA_R_16F, 4, &beta, nullptr, CUDA_R_16F, 4,
-                         CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                         nullptr, CUDA_R_16F, 4, &beta, nullptr, CUDA_R_16F, 4, CUBLAS_COMPUTE_32F,
+                         CUBLAS_GEMM_DEFAULT),
             CUBLAS_STATUS_INVALID_VALUE);
   cublasDestroy(h);
 }
@@ -125,9 +138,9 @@ TEST_F(SimBlas, LtMatmulReadsShapeFromDescriptors) {
             CUBLAS_STATUS_SUCCESS);
   int32_t got = 0;
   size_t written = 0;
-  ASSERT_EQ(cublasLtMatmulDescGetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &got, sizeof(got),
-                                           &written),
-            CUBLAS_STATUS_SUCCESS);
+  ASSERT_EQ(
+      cublasLtMatmulDescGetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &got, sizeof(got), &written),
+      CUBLAS_STATUS_SUCCESS);
   EXPECT_EQ(got, CUBLAS_OP_T);
   EXPECT_EQ(written, sizeof(int32_t));
   // D (m x n) = op(A) (m x k) * B (k x n), A stored transposed as k x m.
@@ -146,8 +159,8 @@ TEST_F(SimBlas, LtMatmulReadsShapeFromDescriptors) {
             CUBLAS_STATUS_INVALID_VALUE);
   float alpha = 1, beta = 0;
   float ms = timed([&] {
-    EXPECT_EQ(cublasLtMatmul(lt, op, &alpha, nullptr, a, nullptr, b, &beta, nullptr, c, nullptr,
-                             c, nullptr, nullptr, 0, stream_),
+    EXPECT_EQ(cublasLtMatmul(lt, op, &alpha, nullptr, a, nullptr, b, &beta, nullptr, c, nullptr, c,
+                             nullptr, nullptr, 0, stream_),
               CUBLAS_STATUS_SUCCESS);
   });
   EXPECT_NEAR(ms, expectedMs(m, n, k, 2, 2, 400) + kLaunchLatencyMs, 0.001);
