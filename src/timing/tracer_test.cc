@@ -146,6 +146,7 @@ class TracerTest : public ::testing::Test {
     tracer.end(&ticket, info);
     return true;
   }
+  int64_t completeOpNow(Tracer& tracer, int id);
 
   common::FakeClock clock_{1'000'000'000};
   FakeDeviceTimer timer_{&clock_};
@@ -360,6 +361,16 @@ TEST_F(TracerTest, ClockMappingFollowsRecalibrationAndDevices) {
   EXPECT_EQ(timer_.misuse(), 0);  // no elapsedNs across devices, no event of the wrong device
 }
 
+// Launches op `id` on stream A, completes it 5 µs from now for 3 µs, drains the tracer and
+// returns its host start (what a tight reference maps it to).
+int64_t TracerTest::completeOpNow(Tracer& tracer, int id) {
+  EXPECT_TRUE(launch(tracer, kStreamA, opInfo(id)));
+  const int64_t host = clock_.nowNs() + 5'000;
+  EXPECT_TRUE(timer_.completeOp(kStreamA, host, host + 3'000));
+  EXPECT_TRUE(tracer.drain(kLongWait));
+  return host;
+}
+
 TEST_F(TracerTest, ALooseReferenceIsTakenAgainAndTheTighterOneMapsTimes) {
   // The poller is preempted for 700 µs right after recording the first reference: mapped with
   // it, every time would be late. The reference is taken again 50 ms later, tight, and replaces
@@ -368,13 +379,7 @@ TEST_F(TracerTest, ALooseReferenceIsTakenAgainAndTheTighterOneMapsTimes) {
   timer_.afterNextReference([this] { clock_.advanceNs(700'000); });
   TracerOptions opts = quietOptions();
   Tracer tracer(&timer_, &clock_, &sink_, opts);
-  auto opNow = [&](int id) {
-    EXPECT_TRUE(launch(tracer, kStreamA, opInfo(id)));
-    const int64_t host = clock_.nowNs() + 5'000;
-    EXPECT_TRUE(timer_.completeOp(kStreamA, host, host + 3'000));
-    EXPECT_TRUE(tracer.drain(kLongWait));
-    return host;
-  };
+  auto opNow = [&](int id) { return completeOpNow(tracer, id); };
   const int64_t first = opNow(1);  // the first pass records the loose reference (adopted)
   EXPECT_EQ(timer_.references(), 1);
   clock_.advanceNs(10'000'000);
@@ -403,13 +408,7 @@ TEST_F(TracerTest, AReferenceTensOfMicrosecondsLateIsTakenAgain) {
   timer_.afterNextReference([this] { clock_.advanceNs(44'000); });
   TracerOptions opts = quietOptions();
   Tracer tracer(&timer_, &clock_, &sink_, opts);
-  auto opNow = [&](int id) {
-    EXPECT_TRUE(launch(tracer, kStreamA, opInfo(id)));
-    const int64_t host = clock_.nowNs() + 5'000;
-    EXPECT_TRUE(timer_.completeOp(kStreamA, host, host + 3'000));
-    EXPECT_TRUE(tracer.drain(kLongWait));
-    return host;
-  };
+  auto opNow = [&](int id) { return completeOpNow(tracer, id); };
   const int64_t first = opNow(1);
   EXPECT_EQ(timer_.references(), 1);
   clock_.advanceNs(50'000'000);
