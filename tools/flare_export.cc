@@ -11,7 +11,9 @@
 // of kind "span": name (API), id, parent, thread, start/end/duration, and gc_* for collections.
 // Kernel summaries (FLARE_MODE=summary) are lines of kind "summary": op_kind, name, dtype, shape,
 // stream, device, window_start_ns/window_end_ns and clusters [{count, p50_ns, p99_ns, sum_ns}],
-// and "sampled_ops" when the counts are estimates from that many timed launches.
+// and "sampled_ops" when the counts are estimates from that many timed launches. The rank's
+// per-step statistics (FLARE_MODE=summary) are lines of kind "step": start/end/duration,
+// gpu_busy_ns, inter_ns, minority_ns, gpu_ops, late_ops, and run_queue_wait_ns when measured.
 // Exit 1 when a file is unreadable (the others are still printed), 2 on bad arguments.
 #include <algorithm>
 #include <cctype>
@@ -106,6 +108,22 @@ int main(int argc, char** argv) {
                       sp.gc().generation(), static_cast<long long>(sp.gc().collected()),
                       static_cast<long long>(sp.gc().uncollectable()));
         }
+        std::printf("}\n");
+      }
+      for (const auto& st : b.step_stats()) {
+        std::printf(
+            "{\"job\":%s,\"rank\":%d,\"kind\":\"step\",\"start_ns\":%lld,\"end_ns\":%lld,"
+            "\"duration_ns\":%lld,\"gpu_busy_ns\":%lld,\"inter_ns\":%lld,\"minority_ns\":%lld,"
+            "\"gpu_ops\":%llu,\"late_ops\":%llu",
+            flare::common::jsonQuote(job).c_str(), b.rank(), static_cast<long long>(st.start_ns()),
+            static_cast<long long>(st.end_ns()),
+            static_cast<long long>(st.end_ns() - st.start_ns()),
+            static_cast<long long>(st.gpu_busy_ns()), static_cast<long long>(st.inter_ns()),
+            static_cast<long long>(st.minority_ns()), static_cast<unsigned long long>(st.gpu_ops()),
+            static_cast<unsigned long long>(st.late_ops()));
+        if (st.has_run_queue_wait_ns())
+          std::printf(",\"run_queue_wait_ns\":%lld",
+                      static_cast<long long>(st.run_queue_wait_ns()));
         std::printf("}\n");
       }
       for (const auto& k : b.kernels()) {

@@ -75,6 +75,9 @@ std::string stepStatsError(const v1::StepStats& st, const TimeLimits& limits, Re
         std::pair{"minority_ns", st.minority_ns()}}) {
     if (std::string e = check(field, v); !e.empty()) return e;
   }
+  if (st.has_run_queue_wait_ns()) {
+    if (std::string e = check("run_queue_wait_ns", st.run_queue_wait_ns()); !e.empty()) return e;
+  }
   if (st.gpu_ops() > (1ULL << 40) || !std::isfinite(st.issue_latency_sum_ns()) ||
       !std::isfinite(st.issue_offset_sum_ns())) {
     return "step statistics: gpu_ops or an issue-latency sum out of range";

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <climits>
+#include <cmath>
+#include <iterator>
 #include <set>
 
 namespace flare::records {
@@ -22,6 +24,47 @@ void StepAccumulator::addGpuOp(int64_t issue, int64_t start, int64_t end, bool k
     overflow_ops_ += static_cast<uint64_t>(half);
   }
   ops_.push_back({StepOp{issue, start, std::max(start, end), kernel}, thread, weight});
+  auto [seen, inserted] = last_issue_seen_.try_emplace(thread, issue);
+  if (!inserted) seen->second = std::max(seen->second, issue);
+}
+
+void StepAccumulator::addRunQueueWait(uint64_t thread, int64_t t, int64_t waited_ns) {
+  std::vector<std::pair<int64_t, int64_t>>& readings = run_queue_[thread];
+  if (!readings.empty() && (t <= readings.back().first || waited_ns < readings.back().second))
+    return;  // out of order, or a counter that went back (a reused thread id)
+  if (readings.size() >= max_ops_) readings.erase(readings.begin(), readings.begin() + 1);
+  readings.emplace_back(t, waited_ns);
+}
+
+int64_t StepAccumulator::runQueueWait(int64_t s0, int64_t s1) const {
+  // The counter at time t, linear between readings (held flat outside them).
+  auto at = [](const std::vector<std::pair<int64_t, int64_t>>& r, int64_t t) -> double {
+    auto hi = std::lower_bound(
+        r.begin(), r.end(), t,
+        [](const std::pair<int64_t, int64_t>& x, int64_t v) { return x.first < v; });
+    if (hi == r.begin()) return static_cast<double>(r.front().second);
+    if (hi == r.end()) return static_cast<double>(r.back().second);
+    const auto& lo = *std::prev(hi);
+    const double f = static_cast<double>(t - lo.first) / static_cast<double>(hi->first - lo.first);
+    return static_cast<double>(lo.second) + f * static_cast<double>(hi->second - lo.second);
+  };
+  std::set<uint64_t> issuers;
+  for (const PendingOp& p : ops_)
+    if (p.op.issue >= s0 && p.op.issue < s1) issuers.insert(p.thread);
+  int64_t most = -1;
+  for (uint64_t thread : issuers) {
+    auto it = run_queue_.find(thread);
+    if (it == run_queue_.end() || it->second.empty()) continue;
+    const auto& r = it->second;
+    // A reading at or before the step's start, and one after it: a thread first read inside
+    // the step is not measured there. Past the newest reading the counter is held (a step
+    // taken within the reading period of its end may miss that part of the wait).
+    if (r.front().first > s0 || r.back().first <= s0) continue;
+    const double waited = at(r, s1) - at(r, s0);
+    most =
+        std::max(most, std::clamp(static_cast<int64_t>(std::llround(waited)), int64_t{0}, s1 - s0));
+  }
+  return most;
 }
 
 void StepAccumulator::addHostEvent(int64_t start, int64_t end, uint64_t thread,
@@ -78,6 +121,7 @@ StepResult StepAccumulator::computeStep(int64_t s0, int64_t s1) {
     sampled = sampled || p.weight > 1;
   }
   if (sampled) result.gpu_ops_estimated = weights;
+  result.stats.run_queue_wait_ns = runQueueWait(s0, s1);
 
   // Causes: per thread, the launches in issue order (earlier steps' latest launch first).
   std::map<uint64_t, std::vector<const PendingOp*>> by_thread;
@@ -137,6 +181,18 @@ void StepAccumulator::forgetBefore(int64_t s0, int64_t s1) {
     it = it->second.empty() ? host_.erase(it) : std::next(it);
   }
   std::erase_if(loader_, [s1](const StepSpan& s) { return s.start < s1; });
+  // Run-queue readings: those from the newest one at or before s1 on (the next step's start).
+  for (auto it = run_queue_.begin(); it != run_queue_.end();) {
+    auto& r = it->second;
+    auto first_after = std::upper_bound(
+        r.begin(), r.end(), s1,
+        [](int64_t v, const std::pair<int64_t, int64_t>& x) { return v < x.first; });
+    if (first_after != r.begin()) r.erase(r.begin(), std::prev(first_after));
+    const bool issuing = last_issue_seen_.count(it->first) != 0;
+    it = r.empty() || (!issuing && r.back().first < s1) ? run_queue_.erase(it) : std::next(it);
+  }
+  // A thread that issued nothing since the step just taken began is no longer read.
+  std::erase_if(last_issue_seen_, [s0](const auto& kv) { return kv.second < s0; });
 }
 
 std::vector<StepResult> StepAccumulator::take(bool final) {

@@ -68,6 +68,14 @@ class StepAccumulator {
   // A DataLoader `__next__` span (also a host event: add it there too).
   void addLoaderSpan(int64_t start, int64_t end);
   void addStepMarker(int64_t t);
+  // A reading of a thread's cumulative run-queue wait (ns runnable but not running, Linux
+  // schedstat) at monotonic time t; a thread's readings come in time order. A step's
+  // run_queue_wait_ns is the most any thread that issued its ops waited inside the step, the
+  // counter interpolated linearly between readings to the step's bounds (held past the newest);
+  // -1 when no such thread has a reading at or before the step's start and one after it.
+  void addRunQueueWait(uint64_t thread, int64_t t, int64_t waited_ns);
+  // The threads that issued GPU ops recently (whose run-queue wait the owner reads).
+  const std::map<uint64_t, int64_t>& issuingThreads() const { return last_issue_seen_; }
 
   // Every op issued before `issued_before_ns` has been added (the Tracer's watermark): a step
   // that ends at or before it is final. Without a watermark, steps leave with kSlackSteps of
@@ -99,17 +107,21 @@ class StepAccumulator {
     return markers_.empty() && !saw_marker_ ? loader_starts_ : markers_;
   }
   StepResult computeStep(int64_t s0, int64_t s1);
+  int64_t runQueueWait(int64_t s0, int64_t s1) const;
   void forgetBefore(int64_t s0, int64_t s1);
 
   size_t max_ops_;
   std::vector<PendingOp> ops_;
   std::map<uint64_t, std::vector<HostEvent>> host_;  // thread → events (unsorted)
   std::vector<StepSpan> loader_;
-  std::vector<int64_t> loader_starts_;      // sorted, not taken yet
-  std::vector<int64_t> markers_;            // sorted, not taken yet
-  bool saw_marker_ = false;                 // markers decide the boundaries from the first on
-  int64_t taken_until_ = INT64_MIN;         // end of the last step taken
-  std::map<uint64_t, int64_t> last_issue_;  // thread → latest launch of a taken step
+  std::vector<int64_t> loader_starts_;           // sorted, not taken yet
+  std::vector<int64_t> markers_;                 // sorted, not taken yet
+  bool saw_marker_ = false;                      // markers decide the boundaries from the first on
+  int64_t taken_until_ = INT64_MIN;              // end of the last step taken
+  std::map<uint64_t, int64_t> last_issue_;       // thread → latest launch of a taken step
+  std::map<uint64_t, int64_t> last_issue_seen_;  // thread → latest launch added (any step)
+  // thread → (t, cumulative run-queue wait) readings, oldest first
+  std::map<uint64_t, std::vector<std::pair<int64_t, int64_t>>> run_queue_;
   std::vector<std::string> names_;
   std::map<std::string, uint32_t> name_index_;
   uint64_t late_ops_ = 0;

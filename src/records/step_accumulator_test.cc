@@ -165,6 +165,47 @@ TEST(StepAccumulator, SampledOpsGiveAnEstimatedOpCount) {
   EXPECT_EQ(r[1].gpu_ops_estimated, 0u);
 }
 
+// Run-queue wait: the counter interpolated to the step's bounds, the most of any thread that
+// issued the step's ops; a step whose issuing threads have no readings around it says -1 (not
+// measured), never 0.
+TEST(StepAccumulator, RunQueueWaitOfTheIssuingThreads) {
+  StepAccumulator acc;
+  for (int64_t b : {1000, 2000, 3000, 4000, 5000, 6000}) acc.addStepMarker(b);
+  acc.addGpuOp(1100, 1200, 1300, true, /*thread=*/7);
+  acc.addGpuOp(1500, 1600, 1700, true, /*thread=*/8);
+  acc.addGpuOp(2100, 2200, 2300, true, 7);
+  acc.addGpuOp(3100, 3200, 3300, true, 9);  // thread 9 is never read
+  // Thread 7 waits 100 ns over [500, 1500) and 400 ns over [1500, 2500): 50 + 200 in
+  // [1000, 2000); thread 8 waits 600 ns over [900, 2100): 500 in [1000, 2000).
+  acc.addRunQueueWait(7, 500, 1000);
+  acc.addRunQueueWait(7, 1500, 1100);
+  acc.addRunQueueWait(7, 2500, 1500);
+  acc.addRunQueueWait(8, 900, 0);
+  acc.addRunQueueWait(8, 2100, 600);
+  acc.addRunQueueWait(8, 2050, 9999);  // out of order: ignored
+  acc.addRunQueueWait(9, 3900, 50);    // first read inside step 3: not measured there
+  auto r = acc.take(false);
+  ASSERT_EQ(r.size(), 3u);
+  EXPECT_EQ(r[0].stats.run_queue_wait_ns, 500);  // thread 8's, the most
+  EXPECT_EQ(r[1].stats.run_queue_wait_ns, 200);  // thread 7: [2000, 2500) of its 400, then flat
+  EXPECT_EQ(r[2].stats.run_queue_wait_ns, -1);   // thread 9: no reading before the step
+  // No reading after the step's start: not measured.
+  StepAccumulator late;
+  for (int64_t b : {100, 200, 300, 400}) late.addStepMarker(b);
+  late.addGpuOp(110, 120, 130, false, 3);
+  late.addRunQueueWait(3, 50, 10);
+  auto l = late.take(false);
+  ASSERT_EQ(l.size(), 1u);
+  EXPECT_EQ(l[0].stats.run_queue_wait_ns, -1);
+  // A step's wait never exceeds its length (a counter read across a thread-id reuse).
+  StepAccumulator big;
+  for (int64_t b : {100, 200, 300, 400}) big.addStepMarker(b);
+  big.addGpuOp(110, 120, 130, false, 4);
+  big.addRunQueueWait(4, 90, 0);
+  big.addRunQueueWait(4, 210, 1'000'000);
+  EXPECT_EQ(big.take(false).at(0).stats.run_queue_wait_ns, 100);
+}
+
 // With the Tracer's watermark a step leaves as soon as every op issued in it has completed,
 // however far the GPU lags (no op lost as late), and a stuck stream delays it at most
 // kMaxSlackSteps.

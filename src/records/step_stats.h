@@ -11,7 +11,8 @@
 //   - gpu_busy_ns: union of GPU op intervals clipped to the step;
 //   - gpu_ops, issue_latency_sum_ns, issue_offset_sum_ns: the GPU ops *issued* in the step, as
 //     stepIssueLatency sums them for the paired stall test;
-//   - latency: a LatencySketch of those ops' issue latencies (mergeable across steps/ranks).
+//   - latency: a LatencySketch of those ops' issue latencies (mergeable across steps/ranks);
+//   - run_queue_wait_ns: rank side only (summary mode), from the issuing threads' schedstat.
 // Pure functions: no globals, no I/O; thread-compatible. Inputs are borrowed, output owned.
 #pragma once
 
@@ -48,6 +49,9 @@ struct StepStats {
   double issue_latency_sum_ns = 0;
   double issue_offset_sum_ns = 0;
   stats::LatencySketch latency{kStepSketchAccuracy};
+  // How long the step's issuing thread waited for a CPU while runnable (the most of any thread
+  // that issued its ops; StepAccumulator::addRunQueueWait); -1: not measured (raw mode).
+  int64_t run_queue_wait_ns = -1;
 
   static constexpr double kStepSketchAccuracy = 0.02;
   // What flared accepts of one step's host causes (StepStats.causes): at most this many, each

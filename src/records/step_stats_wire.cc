@@ -45,6 +45,7 @@ void encodeStepStats(const StepResult& r, const std::function<int64_t(int64_t)>&
   }
   out->set_late_ops(r.late_ops);
   out->set_gpu_ops_estimated(r.gpu_ops_estimated);
+  if (st.run_queue_wait_ns >= 0) out->set_run_queue_wait_ns(st.run_queue_wait_ns);
 }
 
 }  // namespace flare::records

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <memory>
 #include <string_view>
 #include <utility>
 
@@ -9,6 +10,7 @@
 #include "src/common/log.h"
 #include "src/records/op_kind.h"
 #include "src/records/step_stats_wire.h"
+#include "src/timing/run_queue.h"
 
 namespace flare::timing {
 namespace {
@@ -111,7 +113,24 @@ BatchBuilder::BatchBuilder(int rank, BatchBuilderOptions options, Emit emit)
     : rank_(rank),
       options_(std::move(options)),
       emit_(std::move(emit)),
-      aggregator_(options_.summary_window_ns) {}
+      aggregator_(options_.summary_window_ns) {
+  if (!options_.run_queue_wait) {
+    auto reader = std::make_shared<RunQueueReader>();
+    options_.run_queue_wait = [reader](uint32_t tid) { return reader->read(tid); };
+  }
+  if (!options_.now_ns) options_.now_ns = [] { return common::monotonicNs(); };
+}
+
+void BatchBuilder::readRunQueue() {
+  const int64_t now = options_.now_ns();
+  if (run_queue_read_ns_ != INT64_MIN && now - run_queue_read_ns_ < options_.run_queue_period_ns)
+    return;
+  run_queue_read_ns_ = now;
+  for (const auto& [thread, last_issue] : steps_.issuingThreads()) {
+    if (auto waited = options_.run_queue_wait(static_cast<uint32_t>(thread)))
+      steps_.addRunQueueWait(thread, now, *waited);
+  }
+}
 
 void BatchBuilder::openBatch() {
   batch_.Clear();
@@ -230,6 +249,7 @@ void BatchBuilder::noteStepBoundary() {
 }
 
 void BatchBuilder::addStepStats(bool final) {
+  readRunQueue();
   for (records::StepResult& r : steps_.take(final)) {
     if (!batch_open_) openBatch();
     flare::v1::StepStats* out = batch_.add_step_stats();

@@ -48,6 +48,13 @@ struct BatchBuilderOptions {
   // of the raw ops. Unset: raw.
   std::function<bool()> summary_mode;
   int64_t summary_window_ns = 1'000'000'000;
+  // MODE_SUMMARY: a thread's cumulative run-queue wait (ns) by its id, nullopt when unknown,
+  // and the monotonic clock its readings are taken at. Each thread that issues GPU ops is read
+  // at most every run_queue_period_ns (StepStats.run_queue_wait_ns). Default: a RunQueueReader
+  // (run_queue.h) and common::monotonicNs.
+  std::function<std::optional<int64_t>(uint32_t tid)> run_queue_wait;
+  std::function<int64_t()> now_ns;
+  int64_t run_queue_period_ns = 1'000'000;
 };
 
 class BatchBuilder {
@@ -82,6 +89,7 @@ class BatchBuilder {
   void addSummaries();            // the aggregator's open window, as KernelSummary messages
   void addStepStats(bool final);  // MODE_SUMMARY: the accumulator's completed steps
   void noteStepBoundary();        // MODE_SUMMARY: closes the warm-up's summary windows
+  void readRunQueue();            // MODE_SUMMARY: the issuing threads' run-queue wait, when due
 
   const int rank_;
   BatchBuilderOptions options_;
@@ -102,7 +110,8 @@ class BatchBuilder {
   bool accumulating_ = false;  // the mode of the last addOps/addSpans
   // Asks summary_mode(); a change of mode resets the step accumulator. True: MODE_SUMMARY.
   bool summarizing();
-  int boundaries_seen_ = 0;  // MODE_SUMMARY step boundaries seen, up to 2
+  int boundaries_seen_ = 0;                // MODE_SUMMARY step boundaries seen, up to 2
+  int64_t run_queue_read_ns_ = INT64_MIN;  // when the issuing threads were last read
   // kSync signatures: name, step marker?, summarised in MODE_SUMMARY (not a marker, not a
   // blocking "Synchronize" call)?
   struct SyncSignature {

@@ -282,5 +282,57 @@ TEST(BatchBuilderSummary, LoaderSpansBeforeTheFirstOpAreStepBoundaries) {
   EXPECT_EQ(steps, 4);  // five DataLoader calls: four complete steps
 }
 
+// Each step carries its issuing thread's run-queue wait: the thread is read when steps are
+// taken (at most every run_queue_period_ns), and the step gets the counter's growth over it.
+TEST(BatchBuilderSummary, StepsCarryTheIssuingThreadsRunQueueWait) {
+  std::vector<flare::v1::RecordBatch> out;
+  const int64_t t0 = common::monotonicNs();
+  constexpr int64_t kStep = 10'000'000;
+  int64_t now = t0;
+  std::vector<uint32_t> read;
+  BatchBuilderOptions opts;
+  opts.summary_mode = [] { return true; };
+  opts.now_ns = [&] { return now; };
+  opts.run_queue_wait = [&](uint32_t tid) -> std::optional<int64_t> {
+    read.push_back(tid);
+    if (tid != 7) return std::nullopt;
+    return (now - t0) / 5;  // thread 7 waits a fifth of the time: 2 ms a step
+  };
+  BatchBuilder builder(0, opts, [&](flare::v1::RecordBatch&& b) { out.push_back(std::move(b)); });
+  builder.addSignature(1, makeSig("elementwise_kernel", OpKind::kKernel));
+  builder.addSignature(2, makeSig("flare_step", OpKind::kSync));
+  for (int step = 0; step < 8; ++step) {
+    now = t0 + step * kStep + 3'000'000;
+    std::vector<CompletedOp> ops(3);
+    ops[0].info = info(2, OpKind::kSync);  // the step marker
+    ops[0].issue_ns = ops[0].start_ns = ops[0].end_ns = t0 + step * kStep;
+    for (int k = 1; k < 3; ++k) {
+      ops[k].info = info(1, OpKind::kKernel);
+      ops[k].thread_id = k == 1 ? 7 : 8;
+      ops[k].issue_ns = t0 + step * kStep + 1'000'000;
+      ops[k].start_ns = ops[k].issue_ns + 100'000;
+      ops[k].end_ns = ops[k].start_ns + 1'000'000;
+    }
+    builder.addOps(ops);
+  }
+  builder.finish();
+  // Seven steps: the first not measured (its thread was first read inside it), the others
+  // 2 ms each (the epoch conversion of the bounds may round by a nanosecond).
+  std::vector<std::optional<int64_t>> waits;
+  for (const auto& b : out) {
+    for (const auto& st : b.step_stats()) {
+      waits.push_back(st.has_run_queue_wait_ns() ? std::optional(st.run_queue_wait_ns())
+                                                 : std::nullopt);
+    }
+  }
+  ASSERT_EQ(waits.size(), 7u);
+  EXPECT_FALSE(waits[0].has_value());
+  for (size_t i = 1; i < waits.size(); ++i) {
+    ASSERT_TRUE(waits[i].has_value()) << i;
+    EXPECT_NEAR(*waits[i], 2'000'000, 2) << i;
+  }
+  EXPECT_NE(std::find(read.begin(), read.end(), 8u), read.end());  // both issuing threads read
+}
+
 }  // namespace
 }  // namespace flare::timing

@@ -13,6 +13,7 @@ summary mode nothing is refused, every step is present and a healthy fixture rai
 import collections
 import gzip
 import json
+import statistics
 import os
 import subprocess
 import tarfile
@@ -411,10 +412,24 @@ def test_summary_mode_through_flared_keeps_every_step_and_raises_nothing(
                                    % job))
     for r, row in zip(series["ranks"], series["vInter"]):
         assert sum(1 for v in row if v is not None) == want, (r, row)
+    # ... and its run-queue wait: summary mode reads the issuing thread's schedstat every step.
+    waits = [v for row in series["runQueueWaitNs"] for v in row[1:] if v is not None]
+    assert len(waits) >= ranks * (want - 2), series["runQueueWaitNs"]
     found = json.loads(flared.get("/api/v1/jobs/%s/diagnoses" % job))["diagnoses"]
-    assert found == [], [(d["kind"], d.get("ranks"), d.get("summary", "")[:200]) for d in found]
+    # The replay's ranks and their simulated GPUs' threads share this machine's CPUs: on a
+    # 2-core machine each rank's issuing thread waits for a CPU for a third or more of every
+    # step. The recorded job is healthy, so nothing on its GPU or links may be named; a host
+    # finding (issue_stall, cpu_contention) is the machine's, accepted only where the ranks
+    # were measured waiting for a CPU at least 10% of the step (median, series runQueueWaitNs).
+    steps = [v for row in series["stepTimeNs"] for v in row[1:] if v is not None]
+    oversubscribed = statistics.median(waits) >= 0.1 * statistics.median(steps)
+    host = [d for d in found if d["kind"] in ("issue_stall", "cpu_contention")]
+    shown = [(d["kind"], d.get("ranks"), d.get("summary", "")[:200]) for d in found]
+    assert [d for d in found if d not in host] == [], shown
+    assert not host or oversubscribed, (shown, statistics.median(waits), statistics.median(steps))
     alerts = json.loads(flared.get("/api/v1/alerts?job=" + job)).get("alerts", [])
-    assert alerts == [], alerts
+    assert [a for a in alerts if a.get("kind") not in ("issue_stall", "cpu_contention")] == [], alerts
+    assert not alerts or oversubscribed, alerts
 
 
 def test_the_launcher_checks_trace_options(build_dir, tmp_path):

@@ -113,7 +113,7 @@ TEST(DetectorRegistry, BuiltinListsEveryKindUnderUniqueNames) {
     order.push_back(std::string(d->name()));
     EXPECT_EQ(registry.find(d->name()), d.get());
   }
-  EXPECT_EQ(kinds, (std::set<std::string>{"gpu_slow", "link_slow", "issue_stall",
+  EXPECT_EQ(kinds, (std::set<std::string>{"gpu_slow", "link_slow", "issue_stall", "cpu_contention",
                                           "issue_latency_regression", "void_inter", "void_minority",
                                           "unoptimized_gemm"}));
   // issue_stall defers to gpu_slow (view.earlier()): both gpu_slow detectors run before it.

@@ -4,7 +4,9 @@
 // issues each step's work later than its peers (the paired per-step test); the cause is the
 // traced API that held the host before the starved kernels, or whose host time per step exceeds
 // the other ranks' (docs/metrics.md). A rank already named GPU-slow is not named: its slow GPU
-// shifts its own host timing, which these signals can read as a stall.
+// shifts its own host timing, which these signals can read as a stall. A stall whose cost is
+// mostly run-queue wait beyond the other ranks' (the issuing thread runnable but without a CPU;
+// summary mode measures it) is reported as cpu_contention, for operations.
 
 #include <algorithm>
 #include <cmath>
@@ -124,6 +126,7 @@ void detectIssueStall(const JobModel& job, const DiagnoseOptions& opt,
       delays.size() >= 3 ? tukeyUpperFence(delays, opt.tukey_alpha) : INFINITY;
   std::optional<Starved> all_starved;  // pooled_reference: every rank's, summed
   std::optional<std::map<int, std::map<std::string, double>>> api_time;  // apiTimePerStep
+  std::optional<std::map<int, double>> run_queue;                        // runQueueWaitPerStep
   std::map<std::string, int> all_counts;
   for (const auto& [rank, s] : score) {
     const double floor = std::max(opt.issue_w1_floor_ns, 0.2 * std::abs(others_median[rank]));
@@ -293,6 +296,41 @@ void detectIssueStall(const JobModel& job, const DiagnoseOptions& opt,
                 (named.empty() ? std::string(" (no traced API ran just before; trace GC and "
                                              "suspects with TRACED_PYTHON_API)")
                                : " (likely cause: " + named + ")");
+    // CPU contention: the host fell behind because its issuing thread waited for a CPU (run
+    // queue), not because the training code kept it busy — at least half of what the stall
+    // cost (its excess GPU idle, else its paired delay) is run-queue wait beyond the other
+    // ranks'. The machine's to fix (operations), whatever the code did meanwhile.
+    if (!run_queue) run_queue = runQueueWaitPerStep(job);
+    if (auto mine = run_queue->find(rank); mine != run_queue->end() && run_queue->size() >= 2) {
+      std::vector<double> others;
+      for (const auto& [o, w] : *run_queue)
+        if (o != rank) others.push_back(w);
+      const double others_wait = median(others);
+      const double excess_wait = mine->second - others_wait;
+      const double cost =
+          idle_excess > 0
+              ? idle_excess
+              : (pair != nullptr && pair->median_delay_ns > 0 ? pair->median_delay_ns : 0.0);
+      if (excess_wait > 0 && cost > 0 && excess_wait >= 0.5 * cost) {
+        d.kind = "cpu_contention";
+        d.team = Team::kOperations;
+        d.cause = "CPU contention";
+        d.evidence.insert(
+            d.evidence.begin(),
+            {"run_queue_wait",
+             "its issuing thread waited for a CPU " + fmtMs(mine->second) +
+                 " per step (run queue, median) vs " + fmtMs(others_wait) +
+                 " on the other ranks: " + fmtPct(std::min(1.0, excess_wait / cost)) + " of the " +
+                 fmtMs(cost) + (idle_excess > 0 ? " of extra GPU idle" : " of issue delay") +
+                 " per step",
+             mine->second, others_wait});
+        d.summary = "rank " + std::to_string(rank) + ": its host waits for a CPU — " +
+                    fmtMs(excess_wait) +
+                    " per step more than the other ranks', which starves its GPU; the machine's "
+                    "CPUs are oversubscribed for this rank (other processes, too few cores per "
+                    "rank, or its CPU affinity)";
+      }
+    }
     out->push_back(std::move(d));
   }
 }
@@ -300,7 +338,7 @@ void detectIssueStall(const JobModel& job, const DiagnoseOptions& opt,
 class IssueStallDetector final : public Detector {
  public:
   std::string_view name() const override { return "issue_stall"; }
-  std::vector<std::string_view> kinds() const override { return {"issue_stall"}; }
+  std::vector<std::string_view> kinds() const override { return {"issue_stall", "cpu_contention"}; }
   DetectorNeeds needs() const override {
     DetectorNeeds n;
     n.window = Window::kRecent;

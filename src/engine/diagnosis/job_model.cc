@@ -208,6 +208,7 @@ void JobModel::addBatch(int rank, const flare::v1::RecordBatch& batch) {
     rs.stats.gpu_ops = st.gpu_ops();
     rs.stats.issue_latency_sum_ns = st.issue_latency_sum_ns();
     rs.stats.issue_offset_sum_ns = st.issue_offset_sum_ns();
+    rs.stats.run_queue_wait_ns = st.has_run_queue_wait_ns() ? st.run_queue_wait_ns() : -1;
     rs.stats.latency = std::move(*latency);
     for (const auto& c : st.causes()) {
       auto sketch = stats::LatencySketch::deserialize(std::span(
@@ -731,6 +732,7 @@ std::vector<records::StepStats> JobModel::stepStats(int rank) const {
       o.gpu_ops = st.stats.gpu_ops;
       o.issue_latency_sum_ns = st.stats.issue_latency_sum_ns;
       o.issue_offset_sum_ns = st.stats.issue_offset_sum_ns;
+      o.run_queue_wait_ns = st.stats.run_queue_wait_ns;
       o.step = stepIndex(starts, st.stats.start_ns, st.stats.end_ns);
     }
     std::sort(out.begin(), out.end(), [](const records::StepStats& a, const records::StepStats& b) {

@@ -267,8 +267,10 @@ void addGcSpans(flare::v1::RecordBatch* b) {
 }
 
 // What summary mode sends of a raw batch: tables, spans and step markers as they are, every
-// other op only through the rank's StepAccumulator (one StepStats per step).
-flare::v1::RecordBatch asSummary(const flare::v1::RecordBatch& raw) {
+// other op only through the rank's StepAccumulator (one StepStats per step). With
+// `run_queue_wait` >= 0, the issuing thread is read at every step marker and has waited that
+// long for a CPU in each step.
+flare::v1::RecordBatch asSummary(const flare::v1::RecordBatch& raw, int64_t run_queue_wait = -1) {
   flare::v1::RecordBatch out;
   out.set_rank(raw.rank());
   *out.mutable_signatures() = raw.signatures();
@@ -279,10 +281,12 @@ flare::v1::RecordBatch asSummary(const flare::v1::RecordBatch& raw) {
   records::StepAccumulator acc;
   for (const auto& sp : raw.spans())
     acc.addHostEvent(sp.start_ns(), sp.end_ns(), sp.thread_id(), apis[sp.api_id()]);
+  int64_t markers = 0;
   for (const auto& k : raw.kernels()) {
     if (k.signature_id() == 1) {
       *out.add_kernels() = k;
       acc.addStepMarker(k.start_ns());
+      if (run_queue_wait >= 0) acc.addRunQueueWait(0, k.start_ns(), markers++ * run_queue_wait);
     } else {
       acc.addGpuOp(k.issue_ns(), k.start_ns(), k.end_ns(), true, k.thread_id());
     }
@@ -291,6 +295,15 @@ flare::v1::RecordBatch asSummary(const flare::v1::RecordBatch& raw) {
     records::encodeStepStats(
         r, [](int64_t t) { return t; }, out.add_step_stats());
   return out;
+}
+
+// Rank 4's stall (2 ms before kernel 5 of every step) in summary mode, each rank's issuing
+// thread waiting `others_wait` for a CPU per step and rank 4's `stalled_wait`.
+JobModel buildWithRunQueue(int64_t stalled_wait, int64_t others_wait) {
+  JobModel m;
+  for (int r = 0; r < 8; ++r)
+    m.addBatch(r, asSummary(rankBatch(r, 4, 2'000'000), r == 4 ? stalled_wait : others_wait));
+  return m;
 }
 
 JobModel buildWithGc(bool summary) {
@@ -346,6 +359,31 @@ TEST(PairedStall, SummaryModeStepStatsGiveTheRawFiguresAndDiagnosis) {
   ASSERT_EQ(starved.size(), 2u);
   EXPECT_GE(starved[0], 50);
   EXPECT_NEAR(starved[1], starved[0], 0.1 * starved[0]);
+}
+
+// A stall whose time the rank's issuing thread spent waiting for a CPU (run queue, beyond the
+// other ranks') is the machine's: cpu_contention, for operations, citing the wait. The same
+// stall with no more wait than its peers' stays the code's issue_stall (algorithm).
+TEST(PairedStall, AStallSpentInTheRunQueueIsCpuContention) {
+  const auto contended = diagnose(buildWithRunQueue(2'000'000, 100'000), DiagnoseOptions{});
+  ASSERT_EQ(contended.size(), 1u);
+  EXPECT_EQ(contended[0].kind, "cpu_contention");
+  EXPECT_EQ(contended[0].team, Team::kOperations);
+  EXPECT_EQ(contended[0].ranks, std::vector<int>{4});
+  ASSERT_FALSE(contended[0].evidence.empty());
+  EXPECT_EQ(contended[0].evidence[0].metric, "run_queue_wait");
+  EXPECT_DOUBLE_EQ(contended[0].evidence[0].value, 2'000'000);
+  EXPECT_DOUBLE_EQ(contended[0].evidence[0].reference, 100'000);
+  EXPECT_NE(contended[0].summary.find("waits for a CPU"), std::string::npos)
+      << contended[0].summary;
+
+  for (int64_t wait : {int64_t{100'000}, int64_t{-1}}) {  // the peers' wait; not measured
+    const auto found = diagnose(buildWithRunQueue(wait, wait), DiagnoseOptions{});
+    ASSERT_EQ(found.size(), 1u) << wait;
+    EXPECT_EQ(found[0].kind, "issue_stall") << wait;
+    EXPECT_EQ(found[0].team, Team::kAlgorithm);
+    for (const Evidence& e : found[0].evidence) EXPECT_NE(e.metric, "run_queue_wait");
+  }
 }
 
 }  // namespace

@@ -45,22 +45,25 @@ LatencyQuantiles quantilesOf(std::vector<double>& v, const std::vector<double>& 
   return q;
 }
 
-// Per step interval of one rank: step time, V_inter, V_minority, from the shared per-step
-// definition (JobModel::stepStats, src/records/step_stats.h); NaN where undefined.
+// Per step interval of one rank: step time, V_inter, V_minority and the run-queue wait, from the
+// shared per-step definition (JobModel::stepStats, src/records/step_stats.h); NaN where
+// undefined (the wait: not measured, as in raw mode).
 void rankSteps(const JobModel& job, const RankData& r, const std::vector<int64_t>& starts,
                std::vector<double>* step_ns, std::vector<double>* v_inter,
-               std::vector<double>* v_minority) {
+               std::vector<double>* v_minority, std::vector<double>* run_queue) {
   const auto steps = job.stepStats(r.rank);
   for (size_t i = 0; i + 1 < starts.size(); ++i) {
     step_ns->push_back(static_cast<double>(starts[i + 1] - starts[i]));
     v_inter->push_back(kNaN);
     v_minority->push_back(kNaN);
+    run_queue->push_back(kNaN);
   }
   for (const records::StepStats& st : steps) {
     const auto i = static_cast<size_t>(st.step);
     if (i >= v_inter->size()) continue;
     (*v_inter)[i] = st.vInter();
     (*v_minority)[i] = st.end_ns - st.start_ns - st.inter_ns > 0 ? st.vMinority() : kNaN;
+    if (st.run_queue_wait_ns >= 0) (*run_queue)[i] = static_cast<double>(st.run_queue_wait_ns);
   }
 }
 
@@ -118,14 +121,15 @@ JobSeries computeSeries(const JobModel& job, const SeriesOptions& options,
   s.steps_truncated = s.first_step > 0;
   for (int r : included) {
     const RankData& data = job.ranks().at(r);
-    std::vector<double> step_ns, vi, vm;
-    rankSteps(job, data, starts[r], &step_ns, &vi, &vm);
+    std::vector<double> step_ns, vi, vm, rq;
+    rankSteps(job, data, starts[r], &step_ns, &vi, &vm, &rq);
     RankSteps row;
     row.rank = r;
     for (size_t i = s.first_step; i < s.total_steps; ++i) {
       row.step_ns.push_back(i < step_ns.size() ? step_ns[i] : kNaN);
       row.v_inter.push_back(i < vi.size() ? vi[i] : kNaN);
       row.v_minority.push_back(i < vm.size() ? vm[i] : kNaN);
+      row.run_queue_wait_ns.push_back(i < rq.size() ? rq[i] : kNaN);
     }
     s.ranks.push_back(std::move(row));
   }
@@ -246,6 +250,7 @@ std::string seriesToJson(const std::string& job_id, const JobModel& job, const J
   matrix("stepTimeNs", &RankSteps::step_ns);
   matrix("vInter", &RankSteps::v_inter);
   matrix("vMinority", &RankSteps::v_minority);
+  matrix("runQueueWaitNs", &RankSteps::run_queue_wait_ns);
   out += ",\"issueLatency\":{\"probabilities\":" + numbers(s.probabilities) +
          ",\"job\":" + latencyJson(s.latency) + ",\"perRank\":[";
   for (size_t i = 0; i < s.rank_latency.size(); ++i) {

@@ -47,6 +47,7 @@ struct RankSteps {
   std::vector<double> step_ns;
   std::vector<double> v_inter;
   std::vector<double> v_minority;
+  std::vector<double> run_queue_wait_ns;  // the issuing thread's wait for a CPU (summary mode)
 };
 
 struct LatencyQuantiles {

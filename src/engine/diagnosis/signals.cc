@@ -213,6 +213,19 @@ std::map<int, std::pair<double, double>> idlePerStep(const JobModel& job) {
   return out;
 }
 
+std::map<int, double> runQueueWaitPerStep(const JobModel& job) {
+  std::map<int, double> out;
+  for (const auto& [rank, r] : job.ranks()) {
+    std::vector<double> wait;
+    for (const records::StepStats& st : job.stepStats(rank)) {
+      if (st.step != 0 && st.run_queue_wait_ns >= 0)
+        wait.push_back(static_cast<double>(st.run_queue_wait_ns));
+    }
+    if (wait.size() >= 3) out[rank] = median(wait);
+  }
+  return out;
+}
+
 std::map<std::string, double> apiTimePerStep(const JobModel& job, int rank) {
   std::map<std::string, double> out;
   const auto it = job.ranks().find(rank);

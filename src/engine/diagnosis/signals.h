@@ -200,6 +200,11 @@ std::vector<double> issueLatencies(const JobModel& job, const RankData& r,
 // step after the warm-up are absent.
 std::map<int, std::pair<double, double>> idlePerStep(const JobModel& job);
 
+// Per rank: median over steps (the first skipped) of the run-queue wait of its issuing thread
+// (StepStats.run_queue_wait_ns: time runnable but without a CPU), from the steps that carry it
+// (MODE_SUMMARY; raw mode measures none). Ranks with fewer than 3 such steps are absent.
+std::map<int, double> runQueueWaitPerStep(const JobModel& job);
+
 // Per traced API: the median over the rank's steps (the first skipped) of the host time its
 // spans took inside the step (both modes send spans). The second way a stall's cause is named:
 // on a real GPU the first kernel after a long host pause is not among the fastest-issued (it

@@ -318,6 +318,8 @@ void detectSlowSteps(const JobModel& job, const std::vector<Diagnosis>& earlier,
     const int rank = t.ranks[i];
     const std::string kind = is_host ? "issue_stall" : "gpu_slow";
     if (named[kind].count(rank)) continue;
+    // A host already named as waiting for a CPU: its slow steps are that contention's.
+    if (is_host && named["cpu_contention"].count(rank)) continue;
     std::vector<size_t> steps;
     std::vector<double> extras, late;
     double lost = 0;
