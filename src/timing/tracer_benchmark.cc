@@ -8,12 +8,15 @@
 //
 //   build/bin/tracer_benchmark
 #include <benchmark/benchmark.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <cstdint>
 #include <deque>
 #include <mutex>
 
 #include "src/common/clock.h"
+#include "src/timing/run_queue.h"
 #include "src/timing/timing.h"
 
 namespace flare::timing {
@@ -100,6 +103,18 @@ void beginEndFakeClock(benchmark::State& state) {
   runBeginEnd(state, clock);
 }
 BENCHMARK(beginEndFakeClock)->UseRealTime();
+
+// One run-queue reading of a thread (the poller thread's cost, MODE_SUMMARY, per issuing thread
+// at most every millisecond): a pread of its open schedstat file.
+void runQueueReading(benchmark::State& state) {
+  RunQueueReader reader;
+  const auto tid = static_cast<uint32_t>(::syscall(SYS_gettid));
+  int64_t sum = 0;
+  for (auto _ : state) sum += reader.read(tid).value_or(-1);
+  benchmark::DoNotOptimize(sum);
+  if (reader.off()) state.SkipWithError("no schedstat");
+}
+BENCHMARK(runQueueReading);
 
 }  // namespace
 }  // namespace flare::timing
