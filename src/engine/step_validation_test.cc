@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <map>
 #include <random>
 #include <string>
 #include <vector>
@@ -138,7 +139,7 @@ Job makeJob(std::mt19937_64& rng) {
 TEST(StepValidationProperty, EveryStepStatsTheRankEmitsPassesTheDaemonsValidation) {
   const TimeLimits limits{1'577'836'800LL * 1'000'000'000LL, kBase + 86400LL * 1'000'000'000LL * 30,
                           86400LL * 1'000'000'000LL};
-  size_t steps_checked = 0, full_causes = 0, negative = 0;
+  size_t steps_checked = 0, full_causes = 0, negative = 0, waited = 0;
   for (uint64_t seed = 1; seed <= 400; ++seed) {
     SCOPED_TRACE("seed " + std::to_string(seed));
     std::mt19937_64 rng(seed);
@@ -166,11 +167,23 @@ TEST(StepValidationProperty, EveryStepStatsTheRankEmitsPassesTheDaemonsValidatio
     }
     records::StepAccumulator acc;
     std::vector<records::StepResult> got;
+    // Run-queue readings of the issuing threads, the counter growing by up to twice the time
+    // since the thread's previous reading (a counter read across a thread-id reuse, or a
+    // kernel's own accounting, may run ahead of the clock): the step's figure is clipped.
+    std::map<uint64_t, std::pair<int64_t, int64_t>> counter;  // thread → (t, waited)
+    std::uniform_real_distribution<double> share(0.0, 2.0);
     for (size_t a = 0; a < arrivals.size(); ++a) {
       const Arrival& x = arrivals[a];
       if (x.kind == 0) {
         const Job::Op& op = job.ops[x.index];
         acc.addGpuOp(op.issue, op.start, op.end, op.kernel, op.thread);
+        auto [c, fresh] = counter.try_emplace(op.thread, x.at, 0);
+        if (!fresh && x.at > c->second.first) {
+          c->second.second +=
+              static_cast<int64_t>(share(rng) * static_cast<double>(x.at - c->second.first));
+          c->second.first = x.at;
+        }
+        acc.addRunQueueWait(op.thread, c->second.first, c->second.second);
       } else if (x.kind == 1) {
         const Job::Host& h = job.host[x.index];
         acc.addHostEvent(h.start, h.end, h.thread, h.name);
@@ -200,11 +213,13 @@ TEST(StepValidationProperty, EveryStepStatsTheRankEmitsPassesTheDaemonsValidatio
       ++steps_checked;
       full_causes += wire.causes_size() == records::StepStats::kMaxHostCauses ? 1 : 0;
       negative += wire.issue_latency_sum_ns() < 0 ? 1 : 0;
+      waited += wire.has_run_queue_wait_ns() && wire.run_queue_wait_ns() > 0 ? 1 : 0;
     }
   }
   EXPECT_GT(steps_checked, 3000u);
   EXPECT_GT(full_causes, 0u);  // steps with more distinct causes than flared takes were cut
   EXPECT_GT(negative, 0u);     // and steps whose issue latencies came out mostly negative
+  EXPECT_GT(waited, steps_checked / 2);  // most steps carry a run-queue wait, all within range
 }
 
 }  // namespace
