@@ -211,19 +211,30 @@ def test_the_workload_has_the_patterns_of_a_pytorch_loop(spool_job):
                   and o["kind"] in ("gemm", "attention", "kernel")]
         assert inside and all(o["thread"] != main_thread for o in inside)
     assert len(by_name["torch.optim.Optimizer@step"]) == STEPS
-    # Cold starts: every kernel's first launch shows most of the 2 ms of FLARE_SIM_FIRST_LAUNCH_MS
-    # above its median (work queued ahead on the stream hides part of it: its start event is
-    # stamped when the stream reaches it); every GEMM shape's first call is 10x or more its warm
-    # median (FLARE_SIM_COLD_GEMM_MS=5).
+    # Cold starts: every kernel's first launch pays the 2 ms of FLARE_SIM_FIRST_LAUNCH_MS inside
+    # the launch call, after its start event was recorded. Work queued ahead on the stream hides
+    # part of it — the start event is stamped when the stream reaches it, its issue latency
+    # later — so the first launch's excess over its median plus that issue latency is at least
+    # 1.5 ms whatever the queue (beside a CPU hog the queue reached 1.5 ms and the excess alone
+    # was 0.46 ms). Every GEMM shape's first call is 10x or more its warm median
+    # (FLARE_SIM_COLD_GEMM_MS=5).
     durations = collections.defaultdict(list)
+    first_latency = {}
     for o in ops:
         if o["kind"] in ("gemm", "attention", "kernel"):
-            durations[(o["name"], tuple(o["shape"]), o.get("layout", ""))].append(
-                o["duration_ns"])
+            key = (o["name"], tuple(o["shape"]), o.get("layout", ""))
+            durations[key].append(o["duration_ns"])
+            first_latency.setdefault(key, o["issue_latency_ns"])
+    visible = 0
     for key, d in durations.items():
-        assert d[0] >= statistics.median(d) + 0.5e6, (key, d[0], statistics.median(d))
+        excess = d[0] - statistics.median(d)
+        assert excess + first_latency[key] >= 1.5e6, (key, d[0], statistics.median(d),
+                                                      first_latency[key])
+        visible += excess >= 0.5e6
         if key[0] == "cublasGemmEx" and len(d) > 3:
             assert d[0] >= 10 * statistics.median(d), (key, d[0], statistics.median(d))
+    # A queue deep enough to hide the cold start is the exception: most first launches show it.
+    assert visible >= 0.8 * len(durations), (visible, len(durations))
     # Per step: the batch's host->device copy, loss.item()'s 4-byte copy back and its stream
     # synchronize; set-up copies each parameter in (and synchronizes), the checkpoint copies
     # each out. The pinned-memory allocator recorded an event per batch copy and queried them.
