@@ -83,6 +83,10 @@ void HangWatchdog::learn(uint32_t signature, int64_t duration_ns) {
 
 void HangWatchdog::progress(uint64_t stream, uint64_t new_op) {
   if (episode_open_ && stream == episode_stream_ && new_op != episode_op_) episode_open_ = false;
+  auto it = heads_.find(stream);
+  if (it != heads_.end() && it->second.collective && it->second.op_id != new_op) {
+    collective_completed_ = true;
+  }
 }
 
 void HangWatchdog::setHead(uint64_t stream, HeadOp op) {
@@ -104,6 +108,17 @@ void HangWatchdog::setIdle(uint64_t stream) {
 }
 
 std::optional<Suspicion> HangWatchdog::poll(int64_t now_ns) {
+  // A collective completed since the last poll: a head that has not started may have waited
+  // for it. Its start event completes after the collective's end event (once its stream sees
+  // that end), so a head pass can find the collective gone and the head not started yet. It is
+  // timed from this poll, not charged with the wait that the collective's bound covered; one
+  // that never starts is stuck one bound later.
+  if (collective_completed_) {
+    collective_completed_ = false;
+    for (auto& [stream, op] : heads_) {
+      if (!op.collective && !op.started) op.since_ns = std::max(op.since_ns, now_ns);
+    }
+  }
   if (episode_open_) return std::nullopt;
   std::vector<StuckStream> stuck;
   // A collective running on the GPU (started) and within its bound: other heads may wait for it

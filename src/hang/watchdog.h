@@ -17,9 +17,11 @@
 // cross-stream dependency (the optimizer kernel after the gradient all-reduce, whichever became
 // head first), so a long collective under its override does not raise through the kernels
 // queued behind it. While no collective has started (the collective waits for the kernel: a
-// compute kernel that never finishes), a kernel is judged by its own bound. One episode = one
-// report:
-// after a suspicion, poll() reports nothing until the stream that raised it makes progress.
+// compute kernel that never finishes), a kernel is judged by its own bound. When a collective
+// head completes, a head that has not started is timed from the next poll(): it may have
+// waited for that collective and start a pass later (the collective's end and the kernel's
+// start are two events). One episode = one report: after a suspicion, poll() reports nothing
+// until the stream that raised it makes progress.
 //
 // Pure logic with injected time (now_ns arguments); no thread of its own. Not thread-safe: one
 // caller (the poller thread).
@@ -96,12 +98,14 @@ class HangWatchdog {
   explicit HangWatchdog(WatchdogOptions options = {});
 
   // `op` is now at the head of `stream` (the previous head completed, or the stream was idle).
+  // A collective that was the head completed: the next poll() times every head that has not
+  // started from then.
   void setHead(uint64_t stream, HeadOp op);
   // The head of `stream` started (or not) on the GPU at about `now_ns`; no progress (the same
   // head). A head that starts after waiting (for another stream's work: the optimizer kernel
   // after the gradient all-reduce) is timed from its start: the wait was the other stream's.
   void setStarted(uint64_t stream, bool started, int64_t now_ns);
-  // `stream` has nothing pending.
+  // `stream` has nothing pending (a collective head completed: as in setHead).
   void setIdle(uint64_t stream);
   // An op of `signature` completed after `duration_ns` (its GPU time): ops of that signature
   // are stuck only after learn_factor x the longest such duration.
@@ -127,6 +131,7 @@ class HangWatchdog {
   uint64_t episode_stream_ = 0;
   uint64_t episode_op_ = 0;
   uint64_t episodes_ = 0;
+  bool collective_completed_ = false;  // a collective head completed since the last poll
 };
 
 }  // namespace flare::hang

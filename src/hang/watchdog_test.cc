@@ -288,5 +288,82 @@ TEST(HangWatchdog, KernelThatStartsAfterWaitingIsTimedFromItsStart) {
   ASSERT_TRUE(w2.poll(5 * kS));
 }
 
+TEST(HangWatchdog, KernelWaitingForACollectiveThatJustCompletedIsTimedFromItsCompletion) {
+  // The optimizer kernel waits 10 s for the all-reduce (running, within its 20 s). The
+  // all-reduce completes, but the kernel's start event completes only later on the GPU (a
+  // stream that wakes up late on a loaded machine): a poll in between sees the all-reduce gone
+  // and the kernel not started. Its clock restarts at that poll, so the 10 s it waited for the
+  // all-reduce do not pass its 2 s bound (the CI's false report of residual_add behind a
+  // host-stalled peer's all-reduce); if it still has not started 2 s later, it is stuck.
+  WatchdogOptions o;
+  o.timeout_ns = 2 * kS;
+  o.op_timeouts = {{"ncclAllReduce", 20 * kS}};
+  for (const bool next_collective_queued : {false, true}) {
+    SCOPED_TRACE(next_collective_queued ? "next all-reduce heads its stream" : "stream idle");
+    HangWatchdog w(o);
+    HeadOp all_reduce = op(1, 0, true);
+    all_reduce.started = true;
+    w.setHead(1, all_reduce);
+    w.setHead(2, op(2, 0));  // not started: it waits for the all-reduce
+    EXPECT_FALSE(w.poll(5 * kS));
+    EXPECT_FALSE(w.poll(10 * kS));
+    if (next_collective_queued) {
+      w.setHead(1, op(3, 10, true));  // waits itself (not started)
+    } else {
+      w.setIdle(1);
+    }
+    EXPECT_FALSE(w.poll(10 * kS + 1));  // the kernel has not started yet
+    EXPECT_FALSE(w.poll(12 * kS + 1));
+    auto s = w.poll(12 * kS + 2);  // 2 s after the all-reduce completed, still not started
+    ASSERT_TRUE(s);
+    EXPECT_EQ(s->first.stream, 2u);
+    EXPECT_EQ(s->first.waited_ns, 2 * kS + 1);
+  }
+  // The kernel that starts a pass later is timed from its start, as before.
+  HangWatchdog w(o);
+  HeadOp all_reduce = op(1, 0, true);
+  all_reduce.started = true;
+  w.setHead(1, all_reduce);
+  w.setHead(2, op(2, 0));
+  EXPECT_FALSE(w.poll(10 * kS));
+  w.setIdle(1);
+  EXPECT_FALSE(w.poll(10 * kS + 1));
+  w.setStarted(2, true, 10 * kS + 200'000'000);
+  EXPECT_FALSE(w.poll(12 * kS));
+  EXPECT_TRUE(w.poll(12 * kS + 200'000'001));
+}
+
+TEST(HangWatchdog, CompletedCollectiveRestartsNoRunningKernelNorAnotherCollective) {
+  // Only heads that have not started are timed afresh: a kernel that runs (started) keeps its
+  // time, and so does a collective that waits.
+  WatchdogOptions o;
+  o.timeout_ns = 2 * kS;
+  o.op_timeouts = {{"ncclAllReduce", 20 * kS}};
+  HangWatchdog w(o);
+  HeadOp all_reduce = op(1, 0, true);
+  all_reduce.started = true;
+  w.setHead(1, all_reduce);
+  HeadOp running = op(2, 0);
+  running.started = true;
+  w.setHead(2, running);
+  w.setHead(3, op(3, 0, true));  // a collective that waits (bound 20 s)
+  EXPECT_FALSE(w.poll(10 * kS));
+  w.setIdle(1);
+  auto s = w.poll(10 * kS + 1);
+  ASSERT_TRUE(s);
+  EXPECT_EQ(s->first.stream, 2u);
+  EXPECT_EQ(s->first.waited_ns, 10 * kS + 1);
+  ASSERT_EQ(s->stuck.size(), 1u);
+  HangWatchdog w2(o);
+  w2.setHead(1, all_reduce);
+  w2.setHead(3, op(3, 0, true));
+  w2.setIdle(1);
+  EXPECT_FALSE(w2.poll(20 * kS));
+  auto s2 = w2.poll(20 * kS + 1);
+  ASSERT_TRUE(s2);
+  EXPECT_EQ(s2->first.stream, 3u);
+  EXPECT_EQ(s2->first.waited_ns, 20 * kS + 1);
+}
+
 }  // namespace
 }  // namespace flare::hang

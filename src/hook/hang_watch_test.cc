@@ -218,6 +218,46 @@ TEST_F(HangWatchTest, KernelWaitingForAStartedCollectiveIsNotStuckButOneBeforeIt
   EXPECT_EQ(r[0].first().name(), "adam");
 }
 
+// The all-reduce's end is seen in one pass, the kernel that waits for it starts only in a
+// later one (its stream wakes up late on a loaded machine): the pass in between must not
+// report the kernel for the time it waited for the all-reduce.
+TEST_F(HangWatchTest, KernelWhoseStartLagsTheCollectivesEndIsNotStuck) {
+  hang::WatchdogOptions o;
+  o.timeout_ns = 2 * kS;
+  std::vector<std::string> errors;
+  ASSERT_TRUE(hang::parseOpTimeouts("ncclAllReduce=20", &o.op_timeouts, &errors));
+  start(o);
+  const uint32_t ar = tracer_->intern(sig("ncclAllReduce", timing::OpKind::kCollective));
+  const uint32_t residual = tracer_->intern(sig("residual_add", timing::OpKind::kKernel));
+  launch(kNccl, ar, timing::OpKind::kCollective, 1);
+  ASSERT_TRUE(timer_.completeNext(kNccl, 100 * kS));    // the all-reduce runs (waits for a peer)
+  launch(kCompute, residual, timing::OpKind::kKernel);  // waits for it: not started
+  at(103 * kS);  // the kernel has headed 3 s (its bound: 2 s), the all-reduce 3 s of 20
+  EXPECT_TRUE(reports().empty());
+  ASSERT_TRUE(timer_.completeNext(kNccl, 103 * kS));  // the all-reduce ends
+  at(103 * kS + 100);  // passes that see it ended and the kernel not started yet
+  EXPECT_TRUE(reports().empty());
+  ASSERT_TRUE(timer_.completeNext(kCompute, 103 * kS + 200));  // the kernel starts, then ends
+  ASSERT_TRUE(timer_.completeNext(kCompute, 103 * kS + 300));
+  at(104 * kS);
+  EXPECT_TRUE(reports().empty());
+  // A kernel that then never starts is still stuck, 2 s after the all-reduce ended.
+  launch(kNccl, ar, timing::OpKind::kCollective, 2);
+  ASSERT_TRUE(timer_.completeNext(kNccl, 104 * kS));
+  launch(kCompute, residual, timing::OpKind::kKernel);
+  at(105 * kS);
+  ASSERT_TRUE(timer_.completeNext(kNccl, 105 * kS));
+  at(105 * kS + 100);  // a pass sees the all-reduce end
+  at(107 * kS);
+  EXPECT_TRUE(reports().empty());
+  at(107 * kS + 200);
+  auto r = reports();
+  ASSERT_EQ(r.size(), 1u);
+  EXPECT_EQ(r[0].first().name(), "residual_add");
+  EXPECT_GT(r[0].first().age_ns(), 2 * kS);  // timed from the all-reduce's end, not from
+  EXPECT_LT(r[0].first().age_ns(), 3 * kS);  // when it became head (about 104 s)
+}
+
 TEST_F(HangWatchTest, LearnedBoundCoversASecondLongBarrier) {
   hang::WatchdogOptions o;
   o.timeout_ns = 5 * kS;
