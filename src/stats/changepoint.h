@@ -6,7 +6,8 @@
 //     estimated robustly from first differences (1.4826·MAD(Δx)/√2, so steps do not inflate it;
 //     IQR(Δx)/1.349/√2 when the MAD is 0, then SD(Δx)/√2). Then the change points are pruned
 //     against the same penalty with σ re-estimated from the residuals around the segment means
-//     (the larger of the two), weakest first.
+//     (the larger of the two), weakest first; each residual counts at most 3 robust SDs, so
+//     that one outlier does not prune a real shift.
 //   - CusumDetector: online two-sided CUSUM (Page) on standardized samples, for the daemon's
 //     per-step stream.
 //   - rollingCv / detectJitter: rolling coefficient of variation over a window; runs above a

@@ -60,6 +60,22 @@ TEST(ChangePoint, TwoStepsAndNoFalseAlarmOnNoise) {
   EXPECT_LT(abs_error, 2.0);
 }
 
+TEST(ChangePoint, OneOutlierDoesNotPruneARealShift) {
+  // A job's step time under a CPU hog: 28 steps, a 20% fail-slow at step 13, and one step that a
+  // host stall stretched by 70% well before it. Its squared residual alone once raised the pruning
+  // σ past the shift's gain, and no change was reported. (Within 5 steps of the shift the outlier
+  // takes the split itself: binary segmentation's limit, not the pruning's.)
+  for (size_t at : {0u, 3u, 6u}) {
+    std::vector<double> x;
+    for (size_t i = 0; i < 28; ++i) x.push_back((i < 13 ? 100 : 120) + noise(i));
+    x[at] += 70;
+    const auto cps = detectMeanShifts(x);
+    bool found = false;
+    for (const ChangePoint& c : cps) found |= c.index == 13 && c.magnitude > 15;
+    EXPECT_TRUE(found) << at;
+  }
+}
+
 TEST(ChangePoint, RobustSigma) {
   std::vector<double> line;
   for (int i = 0; i < 10; ++i) line.push_back(3.0 * i);

@@ -61,11 +61,26 @@ std::string missing(const DetectorNeeds& needs, const JobModel& job, const JobMo
 }
 
 Evidence failSlowEvidence(const FailSlow& f) {
-  char text[160];
+  // Where the onset came from: the job's step time alone, or a rank's GPU compute time per step
+  // (findFailSlow), which the host's contention does not stretch.
+  char where[192] = "change point";
+  if (f.rank >= 0 && f.step == f.job_step) {
+    std::snprintf(where, sizeof(where),
+                  "change point; rank %d's GPU compute time per step rose there from %.3f ms to "
+                  "%.3f ms",
+                  f.rank, f.rank_before_ns / 1e6, f.rank_after_ns / 1e6);
+  } else if (f.rank >= 0) {
+    std::snprintf(where, sizeof(where),
+                  "change point of rank %d's GPU compute time per step, from %.3f ms to %.3f ms; "
+                  "the job's step time alone placed it at step %zu",
+                  f.rank, f.rank_before_ns / 1e6, f.rank_after_ns / 1e6, f.job_step);
+  }
+  char text[384];
   std::snprintf(text, sizeof(text),
                 "fail-slow: the job's step time rose from %.3f ms to %.3f ms (+%.1f%%) at step "
-                "%zu (change point); the steps since were analysed",
-                f.before_ns / 1e6, f.after_ns / 1e6, (f.after_ns / f.before_ns - 1) * 100, f.step);
+                "%zu (%s); the steps since were analysed",
+                f.before_ns / 1e6, f.after_ns / 1e6, (f.after_ns / f.before_ns - 1) * 100, f.step,
+                where);
   return Evidence{"step_time_change", text, f.after_ns, f.before_ns};
 }
 

@@ -124,38 +124,9 @@ std::optional<OwnChange> computeFromSummaries(const JobModel& whole, const Diagn
   return c;
 }
 
-// The rank's GPU compute time per step (index s − 1 for step s ≥ 1), to find where it changed:
-// from raw ops the GEMM/attention time issued in the step; in MODE_SUMMARY its GPU busy time
-// minus its collectives' time in the step (raw in both modes; an estimate that waiting in
-// collectives overlapping compute biases, so it only locates the change, never measures it).
-// Steps without figures are 0.
-std::vector<double> computePerStep(const JobModel& whole, const RankData& r,
-                                   const std::vector<int64_t>& starts) {
-  const size_t n = starts.size() - 1;  // complete steps 0..n-1
-  std::vector<double> x(n, 0.0);
-  if (r.summaries.empty()) {
-    for (const Op& op : r.ops) {
-      if (!isCompute(whole.signatures()[op.sig].kind())) continue;
-      const size_t s = stepAt(starts, op.issue);
-      if (s < n) x[s] += static_cast<double>(op.duration());
-    }
-  } else {
-    for (const records::StepStats& st : whole.stepStats(r.rank)) {
-      if (st.step >= 0 && static_cast<size_t>(st.step) < n)
-        x[static_cast<size_t>(st.step)] = static_cast<double>(st.gpu_busy_ns);
-    }
-    for (const Op& op : r.ops) {
-      if (whole.signatures()[op.sig].kind() != flare::v1::OP_KIND_COLLECTIVE) continue;
-      const size_t s = stepAt(starts, op.start);
-      if (s < n) x[s] -= static_cast<double>(std::min(op.end, starts[s + 1]) - op.start);
-    }
-  }
-  x.erase(x.begin());  // the warm-up step
-  return x;
-}
-
-// The rank's own slow-down point: the last rise of its GPU compute time per step by at least
-// gpu_min_effect (binary segmentation, flare_stats), as a step number; 0: none.
+// The rank's own slow-down point: the last rise of its GPU compute time per step
+// (rankComputePerStep) by at least gpu_min_effect (binary segmentation, flare_stats), as a step
+// number; 0: none.
 size_t ownChangeStep(const std::vector<double>& per_step, const DiagnoseOptions& opt) {
   if (per_step.size() < 2 * opt.fail_slow_min_steps + 1) return 0;
   stats::SegmentationOptions seg;
@@ -176,10 +147,10 @@ std::optional<OwnChange> ownComputeChange(const JobModel& whole, const DiagnoseO
   const std::vector<int64_t> starts = whole.stepStarts(rank);
   if (starts.size() < 3) return std::nullopt;
   const RankData& r = it->second;
-  // The job's change point, else the rank's own.
-  const std::vector<double> per_step = computePerStep(whole, r, starts);
+  // The job's change point (placed by a rank's GPU compute time where one rose there), else
+  // the rank's own.
   const auto fail = findFailSlow(whole, options);
-  const size_t change = fail ? fail->step : ownChangeStep(per_step, options);
+  const size_t change = fail ? fail->step : ownChangeStep(rankComputePerStep(whole, rank), options);
   if (change < 3 || change + 1 >= starts.size()) return std::nullopt;
   std::optional<OwnChange> c =
       r.summaries.empty() ? computeFromOps(whole, options, r, starts, {change, starts.size() - 1})

@@ -558,6 +558,152 @@ std::optional<Jitter> findJitter(const JobModel& job, const DiagnoseOptions& opt
   return j;
 }
 
+std::vector<double> rankComputePerStep(const JobModel& job, int rank) {
+  const auto it = job.ranks().find(rank);
+  if (it == job.ranks().end()) return {};
+  const RankData& r = it->second;
+  const std::vector<int64_t> starts = job.stepStarts(rank);
+  if (starts.size() < 3) return {};
+  // The step of time `t` (0 before the second boundary).
+  auto stepAt = [&starts](int64_t t) {
+    const auto s = std::upper_bound(starts.begin(), starts.end(), t);
+    return s == starts.begin() ? size_t{0} : static_cast<size_t>(s - starts.begin()) - 1;
+  };
+  const size_t n = starts.size() - 1;  // complete steps 0..n-1
+  std::vector<double> x(n, 0.0);
+  if (r.summaries.empty()) {
+    for (const Op& op : r.ops) {
+      if (!isCompute(job.signatures()[op.sig].kind())) continue;
+      const size_t s = stepAt(op.issue);
+      if (s < n) x[s] += static_cast<double>(op.duration());
+    }
+  } else {
+    for (const records::StepStats& st : job.stepStats(rank)) {
+      if (st.step >= 0 && static_cast<size_t>(st.step) < n)
+        x[static_cast<size_t>(st.step)] = static_cast<double>(st.gpu_busy_ns);
+    }
+    for (const Op& op : r.ops) {
+      if (job.signatures()[op.sig].kind() != flare::v1::OP_KIND_COLLECTIVE) continue;
+      const size_t s = stepAt(op.start);
+      if (s < n) x[s] -= static_cast<double>(std::min(op.end, starts[s + 1]) - op.start);
+    }
+  }
+  x.erase(x.begin());  // the warm-up step
+  return x;
+}
+
+namespace {
+
+// The fail-slow tests (docs/metrics.md) for a rise of the job's step time `series` at index `at`,
+// the steps before it counted from index `from` (the previous change point, else 0): the shift
+// of the medians (after − before, > 0) when they pass, else 0.
+double testedRise(const std::vector<double>& series, size_t from, size_t at,
+                  const DiagnoseOptions& options) {
+  const std::vector<double> before(series.begin() + from, series.begin() + at);
+  const std::vector<double> after(series.begin() + at, series.end());
+  if (before.size() < options.fail_slow_min_steps || after.size() < options.fail_slow_min_after)
+    return 0;
+  const double med_before = median(before);
+  const double med_after = median(after);
+  const double shift = med_after - med_before;
+  // Larger than the relative floor and than the noise's robust spread: 1.4826·MAD of the
+  // successive differences / √2 over both sides (a level shift is one difference, a slow drift
+  // cancels in them; the steps before alone gave a noisy spread, with hog bursts there hiding
+  // an 18% shift, and the deviations from each side's median counted a drift as noise) ...
+  std::vector<double> diffs;
+  for (size_t k = from + 1; k < series.size(); ++k) diffs.push_back(series[k] - series[k - 1]);
+  const double noise = robustSigma(diffs) / std::sqrt(2.0);
+  if (shift < options.fail_slow_min_relative * med_before ||
+      shift < options.fail_slow_min_sigmas * noise) {
+    return 0;
+  }
+  // ... the level holds: most steps since sit above the midpoint of the shift (a burst of
+  // host hiccups raises a few steps, not the level) ...
+  const double mid = med_before + shift / 2;
+  const auto held = std::count_if(after.begin(), after.end(), [mid](double v) { return v > mid; });
+  if (static_cast<double>(held) < options.fail_slow_min_held * static_cast<double>(after.size()))
+    return 0;
+  // ... and the steps since are slower than the steps before (one-sided Mann-Whitney).
+  if (mannWhitneyGreater(after, before) > options.fail_slow_alpha) return 0;
+  return shift;
+}
+
+double meanOf(const std::vector<double>& v, size_t b, size_t e) {
+  double sum = 0;
+  for (size_t i = b; i < e; ++i) sum += v[i];
+  return e > b ? sum / static_cast<double>(e - b) : 0;
+}
+
+// Where a fail-slow began. The step time is wall time, and host contention (a CPU hog: every
+// rank waits at the next collective for the one whose host it delays) stretches steps. A few
+// stretched steps just before the onset sit nearer the new level than the old, and the split,
+// whatever its cost, takes them with the new level: the change point comes a few steps early.
+// A burst of stretched steps elsewhere can itself become the change point, its "after" side
+// running on into the real rise, or leave no room for a split at the onset (fail_slow_min_steps
+// per segment), which then comes a step late. A rank's GPU compute time per step is not
+// stretched by the host. So when one rose (a change point of its own series, same segmentation)
+// by at least gpu_min_effect of its own and half the job's `rise`, at most fail_slow_min_after
+// steps before the job's change point `at` or anywhere after it, its change point is the onset —
+// the one nearest `at`, then the largest rise, then the lowest rank — provided the job's step
+// time split there still rose: at least fail_slow_min_relative between the medians of the steps
+// since (at least fail_slow_min_after) and of the steps before (since `from`, and at least
+// fail_slow_min_steps: a burst's own change point may lie closer). The job's rise passed its
+// tests at its own change point; the holding and Mann-Whitney tests are not repeated at the
+// onset, since the stretched steps, now before the split, are what they would weigh. Sets `f`'s
+// rank and, when the onset moved, its step and the job's means on either side.
+void refineOnset(const JobModel& job, const std::vector<double>& series,
+                 const std::vector<stats::ChangePoint>& changes, size_t from, size_t at,
+                 double rise, const DiagnoseOptions& options, FailSlow* f) {
+  const size_t n = series.size();
+  // The first of the steps before an onset (above).
+  auto firstBefore = [&](size_t onset) {
+    return std::min(from, onset - std::min(onset, options.fail_slow_min_steps));
+  };
+  auto stillRose = [&](size_t onset) {
+    if (onset == at) return true;
+    if (onset < options.fail_slow_min_steps || onset + options.fail_slow_min_after > n)
+      return false;
+    const double med_before = median({series.begin() + firstBefore(onset), series.begin() + onset});
+    const double med_after = median({series.begin() + onset, series.end()});
+    return med_after - med_before >= options.fail_slow_min_relative * med_before;
+  };
+  stats::SegmentationOptions seg;
+  seg.minSegment = options.fail_slow_min_steps;
+  auto distance = [at](const stats::ChangePoint& c) {
+    return c.index > at ? c.index - at : at - c.index;
+  };
+  std::optional<stats::ChangePoint> best;
+  for (const auto& [rank, r] : job.ranks()) {
+    std::vector<double> compute = rankComputePerStep(job, rank);
+    if (compute.size() < n) continue;
+    compute.resize(n);  // the job's steps
+    for (const stats::ChangePoint& c : stats::detectMeanShifts(compute, seg)) {
+      if (c.relative < options.gpu_min_effect || c.magnitude < 0.5 * rise ||
+          c.index + options.fail_slow_min_after < at || !stillRose(c.index))
+        continue;
+      if (!best || distance(c) < distance(*best) ||
+          (distance(c) == distance(*best) && c.magnitude > best->magnitude)) {
+        best = c;
+        f->rank = rank;
+      }
+    }
+  }
+  if (!best) return;
+  f->rank_before_ns = best->before;
+  f->rank_after_ns = best->after;
+  if (best->index == at) return;
+  // The job's step time on either side: the steps before as above, and to the next change point
+  // after the onset (the host's burst may have been a segment of its own), else the end.
+  const auto next =
+      std::find_if(changes.begin(), changes.end(),
+                   [&best](const stats::ChangePoint& c) { return c.index > best->index; });
+  f->step = best->index + 1;
+  f->before_ns = meanOf(series, firstBefore(best->index), best->index);
+  f->after_ns = meanOf(series, best->index, next != changes.end() ? next->index : n);
+}
+
+}  // namespace
+
 std::optional<FailSlow> findFailSlow(const JobModel& job, const DiagnoseOptions& options) {
   const std::vector<double> series = jobStepSeries(job);
   if (series.size() + 1 < 2 * options.fail_slow_min_steps + 1) return std::nullopt;
@@ -571,34 +717,11 @@ std::optional<FailSlow> findFailSlow(const JobModel& job, const DiagnoseOptions&
     // Before: the segment since the previous change point (the first steps after the warm-up
     // often run slower, a level of their own).
     const size_t from = std::next(it) != changes.rend() ? std::next(it)->index : 0;
-    const std::vector<double> before(series.begin() + from, series.begin() + it->index);
-    const std::vector<double> after(series.begin() + it->index, series.end());
-    if (before.size() < options.fail_slow_min_steps || after.size() < options.fail_slow_min_after)
-      continue;
-    const double med_before = median(before);
-    const double med_after = median(after);
-    const double shift = med_after - med_before;
-    // Larger than the relative floor and than the noise's robust spread: 1.4826·MAD of the
-    // successive differences / √2 over both sides (a level shift is one difference, a slow drift
-    // cancels in them; the steps before alone gave a noisy spread, with hog bursts there hiding
-    // an 18% shift, and the deviations from each side's median counted a drift as noise) ...
-    std::vector<double> diffs;
-    for (size_t k = from + 1; k < series.size(); ++k) diffs.push_back(series[k] - series[k - 1]);
-    const double noise = robustSigma(diffs) / std::sqrt(2.0);
-    if (shift < options.fail_slow_min_relative * med_before ||
-        shift < options.fail_slow_min_sigmas * noise) {
-      continue;
-    }
-    // ... the level holds: most steps since sit above the midpoint of the shift (a burst of
-    // host hiccups raises a few steps, not the level) ...
-    const double mid = med_before + shift / 2;
-    const auto held =
-        std::count_if(after.begin(), after.end(), [mid](double v) { return v > mid; });
-    if (static_cast<double>(held) < options.fail_slow_min_held * static_cast<double>(after.size()))
-      continue;
-    // ... and the steps since are slower than the steps before (one-sided Mann-Whitney).
-    if (mannWhitneyGreater(after, before) > options.fail_slow_alpha) continue;
-    return FailSlow{it->index + 1, it->before, it->after};
+    const double rise = testedRise(series, from, it->index, options);
+    if (rise <= 0) continue;
+    FailSlow found{it->index + 1, it->before, it->after, it->index + 1};
+    refineOnset(job, series, changes, from, it->index, rise, options, &found);
+    return found;
   }
   return std::nullopt;
 }

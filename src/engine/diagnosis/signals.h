@@ -46,13 +46,29 @@ std::map<int, ArrivalStats> collectiveArrivals(const JobModel& job);
 std::optional<Evidence> arrivalEvidence(const std::map<int, ArrivalStats>& arrivals, int rank);
 
 // A throughput fail-slow: the job's step time (median over ranks) rose by at least
-// `fail_slow_min_relative` at step `step` (a mean-shift change point, flare_stats).
+// `fail_slow_min_relative` at step `step` (a mean-shift change point, flare_stats, that passed
+// the tests of docs/metrics.md). The step time is wall time, which host contention stretches
+// around the onset, moving the step time's own change point (`job_step`); a rank's GPU compute
+// time is not stretched by it. When one rank's rose by at least half the job's rise, at most
+// fail_slow_min_after steps before `job_step` or after it, `step` is where it rose (`rank` ≥ 0;
+// docs/metrics.md, "Where it began").
 struct FailSlow {
   size_t step = 0;
-  double before_ns = 0;
-  double after_ns = 0;
+  double before_ns = 0;  // the job's mean step time before `step` (since the previous change)
+  double after_ns = 0;   // and from `step` (to the next change, else the end)
+  size_t job_step = 0;   // where the step time alone placed the change
+  int rank = -1;         // the rank whose GPU compute time placed `step`; -1: none
+  double rank_before_ns = 0, rank_after_ns = 0;  // its mean compute time per step either side
 };
 std::optional<FailSlow> findFailSlow(const JobModel& job, const DiagnoseOptions& options);
+
+// A rank's GPU compute time per step (index s − 1 for step s ≥ 1; its step boundaries), to find
+// where it changed: from raw ops the GEMM/attention time issued in the step; in MODE_SUMMARY its
+// GPU busy time minus its collectives' time in the step (an estimate that waiting in collectives
+// overlapping compute biases, so it only locates a change, never measures it). Host contention
+// delays when the work is issued, not how long the GPU runs it. Steps without figures are 0;
+// empty with fewer than three step boundaries.
+std::vector<double> rankComputePerStep(const JobModel& job, int rank);
 
 // A jitter window: the job's step time (same series) spikes in a minority of steps while its
 // level does not move (a flapping link, a GPU that throttles now and then). `steps` are the
