@@ -53,7 +53,7 @@ def run_job(build_dir, out, env, steps=20):
 WINDOW_METRICS = {"step_time_change", "step_time_jitter"}
 # The hog is real host contention: the rank whose process shares its CPU may be named for it
 # (its GPU runs dry while its host waits for the CPU). No other diagnosis is right here.
-HOST_KINDS = {"issue_stall", "slow_steps"}
+HOST_KINDS = {"issue_stall", "slow_steps", "cpu_contention"}
 
 
 def the_gpu_slow(found):
