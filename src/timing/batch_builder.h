@@ -54,7 +54,8 @@ struct BatchBuilderOptions {
   // (run_queue.h) and common::monotonicNs.
   std::function<std::optional<int64_t>(uint32_t tid)> run_queue_wait;
   std::function<int64_t()> now_ns;
-  int64_t run_queue_period_ns = 1'000'000;
+  static constexpr int64_t kRunQueuePeriodNs = 1'000'000;
+  int64_t run_queue_period_ns = kRunQueuePeriodNs;
 };
 
 class BatchBuilder {

@@ -39,7 +39,10 @@ GrpcExporter::GrpcExporter(std::unique_ptr<Transport> transport, ExporterOptions
                          d->set_send_failed(send_failed_.load(std::memory_order_relaxed));
                        },
                    .summary_mode = [this] { return mode() == flare::v1::MODE_SUMMARY; },
-                   .summary_window_ns = options_.summary_window_ns},
+                   .summary_window_ns = options_.summary_window_ns,
+                   .run_queue_wait = {},  // the default reader
+                   .now_ns = {},
+                   .run_queue_period_ns = BatchBuilderOptions::kRunQueuePeriodNs},
                [this](flare::v1::RecordBatch&& batch) { enqueue(std::move(batch)); }),
       mode_(static_cast<int>(options_.mode)) {
   if (options_.spool_dir.empty()) options_.spool_dir = common::defaultSpoolRoot();

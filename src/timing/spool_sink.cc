@@ -34,7 +34,10 @@ SpoolSink::SpoolSink(const std::string& dir, const std::string& job_id, int rank
                                    .summary_mode = options.summary
                                                        ? std::function<bool()>([] { return true; })
                                                        : std::function<bool()>(),
-                                   .summary_window_ns = options.summary_window_ns},
+                                   .summary_window_ns = options.summary_window_ns,
+                                   .run_queue_wait = {},  // the default reader
+                                   .now_ns = {},
+                                   .run_queue_period_ns = BatchBuilderOptions::kRunQueuePeriodNs},
                [this](flare::v1::RecordBatch&& batch) { write(batch); }) {
   try {
     const std::filesystem::path folder =
