@@ -1,6 +1,6 @@
 // flare-export: prints the records of an offline spool (FLARE_OUTPUT_DIR) as JSON lines.
 //
-//   flare-export --input DIR [--format jsonl]
+//   flare-export --input DIR [--format jsonl] [--steps]
 //
 // DIR is the spool root (DIR/<job>/<rank>/records-<pid>.pb) or any folder below it. One JSON
 // object per record: job, rank, kind, name, dtype, shape, layout, stream, device, thread,
@@ -11,9 +11,10 @@
 // of kind "span": name (API), id, parent, thread, start/end/duration, and gc_* for collections.
 // Kernel summaries (FLARE_MODE=summary) are lines of kind "summary": op_kind, name, dtype, shape,
 // stream, device, window_start_ns/window_end_ns and clusters [{count, p50_ns, p99_ns, sum_ns}],
-// and "sampled_ops" when the counts are estimates from that many timed launches. The rank's
-// per-step statistics (FLARE_MODE=summary) are lines of kind "step": start/end/duration,
-// gpu_busy_ns, inter_ns, minority_ns, gpu_ops, late_ops, and run_queue_wait_ns when measured.
+// and "sampled_ops" when the counts are estimates from that many timed launches. With --steps,
+// the rank's per-step statistics (FLARE_MODE=summary) follow as lines of kind "step" (no name):
+// start/end/duration, gpu_busy_ns, inter_ns, minority_ns, gpu_ops, late_ops, and
+// run_queue_wait_ns when measured.
 // Exit 1 when a file is unreadable (the others are still printed), 2 on bad arguments.
 #include <algorithm>
 #include <cctype>
@@ -51,12 +52,15 @@ std::string shapeJson(const flare::v1::Signature& s) {
 
 int main(int argc, char** argv) {
   std::string input, format = "jsonl";
+  bool steps = false;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if ((a == "--input" || a == "--format") && i + 1 < argc) {
       (a == "--input" ? input : format) = argv[++i];
+    } else if (a == "--steps") {
+      steps = true;
     } else {
-      std::fprintf(stderr, "usage: flare-export --input DIR [--format jsonl]\n");
+      std::fprintf(stderr, "usage: flare-export --input DIR [--format jsonl] [--steps]\n");
       return 2;
     }
   }
@@ -110,21 +114,24 @@ int main(int argc, char** argv) {
         }
         std::printf("}\n");
       }
-      for (const auto& st : b.step_stats()) {
-        std::printf(
-            "{\"job\":%s,\"rank\":%d,\"kind\":\"step\",\"start_ns\":%lld,\"end_ns\":%lld,"
-            "\"duration_ns\":%lld,\"gpu_busy_ns\":%lld,\"inter_ns\":%lld,\"minority_ns\":%lld,"
-            "\"gpu_ops\":%llu,\"late_ops\":%llu",
-            flare::common::jsonQuote(job).c_str(), b.rank(), static_cast<long long>(st.start_ns()),
-            static_cast<long long>(st.end_ns()),
-            static_cast<long long>(st.end_ns() - st.start_ns()),
-            static_cast<long long>(st.gpu_busy_ns()), static_cast<long long>(st.inter_ns()),
-            static_cast<long long>(st.minority_ns()), static_cast<unsigned long long>(st.gpu_ops()),
-            static_cast<unsigned long long>(st.late_ops()));
-        if (st.has_run_queue_wait_ns())
-          std::printf(",\"run_queue_wait_ns\":%lld",
-                      static_cast<long long>(st.run_queue_wait_ns()));
-        std::printf("}\n");
+      if (steps) {
+        for (const auto& st : b.step_stats()) {
+          std::printf(
+              "{\"job\":%s,\"rank\":%d,\"kind\":\"step\",\"start_ns\":%lld,\"end_ns\":%lld,"
+              "\"duration_ns\":%lld,\"gpu_busy_ns\":%lld,\"inter_ns\":%lld,\"minority_ns\":%lld,"
+              "\"gpu_ops\":%llu,\"late_ops\":%llu",
+              flare::common::jsonQuote(job).c_str(), b.rank(),
+              static_cast<long long>(st.start_ns()), static_cast<long long>(st.end_ns()),
+              static_cast<long long>(st.end_ns() - st.start_ns()),
+              static_cast<long long>(st.gpu_busy_ns()), static_cast<long long>(st.inter_ns()),
+              static_cast<long long>(st.minority_ns()),
+              static_cast<unsigned long long>(st.gpu_ops()),
+              static_cast<unsigned long long>(st.late_ops()));
+          if (st.has_run_queue_wait_ns())
+            std::printf(",\"run_queue_wait_ns\":%lld",
+                        static_cast<long long>(st.run_queue_wait_ns()));
+          std::printf("}\n");
+        }
       }
       for (const auto& k : b.kernels()) {
         const auto& s = signatureOf(sigs, k.signature_id());

@@ -131,6 +131,31 @@ def test_summaries_carry_the_counts_and_sums_raw_mode_records(build_dir, tmp_pat
     assert colls(summ) == colls(raw) and colls(raw)
 
 
+def test_each_step_carries_its_run_queue_wait(build_dir, tmp_path):
+    """Summary mode's per-step statistics, as `flare-export --steps` prints them: one line per
+    complete step of each rank, each but a rank's first carrying how long its issuing thread
+    waited for a CPU (schedstat), within the step. Without --steps the records are unchanged."""
+    steps = 8
+    run_job(build_dir, tmp_path, "rq", "summary", steps=steps)
+    assert not any(r["kind"] == "step" for r in export(build_dir, tmp_path))
+    exp = subprocess.run([os.path.join(build_dir, "bin", "flare-export"), "--input",
+                          str(tmp_path), "--steps"], capture_output=True, text=True, timeout=120)
+    assert exp.returncode == 0, exp.stderr
+    lines = [json.loads(line) for line in exp.stdout.splitlines()]
+    by_rank = {}
+    for r in lines:
+        if r["kind"] == "step":
+            by_rank.setdefault(r["rank"], []).append(r)
+    assert sorted(by_rank) == list(range(RANKS))
+    for rank, rows in by_rank.items():
+        rows.sort(key=lambda r: r["start_ns"])
+        assert len(rows) >= steps - 1, (rank, len(rows))
+        measured = [r for r in rows[1:] if "run_queue_wait_ns" in r]
+        assert len(measured) == len(rows) - 1, (rank, rows)
+        for r in measured:
+            assert 0 <= r["run_queue_wait_ns"] <= r["duration_ns"], r
+
+
 def test_summary_mode_bytes_per_rank_per_step(build_dir, tmp_path):
     """32 layers; the steady-state cost per step is the difference of a long and a short run
     (fixed costs — signature tables, first batches — cancel). Printed for docs/benchmarks.md."""
