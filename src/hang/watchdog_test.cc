@@ -7,6 +7,14 @@ namespace {
 
 constexpr int64_t kS = 1'000'000'000;
 
+// A 2 s timeout, and 20 s for an all-reduce (FLARE_HANG_TIMEOUT_OPS=ncclAllReduce=20).
+WatchdogOptions longAllReduce() {
+  WatchdogOptions o;
+  o.timeout_ns = 2 * kS;
+  o.op_timeouts = {{"ncclAllReduce", 20 * kS}};
+  return o;
+}
+
 HeadOp op(uint64_t id, int64_t since_s, bool collective = false, int64_t expected_s = 0) {
   HeadOp h;
   h.op_id = id;
@@ -110,9 +118,7 @@ TEST(HangWatchdog, PerOpOverrideByNameThenByClass) {
 }
 
 TEST(HangWatchdog, AllReduceBelowItsOverrideNeverRaisesAboveItDoes) {
-  WatchdogOptions o;
-  o.timeout_ns = 2 * kS;
-  o.op_timeouts = {{"ncclAllReduce", 20 * kS}};
+  const WatchdogOptions o = longAllReduce();
   HangWatchdog w(o);
   w.setHead(1, op(1, 0, true));
   for (int t = 1; t <= 20; ++t) EXPECT_FALSE(w.poll(t * kS)) << t;
@@ -172,9 +178,7 @@ TEST(HangWatchdog, ParsesOpTimeoutsAndNamesBadEntries) {
 }
 
 TEST(HangWatchdog, KernelWaitingBehindAHealthyLongCollectiveIsNotStuck) {
-  WatchdogOptions o;
-  o.timeout_ns = 2 * kS;
-  o.op_timeouts = {{"ncclAllReduce", 20 * kS}};
+  const WatchdogOptions o = longAllReduce();
   HangWatchdog w(o);
   HeadOp all_reduce = op(1, 0, true);  // head since 0 s (bound 20 s), running on the GPU
   all_reduce.started = true;
@@ -192,9 +196,7 @@ TEST(HangWatchdog, KernelWaitingBehindAHealthyLongCollectiveIsNotStuck) {
 TEST(HangWatchdog, KernelStuckBeforeTheCollectiveIsReported) {
   // A compute kernel that never finishes, with the collective queued after it (it waits for
   // the kernel): the kernel was the head first, so it is stuck after the timeout.
-  WatchdogOptions o;
-  o.timeout_ns = 2 * kS;
-  o.op_timeouts = {{"ncclAllReduce", 20 * kS}};
+  const WatchdogOptions o = longAllReduce();
   HangWatchdog w(o);
   w.setHead(2, op(2, 0));        // the kernel, head since 0 s
   w.setHead(1, op(1, 1, true));  // the all-reduce, head since 1 s
@@ -208,9 +210,7 @@ TEST(HangWatchdog, KernelHeadFirstWaitingForARunningCollectiveIsNotStuck) {
   // The false positive of a loaded machine: the optimizer kernel heads the compute stream (it
   // waits on the all-reduce through cudaStreamWaitEvent) before the all-reduce heads the
   // communication stream. The all-reduce has started on the GPU: its bound decides.
-  WatchdogOptions o;
-  o.timeout_ns = 2 * kS;
-  o.op_timeouts = {{"ncclAllReduce", 20 * kS}};
+  const WatchdogOptions o = longAllReduce();
   HangWatchdog w(o);
   w.setHead(2, op(2, 0));         // the optimizer kernel, head since 0 s (not started)
   w.setHead(1, op(1, 1, true));   // the all-reduce, head since 1 s, not started yet
@@ -232,9 +232,7 @@ TEST(HangWatchdog, KernelHeadFirstWaitingForARunningCollectiveIsNotStuck) {
 TEST(HangWatchdog, KernelIsJudgedByItsOwnBoundWhileNoCollectiveRuns) {
   // The all-reduce became head before the kernel but has not started (it waits itself): the
   // kernel is not excused by it, whatever the order.
-  WatchdogOptions o;
-  o.timeout_ns = 2 * kS;
-  o.op_timeouts = {{"ncclAllReduce", 20 * kS}};
+  const WatchdogOptions o = longAllReduce();
   HangWatchdog w(o);
   w.setHead(1, op(1, 0, true));
   w.setHead(2, op(2, 1));
@@ -262,9 +260,7 @@ TEST(HangWatchdog, KernelThatStartsAfterWaitingIsTimedFromItsStart) {
   // all-reduce ends and, in the same pass, the kernel starts: its 2 s count from there, not
   // from when it became head (seen on the sim: the pass that saw the all-reduce complete
   // reported the kernel).
-  WatchdogOptions o;
-  o.timeout_ns = 2 * kS;
-  o.op_timeouts = {{"ncclAllReduce", 20 * kS}};
+  const WatchdogOptions o = longAllReduce();
   HangWatchdog w(o);
   HeadOp all_reduce = op(1, 0, true);
   all_reduce.started = true;
@@ -295,9 +291,7 @@ TEST(HangWatchdog, KernelWaitingForACollectiveThatJustCompletedIsTimedFromItsCom
   // and the kernel not started. Its clock restarts at that poll, so the 10 s it waited for the
   // all-reduce do not pass its 2 s bound (the CI's false report of residual_add behind a
   // host-stalled peer's all-reduce); if it still has not started 2 s later, it is stuck.
-  WatchdogOptions o;
-  o.timeout_ns = 2 * kS;
-  o.op_timeouts = {{"ncclAllReduce", 20 * kS}};
+  const WatchdogOptions o = longAllReduce();
   for (const bool next_collective_queued : {false, true}) {
     SCOPED_TRACE(next_collective_queued ? "next all-reduce heads its stream" : "stream idle");
     HangWatchdog w(o);
@@ -336,9 +330,7 @@ TEST(HangWatchdog, KernelWaitingForACollectiveThatJustCompletedIsTimedFromItsCom
 TEST(HangWatchdog, CompletedCollectiveRestartsNoRunningKernelNorAnotherCollective) {
   // Only heads that have not started are timed afresh: a kernel that runs (started) keeps its
   // time, and so does a collective that waits.
-  WatchdogOptions o;
-  o.timeout_ns = 2 * kS;
-  o.op_timeouts = {{"ncclAllReduce", 20 * kS}};
+  const WatchdogOptions o = longAllReduce();
   HangWatchdog w(o);
   HeadOp all_reduce = op(1, 0, true);
   all_reduce.started = true;

@@ -36,6 +36,14 @@ class NullSink : public timing::Sink {
 
 class HangWatchTest : public ::testing::Test {
  protected:
+  // A 2 s timeout and the FLARE_HANG_TIMEOUT_OPS entry `ops` (e.g. "ncclAllReduce=20").
+  void startWithOverride(const char* ops) {
+    hang::WatchdogOptions o;
+    o.timeout_ns = 2 * kS;
+    std::vector<std::string> errors;
+    ASSERT_TRUE(hang::parseOpTimeouts(ops, &o.op_timeouts, &errors)) << ops;
+    start(o);
+  }
   void start(hang::WatchdogOptions o) {
     watch_ = std::make_unique<HangWatch>(
         std::move(o),
@@ -164,11 +172,7 @@ TEST_F(HangWatchTest, StuckComputeKernelBehindCompletedOpsCountsFromTheLastCompl
 }
 
 TEST_F(HangWatchTest, LongCollectiveBelowItsOverrideIsNotAHang) {
-  hang::WatchdogOptions o;
-  o.timeout_ns = 2 * kS;
-  std::vector<std::string> errors;
-  ASSERT_TRUE(hang::parseOpTimeouts("ncclAllReduce=30", &o.op_timeouts, &errors));
-  start(o);
+  startWithOverride("ncclAllReduce=30");
   const uint32_t ar = tracer_->intern(sig("ncclAllReduce", timing::OpKind::kCollective));
   const uint32_t ag = tracer_->intern(sig("ncclAllGather", timing::OpKind::kCollective));
   launch(kNccl, ar, timing::OpKind::kCollective, 1);
@@ -186,11 +190,7 @@ TEST_F(HangWatchTest, LongCollectiveBelowItsOverrideIsNotAHang) {
 
 // The heads' start-event state decides a cross-stream wait, whichever op became head first.
 TEST_F(HangWatchTest, KernelWaitingForAStartedCollectiveIsNotStuckButOneBeforeItIs) {
-  hang::WatchdogOptions o;
-  o.timeout_ns = 2 * kS;
-  std::vector<std::string> errors;
-  ASSERT_TRUE(hang::parseOpTimeouts("ncclAllReduce=20", &o.op_timeouts, &errors));
-  start(o);
+  startWithOverride("ncclAllReduce=20");
   const uint32_t ar = tracer_->intern(sig("ncclAllReduce", timing::OpKind::kCollective));
   const uint32_t adam = tracer_->intern(sig("adam", timing::OpKind::kKernel));
   // The optimizer kernel heads the compute stream first (it waits on the all-reduce: its start
@@ -222,11 +222,7 @@ TEST_F(HangWatchTest, KernelWaitingForAStartedCollectiveIsNotStuckButOneBeforeIt
 // later one (its stream wakes up late on a loaded machine): the pass in between must not
 // report the kernel for the time it waited for the all-reduce.
 TEST_F(HangWatchTest, KernelWhoseStartLagsTheCollectivesEndIsNotStuck) {
-  hang::WatchdogOptions o;
-  o.timeout_ns = 2 * kS;
-  std::vector<std::string> errors;
-  ASSERT_TRUE(hang::parseOpTimeouts("ncclAllReduce=20", &o.op_timeouts, &errors));
-  start(o);
+  startWithOverride("ncclAllReduce=20");
   const uint32_t ar = tracer_->intern(sig("ncclAllReduce", timing::OpKind::kCollective));
   const uint32_t residual = tracer_->intern(sig("residual_add", timing::OpKind::kKernel));
   launch(kNccl, ar, timing::OpKind::kCollective, 1);
