@@ -73,6 +73,31 @@ TEST(SummaryGpuSlow, HealthyAndFastRanksRaiseNothing) {
   EXPECT_TRUE(diagnose(job(2, 1.02), DiagnoseOptions{}).empty());  // below gpu_min_effect
 }
 
+// One call the host was preempted inside (its start event stamped on an idle stream, the kernel
+// enqueued 30 ms later) is a cluster of its own: it moves neither the slow rank's slowdown nor
+// a healthy rank into a gpu_slow (a mean of the 1,056 calls would read 2.7x and 1.7x).
+TEST(SummaryGpuSlow, OneHostDelayedCallMovesNoRanksTypicalCall) {
+  auto withDelayedCall = [](flare::v1::RecordBatch b) {
+    auto* c = b.mutable_summaries(1)->add_clusters();
+    c->set_count(1);
+    c->set_p50_ns(30'000'000);
+    c->set_p99_ns(30'000'000);
+    c->set_sum_ns(30'000'000);
+    return b;
+  };
+  for (int delayed : {3, 5}) {
+    JobModel model;
+    for (int r = 0; r < 8; ++r) {
+      flare::v1::RecordBatch b = summaryBatch(r, r == 3 ? 1.25 : 1.0, 100 * (r % 3));
+      model.addBatch(r, r == delayed ? withDelayedCall(std::move(b)) : b);
+    }
+    const auto found = diagnose(model, DiagnoseOptions{});
+    ASSERT_EQ(found.size(), 1u) << delayed;
+    EXPECT_EQ(found[0].ranks, std::vector<int>{3}) << delayed;
+    EXPECT_NEAR(found[0].severity, 0.25, 0.01) << delayed;
+  }
+}
+
 TEST(SummaryGpuSlow, SummariesOfUnknownSignaturesAreCountedNotUsed) {
   JobModel model;
   flare::v1::RecordBatch b = summaryBatch(0, 1.0, 0);
