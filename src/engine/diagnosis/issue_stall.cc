@@ -298,8 +298,11 @@ void detectIssueStall(const JobModel& job, const DiagnoseOptions& opt,
                                : " (likely cause: " + named + ")");
     // CPU contention: the host fell behind because its issuing thread waited for a CPU (run
     // queue), not because the training code kept it busy — at least half of what the stall
-    // cost (its excess GPU idle, else its paired delay) is run-queue wait beyond the other
-    // ranks'. The machine's to fix (operations), whatever the code did meanwhile.
+    // cost is run-queue wait beyond the other ranks'. The cost is the larger of its excess GPU
+    // idle and its paired delay: a 5 ms host pause a deep GPU queue absorbs idles the GPU
+    // 0.18 ms a step but delays the issue 3.6 ms, and 0.18 ms of extra wait explains the first
+    // only (the matrix's stall-5ms-16 read cpu_contention). The machine's to fix (operations),
+    // whatever the code did meanwhile.
     if (!run_queue) run_queue = runQueueWaitPerStep(job);
     if (auto mine = run_queue->find(rank); mine != run_queue->end() && run_queue->size() >= 2) {
       std::vector<double> others;
@@ -307,10 +310,8 @@ void detectIssueStall(const JobModel& job, const DiagnoseOptions& opt,
         if (o != rank) others.push_back(w);
       const double others_wait = median(others);
       const double excess_wait = mine->second - others_wait;
-      const double cost =
-          idle_excess > 0
-              ? idle_excess
-              : (pair != nullptr && pair->median_delay_ns > 0 ? pair->median_delay_ns : 0.0);
+      const double delay = pair != nullptr ? pair->median_delay_ns : 0.0;
+      const double cost = std::max({idle_excess, delay, 0.0});
       if (excess_wait > 0 && cost > 0 && excess_wait >= 0.5 * cost) {
         d.kind = "cpu_contention";
         d.team = Team::kOperations;
@@ -321,7 +322,7 @@ void detectIssueStall(const JobModel& job, const DiagnoseOptions& opt,
              "its issuing thread waited for a CPU " + fmtMs(mine->second) +
                  " per step (run queue, median) vs " + fmtMs(others_wait) +
                  " on the other ranks: " + fmtPct(std::min(1.0, excess_wait / cost)) + " of the " +
-                 fmtMs(cost) + (idle_excess > 0 ? " of extra GPU idle" : " of issue delay") +
+                 fmtMs(cost) + (cost == idle_excess ? " of extra GPU idle" : " of issue delay") +
                  " per step",
              mine->second, others_wait});
         d.summary = "rank " + std::to_string(rank) + ": its host waits for a CPU — " +

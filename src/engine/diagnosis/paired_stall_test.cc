@@ -299,10 +299,19 @@ flare::v1::RecordBatch asSummary(const flare::v1::RecordBatch& raw, int64_t run_
 
 // Rank 4's stall (2 ms before kernel 5 of every step) in summary mode, each rank's issuing
 // thread waiting `others_wait` for a CPU per step and rank 4's `stalled_wait`.
-JobModel buildWithRunQueue(int64_t stalled_wait, int64_t others_wait) {
+// With `stalled_kernel_ns`, rank 4's kernels run that long instead of 50 us (less busy: its
+// GPU idles more per step).
+JobModel buildWithRunQueue(int64_t stalled_wait, int64_t others_wait,
+                           int64_t stalled_kernel_ns = 50'000) {
   JobModel m;
-  for (int r = 0; r < 8; ++r)
-    m.addBatch(r, asSummary(rankBatch(r, 4, 2'000'000), r == 4 ? stalled_wait : others_wait));
+  for (int r = 0; r < 8; ++r) {
+    flare::v1::RecordBatch b = rankBatch(r, 4, 2'000'000);
+    if (r == 4) {
+      for (auto& k : *b.mutable_kernels())
+        if (k.signature_id() == 2) k.set_end_ns(k.start_ns() + stalled_kernel_ns);
+    }
+    m.addBatch(r, asSummary(b, r == 4 ? stalled_wait : others_wait));
+  }
   return m;
 }
 
@@ -376,6 +385,12 @@ TEST(PairedStall, AStallSpentInTheRunQueueIsCpuContention) {
   EXPECT_DOUBLE_EQ(contended[0].evidence[0].reference, 100'000);
   EXPECT_NE(contended[0].summary.find("waits for a CPU"), std::string::npos)
       << contended[0].summary;
+
+  // A little more wait than the peers, and a little more GPU idle (0.2 ms), but a 1 ms issue
+  // delay: the wait explains the idle, not the stall; the cost is the larger of the two.
+  const auto idle_too = diagnose(buildWithRunQueue(350'000, 100'000, 30'000), DiagnoseOptions{});
+  ASSERT_EQ(idle_too.size(), 1u);
+  EXPECT_EQ(idle_too[0].kind, "issue_stall");
 
   for (int64_t wait : {int64_t{100'000}, int64_t{-1}}) {  // the peers' wait; not measured
     const auto found = diagnose(buildWithRunQueue(wait, wait), DiagnoseOptions{});
