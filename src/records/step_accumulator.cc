@@ -32,7 +32,14 @@ void StepAccumulator::addRunQueueWait(uint64_t thread, int64_t t, int64_t waited
   std::vector<std::pair<int64_t, int64_t>>& readings = run_queue_[thread];
   if (!readings.empty() && (t <= readings.back().first || waited_ns < readings.back().second))
     return;  // out of order, or a counter that went back (a reused thread id)
-  if (readings.size() >= max_ops_) readings.erase(readings.begin(), readings.begin() + 1);
+  if (readings.size() >= kMaxRunQueueReadings) {
+    // No boundary for long (a job without step markers or DataLoader calls, or a very long
+    // step): every other reading goes, so the readings still span the open step, at half the
+    // resolution (amortised O(1) per reading).
+    size_t kept = 0;
+    for (size_t i = 0; i < readings.size(); i += 2) readings[kept++] = readings[i];
+    readings.resize(kept);
+  }
   readings.emplace_back(t, waited_ns);
 }
 

@@ -57,6 +57,8 @@ class StepAccumulator {
   // the whole time) does not lose its op in a loop of short steps.
   static constexpr size_t kMaxSlackSteps = 8;
   static constexpr int64_t kMaxHoldNs = 2'000'000'000;
+  // Run-queue readings held per thread; beyond, every other one is dropped (addRunQueueWait).
+  static constexpr size_t kMaxRunQueueReadings = 4096;
   explicit StepAccumulator(size_t max_ops = kDefaultMaxOps) : max_ops_(max_ops) {}
 
   // A GPU op (any op that is not a host synchronization): kernel = OP_KIND_KERNEL. `weight`:

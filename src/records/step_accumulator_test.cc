@@ -204,6 +204,14 @@ TEST(StepAccumulator, RunQueueWaitOfTheIssuingThreads) {
   big.addRunQueueWait(4, 90, 0);
   big.addRunQueueWait(4, 210, 1'000'000);
   EXPECT_EQ(big.take(false).at(0).stats.run_queue_wait_ns, 100);
+  // A step 100 times longer than the readings the accumulator holds: they are thinned, still
+  // span the step, and the wait over it is exact (a counter growing linearly).
+  StepAccumulator longStep;
+  const int64_t n = 100 * static_cast<int64_t>(StepAccumulator::kMaxRunQueueReadings);
+  for (int64_t b : {int64_t{0}, n, n + 1, n + 2}) longStep.addStepMarker(b);
+  longStep.addGpuOp(10, 20, 30, false, 5);
+  for (int64_t t = 0; t <= n + 1; ++t) longStep.addRunQueueWait(5, t, t / 4);
+  EXPECT_EQ(longStep.take(false).at(0).stats.run_queue_wait_ns, n / 4);
 }
 
 // With the Tracer's watermark a step leaves as soon as every op issued in it has completed,
