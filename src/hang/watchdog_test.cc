@@ -25,6 +25,12 @@ HeadOp op(uint64_t id, int64_t since_s, bool collective = false, int64_t expecte
   return h;
 }
 
+// The op with its start event completed (it runs on the GPU).
+HeadOp running(HeadOp h) {
+  h.started = true;
+  return h;
+}
+
 TEST(HangWatchdog, ReportsOnceAfterTheTimeout) {
   HangWatchdog w;  // 300 s
   w.setHead(7, op(1, 10, true));
@@ -180,8 +186,8 @@ TEST(HangWatchdog, ParsesOpTimeoutsAndNamesBadEntries) {
 TEST(HangWatchdog, KernelWaitingBehindAHealthyLongCollectiveIsNotStuck) {
   const WatchdogOptions o = longAllReduce();
   HangWatchdog w(o);
-  HeadOp all_reduce = op(1, 0, true);  // head since 0 s (bound 20 s), running on the GPU
-  all_reduce.started = true;
+  const HeadOp all_reduce =
+      running(op(1, 0, true));  // head since 0 s (bound 20 s), running on the GPU
   w.setHead(1, all_reduce);
   w.setHead(2, op(2, 1));  // the optimizer kernel after it, head since 1 s (bound 2 s)
   EXPECT_FALSE(w.poll(10 * kS));
@@ -262,8 +268,7 @@ TEST(HangWatchdog, KernelThatStartsAfterWaitingIsTimedFromItsStart) {
   // reported the kernel).
   const WatchdogOptions o = longAllReduce();
   HangWatchdog w(o);
-  HeadOp all_reduce = op(1, 0, true);
-  all_reduce.started = true;
+  const HeadOp all_reduce = running(op(1, 0, true));
   w.setHead(1, all_reduce);
   w.setHead(2, op(2, 0));  // not started: it waits for the all-reduce
   EXPECT_FALSE(w.poll(10 * kS));
@@ -295,8 +300,7 @@ TEST(HangWatchdog, KernelWaitingForACollectiveThatJustCompletedIsTimedFromItsCom
   for (const bool next_collective_queued : {false, true}) {
     SCOPED_TRACE(next_collective_queued ? "next all-reduce heads its stream" : "stream idle");
     HangWatchdog w(o);
-    HeadOp all_reduce = op(1, 0, true);
-    all_reduce.started = true;
+    const HeadOp all_reduce = running(op(1, 0, true));
     w.setHead(1, all_reduce);
     w.setHead(2, op(2, 0));  // not started: it waits for the all-reduce
     EXPECT_FALSE(w.poll(5 * kS));
@@ -315,8 +319,7 @@ TEST(HangWatchdog, KernelWaitingForACollectiveThatJustCompletedIsTimedFromItsCom
   }
   // The kernel that starts a pass later is timed from its start, as before.
   HangWatchdog w(o);
-  HeadOp all_reduce = op(1, 0, true);
-  all_reduce.started = true;
+  const HeadOp all_reduce = running(op(1, 0, true));
   w.setHead(1, all_reduce);
   w.setHead(2, op(2, 0));
   EXPECT_FALSE(w.poll(10 * kS));
@@ -332,8 +335,7 @@ TEST(HangWatchdog, CompletedCollectiveRestartsNoRunningKernelNorAnotherCollectiv
   // time, and so does a collective that waits.
   const WatchdogOptions o = longAllReduce();
   HangWatchdog w(o);
-  HeadOp all_reduce = op(1, 0, true);
-  all_reduce.started = true;
+  const HeadOp all_reduce = running(op(1, 0, true));
   w.setHead(1, all_reduce);
   HeadOp running = op(2, 0);
   running.started = true;

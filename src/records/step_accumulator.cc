@@ -43,7 +43,8 @@ void StepAccumulator::addRunQueueWait(uint64_t thread, int64_t t, int64_t waited
   readings.emplace_back(t, waited_ns);
 }
 
-int64_t StepAccumulator::runQueueWait(int64_t s0, int64_t s1) const {
+int64_t StepAccumulator::runQueueWait(int64_t s0, int64_t s1,
+                                      const std::set<uint64_t>& issuers) const {
   // The counter at time t, linear between readings (held flat outside them).
   auto at = [](const std::vector<std::pair<int64_t, int64_t>>& r, int64_t t) -> double {
     auto hi = std::lower_bound(
@@ -55,9 +56,6 @@ int64_t StepAccumulator::runQueueWait(int64_t s0, int64_t s1) const {
     const double f = static_cast<double>(t - lo.first) / static_cast<double>(hi->first - lo.first);
     return static_cast<double>(lo.second) + f * static_cast<double>(hi->second - lo.second);
   };
-  std::set<uint64_t> issuers;
-  for (const PendingOp& p : ops_)
-    if (p.op.issue >= s0 && p.op.issue < s1) issuers.insert(p.thread);
   int64_t most = -1;
   for (uint64_t thread : issuers) {
     auto it = run_queue_.find(thread);
@@ -122,13 +120,15 @@ StepResult StepAccumulator::computeStep(int64_t s0, int64_t s1) {
   result.stats.end_ns = s1;
   uint64_t weights = 0;
   bool sampled = false;
+  std::set<uint64_t> issuers;  // the threads that issued the step's ops
   for (const PendingOp& p : ops_) {
     if (p.op.issue < s0 || p.op.issue >= s1) continue;
     weights += p.weight;
     sampled = sampled || p.weight > 1;
+    issuers.insert(p.thread);
   }
   if (sampled) result.gpu_ops_estimated = weights;
-  result.stats.run_queue_wait_ns = runQueueWait(s0, s1);
+  result.stats.run_queue_wait_ns = runQueueWait(s0, s1, issuers);
 
   // Causes: per thread, the launches in issue order (earlier steps' latest launch first).
   std::map<uint64_t, std::vector<const PendingOp*>> by_thread;

@@ -24,6 +24,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <map>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -109,7 +110,7 @@ class StepAccumulator {
     return markers_.empty() && !saw_marker_ ? loader_starts_ : markers_;
   }
   StepResult computeStep(int64_t s0, int64_t s1);
-  int64_t runQueueWait(int64_t s0, int64_t s1) const;
+  int64_t runQueueWait(int64_t s0, int64_t s1, const std::set<uint64_t>& issuers) const;
   void forgetBefore(int64_t s0, int64_t s1);
 
   size_t max_ops_;
