@@ -29,10 +29,12 @@ static_assert(std::size(kReasonNames) == static_cast<size_t>(Reason::kCount),
               "one name per Reason");
 static_assert(static_cast<size_t>(Reason::kCount) <= 32, "RankState::logged_reasons: a bit each");
 
-constexpr const char* kDropNames[] = {"ring_full",      "events_exhausted",    "unmatched",
-                                      "spans_dropped",  "spool_dropped",       "send_failed",
-                                      "disabled_calls", "log_once_suppressed", "event_errors",
-                                      "capturing",      "unfinished"};
+constexpr const char* kDropNames[] = {
+    "ring_full",     "events_exhausted", "unmatched",      "spans_dropped",
+    "spool_dropped", "send_failed",      "disabled_calls", "log_once_suppressed",
+    "event_errors",  "capturing",        "unfinished",     "run_queue_unmeasured"};
+static_assert(std::size(kDropNames) == std::tuple_size_v<decltype(IngestCounters::rank_drops)>,
+              "one name per DropCounters field");
 
 }  // namespace
 

@@ -194,7 +194,7 @@ struct IngestCounters {
   std::atomic<uint64_t> hang_reports{0};          // accepted
   std::atomic<uint64_t> hang_reports_dropped{0};  // the queue for the hang monitor was full
   // Sum over ranks of the increases of each DropCounters field (index = field number - 1).
-  std::array<std::atomic<uint64_t>, 11> rank_drops{};
+  std::array<std::atomic<uint64_t>, 12> rank_drops{};
 };
 
 // A rank's stored summary rows being filled (MODE_SUMMARY), one per (daemon signature id,

@@ -586,15 +586,20 @@ TEST_F(IngestTest, DropCountersBecomeDeltas) {
   b.set_rank(0);
   b.mutable_drops()->set_ring_full(5);
   b.mutable_drops()->set_unfinished(1);
+  b.mutable_drops()->set_run_queue_unmeasured(3);
   ASSERT_TRUE(ingest_->batch(s, b).ok());
   b.mutable_drops()->set_ring_full(12);  // cumulative: +7
+  b.mutable_drops()->set_run_queue_unmeasured(5);
   ASSERT_TRUE(ingest_->batch(s, b).ok());
   EXPECT_EQ(ingest_->counters().rank_drops[0].load(), 12u);
   EXPECT_EQ(ingest_->counters().rank_drops[10].load(), 1u);
+  EXPECT_EQ(ingest_->counters().rank_drops[11].load(), 5u);
   PromWriter w;
   ingest_->writeMetrics(w);
   EXPECT_THAT(w.text(), ::testing::HasSubstr("flare_rank_drops_total{kind=\"ring_full\"} 12\n"));
   EXPECT_THAT(w.text(), ::testing::HasSubstr("flare_rank_drops_total{kind=\"unfinished\"} 1\n"));
+  EXPECT_THAT(w.text(),
+              ::testing::HasSubstr("flare_rank_drops_total{kind=\"run_queue_unmeasured\"} 5\n"));
 }
 
 TEST_F(IngestTest, SummariesFeedTheReport) {

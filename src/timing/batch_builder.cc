@@ -117,6 +117,7 @@ BatchBuilder::BatchBuilder(int rank, BatchBuilderOptions options, Emit emit)
   if (!options_.run_queue_wait) {
     auto reader = std::make_shared<RunQueueReader>();
     options_.run_queue_wait = [reader](uint32_t tid) { return reader->read(tid); };
+    if (!options_.run_queue_off) options_.run_queue_off = [reader] { return reader->off(); };
   }
   if (!options_.now_ns) options_.now_ns = [] { return common::monotonicNs(); };
 }
@@ -255,6 +256,8 @@ void BatchBuilder::addStepStats(bool final) {
     flare::v1::StepStats* out = batch_.add_step_stats();
     records::encodeStepStats(
         r, [this](int64_t t) { return clock_map_.fromMonotonic(t); }, out);
+    if (r.stats.run_queue_wait_ns < 0 && options_.run_queue_off && options_.run_queue_off())
+      ++run_queue_unmeasured_;
     account(out->ByteSizeLong());
   }
 }
@@ -394,6 +397,7 @@ void BatchBuilder::closeBatch() {
   drops->set_capturing(drops_.capturing);
   drops->set_unfinished(drops_.unfinished);
   drops->set_spans_dropped(drops_.spans_dropped);
+  drops->set_run_queue_unmeasured(run_queue_unmeasured_);
   drops->set_log_once_suppressed(common::logCounters().once_suppressed);
   if (options_.extra_drops) options_.extra_drops(drops);
   batch_.set_created_ns(common::realtimeNs());

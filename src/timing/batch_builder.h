@@ -56,6 +56,10 @@ struct BatchBuilderOptions {
   std::function<int64_t()> now_ns;
   static constexpr int64_t kRunQueuePeriodNs = 1'000'000;
   int64_t run_queue_period_ns = kRunQueuePeriodNs;
+  // True once run-queue wait cannot be measured on this machine: the steps sent without it from
+  // then on are counted (DropCounters.run_queue_unmeasured). Default: the default reader's off();
+  // unset with a run_queue_wait of the caller's (a replay: no run-queue wait was recorded).
+  std::function<bool()> run_queue_off;
 };
 
 class BatchBuilder {
@@ -113,6 +117,7 @@ class BatchBuilder {
   bool summarizing();
   int boundaries_seen_ = 0;                // MODE_SUMMARY step boundaries seen, up to 2
   int64_t run_queue_read_ns_ = INT64_MIN;  // when the issuing threads were last read
+  uint64_t run_queue_unmeasured_ = 0;      // steps sent while run_queue_off() (cumulative)
   // kSync signatures: name, step marker?, summarised in MODE_SUMMARY (not a marker, not a
   // blocking "Synchronize" call)?
   struct SyncSignature {

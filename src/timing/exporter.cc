@@ -42,7 +42,8 @@ GrpcExporter::GrpcExporter(std::unique_ptr<Transport> transport, ExporterOptions
                    .summary_window_ns = options_.summary_window_ns,
                    .run_queue_wait = {},  // the default reader
                    .now_ns = {},
-                   .run_queue_period_ns = BatchBuilderOptions::kRunQueuePeriodNs},
+                   .run_queue_period_ns = BatchBuilderOptions::kRunQueuePeriodNs,
+                   .run_queue_off = {}},
                [this](flare::v1::RecordBatch&& batch) { enqueue(std::move(batch)); }),
       mode_(static_cast<int>(options_.mode)) {
   if (options_.spool_dir.empty()) options_.spool_dir = common::defaultSpoolRoot();

@@ -37,7 +37,8 @@ SpoolSink::SpoolSink(const std::string& dir, const std::string& job_id, int rank
                                    .summary_window_ns = options.summary_window_ns,
                                    .run_queue_wait = {},  // the default reader
                                    .now_ns = {},
-                                   .run_queue_period_ns = BatchBuilderOptions::kRunQueuePeriodNs},
+                                   .run_queue_period_ns = BatchBuilderOptions::kRunQueuePeriodNs,
+                                   .run_queue_off = {}},
                [this](flare::v1::RecordBatch&& batch) { write(batch); }) {
   try {
     const std::filesystem::path folder =

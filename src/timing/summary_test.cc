@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <initializer_list>
 #include <map>
 #include <string>
 #include <vector>
@@ -282,6 +283,23 @@ TEST(BatchBuilderSummary, LoaderSpansBeforeTheFirstOpAreStepBoundaries) {
   EXPECT_EQ(steps, 4);  // five DataLoader calls: four complete steps
 }
 
+// One step from `start`: its marker, then one 1 ms kernel per issuing thread, issued 1 ms in.
+void addRunQueueStep(BatchBuilder& builder, int64_t start,
+                     std::initializer_list<uint32_t> threads) {
+  std::vector<CompletedOp> ops(1);
+  ops[0].info = info(2, OpKind::kSync);  // the step marker
+  ops[0].issue_ns = ops[0].start_ns = ops[0].end_ns = start;
+  for (uint32_t thread : threads) {
+    CompletedOp& k = ops.emplace_back();
+    k.info = info(1, OpKind::kKernel);
+    k.thread_id = thread;
+    k.issue_ns = start + 1'000'000;
+    k.start_ns = k.issue_ns + 100'000;
+    k.end_ns = k.start_ns + 1'000'000;
+  }
+  builder.addOps(ops);
+}
+
 // Each step carries its issuing thread's run-queue wait: the thread is read when steps are
 // taken (at most every run_queue_period_ns), and the step gets the counter's growth over it.
 TEST(BatchBuilderSummary, StepsCarryTheIssuingThreadsRunQueueWait) {
@@ -303,17 +321,7 @@ TEST(BatchBuilderSummary, StepsCarryTheIssuingThreadsRunQueueWait) {
   builder.addSignature(2, makeSig("flare_step", OpKind::kSync));
   for (int step = 0; step < 8; ++step) {
     now = t0 + step * kStep + 3'000'000;
-    std::vector<CompletedOp> ops(3);
-    ops[0].info = info(2, OpKind::kSync);  // the step marker
-    ops[0].issue_ns = ops[0].start_ns = ops[0].end_ns = t0 + step * kStep;
-    for (int k = 1; k < 3; ++k) {
-      ops[k].info = info(1, OpKind::kKernel);
-      ops[k].thread_id = k == 1 ? 7 : 8;
-      ops[k].issue_ns = t0 + step * kStep + 1'000'000;
-      ops[k].start_ns = ops[k].issue_ns + 100'000;
-      ops[k].end_ns = ops[k].start_ns + 1'000'000;
-    }
-    builder.addOps(ops);
+    addRunQueueStep(builder, t0 + step * kStep, {7, 8});
   }
   builder.finish();
   // Seven steps: the first not measured (its thread was first read inside it), the others
@@ -332,6 +340,46 @@ TEST(BatchBuilderSummary, StepsCarryTheIssuingThreadsRunQueueWait) {
     EXPECT_NEAR(*waits[i], 2'000'000, 2) << i;
   }
   EXPECT_NE(std::find(read.begin(), read.end(), 8u), read.end());  // both issuing threads read
+}
+
+// A machine whose schedstat cannot be read (the reader turned itself off): every step sent
+// without run-queue wait from then on is counted in the batch's drop counters, so that flare
+// status shows why cpu_contention is never told apart there. A working reader counts nothing,
+// not even the first step (its thread was first read inside it: unmeasured, not unreadable).
+TEST(BatchBuilderSummary, StepsSentWhileRunQueueIsUnreadableAreCounted) {
+  auto run = [](bool readable) {
+    std::vector<flare::v1::RecordBatch> out;
+    const int64_t t0 = common::monotonicNs();
+    constexpr int64_t kStep = 10'000'000;
+    int64_t now = t0;
+    int failures = 0;
+    BatchBuilderOptions opts;
+    opts.summary_mode = [] { return true; };
+    opts.now_ns = [&] { return now; };
+    opts.run_queue_wait = [&](uint32_t) -> std::optional<int64_t> {
+      if (readable) return (now - t0) / 5;
+      ++failures;
+      return std::nullopt;
+    };
+    opts.run_queue_off = [&] { return failures >= 2; };
+    BatchBuilder builder(0, opts, [&](flare::v1::RecordBatch&& b) { out.push_back(std::move(b)); });
+    builder.addSignature(1, makeSig("elementwise_kernel", OpKind::kKernel));
+    builder.addSignature(2, makeSig("flare_step", OpKind::kSync));
+    for (int step = 0; step < 8; ++step) {
+      now = t0 + step * kStep + 3'000'000;
+      addRunQueueStep(builder, t0 + step * kStep, {7});
+    }
+    builder.finish();
+    size_t steps = 0;
+    for (const auto& b : out) steps += static_cast<size_t>(b.step_stats_size());
+    EXPECT_EQ(steps, 7u);
+    EXPECT_FALSE(out.empty());
+    return out.empty() ? uint64_t{999} : out.back().drops().run_queue_unmeasured();
+  };
+  EXPECT_EQ(run(true), 0u);
+  // Off from the second failed reading on; the first step is taken with the second step's ops at
+  // the earliest, after that reading: all seven counted.
+  EXPECT_EQ(run(false), 7u);
 }
 
 }  // namespace

@@ -61,6 +61,8 @@ SummaryBatches toSummary(int rank, const std::vector<flare::v1::RecordBatch>& ra
   opt.clock_map = [] { return common::ClockMap(0, 0); };  // records are on the epoch clock
   opt.summary_mode = [] { return true; };
   opt.summary_window_ns = summary_window_ns;
+  // A recorded trace carries no run-queue wait, and its thread ids are not this process's.
+  opt.run_queue_wait = [](uint32_t) -> std::optional<int64_t> { return std::nullopt; };
   timing::BatchBuilder builder(rank, opt, [&](flare::v1::RecordBatch&& b) {
     b.set_created_ns(current_due);  // the builder stamps the wall clock; the plan's is wanted
     out.batches.push_back(std::move(b));

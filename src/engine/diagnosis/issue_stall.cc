@@ -304,7 +304,13 @@ void detectIssueStall(const JobModel& job, const DiagnoseOptions& opt,
     // only (the matrix's stall-5ms-16 read cpu_contention). The machine's to fix (operations),
     // whatever the code did meanwhile.
     if (!run_queue) run_queue = runQueueWaitPerStep(job);
-    if (auto mine = run_queue->find(rank); mine != run_queue->end() && run_queue->size() >= 2) {
+    const auto mine = run_queue->find(rank);
+    if (mine == run_queue->end() && !run_queue->empty()) {
+      // Other ranks were measured, this one not (its schedstat unreadable: flare status counts
+      // run_queue_unmeasured): say what could not be ruled out.
+      d.summary += "; its run-queue wait was not measured, so CPU contention is not ruled out";
+    }
+    if (mine != run_queue->end() && run_queue->size() >= 2) {
       std::vector<double> others;
       for (const auto& [o, w] : *run_queue)
         if (o != rank) others.push_back(w);

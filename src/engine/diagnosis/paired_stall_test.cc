@@ -398,7 +398,15 @@ TEST(PairedStall, AStallSpentInTheRunQueueIsCpuContention) {
     EXPECT_EQ(found[0].kind, "issue_stall") << wait;
     EXPECT_EQ(found[0].team, Team::kAlgorithm);
     for (const Evidence& e : found[0].evidence) EXPECT_NE(e.metric, "run_queue_wait");
+    EXPECT_EQ(found[0].summary.find("not measured"), std::string::npos) << found[0].summary;
   }
+  // The stalled rank's wait not measured while its peers' was (its machine's schedstat
+  // unreadable): an issue_stall that says contention was not ruled out.
+  const auto unmeasured = diagnose(buildWithRunQueue(-1, 100'000), DiagnoseOptions{});
+  ASSERT_EQ(unmeasured.size(), 1u);
+  EXPECT_EQ(unmeasured[0].kind, "issue_stall");
+  EXPECT_NE(unmeasured[0].summary.find("run-queue wait was not measured"), std::string::npos)
+      << unmeasured[0].summary;
 }
 
 }  // namespace
