@@ -114,6 +114,25 @@ def run_flared_job(build_dir, daemon, workdir, name, ranks, mode, env=None, **wo
     return job
 
 
+def starved(job, rank, share=0.025):
+    """Whether the workload measured `rank`'s threads waiting for a CPU (run queue, over the
+    loop) more than the other ranks' median by at least `share` of its loop time: its main
+    thread's wait, or all its threads' together (the simulated GPU's workers, which the host
+    waits for, too)."""
+    own = job.stats[rank]
+    others = [s for s in job.stats if s["rank"] != rank]
+    if not others or not own.get("run_queue_wait_ns"):
+        return False
+    for which in ("main", "all"):
+        mine = own["run_queue_wait_ns"].get(which)
+        theirs = [s["run_queue_wait_ns"].get(which) for s in others]
+        if mine is None or None in theirs:
+            continue
+        if mine - statistics.median(theirs) >= share * own["loop_seconds"] * 1e9:
+            return True
+    return False
+
+
 def steps_per_rank(daemon, job):
     """Steps flared holds per rank: intervals between consecutive step starts (DataLoader
     `__next__` starts; the loop's last `__next__`, which raises StopIteration, closes its last
@@ -350,9 +369,15 @@ def test_flared_sees_every_step_and_the_same_kernels_in_raw_and_summary_mode(
             failures.append("rank %d count of %s: raw %s, summary %s" % (
                 k[-1], k[:4], per_rank["raw"].get(k), per_rank["summary"].get(k)))
     # A healthy run: no diagnosis in either mode (cold first calls, set-up, evaluation and
-    # checkpoint pauses are not anomalies).
+    # checkpoint pauses are not anomalies). A host stall on a rank the machine starved of CPU is
+    # real (the ranks share this machine's CPUs with the simulated GPUs and whatever else runs);
+    # it is accepted only where the workload itself measured that rank waiting for a CPU more
+    # than the others by at least the stall detector's floor (raw mode cannot tell contention
+    # from host work; summary mode names it cpu_contention).
     for mode, job in jobs.items():
-        found = diagnoses(flared, job.name)
+        found = [d for d in diagnoses(flared, job.name)
+                 if not (d["kind"] in ("issue_stall", "cpu_contention") and d.get("ranks") and
+                         all(starved(job, r) for r in d["ranks"]))]
         if found:
             failures.append("%s: diagnoses on a healthy job: %s" % (
                 mode, [(d["kind"], d.get("ranks"), d.get("summary", "")[:200]) for d in found]))

@@ -233,6 +233,25 @@ def evaluate(model, batches, eval_ms, micro_batch):
     time.sleep(eval_ms / 1000.0)
 
 
+def run_queue_wait_ns():
+    """(main thread, all threads): cumulative ns this process's threads waited for a CPU
+    (Linux schedstat, second field), or None where schedstat cannot be read. The workload's own
+    account of CPU contention, which tests hold Flare's host-stall findings against."""
+    def wait(path):
+        try:
+            with open(path) as f:
+                return int(f.read().split()[1])
+        except (OSError, ValueError, IndexError):
+            return None
+    main = wait("/proc/self/task/%d/schedstat" % os.getpid())
+    try:
+        tids = os.listdir("/proc/self/task")
+    except OSError:
+        tids = []
+    waits = [w for w in (wait("/proc/self/task/%s/schedstat" % t) for t in tids) if w is not None]
+    return (main, sum(waits) if waits else None)
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=30)
@@ -281,6 +300,7 @@ def main(argv=None):
     # ---- the loop: steps from the DataLoader only ----
     steps, losses = 0, 0.0
     t0 = time.perf_counter()
+    loop_started, waited_before = time.monotonic(), run_queue_wait_ns()
     for step, batch in enumerate(loader):
         S.flareSimSetStep(step)
         x = batch.cuda(non_blocking=True)
@@ -304,9 +324,15 @@ def main(argv=None):
                 time.sleep(args.save_ms / 1000.0)
         t0 = time.perf_counter()
     torch.cuda.synchronize()
+    loop_seconds, waited_after = time.monotonic() - loop_started, run_queue_wait_ns()
     if args.stats_dir:
+        # Run-queue wait over the loop (ns; None where schedstat cannot be read): the main
+        # thread's, and all threads' together (the simulated GPU's workers too).
+        waited = {k: (None if a is None or b is None else a - b)
+                  for k, a, b in zip(("main", "all"), waited_after, waited_before)}
         stats = {"rank": rank, "world": world, "steps": steps, "eval_at": eval_at,
                  "seconds": time.monotonic() - STARTED,
+                 "loop_seconds": loop_seconds, "run_queue_wait_ns": waited,
                  "save_at": save_at,
                  "host_event_records": _sim.host_allocator.records,
                  "host_event_queries": _sim.host_allocator.queries,
