@@ -8,6 +8,7 @@ import subprocess
 
 import pytest
 
+import contention
 from offline_diagnose import diagnose
 
 RANKS = 8
@@ -32,8 +33,14 @@ BOTH_MODES = pytest.mark.parametrize("mode", ["raw", "summary"])
 @pytest.mark.parametrize("hidden,layers,mode", [(4096, 4, "raw"), (8192, 2, "summary"),
                                                (2048, 6, "raw"), (4096, 4, "summary")])
 def test_healthy_jobs_raise_nothing(build_dir, tmp_path, hidden, layers, mode):
-    run_job(build_dir, tmp_path, "healthy", {"FLARE_MODE": mode}, hidden=hidden, layers=layers)
-    assert diagnose(build_dir, tmp_path) == []
+    sim = tmp_path / "sim.json"
+    run_job(build_dir, tmp_path, "healthy", {"FLARE_MODE": mode}, hidden=hidden, layers=layers,
+            extra=("--json", str(sim)))
+    # Nothing, except a host stall on a rank this machine's load really starved of CPU
+    # (contention.py: the workload's own schedstat readings say so).
+    waits = contention.sim_waits(json.loads(sim.read_text()))
+    assert contention.unexplained(diagnose(build_dir, tmp_path),
+                                  contention.starved_ranks(waits)) == [], waits
 
 
 def test_underclocked_gpu_names_that_rank_and_operations(build_dir, tmp_path):

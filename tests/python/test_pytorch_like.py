@@ -23,6 +23,7 @@ import time
 
 import pytest
 
+import contention
 import pipeline_health
 from conftest import python_interpreters
 from test_flared_diagnosis import Daemon
@@ -112,25 +113,6 @@ def run_flared_job(build_dir, daemon, workdir, name, ranks, mode, env=None, **wo
         time.sleep(0.3)
     time.sleep(1.5)  # one more detector pass over the complete window (--diagnose-interval-s 1)
     return job
-
-
-def starved(job, rank, share=0.025):
-    """Whether the workload measured `rank`'s threads waiting for a CPU (run queue, over the
-    loop) more than the other ranks' median by at least `share` of its loop time: its main
-    thread's wait, or all its threads' together (the simulated GPU's workers, which the host
-    waits for, too)."""
-    own = job.stats[rank]
-    others = [s for s in job.stats if s["rank"] != rank]
-    if not others or not own.get("run_queue_wait_ns"):
-        return False
-    for which in ("main", "all"):
-        mine = own["run_queue_wait_ns"].get(which)
-        theirs = [s["run_queue_wait_ns"].get(which) for s in others]
-        if mine is None or None in theirs:
-            continue
-        if mine - statistics.median(theirs) >= share * own["loop_seconds"] * 1e9:
-            return True
-    return False
 
 
 def steps_per_rank(daemon, job):
@@ -375,9 +357,10 @@ def test_flared_sees_every_step_and_the_same_kernels_in_raw_and_summary_mode(
     # than the others by at least the stall detector's floor (raw mode cannot tell contention
     # from host work; summary mode names it cpu_contention).
     for mode, job in jobs.items():
-        found = [d for d in diagnoses(flared, job.name)
-                 if not (d["kind"] in ("issue_stall", "cpu_contention") and d.get("ranks") and
-                         all(starved(job, r) for r in d["ranks"]))]
+        waits = {s["rank"]: (s["run_queue_wait_ns"]["main"], s["run_queue_wait_ns"]["all"],
+                             s["loop_seconds"]) for s in job.stats}
+        found = contention.unexplained(diagnoses(flared, job.name),
+                                       contention.starved_ranks(waits))
         if found:
             failures.append("%s: diagnoses on a healthy job: %s" % (
                 mode, [(d["kind"], d.get("ranks"), d.get("summary", "")[:200]) for d in found]))

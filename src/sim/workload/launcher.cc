@@ -37,6 +37,7 @@
 #include <filesystem>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "src/common/config.h"
@@ -180,7 +181,7 @@ struct Rank {
   std::string out_buf, err_buf;
   bool exited = false;
   int status = 0;
-  std::vector<double> step_ms, gemm_ms, boundary_ms;
+  std::vector<double> step_ms, gemm_ms, boundary_ms, run_queue_ms, run_queue_all_ms;
 };
 
 double field(const std::string& line, const char* key) {
@@ -195,6 +196,8 @@ void handleLine(int r, Rank& rank, const std::string& line, bool is_err, bool qu
     rank.step_ms.push_back(field(line, "step_ms"));
     rank.gemm_ms.push_back(field(line, "gemm_ms"));
     rank.boundary_ms.push_back(field(line, "boundary_ms"));
+    rank.run_queue_ms.push_back(field(line, "run_queue_ms"));
+    rank.run_queue_all_ms.push_back(field(line, "run_queue_all_ms"));
     return;
   }
   if (!quiet || is_err) std::fprintf(is_err ? stderr : stdout, "[rank %d] %s\n", r, line.c_str());
@@ -289,19 +292,21 @@ void writeJson(const std::string& path, const std::vector<Rank>& ranks) {
   }
   std::fprintf(f, "{\"ranks\":[");
   for (size_t r = 0; r < ranks.size(); ++r) {
-    std::fprintf(f, "%s{\"rank\":%zu,\"step_ms\":[", r ? "," : "", r);
-    for (size_t i = 0; i < ranks[r].step_ms.size(); ++i) {
-      std::fprintf(f, "%s%.4f", i ? "," : "", ranks[r].step_ms[i]);
+    std::fprintf(f, "%s{\"rank\":%zu", r ? "," : "", r);
+    // Per step; -1 where the rank did not say (run_queue_*: schedstat unreadable).
+    const std::pair<const char*, const std::vector<double>*> series[] = {
+        {"step_ms", &ranks[r].step_ms},
+        {"gemm_ms", &ranks[r].gemm_ms},
+        {"boundary_ms", &ranks[r].boundary_ms},
+        {"run_queue_ms", &ranks[r].run_queue_ms},
+        {"run_queue_all_ms", &ranks[r].run_queue_all_ms}};
+    for (const auto& [name, values] : series) {
+      std::fprintf(f, ",\"%s\":[", name);
+      for (size_t i = 0; i < values->size(); ++i)
+        std::fprintf(f, "%s%.5f", i ? "," : "", (*values)[i]);
+      std::fprintf(f, "]");
     }
-    std::fprintf(f, "],\"gemm_ms\":[");
-    for (size_t i = 0; i < ranks[r].gemm_ms.size(); ++i) {
-      std::fprintf(f, "%s%.5f", i ? "," : "", ranks[r].gemm_ms[i]);
-    }
-    std::fprintf(f, "],\"boundary_ms\":[");
-    for (size_t i = 0; i < ranks[r].boundary_ms.size(); ++i) {
-      std::fprintf(f, "%s%.4f", i ? "," : "", ranks[r].boundary_ms[i]);
-    }
-    std::fprintf(f, "],\"status\":\"%s\"}", describe(ranks[r].status).c_str());
+    std::fprintf(f, ",\"status\":\"%s\"}", describe(ranks[r].status).c_str());
   }
   std::fprintf(f, "]}\n");
   std::fclose(f);

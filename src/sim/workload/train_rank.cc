@@ -1,12 +1,19 @@
 // flare-sim-rank: one rank of the simulated training job (started by flare-sim-train).
 //
 // Reads its identity from torchrun's variables (RANK, WORLD_SIZE) and prints one line per
-// step on stdout:  FLARE_SIM_STEP {"rank":R,"step":S,"step_ms":X,"gemm_ms":Y}
+// step on stdout:  FLARE_SIM_STEP {"rank":R,"step":S,"step_ms":X,"gemm_ms":Y,...}, with the
+// step's run-queue wait (run_queue_ms: main thread; run_queue_all_ms: all threads; -1 unread).
+#include <unistd.h>
+
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <filesystem>
 #include <string>
+#include <system_error>
+#include <utility>
 
 #include "src/common/config.h"
 #include "src/sim/workload/workload.h"
@@ -22,13 +29,43 @@ int usage() {
   return 2;
 }
 
+// Cumulative ns a thread of this process waited for a CPU (schedstat's second field); -1 where
+// it cannot be read.
+int64_t threadRunQueueNs(const std::string& tid) {
+  FILE* f = std::fopen(("/proc/self/task/" + tid + "/schedstat").c_str(), "r");
+  if (!f) return -1;
+  long long on_cpu = 0, waited = -1;
+  if (std::fscanf(f, "%lld %lld", &on_cpu, &waited) != 2) waited = -1;
+  std::fclose(f);
+  return waited;
+}
+
+// This rank's run-queue wait so far: its main thread's, and all its threads' together (the
+// simulated GPU's stream workers too); -1 where schedstat cannot be read. The workload's own
+// account of CPU contention, which tests hold Flare's host-stall findings against.
+std::pair<int64_t, int64_t> runQueueNs() {
+  const int64_t main = threadRunQueueNs(std::to_string(getpid()));
+  int64_t all = 0;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator("/proc/self/task", ec)) {
+    const int64_t w = threadRunQueueNs(e.path().filename().string());
+    if (w >= 0) all += w;
+  }
+  return {main, ec || main < 0 ? -1 : all};
+}
+
 int g_rank = 0;
+std::pair<int64_t, int64_t> g_waited{-1, -1};  // at the previous step's end
 void printStep(const flare::sim::workload::StepResult& r) {
+  const auto now = runQueueNs();
+  auto ms = [](int64_t a, int64_t b) { return a < 0 || b < 0 ? -1.0 : (a - b) / 1e6; };
   std::printf(
       "FLARE_SIM_STEP {\"rank\":%d,\"step\":%d,\"step_ms\":%.3f,\"gemm_ms\":%.4f,"
-      "\"boundary_ms\":%.4f}\n",
-      g_rank, r.step, r.step_ms, r.gemm_ms, r.boundary_ms);
+      "\"boundary_ms\":%.4f,\"run_queue_ms\":%.4f,\"run_queue_all_ms\":%.4f}\n",
+      g_rank, r.step, r.step_ms, r.gemm_ms, r.boundary_ms, ms(now.first, g_waited.first),
+      ms(now.second, g_waited.second));
   std::fflush(stdout);
+  g_waited = runQueueNs();  // the printing's own wait is not the next step's
 }
 
 }  // namespace
@@ -73,6 +110,7 @@ int main(int argc, char** argv) {
   }
   o.rdzv_dir = flare::common::paramString("FLARE_SIM_RDZV_DIR");
   g_rank = o.rank;
+  g_waited = runQueueNs();
   try {
     flare::sim::workload::run(o, printStep);
   } catch (const std::exception& e) {
