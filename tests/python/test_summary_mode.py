@@ -10,9 +10,12 @@ import statistics
 import json
 import os
 import subprocess
+import time
 import zlib
 
 import pytest
+
+from flared_process import Flared
 
 RANKS = 8
 COMPUTE = {"kernel", "gemm", "attention", "memcpy", "memset", "graph"}
@@ -154,6 +157,77 @@ def test_each_step_carries_its_run_queue_wait(build_dir, tmp_path):
         assert len(measured) == len(rows) - 1, (rank, rows)
         for r in measured:
             assert 0 <= r["run_queue_wait_ns"] <= r["duration_ns"], r
+
+
+# An open() that refuses every schedstat file: a machine whose kernel keeps no run-queue
+# statistics (no CONFIG_SCHED_INFO), as far as the hook can tell.
+NO_SCHEDSTAT = r"""
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <errno.h>
+#include <stdarg.h>
+#include <string.h>
+int open(const char* path, int flags, ...) {
+  static int (*real)(const char*, int, ...);
+  if (!real) real = (int (*)(const char*, int, ...))dlsym(RTLD_NEXT, "open");
+  size_t n = strlen(path);
+  if (n >= 9 && strcmp(path + n - 9, "schedstat") == 0) { errno = ENOENT; return -1; }
+  va_list ap;
+  va_start(ap, flags);
+  int mode = va_arg(ap, int);
+  va_end(ap);
+  return real(path, flags, mode);
+}
+"""
+
+
+def test_unreadable_run_queue_wait_is_counted_where_the_operator_looks(build_dir, tmp_path):
+    """Where schedstat cannot be read, summary mode's steps carry no run-queue wait (so
+    cpu_contention cannot be told from issue_stall): each rank says so once in its log, and the
+    steps it sent without the wait are counted in `flare status` and flare_rank_drops_total."""
+    src, shim = tmp_path / "no_schedstat.c", tmp_path / "no_schedstat.so"
+    src.write_text(NO_SCHEDSTAT)
+    subprocess.run(["cc", "-shared", "-fPIC", "-o", str(shim), str(src), "-ldl"], check=True)
+    daemon = Flared(build_dir, tmp_path)
+    try:
+        steps = 8
+        full = dict(os.environ, FLARE_JOB_ID="rq-off", FLARE_MODE="summary",
+                    FLARE_DAEMON="127.0.0.1:%d" % daemon.grpc,
+                    FLARE_OUTPUT_DIR=str(tmp_path / "spool"),
+                    LD_PRELOAD="%s:%s" % (shim, os.path.join(build_dir, "lib",
+                                                             "libflare_hook.so")))
+        res = subprocess.run([os.path.join(build_dir, "bin", "flare-sim-train"), "--ranks", "2",
+                              "--steps", str(steps), "--layers", "2", "--hidden", "2048",
+                              "--tp", "2", "--quiet"], env=full, capture_output=True, text=True,
+                             timeout=300)
+        assert res.returncode == 0, res.stderr
+        for rank in range(2):
+            said = [line for line in res.stderr.splitlines() if line.startswith(
+                "[rank %d]" % rank) and "run-queue wait not measured" in line]
+            assert len(said) == 1, res.stderr
+        deadline = time.monotonic() + 30
+        while True:
+            ranks = daemon.json("/api/v1/jobs/rq-off/ranks").get("ranks", [])
+            if (len(ranks) == 2 and not any(r.get("connected") for r in ranks)) or \
+                    time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        st = subprocess.run([os.path.join(build_dir, "bin", "flare"), "status", "--daemon-http",
+                             "127.0.0.1:%d" % daemon.http, "--all", "--json"],
+                            capture_output=True, text=True, timeout=60)
+        assert st.returncode == 0, st.stderr
+        job = next(j for j in json.loads(st.stdout)["jobs"] if j["jobId"] == "rq-off")
+        counted = {r["rank"]: r["drops"].get("runQueueUnmeasured", 0) for r in job["ranks"]}
+        # The reader turns itself off after 8 failed readings (at most one a millisecond per
+        # issuing thread): from then on every step is counted, at most the 7 complete ones.
+        assert sorted(counted) == [0, 1] and all(1 <= n <= steps - 1 for n in counted.values()), \
+            counted
+        metric = [line for line in daemon.text("/metrics").splitlines()
+                  if line.startswith('flare_rank_drops_total{kind="run_queue_unmeasured"}')]
+        assert metric == ['flare_rank_drops_total{kind="run_queue_unmeasured"} %d'
+                          % sum(counted.values())], metric
+    finally:
+        daemon.stop(kill=True)
 
 
 def test_summary_mode_bytes_per_rank_per_step(build_dir, tmp_path):
