@@ -173,24 +173,6 @@ void detectSlowGpu(const JobModel& job, const DiagnoseOptions& opt,
   }
 }
 
-namespace {
-// The count-weighted median of the clusters' medians (0 without clusters).
-double typicalCall(std::vector<stats::DurationCluster> clusters) {
-  std::sort(clusters.begin(), clusters.end(),
-            [](const stats::DurationCluster& a, const stats::DurationCluster& b) {
-              return a.p50 < b.p50;
-            });
-  uint64_t total = 0;
-  for (const auto& c : clusters) total += c.count;
-  uint64_t seen = 0;
-  for (const auto& c : clusters) {
-    seen += c.count;
-    if (2 * seen >= total) return c.p50;
-  }
-  return 0;
-}
-}  // namespace
-
 void detectSlowGpuFromSummaries(const JobModel& job, const DiagnoseOptions& opt,
                                 const std::map<int, ArrivalStats>& arrivals,
                                 std::vector<Diagnosis>* out) {
@@ -198,11 +180,10 @@ void detectSlowGpuFromSummaries(const JobModel& job, const DiagnoseOptions& opt,
   for (const Diagnosis& d : *out) {
     if (d.kind == "gpu_slow") already.insert(d.ranks.begin(), d.ranks.end());
   }
-  // signature -> rank -> concatenated clusters. The means use every window; the distributions
-  // compared by W1 use the newest windows up to a budget of kClusterBudget clusters per signature
-  // over all ranks (at least kMinClusters per rank): all of them for the usual job (8 ranks × a
-  // minute of 1 s windows), the last few seconds per rank for 10,000 ranks, whose distance
-  // computations would otherwise dominate the daemon.
+  // signature -> rank -> concatenated clusters: the newest windows up to a budget of
+  // kClusterBudget clusters per signature over all ranks (at least kMinClusters per rank): all of
+  // them for the usual job (8 ranks × a minute of 1 s windows), the last few seconds per rank for
+  // 10,000 ranks, whose distance computations would otherwise dominate the daemon.
   constexpr size_t kClusterBudget = 200000, kMinClusters = 16;
   const size_t per_rank_clusters =
       std::max(kMinClusters, kClusterBudget / std::max<size_t>(job.ranks().size(), 1));
@@ -222,7 +203,7 @@ void detectSlowGpuFromSummaries(const JobModel& job, const DiagnoseOptions& opt,
     double weighted_ratio = 0;
     uint32_t top_sig = 0;
     double top_weight = -1;
-    double top_mean = 0, top_reference = 0, top_score = 0, top_fence = 0;
+    double top_typical = 0, top_reference = 0, top_score = 0, top_fence = 0;
   };
   std::map<int, RankScore> scores;
   // One signature's members: each rank's clusters, newest windows first up to
@@ -234,10 +215,11 @@ void detectSlowGpuFromSummaries(const JobModel& job, const DiagnoseOptions& opt,
   // and signature once grown).
   std::vector<std::vector<stats::DurationCluster>> members;
   std::vector<int> ranks;
-  std::vector<double> means;
+  std::vector<double> typical;
+  std::vector<std::pair<double, uint64_t>> medians;  // one member's (cluster p50, count)
   for (const uint32_t sig : index.sigs) {
     ranks.clear();
-    means.clear();
+    typical.clear();
     double weight = 0;
     for (const SummaryIndex::Rank& rw : index.ranks) {
       const SummaryIndex::Run* run = rw.find(sig);
@@ -249,12 +231,18 @@ void detectSlowGpuFromSummaries(const JobModel& job, const DiagnoseOptions& opt,
       for (uint32_t k = run->lo; k < run->hi && m.size() < per_rank_clusters; ++k) {
         for (const WindowCluster& c : rw.window(k).clusters) m.push_back(c.toDuration());
       }
+      medians.clear();
+      uint64_t calls = 0;
+      for (const stats::DurationCluster& c : m) {
+        medians.emplace_back(c.p50, c.count);
+        calls += c.count;
+      }
       ranks.push_back(rw.data->rank);
-      means.push_back(typicalCall(m));
+      typical.push_back(stats::weightedMedian(medians, calls));
       weight += run->sum;
     }
     if (ranks.size() < 3) continue;  // two ranks cannot say which one is different
-    const double reference = median(means);
+    const double reference = median(typical);
     if (reference <= 0) continue;
     stats::OutlierOptions oo;
     oo.alpha = opt.tukey_alpha;
@@ -266,7 +254,7 @@ void detectSlowGpuFromSummaries(const JobModel& job, const DiagnoseOptions& opt,
     std::set<size_t> high(res.high.begin(), res.high.end());
     for (size_t i = 0; i < ranks.size(); ++i) {
       RankScore& s = scores[ranks[i]];
-      const double ratio = means[i] / reference;
+      const double ratio = typical[i] / reference;
       s.total_weight += weight;
       s.weighted_ratio += weight * ratio;
       if (high.count(i) == 0 || ratio < 1.0 + opt.gpu_min_effect) continue;
@@ -274,7 +262,7 @@ void detectSlowGpuFromSummaries(const JobModel& job, const DiagnoseOptions& opt,
       if (weight > s.top_weight) {
         s.top_weight = weight;
         s.top_sig = sig;
-        s.top_mean = means[i];
+        s.top_typical = typical[i];
         s.top_reference = reference;
         s.top_score = res.scores[i];
         s.top_fence = res.fences.upper;
@@ -293,11 +281,11 @@ void detectSlowGpuFromSummaries(const JobModel& job, const DiagnoseOptions& opt,
     d.ranks = {rank};
     d.severity = slowdown;
     d.evidence.push_back({"compute_duration",
-                          sig.name() + ": typical call " + fmtUs(s.top_mean) + " on rank " +
+                          sig.name() + ": typical call " + fmtUs(s.top_typical) + " on rank " +
                               std::to_string(rank) + " vs " + fmtUs(s.top_reference) +
                               " (median over the ranks; a rank's typical call: the "
                               "count-weighted median of its kernel-summary clusters)",
-                          s.top_mean, s.top_reference});
+                          s.top_typical, s.top_reference});
     d.evidence.push_back({"summary_w1",
                           "mean W1 to the other ranks' summaries " + fmtUs(s.top_score) +
                               " above the Tukey fence " + fmtUs(s.top_fence),

@@ -55,7 +55,7 @@ std::pair<int64_t, int64_t> runQueueNs() {
 }
 
 int g_rank = 0;
-std::pair<int64_t, int64_t> g_waited{-1, -1};  // at the previous step's end
+std::pair<int64_t, int64_t> g_waited{-1, -1};  // at the previous step's end (runQueueNs)
 void printStep(const flare::sim::workload::StepResult& r) {
   const auto now = runQueueNs();
   auto ms = [](int64_t a, int64_t b) { return a < 0 || b < 0 ? -1.0 : (a - b) / 1e6; };
@@ -65,7 +65,7 @@ void printStep(const flare::sim::workload::StepResult& r) {
       g_rank, r.step, r.step_ms, r.gemm_ms, r.boundary_ms, ms(now.first, g_waited.first),
       ms(now.second, g_waited.second));
   std::fflush(stdout);
-  g_waited = runQueueNs();  // the printing's own wait is not the next step's
+  g_waited = now;
 }
 
 }  // namespace
