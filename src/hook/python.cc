@@ -12,10 +12,12 @@
 // span stack is kept all along, so kernels launched later still nest under the spans open then.
 #include <dlfcn.h>
 
+#include <array>
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <string>
 
 #include "src/common/clock.h"
@@ -24,27 +26,42 @@
 #include "src/hook/deep_trace.h"
 #include "src/hook/runtime.h"
 #include "src/pyprof/pyprof_api.h"
+#include "src/records/step_stats.h"
 #include "src/timing/timing.h"
 
 namespace flare::hook {
 namespace {
 
-// The id of PyTorch's DataLoader iterator API once pyprof interned it (0: not traced): its
-// spans are step boundaries for a deep trace when the job sets no explicit step markers.
-std::atomic<uint32_t> g_dataloader_api{0};
+// What each interned API means to the step rule (records::stepCallKind), by API id (ids count
+// from 1 as pyprof interns them; APIs past the table are kOther here). A deep trace counts steps
+// by the rule, from DataLoader `__next__` spans, when the job sets no explicit step markers.
+constexpr size_t kStepKindIds = 256;
+std::array<std::atomic<uint8_t>, kStepKindIds> g_step_kind{};
+std::mutex g_step_rule_mu;
+records::StepBoundaryRule g_step_rule;  // guarded by g_step_rule_mu
 
 uint32_t hostInternApi(const char* name) {
   if (name == nullptr) return 0;
   const uint32_t id = timing::internApi(name);
-  if (std::strcmp(name, "torch.utils.data.dataloader._BaseDataLoaderIter@__next__") == 0) {
-    g_dataloader_api.store(id, std::memory_order_relaxed);
+  if (id < kStepKindIds) {
+    g_step_kind[id].store(static_cast<uint8_t>(records::stepCallKind(name)),
+                          std::memory_order_relaxed);
   }
   return id;
 }
 
 uint64_t hostOpenSpan(uint32_t api_id, const void* key, int64_t start_ns) {
-  if (api_id != 0 && api_id == g_dataloader_api.load(std::memory_order_relaxed)) [[unlikely]] {
-    deepTraceOnStep(StepSource::kDataLoader);
+  if (api_id < kStepKindIds) {
+    const auto kind =
+        static_cast<records::StepCallKind>(g_step_kind[api_id].load(std::memory_order_relaxed));
+    if (kind != records::StepCallKind::kOther) [[unlikely]] {
+      bool starts_step = false;
+      {
+        std::lock_guard<std::mutex> lock(g_step_rule_mu);
+        starts_step = g_step_rule.add(kind, start_ns);
+      }
+      if (starts_step) deepTraceOnStep(StepSource::kDataLoader);
+    }
   }
   return timing::openSpan(api_id, key, start_ns);
 }

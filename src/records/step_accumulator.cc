@@ -85,10 +85,10 @@ void StepAccumulator::addHostEvent(int64_t start, int64_t end, uint64_t thread,
   events.push_back({start, std::max(start, end), it->second});
 }
 
-void StepAccumulator::addLoaderSpan(int64_t start, int64_t end) {
+void StepAccumulator::addLoaderSpan(int64_t start, int64_t end, bool starts_step) {
   if (start < taken_until_) return;
   loader_.push_back({start, std::max(start, end)});
-  if (!saw_marker_) loader_starts_.push_back(start);
+  if (!saw_marker_ && starts_step) loader_starts_.push_back(start);
 }
 
 void StepAccumulator::addStepMarker(int64_t t) {

@@ -10,12 +10,13 @@
 //   a cause of that op (src/engine/diagnosis/signals.cc causesBefore, the raw-mode definition); per
 //   cause name, a LatencySketch of the issue latencies of the ops it held up.
 //
-// Step boundaries: step markers when the rank has sent any, else the starts of DataLoader
-// `__next__` spans (JobModel::stepStarts). Step k = [b_k, b_k+1) is taken once the boundary
-// b_k+3 exists — two steps of slack for ops issued in step k that complete late — or at
-// finish(). An op of a step already taken is counted in `late_ops` and left out of that step's
-// figures. Memory: the ops of about two steps; at most `max_ops` ops are held (a job without
-// boundaries, or a step larger than that, loses its oldest ops, counted in `overflow_ops`).
+// Step boundaries: step markers when the rank has sent any, else the starts of the DataLoader
+// `__next__` spans that StepBoundaryRule says start a step (JobModel::stepStarts). Step k = [b_k,
+// b_k+1) is taken once the boundary b_k+3 exists — two steps of slack for ops issued in step k that
+// complete late — or at finish(). An op of a step already taken is counted in `late_ops` and left
+// out of that step's figures. Memory: the ops of about two steps; at most `max_ops` ops are held (a
+// job without boundaries, or a step larger than that, loses its oldest ops, counted in
+// `overflow_ops`).
 //
 // Times are CLOCK_MONOTONIC ns (the caller converts boundaries to epoch ns on the wire).
 // Not thread-safe: the poller thread only.
@@ -68,8 +69,9 @@ class StepAccumulator {
                 uint32_t weight = 1);
   // A host event that may hold up launches: a traced Python call or a synchronization call.
   void addHostEvent(int64_t start, int64_t end, uint64_t thread, const std::string& name);
-  // A DataLoader `__next__` span (also a host event: add it there too).
-  void addLoaderSpan(int64_t start, int64_t end);
+  // A DataLoader `__next__` span (also a host event: add it there too): input wait, and a step
+  // boundary when `starts_step` (StepBoundaryRule, step_stats.h, decides; the caller keeps it).
+  void addLoaderSpan(int64_t start, int64_t end, bool starts_step = true);
   void addStepMarker(int64_t t);
   // A reading of a thread's cumulative run-queue wait (ns runnable but not running, Linux
   // schedstat) at monotonic time t; a thread's readings come in time order. A step's

@@ -124,4 +124,38 @@ std::vector<StepStats> computeStepStats(std::span<const StepOp> ops,
   return out;
 }
 
+StepCallKind stepCallKind(std::string_view qualified_name) {
+  if (isStepApiName(qualified_name)) return StepCallKind::kLoader;
+  if (qualified_name == "torch.optim.Optimizer@step") return StepCallKind::kTraining;
+  // The function's own name: after '@', and after the last '.' of a Class.method there.
+  std::string_view fn = qualified_name.substr(qualified_name.rfind('@') + 1);
+  fn = fn.substr(fn.rfind('.') + 1);
+  return fn == "backward" || fn == "backward_step" ? StepCallKind::kTraining : StepCallKind::kOther;
+}
+
+bool StepBoundaryRule::add(StepCallKind kind, int64_t start_ns) {
+  if (kind == StepCallKind::kTraining) {
+    trained_ = true;
+    last_training_ns_ = std::max(last_training_ns_, start_ns);
+    return false;
+  }
+  if (kind != StepCallKind::kLoader) return false;
+  if (trained_ && (last_training_ns_ <= last_boundary_ns_ || start_ns < last_boundary_ns_)) {
+    return false;
+  }
+  last_boundary_ns_ = start_ns;
+  return true;
+}
+
+std::vector<int64_t> stepBoundaries(std::vector<StepCall> calls) {
+  std::stable_sort(calls.begin(), calls.end(),
+                   [](const StepCall& a, const StepCall& b) { return a.start_ns < b.start_ns; });
+  StepBoundaryRule rule;
+  std::vector<int64_t> starts;
+  for (const StepCall& c : calls) {
+    if (rule.add(c.kind, c.start_ns)) starts.push_back(c.start_ns);
+  }
+  return starts;
+}
+
 }  // namespace flare::records

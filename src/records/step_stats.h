@@ -66,10 +66,46 @@ struct StepStats {
 };
 
 // A DataLoader iterator's `__next__` (a traced API's qualified name): the input wait, and the
-// step boundary where a rank sends no step markers. The one test, for the rank and flared.
+// step boundary where a rank sends no step markers (StepBoundaryRule says which of them).
 inline bool isStepApiName(std::string_view qualified_name) {
   return qualified_name.ends_with("__next__");
 }
+
+// What a traced call means to the step boundaries: a DataLoader `__next__` (kLoader); training
+// work (kTraining): a backward pass — a function or method named `backward` or `backward_step`
+// (the defaults torch.autograd@backward and Megatron's schedules@backward_step) — or
+// torch.optim.Optimizer@step; anything else (kOther).
+enum class StepCallKind : uint8_t { kOther, kLoader, kTraining };
+StepCallKind stepCallKind(std::string_view qualified_name);
+
+// Which DataLoader `__next__` calls start a step, where a rank sends no step markers. THE rule,
+// for the rank (summary mode, deep-trace step counts) and for flared and the offline tools (raw
+// mode): every `__next__` starts a step until the rank has run training work; from then on, only
+// a `__next__` with training work started since the previous boundary. An evaluation loop reads
+// its validation DataLoader through the same `__next__` with no backward between its batches, so
+// its batches and its StopIteration call stay inside the step that its first batch starts; the
+// StopIteration call that ends an epoch starts the step of the next epoch's first batch; a step
+// that reads several loaders counts once. Calls are compared by start time (ns, any clock), so
+// a batch of calls is fed in start order (stepBoundaries sorts).
+class StepBoundaryRule {
+ public:
+  // Returns whether the call starts a step (only ever a kLoader call).
+  bool add(StepCallKind kind, int64_t start_ns);
+
+ private:
+  bool trained_ = false;
+  int64_t last_training_ns_ = INT64_MIN;
+  int64_t last_boundary_ns_ = INT64_MIN;
+};
+
+// A traced call for stepBoundaries.
+struct StepCall {
+  int64_t start_ns = 0;
+  StepCallKind kind = StepCallKind::kOther;
+};
+// The step starts of one rank's traced calls (any order), sorted: StepBoundaryRule over them in
+// start order.
+std::vector<int64_t> stepBoundaries(std::vector<StepCall> calls);
 
 // Computes one StepStats per complete step [starts[i], starts[i+1]). `ops` must be GPU ops only;
 // neither ops nor loader need be sorted. Steps with a non-positive length are skipped.

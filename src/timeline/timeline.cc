@@ -116,15 +116,15 @@ bool firstPass(const std::vector<RankSource>& sources, Pass1* p1, Summary* summa
       ends[key] = k.end_ns();
       p1->members[key].push_back(src.rank);
     }
-    std::vector<int64_t> starts;
+    std::vector<records::StepCall> calls;
     for (const auto& s : data.spans) {
       p1->base_ns = std::min(p1->base_ns, s.start_ns());
       auto api = data.apis.find(s.api_id());
-      if (api != data.apis.end() && records::isStepApiName(api->second))
-        starts.push_back(s.start_ns());
+      if (api == data.apis.end()) continue;
+      const records::StepCallKind kind = records::stepCallKind(api->second);
+      if (kind != records::StepCallKind::kOther) calls.push_back({s.start_ns(), kind});
     }
-    std::sort(starts.begin(), starts.end());
-    p1->step_starts[src.rank] = std::move(starts);
+    p1->step_starts[src.rank] = records::stepBoundaries(std::move(calls));
   }
   for (auto& [key, ranks] : p1->members) std::sort(ranks.begin(), ranks.end());
   if (p1->base_ns == std::numeric_limits<int64_t>::max()) p1->base_ns = 0;
@@ -723,16 +723,17 @@ bool writeDoc(const std::vector<RankSource>& sources, const Options& options, FI
 
 std::vector<int64_t> stepStarts(const std::vector<flare::v1::RecordBatch>& batches) {
   std::unordered_map<uint32_t, std::string> apis;
-  std::vector<int64_t> starts;
+  std::vector<records::StepCall> calls;
   for (const auto& b : batches) {
     for (const auto& a : b.api_names()) apis[a.id()] = a.qualified_name();
     for (const auto& s : b.spans()) {
       auto it = apis.find(s.api_id());
-      if (it != apis.end() && records::isStepApiName(it->second)) starts.push_back(s.start_ns());
+      if (it == apis.end()) continue;
+      const records::StepCallKind kind = records::stepCallKind(it->second);
+      if (kind != records::StepCallKind::kOther) calls.push_back({s.start_ns(), kind});
     }
   }
-  std::sort(starts.begin(), starts.end());
-  return starts;
+  return records::stepBoundaries(std::move(calls));
 }
 
 std::map<int, int64_t> alignClocks(const std::map<int, std::map<CollKey, int64_t>>& ends) {

@@ -70,8 +70,9 @@ struct Summary {
   std::vector<std::string> warnings;        // unreadable files, unmatched tables, ...
 };
 
-// The step boundaries of one rank: the start times of its DataLoader `__next__` spans (a step
-// runs from one to the next); empty when the rank recorded none.
+// The step boundaries of one rank: the start times of the DataLoader `__next__` spans that
+// start a step (records::StepBoundaryRule; a step runs from one to the next); empty when the
+// rank recorded none.
 std::vector<int64_t> stepStarts(const std::vector<flare::v1::RecordBatch>& batches);
 
 // Per-rank clock offsets from matched collective end times: `ends[rank][(comm, seq)] = end_ns`.

@@ -294,21 +294,35 @@ void BatchBuilder::addApiName(uint32_t id, const std::string& qualified_name) {
   account(out->ByteSizeLong());
 }
 
+void BatchBuilder::summarizeSpans(std::span<const CompletedSpan> spans) {
+  // A traced call may hold up launches; `__next__` marks the input wait, and the step rule
+  // says which `__next__` starts a step. The rule compares start times, and a pass hands its
+  // spans over in completion order, thread by thread: its loader and training calls are fed
+  // in start order.
+  step_calls_.clear();
+  for (const CompletedSpan& span : spans) {
+    auto name = api_names_.find(span.api_id);
+    if (name == api_names_.end()) continue;
+    steps_.addHostEvent(span.start_ns, span.end_ns, span.thread_id, name->second);
+    const records::StepCallKind kind = records::stepCallKind(name->second);
+    if (kind != records::StepCallKind::kOther) step_calls_.emplace_back(&span, kind);
+  }
+  std::stable_sort(step_calls_.begin(), step_calls_.end(), [](const auto& a, const auto& b) {
+    return a.first->start_ns < b.first->start_ns;
+  });
+  for (const auto& [span, kind] : step_calls_) {
+    const bool starts_step = step_rule_.add(kind, span->start_ns);
+    if (kind != records::StepCallKind::kLoader) continue;
+    steps_.addLoaderSpan(span->start_ns, span->end_ns, starts_step);
+    if (starts_step) noteStepBoundary();
+  }
+}
+
 void BatchBuilder::addSpans(std::span<const CompletedSpan> spans) {
   // The mode is asked here too: the poller hands a pass's spans over before its ops, and
   // DataLoader calls before the rank's first op are step boundaries all the same.
-  const bool summarize = summarizing();
+  if (summarizing()) summarizeSpans(spans);
   for (const CompletedSpan& span : spans) {
-    if (summarize) {
-      // MODE_SUMMARY: a traced call may hold up launches; `__next__` marks the input wait.
-      if (auto name = api_names_.find(span.api_id); name != api_names_.end()) {
-        steps_.addHostEvent(span.start_ns, span.end_ns, span.thread_id, name->second);
-        if (records::isStepApiName(name->second)) {
-          steps_.addLoaderSpan(span.start_ns, span.end_ns);
-          noteStepBoundary();
-        }
-      }
-    }
     if (!batch_open_) openBatch();
     flare::v1::ApiSpan* out = batch_.add_spans();
     out->set_id(span.id);

@@ -18,6 +18,8 @@
 #include <span>
 #include <string>
 #include <unordered_map>
+#include <utility>
+#include <vector>
 
 #include "flare/v1/records.pb.h"
 #include "src/common/clock.h"
@@ -94,7 +96,8 @@ class BatchBuilder {
   void addSummaries();            // the aggregator's open window, as KernelSummary messages
   void addStepStats(bool final);  // MODE_SUMMARY: the accumulator's completed steps
   void noteStepBoundary();        // MODE_SUMMARY: closes the warm-up's summary windows
-  void readRunQueue();            // MODE_SUMMARY: the issuing threads' run-queue wait, when due
+  void summarizeSpans(std::span<const CompletedSpan> spans);  // MODE_SUMMARY: host events, steps
+  void readRunQueue();  // MODE_SUMMARY: the issuing threads' run-queue wait, when due
 
   const int rank_;
   BatchBuilderOptions options_;
@@ -115,7 +118,10 @@ class BatchBuilder {
   bool accumulating_ = false;  // the mode of the last addOps/addSpans
   // Asks summary_mode(); a change of mode resets the step accumulator. True: MODE_SUMMARY.
   bool summarizing();
-  int boundaries_seen_ = 0;                // MODE_SUMMARY step boundaries seen, up to 2
+  int boundaries_seen_ = 0;              // MODE_SUMMARY step boundaries seen, up to 2
+  records::StepBoundaryRule step_rule_;  // which DataLoader calls start a step
+  // A pass's DataLoader and training calls, put in start order for step_rule_ (reused).
+  std::vector<std::pair<const CompletedSpan*, records::StepCallKind>> step_calls_;
   int64_t run_queue_read_ns_ = INT64_MIN;  // when the issuing threads were last read
   uint64_t run_queue_unmeasured_ = 0;      // steps sent while run_queue_off() (cumulative)
   // kSync signatures: name, step marker?, summarised in MODE_SUMMARY (not a marker, not a

@@ -283,6 +283,57 @@ TEST(BatchBuilderSummary, LoaderSpansBeforeTheFirstOpAreStepBoundaries) {
   EXPECT_EQ(steps, 4);  // five DataLoader calls: four complete steps
 }
 
+// A validation DataLoader read after step 2 (its `__next__` is the training loader's, with no
+// backward between its batches) adds no steps: records::StepBoundaryRule, fed in start order
+// although a pass hands its spans over thread by thread (here: reversed).
+TEST(BatchBuilderSummary, AnEvaluationLoaderAddsNoSteps) {
+  std::vector<flare::v1::RecordBatch> out;
+  BatchBuilderOptions opts;
+  opts.summary_mode = [] { return true; };
+  BatchBuilder builder(0, opts, [&](flare::v1::RecordBatch&& b) { out.push_back(std::move(b)); });
+  builder.addApiName(1, "torch.utils.data.dataloader._BaseDataLoaderIter@__next__");
+  builder.addApiName(2, "torch.autograd@backward");
+  builder.addSignature(1, makeSig("elementwise_kernel", OpKind::kKernel));
+  const int64_t t0 = common::monotonicNs();
+  constexpr int64_t kStep = 10'000'000;
+  uint64_t span_id = 0;
+  auto span = [&](uint32_t api, int64_t start, int64_t length, uint64_t thread = 7) {
+    CompletedSpan s;
+    s.id = ++span_id;
+    s.api_id = api;
+    s.thread_id = thread;
+    s.start_ns = start;
+    s.end_ns = start + length;
+    return s;
+  };
+  constexpr int kTrainingSteps = 6;
+  for (int step = 0; step < kTrainingSteps; ++step) {
+    const int64_t t = t0 + step * kStep;
+    std::vector<CompletedSpan> spans;
+    spans.push_back(span(1, t, 500'000));
+    spans.push_back(span(2, t + 5'000'000, 2'000'000));
+    if (step == 2) {  // evaluation: two batches and the StopIteration call, on another thread
+      for (int64_t at : {8'000'000, 8'500'000, 9'000'000})
+        spans.push_back(span(1, t + at, 200'000, 9));
+    }
+    std::reverse(spans.begin(), spans.end());
+    builder.addSpans(spans);
+    CompletedOp op;
+    op.info = info(1, OpKind::kKernel);
+    op.thread_id = 7;
+    op.issue_ns = t + 1'000'000;
+    op.start_ns = op.issue_ns + 100'000;
+    op.end_ns = op.start_ns + 3'000'000;
+    builder.addOps(std::span<const CompletedOp>(&op, 1));
+  }
+  const CompletedSpan stop[] = {span(1, t0 + kTrainingSteps * kStep, 100'000)};
+  builder.addSpans(stop);  // the training loader's StopIteration ends the last step
+  builder.finish();
+  int steps = 0;
+  for (const auto& b : out) steps += b.step_stats_size();
+  EXPECT_EQ(steps, kTrainingSteps);  // not 9: the evaluation's three calls start no step
+}
+
 // One step from `start`: its marker, then one 1 ms kernel per issuing thread, issued 1 ms in.
 void addRunQueueStep(BatchBuilder& builder, int64_t start,
                      std::initializer_list<uint32_t> threads) {

@@ -388,17 +388,26 @@ def test_a_host_stall_on_one_rank_is_named_in_both_modes(build_dir, flared, tmp_
     assert not failures, "\n".join(failures)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "known gap, not yet decided: flared takes every traced `__next__` as a step boundary "
-    "(timing::isStepApiName), so a validation DataLoader's batches (and its StopIteration call) "
-    "become training steps and split the step that evaluates. Remove this mark once fixed."))
-def test_an_evaluation_over_a_validation_dataloader_adds_no_steps(build_dir, flared, tmp_path):
+@pytest.mark.parametrize("mode", ["summary", "raw"])
+def test_an_evaluation_over_a_validation_dataloader_adds_no_steps(build_dir, flared, tmp_path,
+                                                                   mode):
     """PyTorch evaluation loops read a validation DataLoader: its iterator's `__next__` is the
-    same function as the training loader's. Here 2 evaluation batches after step 10 of 40."""
+    same function as the training loader's. Here 2 evaluation batches (and the StopIteration
+    call) after step 13 of 40: once the rank has run a backward, a `__next__` starts a step only
+    after training work (records::StepBoundaryRule, on the rank and in flared alike), so the
+    steps are the workload's own and the evaluation's 300 ms land in one step, the one its first
+    batch starts."""
     env = {"FLARE_SIM_COLD_GEMM_MS": "0", "FLARE_SIM_FIRST_LAUNCH_MS": "0"}
-    job = run_flared_job(build_dir, flared, str(tmp_path), "pt-evalloader", 1, "summary",
+    job = run_flared_job(build_dir, flared, str(tmp_path), "pt-evalloader-" + mode, 1, mode,
                          env=env, steps=40, setup_ms=300, extra=("--eval-loader", "1"))
-    assert steps_per_rank(flared, job.name) == {0: job.stats[0]["steps"]}
+    assert steps_per_rank(flared, job.name) == {0: job.stats[0]["steps"]} == {0: 40}
+    assert not rejections(flared)
+    series = json.loads(flared.get(SERIES % job.name))
+    times = [t for t in series["stepTimeNs"][0] if t is not None]
+    median = sorted(times)[len(times) // 2]
+    # The two 300 ms pauses: the evaluation after step 13 in [b14, b15) (with step 14's
+    # training), the checkpoint after step 26 in step 26 (the next `__next__` starts step 27).
+    assert [i for i, t in enumerate(times) if t > median + 250e6] == [14, 26], times
 
 
 def test_the_launcher_keeps_the_two_python_workloads_options_apart(build_dir):

@@ -669,13 +669,16 @@ std::vector<int64_t> JobModel::stepStarts(int rank) const {
   auto it = ranks_.find(rank);
   if (it == ranks_.end()) return {};
   std::vector<int64_t> starts = it->second.step_starts;
-  if (starts.empty()) {
-    for (const Span& s : it->second.spans) {
-      if (records::isStepApiName(apis_[s.api])) starts.push_back(s.start);
-    }
+  if (!starts.empty()) {
+    std::sort(starts.begin(), starts.end());
+    return starts;
   }
-  std::sort(starts.begin(), starts.end());
-  return starts;
+  std::vector<records::StepCall> calls;
+  for (const Span& s : it->second.spans) {
+    const records::StepCallKind kind = records::stepCallKind(apis_[s.api]);
+    if (kind != records::StepCallKind::kOther) calls.push_back({s.start, kind});
+  }
+  return records::stepBoundaries(std::move(calls));
 }
 
 int64_t JobModel::warmupEnd(int rank) const {

@@ -237,8 +237,8 @@ class JobModel {
   // the model and stay 0. nullopt when the rank is unknown.
   std::optional<flare::v1::RecordBatch> rankBatch(int rank) const;
 
-  // Step boundaries of a rank: explicit markers, else the starts of its DataLoader `__next__`
-  // spans (the definition). Empty when neither was recorded.
+  // Step boundaries of a rank: explicit markers, else the starts of the DataLoader `__next__`
+  // spans that start a step (records::StepBoundaryRule). Empty when neither was recorded.
   std::vector<int64_t> stepStarts(int rank) const;
   // The end of a rank's warm-up: its second step boundary, or in a view of some steps
   // (sinceStep, onlySteps) the whole model's (RankData::warmup_end_ns). INT64_MIN when unknown.
