@@ -126,7 +126,8 @@ Verdict Ingest::decode(const void* data, size_t size, v1::RankMessage* out) {
     // Summary mode's compact collectives become plain records before anything looks at them.
     const v1::RecordBatch& b = out->batch();
     const size_t other = static_cast<size_t>(b.summaries_size()) + b.spans_size() + b.steps_size() +
-                         b.signatures_size() + b.api_names_size();
+                         b.signatures_size() + b.api_names_size() + b.step_stats_size() +
+                         b.run_queue_size();
     const size_t room = config_.max_batch_items > other ? config_.max_batch_items - other : 0;
     std::string why;
     switch (records::expandCollectiveBlocks(out->mutable_batch(), room, &why)) {

@@ -215,7 +215,7 @@ std::optional<Verdict> Ingest::admitBatch(uint64_t session_id, const v1::RecordB
   }
   const size_t items = static_cast<size_t>(b.kernels_size()) + b.summaries_size() + b.spans_size() +
                        b.steps_size() + b.signatures_size() + b.api_names_size() +
-                       b.step_stats_size();
+                       b.step_stats_size() + b.run_queue_size();
   if (items > config_.max_batch_items) {
     return refuseBatch(job, rs, now, Reason::kOversized, Code::kResourceExhausted,
                        "batch of " + std::to_string(items) + " items is over --max-batch-items");

@@ -361,6 +361,36 @@ TEST_F(IngestTest, ContentFailuresDropOnlyTheBadItemAndKeepTheTables) {
   EXPECT_EQ(by["oversized"].items(), 0u);
 }
 
+// Raw mode's run-queue readings: one out of range (a 1970 time, a negative or impossible wait)
+// is dropped alone and counted; the good ones and the rest of the batch are kept.
+TEST_F(IngestTest, RunQueueReadingsOutOfRangeAreDroppedAlone) {
+  make(IngestConfig{});
+  auto ch = std::make_shared<FakeChannel>();
+  const uint64_t s = connect("job", 0, 1, ch);
+  v1::RecordBatch b;
+  b.set_rank(0);
+  *b.add_signatures() = gemmSig(1, 128, 128, 128);
+  addKernel(&b, 1, kNow, 1000);
+  auto reading = [&](int64_t t, int64_t waited) {
+    v1::RunQueueReading* q = b.add_run_queue();
+    q->set_thread_id(7);
+    q->set_time_ns(t);
+    q->set_waited_ns(waited);
+  };
+  reading(kNow, 5'000);
+  reading(1000, 5'000);               // 1970
+  reading(kNow + 1000, -1);           // a negative wait
+  reading(kNow + 2000, kNow + 3000);  // longer than the thread can have lived
+  reading(kNow + 10'000'000, 9'000);
+  const Verdict v = ingest_->batch(s, b);
+  EXPECT_TRUE(v.ok()) << v.error;
+  EXPECT_EQ(v.items_dropped, 3u);
+  EXPECT_EQ(v.reason, Reason::kBadTimestamp);
+  EXPECT_EQ(ingest_->counters().items_dropped[static_cast<size_t>(Reason::kBadTimestamp)], 1u);
+  EXPECT_EQ(ingest_->counters().items_dropped[static_cast<size_t>(Reason::kBadRecord)], 2u);
+  EXPECT_EQ(report("job").signatures(0).count(), 1u);
+}
+
 TEST_F(IngestTest, StreamIsBoundToItsRankAndJob) {
   make();
   const uint64_t a0 = connect("jobA", 0, 2);

@@ -200,6 +200,14 @@ BatchFilter findInvalidItems(const v1::RecordBatch& b, const BatchLimits& limits
     std::string e = stepStatsError(b.step_stats(i), time, &r);
     if (!e.empty()) f.drop(&f.step_stats, i, r, std::move(e));
   }
+  for (int i = 0; i < b.run_queue_size(); ++i) {
+    const v1::RunQueueReading& q = b.run_queue(i);
+    if (q.time_ns() < time.min_ns || q.time_ns() > time.max_ns) {
+      f.drop(&f.run_queue, i, Reason::kBadTimestamp, "run-queue reading time out of range");
+    } else if (q.waited_ns() < 0 || q.waited_ns() > q.time_ns()) {  // cumulative since start
+      f.drop(&f.run_queue, i, Reason::kBadRecord, "run-queue wait out of range");
+    }
+  }
   if (b.created_ns() != 0 && (b.created_ns() < time.min_ns || b.created_ns() > time.max_ns)) {
     f.created = true;
     f.drop(nullptr, 0, Reason::kBadTimestamp, "batch created_ns out of range");
@@ -216,6 +224,7 @@ v1::RecordBatch withoutInvalidItems(const v1::RecordBatch& b, const BatchFilter&
   eraseIndices(clean.mutable_spans(), f.spans);
   eraseIndices(clean.mutable_steps(), f.steps);
   eraseIndices(clean.mutable_step_stats(), f.step_stats);
+  eraseIndices(clean.mutable_run_queue(), f.run_queue);
   if (f.created) clean.set_created_ns(0);
   return clean;
 }

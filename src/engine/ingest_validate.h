@@ -42,7 +42,7 @@ struct BatchLimits {
 
 // The invalid items of one batch, by repeated field (indices ascending), and what they were.
 struct BatchFilter {
-  std::vector<int> sigs, apis, kernels, summaries, spans, steps, step_stats;
+  std::vector<int> sigs, apis, kernels, summaries, spans, steps, step_stats, run_queue;
   bool created = false;  // created_ns out of range: ignored
   std::array<uint64_t, static_cast<size_t>(Reason::kCount)> by_reason{};
   std::array<std::string, static_cast<size_t>(Reason::kCount)> first_error;  // per reason

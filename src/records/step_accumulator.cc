@@ -43,35 +43,6 @@ void StepAccumulator::addRunQueueWait(uint64_t thread, int64_t t, int64_t waited
   readings.emplace_back(t, waited_ns);
 }
 
-int64_t StepAccumulator::runQueueWait(int64_t s0, int64_t s1,
-                                      const std::set<uint64_t>& issuers) const {
-  // The counter at time t, linear between readings (held flat outside them).
-  auto at = [](const std::vector<std::pair<int64_t, int64_t>>& r, int64_t t) -> double {
-    auto hi = std::lower_bound(
-        r.begin(), r.end(), t,
-        [](const std::pair<int64_t, int64_t>& x, int64_t v) { return x.first < v; });
-    if (hi == r.begin()) return static_cast<double>(r.front().second);
-    if (hi == r.end()) return static_cast<double>(r.back().second);
-    const auto& lo = *std::prev(hi);
-    const double f = static_cast<double>(t - lo.first) / static_cast<double>(hi->first - lo.first);
-    return static_cast<double>(lo.second) + f * static_cast<double>(hi->second - lo.second);
-  };
-  int64_t most = -1;
-  for (uint64_t thread : issuers) {
-    auto it = run_queue_.find(thread);
-    if (it == run_queue_.end() || it->second.empty()) continue;
-    const auto& r = it->second;
-    // A reading at or before the step's start, and one after it: a thread first read inside
-    // the step is not measured there. Past the newest reading the counter is held (a step
-    // taken within the reading period of its end may miss that part of the wait).
-    if (r.front().first > s0 || r.back().first <= s0) continue;
-    const double waited = at(r, s1) - at(r, s0);
-    most =
-        std::max(most, std::clamp(static_cast<int64_t>(std::llround(waited)), int64_t{0}, s1 - s0));
-  }
-  return most;
-}
-
 void StepAccumulator::addHostEvent(int64_t start, int64_t end, uint64_t thread,
                                    const std::string& name) {
   auto [it, inserted] = name_index_.emplace(name, static_cast<uint32_t>(names_.size()));
@@ -128,7 +99,7 @@ StepResult StepAccumulator::computeStep(int64_t s0, int64_t s1) {
     issuers.insert(p.thread);
   }
   if (sampled) result.gpu_ops_estimated = weights;
-  result.stats.run_queue_wait_ns = runQueueWait(s0, s1, issuers);
+  result.stats.run_queue_wait_ns = runQueueWaitIn(run_queue_, issuers, s0, s1);
 
   // Causes: per thread, the launches in issue order (earlier steps' latest launch first).
   std::map<uint64_t, std::vector<const PendingOp*>> by_thread;

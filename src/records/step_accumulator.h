@@ -112,7 +112,6 @@ class StepAccumulator {
     return markers_.empty() && !saw_marker_ ? loader_starts_ : markers_;
   }
   StepResult computeStep(int64_t s0, int64_t s1);
-  int64_t runQueueWait(int64_t s0, int64_t s1, const std::set<uint64_t>& issuers) const;
   void forgetBefore(int64_t s0, int64_t s1);
 
   size_t max_ops_;
@@ -126,7 +125,7 @@ class StepAccumulator {
   std::map<uint64_t, int64_t> last_issue_;       // thread → latest launch of a taken step
   std::map<uint64_t, int64_t> last_issue_seen_;  // thread → latest launch added (any step)
   // thread → (t, cumulative run-queue wait) readings, oldest first
-  std::map<uint64_t, std::vector<std::pair<int64_t, int64_t>>> run_queue_;
+  std::map<uint64_t, RunQueueReadings> run_queue_;
   std::vector<std::string> names_;
   std::map<std::string, uint32_t> name_index_;
   uint64_t late_ops_ = 0;

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <climits>
+#include <cmath>
+#include <iterator>
 #include <utility>
 
 namespace flare::records {
@@ -156,6 +158,35 @@ std::vector<int64_t> stepBoundaries(std::vector<StepCall> calls) {
     if (rule.add(c.kind, c.start_ns)) starts.push_back(c.start_ns);
   }
   return starts;
+}
+
+int64_t runQueueWaitIn(const std::map<uint64_t, RunQueueReadings>& readings,
+                       const std::set<uint64_t>& threads, int64_t s0, int64_t s1) {
+  // The counter at time t, linear between readings (held flat outside them).
+  auto at = [](const std::vector<std::pair<int64_t, int64_t>>& r, int64_t t) -> double {
+    auto hi = std::lower_bound(
+        r.begin(), r.end(), t,
+        [](const std::pair<int64_t, int64_t>& x, int64_t v) { return x.first < v; });
+    if (hi == r.begin()) return static_cast<double>(r.front().second);
+    if (hi == r.end()) return static_cast<double>(r.back().second);
+    const auto& lo = *std::prev(hi);
+    const double f = static_cast<double>(t - lo.first) / static_cast<double>(hi->first - lo.first);
+    return static_cast<double>(lo.second) + f * static_cast<double>(hi->second - lo.second);
+  };
+  int64_t most = -1;
+  for (uint64_t thread : threads) {
+    auto it = readings.find(thread);
+    if (it == readings.end() || it->second.empty()) continue;
+    const auto& r = it->second;
+    // A reading at or before the step's start, and one after it: a thread first read inside
+    // the step is not measured there. Past the newest reading the counter is held (a step
+    // taken within the reading period of its end may miss that part of the wait).
+    if (r.front().first > s0 || r.back().first <= s0) continue;
+    const double waited = at(r, s1) - at(r, s0);
+    most =
+        std::max(most, std::clamp(static_cast<int64_t>(std::llround(waited)), int64_t{0}, s1 - s0));
+  }
+  return most;
 }
 
 }  // namespace flare::records

@@ -12,13 +12,17 @@
 //   - gpu_ops, issue_latency_sum_ns, issue_offset_sum_ns: the GPU ops *issued* in the step, as
 //     stepIssueLatency sums them for the paired stall test;
 //   - latency: a LatencySketch of those ops' issue latencies (mergeable across steps/ranks);
-//   - run_queue_wait_ns: rank side only (summary mode), from the issuing threads' schedstat.
+//   - run_queue_wait_ns: from the issuing threads' schedstat readings (runQueueWaitIn): the rank
+//     fills it in summary mode, flared in raw mode from the readings the rank sent.
 // Pure functions: no globals, no I/O; thread-compatible. Inputs are borrowed, output owned.
 #pragma once
 
 #include <cstdint>
+#include <map>
+#include <set>
 #include <span>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "src/stats/sketch.h"
@@ -50,7 +54,7 @@ struct StepStats {
   double issue_offset_sum_ns = 0;
   stats::LatencySketch latency{kStepSketchAccuracy};
   // How long the step's issuing thread waited for a CPU while runnable (the most of any thread
-  // that issued its ops; StepAccumulator::addRunQueueWait); -1: not measured (raw mode).
+  // that issued its ops; runQueueWaitIn); -1: not measured.
   int64_t run_queue_wait_ns = -1;
 
   static constexpr double kStepSketchAccuracy = 0.02;
@@ -106,6 +110,17 @@ struct StepCall {
 // The step starts of one rank's traced calls (any order), sorted: StepBoundaryRule over them in
 // start order.
 std::vector<int64_t> stepBoundaries(std::vector<StepCall> calls);
+
+// A thread's cumulative run-queue wait (ns runnable without a CPU, Linux schedstat) as read at
+// times t: (t, waited) pairs, oldest first.
+using RunQueueReadings = std::vector<std::pair<int64_t, int64_t>>;
+// StepStats.run_queue_wait_ns of a step [s0, s1) whose ops `threads` issued: the most any of
+// them waited inside it, each thread's counter interpolated linearly between its readings to the
+// step's bounds (held past the newest), clamped to [0, s1 - s0]; a thread needs a reading at or
+// before s0 and one after it. -1 when no thread is measured. The rank (StepAccumulator, summary
+// mode) and flared (JobModel, raw mode: RecordBatch.run_queue) both use it.
+int64_t runQueueWaitIn(const std::map<uint64_t, RunQueueReadings>& readings,
+                       const std::set<uint64_t>& threads, int64_t s0, int64_t s1);
 
 // Computes one StepStats per complete step [starts[i], starts[i+1]). `ops` must be GPU ops only;
 // neither ops nor loader need be sorted. Steps with a non-positive length are skipped.

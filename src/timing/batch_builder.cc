@@ -225,6 +225,7 @@ void BatchBuilder::addOps(std::span<const CompletedOp> ops) {
       if (count != collective_counts_.end()) coll->set_count(count->second);
     }
     if (!summarize) {  // MODE_SUMMARY: what stays raw carries no host-side join keys
+      if (op.info.kind != OpKind::kSync) raw_issuers_[op.thread_id] = op.issue_ns;
       rec->set_thread_id(op.thread_id);
       rec->set_parent_span_id(op.parent_span_id);
       rec->set_correlation_id(op.correlation_id);
@@ -232,7 +233,34 @@ void BatchBuilder::addOps(std::span<const CompletedOp> ops) {
     account(compact ? collectives_.add(*rec, &batch_) : rec->ByteSizeLong());
   }
   if (aggregator_.due()) addSummaries();
-  if (summarize) addStepStats(false);
+  if (summarize) {
+    addStepStats(false);
+  } else {
+    addRunQueueReadings();
+  }
+}
+
+void BatchBuilder::addRunQueueReadings() {
+  const int64_t now = options_.now_ns();
+  if (raw_issuers_.empty() || (run_queue_read_ns_ != INT64_MIN &&
+                               now - run_queue_read_ns_ < options_.raw_run_queue_period_ns))
+    return;
+  run_queue_read_ns_ = now;
+  for (auto it = raw_issuers_.begin(); it != raw_issuers_.end();) {
+    if (now - it->second > kRawIssuerIdleNs) {  // no launch for a while: no longer read
+      it = raw_issuers_.erase(it);
+      continue;
+    }
+    if (auto waited = options_.run_queue_wait(static_cast<uint32_t>(it->first))) {
+      if (!batch_open_) openBatch();
+      flare::v1::RunQueueReading* out = batch_.add_run_queue();
+      out->set_thread_id(it->first);
+      out->set_time_ns(clock_map_.fromMonotonic(now));
+      out->set_waited_ns(*waited);
+      account(out->ByteSizeLong());
+    }
+    ++it;
+  }
 }
 
 void BatchBuilder::setWatermark(int64_t issued_before_ns) {
@@ -394,7 +422,8 @@ void BatchBuilder::flush() {
       batch_open_ &&
       (batch_.signatures_size() > 0 || batch_.kernels_size() > 0 || batch_.summaries_size() > 0 ||
        batch_.step_stats_size() > 0 || batch_.collective_blocks_size() > 0 ||
-       batch_.spans_size() > 0 || batch_.api_names_size() > 0 || batch_.deep_trace_size() > 0);
+       batch_.spans_size() > 0 || batch_.api_names_size() > 0 || batch_.deep_trace_size() > 0 ||
+       batch_.run_queue_size() > 0);
   if (!has_records && !drops_dirty_ && !device_) return;
   if (!batch_open_) openBatch();
   closeBatch();

@@ -58,6 +58,11 @@ struct BatchBuilderOptions {
   std::function<int64_t()> now_ns;
   static constexpr int64_t kRunQueuePeriodNs = 1'000'000;
   int64_t run_queue_period_ns = kRunQueuePeriodNs;
+  // MODE_RAW: the threads that issued GPU ops in the last 10 s are read at most every
+  // raw_run_queue_period_ns, each reading sent as a RunQueueReading for flared to place the raw
+  // steps' run-queue wait (records::runQueueWaitIn); about 20 bytes per thread per reading.
+  static constexpr int64_t kRawRunQueuePeriodNs = 10'000'000;
+  int64_t raw_run_queue_period_ns = kRawRunQueuePeriodNs;
   // True once run-queue wait cannot be measured on this machine: the steps sent without it from
   // then on are counted (DropCounters.run_queue_unmeasured). Default: the default reader's off();
   // unset with a run_queue_wait of the caller's (a replay: no run-queue wait was recorded).
@@ -97,7 +102,8 @@ class BatchBuilder {
   void addStepStats(bool final);  // MODE_SUMMARY: the accumulator's completed steps
   void noteStepBoundary();        // MODE_SUMMARY: closes the warm-up's summary windows
   void summarizeSpans(std::span<const CompletedSpan> spans);  // MODE_SUMMARY: host events, steps
-  void readRunQueue();  // MODE_SUMMARY: the issuing threads' run-queue wait, when due
+  void readRunQueue();         // MODE_SUMMARY: the issuing threads' run-queue wait, when due
+  void addRunQueueReadings();  // MODE_RAW: the same, as RunQueueReading records, when due
 
   const int rank_;
   BatchBuilderOptions options_;
@@ -123,7 +129,9 @@ class BatchBuilder {
   // A pass's DataLoader and training calls, put in start order for step_rule_ (reused).
   std::vector<std::pair<const CompletedSpan*, records::StepCallKind>> step_calls_;
   int64_t run_queue_read_ns_ = INT64_MIN;  // when the issuing threads were last read
-  uint64_t run_queue_unmeasured_ = 0;      // steps sent while run_queue_off() (cumulative)
+  static constexpr int64_t kRawIssuerIdleNs = 10'000'000'000;
+  std::unordered_map<uint64_t, int64_t> raw_issuers_;  // MODE_RAW: thread → its latest launch
+  uint64_t run_queue_unmeasured_ = 0;  // steps sent while run_queue_off() (cumulative)
   // kSync signatures: name, step marker?, summarised in MODE_SUMMARY (not a marker, not a
   // blocking "Synchronize" call)?
   struct SyncSignature {

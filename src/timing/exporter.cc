@@ -43,6 +43,7 @@ GrpcExporter::GrpcExporter(std::unique_ptr<Transport> transport, ExporterOptions
                    .run_queue_wait = {},  // the default reader
                    .now_ns = {},
                    .run_queue_period_ns = BatchBuilderOptions::kRunQueuePeriodNs,
+                   .raw_run_queue_period_ns = BatchBuilderOptions::kRawRunQueuePeriodNs,
                    .run_queue_off = {}},
                [this](flare::v1::RecordBatch&& batch) { enqueue(std::move(batch)); }),
       mode_(static_cast<int>(options_.mode)) {

@@ -28,17 +28,18 @@ constexpr char kLog[] = "timing";
 SpoolSink::SpoolSink(const std::string& dir, const std::string& job_id, int rank, int pid,
                      SpoolSinkOptions options)
     : builder_(rank,
-               BatchBuilderOptions{.batch_bytes = options.batch_bytes,
-                                   .clock_map = std::move(options.clock_map),
-                                   .extra_drops = {},
-                                   .summary_mode = options.summary
-                                                       ? std::function<bool()>([] { return true; })
-                                                       : std::function<bool()>(),
-                                   .summary_window_ns = options.summary_window_ns,
-                                   .run_queue_wait = {},  // the default reader
-                                   .now_ns = {},
-                                   .run_queue_period_ns = BatchBuilderOptions::kRunQueuePeriodNs,
-                                   .run_queue_off = {}},
+               BatchBuilderOptions{
+                   .batch_bytes = options.batch_bytes,
+                   .clock_map = std::move(options.clock_map),
+                   .extra_drops = {},
+                   .summary_mode = options.summary ? std::function<bool()>([] { return true; })
+                                                   : std::function<bool()>(),
+                   .summary_window_ns = options.summary_window_ns,
+                   .run_queue_wait = {},  // the default reader
+                   .now_ns = {},
+                   .run_queue_period_ns = BatchBuilderOptions::kRunQueuePeriodNs,
+                   .raw_run_queue_period_ns = BatchBuilderOptions::kRawRunQueuePeriodNs,
+                   .run_queue_off = {}},
                [this](flare::v1::RecordBatch&& batch) { write(batch); }) {
   try {
     const std::filesystem::path folder =

@@ -7,7 +7,9 @@
 #include <filesystem>
 #include <initializer_list>
 #include <map>
+#include <optional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "src/common/clock.h"
@@ -332,6 +334,54 @@ TEST(BatchBuilderSummary, AnEvaluationLoaderAddsNoSteps) {
   int steps = 0;
   for (const auto& b : out) steps += b.step_stats_size();
   EXPECT_EQ(steps, kTrainingSteps);  // not 9: the evaluation's three calls start no step
+}
+
+// MODE_RAW: the threads that issue GPU ops are read every raw_run_queue_period_ns and each
+// reading goes out as a RunQueueReading (flared places the steps' run-queue wait from them); a
+// thread that only synchronizes is not read, one that stopped launching 10 s ago no longer.
+TEST(BatchBuilderRaw, IssuingThreadsRunQueueReadingsGoOutEveryPeriod) {
+  std::vector<flare::v1::RecordBatch> out;
+  int64_t now = 1'000'000'000;
+  BatchBuilderOptions opts;
+  opts.clock_map = [] { return common::ClockMap(0, 0); };  // monotonic = epoch here
+  opts.now_ns = [&] { return now; };
+  opts.run_queue_wait = [&](uint32_t tid) -> std::optional<int64_t> {
+    return tid * 1000 + now / 1000;
+  };
+  BatchBuilder builder(0, opts, [&](flare::v1::RecordBatch&& b) { out.push_back(std::move(b)); });
+  builder.addSignature(1, makeSig("elementwise_kernel", OpKind::kKernel));
+  builder.addSignature(2, makeSig("cudaStreamSynchronize", OpKind::kSync));
+  auto pass = [&](std::initializer_list<std::pair<uint32_t, OpKind>> ops) {
+    std::vector<CompletedOp> batch;
+    for (const auto& [thread, kind] : ops) {
+      CompletedOp& op = batch.emplace_back();
+      op.info = info(kind == OpKind::kSync ? 2 : 1, kind);
+      op.thread_id = thread;
+      op.issue_ns = now - 1'000'000;
+      op.start_ns = op.issue_ns + 10'000;
+      op.end_ns = op.start_ns + 100'000;
+    }
+    builder.addOps(batch);
+  };
+  pass({{7, OpKind::kKernel}, {9, OpKind::kSync}});  // read at once: thread 7 only
+  now += 5'000'000;
+  pass({{7, OpKind::kKernel}});  // within the 10 ms period: not read
+  now += 6'000'000;
+  pass({{7, OpKind::kKernel}});  // read
+  now += 11'000'000'000;
+  pass({{8, OpKind::kKernel}});  // thread 7 idle for 11 s: only thread 8 is read
+  builder.flush();
+  std::vector<std::tuple<uint64_t, int64_t, int64_t>> readings;
+  for (const auto& b : out) {
+    for (const auto& q : b.run_queue())
+      readings.emplace_back(q.thread_id(), q.time_ns(), q.waited_ns());
+  }
+  const int64_t t0 = 1'000'000'000;
+  const std::vector<std::tuple<uint64_t, int64_t, int64_t>> want{
+      {7, t0, 7000 + t0 / 1000},
+      {7, t0 + 11'000'000, 7000 + (t0 + 11'000'000) / 1000},
+      {8, t0 + 11'011'000'000, 8000 + (t0 + 11'011'000'000) / 1000}};
+  EXPECT_EQ(readings, want);
 }
 
 // One step from `start`: its marker, then one 1 ms kernel per issuing thread, issued 1 ms in.

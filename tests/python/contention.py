@@ -3,8 +3,9 @@ findings against.
 
 The simulated ranks share this machine's CPUs with their simulated GPUs, flared and whatever
 else runs: on a loaded 2-core machine one rank can really be starved, its GPU runs dry, and the
-stall detector is right to name it (summary mode as `cpu_contention`; raw mode, which carries
-no run-queue wait, as `issue_stall`). Such a finding is accepted only where the workload itself
+stall detector is right to name it (as `cpu_contention` where the rank's run-queue wait shows
+it, as `issue_stall` where the starvation reached the issuing thread another way, e.g. through
+a simulated GPU's worker thread). Such a finding is accepted only where the workload itself
 measured that rank's threads waiting for a CPU (Linux schedstat) more than the other ranks' by
 at least the stall detector's floor; everything else on a healthy job is a false alarm."""
 

@@ -354,8 +354,8 @@ def test_flared_sees_every_step_and_the_same_kernels_in_raw_and_summary_mode(
     # checkpoint pauses are not anomalies). A host stall on a rank the machine starved of CPU is
     # real (the ranks share this machine's CPUs with the simulated GPUs and whatever else runs);
     # it is accepted only where the workload itself measured that rank waiting for a CPU more
-    # than the others by at least the stall detector's floor (raw mode cannot tell contention
-    # from host work; summary mode names it cpu_contention).
+    # than the others by at least the stall detector's floor (where the rank's run-queue wait
+    # shows it, in either mode, it is named cpu_contention).
     for mode, job in jobs.items():
         waits = {s["rank"]: (s["run_queue_wait_ns"]["main"], s["run_queue_wait_ns"]["all"],
                              s["loop_seconds"]) for s in job.stats}
@@ -364,6 +364,16 @@ def test_flared_sees_every_step_and_the_same_kernels_in_raw_and_summary_mode(
         if found:
             failures.append("%s: diagnoses on a healthy job: %s" % (
                 mode, [(d["kind"], d.get("ranks"), d.get("summary", "")[:200]) for d in found]))
+    # Both modes carry each step's run-queue wait: summary mode in the ranks' StepStats, raw mode
+    # placed by flared from the readings the ranks send (RecordBatch.run_queue); the newest
+    # steps may lack a reading after their start.
+    for mode, job in jobs.items():
+        series = json.loads(flared.get(SERIES % job.name))
+        for r, row in zip(series["ranks"], series["runQueueWaitNs"]):
+            measured = sum(1 for v in row[1:] if v is not None)
+            if measured < 0.8 * (len(row) - 1):
+                failures.append("%s: rank %d has run-queue wait for %d of %d steps: %s" % (
+                    mode, r, measured, len(row) - 1, row))
     assert not failures, "\n".join(failures)
 
 

@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <sstream>
 #include <tuple>
 
@@ -116,6 +117,8 @@ bool fromJsonLines(const std::vector<std::string>& lines, int rank, const std::s
                    std::vector<v1::RecordBatch>* out, std::string* error) {
   timing::BatchBuilderOptions opt;
   opt.clock_map = [] { return common::ClockMap(0, 0); };  // the lines are on the epoch clock
+  // The lines carry no run-queue wait, and their thread ids are not this process's.
+  opt.run_queue_wait = [](uint32_t) -> std::optional<int64_t> { return std::nullopt; };
   timing::BatchBuilder builder(rank, opt, [&](v1::RecordBatch&& b) {
     // Closed when the newest of its records was recorded (the builder stamps the wall clock).
     int64_t newest = 0;

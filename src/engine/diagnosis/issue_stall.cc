@@ -6,7 +6,7 @@
 // the other ranks' (docs/metrics.md). A rank already named GPU-slow is not named: its slow GPU
 // shifts its own host timing, which these signals can read as a stall. A stall whose cost is
 // mostly run-queue wait beyond the other ranks' (the issuing thread runnable but without a CPU;
-// summary mode measures it) is reported as cpu_contention, for operations.
+// both modes measure it: records::runQueueWaitIn) is reported as cpu_contention, for operations.
 
 #include <algorithm>
 #include <cmath>

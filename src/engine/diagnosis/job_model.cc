@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <iterator>
+#include <set>
 #include <tuple>
 #include <unordered_map>
 #include <utility>
@@ -154,6 +156,22 @@ void JobModel::addBatch(int rank, const flare::v1::RecordBatch& batch) {
     if (s.has_gc()) span.gc_generation = s.gc().generation();
     r.spans.push_back(span);
   }
+  for (const auto& q : batch.run_queue()) {
+    // At most kMaxRunQueueThreads threads a rank (the rank reads only those that launch).
+    if (r.run_queue.size() >= RankData::kMaxRunQueueThreads &&
+        !r.run_queue.contains(q.thread_id())) {
+      ++r.run_queue_threads_ignored;
+      continue;
+    }
+    records::RunQueueReadings& readings = r.run_queue[q.thread_id()];
+    const std::pair<int64_t, int64_t> reading{q.time_ns(), q.waited_ns()};
+    if (readings.empty() || readings.back().first < reading.first) {
+      readings.push_back(reading);  // the usual case: in time order
+    } else if (auto at = std::lower_bound(readings.begin(), readings.end(), reading);
+               at == readings.end() || at->first != reading.first) {
+      readings.insert(at, reading);  // a spooled batch replayed late
+    }
+  }
   if (const size_t want = r.summaries.size() + static_cast<size_t>(batch.summaries_size());
       want > r.summaries.capacity()) {
     r.summaries.reserve(std::max(want, 2 * r.summaries.capacity()));  // one growth per batch
@@ -243,6 +261,7 @@ JobModel JobModel::takeRecords() {
     o.summaries = std::exchange(r.summaries, {});
     o.steps = std::exchange(r.steps, {});
     o.step_starts = std::exchange(r.step_starts, {});
+    o.run_queue = std::exchange(r.run_queue, {});
     o.batch_bytes = std::exchange(r.batch_bytes, {});
     o.unknown_signature_records = std::exchange(r.unknown_signature_records, 0);
     o.bad_step_stats = std::exchange(r.bad_step_stats, 0);
@@ -272,6 +291,7 @@ void JobModel::absorb(JobModel&& newer) {
     append(r.summaries, n.summaries);
     append(r.steps, n.steps);
     append(r.step_starts, n.step_starts);
+    for (auto& [thread, readings] : n.run_queue) append(r.run_queue[thread], readings);
     append(r.batch_bytes, n.batch_bytes);
     r.unknown_signature_records += n.unknown_signature_records;
     r.bad_step_stats += n.bad_step_stats;
@@ -546,6 +566,14 @@ void JobModel::trim(int64_t before_ns, size_t max_ops_per_rank) {
                   [before_ns](const ReceivedStep& st) { return st.stats.end_ns < before_ns; });
     std::erase_if(r.step_starts, [before_ns](int64_t t) { return t < before_ns; });
     std::erase_if(r.batch_bytes, [before_ns](const auto& b) { return b.first < before_ns; });
+    for (auto it = r.run_queue.begin(); it != r.run_queue.end();) {
+      // The newest reading before the cut stays: a step starting there still needs it.
+      records::RunQueueReadings& q = it->second;
+      auto cut = std::lower_bound(q.begin(), q.end(), std::make_pair(before_ns, INT64_MIN));
+      if (cut != q.begin()) q.erase(q.begin(), std::prev(cut));
+      it = q.size() <= 1 && (q.empty() || q.back().first < before_ns) ? r.run_queue.erase(it)
+                                                                      : std::next(it);
+    }
   }
 }
 
@@ -589,6 +617,7 @@ JobModel JobModel::onlySteps(const std::vector<size_t>& steps) const {
     RankData& o = out.ranks_[rank];
     copyRankIdentity(r, &o);
     o.warmup_end_ns = warmupEnd(rank);
+    o.run_queue = r.run_queue;
     std::vector<std::pair<int64_t, int64_t>> kept;
     for (size_t k : steps) {
       if (k + 1 < starts.size()) kept.emplace_back(starts[k], starts[k + 1]);
@@ -631,6 +660,7 @@ JobModel JobModel::sinceStep(size_t step) const {
     RankData& o = out.ranks_[rank];
     copyRankIdentity(r, &o);
     o.warmup_end_ns = warmupEnd(rank);
+    o.run_queue = r.run_queue;
     if (starts.size() <= step) continue;
     const int64_t t0 = starts[step];
     for (const Op& op : r.ops) {
@@ -746,16 +776,34 @@ std::vector<records::StepStats> JobModel::stepStats(int rank) const {
   if (starts.size() < 2) return {};
   std::vector<records::StepOp> ops;
   ops.reserve(r.ops.size());
+  std::vector<std::pair<int64_t, uint64_t>> issues;  // (issue, thread): run-queue wait's issuers
   for (const Op& op : r.ops) {
     const auto kind = signatures_[op.sig].kind();
     if (kind == flare::v1::OP_KIND_SYNC) continue;  // host-side, not GPU work
     ops.push_back({op.issue, op.start, op.end, kind == flare::v1::OP_KIND_KERNEL});
+    if (!r.run_queue.empty()) issues.emplace_back(op.issue, op.thread);
   }
   std::vector<records::StepSpan> loader;
   for (const Span& s : r.spans) {
     if (records::isStepApiName(apis_[s.api])) loader.push_back({s.start, s.end});
   }
-  return records::computeStepStats(ops, loader, starts);
+  std::vector<records::StepStats> out = records::computeStepStats(ops, loader, starts);
+  if (!r.run_queue.empty()) {
+    // MODE_RAW's run-queue wait, as the rank computes it in summary mode: the most any thread
+    // that issued the step's GPU ops waited for a CPU inside it.
+    std::sort(issues.begin(), issues.end());
+    std::set<uint64_t> threads;
+    for (records::StepStats& st : out) {
+      threads.clear();
+      for (auto issue = std::lower_bound(issues.begin(), issues.end(),
+                                         std::make_pair(st.start_ns, uint64_t{0}));
+           issue != issues.end() && issue->first < st.end_ns; ++issue) {
+        threads.insert(issue->second);
+      }
+      st.run_queue_wait_ns = records::runQueueWaitIn(r.run_queue, threads, st.start_ns, st.end_ns);
+    }
+  }
+  return out;
 }
 
 }  // namespace flare::engine

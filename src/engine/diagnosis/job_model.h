@@ -172,7 +172,12 @@ struct RankData {
   int64_t next_compaction_ns = INT64_MIN;
   uint64_t bad_step_stats = 0;       // step statistics that did not decode (ignored)
   std::vector<int64_t> step_starts;  // explicit step markers, if the rank sent any
-  uint64_t step_samples = 0;         // batch size of its latest step marker (0: ?)
+  // MODE_RAW: each issuing thread's run-queue readings (RecordBatch.run_queue), time order;
+  // stepStats() places each step's run_queue_wait_ns from them (records::runQueueWaitIn).
+  std::map<uint64_t, records::RunQueueReadings> run_queue;
+  static constexpr size_t kMaxRunQueueThreads = 256;
+  uint64_t run_queue_threads_ignored = 0;  // readings of threads past that bound (ignored)
+  uint64_t step_samples = 0;               // batch size of its latest step marker (0: ?)
   // A view of some steps (sinceStep, onlySteps): the end of the rank's warm-up in the whole
   // model (its second step boundary), which the view's own first steps are not. INT64_MIN: the
   // model's own (stepStarts()[1]).

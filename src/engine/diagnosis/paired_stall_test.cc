@@ -297,12 +297,28 @@ flare::v1::RecordBatch asSummary(const flare::v1::RecordBatch& raw, int64_t run_
   return out;
 }
 
-// Rank 4's stall (2 ms before kernel 5 of every step) in summary mode, each rank's issuing
-// thread waiting `others_wait` for a CPU per step and rank 4's `stalled_wait`.
-// With `stalled_kernel_ns`, rank 4's kernels run that long instead of 50 us (less busy: its
-// GPU idles more per step).
+// The raw batch with its issuing thread's run-queue readings (RecordBatch.run_queue, MODE_RAW):
+// read at every step marker, having waited `run_queue_wait` for a CPU in each step.
+flare::v1::RecordBatch withReadings(flare::v1::RecordBatch raw, int64_t run_queue_wait) {
+  if (run_queue_wait < 0) return raw;
+  int64_t markers = 0;
+  const auto kernels = raw.kernels();  // a copy: readings are added to `raw` meanwhile
+  for (const auto& k : kernels) {
+    if (k.signature_id() != 1) continue;
+    auto* q = raw.add_run_queue();
+    q->set_thread_id(k.thread_id());
+    q->set_time_ns(k.start_ns());
+    q->set_waited_ns(markers++ * run_queue_wait);
+  }
+  return raw;
+}
+
+// Rank 4's stall (2 ms before kernel 5 of every step) in summary mode (or raw, with run-queue
+// readings), each rank's issuing thread waiting `others_wait` for a CPU per step and rank 4's
+// `stalled_wait`. With `stalled_kernel_ns`, rank 4's kernels run that long instead of 50 us
+// (less busy: its GPU idles more per step).
 JobModel buildWithRunQueue(int64_t stalled_wait, int64_t others_wait,
-                           int64_t stalled_kernel_ns = 50'000) {
+                           int64_t stalled_kernel_ns = 50'000, bool raw = false) {
   JobModel m;
   for (int r = 0; r < 8; ++r) {
     flare::v1::RecordBatch b = rankBatch(r, 4, 2'000'000);
@@ -310,7 +326,8 @@ JobModel buildWithRunQueue(int64_t stalled_wait, int64_t others_wait,
       for (auto& k : *b.mutable_kernels())
         if (k.signature_id() == 2) k.set_end_ns(k.start_ns() + stalled_kernel_ns);
     }
-    m.addBatch(r, asSummary(b, r == 4 ? stalled_wait : others_wait));
+    const int64_t wait = r == 4 ? stalled_wait : others_wait;
+    m.addBatch(r, raw ? withReadings(b, wait) : asSummary(b, wait));
   }
   return m;
 }
@@ -407,6 +424,34 @@ TEST(PairedStall, AStallSpentInTheRunQueueIsCpuContention) {
   EXPECT_EQ(unmeasured[0].kind, "issue_stall");
   EXPECT_NE(unmeasured[0].summary.find("run-queue wait was not measured"), std::string::npos)
       << unmeasured[0].summary;
+}
+
+// Raw mode: flared places each step's run-queue wait from the readings the rank sends
+// (RecordBatch.run_queue; JobModel::stepStats, runQueueWaitIn) and tells contention from a
+// stall the same way.
+TEST(PairedStall, RawModeReadingsTellCpuContentionToo) {
+  const JobModel contended = buildWithRunQueue(2'000'000, 100'000, 50'000, /*raw=*/true);
+  for (const records::StepStats& st : contended.stepStats(4)) {
+    if (st.step == 0) continue;  // read from step 0's marker on: every step after is measured
+    EXPECT_EQ(st.run_queue_wait_ns, 2'000'000) << st.step;
+  }
+  const auto found = diagnose(contended, DiagnoseOptions{});
+  ASSERT_EQ(found.size(), 1u);
+  EXPECT_EQ(found[0].kind, "cpu_contention");
+  EXPECT_EQ(found[0].team, Team::kOperations);
+  EXPECT_EQ(found[0].ranks, std::vector<int>{4});
+  ASSERT_FALSE(found[0].evidence.empty());
+  EXPECT_EQ(found[0].evidence[0].metric, "run_queue_wait");
+  EXPECT_DOUBLE_EQ(found[0].evidence[0].value, 2'000'000);
+  EXPECT_DOUBLE_EQ(found[0].evidence[0].reference, 100'000);
+
+  // Without readings (a rank that sent none): the raw model's steps are unmeasured, and the
+  // stall stays the code's issue_stall.
+  const JobModel plain = buildWithRunQueue(-1, -1, 50'000, /*raw=*/true);
+  for (const records::StepStats& st : plain.stepStats(4)) EXPECT_EQ(st.run_queue_wait_ns, -1);
+  const auto stall = diagnose(plain, DiagnoseOptions{});
+  ASSERT_EQ(stall.size(), 1u);
+  EXPECT_EQ(stall[0].kind, "issue_stall");
 }
 
 }  // namespace
