@@ -401,6 +401,22 @@ def reported_rows(reported, derived=None):
             rows.append(("void", "V_inter %s, V_minority %s" % (fmt_pct(_num(vi)),
                                                                fmt_pct(_num(vm))),
                          "median over ranks" + ("; " + worst if worst else "")))
+        # CPU wait: the figure cpu_contention compares, per rank (its own unit: fmt_latency).
+        waits = sorted((_num(r.get("waitNs")), r.get("rank", 0))
+                       for r in (jm.pop("rankRunQueueWait", []) or []) if isinstance(r, dict))
+        if waits:
+            rows.append(("CPU wait", "%s per step, median over %d rank%s" % (
+                fmt_latency(_median([v for v, _ in waits])), len(waits),
+                "" if len(waits) == 1 else "s"),
+                "the issuing threads runnable without a CPU (run queue); most r%s %s" % (
+                    waits[-1][1], fmt_latency(waits[-1][0]))))
+            if len(waits) <= 16:
+                rows.append(("", "  ".join("r%s %s" % (r, fmt_latency(v)) for v, r in
+                                           sorted(waits, key=lambda x: x[1])), ""))
+        else:
+            rows.append(("CPU wait", NOT_MEASURED, "no rank has 3 steps with run-queue readings "
+                         "(Linux schedstat; `flare status` counts a rank's steps sent without "
+                         "them as runQueueUnmeasured)"))
         volume = jm.pop("bytesPerRankStep", None)
         if volume:
             rows.append(("volume", "%s per rank per step" % _fmt_bytes(volume), "as received"))

@@ -526,6 +526,15 @@ void Analyzer::writeMetrics(PromWriter& w) const {
                {{"job", job}, {"rank", std::to_string(r.rank())}});
     }
   });
+  w.family("flare_job_rank_run_queue_wait_seconds", "gauge",
+           "Time one rank's issuing threads waited for a CPU per step (run queue), median over "
+           "its measured steps after the warm-up.");
+  each([&](const std::string& job, const v1::JobMetrics& m) {
+    for (const auto& r : m.rank_run_queue_wait()) {
+      w.sample("flare_job_rank_run_queue_wait_seconds", r.wait_ns() / 1e9,
+               {{"job", job}, {"rank", std::to_string(r.rank())}});
+    }
+  });
   w.family("flare_job_busbw_bytes_per_second", "gauge",
            "Collective bus bandwidth (nccl-tests), median over complete instances, by kind.");
   each([&](const std::string& job, const v1::JobMetrics& m) {

@@ -284,6 +284,17 @@ def test_figures_agree_across_text_json_html_and_metrics(build_dir, job):
     void = "V_inter %.1f%%, V_minority %.1f%%" % (100 * gauge("flare_job_void_inter_ratio"),
                                                  100 * gauge("flare_job_void_minority_ratio"))
     assert void in text and void in panel
+    # CPU wait per step (run queue): the per-rank gauges are the figures the text and the panel
+    # print, and their median the row's headline.
+    waits = {int(r["rank"]): r["waitNs"] for r in jm.get("rankRunQueueWait", [])}
+    assert len(waits) == 8, jm  # summary mode: every rank's steps carry it
+    for rank, ns in waits.items():
+        shown = "r%d %.3f ms" % (rank, gauge("flare_job_rank_run_queue_wait_seconds",
+                                            rank=str(rank)) * 1e3)
+        assert shown == "r%d %.3f ms" % (rank, ns / 1e6) and shown in text and shown in panel
+    ordered = sorted(waits.values())
+    median = (ordered[3] + ordered[4]) / 2
+    assert "%.3f ms per step, median over 8 ranks" % (median / 1e6) in text
     # Each figure once: not a second time computed another way from the series.
     for shown in (text, panel):
         assert shown.count("steps/s") == 1, shown
@@ -627,7 +638,9 @@ def test_daemon_metrics_are_formatted_for_people():
                     "busbw": [{"kind": "all_reduce", "busbwGbps": 180.25, "instances": "64"}],
                     "hasBaseline": True, "issueLatencyW1Ns": 3000000,
                     "issueLatencyW1ThresholdNs": 1000000, "vInter": 0.125, "vMinority": 0.05,
-                    "bytesPerRankStep": 2300, "computedUnixNs": "1", "newField": 7},
+                    "bytesPerRankStep": 2300, "computedUnixNs": "1", "newField": 7,
+                    "rankRunQueueWait": [{"rank": 0, "waitNs": 150000},
+                                         {"rank": 1, "waitNs": 2250000}, {"rank": 2}]},
         "somethingNew": {"a": 1}})
     text = "\n".join(lines)
     assert "NVIDIA H100 80GB HBM3, 8 ranks; 2 healthy baseline runs" in text
@@ -638,6 +651,9 @@ def test_daemon_metrics_are_formatted_for_people():
     assert "W1 3.000 ms from healthy history (threshold 1.000 ms) — ABOVE" in text
     assert "V_inter 12.5%, V_minority 5.0%" in text
     assert "2.25 KiB per rank per step" in text
+    assert "0.150 ms per step, median over 3 ranks; the issuing threads runnable without a CPU " \
+        "(run queue); most r1 2.250 ms" in text, text
+    assert "r0 0.150 ms  r1 2.250 ms  r2 0.000 ms" in text
     # Unknown fields stay visible; known ones are not repeated raw.
     assert "metrics.newField" in text and "somethingNew.a" in text
     assert "rankTflops" not in text and "computedUnixNs" not in text
@@ -667,10 +683,11 @@ def test_unmeasured_figures_read_not_measured_with_the_reason_never_zero():
                      text), text
     assert re.search(r"FLOPS +not measured job-wide; per rank 9.4 \(r0\) .. 9.4 \(r0\)", text), text
     assert re.search(r"vs history +not measured; no healthy baseline", text), text
+    assert re.search(r"CPU wait +not measured; no rank has 3 steps with run-queue readings", text)
     assert "0.00 steps/s" not in text and "0 ns" not in text and "0.0 TFLOPS" not in text
     page = html_report.render(data)
     panel = re.search(r'<div class="metrics" id="metrics">.*?</section>', page, re.S).group(0)
-    assert panel.count('class="unmeasured"') == 4, panel
+    assert panel.count('class="unmeasured"') == 5, panel
     assert "not measured" in panel and ">0 ns<" not in panel and ">0<" not in panel
     for raw in ("metrics.", "rankTflops", "hasBaseline", "computedUnixNs", "1795719291085083351"):
         assert raw not in panel, raw

@@ -125,6 +125,12 @@ flare::v1::JobMetrics computeJobMetrics(const JobModel& job, const History* hist
     job_ns += ns;
   }
   m.set_tflops(job_ns > 0 ? job_flops / job_ns / 1e3 : 0);
+  // CPU wait per step: the figure cpu_contention compares, per rank.
+  for (const auto& [rank, wait] : signals::runQueueWaitPerStep(job)) {
+    auto* rq = m.add_rank_run_queue_wait();
+    rq->set_rank(rank);
+    rq->set_wait_ns(wait);
+  }
   // Bus bandwidth per collective kind: median over complete instances.
   std::map<std::string, std::vector<double>> by_kind;
   for (auto& [sig, values] : collectiveBusbw(job)) {
