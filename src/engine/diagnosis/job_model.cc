@@ -157,10 +157,10 @@ void JobModel::addBatch(int rank, const flare::v1::RecordBatch& batch) {
     r.spans.push_back(span);
   }
   for (const auto& q : batch.run_queue()) {
-    // At most kMaxRunQueueThreads threads a rank (the rank reads only those that launch).
+    // At most kMaxRunQueueThreads threads a rank (the rank reads only those that launch);
+    // the steps of a thread past them are not measured, as if it sent no readings.
     if (r.run_queue.size() >= RankData::kMaxRunQueueThreads &&
         !r.run_queue.contains(q.thread_id())) {
-      ++r.run_queue_threads_ignored;
       continue;
     }
     records::RunQueueReadings& readings = r.run_queue[q.thread_id()];
@@ -291,7 +291,17 @@ void JobModel::absorb(JobModel&& newer) {
     append(r.summaries, n.summaries);
     append(r.steps, n.steps);
     append(r.step_starts, n.step_starts);
-    for (auto& [thread, readings] : n.run_queue) append(r.run_queue[thread], readings);
+    for (auto& [thread, readings] : n.run_queue) {
+      records::RunQueueReadings& mine = r.run_queue[thread];
+      const size_t had = mine.size();
+      append(mine, readings);
+      if (had > 0 && had < mine.size() && mine[had].first <= mine[had - 1].first) {
+        std::sort(mine.begin(), mine.end());  // overlapping times: back in order, one per time
+        mine.erase(std::unique(mine.begin(), mine.end(),
+                               [](const auto& a, const auto& b) { return a.first == b.first; }),
+                   mine.end());
+      }
+    }
     append(r.batch_bytes, n.batch_bytes);
     r.unknown_signature_records += n.unknown_signature_records;
     r.bad_step_stats += n.bad_step_stats;

@@ -176,7 +176,6 @@ struct RankData {
   // stepStats() places each step's run_queue_wait_ns from them (records::runQueueWaitIn).
   std::map<uint64_t, records::RunQueueReadings> run_queue;
   static constexpr size_t kMaxRunQueueThreads = 256;
-  uint64_t run_queue_threads_ignored = 0;  // readings of threads past that bound (ignored)
   uint64_t step_samples = 0;               // batch size of its latest step marker (0: ?)
   // A view of some steps (sinceStep, onlySteps): the end of the rank's warm-up in the whole
   // model (its second step boundary), which the view's own first steps are not. INT64_MIN: the

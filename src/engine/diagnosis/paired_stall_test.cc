@@ -390,18 +390,22 @@ TEST(PairedStall, SummaryModeStepStatsGiveTheRawFiguresAndDiagnosis) {
 // A stall whose time the rank's issuing thread spent waiting for a CPU (run queue, beyond the
 // other ranks') is the machine's: cpu_contention, for operations, citing the wait. The same
 // stall with no more wait than its peers' stays the code's issue_stall (algorithm).
+// buildWithRunQueue(2 ms, 0.1 ms)'s one diagnosis: rank 4's CPU contention, citing the waits.
+void expectRank4Contended(const JobModel& m) {
+  const auto found = diagnose(m, DiagnoseOptions{});
+  ASSERT_EQ(found.size(), 1u);
+  EXPECT_EQ(found[0].kind, "cpu_contention");
+  EXPECT_EQ(found[0].team, Team::kOperations);
+  EXPECT_EQ(found[0].ranks, std::vector<int>{4});
+  ASSERT_FALSE(found[0].evidence.empty());
+  EXPECT_EQ(found[0].evidence[0].metric, "run_queue_wait");
+  EXPECT_DOUBLE_EQ(found[0].evidence[0].value, 2'000'000);
+  EXPECT_DOUBLE_EQ(found[0].evidence[0].reference, 100'000);
+  EXPECT_NE(found[0].summary.find("waits for a CPU"), std::string::npos) << found[0].summary;
+}
+
 TEST(PairedStall, AStallSpentInTheRunQueueIsCpuContention) {
-  const auto contended = diagnose(buildWithRunQueue(2'000'000, 100'000), DiagnoseOptions{});
-  ASSERT_EQ(contended.size(), 1u);
-  EXPECT_EQ(contended[0].kind, "cpu_contention");
-  EXPECT_EQ(contended[0].team, Team::kOperations);
-  EXPECT_EQ(contended[0].ranks, std::vector<int>{4});
-  ASSERT_FALSE(contended[0].evidence.empty());
-  EXPECT_EQ(contended[0].evidence[0].metric, "run_queue_wait");
-  EXPECT_DOUBLE_EQ(contended[0].evidence[0].value, 2'000'000);
-  EXPECT_DOUBLE_EQ(contended[0].evidence[0].reference, 100'000);
-  EXPECT_NE(contended[0].summary.find("waits for a CPU"), std::string::npos)
-      << contended[0].summary;
+  expectRank4Contended(buildWithRunQueue(2'000'000, 100'000));
 
   // A little more wait than the peers, and a little more GPU idle (0.2 ms), but a 1 ms issue
   // delay: the wait explains the idle, not the stall; the cost is the larger of the two.
@@ -435,15 +439,7 @@ TEST(PairedStall, RawModeReadingsTellCpuContentionToo) {
     if (st.step == 0) continue;  // read from step 0's marker on: every step after is measured
     EXPECT_EQ(st.run_queue_wait_ns, 2'000'000) << st.step;
   }
-  const auto found = diagnose(contended, DiagnoseOptions{});
-  ASSERT_EQ(found.size(), 1u);
-  EXPECT_EQ(found[0].kind, "cpu_contention");
-  EXPECT_EQ(found[0].team, Team::kOperations);
-  EXPECT_EQ(found[0].ranks, std::vector<int>{4});
-  ASSERT_FALSE(found[0].evidence.empty());
-  EXPECT_EQ(found[0].evidence[0].metric, "run_queue_wait");
-  EXPECT_DOUBLE_EQ(found[0].evidence[0].value, 2'000'000);
-  EXPECT_DOUBLE_EQ(found[0].evidence[0].reference, 100'000);
+  expectRank4Contended(contended);
 
   // Without readings (a rank that sent none): the raw model's steps are unmeasured, and the
   // stall stays the code's issue_stall.
@@ -452,6 +448,31 @@ TEST(PairedStall, RawModeReadingsTellCpuContentionToo) {
   const auto stall = diagnose(plain, DiagnoseOptions{});
   ASSERT_EQ(stall.size(), 1u);
   EXPECT_EQ(stall[0].kind, "issue_stall");
+}
+
+// flared keeps each thread's readings in time order, one per time, whatever order the batches
+// come in (a spooled batch replayed late), and trims them with the window, keeping the newest
+// reading before the cut (a step that starts there needs it).
+TEST(RunQueueReadings, KeptInOrderAndTrimmedWithTheWindow) {
+  auto batch = [](std::initializer_list<int64_t> times) {
+    flare::v1::RecordBatch b;
+    for (int64_t t : times) {
+      auto* q = b.add_run_queue();
+      q->set_thread_id(1);
+      q->set_time_ns(t);
+      q->set_waited_ns(t / 10);
+    }
+    return b;
+  };
+  JobModel m;
+  m.addBatch(0, batch({10, 30}));
+  m.addBatch(0, batch({20, 30}));  // late, and 30 again
+  using Readings = records::RunQueueReadings;
+  EXPECT_EQ(m.ranks().at(0).run_queue.at(1), (Readings{{10, 1}, {20, 2}, {30, 3}}));
+  m.trim(25, 1000);
+  EXPECT_EQ(m.ranks().at(0).run_queue.at(1), (Readings{{20, 2}, {30, 3}}));
+  m.trim(40, 1000);  // only readings before the window: the thread is forgotten
+  EXPECT_FALSE(m.ranks().at(0).run_queue.contains(1));
 }
 
 }  // namespace
