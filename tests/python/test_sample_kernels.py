@@ -23,6 +23,7 @@ import sys
 
 import pytest
 
+import contention
 from offline_diagnose import diagnose
 
 N = 8
@@ -181,13 +182,14 @@ def test_end_only_timing_is_refused_with_sampling(sim_train, build_dir, tmp_path
 
 
 # The detectors on a sampled job: the scenarios of test_diagnosis.py, same verdicts.
-def run_job(build_dir, out, job, env, steps=6):
+def run_job(build_dir, out, job, env, steps=6, extra=()):
     full = dict(os.environ, LD_PRELOAD=os.path.join(build_dir, "lib", "libflare_hook.so"),
                 FLARE_OUTPUT_DIR=str(out), FLARE_JOB_ID=job, FLARE_SAMPLE_KERNELS=str(N))
     full.update(env)
     res = subprocess.run([os.path.join(build_dir, "bin", "flare-sim-train"), "--ranks", "8",
                           "--steps", str(steps), "--layers", "4", "--hidden", "4096", "--tp", "2",
-                          "--quiet"], env=full, capture_output=True, text=True, timeout=300)
+                          "--quiet", *extra], env=full, capture_output=True, text=True,
+                         timeout=300)
     assert res.returncode == 0, res.stderr
 
 
@@ -209,8 +211,13 @@ def test_host_stall_is_still_named(build_dir, tmp_path, mode):
 
 @pytest.mark.parametrize("mode", ["raw", "summary"])
 def test_healthy_sampled_job_raises_nothing(build_dir, tmp_path, mode):
-    run_job(build_dir, tmp_path, "healthy", {"FLARE_MODE": mode})
-    assert diagnose(build_dir, tmp_path) == []
+    sim = tmp_path / "sim.json"
+    run_job(build_dir, tmp_path, "healthy", {"FLARE_MODE": mode}, extra=("--json", str(sim)))
+    # Nothing, except a host finding on a rank this machine's load really starved of CPU
+    # (contention.py: the workload's own schedstat readings say so).
+    waits = contention.sim_waits(json.loads(sim.read_text()))
+    assert contention.unexplained(diagnose(build_dir, tmp_path),
+                                  contention.starved_ranks(waits)) == [], waits
 
 
 def test_the_report_marks_estimated_counts():

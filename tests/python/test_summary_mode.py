@@ -15,6 +15,7 @@ import zlib
 
 import pytest
 
+import contention
 from flared_process import Flared
 
 RANKS = 8
@@ -27,15 +28,15 @@ def summarised(r):
                                     and "Synchronize" not in r["name"])
 
 
-def run_job(build_dir, out, job, mode, steps=6, layers=4, env=None):
+def run_job(build_dir, out, job, mode, steps=6, layers=4, env=None, extra=()):
     full = dict(os.environ, LD_PRELOAD=os.path.join(build_dir, "lib", "libflare_hook.so"),
                 FLARE_OUTPUT_DIR=str(out), FLARE_JOB_ID=job, FLARE_MODE=mode)
     full.pop("FLARE_DAEMON", None)
     full.update(env or {})
     res = subprocess.run([os.path.join(build_dir, "bin", "flare-sim-train"), "--ranks", str(RANKS),
                           "--steps", str(steps), "--layers", str(layers), "--hidden", "4096",
-                          "--tp", "2", "--quiet"], env=full, capture_output=True, text=True,
-                         timeout=300)
+                          "--tp", "2", "--quiet", *extra], env=full, capture_output=True,
+                         text=True, timeout=300)
     assert res.returncode == 0, res.stderr
 
 
@@ -264,10 +265,16 @@ def test_underclocked_rank_is_found_from_summaries(build_dir, tmp_path):
 
 
 def test_healthy_job_in_summary_mode_raises_nothing(build_dir, tmp_path):
-    run_job(build_dir, tmp_path, "healthy", "summary")
+    sim = tmp_path / "sim.json"
+    run_job(build_dir, tmp_path, "healthy", "summary", extra=("--json", str(sim)))
     res = subprocess.run([os.path.join(build_dir, "bin", "flare-diagnose"), "--input",
                           str(tmp_path), "--json"], capture_output=True, text=True, timeout=120)
-    assert res.returncode == 0, res.stdout + res.stderr
+    assert res.returncode in (0, 3), res.stdout + res.stderr
+    # Nothing, except a host finding on a rank this machine's load really starved of CPU
+    # (contention.py: the workload's own schedstat readings say so).
+    waits = contention.sim_waits(json.loads(sim.read_text()))
+    found = json.loads(res.stdout)["diagnoses"]
+    assert contention.unexplained(found, contention.starved_ranks(waits)) == [], (found, waits)
 
 
 def test_flared_alerts_on_the_underclocked_rank_from_summaries(build_dir, tmp_path):
