@@ -163,7 +163,7 @@ std::vector<int64_t> stepBoundaries(std::vector<StepCall> calls) {
 int64_t runQueueWaitIn(const std::map<uint64_t, RunQueueReadings>& readings,
                        const std::set<uint64_t>& threads, int64_t s0, int64_t s1) {
   // The counter at time t, linear between readings (held flat outside them).
-  auto at = [](const std::vector<std::pair<int64_t, int64_t>>& r, int64_t t) -> double {
+  auto at = [](const RunQueueReadings& r, int64_t t) -> double {
     auto hi = std::lower_bound(
         r.begin(), r.end(), t,
         [](const std::pair<int64_t, int64_t>& x, int64_t v) { return x.first < v; });

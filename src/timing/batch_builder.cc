@@ -318,7 +318,7 @@ void BatchBuilder::addApiName(uint32_t id, const std::string& qualified_name) {
   flare::v1::ApiName* out = batch_.add_api_names();
   out->set_id(id);
   out->set_qualified_name(qualified_name);
-  api_names_[id] = qualified_name;
+  api_names_[id] = {qualified_name, records::stepCallKind(qualified_name)};
   account(out->ByteSizeLong());
 }
 
@@ -329,11 +329,11 @@ void BatchBuilder::summarizeSpans(std::span<const CompletedSpan> spans) {
   // in start order.
   step_calls_.clear();
   for (const CompletedSpan& span : spans) {
-    auto name = api_names_.find(span.api_id);
-    if (name == api_names_.end()) continue;
-    steps_.addHostEvent(span.start_ns, span.end_ns, span.thread_id, name->second);
-    const records::StepCallKind kind = records::stepCallKind(name->second);
-    if (kind != records::StepCallKind::kOther) step_calls_.emplace_back(&span, kind);
+    auto api = api_names_.find(span.api_id);
+    if (api == api_names_.end()) continue;
+    steps_.addHostEvent(span.start_ns, span.end_ns, span.thread_id, api->second.name);
+    if (api->second.kind != records::StepCallKind::kOther)
+      step_calls_.emplace_back(&span, api->second.kind);
   }
   std::stable_sort(step_calls_.begin(), step_calls_.end(), [](const auto& a, const auto& b) {
     return a.first->start_ns < b.first->start_ns;

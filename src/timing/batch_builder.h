@@ -140,7 +140,11 @@ class BatchBuilder {
     bool summarised = false;
   };
   std::unordered_map<uint32_t, SyncSignature> syncs_;
-  std::unordered_map<uint32_t, std::string> api_names_;  // API id → qualified name
+  struct Api {
+    std::string name;                                            // qualified name
+    records::StepCallKind kind = records::StepCallKind::kOther;  // records::stepCallKind(name)
+  };
+  std::unordered_map<uint32_t, Api> api_names_;  // API id → its name and step-rule kind
 };
 
 // The wire form of a DeviceDescription.

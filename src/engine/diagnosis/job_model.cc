@@ -89,6 +89,7 @@ uint32_t JobModel::internApi(const std::string& name) {
   if (it != api_index_.end()) return it->second;
   const auto id = static_cast<uint32_t>(apis_.size());
   apis_.push_back(name);
+  api_kinds_.push_back(records::stepCallKind(name));
   api_index_.emplace(name, id);
   return id;
 }
@@ -273,6 +274,7 @@ void JobModel::absorb(JobModel&& newer) {
   signatures_ = std::move(newer.signatures_);
   signature_index_ = std::move(newer.signature_index_);
   apis_ = std::move(newer.apis_);
+  api_kinds_ = std::move(newer.api_kinds_);
   api_index_ = std::move(newer.api_index_);
   auto append = [](auto& into, auto& from) {
     if (into.empty()) {
@@ -608,6 +610,7 @@ JobModel JobModel::emptyCopy() const {
   out.signatures_ = signatures_;
   out.signature_index_ = signature_index_;
   out.apis_ = apis_;
+  out.api_kinds_ = api_kinds_;
   out.api_index_ = api_index_;
   return out;
 }
@@ -715,7 +718,7 @@ std::vector<int64_t> JobModel::stepStarts(int rank) const {
   }
   std::vector<records::StepCall> calls;
   for (const Span& s : it->second.spans) {
-    const records::StepCallKind kind = records::stepCallKind(apis_[s.api]);
+    const records::StepCallKind kind = api_kinds_[s.api];
     if (kind != records::StepCallKind::kOther) calls.push_back({s.start, kind});
   }
   return records::stepBoundaries(std::move(calls));
@@ -795,7 +798,7 @@ std::vector<records::StepStats> JobModel::stepStats(int rank) const {
   }
   std::vector<records::StepSpan> loader;
   for (const Span& s : r.spans) {
-    if (records::isStepApiName(apis_[s.api])) loader.push_back({s.start, s.end});
+    if (api_kinds_[s.api] == records::StepCallKind::kLoader) loader.push_back({s.start, s.end});
   }
   std::vector<records::StepStats> out = records::computeStepStats(ops, loader, starts);
   if (!r.run_queue.empty()) {

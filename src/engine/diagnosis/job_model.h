@@ -176,7 +176,7 @@ struct RankData {
   // stepStats() places each step's run_queue_wait_ns from them (records::runQueueWaitIn).
   std::map<uint64_t, records::RunQueueReadings> run_queue;
   static constexpr size_t kMaxRunQueueThreads = 256;
-  uint64_t step_samples = 0;               // batch size of its latest step marker (0: ?)
+  uint64_t step_samples = 0;  // batch size of its latest step marker (0: ?)
   // A view of some steps (sinceStep, onlySteps): the end of the rank's warm-up in the whole
   // model (its second step boundary), which the view's own first steps are not. INT64_MIN: the
   // model's own (stepStarts()[1]).
@@ -276,6 +276,7 @@ class JobModel {
   std::vector<flare::v1::Signature> signatures_;
   std::unordered_map<std::string, uint32_t> signature_index_;
   std::vector<std::string> apis_;
+  std::vector<records::StepCallKind> api_kinds_;  // records::stepCallKind of each of apis_
   std::unordered_map<std::string, uint32_t> api_index_;
 };
 
