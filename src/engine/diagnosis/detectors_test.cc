@@ -212,6 +212,84 @@ TEST(LinkSlow, OneCommunicatorWithNoPeerToCompareIsNotBlamed) {
   EXPECT_TRUE(linkDiagnoses(linkJob({{3, 0.7}}, /*tp=*/false)).empty());
 }
 
+// ---- unoptimized_gemm: what a shape is held to -----------------------------------------------
+
+struct GemmShape {
+  int64_t m, n, k;
+  double tflops;
+};
+
+// 2 ranks, 6 steps of 100 ms, each shape called 4 times per step at its TFLOPS (bf16).
+JobModel gemmJob(const std::vector<GemmShape>& shapes) {
+  const int64_t ms = 1'000'000;
+  JobModel job;
+  for (int rank = 0; rank < 2; ++rank) {
+    flare::v1::RecordBatch b;
+    for (size_t i = 0; i < shapes.size(); ++i) {
+      auto* sig = b.add_signatures();
+      sig->set_id(static_cast<uint32_t>(i + 1));
+      sig->set_name("cublasGemmEx");
+      sig->set_kind(flare::v1::OP_KIND_GEMM);
+      sig->set_dtype(flare::v1::DTYPE_BF16);
+      for (int64_t d : {shapes[i].m, shapes[i].n, shapes[i].k, int64_t{1}}) sig->add_shape(d);
+    }
+    for (int step = 0; step < 6; ++step) {
+      const int64_t t0 = step * 100 * ms;
+      auto* st = b.add_steps();
+      st->set_step(static_cast<uint64_t>(step));
+      st->set_start_ns(t0);
+      int64_t t = t0 + ms;
+      for (size_t i = 0; i < shapes.size(); ++i) {
+        const double flops = 2.0 * shapes[i].m * shapes[i].n * shapes[i].k;
+        for (int c = 0; c < 4; ++c) {
+          auto* k = b.add_kernels();
+          k->set_signature_id(static_cast<uint32_t>(i + 1));
+          k->set_stream_id(7);
+          k->set_issue_ns(t - 100'000);
+          k->set_start_ns(t);
+          t += static_cast<int64_t>(flops / (shapes[i].tflops * 1e12) * 1e9);
+          k->set_end_ns(t);
+          k->set_flops(static_cast<uint64_t>(flops));
+        }
+      }
+    }
+    job.addBatch(rank, b);
+  }
+  return job;
+}
+
+std::vector<Diagnosis> gemmDiagnoses(const JobModel& job) {
+  std::vector<Diagnosis> out;
+  for (Diagnosis& d : diagnose(job, DiagnoseOptions{})) {
+    if (d.kind == "unoptimized_gemm") out.push_back(std::move(d));
+  }
+  return out;
+}
+
+TEST(UnoptimizedGemm, AMisalignedShapeIsHeldToSmallerAlignedGemmsNoEasierThanIt) {
+  // A small model's misaligned FFN (8190 = 16380 bytes) has 2.7x the flops of its attention
+  // projection (3072), so the two are not alike (2x); but the projection does less work per
+  // byte and has fewer tiles, and it runs at 280 TFLOPS: the FFN at 145 is named against it.
+  const auto slow = gemmDiagnoses(gemmJob({{3072, 2048, 2048, 280}, {8190, 2048, 2048, 145}}));
+  ASSERT_EQ(slow.size(), 1u);
+  ASSERT_EQ(slow[0].evidence.size(), 1u);
+  EXPECT_NEAR(slow[0].evidence[0].value, 145, 1);
+  EXPECT_NEAR(slow[0].evidence[0].reference, 280, 1);
+  EXPECT_NE(slow[0].evidence[0].text.find("smaller aligned GEMMs"), std::string::npos)
+      << slow[0].evidence[0].text;
+  EXPECT_NE(slow[0].summary.find("nearest aligned m=8192"), std::string::npos) << slow[0].summary;
+  // At 95% of the projection's TFLOPS it is not slow.
+  EXPECT_TRUE(gemmDiagnoses(gemmJob({{3072, 2048, 2048, 280}, {8190, 2048, 2048, 266}})).empty());
+  // An aligned shape is not held to a smaller, non-alike GEMM (wave quantization and tile
+  // choice make such shapes differ on real GPUs; only misalignment is a fix the team owns).
+  EXPECT_TRUE(gemmDiagnoses(gemmJob({{3072, 2048, 2048, 280}, {8192, 2048, 2048, 145}})).empty());
+  // A GEMM more than 4x smaller is no yardstick: 1024 x 1024 x 2048 has 1/16 of the flops.
+  EXPECT_TRUE(gemmDiagnoses(gemmJob({{1024, 1024, 2048, 280}, {8190, 2048, 2048, 145}})).empty());
+  // Nor is a smaller GEMM that does more work per byte (an easier one): 2048 x 2048 x 1536
+  // (12.9 GFLOP, 614 flops per byte) for 16380 x 1024 x 1024 (34.4 GFLOP, 496 per byte).
+  EXPECT_TRUE(gemmDiagnoses(gemmJob({{2048, 2048, 1536, 280}, {16380, 1024, 1024, 145}})).empty());
+}
+
 // ---- evidence that passed its test: fail-slow and jitter under host noise ----------------------
 
 // A job of 8 ranks stepping together through `step_ms` (step 0 the warm-up), with one all-reduce

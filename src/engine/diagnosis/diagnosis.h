@@ -70,6 +70,9 @@ struct DiagnoseOptions {
   // ranks' warm-up. A misaligned shape's median call below misaligned_ratio × theirs; an aligned
   // shape's fast calls (10th percentile) below ratio × theirs.
   double unoptimized_alike_factor = 2.0;
+  // ... and a misaligned shape also to aligned GEMMs no easier than it: fewer flops per call
+  // (down to 1/this of its) and no more flops per byte.
+  double unoptimized_harder_factor = 4.0;
   double unoptimized_misaligned_ratio = 0.9;
   double unoptimized_ratio = 0.5;
   // ... or achieved < peak ratio × the shape's expected TFLOPS on the ranks' device (the peak
