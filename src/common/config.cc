@@ -217,7 +217,8 @@ constexpr ParamInfo kParams[] = {
      "call); unset or 0: off."},
     {"FLARE_SIM_NOISE", "bool", "1", "sim",
      "The simulated GPU and host vary like real ones (kernel, step, rank and host jitter and "
-     "host hiccups, calibrated on real H200 traces; src/sim/noise.h); 0: the exact cost model."},
+     "host hiccups, calibrated on real H200 traces; link and collective jitter, assumed; "
+     "src/sim/noise.h); 0: the exact cost model."},
     {"FLARE_SIM_SEED", "int", "1", "sim",
      "Seed of the simulator's noise: the same seed gives the same durations, another seed "
      "another run (every rank draws its own, from the seed and its rank)."},
@@ -233,6 +234,12 @@ constexpr ParamInfo kParams[] = {
      "Probability per kernel launch that the launching thread pauses first (a host hiccup)."},
     {"FLARE_SIM_HICCUP_US", "double", "80", "sim",
      "Mean microseconds of a host hiccup (exponentially distributed)."},
+    {"FLARE_SIM_LINK_JITTER", "double", "0.01", "sim",
+     "Log-normal sigma of each rank's network link bandwidth for the whole run (assumed, not "
+     "calibrated: no multi-GPU fabric trace yet)."},
+    {"FLARE_SIM_COLLECTIVE_JITTER", "double", "0.02", "sim",
+     "Log-normal sigma of each collective call's transfer time, the same on every member "
+     "(assumed, not calibrated: no multi-GPU fabric trace yet)."},
     {"FLARE_SIM_KERNEL_LOG", "string", "", "sim",
      "A directory: each simulated process writes every kernel duration the model gave there at "
      "exit (kernels-RANK-PID.tsv: step, name, n-th launch, ns; the truth of the noise tests)."},

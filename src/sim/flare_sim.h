@@ -46,9 +46,13 @@ int flareSimRank(void);
 // The training step the workload is in (set by the workload; faults are keyed by it).
 void flareSimSetStep(int64_t step);
 int64_t flareSimStep(void);
-// This rank's fault factors (1.0 when not configured).
+// This rank's fault factors (1.0 when not configured). The link factor includes the noise's
+// per-rank link draw (src/sim/noise.h).
 double flareSimClockFactor(void);
 double flareSimLinkFactor(void);
+// The noise's factor on the transfer time of collective `seq` of the communicator keyed `comm`:
+// the same on every rank; 1.0 with FLARE_SIM_NOISE=0.
+double flareSimCollectiveFactor(uint64_t comm, uint64_t seq);
 // Cost-model settings: "peak_tflops", "mem_bw_gbps", "busbw_gbps", "time_scale",
 // "launch_latency_us", "first_launch_ms", "cold_gemm_ms". Returns 0 for an unknown name.
 double flareSimSetting(const char* name);

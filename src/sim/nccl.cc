@@ -110,6 +110,7 @@ struct ncclComm {
   Header* header = nullptr;
   size_t map_bytes = 0;
   std::string shm_name;
+  uint64_t noise_key = 0;  // the same on every member: keys the noise's per-collective draw
   std::atomic<bool> aborted{false};
   std::mutex mu;
   uint64_t next_seq = 0;                // guarded by mu: collectives called so far
@@ -224,7 +225,9 @@ int64_t runGroup(void* ctx, int64_t start) {
         last = std::max(last, c->slot(r)->arrive_ns[p.seq % kRing].load());
         link = std::min(link, c->linkFactor(r));
       }
-      end = std::max(end, last + transferNs(double(p.bytes), p.factor, link));
+      const double noise = flareSimCollectiveFactor(c->noise_key, p.seq);
+      end = std::max(
+          end, last + static_cast<int64_t>(transferNs(double(p.bytes), p.factor, link) * noise));
     } else {
       const bool send = p.kind == Part::kSend;
       PairSlot* ps = send ? c->pair(me, p.peer) : c->pair(p.peer, me);
@@ -411,6 +414,8 @@ SIM_API ncclResult_t pncclCommInitRank(ncclComm_t* out, int nranks, ncclUniqueId
   c->header = h;
   c->map_bytes = bytes;
   c->shm_name = name;
+  c->noise_key = 0xcbf29ce484222325ull;  // FNV-1a of the segment's name
+  for (unsigned char ch : name) c->noise_key = (c->noise_key ^ ch) * 0x100000001b3ull;
   c->next_send_seq.assign(nranks, 0);
   c->next_recv_seq.assign(nranks, 0);
   double link = flareSimLinkFactor();
@@ -623,8 +628,9 @@ SIM_API int flareSimNcclConnectionSteps(ncclComm_t comm, FlareSimConnStep* out, 
   const int hung = comm->header->hang_rank.load();
   uint64_t progress = total;
   if (all && !hang) {
-    const double dur =
-        double(transferNs(double(comm->inflight_bytes.load()), comm->inflight_factor.load(), link));
+    const double dur = double(transferNs(double(comm->inflight_bytes.load()),
+                                         comm->inflight_factor.load(), link)) *
+                       flareSimCollectiveFactor(comm->noise_key, seq);  // as runGroup models it
     const double frac = dur > 0 ? double(flareSimNowNs() - last) / dur : 1.0;
     if (frac >= 1.0) return 0;  // completed
     progress = uint64_t(double(total) * std::max(frac, 0.0));

@@ -14,7 +14,17 @@ uint64_t mix(uint64_t x) {
 }
 
 // Domains keep the draws of different quantities independent.
-constexpr uint64_t kRank = 1, kStep = 2, kLaunch = 3, kHost = 4, kHiccup = 5, kHiccupSize = 6;
+constexpr uint64_t kRank = 1, kStep = 2, kLaunch = 3, kHost = 4, kHiccup = 5, kHiccupSize = 6,
+                   kLink = 7, kCollective = 8;
+
+// A standard normal draw from a key (Box-Muller on two uniforms in (0, 1)).
+double normalOf(uint64_t key) {
+  auto unit = [](uint64_t x) {
+    return (static_cast<double>(x >> 11) + 0.5) * (1.0 / 9007199254740992.0);
+  };
+  const double u1 = unit(mix(key)), u2 = unit(mix(key ^ 0x5555));
+  return std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2);
+}
 
 }  // namespace
 
@@ -28,7 +38,9 @@ uint64_t nameHash(std::string_view name) {
 }
 
 Noise::Noise(const NoiseParams& params, int rank)
-    : p_(params), rank_key_(mix(params.seed ^ mix(static_cast<uint64_t>(rank) + 1))) {
+    : p_(params),
+      rank_key_(mix(params.seed ^ mix(static_cast<uint64_t>(rank) + 1))),
+      job_key_(mix(params.seed ^ 0x6a6f62)) {
   rank_factor_ = p_.enabled ? std::exp(p_.rank_cv * normal(kRank, 0, 0)) : 1.0;
 }
 
@@ -59,6 +71,16 @@ int64_t Noise::hiccupNs(uint64_t n) const {
   if (!p_.enabled || p_.hiccup_rate <= 0 || p_.hiccup_us <= 0) return 0;
   if (uniform(kHiccup, n, 0) >= p_.hiccup_rate) return 0;
   return static_cast<int64_t>(-std::log(uniform(kHiccupSize, n, 0)) * p_.hiccup_us * 1000.0);
+}
+
+double Noise::linkFactor() const {
+  if (!p_.enabled) return 1.0;
+  return std::exp(p_.link_cv * normal(kLink, 0, 0));
+}
+
+double Noise::collectiveFactor(uint64_t comm, uint64_t seq) const {
+  if (!p_.enabled) return 1.0;
+  return std::exp(p_.collective_cv * normalOf(mix(mix(job_key_ ^ kCollective) ^ comm) ^ seq));
 }
 
 }  // namespace flare::sim

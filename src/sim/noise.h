@@ -15,6 +15,14 @@
 //                    per (rank, step, site)
 //   host hiccup    before the n-th kernel launch of a rank, with probability hiccup_rate: an
 //                  exponential pause of mean hiccup_us on the launching thread
+//   link           per rank, for the whole run: its network link's bandwidth factor (links of
+//                  one fabric differ slightly; a collective runs at its slowest member's)
+//   collective     per collective instance (communicator, sequence number): its transfer time,
+//                  the same draw on every member (a fabric's bandwidth varies call to call)
+//
+// The kernel, step, rank and host figures are calibrated on real traces; the link and
+// collective ones are assumed (the fixtures are one GPU: no fabric), to be replaced by figures
+// from a multi-GPU capture (docs/testing.md, "The simulator's noise").
 //
 // Pure and thread-safe: no state but the parameters.
 #pragma once
@@ -26,14 +34,16 @@ namespace flare::sim {
 
 // The defaults are the declared ones (src/common/config.cc; sim_noise_test checks they agree).
 struct NoiseParams {
-  bool enabled = true;         // FLARE_SIM_NOISE
-  uint64_t seed = 1;           // FLARE_SIM_SEED
-  double kernel_cv = 0.008;    // FLARE_SIM_KERNEL_JITTER
-  double step_cv = 0.009;      // FLARE_SIM_STEP_JITTER
-  double rank_cv = 0.005;      // FLARE_SIM_RANK_JITTER
-  double host_cv = 0.05;       // FLARE_SIM_HOST_JITTER
-  double hiccup_rate = 0.001;  // FLARE_SIM_HICCUP_RATE: per kernel launch
-  double hiccup_us = 80;       // FLARE_SIM_HICCUP_US: mean pause
+  bool enabled = true;          // FLARE_SIM_NOISE
+  uint64_t seed = 1;            // FLARE_SIM_SEED
+  double kernel_cv = 0.008;     // FLARE_SIM_KERNEL_JITTER
+  double step_cv = 0.009;       // FLARE_SIM_STEP_JITTER
+  double rank_cv = 0.005;       // FLARE_SIM_RANK_JITTER
+  double host_cv = 0.05;        // FLARE_SIM_HOST_JITTER
+  double hiccup_rate = 0.001;   // FLARE_SIM_HICCUP_RATE: per kernel launch
+  double hiccup_us = 80;        // FLARE_SIM_HICCUP_US: mean pause
+  double link_cv = 0.01;        // FLARE_SIM_LINK_JITTER
+  double collective_cv = 0.02;  // FLARE_SIM_COLLECTIVE_JITTER
 };
 
 class Noise {
@@ -47,6 +57,11 @@ class Noise {
   double hostFactor(int64_t step, uint64_t site) const;
   // Host pause in ns before this rank's `n`-th kernel launch (0 almost always).
   int64_t hiccupNs(uint64_t n) const;
+  // This rank's link bandwidth factor for the whole run.
+  double linkFactor() const;
+  // Multiplies the transfer time of collective `seq` of the communicator keyed `comm`: the same
+  // for every rank (it does not depend on the rank this Noise was made for).
+  double collectiveFactor(uint64_t comm, uint64_t seq) const;
 
   const NoiseParams& params() const { return p_; }
 
@@ -56,6 +71,7 @@ class Noise {
 
   NoiseParams p_;
   uint64_t rank_key_;
+  uint64_t job_key_;  // the seed alone: draws every rank shares
   double rank_factor_;
 };
 

@@ -40,6 +40,29 @@ TEST(SimNoise, DefaultsAreTheDeclaredOnes) {
   EXPECT_DOUBLE_EQ(p.host_cv, declared("FLARE_SIM_HOST_JITTER"));
   EXPECT_DOUBLE_EQ(p.hiccup_rate, declared("FLARE_SIM_HICCUP_RATE"));
   EXPECT_DOUBLE_EQ(p.hiccup_us, declared("FLARE_SIM_HICCUP_US"));
+  EXPECT_DOUBLE_EQ(p.link_cv, declared("FLARE_SIM_LINK_JITTER"));
+  EXPECT_DOUBLE_EQ(p.collective_cv, declared("FLARE_SIM_COLLECTIVE_JITTER"));
+}
+
+// A collective's draw is the job's, not the rank's: every member of an instance must end at the
+// same modelled time (runGroup). Links differ per rank, and both have the declared spread.
+TEST(SimNoise, CollectivesDrawTheSameOnEveryRankAndLinksDifferPerRank) {
+  NoiseParams p;
+  std::vector<double> coll, links;
+  for (int rank = 0; rank < 64; ++rank) {
+    const Noise n(p, rank), first(p, 0);
+    for (uint64_t seq = 1; seq <= 8; ++seq)
+      EXPECT_EQ(n.collectiveFactor(42, seq), first.collectiveFactor(42, seq));
+    links.push_back(n.linkFactor());
+  }
+  const Noise n(p, 0);
+  for (uint64_t seq = 1; seq <= 2000; ++seq) coll.push_back(n.collectiveFactor(42, seq));
+  EXPECT_NE(n.collectiveFactor(42, 1), n.collectiveFactor(43, 1));  // another communicator
+  EXPECT_NEAR(robustCv(coll), p.collective_cv, 0.25 * p.collective_cv);
+  EXPECT_NEAR(robustCv(links), p.link_cv, 0.4 * p.link_cv);  // 64 draws
+  p.enabled = false;
+  EXPECT_EQ(Noise(p, 3).collectiveFactor(42, 1), 1.0);
+  EXPECT_EQ(Noise(p, 3).linkFactor(), 1.0);
 }
 
 TEST(SimNoise, SameSeedSameDrawsOtherSeedOtherDraws) {

@@ -114,6 +114,8 @@ Settings loadSettings() {
   s.noise.host_cv = common::paramDouble("FLARE_SIM_HOST_JITTER", 0, 1);
   s.noise.hiccup_rate = common::paramDouble("FLARE_SIM_HICCUP_RATE", 0, 1);
   s.noise.hiccup_us = common::paramDouble("FLARE_SIM_HICCUP_US", 0, 1e6);
+  s.noise.link_cv = common::paramDouble("FLARE_SIM_LINK_JITTER", 0, 1);
+  s.noise.collective_cv = common::paramDouble("FLARE_SIM_COLLECTIVE_JITTER", 0, 1);
   s.kernel_log = common::paramString("FLARE_SIM_KERNEL_LOG");
   s.clock_factor = factorFor("FLARE_SIM_CLOCK_FACTOR", s.rank, &s.clock_from_step);
   s.link_factor = factorFor("FLARE_SIM_LINK_FACTOR", s.rank);
@@ -758,7 +760,11 @@ __attribute__((visibility("default"))) double flareSimClockFactor(void) {
   return flare::sim::settings().clock_factor;
 }
 __attribute__((visibility("default"))) double flareSimLinkFactor(void) {
-  return flare::sim::settings().link_factor;
+  return flare::sim::settings().link_factor * flare::sim::noise().linkFactor();
+}
+__attribute__((visibility("default"))) double flareSimCollectiveFactor(uint64_t comm,
+                                                                       uint64_t seq) {
+  return flare::sim::noise().collectiveFactor(comm, seq);
 }
 __attribute__((visibility("default"))) double flareSimSetting(const char* name) {
   const auto& s = flare::sim::settings();
