@@ -181,16 +181,45 @@ TEST(LinkSlow, SlowLinkNamesTheRankInTheSlowCommunicatorsAndItsPeersAsVictims) {
 }
 
 TEST(LinkSlow, MildSlowLinkBelowTheThresholdOnOneCommunicatorStillNamesOnlyTheCulprit) {
-  // 16% slower: the 192 MiB DP all-reduce passes link_min_effect (15%); the 16 MiB TP
-  // all-reduce, where the fixed latency dilutes it, may not. Naming the DP group would name
-  // three bystanders: the culprit's TP communicator is slower than its peers, the bystanders'
-  // are not.
+  // 16% and 20% slower: the 192 MiB DP all-reduce passes link_min_effect; the 16 MiB TP
+  // all-reduce, where the fixed latency dilutes it, may not pass it in general. Naming the DP group
+  // would name three bystanders: the culprit's TP communicator is slower than its peers, the
+  // bystanders' are not.
   for (double f : {0.84, 0.80}) {
     const auto found = linkDiagnoses(linkJob({{2, f}}));
     ASSERT_EQ(found.size(), 1u) << f;
     EXPECT_EQ(found[0].ranks, std::vector<int>{2}) << f << " " << found[0].summary;
     EXPECT_EQ(found[0].victims, (std::vector<int>{0, 3, 4, 6})) << f;
   }
+}
+
+TEST(LinkSlow, ATenPercentSlowerLinkIsNamedWhenTheHealthyCommunicatorsAgree) {
+  // The job's healthy communicators differ by the 1% wiggle only: the 7% floor applies, and a
+  // link at 90% (busbw 10% below on both of rank 5's communicators) is named alone.
+  const auto found = linkDiagnoses(linkJob({{5, 0.9}}));
+  ASSERT_EQ(found.size(), 1u);
+  EXPECT_EQ(found[0].ranks, std::vector<int>{5}) << found[0].summary;
+  EXPECT_EQ(found[0].victims, (std::vector<int>{1, 3, 4, 7}));
+  EXPECT_NEAR(found[0].severity, 0.10, 0.02);
+  ASSERT_FALSE(found[0].evidence.empty());
+  EXPECT_NE(found[0].evidence[0].text.find("(slow: more than 7.0% below)"), std::string::npos)
+      << found[0].evidence[0].text;
+}
+
+TEST(LinkSlow, AFabricWhoseHealthyCommunicatorsDifferRaisesTheThreshold) {
+  // TP pairs on links of 100%, 95%, 105% and 91% (both ends): the pairs' busbw spread is about
+  // 7%, so the 91% pair (9% below the median of the others) is within what this fabric's
+  // healthy communicators differ by, and nothing is said. Judged by the 7% floor alone it would
+  // be named.
+  const std::map<int, double> fabric = {{0, 1.0},  {1, 1.0},  {2, 0.95}, {3, 0.95},
+                                        {4, 1.05}, {5, 1.05}, {6, 0.91}, {7, 0.91}};
+  EXPECT_TRUE(linkDiagnoses(linkJob(fabric)).empty());
+  DiagnoseOptions floor_only;
+  floor_only.link_spread_sigmas = 0;
+  floor_only.link_clear_sigmas = 0;
+  std::vector<std::string> kinds;
+  for (const Diagnosis& d : diagnose(linkJob(fabric), floor_only)) kinds.push_back(d.kind);
+  EXPECT_EQ(kinds, std::vector<std::string>{"link_slow"});
 }
 
 TEST(LinkSlow, TwoEndsThatNoOtherCommunicatorSeparatesAreNamedAsTheLinkBetweenThem) {

@@ -39,13 +39,19 @@ struct Diagnosis {
 };
 
 struct DiagnoseOptions {
-  int min_samples = 3;            // per rank and signature
-  double tukey_alpha = 1.5;       // fence Q3 + alpha·IQR
-  double gpu_min_effect = 0.05;   // a GPU must be at least this much slower
-  double link_min_effect = 0.15;  // a communicator's busbw at least this much lower
+  int min_samples = 3;           // per rank and signature
+  double tukey_alpha = 1.5;      // fence Q3 + alpha·IQR
+  double gpu_min_effect = 0.05;  // a GPU must be at least this much slower
+  // A communicator's busbw more than this much below its peers' (the median of the others), and
+  // more than link_spread_sigmas × the robust relative spread of the job's peer groups of at
+  // least 4 communicators, is slow (docs/metrics.md).
+  double link_min_effect = 0.07;
+  double link_spread_sigmas = 3.0;
   // A member of a slow communicator is cleared (a victim, not the culprit) when another
-  // communicator it is in runs within this share of its peers' busbw (docs/metrics.md).
-  double link_clear_margin = 0.05;
+  // communicator it is in runs within this share of its peers' busbw (and within
+  // link_clear_sigmas × that spread).
+  double link_clear_margin = 0.04;
+  double link_clear_sigmas = 2.0;
   double issue_w1_floor_ns = 20'000;
   double idle_min_share = 0.08;  // a stalled rank's extra GPU idle time, share of the step
   // ... and it must be above the other ranks' median in so many steps that the one-sided sign

@@ -1,9 +1,12 @@
 // Detector link_slow: a slow network link. Communicators doing the same collective of the same
 // size over as many ranks are peers; one whose bus bandwidth, measured from the last arrival
-// (so waiting is not counted), is link_min_effect below its peers' is slow. Its members that are
-// also in a healthy communicator are victims; the others are the culprits (docs/metrics.md).
+// (the shortest member's kernel, so waiting is not counted), is below its peers' by more than
+// link_min_effect and than link_spread_sigmas times the spread of the job's healthy communicators
+// is slow. Its members that are also in a healthy communicator are victims; the others are the
+// culprits (docs/metrics.md).
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <map>
 #include <memory>
@@ -46,12 +49,13 @@ void detectSlowLink(const JobModel& job, const DiagnoseOptions& opt, std::vector
   for (const auto& [key, inst] : instances) {
     const Op* first = inst.members.front().second;
     if (first->nranks <= 1 || static_cast<int>(inst.members.size()) != first->nranks) continue;
-    int64_t last_start = INT64_MIN, last_end = INT64_MIN;
-    for (const auto& [rank, op] : inst.members) {
-      last_start = std::max(last_start, op->start);
-      last_end = std::max(last_end, op->end);
-    }
-    const double t = static_cast<double>(last_end - last_start);
+    // From the last arrival to the completion: the shortest member's own kernel (every member
+    // ends together, so the last to arrive waited for no one). Each duration is on one rank's
+    // clock: the ranks' clock offsets (up to ~20 µs after the tracer's mapping) cancel, where
+    // max(end) - max(start) mixed two ranks' clocks and read a small collective 10-20% slow.
+    int64_t shortest = INT64_MAX;
+    for (const auto& [rank, op] : inst.members) shortest = std::min(shortest, op->duration());
+    const double t = static_cast<double>(shortest);
     if (t <= 0 || first->bytes == 0) continue;
     const auto& sig = job.signatures()[first->sig];
     CommStats& cs = comms[{key.first, first->sig}];
@@ -71,26 +75,41 @@ void detectSlowLink(const JobModel& job, const DiagnoseOptions& opt, std::vector
         {key.first, median(cs.busbw)});
     by_comm[key.first] = &cs;
   }
-  // Every compared communicator's busbw against its peer group's reference; the slow ones.
+  // Every compared communicator's busbw against its peers' (the median of the others); the slow
+  // ones.
   struct Compared {
     double busbw = 0, reference = 0;
     double ratio() const { return reference > 0 ? busbw / reference : 1.0; }
   };
   std::map<uint64_t, Compared> compared;  // comm -> its worst ratio over its signatures
+  // How much the job's communicators differ when healthy: the robust relative spread
+  // (1.4826·MAD ÷ median) of the busbw of each peer group of at least 4 communicators, the
+  // largest. A fabric whose healthy communicators differ raises the thresholds with it.
+  double spread = 0;
   for (const auto& [gkey, members] : groups) {
     if (members.size() < 2) continue;
     std::vector<double> values;
     for (const auto& [comm, bw] : members) values.push_back(bw);
-    const double reference =
-        members.size() >= 3 ? median(values) : *std::max_element(values.begin(), values.end());
-    for (const auto& [comm, bw] : members) {
+    if (values.size() >= 4) {
+      const double m = median(values);
+      std::vector<double> dev;
+      for (double v : values) dev.push_back(std::fabs(v - m));
+      if (m > 0) spread = std::max(spread, 1.4826 * median(dev) / m);
+    }
+    for (size_t i = 0; i < members.size(); ++i) {
+      std::vector<double> others;
+      for (size_t j = 0; j < members.size(); ++j)
+        if (j != i) others.push_back(members[j].second);
+      const double reference = median(others);
+      const auto& [comm, bw] = members[i];
       auto [it, added] = compared.try_emplace(comm, Compared{bw, reference});
       if (!added && bw / reference < it->second.ratio()) it->second = {bw, reference};
     }
   }
+  const double slow_effect = std::max(opt.link_min_effect, opt.link_spread_sigmas * spread);
   std::map<uint64_t, Compared> slow;
   for (const auto& [comm, c] : compared) {
-    if (c.ratio() < 1.0 - opt.link_min_effect) slow[comm] = c;
+    if (c.ratio() < 1.0 - slow_effect) slow[comm] = c;
   }
   if (slow.empty()) return;
   // Culprit versus victims (docs/metrics.md, "link_slow"): a slow link slows every communicator
@@ -102,7 +121,7 @@ void detectSlowLink(const JobModel& job, const DiagnoseOptions& opt, std::vector
   // threshold; it is still not healthy). When no member of a slow communicator can be cleared,
   // or every member can, the data cannot separate them: all its members are named, as the
   // link(s) between them.
-  const double clear_ratio = 1.0 - opt.link_clear_margin;
+  const double clear_ratio = 1.0 - std::max(opt.link_clear_margin, opt.link_clear_sigmas * spread);
   std::map<int, std::vector<uint64_t>> comms_of;
   for (const auto& [comm, c] : compared) {
     for (int rank : by_comm[comm]->ranks) comms_of[rank].push_back(comm);
@@ -133,18 +152,27 @@ void detectSlowLink(const JobModel& job, const DiagnoseOptions& opt, std::vector
   d.team = Team::kOperations;
   d.cause = "network";
   d.ranks = culprits;
+  // What "slow" meant here, for the reader: the floor, or the job's own spread.
+  char sigmas[16];
+  std::snprintf(sigmas, sizeof(sigmas), "%g", opt.link_spread_sigmas);
+  const std::string threshold =
+      " (slow: more than " + fmtPct(slow_effect) + " below" +
+      (slow_effect > opt.link_min_effect ? std::string(": ") + sigmas + "× the " + fmtPct(spread) +
+                                               " spread of the job's healthy communicators"
+                                         : std::string()) +
+      ")";
   auto busbwEvidence = [&](uint64_t comm, const Compared& v, const char* note) {
     const CommStats& cs = *by_comm[comm];
     const auto& sig = job.signatures()[cs.sig];
     std::vector<int> ranks(cs.ranks.begin(), cs.ranks.end());
     char hash[24];
     std::snprintf(hash, sizeof(hash), "%016llx", static_cast<unsigned long long>(comm));
-    d.evidence.push_back({"busbw",
-                          sig.name() + " of " + fmtNum(cs.bytes / (1 << 20), "MiB") +
-                              " on communicator " + hash + " (ranks " + rankList(ranks) +
-                              "): busbw " + fmtNum(v.busbw, "GB/s") + " vs " +
-                              fmtNum(v.reference, "GB/s") + " on peer communicators" + note,
-                          v.busbw, v.reference});
+    d.evidence.push_back(
+        {"busbw",
+         sig.name() + " of " + fmtNum(cs.bytes / (1 << 20), "MiB") + " on communicator " + hash +
+             " (ranks " + rankList(ranks) + "): busbw " + fmtNum(v.busbw, "GB/s") + " vs " +
+             fmtNum(v.reference, "GB/s") + " on peer communicators" + note + threshold,
+         v.busbw, v.reference});
   };
   double worst = 0;
   for (const auto& [comm, v] : slow) {
