@@ -16,9 +16,11 @@
 //    - GPU: else, the rank that arrived last at most of the step's collectives and whose GPU
 //      time outside collectives rose against its own normal steps by at least kMinShareOfExtra
 //      of the step's extra time.
-// 3. A rank is named when it caused more than half of the slow steps that have a culprit, at
-//    least kMinSlow of them, holding at least half of the slow steps' extra time, and
-//    the binomial test of that count against the chance 1/ranks of being the one gives
+// 3. A rank is named when, among the slow steps that have a culprit and are alike to its own
+//    (extra time at least 1/kAlikeFactor of its median: a recurring cause costs about the same
+//    each time, and the machine's smaller slow steps are another population), it caused more
+//    than half, at least kMinSlow, holding at least half of all slow steps' extra time, and the
+//    binomial test of that count against the chance 1/ranks of being the one gives
 //    p × ranks ≤ kAlpha (Bonferroni). The diagnosis is issue_stall (host; algorithm team) or
 //    gpu_slow (GPU; operations), with the steps, their period when every Nth step, the extra time
 //    per slow step and the share of job time lost. A rank an earlier detector already named for
@@ -53,6 +55,7 @@ constexpr size_t kMinSlow = 3;             // slow steps, and steps attributed t
 constexpr double kMaxShare = 0.5;          // of the steps slow: more is a level, not sparse
 constexpr double kMinShareOfExtra = 0.25;  // the culprit's lateness against the step's extra time
 constexpr double kAlpha = 0.05;            // binomial test × ranks
+constexpr double kAlikeFactor = 2.0;       // slow steps alike to the culprit's: extra ≥ 1/this
 
 // The per-step figures of every rank on one grid of steps (the lowest rank's steps, the first
 // skipped; each rank's step matched to the nearest grid step start within half a step).
@@ -303,15 +306,29 @@ void detectSlowSteps(const JobModel& job, const std::vector<Diagnosis>& earlier,
     std::vector<size_t> mine;
     size_t host = 0;
     double mine_extra = 0;
+    std::vector<double> mine_extras;
     for (size_t g : slow) {
       if (by_step[g].rank_index != i) continue;
       mine.push_back(g);
       mine_extra += job_time[g] - typical;
+      mine_extras.push_back(job_time[g] - typical);
       if (by_step[g].cause == Cause::kHost) ++host;
     }
     const size_t k = mine.size();
-    if (k < kMinSlow || 2 * k <= attributed || 2 * mine_extra < slow_extra) continue;
-    const double p = stats::binomialUpperTail(attributed, k, 1.0 / static_cast<double>(nr));
+    if (k < kMinSlow || 2 * mine_extra < slow_extra) continue;
+    // The majority and the test count the attributed slow steps alike to this rank's (extra time at
+    // least 1/kAlikeFactor of its median): a recurring cause costs about the same each time, and
+    // the machine's smaller slow steps, attributed at random, are another population (a 40 ms pause
+    // every 10th step beside +4 ms noise steps was diluted below significance).
+    const double alike_floor = median(mine_extras) / kAlikeFactor;
+    size_t n_alike = 0, k_alike = 0;
+    for (size_t g : slow) {
+      if (by_step[g].rank_index == SIZE_MAX || job_time[g] - typical < alike_floor) continue;
+      ++n_alike;
+      k_alike += by_step[g].rank_index == i;
+    }
+    if (k_alike < kMinSlow || 2 * k_alike <= n_alike) continue;
+    const double p = stats::binomialUpperTail(n_alike, k_alike, 1.0 / static_cast<double>(nr));
     const double p_adj = std::min(1.0, p * static_cast<double>(nr));
     if (p_adj > kAlpha) continue;
     const bool is_host = 2 * host >= k;
@@ -362,15 +379,15 @@ void detectSlowSteps(const JobModel& job, const std::vector<Diagnosis>& earlier,
         text, sizeof(text),
         "rank %d caused %zu of the %zu slow steps that had one culprit (%s%s; %.0f%% of the slow "
         "steps' extra time): %s in each (median %.3f ms; the step's extra time %.3f ms); "
-        "binomial "
-        "test against 1/%zu: p = %.2g, x%zu ranks = %.2g",
+        "binomial test of its %zu of the %zu attributed slow steps alike to its (extra time at "
+        "least half its median) against 1/%zu: p = %.2g, x%zu ranks = %.2g",
         rank, k, attributed, stepList(steps).c_str(),
         period ? (", every " + std::to_string(period) + " steps").c_str() : "",
         100 * mine_extra / slow_extra,
         is_host ? "its host issued the step's work late or left its GPU idle against its peers"
                 : "it arrived last at most of the step's collectives and its GPU time outside "
                   "collectives rose against its own normal steps",
-        median(late) / 1e6, extra / 1e6, nr, p, nr, p_adj);
+        median(late) / 1e6, extra / 1e6, k_alike, n_alike, nr, p, nr, p_adj);
     d.evidence.push_back({"slow_step_culprit", text, static_cast<double>(k), p_adj});
     std::snprintf(text, sizeof(text),
                   "%.3f ms extra per slow step (median; %.1f%% of the median step); %.1f%% of the "

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <map>
 #include <memory>
 #include <set>
 #include <string>
@@ -34,6 +35,8 @@ struct Scenario {
   Fault fault = Fault::kNone;
   int culprit = -1;
   std::set<int> slow_steps;  // steps where the culprit is slow (and every rank's step is long)
+  // Or, per step: the rank whose host stalls and by how much (host faults of several sizes).
+  std::map<int, std::pair<int, int64_t>> stalls = {};
 };
 
 // A per-(rank, step) wobble in {-0.3, ..., 0.3} ms whose sign varies across steps.
@@ -63,8 +66,11 @@ flare::v1::RecordBatch rankBatch(int rank, const Scenario& sc) {
   ar->set_bytes_per_call(64 << 20);
   int64_t t0 = 1'000'000'000 + 100'000 * rank;  // ranks' clocks up to 0.7 ms apart
   for (int s = 0; s < kSteps; ++s) {
-    const bool slow = sc.slow_steps.count(s) > 0;
-    const bool mine = slow && rank == sc.culprit;
+    const auto stall = sc.stalls.find(s);
+    const bool slow = sc.slow_steps.count(s) > 0 || stall != sc.stalls.end();
+    const bool mine =
+        stall != sc.stalls.end() ? rank == stall->second.first : slow && rank == sc.culprit;
+    const int64_t extra = stall != sc.stalls.end() ? stall->second.second : kExtraNs;
     auto* m = b.add_kernels();
     m->set_signature_id(1);
     m->set_issue_ns(t0);
@@ -75,7 +81,7 @@ flare::v1::RecordBatch rankBatch(int rank, const Scenario& sc) {
     // a slow GPU runs each in 3.8 ms.
     int64_t gpu = t0 + 2'000'000;
     for (int k = 0; k < kKernels; ++k) {
-      const int64_t held = mine && sc.fault == Fault::kHost && k >= 5 ? kExtraNs : 0;
+      const int64_t held = mine && sc.fault == Fault::kHost && k >= 5 ? extra : 0;
       const int64_t issue = t0 + 1'000'000 + k * 100'000 + wobble(rank, s) + held;
       const int64_t start = std::max(gpu, issue + 5'000);
       const int64_t dur = mine && sc.fault == Fault::kGpu ? 3'800'000 : 1'800'000;
@@ -89,7 +95,7 @@ flare::v1::RecordBatch rankBatch(int rank, const Scenario& sc) {
     }
     // The all-reduce: every rank's starts when its GEMMs are done and ends together, when the
     // last rank's has started and run 6 ms.
-    const int64_t step_ns = slow ? kSlowStepNs : kStepNs;
+    const int64_t step_ns = slow ? kStepNs + extra : kStepNs;
     auto* op = b.add_kernels();
     op->set_signature_id(3);
     op->set_stream_id(7);
@@ -195,6 +201,26 @@ TEST(SlowSteps, SlowStepsWithDifferentCulpritsNameNobody) {
     m.addBatch(r, b);
   }
   EXPECT_TRUE(slowSteps(m).empty());
+}
+
+TEST(SlowSteps, SmallerSlowStepsOfAnotherRankDoNotOutvoteARecurringPause) {
+  // Rank 3 pauses 20 ms in steps 6, 14 and 22; rank 1 pauses 4 ms in four other steps (a
+  // machine's noise: slow, attributed, but another population). Counted together rank 3 has 3 of
+  // 7 attributed steps, no majority; among the slow steps alike to its own (at least half its
+  // 20 ms) it has 3 of 3.
+  Scenario sc{Fault::kHost, -1, {}};
+  for (int step : {6, 14, 22}) sc.stalls[step] = {3, kExtraNs};
+  for (int step : {3, 10, 18, 26}) sc.stalls[step] = {1, 4'000'000};
+  const auto found = slowSteps(build(sc));
+  ASSERT_EQ(found.size(), 1u);
+  EXPECT_EQ(found[0].kind, "issue_stall");
+  EXPECT_EQ(found[0].ranks, std::vector<int>{3});
+  const Evidence* culprit = find(found[0], "slow_step_culprit");
+  ASSERT_NE(culprit, nullptr);
+  EXPECT_NE(culprit->text.find("caused 3 of the 7 slow steps"), std::string::npos) << culprit->text;
+  EXPECT_NE(culprit->text.find("its 3 of the 3 attributed slow steps alike"), std::string::npos)
+      << culprit->text;
+  // Rank 1's four 4 ms steps alone are not half of the slow steps' extra time: not named.
 }
 
 TEST(SlowSteps, AContinuousStallIsNotNamedAgain) {
