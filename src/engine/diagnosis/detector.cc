@@ -131,7 +131,7 @@ std::vector<Diagnosis> runDetectors(const DetectorRegistry& registry, const JobM
     const DetectorNeeds needs = detector->needs();
     const auto [job, arrivals] = window(needs.window);
     DetectorRun run{
-        std::string(detector->name()), false, missing(needs, *job, baseline, history), 0, {}};
+        std::string(detector->name()), false, missing(needs, *job, baseline, history), 0, {}, {}};
     if (run.skipped.empty()) {
       if (spiky && job == &*spiky) {
         run.window = "the jitter steps " + signals::stepList(jitter->steps);
@@ -140,7 +140,7 @@ std::vector<Diagnosis> runDetectors(const DetectorRegistry& registry, const JobM
       } else {
         run.window = "all steps";
       }
-      const DetectorView view(*job, whole, options, baseline, history, out, arrivals);
+      const DetectorView view(*job, whole, options, baseline, history, out, arrivals, &run.note);
       std::vector<Diagnosis> found = detector->run(view);
       if (needs.cites_window) {
         // The evidence that narrowed the window opens each diagnosis.
@@ -208,8 +208,10 @@ std::string lookedAtText(const LookedAt& l) {
   // there is more than one.
   std::vector<std::pair<std::string, std::vector<std::string>>> windows;
   std::vector<std::string> ran;
-  std::string skipped;
+  std::string skipped, notes;
   for (const DetectorRun& r : l.detectors) {
+    if (r.ran && !r.note.empty())
+      notes += (notes.empty() ? "" : ", ") + r.name + " (" + r.note + ")";
     if (!r.ran) {
       skipped += (skipped.empty() ? "" : ", ") + r.name + " (" + r.skipped + ")";
       continue;
@@ -235,6 +237,7 @@ std::string lookedAtText(const LookedAt& l) {
   out += "; " + std::to_string(ran.size()) + (ran.size() == 1 ? " detector ran" : " detectors ran");
   if (!ran.empty()) out += " (" + join(ran) + ")";
   if (!skipped.empty()) out += "; skipped: " + skipped;
+  if (!notes.empty()) out += "; not compared: " + notes;
   return out;
 }
 
@@ -248,7 +251,8 @@ std::string lookedAtJson(const LookedAt& l) {
            ",\"ran\":" + (r.ran ? "true" : "false") +
            ",\"skipped\":" + common::jsonQuote(r.skipped) +
            ",\"diagnoses\":" + std::to_string(r.diagnoses) +
-           ",\"window\":" + common::jsonQuote(r.window) + "}";
+           ",\"window\":" + common::jsonQuote(r.window) + ",\"note\":" + common::jsonQuote(r.note) +
+           "}";
   }
   // The same in words, so that clients print it as flare-diagnose does.
   return out + "],\"text\":" + common::jsonQuote(lookedAtText(l)) + "}";

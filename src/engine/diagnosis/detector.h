@@ -76,14 +76,16 @@ class DetectorView {
   DetectorView(const JobModel& job, const JobModel& whole, const DiagnoseOptions& options,
                const JobModel* baseline, const History* history,
                const std::vector<Diagnosis>& earlier,
-               std::optional<std::map<int, ArrivalStats>>* arrivals_cache)
+               std::optional<std::map<int, ArrivalStats>>* arrivals_cache,
+               std::string* note = nullptr)
       : job_(job),
         whole_(whole),
         options_(options),
         baseline_(baseline),
         history_(history),
         earlier_(earlier),
-        arrivals_(arrivals_cache) {}
+        arrivals_(arrivals_cache),
+        note_(note) {}
 
   const JobModel& job() const { return job_; }      // the window asked for
   const JobModel& whole() const { return whole_; }  // the whole analysed window
@@ -93,6 +95,11 @@ class DetectorView {
   const std::vector<Diagnosis>& earlier() const { return earlier_; }
   // collectiveArrivals(job()), computed once per window and shared by the detectors reading it.
   const std::map<int, ArrivalStats>& arrivals() const;
+  // What the detector could not compare, in its own words, for "nothing found" to say so
+  // (DetectorRun::note): "1 communicator (ranks 0-7), none with a peer to compare with".
+  void note(std::string text) const {
+    if (note_ != nullptr) *note_ = std::move(text);
+  }
 
  private:
   const JobModel& job_;
@@ -102,6 +109,7 @@ class DetectorView {
   const History* history_;
   const std::vector<Diagnosis>& earlier_;
   std::optional<std::map<int, ArrivalStats>>* arrivals_;
+  std::string* note_;
 };
 
 class Detector {
@@ -142,6 +150,8 @@ struct DetectorRun {
   // The steps it read (empty when skipped): "all steps", "since the change point at step K"
   // (Window::kRecent after a fail-slow), "the jitter steps a,b,c" (Window::kCulprit on jitter).
   std::string window;
+  // Set by the detector when part of what it is for could not be compared (DetectorView::note).
+  std::string note;
 };
 
 // What a diagnosis looked at, for "nothing found" to say so (flare-diagnose, flared's
@@ -157,10 +167,11 @@ struct LookedAt {
 };
 LookedAt lookedAt(const JobModel& job, std::vector<DetectorRun> runs);
 // "4 ranks, steps 1-8; window: all steps; 6 detectors ran (gpu_slow, ...); skipped:
-// issue_latency_regression (needs a baseline or healthy history), ..." (one line, no newline).
+// issue_latency_regression (needs a baseline or healthy history), ...; not compared: link_slow
+// (...)" (one line, no newline).
 std::string lookedAtText(const LookedAt& looked_at);
 // {"ranks":4,"steps":[1,8],"detectors":[{"name":..,"ran":true,"skipped":"","diagnoses":0,
-// "window":"all steps"},...]}; "steps":[] when has_steps is false.
+// "window":"all steps","note":""},...]}; "steps":[] when has_steps is false.
 std::string lookedAtJson(const LookedAt& looked_at);
 // diagnosesToJson with a "lookedAt" key (lookedAtJson) after "diagnoses".
 std::string diagnosesToJson(const std::vector<Diagnosis>& diagnoses, const LookedAt& looked_at);

@@ -303,7 +303,8 @@ TEST(RunDetectors, LookedAtNamesTheRanksStepsWindowsAndTheSkippedDetectorsWithTh
   EXPECT_EQ(json.rfind(plain.substr(0, plain.size() - 2) + ",\"lookedAt\":{\"ranks\":", 0), 0u)
       << json;
   EXPECT_NE(json.find("{\"name\":\"issue_latency_regression\",\"ran\":false,\"skipped\":"
-                      "\"needs a baseline or healthy history\",\"diagnoses\":0,\"window\":\"\"}"),
+                      "\"needs a baseline or healthy history\",\"diagnoses\":0,\"window\":\"\","
+                      "\"note\":\"\"}"),
             std::string::npos)
       << json;
   EXPECT_NE(json.find("\"steps\":[1," + std::to_string(l.last_step) + "]"), std::string::npos);
@@ -312,16 +313,23 @@ TEST(RunDetectors, LookedAtNamesTheRanksStepsWindowsAndTheSkippedDetectorsWithTh
 TEST(RunDetectors, LookedAtOnAHealthyJobSaysAllStepsOnce) {
   LookedAt l;
   l.ranks = 2;
-  l.detectors = {{"a", true, "", 0, "all steps"}, {"b", false, "needs a baseline", 0, ""}};
+  l.detectors = {{"a", true, "", 0, "all steps", ""}, {"b", false, "needs a baseline", 0, "", ""}};
   EXPECT_EQ(lookedAtText(l),
             "2 ranks, no complete step after the warm-up; window: all steps; 1 detector ran (a); "
             "skipped: b (needs a baseline)");
   EXPECT_EQ(lookedAtJson(l),
             "{\"ranks\":2,\"steps\":[],\"detectors\":[{\"name\":\"a\",\"ran\":true,"
-            "\"skipped\":\"\",\"diagnoses\":0,\"window\":\"all steps\"},{\"name\":\"b\","
-            "\"ran\":false,\"skipped\":\"needs a baseline\",\"diagnoses\":0,\"window\":\"\"}],"
+            "\"skipped\":\"\",\"diagnoses\":0,\"window\":\"all steps\",\"note\":\"\"},"
+            "{\"name\":\"b\",\"ran\":false,\"skipped\":\"needs a baseline\",\"diagnoses\":0,"
+            "\"window\":\"\",\"note\":\"\"}],"
             "\"text\":\"2 ranks, no complete step after the warm-up; window: all steps; 1 detector "
             "ran (a); skipped: b (needs a baseline)\"}");
+  // A detector that ran but could not compare what it is for says so (DetectorView::note).
+  l.detectors[0].note = "no peer";
+  EXPECT_EQ(lookedAtText(l),
+            "2 ranks, no complete step after the warm-up; window: all steps; 1 detector ran (a); "
+            "skipped: b (needs a baseline); not compared: a (no peer)");
+  EXPECT_NE(lookedAtJson(l).find("\"note\":\"no peer\""), std::string::npos);
 }
 
 }  // namespace

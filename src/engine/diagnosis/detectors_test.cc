@@ -239,6 +239,19 @@ TEST(LinkSlow, OneCommunicatorWithNoPeerToCompareIsNotBlamed) {
   // DP 8: one communicator, no peer communicator to compare its busbw with: nothing is said
   // (history or a baseline would be needed), rather than naming all eight ranks.
   EXPECT_TRUE(linkDiagnoses(linkJob({{3, 0.7}}, /*tp=*/false)).empty());
+  // ... and "nothing found" says that this was not compared, with what was measured.
+  std::vector<DetectorRun> runs;
+  diagnose(linkJob({{3, 0.7}}, /*tp=*/false), DiagnoseOptions{}, nullptr, nullptr, &runs);
+  const auto link = std::find_if(runs.begin(), runs.end(),
+                                 [](const DetectorRun& r) { return r.name == "link_slow"; });
+  ASSERT_NE(link, runs.end());
+  EXPECT_EQ(link->note.rfind("1 communicator (ranks 0-7: ncclAllReduce of 192.0 MiB at ", 0), 0u)
+      << link->note;
+  EXPECT_NE(link->note.find("none with a peer"), std::string::npos) << link->note;
+  // With peers there is nothing to say.
+  runs.clear();
+  diagnose(linkJob({}), DiagnoseOptions{}, nullptr, nullptr, &runs);
+  for (const DetectorRun& r : runs) EXPECT_EQ(r.note, "") << r.name;
 }
 
 // ---- unoptimized_gemm: what a shape is held to -----------------------------------------------

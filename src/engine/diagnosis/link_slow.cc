@@ -16,6 +16,7 @@
 #include <utility>
 #include <vector>
 
+#include "src/common/rank_list.h"
 #include "src/engine/diagnosis/detector.h"
 #include "src/engine/diagnosis/own_change.h"
 #include "src/records/op_kind.h"
@@ -29,7 +30,8 @@ struct Instance {
   std::vector<std::pair<int, const Op*>> members;
 };
 
-void detectSlowLink(const JobModel& job, const DiagnoseOptions& opt, std::vector<Diagnosis>* out) {
+void detectSlowLink(const JobModel& job, const DiagnoseOptions& opt, std::vector<Diagnosis>* out,
+                    const DetectorView* view) {
   std::map<std::pair<uint64_t, uint64_t>, Instance> instances;
   for (const auto& [rank, r] : job.ranks()) {
     for (const Op& op : r.ops) {
@@ -104,6 +106,38 @@ void detectSlowLink(const JobModel& job, const DiagnoseOptions& opt, std::vector
       const auto& [comm, bw] = members[i];
       auto [it, added] = compared.try_emplace(comm, Compared{bw, reference});
       if (!added && bw / reference < it->second.ratio()) it->second = {bw, reference};
+    }
+  }
+  // Nothing to compare: say so, with what was measured (a pure data-parallel job runs every
+  // collective on one communicator; its busbw needs a baseline or the fabric's expectation).
+  if (view != nullptr && compared.empty()) {
+    if (comms.empty()) {
+      view->note("no complete collective instance (every member's record) in the window");
+    } else if (by_comm.empty()) {
+      view->note(std::to_string(comms.size()) + " communicator collective" +
+                 (comms.size() == 1 ? "" : "s") + ", none with " + std::to_string(opt.min_samples) +
+                 " complete instances yet");
+    } else {
+      std::string what;
+      size_t listed = 0;
+      for (const auto& [key, cs] : comms) {
+        if (listed++ == 3) {
+          what += ", ...";
+          break;
+        }
+        common::RankSet ranks;
+        for (int r : cs.ranks) ranks.add(r, r);
+        what += std::string(what.empty() ? "" : ", ") + "ranks " + ranks.toString() + ": " +
+                job.signatures()[cs.sig].name() + " of " + fmtNum(cs.bytes / (1 << 20), "MiB") +
+                " at " + fmtNum(cs.busbw.empty() ? 0.0 : median(cs.busbw), "GB/s busbw");
+      }
+      std::set<uint64_t> distinct;
+      for (const auto& [key, cs] : comms) distinct.insert(key.first);
+      view->note(std::to_string(distinct.size()) + " communicator" +
+                 (distinct.size() == 1 ? "" : "s") + " (" + what +
+                 "), none with a peer doing the same collective of the same size over as many "
+                 "ranks: a slow link among its ranks cannot be told from the fabric's own speed "
+                 "(compare the busbw with what the fabric should reach)");
     }
   }
   const double slow_effect = std::max(opt.link_min_effect, opt.link_spread_sigmas * spread);
@@ -230,7 +264,7 @@ class LinkSlowDetector final : public Detector {
   }
   std::vector<Diagnosis> run(const DetectorView& view) const override {
     std::vector<Diagnosis> out;
-    detectSlowLink(view.job(), view.options(), &out);
+    detectSlowLink(view.job(), view.options(), &out, &view);
     measureAgainstOwnSteps(view.whole(), view.options(), &out);  // after a fail-slow
     return out;
   }
