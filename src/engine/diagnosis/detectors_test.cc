@@ -157,12 +157,17 @@ JobModel linkJob(const std::map<int, double>& link_factor, bool tp = true) {
   return job;
 }
 
-std::vector<Diagnosis> linkDiagnoses(const JobModel& job) {
+// The diagnoses of one kind, default options.
+std::vector<Diagnosis> diagnosesOf(const JobModel& job, const std::string& kind) {
   std::vector<Diagnosis> out;
   for (Diagnosis& d : diagnose(job, DiagnoseOptions{})) {
-    if (d.kind == "link_slow") out.push_back(std::move(d));
+    if (d.kind == kind) out.push_back(std::move(d));
   }
   return out;
+}
+
+std::vector<Diagnosis> linkDiagnoses(const JobModel& job) {
+  return diagnosesOf(job, "link_slow");
 }
 
 TEST(LinkSlow, HealthyLinksRaiseNothing) {
@@ -301,11 +306,7 @@ JobModel gemmJob(const std::vector<GemmShape>& shapes) {
 }
 
 std::vector<Diagnosis> gemmDiagnoses(const JobModel& job) {
-  std::vector<Diagnosis> out;
-  for (Diagnosis& d : diagnose(job, DiagnoseOptions{})) {
-    if (d.kind == "unoptimized_gemm") out.push_back(std::move(d));
-  }
-  return out;
+  return diagnosesOf(job, "unoptimized_gemm");
 }
 
 TEST(UnoptimizedGemm, AMisalignedShapeIsHeldToSmallerAlignedGemmsNoEasierThanIt) {
