@@ -95,7 +95,7 @@ TEST(Jitter, SteadyNoiseAndLevelShiftsAreNotJitter) {
 // {0,2,4,6},{1,3,5,7}), 12 steps of one TP all-reduce (16 MiB) and one DP all-reduce (192 MiB)
 // each. A collective takes 8 µs + bytes·f / (100 GB/s × the slowest member's link factor), ±1%
 // deterministic noise per instance. With `tp` false every rank is in one DP communicator of 8.
-JobModel linkJob(const std::map<int, double>& link_factor, bool tp = true) {
+JobModel linkJob(const std::map<int, double>& link_factor, bool tp = true, bool global = false) {
   const int ranks = 8, steps = 12;
   const int64_t ms = 1'000'000;
   auto factor = [&](int r) {
@@ -112,9 +112,8 @@ JobModel linkJob(const std::map<int, double>& link_factor, bool tp = true) {
     for (int g = 0; g < 4; ++g) comms.push_back({100u + g, {2 * g, 2 * g + 1}, 16.0 * (1 << 20)});
     for (int g = 0; g < 2; ++g)
       comms.push_back({200u + g, {g, g + 2, g + 4, g + 6}, 192.0 * (1 << 20)});
-  } else {
-    comms.push_back({300u, {0, 1, 2, 3, 4, 5, 6, 7}, 192.0 * (1 << 20)});
   }
+  if (!tp || global) comms.push_back({300u, {0, 1, 2, 3, 4, 5, 6, 7}, 192.0 * (1 << 20)});
   std::vector<flare::v1::RecordBatch> batches(ranks);
   for (int r = 0; r < ranks; ++r) {
     auto* sig = batches[r].add_signatures();
@@ -252,7 +251,18 @@ TEST(LinkSlow, OneCommunicatorWithNoPeerToCompareIsNotBlamed) {
   ASSERT_NE(link, runs.end());
   EXPECT_EQ(link->note.rfind("1 communicator (ranks 0-7: ncclAllReduce of 192.0 MiB at ", 0), 0u)
       << link->note;
-  EXPECT_NE(link->note.find("none with a peer"), std::string::npos) << link->note;
+  EXPECT_NE(link->note.find("with no peer"), std::string::npos) << link->note;
+  // Beside TP and DP groups, a job-wide all-reduce has no peer either: the TP pairs and DP
+  // groups are compared, and the note names the one that was not.
+  runs.clear();
+  diagnose(linkJob({}, /*tp=*/true, /*global=*/true), DiagnoseOptions{}, nullptr, nullptr, &runs);
+  for (const DetectorRun& r : runs) {
+    if (r.name == "link_slow") {
+      EXPECT_NE(r.note.find("1 communicator (ranks 0-7: ncclAllReduce"), std::string::npos)
+          << r.note;
+      EXPECT_NE(r.note.find("(6 others compared)"), std::string::npos) << r.note;
+    }
+  }
   // With peers there is nothing to say.
   runs.clear();
   diagnose(linkJob({}), DiagnoseOptions{}, nullptr, nullptr, &runs);

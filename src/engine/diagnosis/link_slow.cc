@@ -108,36 +108,42 @@ void detectSlowLink(const JobModel& job, const DiagnoseOptions& opt, std::vector
       if (!added && bw / reference < it->second.ratio()) it->second = {bw, reference};
     }
   }
-  // Nothing to compare: say so, with what was measured (a pure data-parallel job runs every
-  // collective on one communicator; its busbw needs a baseline or the fabric's expectation).
-  if (view != nullptr && compared.empty()) {
+  // What was not compared: say so, with what was measured (a pure data-parallel job runs every
+  // collective on one communicator; a job-wide all-reduce beside TP and DP groups has no peer
+  // either). A slow link among such a communicator's ranks is not localised.
+  if (view != nullptr) {
+    std::set<uint64_t> all, alone;
+    std::string what;
+    size_t listed = 0;
+    for (const auto& [key, cs] : comms) {
+      all.insert(key.first);
+      if (compared.count(key.first) || !by_comm.count(key.first)) continue;
+      if (!alone.insert(key.first).second) continue;
+      if (listed++ == 3) {
+        what += ", ...";
+        continue;
+      }
+      common::RankSet ranks;
+      for (int r : cs.ranks) ranks.add(r, r);
+      what += std::string(what.empty() ? "" : ", ") + "ranks " + ranks.toString() + ": " +
+              job.signatures()[cs.sig].name() + " of " + fmtNum(cs.bytes / (1 << 20), "MiB") +
+              " at " + fmtNum(median(cs.busbw), "GB/s busbw");
+    }
     if (comms.empty()) {
       view->note("no complete collective instance (every member's record) in the window");
     } else if (by_comm.empty()) {
-      view->note(std::to_string(comms.size()) + " communicator collective" +
-                 (comms.size() == 1 ? "" : "s") + ", none with " + std::to_string(opt.min_samples) +
-                 " complete instances yet");
-    } else {
-      std::string what;
-      size_t listed = 0;
-      for (const auto& [key, cs] : comms) {
-        if (listed++ == 3) {
-          what += ", ...";
-          break;
-        }
-        common::RankSet ranks;
-        for (int r : cs.ranks) ranks.add(r, r);
-        what += std::string(what.empty() ? "" : ", ") + "ranks " + ranks.toString() + ": " +
-                job.signatures()[cs.sig].name() + " of " + fmtNum(cs.bytes / (1 << 20), "MiB") +
-                " at " + fmtNum(cs.busbw.empty() ? 0.0 : median(cs.busbw), "GB/s busbw");
-      }
-      std::set<uint64_t> distinct;
-      for (const auto& [key, cs] : comms) distinct.insert(key.first);
-      view->note(std::to_string(distinct.size()) + " communicator" +
-                 (distinct.size() == 1 ? "" : "s") + " (" + what +
-                 "), none with a peer doing the same collective of the same size over as many "
-                 "ranks: a slow link among its ranks cannot be told from the fabric's own speed "
-                 "(compare the busbw with what the fabric should reach)");
+      view->note(std::to_string(all.size()) + " communicator" + (all.size() == 1 ? "" : "s") +
+                 ", none with " + std::to_string(opt.min_samples) + " complete instances yet");
+    } else if (!alone.empty()) {
+      const size_t others = compared.size();
+      view->note(
+          std::to_string(alone.size()) + " communicator" + (alone.size() == 1 ? "" : "s") + " (" +
+          what +
+          ") with no peer doing the same collective of the same size over as "
+          "many ranks" +
+          (others > 0 ? " (" + std::to_string(others) + " others compared)" : std::string()) +
+          ": a slow link among its ranks cannot be told from the fabric's own speed "
+          "(compare the busbw with what the fabric should reach)");
     }
   }
   const double slow_effect = std::max(opt.link_min_effect, opt.link_spread_sigmas * spread);
