@@ -53,9 +53,6 @@ struct DiagnoseOptions {
   double link_clear_margin = 0.04;
   double link_clear_sigmas = 2.0;
   double issue_w1_floor_ns = 20'000;
-  // issue_stall on the W1 alone (no paired or idle support): above Q3 + this × IQR of the ranks'
-  // W1s, the far-out fence, instead of tukey_alpha's.
-  double issue_w1_alone_alpha = 3.0;
   double idle_min_share = 0.08;  // a stalled rank's extra GPU idle time, share of the step
   // ... and it must be above the other ranks' median in so many steps that the one-sided sign
   // test's p-value times the number of ranks is at most this (docs/metrics.md).

@@ -85,11 +85,6 @@ void detectIssueStall(const JobModel& job, const DiagnoseOptions& opt,
   std::vector<double> scores;
   for (const auto& [rank, s] : score) scores.push_back(s);
   const double fence = tukeyUpperFence(scores, opt.tukey_alpha);
-  // W1 alone (neither the per-step paired test nor the idle test bears it out) must pass the
-  // far-out fence: on a shared host one rank's issue latencies can drift past the inner fence by
-  // chance (a healthy 16-rank job on 2 cores: W1 0.931 ms against a fence of 0.922 ms, the
-  // paired test's p = 0.6).
-  const double far_fence = tukeyUpperFence(scores, opt.issue_w1_alone_alpha);
   // Second signal: GPU idle time per step. The stalled rank's GPU has nothing to run while its
   // host is stuck; its peers' GPUs are not idle but waiting inside a collective kernel.
   const auto idle = idlePerStep(job);
@@ -160,7 +155,7 @@ void detectIssueStall(const JobModel& job, const DiagnoseOptions& opt,
                      steps->second.p_value * static_cast<double>(per_step.ranks.size()) <=
                          opt.idle_steps_alpha;
     }
-    if (!idle_outlier && !paired_outlier && !(latency_outlier && s > far_fence)) continue;
+    if (!latency_outlier && !idle_outlier && !paired_outlier) continue;
     // The starved kernels: issued when the GPU had nothing queued (issue latency below the
     // other ranks' 5th percentile).
     const double low = pooled_reference ? stats::quantileSorted(pooled, 0.05)
@@ -173,15 +168,11 @@ void detectIssueStall(const JobModel& job, const DiagnoseOptions& opt,
     d.cause = "host stall";
     d.ranks = {rank};
     d.severity = s / std::max(1.0, std::abs(others_median[rank]));
-    const bool alone = !idle_outlier && !paired_outlier;  // then past the far-out fence
     d.evidence.push_back({"issue_latency_w1",
-                          "issue-latency distribution W1 " + fmtMs(s) + " from the other ranks (" +
-                              (alone ? "far-out fence " + fmtMs(far_fence) +
-                                           ": the per-step and idle tests do not bear it out"
-                                     : "fence " + fmtMs(fence)) +
-                              "); median " + fmtMs(own_median) + " vs " +
-                              fmtMs(others_median[rank]),
-                          s, alone ? far_fence : fence});
+                          "issue-latency distribution W1 " + fmtMs(s) +
+                              " from the other ranks (fence " + fmtMs(fence) + "); median " +
+                              fmtMs(own_median) + " vs " + fmtMs(others_median[rank]),
+                          s, fence});
     if (pair != nullptr && pair->steps > 0 && (paired_outlier || pair->p_adjusted <= 0.5)) {
       // Shown as supporting evidence also when the paired test alone does not reach its level;
       // then it says so, and its effect does not raise the severity (severity follows the tests
