@@ -53,6 +53,9 @@ double flareSimLinkFactor(void);
 // The noise's factor on the transfer time of collective `seq` of the communicator keyed `comm`:
 // the same on every rank; 1.0 with FLARE_SIM_NOISE=0.
 double flareSimCollectiveFactor(uint64_t comm, uint64_t seq);
+// A key for `name` that every process computes alike (noise.h's nameHash), e.g. a
+// communicator's for flareSimCollectiveFactor.
+uint64_t flareSimNameKey(const char* name);
 // Cost-model settings: "peak_tflops", "mem_bw_gbps", "busbw_gbps", "time_scale",
 // "launch_latency_us", "first_launch_ms", "cold_gemm_ms". Returns 0 for an unknown name.
 double flareSimSetting(const char* name);

@@ -181,6 +181,13 @@ int64_t transferNs(double bytes, double factor, double link) {
                               flareSimSetting("time_scale"));
 }
 
+// Collective `seq` of `c` once its last member has arrived: the transfer at the slowest member's
+// link, times the noise's draw for the instance (the same on every member).
+int64_t collectiveNs(ncclComm* c, uint64_t seq, double bytes, double factor, double link) {
+  return static_cast<int64_t>(double(transferNs(bytes, factor, link)) *
+                              flareSimCollectiveFactor(c->noise_key, seq));
+}
+
 // Runs on the stream worker when the stream reaches the group: arrive everywhere, then wait.
 int64_t runGroup(void* ctx, int64_t start) {
   auto* g = static_cast<GroupOp*>(ctx);
@@ -225,9 +232,7 @@ int64_t runGroup(void* ctx, int64_t start) {
         last = std::max(last, c->slot(r)->arrive_ns[p.seq % kRing].load());
         link = std::min(link, c->linkFactor(r));
       }
-      const double noise = flareSimCollectiveFactor(c->noise_key, p.seq);
-      end = std::max(
-          end, last + static_cast<int64_t>(transferNs(double(p.bytes), p.factor, link) * noise));
+      end = std::max(end, last + collectiveNs(c, p.seq, double(p.bytes), p.factor, link));
     } else {
       const bool send = p.kind == Part::kSend;
       PairSlot* ps = send ? c->pair(me, p.peer) : c->pair(p.peer, me);
@@ -414,8 +419,7 @@ SIM_API ncclResult_t pncclCommInitRank(ncclComm_t* out, int nranks, ncclUniqueId
   c->header = h;
   c->map_bytes = bytes;
   c->shm_name = name;
-  c->noise_key = 0xcbf29ce484222325ull;  // FNV-1a of the segment's name
-  for (unsigned char ch : name) c->noise_key = (c->noise_key ^ ch) * 0x100000001b3ull;
+  c->noise_key = flareSimNameKey(name.c_str());
   c->next_send_seq.assign(nranks, 0);
   c->next_recv_seq.assign(nranks, 0);
   double link = flareSimLinkFactor();
@@ -628,9 +632,8 @@ SIM_API int flareSimNcclConnectionSteps(ncclComm_t comm, FlareSimConnStep* out, 
   const int hung = comm->header->hang_rank.load();
   uint64_t progress = total;
   if (all && !hang) {
-    const double dur = double(transferNs(double(comm->inflight_bytes.load()),
-                                         comm->inflight_factor.load(), link)) *
-                       flareSimCollectiveFactor(comm->noise_key, seq);  // as runGroup models it
+    const double dur = double(collectiveNs(comm, seq, double(comm->inflight_bytes.load()),
+                                           comm->inflight_factor.load(), link));
     const double frac = dur > 0 ? double(flareSimNowNs() - last) / dur : 1.0;
     if (frac >= 1.0) return 0;  // completed
     progress = uint64_t(double(total) * std::max(frac, 0.0));

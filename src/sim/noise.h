@@ -18,7 +18,9 @@
 //   link           per rank, for the whole run: its network link's bandwidth factor (links of
 //                  one fabric differ slightly; a collective runs at its slowest member's)
 //   collective     per collective instance (communicator, sequence number): its transfer time,
-//                  the same draw on every member (a fabric's bandwidth varies call to call)
+//                  the same draw on every member (a fabric's bandwidth varies call to call); the
+//                  communicator key nccl.cc passes is per run, so this draw does not repeat
+//                  for a seed (docs/testing.md)
 //
 // The kernel, step, rank and host figures are calibrated on real traces; the link and
 // collective ones are assumed (the fixtures are one GPU: no fabric), to be replaced by figures

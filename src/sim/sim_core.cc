@@ -766,6 +766,9 @@ __attribute__((visibility("default"))) double flareSimCollectiveFactor(uint64_t 
                                                                        uint64_t seq) {
   return flare::sim::noise().collectiveFactor(comm, seq);
 }
+__attribute__((visibility("default"))) uint64_t flareSimNameKey(const char* name) {
+  return flare::sim::nameHash(name ? name : "");
+}
 __attribute__((visibility("default"))) double flareSimSetting(const char* name) {
   const auto& s = flare::sim::settings();
   if (!name) return 0;

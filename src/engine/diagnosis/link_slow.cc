@@ -94,9 +94,7 @@ void detectSlowLink(const JobModel& job, const DiagnoseOptions& opt, std::vector
     for (const auto& [comm, bw] : members) values.push_back(bw);
     if (values.size() >= 4) {
       const double m = median(values);
-      std::vector<double> dev;
-      for (double v : values) dev.push_back(std::fabs(v - m));
-      if (m > 0) spread = std::max(spread, 1.4826 * median(dev) / m);
+      if (m > 0) spread = std::max(spread, robustSigma(values) / m);
     }
     for (size_t i = 0; i < members.size(); ++i) {
       std::vector<double> others;

@@ -395,11 +395,7 @@ std::vector<double> jobStepSeries(const JobModel& job) {
 
 }  // namespace
 
-namespace {
-
-// 1.4826 · MAD: the noise's robust standard deviation (spikes and a shift in a minority of the
-// values do not inflate it).
-double robustSigma(const std::vector<double>& v) {
+double signals::robustSigma(const std::vector<double>& v) {
   if (v.empty()) return 0;
   const double m = median(v);
   std::vector<double> dev;
@@ -407,6 +403,8 @@ double robustSigma(const std::vector<double>& v) {
   for (double x : v) dev.push_back(std::abs(x - m));
   return 1.4826 * median(std::move(dev));
 }
+
+namespace {
 
 // One-sided Mann-Whitney U test that `a` tends to be larger than `b`: the normal approximation
 // with tie correction and continuity correction (both samples of 3 or more here). 1 when it

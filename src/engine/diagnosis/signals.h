@@ -185,6 +185,9 @@ SummaryIndex indexSummaries(const JobModel& job, const std::vector<char>& keep, 
 namespace signals {
 
 double median(std::vector<double> v);  // stats::quantileInPlace(v, 0.5)
+// 1.4826 · MAD: the noise's robust standard deviation (spikes and a shift in a minority of the
+// values do not inflate it); 0 when empty.
+double robustSigma(const std::vector<double>& v);
 double wasserstein1(const std::vector<double>& a, const std::vector<double>& b);
 // Q3 + alpha·IQR of `values` (stats::tukeyFences).
 double tukeyUpperFence(const std::vector<double>& values, double alpha);

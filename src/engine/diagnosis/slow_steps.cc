@@ -234,9 +234,7 @@ void detectSlowSteps(const JobModel& job, const std::vector<Diagnosis>& earlier,
   const double typical = median(series);
   // A robust scale (MAD, which up to half the steps being slow does not move; the IQR does,
   // once a fifth of the steps are slow).
-  std::vector<double> deviation;
-  for (double x : series) deviation.push_back(std::abs(x - typical));
-  const double sigma = 1.4826 * median(deviation);
+  const double sigma = robustSigma(series);
   const double threshold = std::max(typical + kSigmas * sigma, typical * (1.0 + kMinRelative));
   std::vector<size_t> slow;
   std::vector<char> is_slow(n, 0);
@@ -305,16 +303,15 @@ void detectSlowSteps(const JobModel& job, const std::vector<Diagnosis>& earlier,
   for (size_t i = 0; i < nr; ++i) {
     std::vector<size_t> mine;
     size_t host = 0;
-    double mine_extra = 0;
-    std::vector<double> mine_extras;
+    std::vector<double> mine_extras;  // each of its steps' extra time
     for (size_t g : slow) {
       if (by_step[g].rank_index != i) continue;
       mine.push_back(g);
-      mine_extra += job_time[g] - typical;
       mine_extras.push_back(job_time[g] - typical);
       if (by_step[g].cause == Cause::kHost) ++host;
     }
     const size_t k = mine.size();
+    const double mine_extra = std::accumulate(mine_extras.begin(), mine_extras.end(), 0.0);
     if (k < kMinSlow || 2 * mine_extra < slow_extra) continue;
     // The majority and the test count the attributed slow steps alike to this rank's (extra time at
     // least 1/kAlikeFactor of its median): a recurring cause costs about the same each time, and

@@ -211,7 +211,7 @@ void detectUnoptimized(const JobModel& job, const DiagnoseOptions& opt,
         ref_harder = std::max(ref_harder, other.tflops);
       }
     }
-    const bool by_harder = ref_harder > ref_median;
+    const bool by_harder = ref_harder > ref_median;  // misaligned shapes only
     if (by_harder) ref_median = ref_harder;
     // A misaligned shape (a dimension whose bytes are not a multiple of 128): every call pays,
     // so its median call is held to `unoptimized_misaligned_ratio` of alike aligned shapes; the
@@ -248,7 +248,7 @@ void detectUnoptimized(const JobModel& job, const DiagnoseOptions& opt,
     if (dt && sig.shape_size() >= 3)
       hint = stats::gemmAlignmentHint(sig.shape(0), sig.shape(1), sig.shape(2), *dt);
     slow.push_back({sig_id, value, ref, st.time, hint, below_alike ? std::string() : device->name,
-                    below_alike && by_harder && value == st.tflops && ref == ref_median});
+                    below_alike && by_harder});
   }
   if (slow.empty()) return;
   std::sort(slow.begin(), slow.end(), [](const Slow& a, const Slow& b) { return a.time > b.time; });
