@@ -70,6 +70,18 @@ flare_use_kit() {
     echo "flare kit: it needs python3 -m venv and pip, and no network" >&2
     return 2
   fi
+  # A python3 that is itself a venv's (the GPU machines' is /opt/torch/.venv/bin/python3, where
+  # PyTorch lives): a venv made from it sees the base interpreter's site-packages, not the
+  # parent venv's, so a .pth file appends the parent's (after the venv's own: the wheel's flare
+  # still wins).
+  local parent
+  parent=$("$py" -c 'import site, sys
+if sys.prefix != sys.base_prefix:
+    print("\n".join(site.getsitepackages()))' 2>> "$log")
+  if [ -n "$parent" ]; then
+    printf '%s\n' "$parent" > "$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/flare-parent-venv.pth"
+    echo "flare kit: $py is a venv's; its site-packages ($(echo $parent)) follow the kit venv's" >> "$log"
+  fi
   local site
   site=$(cd / && "$venv/bin/python" -c 'import flare, os; print(os.path.dirname(os.path.abspath(flare.__file__)))' 2>> "$log")
   case $site in
