@@ -125,7 +125,10 @@ part a "GPU tests (pytest tests/gpu)" "$B_A" sim-skips "$here/run_device.sh" che
 part b "end to end through flared (summary, raw; 1 and 4 ranks)" "$B_B" any \
   "$py" "$here/e2e_flared.py" --kit "$kit" --out "$OUT" --budget-s "$((B_B - 15))" \
   --runs "${FLARE_ACCEPTANCE_E2E_RUNS:-summary:1,raw:1,summary:4,raw:4}" "${sim_flag[@]}"
-part c "accuracy vs CUPTI" "$B_C" torch "$here/run_device.sh" accuracy
+# FLARE_ACCEPTANCE_ACCURACY_TIMINGS: the FLARE_TIMING of each accuracy run (default pair; e.g.
+# "pair end": the second writes accuracy-end.{md,json}).
+read -r -a accuracy_timings <<< "${FLARE_ACCEPTANCE_ACCURACY_TIMINGS:-pair}"
+part c "accuracy vs CUPTI" "$B_C" torch "$here/run_device.sh" accuracy "${accuracy_timings[@]}"
 # FLARE_ACCEPTANCE_OVERHEAD_ARGS: more overhead.py arguments (e.g. --workloads launch-bound,gpt-small).
 read -r -a overhead_args <<< "${FLARE_ACCEPTANCE_OVERHEAD_ARGS:-}"
 part d "overhead (bare, summary, raw, torch.profiler)" "$B_D" torch \

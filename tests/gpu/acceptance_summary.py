@@ -16,8 +16,8 @@ import time
 
 # What each part leaves in OUT (its own results), merged into the summary.
 RESULTS = {"a": ["gpu-tests.log"], "b": ["e2e.md", "e2e.json"],
-           "c": ["accuracy.md", "accuracy.json"], "d": ["overhead.md", "overhead.json"],
-           "e": ["coverage.md", "coverage.json"]}
+           "c": ["accuracy.md", "accuracy.json", "accuracy-end.md", "accuracy-end.json"],
+           "d": ["overhead.md", "overhead.json"], "e": ["coverage.md", "coverage.json"]}
 KEEP = {"summary.md", "summary.json", "nvidia-smi.txt", "details.tar.gz"}
 
 
@@ -52,9 +52,15 @@ def finish(out, mode, total_budget):
             if name.endswith(".json") and os.path.exists(full):
                 try:
                     with open(full) as f:
-                        p["result"] = json.load(f)
+                        result = json.load(f)
                 except ValueError:
-                    p["result"] = None
+                    result = None
+                # The part's first JSON is its "result"; a further one (accuracy-end.json)
+                # goes under "more_results" by file name.
+                if "result" not in p:
+                    p["result"] = result
+                else:
+                    p.setdefault("more_results", {})[name] = result
         if p["part"] == "a":
             p["pytest"] = pytest_line(out)
     env = {}

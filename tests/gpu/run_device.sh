@@ -12,6 +12,7 @@
 #              by the first other action into an OUT that has none
 #   checks     pytest tests/gpu (hook, Python tracing, cuda-gdb inspection)   ~1-2 min
 #   accuracy   per-kernel durations vs CUPTI (torch.profiler) and torch.cuda.Event   ~40 s
+#              per FLARE_TIMING named (accuracy [pair] [end]; default pair)
 #   overhead   tests/gpu/bench/overhead.py [args] (default: every workload, --budget-s 540)
 # The kit: FLARE_KIT, else FLARE_BUILD_DIR, else .gpukit. Flare runs from the kit's wheel,
 # installed into KIT/venv on first use (tests/gpu/kit-env.sh); Python (pytest, the benchmarks)
@@ -76,8 +77,16 @@ if [ "$what" = checks ] || [ "$what" = all ]; then
   tail -25 "$OUT/gpu-tests.log"
 fi
 if [ "$what" = accuracy ] || [ "$what" = all ]; then
-  "$py" tests/gpu/bench/accuracy.py --build "$kit" --json "$OUT/accuracy.json" > "$OUT/accuracy.md" 2> "$OUT/accuracy.err" || rc=1
-  cat "$OUT/accuracy.md"; tail -20 "$OUT/accuracy.err"
+  # accuracy [pair|end ...]: one run per FLARE_TIMING (default pair); the first writes
+  # accuracy.{md,json}, a later one accuracy-TIMING.{md,json}.
+  [ "$what" = accuracy ] && [ $# -gt 0 ] || set -- pair
+  first=1
+  for timing in "$@"; do
+    base=accuracy; [ $first = 1 ] || base=accuracy-$timing
+    first=0
+    "$py" tests/gpu/bench/accuracy.py --build "$kit" --timing "$timing" --json "$OUT/$base.json" > "$OUT/$base.md" 2> "$OUT/$base.err" || rc=1
+    cat "$OUT/$base.md"; tail -20 "$OUT/$base.err"
+  done
 fi
 if [ "$what" = overhead ] || [ "$what" = all ]; then
   [ $# -gt 0 ] || set -- --budget-s 540

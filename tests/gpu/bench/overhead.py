@@ -80,14 +80,19 @@ class Worker:
         if args.cpus and shutil.which("taskset"):  # loading: spread over every core given
             cmd = ["taskset", "-c", ",".join(str(c) for c in sorted(set(args.cpu_set) |
                                                                    set(args.idle_set)))] + cmd
-        self.log = open(os.path.join(workdir, arm + ".log"), "w")
+        self.log_path = os.path.join(workdir, arm + ".log")
+        self.log = open(self.log_path, "w")
         self.proc = subprocess.Popen(cmd, env=env, stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=self.log, text=True,
                                      bufsize=1)
 
     def send(self, **req):
-        self.proc.stdin.write(json.dumps(req) + "\n")
-        self.proc.stdin.flush()
+        try:
+            self.proc.stdin.write(json.dumps(req) + "\n")
+            self.proc.stdin.flush()
+        except (OSError, ValueError) as e:  # a worker that is gone (broken pipe)
+            self.kill("cannot send to it (%s; exit %s)" % (e, self.proc.poll()))
+            raise RuntimeError(self.error)
 
     def receive(self, timeout):
         ready, _, _ = select.select([self.proc.stdout], [], [], max(0.1, timeout))
@@ -105,15 +110,25 @@ class Worker:
         return self.receive(timeout)
 
     def kill(self, why):
-        self.error = self.error or "%s: %s" % (self.arm, why)
+        if self.error is None:
+            try:  # the worker's own last words (its log goes away with the temporary folder)
+                with open(self.log_path, errors="replace") as f:
+                    tail = " // ".join(f.read()[-800:].strip().splitlines())
+            except OSError:
+                tail = ""
+            self.error = "%s: %s%s" % (self.arm, why, " [log: ...%s]" % tail if tail else "")
         if self.proc.poll() is None:
             self.proc.kill()
+            try:
+                self.proc.wait(timeout=5)  # reaped: poll() says it is gone from now on
+            except subprocess.TimeoutExpired:
+                pass
 
     def quit(self):
         if self.proc.poll() is None:
             try:
                 self.send(op="quit")
-            except (OSError, ValueError):
+            except (OSError, ValueError, RuntimeError):
                 pass
 
     def close(self, deadline):
@@ -247,11 +262,14 @@ def main():
     hook = os.path.join(args.build, "lib", "libflare_hook.so")
     if any(a.startswith("flare-") for a in arms) and not os.path.exists(hook):
         ap.error("%s not found (--build)" % hook)
-    n = os.cpu_count() or 1
+    # The cores this process may use (a container's cpuset need not start at 0 or match
+    # os.cpu_count(); taskset with a core outside it fails every worker).
+    allowed = sorted(os.sched_getaffinity(0))
+    n = len(allowed)
     if args.cpus is None:
-        args.cpus = "2-9" if n >= 10 else ("1-%d" % (n - 1) if n > 1 else "")
+        args.cpus = ",".join(str(c) for c in (allowed[2:10] if n >= 10 else allowed[1:]))
     if args.idle_cpus is None:
-        args.idle_cpus = ("1" if n >= 10 else "0") if args.cpus else ""
+        args.idle_cpus = str(allowed[1] if n >= 10 else allowed[0]) if args.cpus else ""
     try:
         args.cpu_set, args.idle_set = cpu_list(args.cpus), cpu_list(args.idle_cpus)
     except ValueError:
@@ -262,6 +280,7 @@ def main():
     start = time.monotonic()
     deadline = start + args.budget_s - 3
     summary, windows, device = {}, [], "unknown"
+    start_errors = {}
 
     def write():
         meta = {"window_s": args.window_s, "cpus": args.cpus, "idle_cpus": args.idle_cpus,
@@ -279,11 +298,18 @@ def main():
                 f.write(text + "\n")
         return text
 
-    with tempfile.TemporaryDirectory(prefix="flare-overhead-") as work:
+    with tempfile.TemporaryDirectory(prefix="flare-overhead-",
+                                     ignore_cleanup_errors=True) as work:
         workers = {arm: Worker(args, arm, work) for arm in arms}
         try:
             for arm, w in workers.items():
-                rep = w.receive(max(5.0, deadline - time.monotonic()))
+                try:
+                    rep = w.receive(max(5.0, deadline - time.monotonic()))
+                except RuntimeError as e:  # reported with every workload; the others go on
+                    start_errors[arm] = "did not start: %s" % e
+                    w.kill("did not start")
+                    print("overhead: %s did not start: %s" % (arm, e), file=sys.stderr, flush=True)
+                    continue
                 device = rep.get("device", device)
                 print("overhead: %s ready" % arm, file=sys.stderr, flush=True)
             for i, workload in enumerate(workloads):
@@ -291,16 +317,27 @@ def main():
                 share = left / (len(workloads) - i)
                 w_end = time.monotonic() + share
                 entry = summary.setdefault(workload, {"arms": {}})
+                if start_errors:
+                    entry["arm_errors"] = dict(start_errors)
                 live = {a: w for a, w in workers.items() if w.proc.poll() is None}
+                for a, w in workers.items():
+                    if a not in live and a not in start_errors:
+                        entry.setdefault("arm_errors", {})[a] = w.error or (
+                            "%s: its worker is gone (exit %s)" % (a, w.proc.poll()))
                 if "bare" not in live:
-                    entry["error"] = "the bare arm's worker is gone"
+                    entry["error"] = "the bare arm's worker is gone: %s" % entry.get(
+                        "arm_errors", {}).get("bare", "")
                     continue
                 before = {a: dir_bytes(w.spool) for a, w in live.items()}
                 steps = {a: 0 for a in live}
                 try:
-                    for w in live.values():
-                        w.send(op="load", workload=workload, warmup_s=args.warmup_s,
-                               idle_cpus=args.idle_set)
+                    for a, w in list(live.items()):
+                        try:
+                            w.send(op="load", workload=workload, warmup_s=args.warmup_s,
+                                   idle_cpus=args.idle_set)
+                        except RuntimeError as e:
+                            entry.setdefault("arm_errors", {})[a] = str(e)
+                            del live[a]
                     for a, w in list(live.items()):
                         try:
                             steps[a] += w.receive(max(5.0, w_end - time.monotonic()))["steps"]

@@ -168,13 +168,20 @@ def main():
         proto.write(json.dumps(kw) + "\n")
         proto.flush()
 
+    # Loading (model build, torch.compile, warm-up; every arm at once) runs on every core the
+    # process started with, not on the one idle core the previous window left it on.
+    loading = sorted(os.sched_getaffinity(0))
     reply(ok=True, ready=True, device=torch.cuda.get_device_name(0), torch=torch.__version__,
-          affinity=sorted(os.sched_getaffinity(0)))
-    work = None
+          affinity=loading)
+    work = prof = None
     for line in sys.stdin:
         req = json.loads(line)
         try:
             if req["op"] == "load":
+                work = None  # a workload left loaded (its unload skipped after an error)
+                gc.collect()
+                torch.cuda.empty_cache()
+                pin(loading)
                 t0 = time.perf_counter()
                 name = req["workload"]
                 work = LaunchBound(torch) if name == "launch-bound" else Gpt(torch, name)
@@ -190,7 +197,6 @@ def main():
                 for _ in range(2):
                     work.step()
                 torch.cuda.synchronize()
-                prof = None
                 if args.profiler:
                     prof = torch.profiler.profile(activities=[
                         torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA])
@@ -211,7 +217,7 @@ def main():
                 pin(req.get("idle_cpus"))
                 if prof is not None:
                     prof.__exit__(None, None, None)
-                    del prof
+                    prof = None
                 reply(ok=True, steps=len(times), mean_ms=elapsed * 1e3 / len(times),
                       median_ms=statistics.median(times), rss_kib=rss_kib(), affinity=affinity)
             elif req["op"] == "unload":
@@ -224,6 +230,12 @@ def main():
                 reply(ok=True)
                 return 0
         except Exception as e:  # noqa: BLE001 (reported to the coordinator, which goes on)
+            if prof is not None:  # a window that failed must not leave the profiler on
+                try:
+                    prof.__exit__(None, None, None)
+                except Exception:  # noqa: BLE001
+                    pass
+                prof = None
             reply(ok=False, error="%s: %s" % (type(e).__name__, e))
     return 0
 
