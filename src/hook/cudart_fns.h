@@ -55,6 +55,8 @@ struct CudartFns {
   RealFn<cudaError_t (*)(int)> setDevice{"cudaSetDevice", kCudartLib};
   RealFn<cudaError_t (*)(cudaStream_t*, unsigned)> streamCreateWithFlags{
       "cudaStreamCreateWithFlags", kCudartLib};
+  RealFn<cudaError_t (*)(cudaStreamCaptureMode*)> threadExchangeCaptureMode{
+      "cudaThreadExchangeStreamCaptureMode", kCudartLib};
 };
 
 // Defined in cudart.cc.

@@ -75,6 +75,11 @@ class CudaDeviceTimer final : public timing::DeviceTimer {
     *ns = static_cast<int64_t>(static_cast<double>(ms) * 1e6);
     return true;
   }
+  bool enterTimingThread() override {
+    auto exchange = g_cudart.threadExchangeCaptureMode.get();
+    cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+    return exchange != nullptr && exchange(&mode) == cudaSuccess;
+  }
   bool isCapturing(void* stream) override {
     cudaStreamCaptureStatus s = cudaStreamCaptureStatusNone;
     if (g_cudart.isCapturing.get()(static_cast<cudaStream_t>(stream), &s) != cudaSuccess) {

@@ -130,6 +130,8 @@ constexpr ErrorText kErrors[] = {
      "the operation is not permitted in this state"},
     {CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED",
      "operation not permitted when stream is capturing"},
+    {CUDA_ERROR_STREAM_CAPTURE_INVALIDATED, "CUDA_ERROR_STREAM_CAPTURE_INVALIDATED",
+     "operation failed due to a previous error during capture"},
 };
 
 const ErrorText* findError(CUresult error) {
@@ -374,9 +376,12 @@ SIM_API CUresult cuStreamEndCapture(CUstream stream, CUgraph* graph) {
 
 SIM_API CUresult cuStreamIsCapturing(CUstream stream, CUstreamCaptureStatus* status) {
   if (!status) return CUDA_ERROR_INVALID_VALUE;
-  *status = isCapturing(resolveStream(stream)) ? CU_STREAM_CAPTURE_STATUS_ACTIVE
-                                               : CU_STREAM_CAPTURE_STATUS_NONE;
+  *status = captureStatus(resolveStream(stream));
   return CUDA_SUCCESS;
+}
+
+SIM_API CUresult cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode* mode) {
+  return exchangeCaptureMode(mode);
 }
 
 SIM_API CUresult cuLaunchHostFunc(CUstream stream, CUhostFn fn, void* user_data) {
@@ -556,6 +561,7 @@ const std::unordered_map<std::string_view, void*>& procTable() {
       SIM_PROC("cuStreamGetId", cuStreamGetId),
       SIM_PROC("cuStreamDestroy", cuStreamDestroy),
       SIM_PROC("cuStreamSynchronize", cuStreamSynchronize),
+      SIM_PROC("cuThreadExchangeStreamCaptureMode", cuThreadExchangeStreamCaptureMode),
       SIM_PROC("cuStreamQuery", cuStreamQuery),
       SIM_PROC("cuStreamWaitEvent", cuStreamWaitEvent),
       SIM_PROC("cuStreamBeginCapture", cuStreamBeginCapture),

@@ -45,6 +45,7 @@ struct DriverFns {
   CUresult (*cuStreamQuery)(CUstream);
   CUresult (*cuStreamWaitEvent)(CUstream, CUevent, unsigned);
   CUresult (*cuStreamBeginCapture)(CUstream, CUstreamCaptureMode);
+  CUresult (*cuThreadExchangeStreamCaptureMode)(CUstreamCaptureMode*);
   CUresult (*cuStreamEndCapture)(CUstream, CUgraph*);
   CUresult (*cuStreamIsCapturing)(CUstream, CUstreamCaptureStatus*);
   CUresult (*cuLaunchHostFunc)(CUstream, CUhostFn, void*);
@@ -112,6 +113,7 @@ cudaError_t loadDriver() {
   R(cuStreamQuery);
   R(cuStreamWaitEvent);
   R(cuStreamBeginCapture);
+  R(cuThreadExchangeStreamCaptureMode);
   R(cuStreamEndCapture);
   R(cuStreamIsCapturing);
   R(cuLaunchHostFunc);
@@ -314,6 +316,8 @@ SIM_API const char* cudaGetErrorString(cudaError_t error) {
       return "device not ready";
     case cudaErrorStreamCaptureUnsupported:
       return "operation not permitted when stream is capturing";
+    case cudaErrorStreamCaptureInvalidated:
+      return "operation failed due to a previous error during capture";
     default:
       return "unknown error";
   }
@@ -552,6 +556,12 @@ SIM_API cudaError_t cudaLaunchHostFunc(cudaStream_t stream, cudaHostFn_t fn, voi
 SIM_API cudaError_t cudaStreamBeginCapture(cudaStream_t stream, cudaStreamCaptureMode mode) {
   ENSURE_READY();
   return ret(g_drv->cuStreamBeginCapture(stream, static_cast<CUstreamCaptureMode>(mode)));
+}
+
+SIM_API cudaError_t cudaThreadExchangeStreamCaptureMode(cudaStreamCaptureMode* mode) {
+  ENSURE_READY();
+  return ret(
+      g_drv->cuThreadExchangeStreamCaptureMode(reinterpret_cast<CUstreamCaptureMode*>(mode)));
 }
 
 SIM_API cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t* graph) {

@@ -169,6 +169,9 @@ DeviceState& devState() {
 
 thread_local int t_device = 0;
 thread_local CUstream_st* t_per_thread_stream = nullptr;
+thread_local CUstreamCaptureMode t_capture_mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
+// Captures under way that were not begun in relaxed mode: checkUnsafeCall's fast path.
+std::atomic<int> g_strict_captures{0};
 
 void completeOp(CUstream_st* s) {
   std::lock_guard<std::mutex> lock(s->mu);
@@ -417,6 +420,7 @@ CUresult enqueue(CUstream_st* s, Op op) {
   std::lock_guard<std::mutex> lock(s->mu);
   if (s->destroyed) return CUDA_ERROR_INVALID_HANDLE;
   if (s->capturing) {
+    if (s->capture_invalidated) return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
     s->captured.push_back(std::move(op));
     return CUDA_SUCCESS;
   }
@@ -434,7 +438,39 @@ CUresult enqueue(CUstream_st* s, Op op) {
   return CUDA_SUCCESS;
 }
 
+CUresult checkUnsafeCall() {
+  if (g_strict_captures.load(std::memory_order_acquire) == 0 ||
+      t_capture_mode == CU_STREAM_CAPTURE_MODE_RELAXED) {
+    return CUDA_SUCCESS;
+  }
+  const auto me = std::this_thread::get_id();
+  bool prohibited = false;
+  auto& d = devState();
+  std::lock_guard<std::mutex> lock(d.mu);
+  for (auto* s : d.streams) {
+    std::lock_guard<std::mutex> slock(s->mu);
+    if (!s->capturing || s->capture_mode == CU_STREAM_CAPTURE_MODE_RELAXED) continue;
+    if (s->capture_thread == me || (t_capture_mode == CU_STREAM_CAPTURE_MODE_GLOBAL &&
+                                    s->capture_mode == CU_STREAM_CAPTURE_MODE_GLOBAL)) {
+      s->capture_invalidated = true;
+      prohibited = true;
+    }
+  }
+  return prohibited ? CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED : CUDA_SUCCESS;
+}
+
+CUresult exchangeCaptureMode(CUstreamCaptureMode* mode) {
+  if (!mode) return CUDA_ERROR_INVALID_VALUE;
+  if (*mode != CU_STREAM_CAPTURE_MODE_GLOBAL && *mode != CU_STREAM_CAPTURE_MODE_THREAD_LOCAL &&
+      *mode != CU_STREAM_CAPTURE_MODE_RELAXED) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  std::swap(*mode, t_capture_mode);
+  return CUDA_SUCCESS;
+}
+
 CUresult synchronizeStream(CUstream_st* s) {
+  if (CUresult r = checkUnsafeCall(); r != CUDA_SUCCESS) return r;
   std::unique_lock<std::mutex> lock(s->mu);
   if (s->capturing) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
   const uint64_t target = s->enqueued;
@@ -451,6 +487,7 @@ bool streamIdle(CUstream_st* s) {
 }
 
 CUresult synchronizeDevice() {
+  if (CUresult r = checkUnsafeCall(); r != CUDA_SUCCESS) return r;
   std::vector<CUstream_st*> streams;
   {
     auto& d = devState();
@@ -489,11 +526,13 @@ CUresult waitEvent(CUstream_st* s, CUevent_st* e) {
 }
 
 CUresult queryEvent(CUevent_st* e) {
+  if (CUresult r = checkUnsafeCall(); r != CUDA_SUCCESS) return r;
   std::lock_guard<std::mutex> lock(e->state->mu);
   return e->state->completed >= e->state->recorded ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
 }
 
 CUresult synchronizeEvent(CUevent_st* e) {
+  if (CUresult r = checkUnsafeCall(); r != CUDA_SUCCESS) return r;
   std::unique_lock<std::mutex> lock(e->state->mu);
   const uint64_t target = e->state->recorded;
   while (e->state->completed < target) {
@@ -608,7 +647,10 @@ CUresult beginCapture(CUstream_st* s, CUstreamCaptureMode mode) {
   if (s->id == 0) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;  // legacy stream
   s->capturing = true;
   s->capture_mode = mode;
+  s->capture_thread = std::this_thread::get_id();
+  s->capture_invalidated = false;
   s->captured.clear();
+  if (mode != CU_STREAM_CAPTURE_MODE_RELAXED) g_strict_captures.fetch_add(1);
   return CUDA_SUCCESS;
 }
 
@@ -616,6 +658,13 @@ CUresult endCapture(CUstream_st* s, CUgraph_st** graph) {
   std::lock_guard<std::mutex> lock(s->mu);
   if (!s->capturing) return CUDA_ERROR_ILLEGAL_STATE;
   s->capturing = false;
+  if (s->capture_mode != CU_STREAM_CAPTURE_MODE_RELAXED) g_strict_captures.fetch_sub(1);
+  if (s->capture_invalidated) {
+    s->capture_invalidated = false;
+    s->captured.clear();
+    *graph = nullptr;
+    return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+  }
   auto* g = new CUgraph_st();
   g->ops = std::move(s->captured);
   s->captured.clear();
@@ -626,6 +675,13 @@ CUresult endCapture(CUstream_st* s, CUgraph_st** graph) {
 bool isCapturing(CUstream_st* s) {
   std::lock_guard<std::mutex> lock(s->mu);
   return s->capturing;
+}
+
+CUstreamCaptureStatus captureStatus(CUstream_st* s) {
+  std::lock_guard<std::mutex> lock(s->mu);
+  if (!s->capturing) return CU_STREAM_CAPTURE_STATUS_NONE;
+  return s->capture_invalidated ? CU_STREAM_CAPTURE_STATUS_INVALIDATED
+                                : CU_STREAM_CAPTURE_STATUS_ACTIVE;
 }
 
 CUresult launchGraph(CUgraphExec_st* exec, CUstream_st* s) {

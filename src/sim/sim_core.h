@@ -123,6 +123,8 @@ struct CUstream_st {
   bool destroyed = false;            // guarded by mu
   bool capturing = false;            // guarded by mu
   CUstreamCaptureMode capture_mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
+  std::thread::id capture_thread;        // guarded by mu: the thread that began the capture
+  bool capture_invalidated = false;      // guarded by mu: a prohibited call broke the capture
   std::vector<flare::sim::Op> captured;  // guarded by mu
   flare::sim::Ns last_end = 0;           // worker thread only
 };
@@ -193,8 +195,21 @@ void setCurrentDevice(int device);
 
 // Capture and graphs.
 CUresult beginCapture(CUstream_st* s, CUstreamCaptureMode mode);
+// An invalidated capture ends with CUDA_ERROR_STREAM_CAPTURE_INVALIDATED and no graph.
 CUresult endCapture(CUstream_st* s, CUgraph_st** graph);
 bool isCapturing(CUstream_st* s);
+CUstreamCaptureStatus captureStatus(CUstream_st* s);
+// The calling thread's capture interaction mode (cuThreadExchangeStreamCaptureMode): swaps
+// *mode with it. Every thread starts in global mode.
+CUresult exchangeCaptureMode(CUstreamCaptureMode* mode);
+// The rule for "potentially unsafe" calls (event query and synchronize, stream and device
+// synchronize), as CUDA applies it: a thread that is not in relaxed mode may not make one while
+// it has a capture of its own that was not begun in relaxed mode, nor, in global mode, while
+// another thread has a capture begun in global mode. Such a call returns
+// CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED and invalidates the captures it conflicts with (a
+// background thread's event query broke PyTorch's torch.cuda.graph capture under the hook on an
+// H200, 2026-11-27, until the hook's timing thread went relaxed).
+CUresult checkUnsafeCall();
 CUresult launchGraph(CUgraphExec_st* exec, CUstream_st* s);
 
 // The sticky per-thread last error is a runtime concept (cudart); the driver has none.

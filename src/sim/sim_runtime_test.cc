@@ -1,8 +1,9 @@
 // The simulated CUDA runtime's semantics: ordering, event timing, cross-stream waits, capture
 // and graphs, errors, driver entry points, and an injected hang.
+#include <gtest/gtest.h>
+
 #include <cuda.h>
 #include <cuda_runtime_api.h>
-#include <gtest/gtest.h>
 
 #include <chrono>
 #include <cstdlib>
@@ -96,6 +97,54 @@ TEST(SimRuntime, IndependentStreamsOverlap) {
   cudaStreamDestroy(b);
 }
 
+// CUDA's rule for "potentially unsafe" calls during stream capture (sim_core.h,
+// checkUnsafeCall): the capturing thread's own synchronize, and in global mode another thread's
+// event query, fail and invalidate the capture; a thread in relaxed mode may query.
+TEST(SimRuntime, UnsafeCallsDuringACaptureInvalidateItUnlessTheCallerIsRelaxed) {
+  cudaStream_t s;
+  cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+  cudaEvent_t done;
+  cudaEventCreate(&done);
+  cudaEventRecord(done, s);
+  ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+  auto queryFromAnotherThread = [&](bool relaxed) {
+    cudaError_t r = cudaErrorUnknown;
+    std::thread([&] {
+      if (relaxed) {
+        cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+        ASSERT_EQ(cudaThreadExchangeStreamCaptureMode(&mode), cudaSuccess);
+        EXPECT_EQ(mode, cudaStreamCaptureModeGlobal);  // every thread starts in global mode
+      }
+      r = cudaEventQuery(done);
+    }).join();
+    return r;
+  };
+  cudaGraph_t graph = nullptr;
+  cudaStreamCaptureStatus status;
+  // Global capture, another thread in global mode queries: prohibited, and the capture breaks.
+  ASSERT_EQ(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal), cudaSuccess);
+  EXPECT_EQ(queryFromAnotherThread(false), cudaErrorStreamCaptureUnsupported);
+  ASSERT_EQ(cudaStreamIsCapturing(s, &status), cudaSuccess);
+  EXPECT_EQ(status, cudaStreamCaptureStatusInvalidated);
+  EXPECT_EQ(launch(sleepKernel(), kMs, s), cudaErrorStreamCaptureInvalidated);
+  EXPECT_EQ(cudaStreamEndCapture(s, &graph), cudaErrorStreamCaptureInvalidated);
+  EXPECT_EQ(graph, nullptr);
+  // The same capture with the querying thread relaxed: the query answers, the capture holds.
+  ASSERT_EQ(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal), cudaSuccess);
+  EXPECT_EQ(queryFromAnotherThread(true), cudaSuccess);
+  ASSERT_EQ(launch(sleepKernel(), kMs, s), cudaSuccess);
+  ASSERT_EQ(cudaStreamEndCapture(s, &graph), cudaSuccess);
+  ASSERT_NE(graph, nullptr);
+  cudaGraphDestroy(graph);
+  // A thread-local capture ignores other threads; its own thread's synchronize still breaks it.
+  ASSERT_EQ(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+  EXPECT_EQ(queryFromAnotherThread(false), cudaSuccess);
+  EXPECT_EQ(cudaStreamSynchronize(s), cudaErrorStreamCaptureUnsupported);
+  EXPECT_EQ(cudaStreamEndCapture(s, &graph), cudaErrorStreamCaptureInvalidated);
+  cudaEventDestroy(done);
+  cudaStreamDestroy(s);
+}
+
 TEST(SimRuntime, CapturedWorkRunsOnlyWhenTheGraphIsLaunched) {
   cudaStream_t s;
   cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
@@ -107,7 +156,6 @@ TEST(SimRuntime, CapturedWorkRunsOnlyWhenTheGraphIsLaunched) {
   ASSERT_EQ(cudaStreamIsCapturing(s, &status), cudaSuccess);
   EXPECT_EQ(status, cudaStreamCaptureStatusActive);
   for (int i = 0; i < 3; ++i) ASSERT_EQ(launch(sleepKernel(), 2 * kMs, s), cudaSuccess);
-  EXPECT_EQ(cudaStreamSynchronize(s), cudaErrorStreamCaptureUnsupported);
   cudaGraph_t graph;
   ASSERT_EQ(cudaStreamEndCapture(s, &graph), cudaSuccess);
   EXPECT_EQ(cudaStreamQuery(s), cudaSuccess);  // nothing ran during capture

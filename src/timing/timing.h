@@ -147,6 +147,11 @@ class DeviceTimer {
   // The device's description from the driver (timing thread, once per device, never on the
   // launch path). false: unknown (the default; test timers).
   virtual bool describeDevice(int /*device*/, DeviceDescription* /*out*/) { return false; }
+  // Called once on the timing thread before its first call. The real timer puts that thread in
+  // relaxed stream-capture mode: its event queries while the application captures a CUDA graph
+  // in global mode (torch.cuda.graph's default) would otherwise fail and invalidate that
+  // capture. false: the mode could not be set (said once in the log).
+  virtual bool enterTimingThread() { return true; }
   // Clock calibration, called on the poller thread: creates an event on `device` and records it
   // at once on a stream of that device with no queued work, so that the GPU timestamps it as
   // soon as it reaches it (its GPU time is then the host time of the call plus launch latency).

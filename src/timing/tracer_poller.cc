@@ -106,6 +106,17 @@ void Tracer::Impl::pollOnce(uint64_t pass) {
   }
   if (taken_this_pass_ > 0) outstanding_[pass] += taken_this_pass_;
   last_queue_ = nullptr;
+  // Before this thread's first GPU call (the first ops' events are queried below), not at its
+  // start: the application has used CUDA by now, so the call initializes nothing.
+  if (taken_this_pass_ > 0 && !entered_timing_thread_) {
+    entered_timing_thread_ = true;
+    if (!timer_->enterTimingThread()) {
+      FLARE_LOG_WARN(kLog,
+                     "the timing thread could not enter relaxed stream-capture mode "
+                     "(cudaThreadExchangeStreamCaptureMode); a CUDA graph captured in global "
+                     "mode (torch.cuda.graph's default) may fail while Flare times ops");
+    }
+  }
   // After the rings: every op taken refers to a signature interned before it was pushed.
   announceSignatures();
   announceApis();

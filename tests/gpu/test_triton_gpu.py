@@ -61,7 +61,10 @@ def test_triton_launches_are_recorded_with_their_grids(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("FLARE_")}
     env.update(LD_PRELOAD=hook, FLARE_OUTPUT_DIR=str(spool), FLARE_JOB_ID="triton",
                FLARE_MODE="raw", TRITON_CACHE_DIR=str(tmp_path / "triton-cache"))
-    run = subprocess.run([sys.executable, "-c", WORKLOAD], env=env, capture_output=True,
+    # From a file: @triton.jit reads its function's source (inspect), which `python -c` lacks.
+    script = tmp_path / "triton_workload.py"
+    script.write_text(WORKLOAD)
+    run = subprocess.run([sys.executable, str(script)], env=env, capture_output=True,
                          text=True, timeout=300)
     assert run.returncode == 0 and "ok" in run.stdout, run.stdout + run.stderr
     exp = subprocess.run([os.path.join(BUILD, "bin", "flare-export"), "--input", str(spool)],

@@ -202,6 +202,21 @@ def test_nothing_is_recorded_inside_a_capture(probe):
         assert g["duration_ns"] >= 3 * 199_000  # the whole graph, timed as one unit
 
 
+def test_a_global_mode_capture_survives_the_timing_thread(probe, build_dir):
+    """torch.cuda.graph captures in global mode, where another thread's event query breaks the
+    capture; the hook's timing thread queries in relaxed mode (H200, 2026-11-27: PyTorch's
+    whole-step capture failed under the hook with cudaErrorStreamCaptureInvalidated)."""
+    bare = subprocess.run([os.path.join(build_dir, "bin", "hook_probe"), "capture-global"],
+                          capture_output=True, text=True, timeout=60,
+                          env={k: v for k, v in os.environ.items() if k != "LD_PRELOAD"})
+    assert bare.returncode == 0, bare.stderr  # the scenario itself is a valid capture
+    proc, records = probe("capture-global")
+    assert proc.returncode == 0, proc.stderr
+    kernels = [r for r in records if r["name"].startswith("probe_kernel(")]
+    assert len(kernels) == 4  # the busy stream's, timed while the capture went on
+    assert len([r for r in records if r["kind"] == "graph"]) == 1
+
+
 def test_a_hung_stream_does_not_hold_back_other_streams(probe):
     proc, records = probe("hung", env={"FLARE_SIM_HANG": "0:compute:0", "RANK": "0"})
     assert proc.returncode == 0, proc.stderr

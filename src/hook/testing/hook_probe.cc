@@ -164,6 +164,33 @@ int capture() {
   return 0;
 }
 
+// PyTorch's torch.cuda.graph: a capture in global mode (the default) on the main thread while
+// earlier work is still running on another stream, so the hook's timing thread queries its
+// events during the capture. In global mode such a query from another thread is prohibited and
+// breaks the capture (as on the H200, 2026-11-27), unless that thread is in relaxed mode.
+int captureGlobal() {
+  cudaStream_t busy, s;
+  cudaStreamCreateWithFlags(&busy, cudaStreamNonBlocking);
+  cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+  for (int i = 0; i < 4; ++i) launch(kernel(), 50'000'000, busy);  // 200 ms of queued work
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));      // the timing thread takes them
+  if (cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal) != cudaSuccess) return 2;
+  for (int i = 0; i < 3; ++i) launch(kernel(), 200'000, s);
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));  // timing-thread passes
+  cudaGraph_t g = nullptr;
+  cudaError_t end = cudaStreamEndCapture(s, &g);
+  if (end != cudaSuccess) {
+    std::fprintf(stderr, "capture failed: %s\n", cudaGetErrorString(end));
+    return 3;
+  }
+  cudaGraphExec_t e;
+  cudaGraphInstantiate(&e, g, 0);
+  cudaGraphLaunch(e, s);
+  cudaStreamSynchronize(s);
+  cudaStreamSynchronize(busy);
+  return 0;
+}
+
 int hung() {
   // FLARE_SIM_HANG=0:compute:0 makes the first compute kernel of this process never finish.
   cudaStream_t stuck, healthy;
@@ -240,6 +267,7 @@ int main(int argc, char** argv) {
   if (mode == "stub13") return stub13();
   if (mode == "entrypoint") return entryPoint();
   if (mode == "capture") return capture();
+  if (mode == "capture-global") return captureGlobal();
   if (mode == "hung") return hung();
   if (mode == "fork") return forked();
   if (mode == "custom") return custom();
