@@ -12,6 +12,7 @@
 #include "src/common/clock.h"
 #include "src/common/config.h"
 #include "src/hook/cudart_fns.h"
+#include "src/hook/deep_trace.h"
 #include "src/hook/launch_sampling.h"
 #include "src/hook/real.h"
 #include "src/hook/runtime.h"
@@ -225,6 +226,7 @@ FLARE_EXPORT cudaError_t cudaLaunchCooperativeKernel(const void* func, dim3 grid
 FLARE_EXPORT cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t stream) {
   auto real = g_cudart.graphLaunch.get();
   if (!real) return cudaErrorInsufficientDriver;
+  stepRuleNoteGraphLaunch(flare::common::monotonicNs());
   return timedCall(
       stream, [&] { return namedInfo("cudaGraphLaunch", flare::timing::OpKind::kGraph, 0); }, ok,
       [&] { return real(exec, stream); });

@@ -48,6 +48,11 @@ void deepTraceCommand(const flare::v1::Command& command, flare::v1::CommandResul
 enum class StepSource { kMarker, kDataLoader };
 void deepTraceOnStep(StepSource source = StepSource::kMarker);
 
+// A CUDA graph launch (cudaGraphLaunch's wrapper, at `now_ns` on the monotonic clock): training
+// work for the DataLoader step rule by which a deep trace counts steps (python.cc;
+// records::StepBoundaryRule).
+void stepRuleNoteGraphLaunch(int64_t now_ns);
+
 // At process exit, before the Tracer's last drain: ends a running capture (flushes what was
 // captured; DONE with the steps seen) or waits for a flush in progress (bounded).
 void deepTraceAtExit();

@@ -66,6 +66,15 @@ uint64_t hostOpenSpan(uint32_t api_id, const void* key, int64_t start_ns) {
   return timing::openSpan(api_id, key, start_ns);
 }
 
+}  // namespace
+
+void stepRuleNoteGraphLaunch(int64_t now_ns) {
+  std::lock_guard<std::mutex> lock(g_step_rule_mu);
+  g_step_rule.add(records::StepCallKind::kTraining, now_ns);
+}
+
+namespace {
+
 void hostCloseSpan(const void* key, int64_t end_ns, int32_t gc_generation, int64_t collected,
                    int64_t uncollectable) {
   timing::CompletedSpan span;

@@ -64,6 +64,9 @@ class CollectiveTracker final : public timing::Sink {
   void onWatermark(int64_t issued_before_ns) override { inner_->onWatermark(issued_before_ns); }
   void onApiName(uint32_t id, const std::string& name) override { inner_->onApiName(id, name); }
   void onSpans(std::span<const timing::CompletedSpan> spans) override { inner_->onSpans(spans); }
+  void onGraphLaunches(std::span<const int64_t> issue_ns) override {
+    inner_->onGraphLaunches(issue_ns);
+  }
   void onDevice(const timing::DeviceDescription& device) override { inner_->onDevice(device); }
   void onDeepTrace(std::span<const timing::DeepTraceRecord> records) override {
     inner_->onDeepTrace(records);

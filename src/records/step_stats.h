@@ -85,7 +85,10 @@ StepCallKind stepCallKind(std::string_view qualified_name);
 // Which DataLoader `__next__` calls start a step, where a rank sends no step markers. THE rule,
 // for the rank (summary mode, deep-trace step counts) and for flared and the offline tools (raw
 // mode): every `__next__` starts a step until the rank has run training work; from then on, only
-// a `__next__` with training work started since the previous boundary. An evaluation loop reads
+// a `__next__` with training work started since the previous boundary. Training work is a
+// kTraining call or a CUDA graph launch (its issue time; the callers feed those as kTraining): a
+// step captured whole in a graph (torch.cuda.graph) replays its backward and optimizer on the
+// GPU with no such call on the host. An evaluation loop reads
 // its validation DataLoader through the same `__next__` with no backward between its batches, so
 // its batches and its StopIteration call stay inside the step that its first batch starts; the
 // StopIteration call that ends an epoch starts the step of the next epoch's first batch; a step

@@ -124,6 +124,11 @@ bool firstPass(const std::vector<RankSource>& sources, Pass1* p1, Summary* summa
       const records::StepCallKind kind = records::stepCallKind(api->second);
       if (kind != records::StepCallKind::kOther) calls.push_back({s.start_ns(), kind});
     }
+    for (const auto& k : data.kernels) {  // graph launches are training work
+      auto sig = data.sigs.find(k.signature_id());
+      if (sig != data.sigs.end() && sig->second.kind() == flare::v1::OP_KIND_GRAPH)
+        calls.push_back({k.issue_ns(), records::StepCallKind::kTraining});
+    }
     p1->step_starts[src.rank] = records::stepBoundaries(std::move(calls));
   }
   for (auto& [key, ranks] : p1->members) std::sort(ranks.begin(), ranks.end());
@@ -723,14 +728,21 @@ bool writeDoc(const std::vector<RankSource>& sources, const Options& options, FI
 
 std::vector<int64_t> stepStarts(const std::vector<flare::v1::RecordBatch>& batches) {
   std::unordered_map<uint32_t, std::string> apis;
+  std::unordered_map<uint32_t, flare::v1::OpKind> kinds;
   std::vector<records::StepCall> calls;
   for (const auto& b : batches) {
     for (const auto& a : b.api_names()) apis[a.id()] = a.qualified_name();
+    for (const auto& s : b.signatures()) kinds[s.id()] = s.kind();
     for (const auto& s : b.spans()) {
       auto it = apis.find(s.api_id());
       if (it == apis.end()) continue;
       const records::StepCallKind kind = records::stepCallKind(it->second);
       if (kind != records::StepCallKind::kOther) calls.push_back({s.start_ns(), kind});
+    }
+    for (const auto& k : b.kernels()) {  // graph launches are training work
+      auto it = kinds.find(k.signature_id());
+      if (it != kinds.end() && it->second == flare::v1::OP_KIND_GRAPH)
+        calls.push_back({k.issue_ns(), records::StepCallKind::kTraining});
     }
   }
   return records::stepBoundaries(std::move(calls));

@@ -327,23 +327,37 @@ void BatchBuilder::summarizeSpans(std::span<const CompletedSpan> spans) {
   // says which `__next__` starts a step. The rule compares start times, and a pass hands its
   // spans over in completion order, thread by thread: its loader and training calls are fed
   // in start order.
+  // A CUDA graph launch is training work: a step captured whole replays its backward and
+  // optimizer inside the graph, with no such call on the host.
   step_calls_.clear();
+  for (int64_t t : graph_launches_)
+    step_calls_.push_back({t, nullptr, records::StepCallKind::kTraining});
+  graph_launches_.clear();
   for (const CompletedSpan& span : spans) {
     auto api = api_names_.find(span.api_id);
     if (api == api_names_.end()) continue;
     steps_.addHostEvent(span.start_ns, span.end_ns, span.thread_id, api->second.name);
     if (api->second.kind != records::StepCallKind::kOther)
-      step_calls_.emplace_back(&span, api->second.kind);
+      step_calls_.push_back({span.start_ns, &span, api->second.kind});
   }
-  std::stable_sort(step_calls_.begin(), step_calls_.end(), [](const auto& a, const auto& b) {
-    return a.first->start_ns < b.first->start_ns;
-  });
-  for (const auto& [span, kind] : step_calls_) {
-    const bool starts_step = step_rule_.add(kind, span->start_ns);
+  std::stable_sort(step_calls_.begin(), step_calls_.end(),
+                   [](const auto& a, const auto& b) { return a.start_ns < b.start_ns; });
+  for (const auto& [start_ns, span, kind] : step_calls_) {
+    const bool starts_step = step_rule_.add(kind, start_ns);
     if (kind != records::StepCallKind::kLoader) continue;
     steps_.addLoaderSpan(span->start_ns, span->end_ns, starts_step);
     if (starts_step) noteStepBoundary();
   }
+}
+
+void BatchBuilder::addGraphLaunches(std::span<const int64_t> issue_ns) {
+  if (!summarizing()) return;
+  graph_launches_.insert(graph_launches_.end(), issue_ns.begin(), issue_ns.end());
+  // A process that launches graphs and traces no DataLoader hands no spans over: keep the
+  // newest launches only (the rule needs the latest training work before each call).
+  constexpr size_t kKeep = 4096;
+  if (graph_launches_.size() > kKeep)
+    graph_launches_.erase(graph_launches_.begin(), graph_launches_.end() - kKeep / 2);
 }
 
 void BatchBuilder::addSpans(std::span<const CompletedSpan> spans) {

@@ -80,6 +80,9 @@ class BatchBuilder {
   void addOps(std::span<const CompletedOp> ops);
   void addApiName(uint32_t id, const std::string& qualified_name);
   void addSpans(std::span<const CompletedSpan> spans);
+  // CUDA graph launches (issue times), before the spans of their pass: training work for the
+  // step rule in MODE_SUMMARY (Sink::onGraphLaunches).
+  void addGraphLaunches(std::span<const int64_t> issue_ns);
   // Deep-trace (CUPTI) records: always raw, whatever the mode.
   void addDeepTrace(std::span<const DeepTraceRecord> records);
   void setDrops(const DropCounters& totals);        // cumulative; goes out with the next batch
@@ -126,8 +129,15 @@ class BatchBuilder {
   bool summarizing();
   int boundaries_seen_ = 0;              // MODE_SUMMARY step boundaries seen, up to 2
   records::StepBoundaryRule step_rule_;  // which DataLoader calls start a step
-  // A pass's DataLoader and training calls, put in start order for step_rule_ (reused).
-  std::vector<std::pair<const CompletedSpan*, records::StepCallKind>> step_calls_;
+  // A pass's DataLoader and training calls, put in start order for step_rule_ (reused); a
+  // graph launch has no span.
+  struct StepCallRef {
+    int64_t start_ns;
+    const CompletedSpan* span;  // nullptr: a graph launch
+    records::StepCallKind kind;
+  };
+  std::vector<StepCallRef> step_calls_;
+  std::vector<int64_t> graph_launches_;    // handed over, not yet fed to step_rule_
   int64_t run_queue_read_ns_ = INT64_MIN;  // when the issuing threads were last read
   static constexpr int64_t kRawIssuerIdleNs = 10'000'000'000;
   std::unordered_map<uint64_t, int64_t> raw_issuers_;  // MODE_RAW: thread → its latest launch

@@ -97,6 +97,11 @@ void GrpcExporter::onSpans(std::span<const CompletedSpan> spans) {
   builder_.addSpans(spans);
 }
 
+void GrpcExporter::onGraphLaunches(std::span<const int64_t> issue_ns) {
+  if (forked_.load(std::memory_order_relaxed)) return;
+  builder_.addGraphLaunches(issue_ns);
+}
+
 void GrpcExporter::onDeepTrace(std::span<const DeepTraceRecord> records) {
   if (forked_.load(std::memory_order_relaxed)) return;
   builder_.addDeepTrace(records);

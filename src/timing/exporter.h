@@ -145,6 +145,7 @@ class GrpcExporter final : public Sink {
   void onWatermark(int64_t issued_before_ns) override { builder_.setWatermark(issued_before_ns); }
   void onApiName(uint32_t id, const std::string& qualified_name) override;
   void onSpans(std::span<const CompletedSpan> spans) override;
+  void onGraphLaunches(std::span<const int64_t> issue_ns) override;
   void onDeepTrace(std::span<const DeepTraceRecord> records) override;
   void onDevice(const DeviceDescription& device) override;
 

@@ -116,6 +116,15 @@ void SpoolSink::onDeepTrace(std::span<const DeepTraceRecord> records) {
   }
 }
 
+void SpoolSink::onGraphLaunches(std::span<const int64_t> issue_ns) {
+  if (disabled()) return;
+  try {
+    builder_.addGraphLaunches(issue_ns);
+  } catch (...) {
+    disable("encoding", ENOMEM);
+  }
+}
+
 void SpoolSink::onSpans(std::span<const CompletedSpan> spans) {
   if (disabled()) return;
   try {

@@ -336,6 +336,59 @@ TEST(BatchBuilderSummary, AnEvaluationLoaderAddsNoSteps) {
   EXPECT_EQ(steps, kTrainingSteps);  // not 9: the evaluation's three calls start no step
 }
 
+// A step captured whole in a CUDA graph (torch.cuda.graph): backward and the optimizer ran on
+// the host only at warm-up and capture; each step is a DataLoader call and a graph launch. The
+// graph launches, handed over before their pass's spans (Sink::onGraphLaunches), are the
+// training work that lets each DataLoader call start a step (the H200 fixture
+// tests/fixtures/gpu/cuda-graph held no step before).
+TEST(BatchBuilderSummary, GraphLaunchesAreTrainingWorkForTheStepRule) {
+  for (const bool with_graphs : {true, false}) {
+    std::vector<flare::v1::RecordBatch> out;
+    BatchBuilderOptions opts;
+    opts.summary_mode = [] { return true; };
+    BatchBuilder builder(0, opts, [&](flare::v1::RecordBatch&& b) { out.push_back(std::move(b)); });
+    builder.addApiName(1, "torch.utils.data.dataloader._BaseDataLoaderIter@__next__");
+    builder.addApiName(2, "torch.autograd@backward");
+    builder.addSignature(1, makeSig("cudaGraphLaunch", OpKind::kGraph));
+    const int64_t t0 = common::monotonicNs();
+    constexpr int64_t kStep = 10'000'000;
+    uint64_t span_id = 0;
+    auto span = [&](uint32_t api, int64_t start) {
+      CompletedSpan s;
+      s.id = ++span_id;
+      s.api_id = api;
+      s.thread_id = 7;
+      s.start_ns = start;
+      s.end_ns = start + 200'000;
+      return s;
+    };
+    const CompletedSpan capture[] = {span(2, t0 - kStep)};  // warm-up and capture's backward
+    builder.addSpans(capture);
+    constexpr int kSteps = 6;
+    for (int step = 0; step <= kSteps; ++step) {
+      const int64_t t = t0 + step * kStep;
+      CompletedOp graph;
+      graph.info = info(1, OpKind::kGraph);
+      graph.thread_id = 7;
+      graph.issue_ns = t + 1'000'000;
+      graph.start_ns = graph.issue_ns + 50'000;
+      graph.end_ns = graph.start_ns + 8'000'000;
+      // One pass holds this step's DataLoader call and its graph launch: the launch is handed
+      // over first, the call (which ended earlier) with the pass's spans, the op after them.
+      if (with_graphs) builder.addGraphLaunches(std::span<const int64_t>(&graph.issue_ns, 1));
+      const CompletedSpan next[] = {span(1, t)};
+      builder.addSpans(next);
+      builder.addOps(std::span<const CompletedOp>(&graph, 1));
+    }
+    builder.finish();
+    int steps = 0;
+    for (const auto& b : out) steps += b.step_stats_size();
+    // Seven DataLoader calls, six steps; without the launches the rule sees training only at
+    // capture: one boundary, no step.
+    EXPECT_EQ(steps, with_graphs ? kSteps : 0) << "with graph launches: " << with_graphs;
+  }
+}
+
 // MODE_RAW: the threads that issue GPU ops are read every raw_run_queue_period_ns and each
 // reading goes out as a RunQueueReading (flared places the steps' run-queue wait from them); a
 // thread that only synchronizes is not read, one that stopped launching 10 s ago no longer.

@@ -177,6 +177,10 @@ class Sink {
   // Traced Python APIs: a name is announced once, before the first span that uses its id.
   virtual void onApiName(uint32_t /*id*/, const std::string& /*qualified_name*/) {}
   virtual void onSpans(std::span<const CompletedSpan> /*spans*/) {}
+  // The issue times of the CUDA graph launches among the ops taken since the last call, handed
+  // over before that pass's spans: training work for the step rule (records::StepBoundaryRule),
+  // since a step captured whole in a graph replays with no backward or optimizer call.
+  virtual void onGraphLaunches(std::span<const int64_t> /*issue_ns*/) {}
   // The GPU of the first op the tracer completed (once per process).
   virtual void onDevice(const DeviceDescription& /*device*/) {}
   // After every poller pass: every op issued (CLOCK_MONOTONIC) before `issued_before_ns` has

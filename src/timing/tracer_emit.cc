@@ -43,6 +43,16 @@ void Tracer::Impl::announceApis() {
 }
 
 void Tracer::Impl::emitSpans() {
+  // A graph launch of a step is taken in the pass of that step's DataLoader call or an earlier
+  // one (it is pushed before the next call starts): handed over before the spans, the step rule
+  // sees it before the call that ends its step.
+  if (!graph_launches_.empty()) {
+    struct ClearLaunches {
+      std::vector<int64_t>& v;
+      ~ClearLaunches() { v.clear(); }
+    } clear_launches{graph_launches_};
+    sink_->onGraphLaunches(graph_launches_);
+  }
   if (span_out_.empty()) return;
   struct Clear {
     std::vector<CompletedSpan>& spans;

@@ -339,6 +339,7 @@ struct Tracer::Impl {
   int64_t last_flush_ns_ = 0;
   int64_t prev_pass_start_ns_ = INT64_MIN;  // poller thread
   bool entered_timing_thread_ = false;      // poller thread: DeviceTimer::enterTimingThread
+  std::vector<int64_t> graph_launches_;     // poller thread: graph launches taken, not emitted
   int64_t in_flight_min_ns_ = INT64_MAX;    // poller thread: this pass's oldest call in flight
   std::vector<StreamHead> heads_out_;
   int64_t last_heads_ns_ = INT64_MIN;

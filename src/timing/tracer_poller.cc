@@ -169,6 +169,7 @@ void Tracer::Impl::accept(const PendingOp& op, uint64_t pass) {
       last_queue_ = &queues_[key];
       last_key_ = key;
     }
+    if (op.info.kind == OpKind::kGraph) graph_launches_.push_back(op.issue_ns);
     last_queue_->insert(Queued{op, pass});  // the last step that can throw
     ++taken_this_pass_;
   } catch (...) {

@@ -68,6 +68,20 @@ class RecordingSink : public Sink {
     std::lock_guard<std::mutex> lock(mu_);
     deep_.insert(deep_.end(), records.begin(), records.end());
   }
+  void onGraphLaunches(std::span<const int64_t> issue_ns) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    // Handed over before the ops of their pass: none of them may be out yet.
+    for (int64_t t : issue_ns) {
+      for (const CompletedOp& op : ops_) {
+        if (op.issue_ns == t) ++violations_;
+      }
+      graph_launches_.push_back(t);
+    }
+  }
+  std::vector<int64_t> graphLaunches() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return graph_launches_;
+  }
   std::vector<DeepTraceRecord> deep() {
     std::lock_guard<std::mutex> lock(mu_);
     return deep_;
@@ -106,6 +120,7 @@ class RecordingSink : public Sink {
   std::map<uint32_t, Signature> sigs_;
   std::vector<DropCounters> drops_;
   std::vector<DeepTraceRecord> deep_;
+  std::vector<int64_t> graph_launches_;
   int64_t watermark_ = INT64_MIN;
   int flushes_ = 0;
   int batches_ = 0;
@@ -184,6 +199,32 @@ TEST_F(TracerTest, OpsOfOneStreamComeOutInOrderWithMappedTimes) {
   EXPECT_THAT(sink_.sigs(), ::testing::SizeIs(1));
   EXPECT_GE(sink_.flushes(), 1);  // drain flushes
   EXPECT_EQ(timer_.misuse(), 0);
+}
+
+// The issue times of graph launches go to the sink as the poller takes them, before the ops
+// complete (training work for the step rule in summary mode, Sink::onGraphLaunches); other ops'
+// do not.
+TEST_F(TracerTest, GraphLaunchesAreHandedOverWhenTakenBeforeTheyComplete) {
+  Tracer tracer(&timer_, &clock_, &sink_, quietOptions());
+  const uint32_t graph = tracer.intern(makeSignature("cudaGraphLaunch", OpKind::kGraph));
+  const uint32_t kernel = tracer.intern(makeSignature("elementwise", OpKind::kKernel));
+  OpInfo g = opInfo(0, graph);
+  g.kind = OpKind::kGraph;
+  clock_.advanceNs(100);
+  ASSERT_TRUE(launch(tracer, kStreamA, opInfo(1, kernel)));
+  clock_.advanceNs(100);
+  ASSERT_TRUE(launch(tracer, kStreamA, g));
+  const int64_t graph_issue = clock_.nowNs();
+  EXPECT_FALSE(tracer.drain(50'000'000));  // a pass runs; the ops are still in flight
+  EXPECT_THAT(sink_.graphLaunches(), ::testing::ElementsAre(graph_issue));
+  EXPECT_TRUE(sink_.ops().empty());  // neither op has completed
+  for (int64_t i = 0; i < 2; ++i)
+    ASSERT_TRUE(
+        timer_.completeOp(kStreamA, 2'000'000'000 + i * 1000, 2'000'000'000 + i * 1000 + 500));
+  ASSERT_TRUE(tracer.drain(kLongWait));
+  EXPECT_EQ(sink_.ops().size(), 2u);
+  EXPECT_THAT(sink_.graphLaunches(), ::testing::SizeIs(1));
+  EXPECT_EQ(sink_.violations(), 0);
 }
 
 // FLARE_TIMING=end: one event per op; the start of an op on a busy stream is the end of the op

@@ -150,6 +150,20 @@ SummaryBatches toSummary(int rank, const std::vector<flare::v1::RecordBatch>& ra
                      [](const auto& x, const auto& y) { return x.end_ns < y.end_ns; });
     std::stable_sort(spans.begin(), spans.end(),
                      [](const auto& x, const auto& y) { return x.end_ns < y.end_ns; });
+    // Graph launches reach the builder when taken (at their call, long before they end),
+    // ahead of the spans that completed after them (Sink::onGraphLaunches).
+    std::vector<int64_t> graphs;
+    for (const auto& op : ops) {
+      if (op.info.kind == timing::OpKind::kGraph) graphs.push_back(op.issue_ns);
+    }
+    std::sort(graphs.begin(), graphs.end());
+    size_t gi = 0;
+    auto graphsUpTo = [&](int64_t t) {
+      size_t gj = gi;
+      while (gj < graphs.size() && graphs[gj] <= t) ++gj;
+      if (gj > gi) builder.addGraphLaunches(std::span<const int64_t>(graphs.data() + gi, gj - gi));
+      gi = gj;
+    };
     size_t oi = 0, si = 0;
     while (oi < ops.size() || si < spans.size()) {
       if (si >= spans.size() || (oi < ops.size() && ops[oi].end_ns <= spans[si].end_ns)) {
@@ -160,10 +174,12 @@ SummaryBatches toSummary(int rank, const std::vector<flare::v1::RecordBatch>& ra
       } else {
         size_t sj = si;
         while (sj < spans.size() && (oi >= ops.size() || spans[sj].end_ns < ops[oi].end_ns)) ++sj;
+        graphsUpTo(spans[sj - 1].end_ns);
         builder.addSpans(std::span<const timing::CompletedSpan>(spans.data() + si, sj - si));
         si = sj;
       }
     }
+    graphsUpTo(std::numeric_limits<int64_t>::max());
     if (b.has_drops()) {
       timing::DropCounters d;
       d.ring_full = b.drops().ring_full();

@@ -721,7 +721,29 @@ std::vector<int64_t> JobModel::stepStarts(int rank) const {
     const records::StepCallKind kind = api_kinds_[s.api];
     if (kind != records::StepCallKind::kOther) calls.push_back({s.start, kind});
   }
-  return records::stepBoundaries(std::move(calls));
+  // A CUDA graph launch is training work (records::StepBoundaryRule).
+  for (const Op& op : it->second.ops) {
+    if (signatures_[op.sig].kind() == flare::v1::OP_KIND_GRAPH)
+      calls.push_back({op.issue, records::StepCallKind::kTraining});
+  }
+  std::vector<int64_t> from_spans = records::stepBoundaries(std::move(calls));
+  // Summary mode sends no ops, only the steps the rank closed by the same rule with its graph
+  // launches in view: where those are more, their bounds are the steps (a step captured whole
+  // in a CUDA graph leaves no training call among the spans).
+  const auto& steps = it->second.steps;
+  if (steps.size() + 1 > from_spans.size()) {
+    std::vector<int64_t> from_stats;
+    int64_t last_end = INT64_MIN;
+    for (const ReceivedStep& s : steps) {
+      from_stats.push_back(s.stats.start_ns);
+      last_end = std::max(last_end, s.stats.end_ns);
+    }
+    from_stats.push_back(last_end);
+    std::sort(from_stats.begin(), from_stats.end());
+    from_stats.erase(std::unique(from_stats.begin(), from_stats.end()), from_stats.end());
+    if (from_stats.size() > from_spans.size()) return from_stats;
+  }
+  return from_spans;
 }
 
 int64_t JobModel::warmupEnd(int rank) const {
