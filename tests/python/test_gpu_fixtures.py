@@ -174,7 +174,7 @@ def test_the_fixtures_are_the_committed_real_gpu_captures():
         meta = json.load(f)
     assert meta["environment"]["mode"] == "gpu"
     assert set(FIXTURE_META) >= {"healthy-small", "healthy-medium", "host-stall", "stray-sync",
-                                 "slow-dataloader", "unaligned-gemm"}
+                                 "slow-dataloader", "unaligned-gemm", "cuda-graph", "compile"}
     for name, x in FIXTURE_META.items():
         assert sorted(loop_steps(name)) == list(range(x["ranks"]))
         for f in x["files"]:
