@@ -257,10 +257,16 @@ void detectIssueStall(const JobModel& job, const DiagnoseOptions& opt,
         break;
       }
     }
-    if (named.empty() && idle_excess > 0) {
+    // What the stall costs a step: the larger of its excess GPU idle and its paired issue delay
+    // (a pause a deep GPU queue absorbs idles the GPU little but delays the issue by its length).
+    const double stall_cost =
+        std::max({idle_excess, pair != nullptr ? pair->median_delay_ns : 0.0, 0.0});
+    if (named.empty() && stall_cost > 0) {
       // The most specific traced API (the smallest that qualifies: a GC pause rather than the
       // backward() call around it) whose host time per step exceeds the other ranks' by at
-      // least half this rank's excess GPU idle.
+      // least half what the stall costs a step (H200, 2026-11-27: DataLoader.__next__, 0.03 ms
+      // longer a step than elsewhere, was named for a 5.5 ms sleep because it was "100% of" an
+      // excess GPU idle of 0.001 ms).
       if (!api_time) {
         api_time.emplace();
         for (const auto& [o, ro] : job.ranks()) (*api_time)[o] = apiTimePerStep(job, o);
@@ -276,7 +282,7 @@ void detectIssueStall(const JobModel& job, const DiagnoseOptions& opt,
         }
         const double others_ns = others.empty() ? 0.0 : median(others);
         const double excess = ns - others_ns;
-        if (excess >= 0.5 * idle_excess && excess < best_excess) {
+        if (excess >= 0.5 * stall_cost && excess < best_excess) {
           best_excess = excess;
           best_others = others_ns;
           named = name;
@@ -287,7 +293,9 @@ void detectIssueStall(const JobModel& job, const DiagnoseOptions& opt,
             {"api_time",
              named + " held the host " + fmtMs(mine.at(named)) + " per step on this rank vs " +
                  fmtMs(best_others) + " on the other ranks (median): " +
-                 fmtPct(std::min(1.0, best_excess / idle_excess)) + " of its excess GPU idle",
+                 fmtPct(std::min(1.0, best_excess / stall_cost)) + " of the " + fmtMs(stall_cost) +
+                 (stall_cost == idle_excess ? " of extra GPU idle" : " of issue delay") +
+                 " per step",
              mine.at(named), best_others});
       }
     }
@@ -316,8 +324,7 @@ void detectIssueStall(const JobModel& job, const DiagnoseOptions& opt,
         if (o != rank) others.push_back(w);
       const double others_wait = median(others);
       const double excess_wait = mine->second - others_wait;
-      const double delay = pair != nullptr ? pair->median_delay_ns : 0.0;
-      const double cost = std::max({idle_excess, delay, 0.0});
+      const double cost = stall_cost;
       if (excess_wait > 0 && cost > 0 && excess_wait >= 0.5 * cost) {
         d.kind = "cpu_contention";
         d.team = Team::kOperations;
