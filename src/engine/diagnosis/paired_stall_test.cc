@@ -190,7 +190,9 @@ TEST(PairedStall, AnApiIsTheCauseOnlyIfItCoversHalfTheStall) {
 // issued ahead of the GPU, in a 30 ms step. `short_steps` says in which steps a rank's kernels
 // run 3.5 ms shorter (its GPU idles 3.5 ms more: 12% of the step, above the 8% floor). Every
 // duration wobbles by up to ±0.3 ms, so no difference between ranks is exactly zero.
-JobModel idleJob(const std::vector<std::vector<bool>>& short_steps) {
+// `copies`: every rank wobbles alike (the healthy ranks are copies of one, as when a fixture's
+// recorded rank is replayed as several).
+JobModel idleJob(const std::vector<std::vector<bool>>& short_steps, bool copies = false) {
   JobModel m;
   for (int rank = 0; rank < 4; ++rank) {
     flare::v1::RecordBatch b = withSignatures(rank, "gemm_kernel");
@@ -209,7 +211,7 @@ JobModel idleJob(const std::vector<std::vector<bool>>& short_steps) {
         op->set_stream_id(7);
         op->set_issue_ns(t0 + 500'000 + k * 10'000);
         op->set_start_ns(at);
-        at += 5'000'000 + wobble(rank, s) / 2 - (short_steps[rank][s] ? 875'000 : 0);
+        at += 5'000'000 + wobble(copies ? 0 : rank, s) / 2 - (short_steps[rank][s] ? 875'000 : 0);
         op->set_end_ns(at);
       }
     }
@@ -250,6 +252,14 @@ TEST(PairedStall, IdleTimeMustExceedThePeersStepByStep) {
     }
   }
   EXPECT_TRUE(idle_evidence);
+  // The same stall beside three identical healthy ranks (a fixture's recorded rank replayed as
+  // several): the fence of {a, a, a, b}, Q3 + 1.5 IQR = a + 0.625 (b - a), stays below b.
+  const JobModel beside_copies = idleJob(
+      {steps({}), steps({}), steps({0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13}), steps({})},
+      true);
+  found = stalls(beside_copies, DiagnoseOptions{});
+  ASSERT_EQ(found.size(), 1u);
+  EXPECT_EQ(found[0].ranks, std::vector<int>{2});
   // Rank 2 idles more in 7 of the 12 compared steps (1..12), the others in 2–3 each: its
   // median is 3.5 ms above theirs, but it is above them in only ~8 of 12 steps.
   const JobModel noisy = idleJob(
