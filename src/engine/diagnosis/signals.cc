@@ -826,10 +826,18 @@ StepIssueLatency stepIssueLatency(const JobModel& job) {
   if (rs.starts.empty()) return out;
   const std::map<int, std::vector<int64_t>>& starts = rs.starts;
   out.median_step_ns = median(std::move(rs.durations));
-  // The grid: the lowest rank's complete steps, the first skipped (warm-up).
+  // The grid: the lowest rank's complete steps, the first skipped (warm-up). Ranks that meet at
+  // collectives run their steps together, so a rank's step is the one that starts nearest the
+  // grid's; ranks that share no collective (independent processes, a fixture's ranks replayed
+  // side by side) drift apart, and their steps are paired by index instead.
   const std::vector<int64_t>& ref = starts.begin()->second;
   const size_t n_steps = ref.size() - 2;
   const double tolerance = 0.5 * out.median_step_ns;
+  bool collectives = false;
+  for (const auto& sig : job.signatures()) {
+    collectives = collectives || sig.kind() == flare::v1::OP_KIND_COLLECTIVE ||
+                  sig.kind() == flare::v1::OP_KIND_P2P;
+  }
   for (const auto& [rank, s] : starts) {
     std::vector<double> means(n_steps, NAN), offsets(n_steps, NAN), idle(n_steps, NAN);
     // Each step's issue-latency and issue-offset sums (the rank's own in MODE_SUMMARY).
@@ -843,11 +851,18 @@ StepIssueLatency stepIssueLatency(const JobModel& job) {
       // This rank's complete step (not its first) starting nearest the grid's step.
       size_t best = 0;
       double best_dist = INFINITY;
-      for (size_t i = 1; i + 1 < s.size(); ++i) {
-        const double dist = std::abs(static_cast<double>(s[i] - target));
-        if (dist < best_dist) {
-          best_dist = dist;
-          best = i;
+      if (!collectives) {
+        if (g + 2 < s.size()) {
+          best = g + 1;
+          best_dist = 0;
+        }
+      } else {
+        for (size_t i = 1; i + 1 < s.size(); ++i) {
+          const double dist = std::abs(static_cast<double>(s[i] - target));
+          if (dist < best_dist) {
+            best_dist = dist;
+            best = i;
+          }
         }
       }
       if (best == 0 || best_dist > tolerance) continue;
