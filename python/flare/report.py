@@ -445,18 +445,30 @@ def format_reported(reported, derived=None):
     return out
 
 
+def shares_collectives(data):
+    """Whether the job's kernel report holds a collective or point-to-point signature."""
+    for k in data.get("kernels", []) or []:
+        kind = str(k.get("kind") or (k.get("signature") or {}).get("kind") or "").lower()
+        if "collective" in kind or "p2p" in kind:
+            return True
+    return False
+
+
 def slowest_rank_text(data):
-    """What "slowest rank" means here: the rank with the slowest median step. All ranks wait for
-    each other at collectives, so it is not the culprit; the diagnoses name that."""
+    """What "slowest rank" means here: the rank with the slowest median step. Where the ranks
+    meet at collectives they wait for each other, so it is not the culprit; the diagnoses name
+    that. Where they share none, each runs at its own pace."""
     m = data.get("metrics", {})
     if not m.get("slowestRank"):
         return None
     blamed = sorted({r for d in data.get("diagnoses", []) for r in d.get("ranks", [])})
-    return "slowest median step: rank %s at %s (ranks wait for each other at collectives: %s)" % (
-        m["slowestRank"]["rank"], fmt_ns(m["slowestRank"]["medianNs"]),
-        "the diagnoses blame rank%s %s" % ("" if len(blamed) == 1 else "s",
-                                          ",".join(str(r) for r in blamed))
-        if blamed else "no rank is diagnosed")
+    verdict = ("the diagnoses blame rank%s %s" % ("" if len(blamed) == 1 else "s",
+                                                 ",".join(str(r) for r in blamed))
+               if blamed else "no rank is diagnosed")
+    how = ("ranks wait for each other at collectives" if shares_collectives(data)
+           else "the ranks share no collective, each runs at its own pace")
+    return "slowest median step: rank %s at %s (%s: %s)" % (
+        m["slowestRank"]["rank"], fmt_ns(m["slowestRank"]["medianNs"]), how, verdict)
 
 
 def split_alerts(data):

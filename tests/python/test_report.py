@@ -596,6 +596,26 @@ def test_html_report_renders_in_headless_chromium(build_dir, job):
 
 # ---- rendering without a daemon: fields a newer daemon adds are shown ------------------------
 
+def test_the_slowest_rank_line_says_whether_the_ranks_wait_for_each_other():
+    """Ranks that meet at collectives wait for each other, so the slowest is not the culprit;
+    ranks that share none (independent processes on one GPU, a fixture's ranks replayed side by
+    side) each run at their own pace, and the line must not claim otherwise."""
+    sys.path.insert(0, os.path.join(ROOT, "python"))
+    try:
+        from flare import report
+    finally:
+        sys.path.pop(0)
+    data = {"metrics": {"slowestRank": {"rank": 3, "medianNs": 184_000_000}}, "diagnoses": [],
+            "kernels": [{"name": "cublasGemmEx", "kind": "gemm"}]}
+    alone = report.slowest_rank_text(data)
+    assert "rank 3 at 184" in alone and "share no collective" in alone, alone
+    assert "wait for each other" not in alone
+    data["kernels"].append({"name": "ncclAllReduce", "kind": "collective"})
+    data["diagnoses"] = [{"kind": "issue_stall", "ranks": [3]}]
+    together = report.slowest_rank_text(data)
+    assert "ranks wait for each other at collectives: the diagnoses blame rank 3" in together
+
+
 def test_unknown_report_fields_are_rendered_not_dropped():
     sys.path.insert(0, os.path.join(ROOT, "python"))
     try:
