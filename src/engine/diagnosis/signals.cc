@@ -828,17 +828,28 @@ StepIssueLatency stepIssueLatency(const JobModel& job) {
   out.median_step_ns = median(std::move(rs.durations));
   // The grid: the lowest rank's complete steps, the first skipped (warm-up). Ranks that meet at
   // collectives run their steps together, so a rank's step is the one that starts nearest the
-  // grid's; ranks that share no collective (independent processes, a fixture's ranks replayed
-  // side by side) drift apart, and their steps are paired by index instead.
+  // grid's (within half a step). A rank that runs at its own pace (it shares no collective:
+  // independent processes, a fixture's ranks replayed side by side) drifts off the grid; where
+  // that leaves fewer than half its steps matched, its steps are paired by index instead.
   const std::vector<int64_t>& ref = starts.begin()->second;
   const size_t n_steps = ref.size() - 2;
   const double tolerance = 0.5 * out.median_step_ns;
-  bool collectives = false;
-  for (const auto& sig : job.signatures()) {
-    collectives = collectives || sig.kind() == flare::v1::OP_KIND_COLLECTIVE ||
-                  sig.kind() == flare::v1::OP_KIND_P2P;
-  }
+  auto nearest = [&](const std::vector<int64_t>& s, size_t g) -> size_t {
+    size_t best = 0;
+    double best_dist = INFINITY;
+    for (size_t i = 1; i + 1 < s.size(); ++i) {
+      const double dist = std::abs(static_cast<double>(s[i] - ref[g + 1]));
+      if (dist < best_dist) {
+        best_dist = dist;
+        best = i;
+      }
+    }
+    return best_dist <= tolerance ? best : 0;
+  };
   for (const auto& [rank, s] : starts) {
+    size_t matched = 0;
+    for (size_t g = 0; g < n_steps; ++g) matched += nearest(s, g) != 0;
+    const bool by_index = 2 * matched < n_steps;
     std::vector<double> means(n_steps, NAN), offsets(n_steps, NAN), idle(n_steps, NAN);
     // Each step's issue-latency and issue-offset sums (the rank's own in MODE_SUMMARY).
     std::map<int64_t, records::StepStats> by_step;
@@ -847,25 +858,9 @@ StepIssueLatency stepIssueLatency(const JobModel& job) {
       by_step.insert_or_assign(k, std::move(st));
     }
     for (size_t g = 0; g < n_steps; ++g) {
-      const int64_t target = ref[g + 1];
-      // This rank's complete step (not its first) starting nearest the grid's step.
-      size_t best = 0;
-      double best_dist = INFINITY;
-      if (!collectives) {
-        if (g + 2 < s.size()) {
-          best = g + 1;
-          best_dist = 0;
-        }
-      } else {
-        for (size_t i = 1; i + 1 < s.size(); ++i) {
-          const double dist = std::abs(static_cast<double>(s[i] - target));
-          if (dist < best_dist) {
-            best_dist = dist;
-            best = i;
-          }
-        }
-      }
-      if (best == 0 || best_dist > tolerance) continue;
+      // This rank's complete step (not its first): nearest the grid's, or the same index.
+      const size_t best = by_index ? (g + 2 < s.size() ? g + 1 : 0) : nearest(s, g);
+      if (best == 0) continue;
       auto st = by_step.find(static_cast<int64_t>(best));
       if (st == by_step.end() || st->second.gpu_ops < 1) continue;
       const auto n = static_cast<double>(st->second.gpu_ops);
