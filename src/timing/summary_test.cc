@@ -243,27 +243,48 @@ TEST(SummaryAggregatorTest, WhatIsSummarised) {
 namespace flare::timing {
 namespace {
 
+constexpr const char* kLoaderNext = "torch.utils.data.dataloader._BaseDataLoaderIter@__next__";
+
+// A MODE_SUMMARY builder whose batches are kept, with the spans and step counts the step-rule
+// tests need.
+struct SummaryRig {
+  static BatchBuilderOptions options() {
+    BatchBuilderOptions opts;
+    opts.summary_mode = [] { return true; };
+    return opts;
+  }
+  std::vector<flare::v1::RecordBatch> out;
+  BatchBuilder builder{0, options(),
+                       [this](flare::v1::RecordBatch&& b) { out.push_back(std::move(b)); }};
+  uint64_t span_id = 0;
+
+  CompletedSpan span(uint32_t api, int64_t start, int64_t length, uint64_t thread = 7) {
+    CompletedSpan s;
+    s.id = ++span_id;
+    s.api_id = api;
+    s.thread_id = static_cast<uint32_t>(thread);
+    s.start_ns = start;
+    s.end_ns = start + length;
+    return s;
+  }
+  int steps() const {
+    int n = 0;
+    for (const auto& b : out) n += b.step_stats_size();
+    return n;
+  }
+};
+
 // The poller hands a pass's spans over before its ops: DataLoader calls seen before the rank's
 // first op are step boundaries all the same (they were dropped, and the warm-up steps with them,
 // until the first addOps set the mode).
 TEST(BatchBuilderSummary, LoaderSpansBeforeTheFirstOpAreStepBoundaries) {
-  std::vector<flare::v1::RecordBatch> out;
-  BatchBuilderOptions opts;
-  opts.summary_mode = [] { return true; };
-  BatchBuilder builder(0, opts, [&](flare::v1::RecordBatch&& b) { out.push_back(std::move(b)); });
-  builder.addApiName(1, "torch.utils.data.dataloader._BaseDataLoaderIter@__next__");
+  SummaryRig rig;
+  BatchBuilder& builder = rig.builder;
+  builder.addApiName(1, kLoaderNext);
   builder.addSignature(1, makeSig("elementwise_kernel", OpKind::kKernel));
   const int64_t t0 = common::monotonicNs();
   constexpr int64_t kStep = 10'000'000;
-  auto loader = [&](int step) {
-    CompletedSpan s;
-    s.id = static_cast<uint64_t>(step + 1);
-    s.api_id = 1;
-    s.thread_id = 7;
-    s.start_ns = t0 + step * kStep;
-    s.end_ns = s.start_ns + 1'000'000;
-    return s;
-  };
+  auto loader = [&](int step) { return rig.span(1, t0 + step * kStep, 1'000'000); };
   const CompletedSpan early[] = {loader(0), loader(1), loader(2)};
   builder.addSpans(early);  // before any op
   std::vector<CompletedOp> ops;
@@ -280,33 +301,22 @@ TEST(BatchBuilderSummary, LoaderSpansBeforeTheFirstOpAreStepBoundaries) {
   const CompletedSpan late[] = {loader(3), loader(4)};
   builder.addSpans(late);
   builder.finish();
-  int steps = 0;
-  for (const auto& b : out) steps += b.step_stats_size();
-  EXPECT_EQ(steps, 4);  // five DataLoader calls: four complete steps
+  EXPECT_EQ(rig.steps(), 4);  // five DataLoader calls: four complete steps
 }
 
 // A validation DataLoader read after step 2 (its `__next__` is the training loader's, with no
 // backward between its batches) adds no steps: records::StepBoundaryRule, fed in start order
 // although a pass hands its spans over thread by thread (here: reversed).
 TEST(BatchBuilderSummary, AnEvaluationLoaderAddsNoSteps) {
-  std::vector<flare::v1::RecordBatch> out;
-  BatchBuilderOptions opts;
-  opts.summary_mode = [] { return true; };
-  BatchBuilder builder(0, opts, [&](flare::v1::RecordBatch&& b) { out.push_back(std::move(b)); });
-  builder.addApiName(1, "torch.utils.data.dataloader._BaseDataLoaderIter@__next__");
+  SummaryRig rig;
+  BatchBuilder& builder = rig.builder;
+  builder.addApiName(1, kLoaderNext);
   builder.addApiName(2, "torch.autograd@backward");
   builder.addSignature(1, makeSig("elementwise_kernel", OpKind::kKernel));
   const int64_t t0 = common::monotonicNs();
   constexpr int64_t kStep = 10'000'000;
-  uint64_t span_id = 0;
   auto span = [&](uint32_t api, int64_t start, int64_t length, uint64_t thread = 7) {
-    CompletedSpan s;
-    s.id = ++span_id;
-    s.api_id = api;
-    s.thread_id = thread;
-    s.start_ns = start;
-    s.end_ns = start + length;
-    return s;
+    return rig.span(api, start, length, thread);
   };
   constexpr int kTrainingSteps = 6;
   for (int step = 0; step < kTrainingSteps; ++step) {
@@ -331,9 +341,7 @@ TEST(BatchBuilderSummary, AnEvaluationLoaderAddsNoSteps) {
   const CompletedSpan stop[] = {span(1, t0 + kTrainingSteps * kStep, 100'000)};
   builder.addSpans(stop);  // the training loader's StopIteration ends the last step
   builder.finish();
-  int steps = 0;
-  for (const auto& b : out) steps += b.step_stats_size();
-  EXPECT_EQ(steps, kTrainingSteps);  // not 9: the evaluation's three calls start no step
+  EXPECT_EQ(rig.steps(), kTrainingSteps);  // not 9: the evaluation's three calls start no step
 }
 
 // A step captured whole in a CUDA graph (torch.cuda.graph): backward and the optimizer ran on
@@ -343,25 +351,14 @@ TEST(BatchBuilderSummary, AnEvaluationLoaderAddsNoSteps) {
 // tests/fixtures/gpu/cuda-graph held no step before).
 TEST(BatchBuilderSummary, GraphLaunchesAreTrainingWorkForTheStepRule) {
   for (const bool with_graphs : {true, false}) {
-    std::vector<flare::v1::RecordBatch> out;
-    BatchBuilderOptions opts;
-    opts.summary_mode = [] { return true; };
-    BatchBuilder builder(0, opts, [&](flare::v1::RecordBatch&& b) { out.push_back(std::move(b)); });
-    builder.addApiName(1, "torch.utils.data.dataloader._BaseDataLoaderIter@__next__");
+    SummaryRig rig;
+    BatchBuilder& builder = rig.builder;
+    builder.addApiName(1, kLoaderNext);
     builder.addApiName(2, "torch.autograd@backward");
     builder.addSignature(1, makeSig("cudaGraphLaunch", OpKind::kGraph));
     const int64_t t0 = common::monotonicNs();
     constexpr int64_t kStep = 10'000'000;
-    uint64_t span_id = 0;
-    auto span = [&](uint32_t api, int64_t start) {
-      CompletedSpan s;
-      s.id = ++span_id;
-      s.api_id = api;
-      s.thread_id = 7;
-      s.start_ns = start;
-      s.end_ns = start + 200'000;
-      return s;
-    };
+    auto span = [&](uint32_t api, int64_t start) { return rig.span(api, start, 200'000); };
     const CompletedSpan capture[] = {span(2, t0 - kStep)};  // warm-up and capture's backward
     builder.addSpans(capture);
     constexpr int kSteps = 6;
@@ -381,11 +378,9 @@ TEST(BatchBuilderSummary, GraphLaunchesAreTrainingWorkForTheStepRule) {
       builder.addOps(std::span<const CompletedOp>(&graph, 1));
     }
     builder.finish();
-    int steps = 0;
-    for (const auto& b : out) steps += b.step_stats_size();
     // Seven DataLoader calls, six steps; without the launches the rule sees training only at
     // capture: one boundary, no step.
-    EXPECT_EQ(steps, with_graphs ? kSteps : 0) << "with graph launches: " << with_graphs;
+    EXPECT_EQ(rig.steps(), with_graphs ? kSteps : 0) << "with graph launches: " << with_graphs;
   }
 }
 

@@ -847,9 +847,14 @@ StepIssueLatency stepIssueLatency(const JobModel& job) {
     return best_dist <= tolerance ? best : 0;
   };
   for (const auto& [rank, s] : starts) {
+    // This rank's complete step (not its first) for each grid step: the nearest one, or the same
+    // index where fewer than half are near; 0 for none.
+    std::vector<size_t> step_of(n_steps);
     size_t matched = 0;
-    for (size_t g = 0; g < n_steps; ++g) matched += nearest(s, g) != 0;
-    const bool by_index = 2 * matched < n_steps;
+    for (size_t g = 0; g < n_steps; ++g) matched += (step_of[g] = nearest(s, g)) != 0;
+    if (2 * matched < n_steps) {
+      for (size_t g = 0; g < n_steps; ++g) step_of[g] = g + 2 < s.size() ? g + 1 : 0;
+    }
     std::vector<double> means(n_steps, NAN), offsets(n_steps, NAN), idle(n_steps, NAN);
     // Each step's issue-latency and issue-offset sums (the rank's own in MODE_SUMMARY).
     std::map<int64_t, records::StepStats> by_step;
@@ -858,8 +863,7 @@ StepIssueLatency stepIssueLatency(const JobModel& job) {
       by_step.insert_or_assign(k, std::move(st));
     }
     for (size_t g = 0; g < n_steps; ++g) {
-      // This rank's complete step (not its first): nearest the grid's, or the same index.
-      const size_t best = by_index ? (g + 2 < s.size() ? g + 1 : 0) : nearest(s, g);
+      const size_t best = step_of[g];
       if (best == 0) continue;
       auto st = by_step.find(static_cast<int64_t>(best));
       if (st == by_step.end() || st->second.gpu_ops < 1) continue;
