@@ -95,8 +95,18 @@ constexpr ParamInfo kParams[] = {
      "each timed record carries the launches it stands for (its weight), so counts, GPU time, "
      "FLOPs and bytes are estimates and GPU busy, minority and void figures of a step come from "
      "the samples (docs/metrics.md); an untimed launch costs a thread-local countdown; GEMMs, "
-     "collectives, copies, sets, graphs and syncs stay exact; FLARE_TIMING=end is then refused "
-     "(pair is used)."},
+     "copies and sets follow FLARE_SAMPLE_CALLS; collectives, graphs and syncs stay exact; "
+     "FLARE_TIMING=end is then refused (pair is used). Off by default: fewer faults named on "
+     "the simulated diagnosis matrix at N = 32 (docs/benchmarks.md)."},
+    {"FLARE_SAMPLE_CALLS", "int", "1", "hook",
+     "1-in-N timing of cuBLAS/cuBLASLt GEMMs, cudaMemcpyAsync and cudaMemsetAsync per (thread, "
+     "signature), 1 to 1024: 1 times every call; N > 1 times a signature's first 8 calls on a "
+     "thread, then one in a random gap of 1 to 2N-1 (mean N), each timed record weighted by the "
+     "calls of its signature it stands for: a GEMM signature's count and FLOPs stay exact up to "
+     "its untimed tail (< 2N calls per thread), its GPU time and a copy's bytes are estimates, "
+     "TFLOPS and durations come from the timed calls; an untimed call costs its signature "
+     "lookup; FLARE_TIMING=end is then refused (pair is used). Off by default (docs/metrics.md, "
+     "docs/benchmarks.md)."},
     {"FLARE_EXIT_FLUSH_SECONDS", "duration", "2", "exporter",
      "At process exit, time given to send queued batches to the daemon; the rest is spooled."},
     {"FLARE_BATCH_BYTES", "int", "65536", "exporter",

@@ -202,7 +202,7 @@ FLARE_EXPORT cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDes
                                            size_t workspace_bytes, cudaStream_t stream) {
   auto real = g_fns.matmul.get();
   if (!real) return CUBLAS_STATUS_NOT_INITIALIZED;
-  return timedCall(
+  return sampledCall(
       stream, [&] { return describe(op, ad, bd, dd); }, ok,
       [&] {
         return real(h, op, alpha, A, ad, B, bd, beta, C, cd, D, dd, algo, workspace,

@@ -8,6 +8,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstring>
+#include <vector>
 
 #include "src/common/clock.h"
 #include "src/common/config.h"
@@ -33,6 +34,39 @@ int64_t sampleKernelsSetting() {
   return n;
 }
 
+int64_t sampleCallsSetting() {
+  static const int64_t n = common::paramInt("FLARE_SAMPLE_CALLS", 1, kMaxSampleKernels);
+  return n;
+}
+
+namespace {
+
+// The next gap of 1-in-N sampling, uniform in 1..2N-1, from the thread's xorshift (seeded on
+// first use by splitmix64 of the thread id and the clock: threads draw different gaps).
+int32_t drawGap(int64_t n) {
+  LaunchSampler& s = t_sampler;
+  if (s.rng == 0) {
+    uint64_t z = (static_cast<uint64_t>(::syscall(SYS_gettid)) << 32) ^
+                 static_cast<uint64_t>(common::monotonicNs()) ^ 0x9e3779b97f4a7c15ull;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    s.rng = (z ^ (z >> 31)) | 1;
+  }
+  s.rng ^= s.rng << 13;  // xorshift64
+  s.rng ^= s.rng >> 7;
+  s.rng ^= s.rng << 17;
+  return static_cast<int32_t>(1 + s.rng % static_cast<uint64_t>(2 * n - 1));
+}
+
+// One signature's countdown on one thread (signatureTurn).
+struct SignatureTurn {
+  int32_t countdown = 0;     // calls left up to and including the next timed one; <= 1: time it
+  uint16_t next_weight = 1;  // the weight of that next timed call
+  uint32_t timed = 0;        // timed calls so far (for the warm-up)
+};
+
+}  // namespace
+
 uint16_t takeLaunchWeight() {
   const int64_t n = sampleKernelsSetting();
   if (n <= 1) return 1;  // countdown stays 0: every launch takes the timed path
@@ -43,17 +77,35 @@ uint16_t takeLaunchWeight() {
     s.next_weight = 1;
     return weight;
   }
-  if (s.rng == 0) {  // splitmix64 of the thread id and the clock: threads draw different gaps
-    uint64_t z = (static_cast<uint64_t>(::syscall(SYS_gettid)) << 32) ^
-                 static_cast<uint64_t>(common::monotonicNs()) ^ 0x9e3779b97f4a7c15ull;
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    s.rng = (z ^ (z >> 31)) | 1;
+  const int32_t gap = drawGap(n);
+  s.countdown = gap;
+  s.next_weight = static_cast<uint16_t>(gap);
+  return weight;
+}
+
+uint16_t signatureTurn(uint32_t signature_id) {
+  const int64_t n = sampleCallsSetting();
+  if (n <= 1 || signature_id > kMaxSampledSignatureId) return 1;
+  thread_local std::vector<SignatureTurn> turns;  // indexed by signature id (dense, interned)
+  if (signature_id >= turns.size()) {
+    try {
+      turns.resize(signature_id + 1);
+    } catch (...) {
+      return 1;  // no room: timed, as with N = 1
+    }
   }
-  s.rng ^= s.rng << 13;  // xorshift64
-  s.rng ^= s.rng >> 7;
-  s.rng ^= s.rng << 17;
-  const auto gap = static_cast<int32_t>(1 + s.rng % static_cast<uint64_t>(2 * n - 1));
+  SignatureTurn& s = turns[signature_id];
+  if (s.countdown > 1) {
+    --s.countdown;
+    return 0;
+  }
+  const uint16_t weight = s.next_weight;
+  if (++s.timed <= kWarmupSignatureCalls) {
+    s.countdown = 1;
+    s.next_weight = 1;
+    return weight;
+  }
+  const int32_t gap = drawGap(n);
   s.countdown = gap;
   s.next_weight = static_cast<uint16_t>(gap);
   return weight;
@@ -236,7 +288,7 @@ FLARE_EXPORT cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t coun
                                          cudaMemcpyKind kind, cudaStream_t stream) {
   auto real = g_cudart.memcpyAsync.get();
   if (!real) return cudaErrorInsufficientDriver;
-  return timedCall(
+  return sampledCall(
       stream, [&] { return namedInfo(copyName(kind), flare::timing::OpKind::kMemcpy, count); }, ok,
       [&] { return real(dst, src, count, kind, stream); });
 }
@@ -244,7 +296,7 @@ FLARE_EXPORT cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t coun
 FLARE_EXPORT cudaError_t cudaMemsetAsync(void* ptr, int value, size_t count, cudaStream_t stream) {
   auto real = g_cudart.memsetAsync.get();
   if (!real) return cudaErrorInsufficientDriver;
-  return timedCall(
+  return sampledCall(
       stream, [&] { return namedInfo("Memset", flare::timing::OpKind::kMemset, count); }, ok,
       [&] { return real(ptr, value, count, stream); });
 }

@@ -1,4 +1,6 @@
-// 1-in-N timing of plain kernel launches (FLARE_SAMPLE_KERNELS), the hook's cheapest exit.
+// 1-in-N timing: plain kernel launches per thread (FLARE_SAMPLE_KERNELS), the hook's cheapest
+// exit; GEMMs, async copies and sets per (thread, signature) (FLARE_SAMPLE_CALLS,
+// signatureTurn below).
 //
 // Why: on a real GPU the hook's per-op timing costs about 3 µs of host time per launch, mostly
 // its CUDA event records (docs/benchmarks.md, "On a real GPU"): +43% on a launch-bound job
@@ -8,8 +10,12 @@
 //
 // Which launches: the runtime's and the driver's plain kernel launches (cudaLaunchKernel[ExC],
 // __cudaLaunchKernel, cudaLaunchCooperativeKernel and their _ptsz variants, cuLaunchKernel[Ex]
-// and _ptsz), the only wrappers that call untimedLaunch(). cuBLAS/cuBLASLt GEMMs, NCCL
-// collectives, copies, sets, graph launches and synchronizations are timed every time.
+// and _ptsz), the only wrappers that call untimedLaunch(). cuBLAS/cuBLASLt GEMMs and async
+// copies and sets are sampled per signature with their own N (FLARE_SAMPLE_CALLS, default 1:
+// exact; signatureTurn): their signature is looked up
+// first, so a timed call's weight counts calls of its own signature only, and a signature's
+// count, FLOPs (a GEMM's shape is in its signature) stay exact up to its untimed tail. NCCL
+// collectives, point-to-point, graph launches and synchronizations are timed every time.
 //
 // How: per launching thread, the first kWarmupLaunches launches are timed (weight 1: cold first
 // launches and short-lived threads stay exact); then each timed launch draws the gap to the
@@ -73,5 +79,20 @@ inline timing::OpInfo sampledLaunch(timing::OpInfo op) {
 
 // FLARE_SAMPLE_KERNELS as read (1 when unset or refused; one warning naming it).
 int64_t sampleKernelsSetting();
+// FLARE_SAMPLE_CALLS as read (1 when unset or refused; one warning naming it).
+int64_t sampleCallsSetting();
+
+// Calls of one signature timed before its sampling starts (a GEMM's cold first calls stay
+// exact: unoptimized_gemm leaves them out by their own timing).
+constexpr uint32_t kWarmupSignatureCalls = 8;
+// Signature ids above this are always timed (the per-thread table stays below ~12 MB).
+constexpr uint32_t kMaxSampledSignatureId = 1u << 20;
+
+// Per-signature 1-in-N sampling of a GEMM, async copy or set whose signature is `signature_id`,
+// on the calling thread: 0 when this call is not timed (forward it untouched), else its weight
+// (the calls of this signature on this thread since its previous timed one, itself included).
+// The same scheme as launches, per (thread, signature): the first kWarmupSignatureCalls calls
+// timed, then one in a random gap of 1 to 2N-1 (N: FLARE_SAMPLE_CALLS). 1 always with N = 1.
+uint16_t signatureTurn(uint32_t signature_id);
 
 }  // namespace flare::hook

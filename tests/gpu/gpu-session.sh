@@ -6,8 +6,9 @@
 #   $OUT/fixtures.tar.gz   capture.sh's output (tests/fixtures/gpu/ layout), $OUT/capture.log
 #   $OUT/session.log       this script's own progress, with times
 #   $OUT/launch-cost.json  KIT/bin/launch_cost bare, and under the hook in summary and raw mode
-#                          and in summary mode with FLARE_TIMING=end, and with FLARE_SAMPLE_KERNELS
-#                          (FLARE_SESSION_SAMPLE_KERNELS, default 32)
+#                          and in summary mode with FLARE_TIMING=end, with FLARE_SAMPLE_KERNELS
+#                          (FLARE_SESSION_SAMPLE_KERNELS, default 32), and with that N for
+#                          FLARE_SAMPLE_CALLS too (summary-sampled-all: the memset row untimed)
 # Budgets: FLARE_ACCEPTANCE_BUDGET_* as acceptance.sh reads them; FLARE_CAPTURE_BUDGET_S (90)
 # and FLARE_CAPTURE_ARGS (--steps 12) for the capture; FLARE_SESSION_SKIP_CAPTURE=1 skips it.
 #
@@ -35,13 +36,15 @@ if [ -x "$lc" ] && [ "${FLARE_SESSION_SKIP_LAUNCH_COST:-0}" != 1 ]; then
     echo '{"bare": '; timeout 60 "$lc" || echo null
     # summary-sampled: 1-in-N timing of plain launches (FLARE_SAMPLE_KERNELS, default 32 here):
     # its launch row is the untimed launch's cost plus 1/N of a timed one's.
-    for arm in summary raw summary-end summary-sampled; do
+    for arm in summary raw summary-end summary-sampled summary-sampled-all; do
       echo ", \"$arm\": "
-      timing=pair sample=1
+      timing=pair sample=1 calls=1
       [ "$arm" = summary-end ] && timing=end
-      [ "$arm" = summary-sampled ] && sample=${FLARE_SESSION_SAMPLE_KERNELS:-32}
+      [ "${arm#summary-sampled}" != "$arm" ] && sample=${FLARE_SESSION_SAMPLE_KERNELS:-32}
+      [ "$arm" = summary-sampled-all ] && calls=$sample
       LD_PRELOAD=$FLARE_BUILD_DIR/lib/libflare_hook.so FLARE_MODE=${arm%%-*} FLARE_TIMING=$timing \
-        FLARE_SAMPLE_KERNELS=$sample FLARE_OUTPUT_DIR=$spool FLARE_JOB_ID=launch-cost-$arm \
+        FLARE_SAMPLE_KERNELS=$sample FLARE_SAMPLE_CALLS=$calls FLARE_OUTPUT_DIR=$spool \
+        FLARE_JOB_ID=launch-cost-$arm \
         timeout 60 "$lc" || echo null
     done
     echo '}'

@@ -80,6 +80,18 @@ def test_the_sampled_arm_runs_summary_mode_with_one_in_n_kernel_timing(build_dir
     assert rows["flare-summary"]["overhead_pct"] == pytest.approx(5.0)
 
 
+def test_the_sampled_all_arm_also_samples_gemms_copies_and_sets(build_dir, tmp_path):
+    """-sampled-all: FLARE_SAMPLE_CALLS at the same N as FLARE_SAMPLE_KERNELS (the stand-in
+    refuses any other pairing), the other arms with neither."""
+    proc, out = run(build_dir, tmp_path, "--arms",
+                    "bare,flare-summary-sampled,flare-summary-sampled-all", "--sample-kernels",
+                    "16", env={"STANDIN_SAMPLE_KERNELS": "16"})
+    assert proc.returncode == 0, proc.stderr
+    rows = json.loads(out.read_text())["summary"]["gpt-small"]["arms"]
+    assert rows["flare-summary-sampled-all"]["overhead_pct"] == pytest.approx(0.5)
+    assert rows["flare-summary-sampled"]["overhead_pct"] == pytest.approx(1.0)
+
+
 def test_arms_must_include_the_bare_one(build_dir, tmp_path):
     proc, _ = run(build_dir, tmp_path, "--arms", "flare-raw")
     assert proc.returncode == 2 and "bare" in proc.stderr

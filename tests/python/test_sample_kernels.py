@@ -1,5 +1,5 @@
-"""FLARE_SAMPLE_KERNELS=N: 1-in-N timing of plain kernel launches (src/hook/launch_sampling.h) on
-the simulated stack. The truth is the workload's own: FLARE_SIM_KERNEL_LOG lists every kernel the
+"""FLARE_SAMPLE_KERNELS=N: 1-in-N timing of plain kernel launches, and FLARE_SAMPLE_CALLS=N of
+GEMMs, async copies and sets per signature (src/hook/launch_sampling.h), on the simulated stack. The truth is the workload's own: FLARE_SIM_KERNEL_LOG lists every kernel the
 simulated GPU ran, with its duration.
 
 - every timed record of a sampled launch carries its weight; per rank the weights add up to the
@@ -7,7 +7,10 @@ simulated GPU ran, with its duration.
 - per signature the estimated count (sum of weights) and GPU time (sum of weight x duration) are
   within 4.5 standard deviations of the truth, sigma = sqrt((N-1)/count) relative (one-in-N
   sampling with a random gap of mean N);
-- GEMMs, collectives, copies and synchronizations are recorded exactly as with N = 1;
+- with FLARE_SAMPLE_CALLS, GEMMs, async copies and sets are sampled per signature: a signature's
+  weights add up to its calls (up to each thread's untimed tail of it), and the first 8 calls of
+  each are timed; without it they are exact;
+- collectives, point-to-point, graphs and synchronizations are recorded exactly as with N = 1;
 - summary mode's KernelSummary says how many launches were timed, and its counts are estimates;
 - the fault scenarios (an underclocked GPU, a host stall) get the same diagnosis;
 - malformed values are refused with one warning naming the setting, and every launch is timed."""
@@ -59,7 +62,7 @@ def truth(folder):
 
 
 def traced_run(sim_train, build_dir, tmp_path, tag, sample=None, mode="raw", ranks=2,
-               env_extra=None):
+               env_extra=None, sample_calls=None):
     spool, log = tmp_path / tag, tmp_path / (tag + "-log")
     log.mkdir()
     env = {"LD_PRELOAD": os.path.join(build_dir, "lib", "libflare_hook.so"),
@@ -67,6 +70,8 @@ def traced_run(sim_train, build_dir, tmp_path, tag, sample=None, mode="raw", ran
            "FLARE_SIM_KERNEL_LOG": str(log)}
     if sample is not None:
         env["FLARE_SAMPLE_KERNELS"] = str(sample)
+    if sample_calls is not None:
+        env["FLARE_SAMPLE_CALLS"] = str(sample_calls)
     env.update(env_extra or {})
     res = sim_train("--ranks", ranks, "--steps", STEPS, "--layers", LAYERS, "--hidden", 2048,
                     "--seq", 1024, "--tp", 2, env=env)
@@ -100,14 +105,40 @@ def within(estimate, true, count):
 
 def test_sampled_counts_and_gpu_time_estimate_the_truth(sim_train, build_dir, tmp_path):
     full, _, _ = traced_run(sim_train, build_dir, tmp_path, "exact")
-    sampled, true, _ = traced_run(sim_train, build_dir, tmp_path, "sampled", sample=N)
+    sampled, true, _ = traced_run(sim_train, build_dir, tmp_path, "sampled", sample=N,
+                                  sample_calls=N)
     exact, est = estimates(full), estimates(sampled)
     plain = ("kernel", "attention")
-    # Everything that is not a plain kernel launch is recorded exactly, with no weight.
-    others = {k: v[0] for k, v in exact.items() if k[1] not in plain}
-    assert others and {k: v[0] for k, v in est.items() if k[1] not in plain} == others
-    assert all("weight" not in r for r in sampled if r["kind"] not in plain)
-    assert any(k[1] == "gemm" for k in others) and any(k[1] == "collective" for k in others)
+    per_signature = ("gemm", "memcpy", "memset")
+    # Collectives, point-to-point, graphs and synchronizations are recorded exactly, no weight.
+    others = {k: v[0] for k, v in exact.items() if k[1] not in plain + per_signature}
+    assert others and {k: v[0] for k, v in est.items()
+                       if k[1] not in plain + per_signature} == others
+    assert all("weight" not in r for r in sampled if r["kind"] not in plain + per_signature)
+    assert any(k[1] == "collective" for k in others)
+    # GEMMs, copies and sets are sampled per signature: the weights of a signature's records
+    # add up to its calls (the N = 1 run's records), up to each thread's untimed tail of that
+    # signature (< 2N calls); a GEMM's FLOPs are its count times its shape's.
+    def per_sig(records):  # {(rank, kind, name, shape, layout): [records, weights]}, threads
+        out, threads = collections.defaultdict(lambda: [0, 0]), collections.defaultdict(set)
+        for r in records:
+            if r["kind"] in per_signature:
+                key = (r["rank"], r["kind"], r["name"], str(r.get("shape")), r.get("layout"))
+                out[key][0] += 1
+                out[key][1] += r.get("weight", 1)
+                threads[key].add(r["thread"])
+        return out, threads
+    sig_exact, _ = per_sig(full)
+    sig_est, threads = per_sig(sampled)
+    assert any(k[1] == "gemm" for k in sig_exact) and set(sig_est) == set(sig_exact)
+    sampled_somewhere = False
+    for key, (calls, _) in sig_exact.items():
+        timed, weights = sig_est[key]
+        assert calls - (2 * N - 1) * len(threads[key]) <= weights <= calls, (key, weights, calls)
+        # The first 8 calls of a signature on a thread are timed, then about one in N.
+        assert timed <= 8 * len(threads[key]) + 2 * calls / N, (key, timed, calls)
+        sampled_somewhere = sampled_somewhere or timed < calls
+    assert sampled_somewhere
     for rank in (0, 1):
         keys = [k for k in est if k[0] == rank and k[1] in plain]
         made = sum(true[(rank, kernel_key(k[2]))][0] for k in keys)
@@ -144,8 +175,37 @@ def test_summary_mode_says_its_counts_are_estimates(sim_train, build_dir, tmp_pa
     for key, (count, timed) in per_sig.items():
         assert timed < count, key
         assert within(count, true[key][0], true[key][0]), (key, count, true[key][0])
+    # FLARE_SAMPLE_CALLS unset: GEMMs stay exact.
     gemms = [r for r in records if r["kind"] == "summary" and r["op_kind"] == "gemm"]
     assert gemms and not any("sampled_ops" in r for r in gemms)
+
+
+def test_summary_mode_samples_gemms_per_signature(sim_train, build_dir, tmp_path):
+    """FLARE_SAMPLE_CALLS=N alone: GEMM summaries say how many calls were timed, their counts
+    add up to the calls made (up to the untimed tails), plain kernels and collectives stay
+    exact."""
+    exact, _, _ = traced_run(sim_train, build_dir, tmp_path, "exact")
+    records, _, _ = traced_run(sim_train, build_dir, tmp_path, "calls", sample_calls=N,
+                               mode="summary")
+    calls = collections.Counter((r["rank"], r["name"]) for r in exact if r["kind"] == "gemm")
+    threads = collections.defaultdict(set)
+    for r in exact:
+        if r["kind"] == "gemm":
+            threads[(r["rank"], r["name"])].add((r["thread"], str(r.get("shape")),
+                                                 r.get("layout")))
+    counted, timed = collections.Counter(), collections.Counter()
+    for r in records:
+        if r["kind"] == "summary" and r["op_kind"] == "gemm":
+            n = sum(c["count"] for c in r["clusters"])
+            counted[(r["rank"], r["name"])] += n
+            timed[(r["rank"], r["name"])] += r.get("sampled_ops", n)
+        assert not (r["kind"] == "summary" and r["op_kind"] == "kernel" and "sampled_ops" in r)
+        assert not (r["kind"] == "collective" and "weight" in r)
+    assert calls and set(counted) == set(calls)
+    for key, made in calls.items():
+        tails = (2 * N - 1) * len(threads[key])  # per (thread, signature)
+        assert made - tails <= counted[key] <= made, (key, counted[key], made)
+        assert timed[key] < counted[key], key
 
 
 @pytest.mark.parametrize("value", ["eight", "0", "5000", "8x"])
@@ -184,7 +244,8 @@ def test_end_only_timing_is_refused_with_sampling(sim_train, build_dir, tmp_path
 # The detectors on a sampled job: the scenarios of test_diagnosis.py, same verdicts.
 def run_job(build_dir, out, job, env, steps=6, extra=()):
     full = dict(os.environ, LD_PRELOAD=os.path.join(build_dir, "lib", "libflare_hook.so"),
-                FLARE_OUTPUT_DIR=str(out), FLARE_JOB_ID=job, FLARE_SAMPLE_KERNELS=str(N))
+                FLARE_OUTPUT_DIR=str(out), FLARE_JOB_ID=job, FLARE_SAMPLE_KERNELS=str(N),
+                FLARE_SAMPLE_CALLS=str(N))
     full.update(env)
     res = subprocess.run([os.path.join(build_dir, "bin", "flare-sim-train"), "--ranks", "8",
                           "--steps", str(steps), "--layers", "4", "--hidden", "4096", "--tp", "2",
@@ -250,8 +311,8 @@ def test_the_report_marks_estimated_counts():
 def test_flareds_report_estimates_sampled_counts_and_keeps_the_rest_exact(sim_train, build_dir,
                                                                           tmp_path, mode):
     """Streamed to flared (raw records with their weight, or summaries with sampled_ops): the
-    per-job kernel report's plain-kernel counts are estimates within the tolerance of the truth
-    and say how much is estimated; GEMMs and collectives are counted exactly."""
+    per-job kernel report's plain-kernel and GEMM counts are estimates within the tolerance of
+    the truth and say how much is estimated; collectives are counted exactly."""
     import time
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     try:
@@ -262,12 +323,15 @@ def test_flareds_report_estimates_sampled_counts_and_keeps_the_rest_exact(sim_tr
     daemon = Flared(build_dir, tmp_path)
     try:
         _, true, _ = traced_run(sim_train, build_dir, tmp_path, "streamed", sample=N, mode=mode,
-                                env_extra={"FLARE_DAEMON": "127.0.0.1:%d" % daemon.grpc})
+                                env_extra={"FLARE_DAEMON": "127.0.0.1:%d" % daemon.grpc},
+                                sample_calls=N)
         exact, _, _ = traced_run(sim_train, build_dir, tmp_path, "exact")
-        want_exact = collections.Counter()
+        want_exact, gemm_calls = collections.Counter(), collections.Counter()
         for r in exact:
-            if r["kind"] in ("gemm", "collective"):
+            if r["kind"] == "collective":
                 want_exact[r["name"]] += 1
+            elif r["kind"] == "gemm":
+                gemm_calls[r["name"]] += 1
         def by_name():  # {name: [count, estimated, kind]}, shapes of one name added up
             rows = collections.defaultdict(lambda: [0, 0, ""])
             for s in daemon.json("/api/v1/jobs/streamed/report").get("signatures", []):
@@ -285,6 +349,13 @@ def test_flareds_report_estimates_sampled_counts_and_keeps_the_rest_exact(sim_tr
             time.sleep(0.5)
         assert got == dict(want_exact)
         assert all(rows[n][1] == 0 for n in want_exact)
+        # GEMMs, sampled per signature: their count is the calls made up to the untimed tails,
+        # and says that it is estimated.
+        assert gemm_calls
+        for name, calls in gemm_calls.items():
+            count, estimated, _ = rows[name]
+            assert within(count, calls, calls) and count <= calls, (name, count, calls)
+            assert 0 < estimated < count, (name, count, estimated)
         plain = {n: r for n, r in rows.items() if r[2] in ("OP_KIND_KERNEL", "OP_KIND_ATTENTION")}
         assert plain
         for name, (count, estimated, _) in plain.items():

@@ -39,10 +39,11 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ARMS = ("bare", "flare-summary", "flare-raw", "torch-profiler")
-# Also selectable with --arms: summary mode with one CUDA event per op (FLARE_TIMING=end), and
-# with 1-in-N timing of plain kernel launches (FLARE_SAMPLE_KERNELS=--sample-kernels; the hook
-# refuses FLARE_TIMING=end with it, so the two do not combine).
-EXTRA_ARMS = ("flare-summary-end", "flare-summary-sampled")
+# Also selectable with --arms: summary mode with one CUDA event per op (FLARE_TIMING=end), with
+# 1-in-N timing of plain kernel launches (FLARE_SAMPLE_KERNELS=--sample-kernels), and with that
+# and GEMMs, copies and sets sampled per signature too (-sampled-all: FLARE_SAMPLE_CALLS, same
+# N). The hook refuses FLARE_TIMING=end with sampling, so those do not combine.
+EXTRA_ARMS = ("flare-summary-end", "flare-summary-sampled", "flare-summary-sampled-all")
 WORKLOADS = ("gpt-small", "gpt-medium", "gpt-large", "launch-bound", "cuda-graph", "compile")
 BUDGET_PCT = {"gpt-small": 0.5, "gpt-medium": 0.5, "gpt-large": 0.5, "launch-bound": 2.0}
 
@@ -72,8 +73,10 @@ class Worker:
                        FLARE_MODE=arm.split("-")[1])
             if arm.endswith("-end"):
                 env["FLARE_TIMING"] = "end"
-            if arm.endswith("-sampled"):
+            if arm.endswith("-sampled") or arm.endswith("-sampled-all"):
                 env["FLARE_SAMPLE_KERNELS"] = str(args.sample_kernels)
+            if arm.endswith("-sampled-all"):
+                env["FLARE_SAMPLE_CALLS"] = str(args.sample_kernels)
         cmd = [sys.executable, args.worker, "--threads", str(args.threads)]
         if arm == "torch-profiler":
             cmd.append("--profiler")
@@ -245,7 +248,8 @@ def main():
                     "core 0 on smaller machines)")
     ap.add_argument("--threads", type=int, default=2, help="torch.set_num_threads per arm")
     ap.add_argument("--sample-kernels", type=int, default=32, help="FLARE_SAMPLE_KERNELS of the "
-                    "-sampled arms (1-in-N timing of plain kernel launches)")
+                    "-sampled arms (1-in-N timing of plain kernel launches; -sampled-all: also "
+                    "FLARE_SAMPLE_CALLS, GEMMs, copies and sets per signature)")
     ap.add_argument("--boot", type=int, default=2000, help="bootstrap resamples")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--worker", default=os.path.join(HERE, "overhead_worker.py"))

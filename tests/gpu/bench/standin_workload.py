@@ -2,7 +2,8 @@
 """A stand-in for overhead_worker.py with no GPU, for the harness's own test
 (tests/python/test_gpu_bench_harness.py): it speaks the same protocol and reports the step times
 a model of each arm gives (bare 10 ms; FLARE_MODE summary +5%, raw +10%; --profiler +30%;
-summary with FLARE_SAMPLE_KERNELS, which must be STANDIN_SAMPLE_KERNELS or 32, +1%), times a
+summary with FLARE_SAMPLE_KERNELS, which must be STANDIN_SAMPLE_KERNELS or 32, +1%; with
+FLARE_SAMPLE_CALLS at the same N as well, +0.5%), times a
 drift of +1% per window it has measured, which the per-round ratio must cancel. It checks what
 the harness passes (LD_PRELOAD set exactly for the Flare arms, the same CPU affinity for every
 arm, moved onto the measurement cores for each window) and fails its load when STANDIN_FAIL_ARM
@@ -22,15 +23,20 @@ os.dup2(2, 1)
 mode = os.environ.get("FLARE_MODE", "")
 preload = os.environ.get("LD_PRELOAD", "")
 sample = os.environ.get("FLARE_SAMPLE_KERNELS", "")
+calls = os.environ.get("FLARE_SAMPLE_CALLS", "")
 arm = "torch-profiler" if a.profiler else ("flare-%s" % mode if mode else "bare")
 if sample:
     arm += "-sampled"
+if calls:
+    arm += "-all"
+    if calls != sample:
+        sys.exit("stand-in: FLARE_SAMPLE_CALLS=%r with FLARE_SAMPLE_KERNELS=%r" % (calls, sample))
 if bool(mode) != ("libflare_hook.so" in preload):
     sys.exit("stand-in: FLARE_MODE=%r with LD_PRELOAD=%r" % (mode, preload))
 if sample and sample != os.environ.get("STANDIN_SAMPLE_KERNELS", "32"):
     sys.exit("stand-in: FLARE_SAMPLE_KERNELS=%r" % sample)
 factor = {"bare": 1.0, "flare-summary": 1.05, "flare-raw": 1.10, "torch-profiler": 1.30,
-          "flare-summary-sampled": 1.01}[arm]
+          "flare-summary-sampled": 1.01, "flare-summary-sampled-all": 1.005}[arm]
 
 
 def reply(**kw):
