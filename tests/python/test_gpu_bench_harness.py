@@ -168,6 +168,16 @@ def test_accuracy_matches_calls_by_span_and_correlation(tmp_path):
     assert noop["flare_err_median"] is None and "collective" not in classes
     text = accuracy.markdown("test", rows, classes)
     assert "| gemm | %d | +1.00%% |" % accuracy.CALLS in text
+    # The constant part: Flare's GEMM reads 1.01 ms against CUPTI's 1.0 (+10 us per call); the
+    # no-op collective (no CUPTI activity) is left out; the empty pairs' median beside it.
+    ref["empty_pair_ms"] = [0.002, 0.003, 0.004]
+    offset = accuracy.offset_summary(ref, rows)
+    assert offset["flare_minus_cupti_us_median"] == pytest.approx(10.0, abs=1e-6)
+    assert offset["flare_minus_cupti_us_range"] == pytest.approx([10.0, 10.0], abs=1e-6)
+    assert offset["empty_pair_us_median"] == pytest.approx(3.0)
+    text = accuracy.markdown("test", rows, classes, offset)
+    assert "median +10.00 us" in text and "empty event pair behind the same busy queue: 3.00 us" \
+        in text
 
 
 def test_accuracy_flags_a_class_outside_the_budget_and_a_missing_span(tmp_path):

@@ -604,6 +604,9 @@ def main():
                         "needs many")
     p.add_argument("--diag-scenario", action="append",
                    help="run only this diagnosis scenario (repeatable; default all)")
+    p.add_argument("--diag-steps", type=int, default=DIAG_STEPS,
+                   help="steps per diagnosis run, for scenarios that do not set their own "
+                        "(default %d; longer runs show what sampled timing needs)" % DIAG_STEPS)
     p.add_argument("--diag-seed", type=int, default=1,
                    help="FLARE_SIM_SEED of the first repetition (rep i runs with seed + i)")
     p.add_argument("--diag-classic", dest="diag_extended", action="store_false",
@@ -618,6 +621,8 @@ def main():
     p.add_argument("--daemon-duration-s", type=int, default=30)
     p.add_argument("-o", "--output", default=None)
     args = p.parse_args()
+    global DIAG_STEPS
+    DIAG_STEPS = args.diag_steps
     build = os.path.abspath(args.build)
     if not os.path.exists(os.path.join(build, "bin", "flare-sim-train")):
         sys.exit(f"bench: {build}/bin/flare-sim-train not found; run `make build` first")

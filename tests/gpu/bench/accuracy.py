@@ -146,11 +146,23 @@ def child(out_path, trace_path):
                 pairs.append((a, b))
             torch.cuda.synchronize()
             events[tag] = [a.elapsed_time(b) for a, b in pairs]
+        # An empty event pair behind the same busy queue: if it reads what Flare's pairs read
+        # over CUPTI's (a constant ~3 us per op on the H200, docs/benchmarks.md), a start-up
+        # calibration by empty pairs could remove it.
+        empty = []
+        for _ in range(2 * CALLS):
+            torch.cuda._sleep(SLEEP_CYCLES)
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            b.record()
+            empty.append((a, b))
+        torch.cuda.synchronize()
+        empty_ms = [a.elapsed_time(b) for a, b in empty]
     prof.export_chrome_trace(trace_path)
     dist.destroy_process_group()
     with open(out_path, "w") as f:
         json.dump({"device": torch.cuda.get_device_name(0), "torch": torch.__version__,
-                   "sequence": sequence, "events_ms": events,
+                   "sequence": sequence, "events_ms": events, "empty_pair_ms": empty_ms,
                    "cases": [{"tag": t, "class": c, "meta": m} for t, c, _, m in cases]}, f)
 
 
@@ -218,6 +230,7 @@ def analyse(ref, recs, cupti):
     for case in ref["cases"]:
         tag, cls, meta = case["tag"], case["class"], case["meta"]
         fl_ms, cu_ms, ev_ms, err_fl, err_ev, shapes, kinds = [], [], [], [], [], set(), set()
+        diff_us = []  # Flare's duration minus CUPTI's, per call
         for i in range(CALLS):
             f = flare.get((tag, i), [])
             c = cupti.get((tag, i), [])
@@ -236,6 +249,7 @@ def analyse(ref, recs, cupti):
             if c_ms > 0:
                 if f_ms is not None:
                     err_fl.append(f_ms / c_ms - 1)
+                    diff_us.append((f_ms - c_ms) * 1e3)
                 err_ev.append(ev / c_ms - 1)
         row = {"what": tag, "class": cls, "calls": CALLS, "flare_calls": len(fl_ms),
                "flare_kinds": sorted(kinds),
@@ -244,6 +258,7 @@ def analyse(ref, recs, cupti):
                "flare_err_median": statistics.median(err_fl) if err_fl else None,
                "flare_err_p95_abs": pct([abs(e) for e in err_fl], 0.95),
                "event_err_median": statistics.median(err_ev) if err_ev else None,
+               "flare_minus_cupti_us": statistics.median(diff_us) if diff_us else None,
                "cupti_activities_per_call": statistics.median(
                    [len(cupti.get((tag, i), [])) for i in range(CALLS)])}
         if shapes:
@@ -279,6 +294,20 @@ def analyse(ref, recs, cupti):
     return rows, classes
 
 
+def offset_summary(ref, rows):
+    """The constant part of the error: Flare - CUPTI (us) over the cases whose call Flare times
+    whole (not attention: Flare times its main kernel of two; not a no-op collective), beside
+    what an empty event pair behind the same busy queue reads."""
+    offsets = [r["flare_minus_cupti_us"] for r in rows
+               if r.get("flare_minus_cupti_us") is not None and r["class"] != "attention"
+               and r["cupti_ms"] > 0]
+    empty = [e * 1e3 for e in ref.get("empty_pair_ms") or []]
+    return {"flare_minus_cupti_us_median": statistics.median(offsets) if offsets else None,
+            "flare_minus_cupti_us_range": [min(offsets), max(offsets)] if offsets else None,
+            "empty_pair_us_median": statistics.median(empty) if empty else None,
+            "empty_pair_us_p95": pct(empty, 0.95) if empty else None}
+
+
 def fmt(v, spec, none="—"):
     return none if v is None else format(v, spec)
 
@@ -288,7 +317,7 @@ def pc(v, signed=True):
     return "—" if v is None else format(100 * v, "+.2f" if signed else ".2f") + "%"
 
 
-def markdown(device, rows, classes):
+def markdown(device, rows, classes, offset=None):
     out = ["GPU: %s. Reference: CUPTI (torch.profiler) per call, first GPU activity's start to "
            "the last one's end." % device, "",
            "| class | calls | Flare vs CUPTI median | median abs | p95 abs | events vs CUPTI median "
@@ -316,6 +345,13 @@ def markdown(device, rows, classes):
             r["what"], fmt(r["flare_ms"], ".4f"), r["cupti_ms"], r["event_ms"],
             pc(r["flare_err_median"]), pc(r["flare_err_p95_abs"], False), rate, unit,
             note.strip()))
+    if offset and offset["flare_minus_cupti_us_median"] is not None:
+        lo, hi = offset["flare_minus_cupti_us_range"]
+        out += ["", "Flare − CUPTI per call (cases Flare times whole): median %+.2f us, cases "
+                "%+.2f to %+.2f us; an empty event pair behind the same busy queue: %s us "
+                "(p95 %s)." % (offset["flare_minus_cupti_us_median"], lo, hi,
+                               fmt(offset["empty_pair_us_median"], ".2f"),
+                               fmt(offset["empty_pair_us_p95"], ".2f"))]
     return "\n".join(out)
 
 
@@ -363,12 +399,14 @@ def main():
             flare_error = str(e)
             print("accuracy: %s" % e, file=sys.stderr)
             rows, classes = analyse(ref, None, cupti)
-    text = "FLARE_TIMING=%s. %s" % (args.timing, markdown(ref["device"], rows, classes))
+    offset = offset_summary(ref, rows)
+    text = "FLARE_TIMING=%s. %s" % (args.timing, markdown(ref["device"], rows, classes, offset))
     print(text if flare_error is None else "FLARE FAILED: %s\n\n%s" % (flare_error, text))
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"device": ref["device"], "torch": ref["torch"], "timing": args.timing,
-                       "classes": classes, "rows": rows, "flare_error": flare_error}, f, indent=1)
+                       "classes": classes, "rows": rows, "offset": offset,
+                       "flare_error": flare_error}, f, indent=1)
     return 1 if flare_error else 0
 
 
