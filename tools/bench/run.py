@@ -591,6 +591,7 @@ SECTIONS = {"overhead": overhead, "hotpath": hotpath, "volume": volume, "daemon"
 
 
 def main():
+    global DIAG_STEPS
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--build", default=os.environ.get("FLARE_BUILD_DIR", os.path.join(ROOT, "build")))
     p.add_argument("--only", action="append", choices=sorted(SECTIONS))
@@ -621,7 +622,6 @@ def main():
     p.add_argument("--daemon-duration-s", type=int, default=30)
     p.add_argument("-o", "--output", default=None)
     args = p.parse_args()
-    global DIAG_STEPS
     DIAG_STEPS = args.diag_steps
     build = os.path.abspath(args.build)
     if not os.path.exists(os.path.join(build, "bin", "flare-sim-train")):
