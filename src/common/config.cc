@@ -211,7 +211,10 @@ constexpr ParamInfo kParams[] = {
      "Bus bandwidth in GB/s of simulated collectives within one communicator."},
     {"FLARE_SIM_LAUNCH_LATENCY_US", "double", "4", "sim",
      "Host-side cost in microseconds of one simulated kernel launch."},
-    {"FLARE_SIM_DEVICES", "int", "8", "sim", "Number of simulated GPUs per host."},
+    {"FLARE_SIM_DEVICES", "int", "8", "sim",
+     "Number of simulated GPUs per host (per simulated node: flare-sim-train's GROUP_RANK); "
+     "its C++ workload puts rank r on device r % 8 % this, so fewer than 8 makes ranks share "
+     "a GPU (one UUID)."},
     {"FLARE_SIM_DEVICE_NAME", "string", "Flare Simulated GPU", "sim",
      "Device name the simulated runtime reports (flared's peak table has an entry for the "
      "default, matching FLARE_SIM_PEAK_TFLOPS' default)."},

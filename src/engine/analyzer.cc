@@ -47,7 +47,7 @@ void Analyzer::onBatch(const std::string& job_id, int32_t rank, const v1::Record
       // The GPU, named after the hello (the timing thread describes it at its first op).
       auto it = w.incoming.ranks().find(rank);
       w.incoming.setRankInfo(rank, it != w.incoming.ranks().end() ? it->second.host : std::string(),
-                             batch.device().name());
+                             batch.device().name(), batch.device().uuid());
       noteBackend(w, rank, batch.device().name());
     }
   }
@@ -56,10 +56,9 @@ void Analyzer::onBatch(const std::string& job_id, int32_t rank, const v1::Record
   std::lock_guard lock(mu_);
   JobWindow& w = jobs_[job_id];
   // A DeviceInfo in this very batch is newer than what Ingest held when it was asked.
-  const std::string device = batch.has_device() && validDeviceInfo(batch.device())
-                                 ? batch.device().name()
-                                 : meta.device_name;
-  w.incoming.setRankInfo(rank, meta.host, device);
+  const bool fresh = batch.has_device() && validDeviceInfo(batch.device());
+  const std::string device = fresh ? batch.device().name() : meta.device_name;
+  w.incoming.setRankInfo(rank, meta.host, device, fresh ? batch.device().uuid() : meta.device_uuid);
   w.world_size = std::max(w.world_size, meta.world_size);
   noteBackend(w, rank, device);
 }
@@ -428,7 +427,7 @@ std::optional<Analyzer::StoredJob> Analyzer::jobFromStore(const std::string& job
   int32_t backend_rank = INT32_MAX;
   for (const RankRow& row : store_->loadRanks()) {
     if (row.job_id != job_id || !out.model.ranks().contains(row.rank)) continue;
-    out.model.setRankInfo(row.rank, row.host, row.device_name);
+    out.model.setRankInfo(row.rank, row.host, row.device_name, row.device_uuid);
     if (!row.device_name.empty() && row.rank < backend_rank) {
       backend_rank = row.rank;
       out.backend = row.device_name;

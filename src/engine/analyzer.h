@@ -52,6 +52,7 @@ class Store;
 struct RankMeta {
   std::string host;
   std::string device_name;
+  std::string device_uuid;
   int32_t world_size = 0;
 };
 

@@ -343,6 +343,7 @@ int main(int argc, char** argv) {
       if (r.rank() == rank) {
         meta.host = r.host();
         meta.device_name = r.device_name();
+        meta.device_uuid = r.device_uuid();
       }
     }
     flare::v1::ListJobsRequest jr;

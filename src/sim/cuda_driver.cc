@@ -180,11 +180,17 @@ SIM_API CUresult cuDeviceGetName(char* name, int len, CUdevice dev) {
 SIM_API CUresult cuDeviceGetUuid(CUuuid* uuid, CUdevice dev) {
   if (!uuid) return CUDA_ERROR_INVALID_VALUE;
   if (!validDevice(dev)) return CUDA_ERROR_INVALID_DEVICE;
-  // Stable per (host, device): "FLARESIM" + host hash + device index.
+  // Stable per (host, simulated node, device): "FLARESIM" + hash of the host name and
+  // GROUP_RANK (flare-sim-train runs ranks 8-15 as a second node on the same machine: their
+  // GPUs are not ranks 0-7's) + device index. Ranks with one UUID share one GPU.
   char host[256] = {};
   gethostname(host, sizeof(host) - 1);
   uint32_t h = 2166136261u;
   for (const char* c = host; *c; ++c) h = (h ^ static_cast<unsigned char>(*c)) * 16777619u;
+  if (const char* node = std::getenv("GROUP_RANK")) {
+    h = (h ^ 0x2f) * 16777619u;
+    for (const char* c = node; *c; ++c) h = (h ^ static_cast<unsigned char>(*c)) * 16777619u;
+  }
   std::memcpy(uuid->bytes, "FLARESIM", 8);
   std::memcpy(uuid->bytes + 8, &h, 4);
   int32_t d = dev;

@@ -183,8 +183,10 @@ def check_run(rep, loop, rejected, ranks, stalled, train_s=None):
     if stalled:
         alerts = rep.get("alerts", []) or []
         diags = rep.get("diagnoses", []) or []
-        named = [d for d in diags + alerts if STALL_RANK in (d.get("ranks") or []) or
-                 d.get("rank") == STALL_RANK or "rank %d" % STALL_RANK in d.get("message", "")]
+        # shared_gpu (the ranks on one real GPU) lists every rank: it does not name the stall.
+        named = [d for d in diags + alerts if d.get("kind") != "shared_gpu" and (
+                 STALL_RANK in (d.get("ranks") or []) or d.get("rank") == STALL_RANK or
+                 "rank %d" % STALL_RANK in d.get("message", ""))]
         checks["a detector fired"] = (bool(diags or alerts), "diagnoses %s; alerts %s" % (
             [d.get("kind") for d in diags], [a.get("kind") for a in alerts]))
         checks["the stalled rank is named"] = (bool(named), "%d diagnoses/alerts name rank %d" %

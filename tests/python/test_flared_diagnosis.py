@@ -86,7 +86,7 @@ def test_flared_alerts_on_the_underclocked_rank_once_and_not_on_the_healthy_job(
     # An empty answer says what was looked at, detectors included (those skipped with their
     # reason: no baseline here); an unknown job is not a healthy one.
     assert "looked at 8 rank(s)" in res.stdout and " records " in res.stdout, res.stdout
-    assert "detectors ran (gpu_slow, " in res.stdout, res.stdout
+    assert "detectors ran (shared_gpu, gpu_slow, " in res.stdout, res.stdout
     assert "skipped: " in res.stdout and "(needs a baseline or healthy history)" in res.stdout
     res = flare(build_dir, "diagnose", "--daemon-http", http, "--job", "healthy", "--json")
     seen = json.loads(res.stdout)["lookedAt"]

@@ -2,9 +2,13 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <iterator>
+#include <set>
+#include <string>
 #include <utility>
 
 #include "src/common/text.h"
+#include "src/engine/diagnosis/signals.h"
 
 namespace flare::engine {
 
@@ -125,6 +129,22 @@ std::vector<Diagnosis> runDetectors(const DetectorRegistry& registry, const JobM
     return {&whole, &whole_arrivals};
   };
 
+  // Ranks that share a GPU (shared_gpu.cc): GPU-time findings whose ranks all share one are
+  // left out (each run's note says how many); with no ranks named, when every rank shares.
+  std::set<int> sharing;
+  for (const signals::SharedGpu& g : signals::sharedGpus(whole)) {
+    sharing.insert(g.ranks.begin(), g.ranks.end());
+  }
+  const bool all_share = !sharing.empty() && sharing.size() == whole.ranks().size();
+  auto onSharedGpu = [&](const Diagnosis& d) {
+    if (sharing.empty()) return false;
+    if (d.kind != "gpu_slow" && d.kind != "unoptimized_gemm" && d.kind != "void_minority") {
+      return false;
+    }
+    if (d.ranks.empty()) return all_share;
+    return std::all_of(d.ranks.begin(), d.ranks.end(), [&](int r) { return sharing.count(r); });
+  };
+
   std::vector<Diagnosis> out;
   if (runs != nullptr) runs->clear();
   for (const auto& detector : detectors) {
@@ -167,6 +187,13 @@ std::vector<Diagnosis> runDetectors(const DetectorRegistry& registry, const JobM
           if (!known) found.push_back(std::move(d));
         }
         run.window += ", then all steps";
+      }
+      const auto shared_end = std::remove_if(found.begin(), found.end(), onSharedGpu);
+      if (const auto left_out = std::distance(shared_end, found.end()); left_out > 0) {
+        found.erase(shared_end, found.end());
+        run.note += std::string(run.note.empty() ? "" : "; ") + "left out " +
+                    std::to_string(left_out) + " finding" + (left_out == 1 ? "" : "s") +
+                    " on ranks that share a GPU";
       }
       run.ran = true;
       run.diagnoses = found.size();

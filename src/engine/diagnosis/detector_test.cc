@@ -113,9 +113,9 @@ TEST(DetectorRegistry, BuiltinListsEveryKindUnderUniqueNames) {
     order.push_back(std::string(d->name()));
     EXPECT_EQ(registry.find(d->name()), d.get());
   }
-  EXPECT_EQ(kinds, (std::set<std::string>{"gpu_slow", "link_slow", "issue_stall", "cpu_contention",
-                                          "issue_latency_regression", "void_inter", "void_minority",
-                                          "unoptimized_gemm"}));
+  EXPECT_EQ(kinds, (std::set<std::string>{"shared_gpu", "gpu_slow", "link_slow", "issue_stall",
+                                          "cpu_contention", "issue_latency_regression",
+                                          "void_inter", "void_minority", "unoptimized_gemm"}));
   // issue_stall defers to gpu_slow (view.earlier()): both gpu_slow detectors run before it.
   auto at = [&order](const char* n) { return std::find(order.begin(), order.end(), n); };
   EXPECT_LT(at("gpu_slow"), at("issue_stall"));
@@ -288,11 +288,17 @@ TEST(RunDetectors, LookedAtNamesTheRanksStepsWindowsAndTheSkippedDetectorsWithTh
   }
   const std::string text = lookedAtText(l);
   EXPECT_EQ(text.rfind(std::to_string(l.ranks) + " ranks, steps 1-" + std::to_string(l.last_step) +
-                           "; windows: " + since + ", then all steps (gpu_slow, ",
+                           "; windows: all steps (shared_gpu, slow_steps); " + since +
+                           ", then all steps (gpu_slow, ",
                        0),
             0u)
       << text;
-  EXPECT_NE(text.find("; all steps (slow_steps); 6 detectors ran (gpu_slow, "), std::string::npos)
+  EXPECT_NE(text.find(", unoptimized_gemm); 7 detectors ran (shared_gpu, gpu_slow, "),
+            std::string::npos)
+      << text;
+  // The synthetic job's ranks sent no GPU UUID: shared_gpu says that it could not check.
+  EXPECT_NE(text.find("not compared: shared_gpu (no rank reported its GPU's UUID)"),
+            std::string::npos)
       << text;
   EXPECT_NE(text.find("; skipped: gpu_slow_from_summaries (no kernel summaries), "
                       "issue_latency_regression (needs a baseline or healthy history)"),

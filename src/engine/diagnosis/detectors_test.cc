@@ -77,6 +77,59 @@ TEST(Jitter, IntermittentlySlowGpuIsFoundInItsSpikeSteps) {
   EXPECT_EQ(only.ranks().at(3).ops.size(), 5u * 6u);
 }
 
+// ---- shared_gpu: ranks on one GPU ------------------------------------------------------------
+
+// Rank 3's GEMMs 1.5x slower in every step: gpu_slow names it, unless rank 3 shares its GPU
+// (the same UUID) with other ranks, where its GPU time holds theirs.
+TEST(SharedGpu, RanksOnOneGpuAreNamedAndTheirGpuTimeFindingsLeftOut) {
+  std::set<size_t> all;
+  for (size_t i = 0; i < 24; ++i) all.insert(i);
+  auto withUuids = [&all](const std::map<int, std::string>& uuid) {
+    JobModel job = jitteryJob(all, 1.5);
+    for (const auto& [rank, u] : uuid) job.setRankInfo(rank, "node1", "", u);
+    return job;
+  };
+  std::map<int, std::string> distinct;
+  for (int r = 0; r < 8; ++r) distinct[r] = "GPU-" + std::to_string(r);
+  std::vector<DetectorRun> runs;
+  auto found = diagnose(withUuids(distinct), DiagnoseOptions{}, nullptr, nullptr, &runs);
+  ASSERT_EQ(found.size(), 1u) << diagnosesToJson(found);
+  EXPECT_EQ(found[0].kind, "gpu_slow");
+  for (const DetectorRun& r : runs) {
+    if (r.name == "shared_gpu") EXPECT_EQ(r.note, "");  // 8 known GPUs: nothing to say
+  }
+
+  // Ranks 0-3 on one GPU: shared_gpu names them (infrastructure), gpu_slow on rank 3 is left out
+  // and its run says so.
+  std::map<int, std::string> shared = distinct;
+  for (int r = 0; r < 4; ++r) shared[r] = "GPU-a";
+  found = diagnose(withUuids(shared), DiagnoseOptions{}, nullptr, nullptr, &runs);
+  ASSERT_EQ(found.size(), 1u);
+  EXPECT_EQ(found[0].kind, "shared_gpu");
+  EXPECT_EQ(found[0].ranks, (std::vector<int>{0, 1, 2, 3}));
+  EXPECT_EQ(found[0].team, Team::kInfrastructure);
+  EXPECT_DOUBLE_EQ(found[0].severity, 0.75);
+  EXPECT_NE(found[0].summary.find("GPU-a on node1"), std::string::npos) << found[0].summary;
+  bool noted = false;
+  for (const DetectorRun& r : runs) {
+    noted =
+        noted || r.note.find("left out 1 finding on ranks that share a GPU") != std::string::npos;
+  }
+  EXPECT_TRUE(noted);
+
+  // Ranks 0-1 share, rank 3 has its own GPU: its slowness is its own and stays named.
+  std::map<int, std::string> pair = distinct;
+  pair[1] = "GPU-0";
+  found = diagnose(withUuids(pair), DiagnoseOptions{}, nullptr, nullptr, &runs);
+  std::set<std::string> kinds;
+  for (const Diagnosis& d : found) kinds.insert(d.kind);
+  EXPECT_EQ(kinds, (std::set<std::string>{"shared_gpu", "gpu_slow"}));
+  for (const Diagnosis& d : found) {
+    if (d.kind == "gpu_slow") EXPECT_EQ(d.ranks, std::vector<int>{3});
+    if (d.kind == "shared_gpu") EXPECT_EQ(d.ranks, (std::vector<int>{0, 1}));
+  }
+}
+
 TEST(Jitter, SteadyNoiseAndLevelShiftsAreNotJitter) {
   // ±4% step-time noise and no slow step: nothing.
   EXPECT_FALSE(findJitter(jitteryJob({}, 1.0, 0.04), DiagnoseOptions{}).has_value());
@@ -263,10 +316,12 @@ TEST(LinkSlow, OneCommunicatorWithNoPeerToCompareIsNotBlamed) {
       EXPECT_NE(r.note.find("(6 others compared)"), std::string::npos) << r.note;
     }
   }
-  // With peers there is nothing to say.
+  // With peers there is nothing to say (shared_gpu's note: the synthetic ranks sent no UUID).
   runs.clear();
   diagnose(linkJob({}), DiagnoseOptions{}, nullptr, nullptr, &runs);
-  for (const DetectorRun& r : runs) EXPECT_EQ(r.note, "") << r.name;
+  for (const DetectorRun& r : runs) {
+    if (r.name != "shared_gpu") EXPECT_EQ(r.note, "") << r.name;
+  }
 }
 
 // ---- unoptimized_gemm: what a shape is held to -----------------------------------------------

@@ -94,11 +94,13 @@ uint32_t JobModel::internApi(const std::string& name) {
   return id;
 }
 
-void JobModel::setRankInfo(int rank, const std::string& host, const std::string& device_name) {
+void JobModel::setRankInfo(int rank, const std::string& host, const std::string& device_name,
+                           const std::string& device_uuid) {
   RankData& r = ranks_[rank];
   r.rank = rank;
   r.host = host;
   r.device_name = device_name;
+  if (!device_uuid.empty()) r.device_uuid = device_uuid;
 }
 
 void JobModel::addBatch(int rank, const flare::v1::RecordBatch& batch) {
@@ -113,6 +115,11 @@ void JobModel::addBatch(int rank, const flare::v1::RecordBatch& batch) {
       return static_cast<unsigned char>(c) < 0x20 || c == 0x7f;
     });
     if (!name.empty() && name.size() <= 256 && printable) r.device_name = name;
+    const std::string& uuid = batch.device().uuid();
+    const bool uuid_ok = std::all_of(uuid.begin(), uuid.end(), [](char c) {
+      return static_cast<unsigned char>(c) > 0x20 && c != 0x7f;
+    });
+    if (!uuid.empty() && uuid.size() <= 64 && uuid_ok) r.device_uuid = uuid;
   }
   for (const auto& s : batch.signatures()) r.sig_ids[s.id()] = internSignature(s);
   for (const auto& a : batch.api_names()) r.api_ids[a.id()] = internApi(a.qualified_name());
@@ -540,6 +547,7 @@ std::optional<flare::v1::RecordBatch> JobModel::rankBatch(int rank) const {
     st->set_start_ns(r.step_starts[i]);
   }
   if (!r.device_name.empty()) b.mutable_device()->set_name(r.device_name);
+  if (!r.device_uuid.empty()) b.mutable_device()->set_uuid(r.device_uuid);
   *b.mutable_drops() = r.drops;
   return b;
 }
@@ -619,6 +627,7 @@ void JobModel::copyRankIdentity(const RankData& r, RankData* o) {
   o->rank = r.rank;
   o->host = r.host;
   o->device_name = r.device_name;
+  o->device_uuid = r.device_uuid;
   o->step_samples = r.step_samples;
   o->drops = r.drops;
 }

@@ -160,6 +160,7 @@ struct RankData {
   int rank = 0;
   std::string host;
   std::string device_name;
+  std::string device_uuid;  // "GPU-..." (DeviceInfo.uuid); ranks sharing one share it
   std::vector<Op> ops;
   std::vector<Span> spans;
   std::vector<SummaryWindow> summaries;  // MODE_SUMMARY: compute ops arrive only as these
@@ -193,7 +194,9 @@ class JobModel {
  public:
   // Adds one batch of `rank` (tables first, then records, as the batch orders them).
   void addBatch(int rank, const flare::v1::RecordBatch& batch);
-  void setRankInfo(int rank, const std::string& host, const std::string& device_name);
+  // The rank's host and GPU; an empty `device_uuid` keeps the one known.
+  void setRankInfo(int rank, const std::string& host, const std::string& device_name,
+                   const std::string& device_uuid = {});
   // The daemon's memory bound for MODE_SUMMARY ranks: kernel summaries and step sketches that
   // ended more than `fine_ns` before the rank's newest are folded as they age (each rank once
   // per `bucket_ns`, as its batches arrive): windows into one per signature, stream and

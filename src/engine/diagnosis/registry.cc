@@ -9,6 +9,7 @@
 #include "src/engine/diagnosis/detectors.h"
 
 #define FLARE_DETECTORS(X)                                    \
+  X(SharedGpu)              /* shared_gpu.cc */               \
   X(GpuSlow)                /* gpu_slow.cc */                 \
   X(GpuSlowFromSummaries)   /* gpu_slow.cc */                 \
   X(LinkSlow)               /* link_slow.cc */                \

@@ -318,6 +318,21 @@ std::map<int, VoidSteps> voidPerStep(const JobModel& job) {
   return result;
 }
 
+std::vector<SharedGpu> sharedGpus(const JobModel& job) {
+  std::map<std::string, std::vector<int>> by_uuid;
+  for (const auto& [rank, r] : job.ranks()) {
+    if (!r.device_uuid.empty()) by_uuid[r.device_uuid].push_back(rank);
+  }
+  std::vector<SharedGpu> out;
+  for (auto& [uuid, ranks] : by_uuid) {
+    if (ranks.size() >= 2) out.push_back({uuid, std::move(ranks)});  // ranks: map order
+  }
+  std::sort(out.begin(), out.end(), [](const SharedGpu& a, const SharedGpu& b) {
+    return a.ranks.front() < b.ranks.front();
+  });
+  return out;
+}
+
 }  // namespace signals
 
 using namespace signals;

@@ -250,5 +250,14 @@ struct VoidSteps {
 };
 std::map<int, VoidSteps> voidPerStep(const JobModel& job);
 
+// Ranks that run on one GPU: those whose DeviceInfo.uuid (RankData::device_uuid) is the same,
+// at least two per GPU, ranks ascending, GPUs by their first rank. Their GPU times hold each
+// other's work (time-slicing), so GPU-time comparisons say nothing about them.
+struct SharedGpu {
+  std::string uuid;
+  std::vector<int> ranks;
+};
+std::vector<SharedGpu> sharedGpus(const JobModel& job);
+
 }  // namespace signals
 }  // namespace flare::engine

@@ -8,6 +8,7 @@
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -176,7 +177,11 @@ std::vector<StepResult> run(const Options& o, void (*on_step)(const StepResult&)
   const int dp = world / tp;
   const int tp_group = o.rank / tp, dp_group = o.rank % tp;
 
-  check(cudaSetDevice(o.rank % 8), "cudaSetDevice");
+  // LOCAL_RANK's device, as torch.cuda.set_device(LOCAL_RANK) does (8 per simulated node);
+  // with fewer simulated GPUs (FLARE_SIM_DEVICES) ranks share them, as on a misconfigured node.
+  int devices = 8;
+  check(cudaGetDeviceCount(&devices), "cudaGetDeviceCount");
+  check(cudaSetDevice(o.rank % 8 % std::max(1, devices)), "cudaSetDevice");
   cudaStream_t compute, tp_stream, dp_stream;
   check(cudaStreamCreateWithFlags(&compute, cudaStreamNonBlocking), "stream");
   check(cudaStreamCreateWithFlags(&tp_stream, cudaStreamNonBlocking), "stream");
