@@ -65,14 +65,12 @@ struct SignatureTurn {
   uint32_t timed = 0;        // timed calls so far (for the warm-up)
 };
 
-}  // namespace
-
-uint16_t takeLaunchWeight() {
-  const int64_t n = sampleKernelsSetting();
-  if (n <= 1) return 1;  // countdown stays 0: every launch takes the timed path
-  LaunchSampler& s = t_sampler;
+// The timed path of either countdown (a thread's launches, a thread's calls of one signature):
+// this op's weight, and the gap to the next timed one (1 during the first `warmup` timed ops).
+template <typename Countdown>
+uint16_t takeTurn(Countdown& s, int64_t n, uint32_t warmup) {
   const uint16_t weight = s.next_weight;
-  if (++s.timed <= kWarmupLaunches) {
+  if (++s.timed <= warmup) {
     s.countdown = 1;
     s.next_weight = 1;
     return weight;
@@ -81,6 +79,14 @@ uint16_t takeLaunchWeight() {
   s.countdown = gap;
   s.next_weight = static_cast<uint16_t>(gap);
   return weight;
+}
+
+}  // namespace
+
+uint16_t takeLaunchWeight() {
+  const int64_t n = sampleKernelsSetting();
+  if (n <= 1) return 1;  // countdown stays 0: every launch takes the timed path
+  return takeTurn(t_sampler, n, kWarmupLaunches);
 }
 
 uint16_t signatureTurn(uint32_t signature_id) {
@@ -99,16 +105,7 @@ uint16_t signatureTurn(uint32_t signature_id) {
     --s.countdown;
     return 0;
   }
-  const uint16_t weight = s.next_weight;
-  if (++s.timed <= kWarmupSignatureCalls) {
-    s.countdown = 1;
-    s.next_weight = 1;
-    return weight;
-  }
-  const int32_t gap = drawGap(n);
-  s.countdown = gap;
-  s.next_weight = static_cast<uint16_t>(gap);
-  return weight;
+  return takeTurn(s, n, kWarmupSignatureCalls);
 }
 
 namespace {
