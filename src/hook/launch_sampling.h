@@ -12,10 +12,10 @@
 // __cudaLaunchKernel, cudaLaunchCooperativeKernel and their _ptsz variants, cuLaunchKernel[Ex]
 // and _ptsz), the only wrappers that call untimedLaunch(). cuBLAS/cuBLASLt GEMMs and async
 // copies and sets are sampled per signature with their own N (FLARE_SAMPLE_CALLS, default 1:
-// exact; signatureTurn): their signature is looked up
-// first, so a timed call's weight counts calls of its own signature only, and a signature's
-// count, FLOPs (a GEMM's shape is in its signature) stay exact up to its untimed tail. NCCL
-// collectives, point-to-point, graph launches and synchronizations are timed every time.
+// exact; signatureTurn): their signature is looked up first, so a timed call's weight counts
+// calls of its own signature only, and a signature's count and FLOPs (a GEMM's shape is in its
+// signature) stay exact up to its untimed tail. NCCL collectives, point-to-point, graph
+// launches and synchronizations are timed every time.
 //
 // How: per launching thread, the first kWarmupLaunches launches are timed (weight 1: cold first
 // launches and short-lived threads stay exact); then each timed launch draws the gap to the

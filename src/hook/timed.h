@@ -38,7 +38,7 @@ auto timedCall(void* stream, Info&& info, Ok&& ok, Call&& call) {
   return result;
 }
 
-// timedCall sampled per signature (FLARE_SAMPLE_KERNELS): GEMMs, async copies and sets.
+// timedCall sampled per signature (FLARE_SAMPLE_CALLS): GEMMs, async copies and sets.
 template <typename Call, typename Info, typename Ok>
 auto sampledCall(void* stream, Info&& info, Ok&& ok, Call&& call) {
   return timedCall<true>(stream, std::forward<Info>(info), std::forward<Ok>(ok),

@@ -222,6 +222,16 @@ def test_malformed_values_are_refused_with_a_warning_naming_the_setting(sim_trai
             assert n == true[(rank, kernel_key(name))][0], name
 
 
+@pytest.mark.parametrize("value", ["eight", "0", "5000"])
+def test_malformed_sample_calls_are_refused_with_a_warning_naming_the_setting(
+        sim_train, build_dir, tmp_path, value):
+    records, _, res = traced_run(sim_train, build_dir, tmp_path, "badcalls", sample_calls=value)
+    lines = [line for line in res.stderr.splitlines() if "FLARE_SAMPLE_CALLS" in line]
+    assert len(lines) == 2 and all(value in line for line in lines), res.stderr  # one per rank
+    gemms = [r for r in records if r["kind"] == "gemm"]
+    assert gemms and not any("weight" in r for r in gemms)  # every GEMM timed, as with 1
+
+
 def test_end_only_timing_is_refused_with_sampling(sim_train, build_dir, tmp_path):
     """FLARE_TIMING=end takes an op's start from the previous timed op's end on its stream: the
     untimed launches between them would count in its duration. With N > 1 the hook says so once
