@@ -96,7 +96,9 @@ TEST(SharedGpu, RanksOnOneGpuAreNamedAndTheirGpuTimeFindingsLeftOut) {
   ASSERT_EQ(found.size(), 1u) << diagnosesToJson(found);
   EXPECT_EQ(found[0].kind, "gpu_slow");
   for (const DetectorRun& r : runs) {
-    if (r.name == "shared_gpu") EXPECT_EQ(r.note, "");  // 8 known GPUs: nothing to say
+    if (r.name == "shared_gpu") {
+      EXPECT_EQ(r.note, "");  // 8 known GPUs: nothing to say
+    }
   }
 
   // Ranks 0-3 on one GPU: shared_gpu names them (infrastructure), gpu_slow on rank 3 is left out
@@ -125,8 +127,11 @@ TEST(SharedGpu, RanksOnOneGpuAreNamedAndTheirGpuTimeFindingsLeftOut) {
   for (const Diagnosis& d : found) kinds.insert(d.kind);
   EXPECT_EQ(kinds, (std::set<std::string>{"shared_gpu", "gpu_slow"}));
   for (const Diagnosis& d : found) {
-    if (d.kind == "gpu_slow") EXPECT_EQ(d.ranks, std::vector<int>{3});
-    if (d.kind == "shared_gpu") EXPECT_EQ(d.ranks, (std::vector<int>{0, 1}));
+    if (d.kind == "gpu_slow") {
+      EXPECT_EQ(d.ranks, std::vector<int>{3});
+    } else if (d.kind == "shared_gpu") {
+      EXPECT_EQ(d.ranks, (std::vector<int>{0, 1}));
+    }
   }
 }
 
@@ -320,7 +325,9 @@ TEST(LinkSlow, OneCommunicatorWithNoPeerToCompareIsNotBlamed) {
   runs.clear();
   diagnose(linkJob({}), DiagnoseOptions{}, nullptr, nullptr, &runs);
   for (const DetectorRun& r : runs) {
-    if (r.name != "shared_gpu") EXPECT_EQ(r.note, "") << r.name;
+    if (r.name != "shared_gpu") {
+      EXPECT_EQ(r.note, "") << r.name;
+    }
   }
 }
 
