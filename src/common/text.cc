@@ -2,6 +2,7 @@
 
 #include <cxxabi.h>
 
+#include <algorithm>
 #include <cctype>
 #include <cstdio>
 #include <cstdlib>
@@ -39,6 +40,12 @@ std::string jsonQuote(std::string_view s) {
     }
   }
   return out + "\"";
+}
+
+bool isPlainText(std::string_view s, size_t max) {
+  return s.size() <= max && std::none_of(s.begin(), s.end(), [](char c) {
+           return static_cast<unsigned char>(c) < 0x20 || c == 0x7f;
+         });
 }
 
 std::string printable(std::string_view s) {

@@ -2,6 +2,7 @@
 // components. Pure functions, any thread.
 #pragma once
 
+#include <cstddef>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -16,6 +17,10 @@ std::string jsonQuote(std::string_view s);
 // ESC of ANSI sequences, CR, BEL, ...) and backslashes escaped as \xNN and \\; everything else
 // (UTF-8 included) unchanged.
 std::string printable(std::string_view s);
+
+// A short identifier a peer sent (a GPU's name or UUID): at most `max` bytes and no control
+// character (below 0x20, or DEL).
+bool isPlainText(std::string_view s, size_t max);
 
 // A protobuf enum value's name without its prefix, in lower case: ("OP_KIND_GEMM", "OP_KIND_")
 // -> "gemm". A name without the prefix is only lower-cased.

@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "src/common/log.h"
+#include "src/common/text.h"
 #include "src/engine/auth.h"
 #include "src/engine/ingest_validate.h"
 #include "src/engine/metrics.h"
@@ -81,14 +82,8 @@ void OpenWindows::dropIdle(int64_t before_ns) {
 }
 
 bool validDeviceInfo(const v1::DeviceInfo& device) {
-  auto ok = [](const std::string& text, size_t max) {
-    if (text.size() > max) return false;
-    for (unsigned char c : text) {
-      if (c < 0x20 || c == 0x7f) return false;
-    }
-    return true;
-  };
-  return ok(device.name(), 256) && ok(device.uuid(), 64) && ok(device.pci_bus_id(), 64);
+  return common::isPlainText(device.name(), 256) && common::isPlainText(device.uuid(), 64) &&
+         common::isPlainText(device.pci_bus_id(), 64);
 }
 
 const char* reasonName(Reason r) {

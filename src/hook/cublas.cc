@@ -91,8 +91,7 @@ cudaStream_t streamOf(cublasHandle_t h) {
 template <typename Call>
 cublasStatus_t timedGemm(cublasHandle_t h, const Gemm& g, Call&& call) {
   if (g.m <= 0 || g.n <= 0 || g.batch <= 0) return call();  // nothing runs, or an error
-  return sampledCall(
-      streamOf(h), [&] { return gemmInfo(g); }, ok, call);
+  return sampledCall([h] { return streamOf(h); }, [&] { return gemmInfo(g); }, ok, call);
 }
 
 }  // namespace

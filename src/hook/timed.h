@@ -2,6 +2,7 @@
 // end or cancel. Header-only so that it inlines into each wrapper.
 #pragma once
 
+#include <type_traits>
 #include <utility>
 
 #include "src/hook/launch_sampling.h"
@@ -9,12 +10,13 @@
 
 namespace flare::hook {
 
-// Runs `call` (the forwarded vendor call) timed on `stream`. `info()` builds the OpInfo (it
-// may intern a signature on its first use); `ok(result)` says whether the call succeeded.
+// Runs `call` (the forwarded vendor call) timed on `stream` (a stream, or a function that
+// returns it: looked up only for a call that is timed). `info()` builds the OpInfo (it may
+// intern a signature on its first use); `ok(result)` says whether the call succeeded.
 // kPerSignature: the call is sampled 1 in N per signature (GEMMs, async copies and sets;
 // signatureTurn in launch_sampling.h); an untimed one is forwarded after its signature lookup.
-template <bool kPerSignature = false, typename Call, typename Info, typename Ok>
-auto timedCall(void* stream, Info&& info, Ok&& ok, Call&& call) {
+template <bool kPerSignature = false, typename Stream, typename Call, typename Info, typename Ok>
+auto timedCall(Stream&& stream, Info&& info, Ok&& ok, Call&& call) {
   Guard guard;
   timing::Tracer* t = guard.outer ? tracer() : nullptr;
   if (!t) return call();
@@ -26,7 +28,13 @@ auto timedCall(void* stream, Info&& info, Ok&& ok, Call&& call) {
     }
   }
   timing::Tracer::Ticket ticket;
-  const bool timed = op.signature_id != 0 && t->begin(stream, &ticket);
+  void* s = nullptr;
+  if constexpr (std::is_invocable_v<Stream>) {
+    s = op.signature_id != 0 ? static_cast<void*>(stream()) : nullptr;
+  } else {
+    s = static_cast<void*>(stream);
+  }
+  const bool timed = op.signature_id != 0 && t->begin(s, &ticket);
   auto result = call();
   if (timed) {
     if (ok(result)) {
@@ -39,10 +47,10 @@ auto timedCall(void* stream, Info&& info, Ok&& ok, Call&& call) {
 }
 
 // timedCall sampled per signature (FLARE_SAMPLE_CALLS): GEMMs, async copies and sets.
-template <typename Call, typename Info, typename Ok>
-auto sampledCall(void* stream, Info&& info, Ok&& ok, Call&& call) {
-  return timedCall<true>(stream, std::forward<Info>(info), std::forward<Ok>(ok),
-                         std::forward<Call>(call));
+template <typename Stream, typename Call, typename Info, typename Ok>
+auto sampledCall(Stream&& stream, Info&& info, Ok&& ok, Call&& call) {
+  return timedCall<true>(std::forward<Stream>(stream), std::forward<Info>(info),
+                         std::forward<Ok>(ok), std::forward<Call>(call));
 }
 
 }  // namespace flare::hook

@@ -185,11 +185,14 @@ SIM_API CUresult cuDeviceGetUuid(CUuuid* uuid, CUdevice dev) {
   // GPUs are not ranks 0-7's) + device index. Ranks with one UUID share one GPU.
   char host[256] = {};
   gethostname(host, sizeof(host) - 1);
-  uint32_t h = 2166136261u;
-  for (const char* c = host; *c; ++c) h = (h ^ static_cast<unsigned char>(*c)) * 16777619u;
+  uint32_t h = 2166136261u;  // FNV-1a
+  auto mix = [&h](const char* s) {
+    for (const char* c = s; *c; ++c) h = (h ^ static_cast<unsigned char>(*c)) * 16777619u;
+  };
+  mix(host);
   if (const char* node = std::getenv("GROUP_RANK")) {
-    h = (h ^ 0x2f) * 16777619u;
-    for (const char* c = node; *c; ++c) h = (h ^ static_cast<unsigned char>(*c)) * 16777619u;
+    mix("/");
+    mix(node);
   }
   std::memcpy(uuid->bytes, "FLARESIM", 8);
   std::memcpy(uuid->bytes + 8, &h, 4);

@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "flare/step.h"
+#include "src/common/text.h"
 
 namespace flare::engine {
 
@@ -111,15 +112,9 @@ void JobModel::addBatch(int rank, const flare::v1::RecordBatch& batch) {
     // The rank's GPU (sent once, after its first op): offline spools carry it too. A name that
     // is empty, overlong or holds control characters is ignored.
     const std::string& name = batch.device().name();
-    const bool printable = std::none_of(name.begin(), name.end(), [](char c) {
-      return static_cast<unsigned char>(c) < 0x20 || c == 0x7f;
-    });
-    if (!name.empty() && name.size() <= 256 && printable) r.device_name = name;
+    if (!name.empty() && common::isPlainText(name, 256)) r.device_name = name;
     const std::string& uuid = batch.device().uuid();
-    const bool uuid_ok = std::all_of(uuid.begin(), uuid.end(), [](char c) {
-      return static_cast<unsigned char>(c) > 0x20 && c != 0x7f;
-    });
-    if (!uuid.empty() && uuid.size() <= 64 && uuid_ok) r.device_uuid = uuid;
+    if (!uuid.empty() && common::isPlainText(uuid, 64)) r.device_uuid = uuid;
   }
   for (const auto& s : batch.signatures()) r.sig_ids[s.id()] = internSignature(s);
   for (const auto& a : batch.api_names()) r.api_ids[a.id()] = internApi(a.qualified_name());
