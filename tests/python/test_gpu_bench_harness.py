@@ -180,6 +180,23 @@ def test_accuracy_matches_calls_by_span_and_correlation(tmp_path):
         in text
 
 
+def test_accuracy_reports_what_a_calibration_by_empty_pairs_would_give(tmp_path):
+    # Flare reads 1.01 ms where CUPTI reads 1.0: less one empty pair of 5 us, +0.5%; less two,
+    # 0.0%. Three events back to back give the gap between two event commands.
+    accuracy, ref, recs, trace = _accuracy_inputs(1.01)
+    ref["empty_pair_ms"] = [0.004, 0.005, 0.006]
+    ref["event_chain_ms"] = [[0.0025, 0.0030]] * 5
+    path = tmp_path / "trace.json"
+    path.write_text(json.dumps(trace))
+    rows, classes = accuracy.analyse(ref, recs, accuracy.cupti_per_call(str(path)))
+    assert classes["gemm"]["calibrated_1_err_median"] == pytest.approx(0.005, abs=1e-6)
+    assert classes["gemm"]["calibrated_2_err_median"] == pytest.approx(0.0, abs=1e-6)
+    offset = accuracy.offset_summary(ref, rows)
+    assert offset["event_chain_gap_us_medians"] == pytest.approx([2.5, 3.0])
+    text = accuracy.markdown("test", rows, classes, offset)
+    assert "gaps 2.50 and 3.00 us" in text and "gemm: +0.50% / +0.00%" in text
+
+
 def test_accuracy_flags_a_class_outside_the_budget_and_a_missing_span(tmp_path):
     accuracy, ref, recs, trace = _accuracy_inputs(1.05)
     path = tmp_path / "trace.json"

@@ -156,13 +156,25 @@ def child(out_path, trace_path):
             a.record()
             b.record()
             empty.append((a, b))
+        # Three events back to back: is the gap between two event commands the same for each
+        # (then an op's offset, start event to kernel plus kernel to end event, is two such
+        # gaps or one, and the empty pair says which)?
+        chains = []
+        for _ in range(CALLS):
+            torch.cuda._sleep(SLEEP_CYCLES)
+            evs3 = [torch.cuda.Event(enable_timing=True) for _ in range(3)]
+            for e in evs3:
+                e.record()
+            chains.append(evs3)
         torch.cuda.synchronize()
         empty_ms = [a.elapsed_time(b) for a, b in empty]
+        chain_ms = [[a.elapsed_time(b), b.elapsed_time(c)] for a, b, c in chains]
     prof.export_chrome_trace(trace_path)
     dist.destroy_process_group()
     with open(out_path, "w") as f:
         json.dump({"device": torch.cuda.get_device_name(0), "torch": torch.__version__,
                    "sequence": sequence, "events_ms": events, "empty_pair_ms": empty_ms,
+                   "event_chain_ms": chain_ms,
                    "cases": [{"tag": t, "class": c, "meta": m} for t, c, _, m in cases]}, f)
 
 
@@ -231,6 +243,7 @@ def analyse(ref, recs, cupti):
         tag, cls, meta = case["tag"], case["class"], case["meta"]
         fl_ms, cu_ms, ev_ms, err_fl, err_ev, shapes, kinds = [], [], [], [], [], set(), set()
         diff_us = []  # Flare's duration minus CUPTI's, per call
+        pairs = []  # (Flare ms, CUPTI ms) per call, for the calibration candidates
         for i in range(CALLS):
             f = flare.get((tag, i), [])
             c = cupti.get((tag, i), [])
@@ -250,6 +263,7 @@ def analyse(ref, recs, cupti):
                 if f_ms is not None:
                     err_fl.append(f_ms / c_ms - 1)
                     diff_us.append((f_ms - c_ms) * 1e3)
+                    pairs.append((f_ms, c_ms))
                 err_ev.append(ev / c_ms - 1)
         row = {"what": tag, "class": cls, "calls": CALLS, "flare_calls": len(fl_ms),
                "flare_kinds": sorted(kinds),
@@ -275,8 +289,9 @@ def analyse(ref, recs, cupti):
                 row[key + "_gbps"] = meta["bytes"] / ms / 1e6 if ms else None
         rows.append(row)
         if cls != "collective":
-            by_class.setdefault(cls, {"flare": [], "event": []})
+            by_class.setdefault(cls, {"flare": [], "event": [], "pairs": []})
             by_class[cls]["flare"] += err_fl
+            by_class[cls]["pairs"] += pairs
             by_class[cls]["event"] += err_ev
     classes = {}
     for cls, errs in by_class.items():
@@ -291,6 +306,16 @@ def analyse(ref, recs, cupti):
                         "event_err_p95_abs": pct([abs(e) for e in errs["event"]], 0.95)}
         m = classes[cls]["flare_err_median_abs"]
         classes[cls]["within_2pct_at_median"] = m is not None and m <= 0.02
+        # What a per-GPU calibration would give: Flare's duration less k empty event pairs (the
+        # median behind the busy queue), k = 1 or 2 (docs/benchmarks.md, the pair's offset).
+        empty = [e for e in ref.get("empty_pair_ms") or []]
+        if empty and errs["pairs"]:
+            e_ms = statistics.median(empty)
+            for k in (1, 2):
+                errs_k = [(f - k * e_ms) / c - 1 for f, c in errs["pairs"]]
+                classes[cls]["calibrated_%d_err_median" % k] = statistics.median(errs_k)
+                classes[cls]["calibrated_%d_err_p95_abs" % k] = pct([abs(e) for e in errs_k],
+                                                                    0.95)
     return rows, classes
 
 
@@ -302,7 +327,10 @@ def offset_summary(ref, rows):
                if r.get("flare_minus_cupti_us") is not None and r["class"] != "attention"
                and r["cupti_ms"] > 0]
     empty = [e * 1e3 for e in ref.get("empty_pair_ms") or []]
-    return {"flare_minus_cupti_us_median": statistics.median(offsets) if offsets else None,
+    chain = ref.get("event_chain_ms") or []
+    return {"event_chain_gap_us_medians": [statistics.median(c[j] * 1e3 for c in chain)
+                                           for j in (0, 1)] if chain else None,
+            "flare_minus_cupti_us_median": statistics.median(offsets) if offsets else None,
             "flare_minus_cupti_us_range": [min(offsets), max(offsets)] if offsets else None,
             "empty_pair_us_median": statistics.median(empty) if empty else None,
             "empty_pair_us_p95": pct(empty, 0.95) if empty else None}
@@ -352,6 +380,15 @@ def markdown(device, rows, classes, offset=None):
                 "(p95 %s)." % (offset["flare_minus_cupti_us_median"], lo, hi,
                                fmt(offset["empty_pair_us_median"], ".2f"),
                                fmt(offset["empty_pair_us_p95"], ".2f"))]
+        if offset.get("event_chain_gap_us_medians"):
+            out[-1] += " Three events back to back: gaps %.2f and %.2f us (medians)." % tuple(
+                offset["event_chain_gap_us_medians"])
+        cal = ["%s: %s / %s" % (cls, pc(c.get("calibrated_1_err_median")),
+                                pc(c.get("calibrated_2_err_median")))
+               for cls, c in sorted(classes.items()) if "calibrated_1_err_median" in c]
+        if cal:
+            out[-1] += (" Less one / two empty pairs, Flare vs CUPTI at the median: "
+                        + "; ".join(cal) + ".")
     return "\n".join(out)
 
 
