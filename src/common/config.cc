@@ -88,6 +88,13 @@ constexpr ParamInfo kParams[] = {
      "issue time on an idle stream), half the event cost per launch (docs/benchmarks.md, "
      "\"On a real GPU\"); experimental: work the hook does not see on that stream (Triton "
      "kernels) is then counted in the next op's duration."},
+    {"FLARE_EVENT_GAP_CORRECTION", "bool", "1", "hook",
+     "Pair timing: take the GPU time between two CUDA events queued back to back off each side "
+     "of an op timed by a pair of events (the start event runs that long before the op's first "
+     "GPU work, the end event that long after its last: ~1.3 us each on an H200, so a 50 us "
+     "kernel read 6% long). Measured per device from the ops themselves (median of 64 "
+     "readings, logged once); no correction before that. 0: durations are the raw event "
+     "pair's."},
     {"FLARE_SAMPLE_KERNELS", "int", "1", "hook",
      "1-in-N timing of plain kernel launches (cudaLaunchKernel[ExC], __cudaLaunchKernel, "
      "cuLaunchKernel[Ex]) per launching thread, 1 to 1024: 1 times every launch; N > 1 times a "
@@ -211,6 +218,10 @@ constexpr ParamInfo kParams[] = {
      "Bus bandwidth in GB/s of simulated collectives within one communicator."},
     {"FLARE_SIM_LAUNCH_LATENCY_US", "double", "4", "sim",
      "Host-side cost in microseconds of one simulated kernel launch."},
+    {"FLARE_SIM_COMMAND_GAP_US", "double", "0", "sim",
+     "GPU time in microseconds between two commands (kernels, copies, event records) queued "
+     "back to back on one simulated stream; a real H200 takes ~1.3 (docs/benchmarks.md), so "
+     "an event pair reads an op ~2.6 us long. 0: none."},
     {"FLARE_SIM_DEVICES", "int", "8", "sim",
      "Number of simulated GPUs per host (per simulated node: flare-sim-train's GROUP_RANK); "
      "its C++ workload puts rank r on device r % 8 % this, so fewer than 8 makes ranks share "

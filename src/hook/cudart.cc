@@ -321,5 +321,41 @@ FLARE_EXPORT cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t ev
   auto real = g_cudart.streamWaitEvent.get();
   if (!real) return cudaErrorInsufficientDriver;
   if (flare::timing::Tracer* t = activeTracer()) t->streamWaits(stream);
+  t_sampler.skipped = true;  // a command between this thread's timed ops (timing::kOpAfterUntimed)
   return hostSpan("cudaStreamWaitEvent", [&] { return real(stream, event, flags); });
+}
+
+// The application's own event records (torch.cuda.Event, the caching allocator's stream
+// events, ProcessGroupNCCL's work events) are commands on the stream between this thread's timed
+// ops: the next timed op carries timing::kOpAfterUntimed, so that the Tracer's event-gap
+// estimate does not read two gaps as one. Forwarded untouched otherwise (the Tracer records its
+// own events through the real function).
+FLARE_EXPORT cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
+  auto real = g_cudart.eventRecord.get();
+  if (!real) return cudaErrorInsufficientDriver;
+  t_sampler.skipped = true;
+  return real(event, stream);
+}
+
+FLARE_EXPORT cudaError_t cudaEventRecord_ptsz(cudaEvent_t event, cudaStream_t stream) {
+  auto real = g_cudart.eventRecordPtsz.get();
+  if (!real) return cudaErrorInsufficientDriver;
+  t_sampler.skipped = true;
+  return real(event, stream);
+}
+
+FLARE_EXPORT cudaError_t cudaEventRecordWithFlags(cudaEvent_t event, cudaStream_t stream,
+                                                  unsigned int flags) {
+  auto real = g_cudart.eventRecordWithFlags.get();
+  if (!real) return cudaErrorInsufficientDriver;
+  t_sampler.skipped = true;
+  return real(event, stream, flags);
+}
+
+FLARE_EXPORT cudaError_t cudaEventRecordWithFlags_ptsz(cudaEvent_t event, cudaStream_t stream,
+                                                       unsigned int flags) {
+  auto real = g_cudart.eventRecordWithFlagsPtsz.get();
+  if (!real) return cudaErrorInsufficientDriver;
+  t_sampler.skipped = true;
+  return real(event, stream, flags);
 }

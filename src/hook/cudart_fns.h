@@ -46,6 +46,12 @@ struct CudartFns {
                                                                        kCudartLib};
   RealFn<cudaError_t (*)(cudaEvent_t)> eventDestroy{"cudaEventDestroy", kCudartLib};
   RealFn<cudaError_t (*)(cudaEvent_t, cudaStream_t)> eventRecord{"cudaEventRecord", kCudartLib};
+  RealFn<cudaError_t (*)(cudaEvent_t, cudaStream_t)> eventRecordPtsz{"cudaEventRecord_ptsz",
+                                                                     kCudartLib};
+  RealFn<cudaError_t (*)(cudaEvent_t, cudaStream_t, unsigned int)> eventRecordWithFlags{
+      "cudaEventRecordWithFlags", kCudartLib};
+  RealFn<cudaError_t (*)(cudaEvent_t, cudaStream_t, unsigned int)> eventRecordWithFlagsPtsz{
+      "cudaEventRecordWithFlags_ptsz", kCudartLib};
   RealFn<cudaError_t (*)(cudaEvent_t)> eventQuery{"cudaEventQuery", kCudartLib};
   RealFn<cudaError_t (*)(float*, cudaEvent_t, cudaEvent_t)> eventElapsed{"cudaEventElapsedTime",
                                                                          kCudartLib};

@@ -50,8 +50,11 @@ constexpr int64_t kMaxSampleKernels = 1024;
 struct LaunchSampler {
   int32_t countdown = 0;     // launches left up to and including the next timed one; <= 1: time it
   uint16_t next_weight = 1;  // the weight of that next timed launch
-  uint32_t timed = 0;        // timed launches of this thread so far (for the warm-up)
-  uint64_t rng = 0;          // xorshift64 state; 0: not seeded
+  // An op of this thread ran untimed since its last timed one (any sampled kind): the next timed
+  // op carries timing::kOpAfterUntimed (timedCall).
+  bool skipped = false;
+  uint32_t timed = 0;  // timed launches of this thread so far (for the warm-up)
+  uint64_t rng = 0;    // xorshift64 state; 0: not seeded
 };
 extern constinit thread_local LaunchSampler t_sampler FLARE_HOOK_TLS;
 
@@ -63,6 +66,7 @@ inline bool untimedLaunch() {
   LaunchSampler& s = t_sampler;
   if (s.countdown <= 1) return false;
   --s.countdown;
+  s.skipped = true;
   return true;
 }
 

@@ -87,6 +87,7 @@ void init() {
   timing::TracerOptions opts;
   opts.flush_interval_ns = batchIntervalNs();
   opts.end_only = endOnlyTiming();
+  opts.correct_event_gap = common::paramBool("FLARE_EVENT_GAP_CORRECTION");
   hang::WatchdogOptions watch_opts;
   if (HangWatch::optionsFromEnv(&watch_opts)) {
     timing::GrpcExporter* exporter = state->exporter;

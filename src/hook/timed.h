@@ -24,8 +24,15 @@ auto timedCall(Stream&& stream, Info&& info, Ok&& ok, Call&& call) {
   if constexpr (kPerSignature) {
     if (op.signature_id != 0) {
       op.weight = signatureTurn(op.signature_id);
-      if (op.weight == 0) return call();
+      if (op.weight == 0) {
+        t_sampler.skipped = true;
+        return call();
+      }
     }
+  }
+  if (t_sampler.skipped) {  // its start event need not follow the last timed op's end event
+    op.flags |= timing::kOpAfterUntimed;
+    t_sampler.skipped = false;
   }
   timing::Tracer::Ticket ticket;
   void* s = nullptr;

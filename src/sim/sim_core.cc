@@ -100,6 +100,7 @@ Settings loadSettings() {
   s.mem_bw_gbps = common::paramDouble("FLARE_SIM_MEM_BW_GBPS", 0.001, 1e6);
   s.busbw_gbps = common::paramDouble("FLARE_SIM_BUSBW_GBPS", 0.001, 1e6);
   s.launch_latency_us = common::paramDouble("FLARE_SIM_LAUNCH_LATENCY_US", 0, 1e6);
+  s.command_gap_us = common::paramDouble("FLARE_SIM_COMMAND_GAP_US", 0, 1e6);
   s.time_scale = common::paramDouble("FLARE_SIM_TIME_SCALE", 1e-6, 1e6);
   s.first_launch_ms = rankMs("FLARE_SIM_FIRST_LAUNCH_MS", s.rank);
   s.cold_gemm_ms = rankMs("FLARE_SIM_COLD_GEMM_MS", s.rank);
@@ -194,12 +195,15 @@ OpCounts& opCounts() {
 
 void runOp(CUstream_st* s, Op& op) {
   const Settings& cfg = settings();
+  // A command queued behind another starts command_gap after it ends (kernels, copies, events).
+  const Ns gap = static_cast<Ns>(cfg.command_gap_us * 1000 * cfg.time_scale);
+  const Ns ready = s->last_end > 0 ? s->last_end + gap : 0;
   Ns start = std::max(s->last_end, op.issue_ns);
   const Ns last_end_before = s->last_end;
   switch (op.kind) {
     case Op::Kind::kKernel: {
-      start = std::max(s->last_end, op.issue_ns + static_cast<Ns>(cfg.launch_latency_us * 1000 *
-                                                                  cfg.time_scale));
+      start = std::max(
+          ready, op.issue_ns + static_cast<Ns>(cfg.launch_latency_us * 1000 * cfg.time_scale));
       if (op.hang) {
         // Injected fault: this kernel never finishes. Leave only when the process exits.
         while (!shuttingDown()) flareSimSleepUntil(nowNs() + 100'000'000);
@@ -211,6 +215,7 @@ void runOp(CUstream_st* s, Op& op) {
       break;
     }
     case Op::Kind::kCopy: {
+      start = std::max(ready, op.issue_ns);
       if (op.host) op.host();
       Ns end = start + op.duration_ns;
       flareSimSleepUntil(end);
@@ -218,6 +223,7 @@ void runOp(CUstream_st* s, Op& op) {
       break;
     }
     case Op::Kind::kRecord: {
+      start = std::max(ready, op.issue_ns);
       std::lock_guard<std::mutex> lock(op.event->mu);
       if (op.event_seq > op.event->completed) {
         op.event->completed = op.event_seq;

@@ -45,6 +45,7 @@ struct Settings {
   double mem_bw_gbps = 2000;
   double busbw_gbps = 100;
   double launch_latency_us = 4;
+  double command_gap_us = 0;  // FLARE_SIM_COMMAND_GAP_US: between back-to-back commands
   double time_scale = 1.0;
   double clock_factor = 1.0;    // this rank
   int64_t clock_from_step = 0;  // the step the clock factor starts at (FLARE_SIM_CLOCK_FACTOR)

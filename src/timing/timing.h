@@ -48,9 +48,16 @@ struct Signature {
 };
 
 // Per-op facts the wrapper knows; fixed size, copied into the ring.
+// OpInfo::flags.
+// Some intercepted op of the launching thread ran untimed (1-in-N sampling) between its
+// previous timed op and this one: this op's start event need not follow that op's end event
+// on the stream (the Tracer's event-gap estimate leaves the pair out).
+constexpr uint8_t kOpAfterUntimed = 1;
+
 struct OpInfo {
   uint32_t signature_id = 0;
   OpKind kind = OpKind::kKernel;
+  uint8_t flags = 0;  // kOpAfterUntimed
   // Launches this op stands for: 1, or with 1-in-N sampling of plain kernel launches
   // (FLARE_SAMPLE_KERNELS, src/hook/launch_sampling.h) the launches of its thread since the
   // previous timed one, itself included. Counts, times, FLOPs and bytes scale by it.
@@ -218,12 +225,19 @@ class HeadObserver {
   virtual void onHeads(int64_t now_ns, std::span<const StreamHead> heads) = 0;
 };
 
+// Gap readings per window of the event-gap estimate (TracerOptions::correct_event_gap).
+inline constexpr int kEventGapWindow = 64;
+
 struct TracerOptions {
   size_t ring_capacity = 4096;  // pending ops per launching thread
   size_t max_events = 65536;    // bound of the event pool (2 per in-flight op)
   int64_t poll_interval_ns = 1'000'000;
   int64_t flush_interval_ns = 1'000'000'000;  // the sink's flush(): a batch's time bound
-  int64_t recalibrate_ns = 10'000'000'000;
+  // A new clock reference this often. cudaEventElapsedTime returns float milliseconds, so a
+  // time mapped through a reference T ms old is quantized to T * 2^-23 ms (about 1 us at 8 s,
+  // 0.06 us under 1 s): durations of microsecond kernels and the event-gap readings need
+  // young references.
+  int64_t recalibrate_ns = 1'000'000'000;
   HeadObserver* head_observer = nullptr;  // not owned; outlives the Tracer
   int64_t head_interval_ns = 200'000'000;
   // One event per op (FLARE_TIMING=end): the end event only; the op's start is the end of the op
@@ -231,6 +245,15 @@ struct TracerOptions {
   // and queries of the default (a start and an end event per op). An op that runs untimed on
   // the thread makes the next one record its start event again.
   bool end_only = false;
+  // Pair timing (not end_only): take the GPU time between two event commands queued back to
+  // back off each side of an op timed by a pair of events. A start event runs that long before
+  // the op's first GPU work, and the end event that long after its last, so a pair reads about
+  // twice that more than the op itself (~2.6-3 us per op on an H200, docs/benchmarks.md): a
+  // 50 us kernel read 6% long. The gap is measured per device from the ops themselves (the end
+  // event of one op and the start event of the next op its thread queued on that stream before
+  // that op started), the median of each window of kGapWindow readings; no correction until the
+  // first window is full. FLARE_EVENT_GAP_CORRECTION (default on).
+  bool correct_event_gap = false;
 };
 
 // Owns the event pool, the rings, the poller thread. Thread-safe as documented per method.

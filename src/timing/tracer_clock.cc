@@ -17,9 +17,11 @@ using namespace tracer_internal;
 //     read (a few µs on an idle stream; more if recordReference's stream was busy), so mapped
 //     times are early by up to that latency (a constant offset within one calibration);
 //   - drift between recalibrations: the GPU clock against CLOCK_MONOTONIC, times the age of
-//     the reference (e.g. 10 ppm × 10 s = 100 µs at worst with the default recalibrate_ns;
+//     the reference (e.g. 10 ppm × 1 s = 10 µs at worst with the default recalibrate_ns;
 //     durations on the GPU, end - start, carry only drift × duration);
-//   - the resolution of elapsedNs (cudaEventElapsedTime: about 0.5 µs);
+//   - the resolution of elapsedNs: cudaEventElapsedTime's float milliseconds, a 24-bit
+//     mantissa, so a time T ms after its reference is quantized to about T * 2^-23 ms (0.06 µs
+//     under 1 s, 1 µs at 8 s: why the default recalibrate_ns is 1 s, not 10);
 //   - a preemption of the poller between the record call and the host read puts every mapped
 //     time late by its length: the host clock is read around the call, and a reference whose
 //     bracket is wider than kTightReferenceNs is recorded again kLooseRetryNs later (and again,

@@ -8,6 +8,7 @@
 // Private to those files: nothing else includes it.
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <climits>
 #include <condition_variable>
@@ -52,6 +53,10 @@ inline constexpr int kMaxDevices = 1024;           // device ordinals index the 
 inline constexpr int kReturnTries = 8;             // passes the poller may defer returning events
 inline constexpr size_t kMaxIdleQueues = 256;      // stream queues kept while empty
 inline constexpr size_t kSpanRingCapacity = 1024;  // closed Python spans per thread between passes
+// The event-gap estimate (TracerOptions::correct_event_gap): readings per window, and the
+// largest reading taken as two events back to back.
+inline constexpr int kGapWindow = kEventGapWindow;
+inline constexpr int64_t kMaxGapReadingNs = 100'000;
 
 // A pooled event. Tickets carry pointers to these: the device is known without a lookup.
 struct Event {
@@ -163,6 +168,11 @@ struct DeviceCal {
   // end_only: how long after its issue an op on an idle stream starts (launch latency), a
   // moving average over the ops that recorded a start event on an idle stream; -1: none yet.
   int64_t launch_latency_ns = -1;
+  // correct_event_gap: the GPU time between two event commands queued back to back on one
+  // stream of this device, the median of the last full window of readings; 0: none yet.
+  int64_t event_gap_ns = 0;
+  int gap_readings = 0;  // in the current window
+  std::array<int64_t, kGapWindow> gap_window{};
 };
 
 }  // namespace tracer_internal
@@ -293,6 +303,11 @@ struct Tracer::Impl {
     size_t head = 0;
     int64_t last_done_ns = 0;         // when the poller last saw a head of this stream complete
     int64_t last_end_ns = INT64_MIN;  // host time of the last emitted op's GPU end (end_only)
+    // correct_event_gap: the last emitted op's uncorrected GPU start and end and its thread;
+    // prev_pair_end_ns INT64_MIN when it was not timed by a pair of events.
+    int64_t prev_pair_start_ns = INT64_MIN;
+    int64_t prev_pair_end_ns = INT64_MIN;
+    uint32_t prev_pair_thread = 0;
 
     bool empty() const { return head == items.size(); }
     size_t size() const { return items.size() - head; }
@@ -315,6 +330,10 @@ struct Tracer::Impl {
       items.insert(it, queued);
     }
   };
+  // correct_event_gap: takes a gap reading from `op` (timed by a pair of events, uncorrected
+  // GPU times *start and *end) and the op before it on `queue`, then corrects *start and *end.
+  void correctEventGap(int device, const PendingOp& op, OpQueue& queue, DeviceCal& cal,
+                       int64_t* start, int64_t* end);
   struct DrainWait {
     uint64_t generation;
     uint64_t pass;  // done once every op taken in passes ≤ this one is finished

@@ -208,7 +208,7 @@ void Tracer::Impl::processQueues() {
         const bool chained = head.op.start == &g_chained_start;
         if (timer_->elapsedNs(cal.ref, head.op.end->handle, &end_ns) &&
             (chained || timer_->elapsedNs(cal.ref, head.op.start->handle, &start_ns))) {
-          const int64_t end_host = cal.ref_host_ns + end_ns;
+          int64_t end_host = cal.ref_host_ns + end_ns;
           // An end-only op started when the op before it on the stream ended, or, if the stream
           // was idle by then, when it was issued (its launch latency counts in its duration).
           int64_t start_host = cal.ref_host_ns + start_ns;
@@ -224,6 +224,9 @@ void Tracer::Impl::processQueues() {
             const int64_t sample = std::min<int64_t>(start_host - head.op.issue_ns, 1'000'000);
             int64_t& est = cal.launch_latency_ns;
             est = est < 0 ? sample : est + (sample - est) / (sample < est ? 4 : 64);
+          }
+          if (opts_.correct_event_gap && !opts_.end_only) {
+            correctEventGap(it->first.device, head.op, queue, cal, &start_host, &end_host);
           }
           out_.push_back(CompletedOp{.info = head.op.info,
                                      .stream_id = head.op.stream_id,
@@ -241,6 +244,7 @@ void Tracer::Impl::processQueues() {
       if (!emitted) {
         counters_.event_errors.fetch_add(1, std::memory_order_relaxed);
         queue.last_end_ns = INT64_MIN;  // the next end-only op starts from its issue time
+        queue.prev_pair_end_ns = INT64_MIN;
       }
       finish(head.op, head.pass);
       queue.popFront();
@@ -253,6 +257,44 @@ void Tracer::Impl::processQueues() {
     } else {
       ++it;
     }
+  }
+}
+
+// A reading of the gap: this op's start event was queued right behind the end event of the op
+// before it on the stream (the same thread, nothing of that thread untimed between them, issued
+// before that op started on the GPU, so the stream was busy). Both times are mapped through the
+// same reference: their difference is GPU time.
+void Tracer::Impl::correctEventGap(int device, const PendingOp& op, OpQueue& queue, DeviceCal& cal,
+                                   int64_t* start, int64_t* end) {
+  if (queue.prev_pair_end_ns != INT64_MIN && queue.prev_pair_thread == op.thread_id &&
+      (op.info.flags & kOpAfterUntimed) == 0 && op.issue_ns < queue.prev_pair_start_ns) {
+    const int64_t gap = *start - queue.prev_pair_end_ns;
+    if (gap >= 0 && gap <= kMaxGapReadingNs) {
+      cal.gap_window[static_cast<size_t>(cal.gap_readings++)] = gap;
+      if (cal.gap_readings == kGapWindow) {
+        cal.gap_readings = 0;
+        const auto mid = cal.gap_window.begin() + kGapWindow / 2;
+        std::nth_element(cal.gap_window.begin(), mid, cal.gap_window.end());
+        if (cal.event_gap_ns == 0 && *mid > 0) {
+          FLARE_LOG_INFO(kLog,
+                         "device {}: two CUDA events queued back to back run {} ns apart (median "
+                         "of {} readings); durations timed by a pair of events are {} ns "
+                         "shorter for it (FLARE_EVENT_GAP_CORRECTION=0: not corrected)",
+                         device, *mid, kGapWindow, 2 * *mid);
+        }
+        cal.event_gap_ns = *mid;
+      }
+    }
+  }
+  queue.prev_pair_start_ns = *start;
+  queue.prev_pair_end_ns = *end;
+  queue.prev_pair_thread = op.thread_id;
+  // A reading holds the op and two gaps; whatever the estimate, at least a quarter of the
+  // reading stays (3/8 off each side at most).
+  const int64_t shift = std::min(cal.event_gap_ns, (*end - *start) * 3 / 8);
+  if (shift > 0) {
+    *start += shift;
+    *end -= shift;
   }
 }
 

@@ -331,6 +331,61 @@ TEST_F(TracerTest, EndOnlyTimingRecordsAStartAgainAfterAnUntimedOp) {
   EXPECT_EQ(timer_.recorded() - before, 3);
 }
 
+// Pair timing with correct_event_gap: a pair reads an op two gaps long (start event, gap, the
+// op, gap, end event); the gap is read between one op's end event and the next op's start event
+// when they were queued back to back. An op that follows an untimed one (kOpAfterUntimed: its
+// start event came after that op's GPU work, here 40 us) gives no reading: three ops in four do,
+// so taken as readings they would set the estimate.
+TEST_F(TracerTest, PairTimingTakesTheMeasuredEventGapOffEachSide) {
+  TracerOptions opts = quietOptions();
+  opts.correct_event_gap = true;
+  Tracer tracer(&timer_, &clock_, &sink_, opts);
+  constexpr int64_t kGap = 1'300;
+  constexpr int64_t kDuration = 50'000;
+  constexpr int kOps = 4 * kEventGapWindow + 40;
+  for (int i = 0; i < kOps; ++i) {
+    clock_.advanceNs(100);
+    OpInfo info = opInfo(static_cast<uint64_t>(i));
+    if (i % 4 != 0) info.flags = kOpAfterUntimed;
+    ASSERT_TRUE(launch(tracer, kStreamA, info));
+  }
+  int64_t t = 2'000'000'000;  // GPU time, after every issue: the stream is busy throughout
+  for (int i = 0; i < kOps; ++i) {
+    if (i % 4 != 0) t += 40'000;
+    ASSERT_TRUE(timer_.completeOp(kStreamA, t, t + kDuration + 2 * kGap));
+    t += kDuration + 3 * kGap;
+  }
+  ASSERT_TRUE(tracer.drain(kLongWait));
+  const std::vector<CompletedOp> ops = sink_.ops();
+  ASSERT_EQ(ops.size(), static_cast<size_t>(kOps));
+  EXPECT_EQ(ops.front().end_ns - ops.front().start_ns, kDuration + 2 * kGap);  // no window yet
+  int corrected = 0;
+  for (const CompletedOp& op : ops) {
+    const int64_t d = op.end_ns - op.start_ns;
+    ASSERT_TRUE(d == kDuration || d == kDuration + 2 * kGap) << d;
+    corrected += d == kDuration;
+  }
+  EXPECT_GE(corrected, 30);
+  EXPECT_EQ(ops.back().end_ns - ops.back().start_ns, kDuration);
+}
+
+// Off (the default of TracerOptions): the pair's reading as it is.
+TEST_F(TracerTest, WithoutTheCorrectionAPairReadsTheOpAndTwoGaps) {
+  Tracer tracer(&timer_, &clock_, &sink_, quietOptions());
+  constexpr int kOps = 2 * kEventGapWindow;
+  for (int i = 0; i < kOps; ++i) {
+    clock_.advanceNs(100);
+    ASSERT_TRUE(launch(tracer, kStreamA, opInfo(static_cast<uint64_t>(i))));
+  }
+  int64_t t = 2'000'000'000;
+  for (int i = 0; i < kOps; ++i) {
+    ASSERT_TRUE(timer_.completeOp(kStreamA, t, t + 52'600));
+    t += 53'900;
+  }
+  ASSERT_TRUE(tracer.drain(kLongWait));
+  for (const CompletedOp& op : sink_.ops()) EXPECT_EQ(op.end_ns - op.start_ns, 52'600);
+}
+
 TEST_F(TracerTest, StuckStreamDoesNotDelayAnotherStream) {
   TracerOptions opts;
   opts.poll_interval_ns = 1'000'000;  // the poller runs on its own here

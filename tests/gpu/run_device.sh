@@ -12,7 +12,7 @@
 #              by the first other action into an OUT that has none
 #   checks     pytest tests/gpu (hook, Python tracing, cuda-gdb inspection)   ~1-2 min
 #   accuracy   per-kernel durations vs CUPTI (torch.profiler) and torch.cuda.Event   ~40 s
-#              per FLARE_TIMING named (accuracy [pair] [end]; default pair)
+#              per FLARE_TIMING named (accuracy [pair] [pair-uncorrected] [end]; default pair)
 #   overhead   tests/gpu/bench/overhead.py [args] (default: every workload, --budget-s 540)
 # The kit: FLARE_KIT, else FLARE_BUILD_DIR, else .gpukit. Flare runs from the kit's wheel,
 # installed into KIT/venv on first use (tests/gpu/kit-env.sh); Python (pytest, the benchmarks)
@@ -77,7 +77,7 @@ if [ "$what" = checks ] || [ "$what" = all ]; then
   tail -25 "$OUT/gpu-tests.log"
 fi
 if [ "$what" = accuracy ] || [ "$what" = all ]; then
-  # accuracy [pair|end ...]: one run per FLARE_TIMING (default pair); the first writes
+  # accuracy [pair|pair-uncorrected|end ...]: one run per timing (default pair); the first writes
   # accuracy.{md,json}, a later one accuracy-TIMING.{md,json}.
   [ "$what" = accuracy ] && [ $# -gt 0 ] || set -- pair
   first=1

@@ -207,3 +207,19 @@ def test_accuracy_flags_a_class_outside_the_budget_and_a_missing_span(tmp_path):
         accuracy.analyse(ref, [r for r in recs if r.get("kind") != "span"][:-1] +
                          [r for r in recs if r.get("kind") == "span"][1:],
                          accuracy.cupti_per_call(str(path)))
+
+
+def test_accuracy_compares_flares_kernel_with_the_cupti_kernel_of_its_name():
+    # SDPA: CUPTI sees a small kernel ahead of the attention kernel; Flare times the attention
+    # kernel only. The reference is then CUPTI's attention kernel, not the span of both.
+    sys.path.insert(0, BENCH)
+    import accuracy
+    acts = [(0.0, 3.0, "kernel", "void at::native::fill_kernel<float>(float*)"),
+            (5.0, 65.0, "kernel", "void pytorch_flash::flash_fwd_kernel<Traits, true>(Params)")]
+    flare = [{"kind": "attention",
+              "name": "void pytorch_flash::flash_fwd_kernel<Traits, true>(Params)"}]
+    assert accuracy.matching_activities(flare, acts) == [acts[1]]
+    # As many records as activities (a GEMM and its reduction both timed as one cuBLAS call is
+    # one record for two activities: the whole span), or no name in common: every activity.
+    assert accuracy.matching_activities([{"kind": "gemm", "name": "cublasLtMatmul"}], acts) == acts
+    assert accuracy.matching_activities([{"kind": "kernel", "name": "other(int)"}], acts) == acts

@@ -13,6 +13,8 @@
 //   hook_probe fork            a child forked between launches (a DataLoader worker)
 //   hook_probe custom          a kernel declared through flare_register_kernel
 //   hook_probe launches N      N kernel launches on one stream (instruction counts, make bench)
+//   hook_probe events N        N kernels of 50 us on one stream, the application's own event
+//                              recorded after three in four of them (an event-pair gap test)
 #include <dlfcn.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -257,6 +259,23 @@ int launches(long n) {
   return 0;
 }
 
+// Three kernels in four are followed by an event of the application's own on the same stream:
+// only one pair of consecutive kernels in four is queued back to back.
+int events(long n) {
+  cudaStream_t s;
+  cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+  cudaEvent_t ev;
+  cudaEventCreate(&ev);
+  for (long i = 0; i < n; ++i) {
+    launch(kernel(), 50'000, s);
+    if (i % 4 != 0) cudaEventRecord(ev, s);
+    if ((i + 1) % 64 == 0) cudaStreamSynchronize(s);
+  }
+  cudaStreamSynchronize(s);
+  cudaEventDestroy(ev);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -272,6 +291,7 @@ int main(int argc, char** argv) {
   if (mode == "fork") return forked();
   if (mode == "custom") return custom();
   if (mode == "launches") return launches(argc > 2 ? std::atol(argv[2]) : 1000);
+  if (mode == "events") return events(argc > 2 ? std::atol(argv[2]) : 1000);
   std::fprintf(stderr, "unknown mode %s\n", mode.c_str());
   return 2;
 }
