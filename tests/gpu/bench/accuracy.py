@@ -126,6 +126,15 @@ def child(out_path, trace_path):
     dist.init_process_group("nccl", rank=0, world_size=1)
     cases = build_cases(torch, F, dist, dev)
     sequence, events = [], {}
+    # The hook's event-gap estimate (FLARE_EVENT_GAP_CORRECTION) reads the gap between ops queued
+    # back to back; the measured calls below have the harness's own events between them (no
+    # reading). 300 small kernels queued behind a sleep give it its first windows of readings.
+    x = torch.zeros(1024, device=dev)
+    for _ in range(3):
+        torch.cuda._sleep(SLEEP_CYCLES)
+        for _ in range(100):
+            x.add_(1)
+    torch.cuda.synchronize()
     prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
                                               torch.profiler.ProfilerActivity.CUDA])
     with prof:
