@@ -172,6 +172,7 @@ struct DeviceCal {
   // stream of this device, the median of the last full window of readings; 0: none yet.
   int64_t event_gap_ns = 0;
   int gap_readings = 0;  // in the current window
+  bool gap_logged = false;
   std::array<int64_t, kGapWindow> gap_window{};
 };
 
@@ -308,6 +309,7 @@ struct Tracer::Impl {
     int64_t prev_pair_start_ns = INT64_MIN;
     int64_t prev_pair_end_ns = INT64_MIN;
     uint32_t prev_pair_thread = 0;
+    const void* prev_pair_ref = nullptr;  // the clock reference its times were mapped through
 
     bool empty() const { return head == items.size(); }
     size_t size() const { return items.size() - head; }

@@ -266,8 +266,10 @@ void Tracer::Impl::processQueues() {
 // same reference: their difference is GPU time.
 void Tracer::Impl::correctEventGap(int device, const PendingOp& op, OpQueue& queue, DeviceCal& cal,
                                    int64_t* start, int64_t* end) {
+  // Through the same reference too: a new one maps times with a different offset.
   if (queue.prev_pair_end_ns != INT64_MIN && queue.prev_pair_thread == op.thread_id &&
-      (op.info.flags & kOpAfterUntimed) == 0 && op.issue_ns < queue.prev_pair_start_ns) {
+      queue.prev_pair_ref == cal.ref && (op.info.flags & kOpAfterUntimed) == 0 &&
+      op.issue_ns < queue.prev_pair_start_ns) {
     const int64_t gap = *start - queue.prev_pair_end_ns;
     if (gap >= 0 && gap <= kMaxGapReadingNs) {
       cal.gap_window[static_cast<size_t>(cal.gap_readings++)] = gap;
@@ -275,7 +277,8 @@ void Tracer::Impl::correctEventGap(int device, const PendingOp& op, OpQueue& que
         cal.gap_readings = 0;
         const auto mid = cal.gap_window.begin() + kGapWindow / 2;
         std::nth_element(cal.gap_window.begin(), mid, cal.gap_window.end());
-        if (cal.event_gap_ns == 0 && *mid > 0) {
+        if (!cal.gap_logged && *mid > 0) {
+          cal.gap_logged = true;
           FLARE_LOG_INFO(kLog,
                          "device {}: two CUDA events queued back to back run {} ns apart (median "
                          "of {} readings); durations timed by a pair of events are {} ns "
@@ -289,6 +292,7 @@ void Tracer::Impl::correctEventGap(int device, const PendingOp& op, OpQueue& que
   queue.prev_pair_start_ns = *start;
   queue.prev_pair_end_ns = *end;
   queue.prev_pair_thread = op.thread_id;
+  queue.prev_pair_ref = cal.ref;
   // A reading holds the op and two gaps; whatever the estimate, at least a quarter of the
   // reading stays (3/8 off each side at most).
   const int64_t shift = std::min(cal.event_gap_ns, (*end - *start) * 3 / 8);
