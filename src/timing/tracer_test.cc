@@ -369,6 +369,41 @@ TEST_F(TracerTest, PairTimingTakesTheMeasuredEventGapOffEachSide) {
   EXPECT_EQ(ops.back().end_ns - ops.back().start_ns, kDuration);
 }
 
+// A reading across a clock-reference switch would hold the two references' different mapping
+// offsets: here each new reference maps 40 us later than the one before it (the GPU clock
+// steps against the host's), and three ops in four follow a switch. Only the pairs mapped
+// through one reference are readings.
+TEST_F(TracerTest, EventGapReadingsDoNotStraddleAClockReference) {
+  TracerOptions opts = quietOptions();
+  opts.correct_event_gap = true;
+  opts.recalibrate_ns = 1'000;
+  Tracer tracer(&timer_, &clock_, &sink_, opts);
+  constexpr int64_t kGap = 1'300;
+  constexpr int64_t kDuration = 50'000;
+  constexpr int kOps = 4 * kEventGapWindow + 40;
+  int64_t offset = 0;
+  // GPU time: later than every issue and every reference, so that each op counts as issued
+  // before the op ahead of it started (a busy stream).
+  int64_t t = 2'000'000'000;
+  for (int i = 0; i < kOps; ++i) {
+    if (i % 4 != 0) {  // a new reference, 40 us off the last one
+      offset -= 40'000;
+      timer_.setGpuOffset(0, offset);
+      clock_.advanceNs(opts.recalibrate_ns + 1);
+      ASSERT_TRUE(tracer.drain(kLongWait));
+    }
+    clock_.advanceNs(10);
+    ASSERT_TRUE(launch(tracer, kStreamA, opInfo(static_cast<uint64_t>(i))));
+    ASSERT_TRUE(timer_.completeOp(kStreamA, t, t + kDuration + 2 * kGap));
+    ASSERT_TRUE(tracer.drain(kLongWait));
+    t += kDuration + 3 * kGap;
+  }
+  const std::vector<CompletedOp> ops = sink_.ops();
+  ASSERT_EQ(ops.size(), static_cast<size_t>(kOps));
+  EXPECT_GE(timer_.references(), kOps / 2);
+  EXPECT_EQ(ops.back().end_ns - ops.back().start_ns, kDuration);
+}
+
 // Off (the default of TracerOptions): the pair's reading as it is.
 TEST_F(TracerTest, WithoutTheCorrectionAPairReadsTheOpAndTwoGaps) {
   Tracer tracer(&timer_, &clock_, &sink_, quietOptions());
