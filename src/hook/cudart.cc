@@ -330,32 +330,32 @@ FLARE_EXPORT cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t ev
 // ops: the next timed op carries timing::kOpAfterUntimed, so that the Tracer's event-gap
 // estimate does not read two gaps as one. Forwarded untouched otherwise (the Tracer records its
 // own events through the real function).
-FLARE_EXPORT cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
-  auto real = g_cudart.eventRecord.get();
+namespace {
+
+// An application event record: marks the thread's next timed op, then forwards the call.
+template <typename Real, typename... Args>
+cudaError_t forwardEventRecord(Real real, Args... args) {
   if (!real) return cudaErrorInsufficientDriver;
   t_sampler.skipped = true;
-  return real(event, stream);
+  return real(args...);
+}
+
+}  // namespace
+
+FLARE_EXPORT cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
+  return forwardEventRecord(g_cudart.eventRecord.get(), event, stream);
 }
 
 FLARE_EXPORT cudaError_t cudaEventRecord_ptsz(cudaEvent_t event, cudaStream_t stream) {
-  auto real = g_cudart.eventRecordPtsz.get();
-  if (!real) return cudaErrorInsufficientDriver;
-  t_sampler.skipped = true;
-  return real(event, stream);
+  return forwardEventRecord(g_cudart.eventRecordPtsz.get(), event, stream);
 }
 
 FLARE_EXPORT cudaError_t cudaEventRecordWithFlags(cudaEvent_t event, cudaStream_t stream,
                                                   unsigned int flags) {
-  auto real = g_cudart.eventRecordWithFlags.get();
-  if (!real) return cudaErrorInsufficientDriver;
-  t_sampler.skipped = true;
-  return real(event, stream, flags);
+  return forwardEventRecord(g_cudart.eventRecordWithFlags.get(), event, stream, flags);
 }
 
 FLARE_EXPORT cudaError_t cudaEventRecordWithFlags_ptsz(cudaEvent_t event, cudaStream_t stream,
                                                        unsigned int flags) {
-  auto real = g_cudart.eventRecordWithFlagsPtsz.get();
-  if (!real) return cudaErrorInsufficientDriver;
-  t_sampler.skipped = true;
-  return real(event, stream, flags);
+  return forwardEventRecord(g_cudart.eventRecordWithFlagsPtsz.get(), event, stream, flags);
 }

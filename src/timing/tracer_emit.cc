@@ -99,6 +99,7 @@ void Tracer::Impl::sendDrops() {
 
 void Tracer::Impl::flushSink() {
   if (final_drain_.load(std::memory_order_relaxed)) {
+    sayUnmeasuredGaps();
     sink_->finish();
   } else {
     sink_->flush();

@@ -171,8 +171,9 @@ struct DeviceCal {
   // correct_event_gap: the GPU time between two event commands queued back to back on one
   // stream of this device, the median of the last full window of readings; 0: none yet.
   int64_t event_gap_ns = 0;
-  int gap_readings = 0;  // in the current window
-  bool gap_logged = false;
+  int gap_readings = 0;       // in the current window
+  bool gap_measured = false;  // a window of readings was full at least once
+  bool gap_logged = false;    // the estimate, or that there was none, has been said
   std::array<int64_t, kGapWindow> gap_window{};
 };
 
@@ -230,6 +231,9 @@ struct Tracer::Impl {
   void calibrate();
   void referenceFailed(int device, DeviceCal& cal, int64_t now_ns);
   void processQueues();
+  // correct_event_gap, when timing ends: a device whose gap was never measured says so once
+  // (its durations went uncorrected).
+  void sayUnmeasuredGaps();
   void observeHeads();
   void finish(const PendingOp& op, uint64_t pass);
   void returnEvents();

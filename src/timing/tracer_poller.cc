@@ -277,6 +277,7 @@ void Tracer::Impl::correctEventGap(int device, const PendingOp& op, OpQueue& que
         cal.gap_readings = 0;
         const auto mid = cal.gap_window.begin() + kGapWindow / 2;
         std::nth_element(cal.gap_window.begin(), mid, cal.gap_window.end());
+        cal.gap_measured = true;
         if (!cal.gap_logged && *mid > 0) {
           cal.gap_logged = true;
           FLARE_LOG_INFO(kLog,
@@ -391,7 +392,21 @@ void Tracer::Impl::shutdownPass() {
   }
   emitOps();
   sendDrops();
+  sayUnmeasuredGaps();
   sink_->finish();
+}
+
+void Tracer::Impl::sayUnmeasuredGaps() {
+  if (!opts_.correct_event_gap || opts_.end_only) return;
+  for (auto& [device, cal] : cals_) {
+    if (cal.gap_logged || cal.gap_measured) continue;
+    cal.gap_logged = true;
+    FLARE_LOG_INFO(kLog,
+                   "device {}: the event-pair gap was never measured ({} of the {} readings it "
+                   "takes: too few ops queued back to back on a busy stream); its durations "
+                   "were not corrected",
+                   device, cal.gap_readings, kGapWindow);
+  }
 }
 
 }  // namespace flare::timing
