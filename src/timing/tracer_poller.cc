@@ -266,10 +266,13 @@ void Tracer::Impl::processQueues() {
 // same reference: their difference is GPU time.
 void Tracer::Impl::correctEventGap(int device, const PendingOp& op, OpQueue& queue, DeviceCal& cal,
                                    int64_t* start, int64_t* end) {
-  // Through the same reference too: a new one maps times with a different offset.
+  // Through the same reference too: a new one maps times with a different offset. A mapped
+  // time may be late by up to the reference's bracket (ref_width_ns), so "issued before that op
+  // started" must hold by more than that: otherwise the stream may have gone idle and the start
+  // event waited for its submission.
   if (queue.prev_pair_end_ns != INT64_MIN && queue.prev_pair_thread == op.thread_id &&
       queue.prev_pair_ref == cal.ref && (op.info.flags & kOpAfterUntimed) == 0 &&
-      op.issue_ns < queue.prev_pair_start_ns) {
+      op.issue_ns + cal.ref_width_ns < queue.prev_pair_start_ns) {
     const int64_t gap = *start - queue.prev_pair_end_ns;
     if (gap >= 0 && gap <= kMaxGapReadingNs) {
       cal.gap_window[static_cast<size_t>(cal.gap_readings++)] = gap;

@@ -404,6 +404,30 @@ TEST_F(TracerTest, EventGapReadingsDoNotStraddleAClockReference) {
   EXPECT_EQ(ops.back().end_ns - ops.back().start_ns, kDuration);
 }
 
+// A reference whose bracket is 8 us (tight enough to keep) maps every time up to 8 us late. An
+// op issued 4 us after the op ahead of it really started, on a stream that then went idle for
+// 30 us before its start event ran, looks "issued before that op started" by the late mapped
+// time: it must not be read as two events back to back (the estimate would be 30 us).
+TEST_F(TracerTest, EventGapReadingsAllowForTheReferencesBracket) {
+  timer_.afterNextReference([this] { clock_.advanceNs(8'000); });
+  TracerOptions opts = quietOptions();
+  opts.correct_event_gap = true;
+  Tracer tracer(&timer_, &clock_, &sink_, opts);
+  constexpr int64_t kDuration = 50'000;
+  constexpr int kOps = kEventGapWindow + 20;
+  int64_t start = clock_.nowNs() + 20'000;  // GPU time = host time on this device
+  for (int i = 0; i < kOps; ++i) {
+    if (i > 0) clock_.advanceNs(start - kDuration - 30'000 + 4'000 - clock_.nowNs());
+    ASSERT_TRUE(launch(tracer, kStreamA, opInfo(static_cast<uint64_t>(i))));
+    ASSERT_TRUE(timer_.completeOp(kStreamA, start, start + kDuration));
+    ASSERT_TRUE(tracer.drain(kLongWait));
+    start += kDuration + 30'000;
+  }
+  const std::vector<CompletedOp> ops = sink_.ops();
+  ASSERT_EQ(ops.size(), static_cast<size_t>(kOps));
+  for (const CompletedOp& op : ops) EXPECT_EQ(op.end_ns - op.start_ns, kDuration);
+}
+
 // Off (the default of TracerOptions): the pair's reading as it is.
 TEST_F(TracerTest, WithoutTheCorrectionAPairReadsTheOpAndTwoGaps) {
   Tracer tracer(&timer_, &clock_, &sink_, quietOptions());

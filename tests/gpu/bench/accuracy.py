@@ -302,6 +302,12 @@ def analyse(ref, recs, cupti):
                "flare_minus_cupti_us": statistics.median(diff_us) if diff_us else None,
                "cupti_activities_per_call": statistics.median(
                    [len(cupti.get((tag, i), [])) for i in range(CALLS)])}
+        # The names on each side (first call), so that a reference left whole (no name in
+        # common, matching_activities) can be read off the JSON.
+        row["flare_names"] = sorted({r.get("name", "") for r in flare.get((tag, 0), [])})[:4]
+        row["cupti_names"] = sorted({x[3] for x in cupti.get((tag, 0), [])})[:4]
+        row["cupti_matched_by_name"] = len(matching_activities(
+            flare.get((tag, 0), []), cupti.get((tag, 0), []))) < len(cupti.get((tag, 0), []))
         if shapes:
             row["flare_gemm_shapes"] = sorted(list(s) for s in shapes)
         if row["cupti_ms"] == 0:
