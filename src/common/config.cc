@@ -114,6 +114,17 @@ constexpr ParamInfo kParams[] = {
      "TFLOPS and durations come from the timed calls; an untimed call costs its signature "
      "lookup; FLARE_TIMING=end is then refused (pair is used). Off by default (docs/metrics.md, "
      "docs/benchmarks.md)."},
+    {"FLARE_SAMPLE_STEPS", "int", "1", "hook",
+     "Step sampling in summary mode, 1 to 1024: 1 times every step; K > 1 times every op of the "
+     "first 3 steps, then of one step in K on average (pseudo-random in the step index, the "
+     "same steps on every rank of the job), and none of the kernels, GEMMs, copies and sets of the "
+     "steps between (an untimed launch costs a flag "
+     "load); collectives, graphs and syncs stay exact in every step. A measured step's figures "
+     "are exact; a sampled-out step is sent with its times only (StepStats.sampled_out) and the "
+     "detectors read the measured steps; kernel summaries weight a measured step's ops by the "
+     "steps it stands for (counts, GPU time, FLOPs and bytes are estimates). Raw mode times "
+     "every step; FLARE_TIMING=end is then refused (pair is used). Steps are DataLoader "
+     "`__next__` calls or flare_step() markers: a job with neither is timed throughout."},
     {"FLARE_EXIT_FLUSH_SECONDS", "duration", "2", "exporter",
      "At process exit, time given to send queued batches to the daemon; the rest is spooled."},
     {"FLARE_BATCH_BYTES", "int", "65536", "exporter",

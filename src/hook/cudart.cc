@@ -39,6 +39,11 @@ int64_t sampleCallsSetting() {
   return n;
 }
 
+int64_t sampleStepsSetting() {
+  static const int64_t k = common::paramInt("FLARE_SAMPLE_STEPS", 1, kMaxSampleKernels);
+  return k;
+}
+
 namespace {
 
 // The next gap of 1-in-N sampling, uniform in 1..2N-1, from the thread's xorshift (seeded on

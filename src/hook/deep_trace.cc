@@ -396,14 +396,8 @@ void deepTraceCommand(const flare::v1::Command& command, flare::v1::CommandResul
   arm(c, command.id(), command.deep_trace().steps(), result);
 }
 
-void deepTraceOnStep(StepSource source) {
+void deepTraceOnStep() {
   Capture& c = cap();
-  static std::atomic<bool> markers_seen{false};
-  if (source == StepSource::kMarker) {
-    if (!markers_seen.load(std::memory_order_relaxed)) markers_seen.store(true);
-  } else if (markers_seen.load(std::memory_order_relaxed)) {
-    return;  // explicit markers define the steps
-  }
   static const EnvTrigger env = envTrigger();
   if (env.from >= 0) [[unlikely]] {
     static std::atomic<int64_t> markers{0};

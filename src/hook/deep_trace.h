@@ -42,11 +42,9 @@ namespace flare::hook {
 // SKIPPED and the reason.
 void deepTraceCommand(const flare::v1::Command& command, flare::v1::CommandResult* result);
 
-// A step boundary: an explicit step marker (flare_step), or the start of a DataLoader
-// `__next__` span — counted only in a process that has called no step marker. Cheap unless a
-// capture is armed or running.
-enum class StepSource { kMarker, kDataLoader };
-void deepTraceOnStep(StepSource source = StepSource::kMarker);
+// A step boundary (onStepBoundary, step_boundary.h, says which count). Cheap unless a capture
+// is armed or running.
+void deepTraceOnStep();
 
 // A CUDA graph launch (cudaGraphLaunch's wrapper, at `now_ns` on the monotonic clock): training
 // work for the DataLoader step rule by which a deep trace counts steps (python.cc;

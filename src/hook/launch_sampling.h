@@ -36,6 +36,7 @@
 #include <cstdint>
 
 #include "src/hook/thread_state.h"
+#include "src/timing/step_sampling.h"
 #include "src/timing/timing.h"
 
 namespace flare::hook {
@@ -64,6 +65,10 @@ extern constinit thread_local LaunchSampler t_sampler FLARE_HOOK_TLS;
 inline bool untimedLaunch() {
   if (t_depth != 0) return false;
   LaunchSampler& s = t_sampler;
+  if (timing::stepsUntimed()) {  // a step sampled out (FLARE_SAMPLE_STEPS; step.cc)
+    s.skipped = true;
+    return true;
+  }
   if (s.countdown <= 1) return false;
   --s.countdown;
   s.skipped = true;
@@ -83,6 +88,9 @@ inline timing::OpInfo sampledLaunch(timing::OpInfo op) {
 
 // FLARE_SAMPLE_KERNELS as read (1 when unset or refused; one warning naming it).
 int64_t sampleKernelsSetting();
+// FLARE_SAMPLE_STEPS as read (1 when unset or refused; one warning naming it): step sampling
+// (src/timing/step_sampling.h; the decisions: onStepBoundary, step.cc).
+int64_t sampleStepsSetting();
 // FLARE_SAMPLE_CALLS as read (1 when unset or refused; one warning naming it).
 int64_t sampleCallsSetting();
 

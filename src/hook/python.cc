@@ -25,6 +25,7 @@
 #include "src/common/log.h"
 #include "src/hook/deep_trace.h"
 #include "src/hook/runtime.h"
+#include "src/hook/step_boundary.h"
 #include "src/pyprof/pyprof_api.h"
 #include "src/records/step_stats.h"
 #include "src/timing/timing.h"
@@ -60,7 +61,7 @@ uint64_t hostOpenSpan(uint32_t api_id, const void* key, int64_t start_ns) {
         std::lock_guard<std::mutex> lock(g_step_rule_mu);
         starts_step = g_step_rule.add(kind, start_ns);
       }
-      if (starts_step) deepTraceOnStep(StepSource::kDataLoader);
+      if (starts_step) onStepBoundary(StepSource::kDataLoader, start_ns);
     }
   }
   return timing::openSpan(api_id, key, start_ns);

@@ -63,17 +63,18 @@ bool summaryMode(bool streaming) {
 
 // FLARE_TIMING: pair (a start and an end event per op) or end (the end event only;
 // TracerOptions::end_only). Anything else: one warning, pair. With 1-in-N sampled launches
-// (FLARE_SAMPLE_KERNELS or FLARE_SAMPLE_CALLS > 1) end is refused (one warning, pair): an op's
-// start would be the end of the previous *timed* op on its stream, and the untimed kernels between
-// them would be counted in its duration.
+// (FLARE_SAMPLE_KERNELS, FLARE_SAMPLE_CALLS or FLARE_SAMPLE_STEPS > 1) end is refused (one warning,
+// pair): an op's start would be the end of the previous *timed* op on its stream, and the untimed
+// kernels between them would be counted in its duration.
 bool endOnlyTiming() {
   const std::string timing = common::paramString("FLARE_TIMING");
-  if (timing == "end" && (sampleKernelsSetting() > 1 || sampleCallsSetting() > 1)) {
+  if (timing == "end" &&
+      (sampleKernelsSetting() > 1 || sampleCallsSetting() > 1 || sampleStepsSetting() > 1)) {
     common::logOnce(common::LogLevel::kWarn, "hook", "end-timing-sampled",
                     "flare: FLARE_TIMING=end is not used with FLARE_SAMPLE_KERNELS={} "
-                    "FLARE_SAMPLE_CALLS={} (the untimed ops would count in the next op's "
-                    "duration); using pair",
-                    sampleKernelsSetting(), sampleCallsSetting());
+                    "FLARE_SAMPLE_CALLS={} FLARE_SAMPLE_STEPS={} (the untimed ops would count in "
+                    "the next op's duration); using pair",
+                    sampleKernelsSetting(), sampleCallsSetting(), sampleStepsSetting());
     return false;
   }
   if (timing == "end") return true;

@@ -20,6 +20,12 @@ auto timedCall(Stream&& stream, Info&& info, Ok&& ok, Call&& call) {
   Guard guard;
   timing::Tracer* t = guard.outer ? tracer() : nullptr;
   if (!t) return call();
+  if constexpr (kPerSignature) {
+    if (timing::stepsUntimed()) {  // a step sampled out (FLARE_SAMPLE_STEPS): no lookup either
+      t_sampler.skipped = true;
+      return call();
+    }
+  }
   timing::OpInfo op = info();
   if constexpr (kPerSignature) {
     if (op.signature_id != 0) {

@@ -56,6 +56,9 @@ struct StepStats {
   // How long the step's issuing thread waited for a CPU while runnable (the most of any thread
   // that issued its ops; runQueueWaitIn); -1: not measured.
   int64_t run_queue_wait_ns = -1;
+  // Step sampling (FLARE_SAMPLE_STEPS): the step ran untimed; only its times and run-queue wait
+  // are figures (StepStats.sampled_out in records.proto).
+  bool sampled_out = false;
 
   static constexpr double kStepSketchAccuracy = 0.02;
   // What flared accepts of one step's host causes (StepStats.causes): at most this many, each

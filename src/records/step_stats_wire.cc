@@ -14,6 +14,15 @@ void encodeStepStats(const StepResult& r, const std::function<int64_t(int64_t)>&
   const StepStats& st = r.stats;
   out->set_start_ns(to_epoch(st.start_ns));
   out->set_end_ns(to_epoch(st.end_ns));
+  if (st.run_queue_wait_ns >= 0) out->set_run_queue_wait_ns(st.run_queue_wait_ns);
+  out->set_late_ops(r.late_ops);
+  if (st.sampled_out) {  // its times only: what was timed in it stands for nothing of the step
+    out->set_sampled_out(true);
+    const std::vector<uint8_t> empty =
+        stats::LatencySketch(StepStats::kStepSketchAccuracy).serialize();
+    out->set_issue_latency(empty.data(), empty.size());
+    return;
+  }
   out->set_gpu_busy_ns(st.gpu_busy_ns);
   out->set_inter_ns(st.inter_ns);
   out->set_minority_ns(st.minority_ns);
@@ -43,9 +52,7 @@ void encodeStepStats(const StepResult& r, const std::function<int64_t(int64_t)>&
     const std::vector<uint8_t> bytes = c->second.serialize();
     cause->set_issue_latency(bytes.data(), bytes.size());
   }
-  out->set_late_ops(r.late_ops);
   out->set_gpu_ops_estimated(r.gpu_ops_estimated);
-  if (st.run_queue_wait_ns >= 0) out->set_run_queue_wait_ns(st.run_queue_wait_ns);
 }
 
 }  // namespace flare::records

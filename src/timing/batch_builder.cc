@@ -120,6 +120,12 @@ BatchBuilder::BatchBuilder(int rank, BatchBuilderOptions options, Emit emit)
     if (!options_.run_queue_off) options_.run_queue_off = [reader] { return reader->off(); };
   }
   if (!options_.now_ns) options_.now_ns = [] { return common::monotonicNs(); };
+  if (!options_.step_decisions) options_.step_decisions = takeStepDecisions;
+}
+
+void BatchBuilder::pullStepDecisions() {
+  std::vector<StepDecision> d = options_.step_decisions();
+  if (!d.empty()) decisions_.add(std::move(d));
 }
 
 void BatchBuilder::readRunQueue() {
@@ -170,6 +176,7 @@ void BatchBuilder::addSignature(uint32_t id, const Signature& sig) {
 
 bool BatchBuilder::summarizing() {
   const bool summarize = options_.summary_mode && options_.summary_mode();
+  setStepSamplingAllowed(summarize);
   if (summarize != accumulating_) {
     steps_.reset();  // a mode change starts the per-step figures afresh
     accumulating_ = summarize;
@@ -179,12 +186,24 @@ bool BatchBuilder::summarizing() {
 
 void BatchBuilder::addOps(std::span<const CompletedOp> ops) {
   const bool summarize = summarizing();
+  if (summarize) pullStepDecisions();
   for (const CompletedOp& op : ops) {
     if (summarize) {
       const SyncSignature* sync = nullptr;
       if (op.info.kind != OpKind::kSync) {
         steps_.addGpuOp(op.issue_ns, op.start_ns, op.end_ns, op.info.kind == OpKind::kKernel,
                         op.thread_id, op.info.weight);
+        if (!decisions_.empty() && stepSampledKind(op.info.kind)) {
+          // Step sampling: a timed op of a measured step stands for its kind of work in the
+          // steps sampled out before it too (the kernel summaries' counts, time, FLOPs, bytes).
+          if (const uint32_t steps = decisions_.weightAt(op.issue_ns); steps > 1) {
+            CompletedOp weighted = op;
+            weighted.info.weight = static_cast<uint16_t>(
+                std::min<uint64_t>(uint64_t{op.info.weight} * steps, UINT16_MAX));
+            aggregator_.add(weighted);
+            continue;
+          }
+        }
       } else if (auto it = syncs_.find(op.info.signature_id); it != syncs_.end()) {
         sync = &it->second;
         if (sync->marker) {
@@ -279,7 +298,12 @@ void BatchBuilder::noteStepBoundary() {
 
 void BatchBuilder::addStepStats(bool final) {
   readRunQueue();
+  pullStepDecisions();
+  int64_t last_start = INT64_MIN;
   for (records::StepResult& r : steps_.take(final)) {
+    last_start = std::max(last_start, r.stats.start_ns);
+    if (!decisions_.empty() && !decisions_.measured(r.stats.start_ns, r.stats.end_ns))
+      r.stats.sampled_out = true;
     if (!batch_open_) openBatch();
     flare::v1::StepStats* out = batch_.add_step_stats();
     records::encodeStepStats(
@@ -288,6 +312,8 @@ void BatchBuilder::addStepStats(bool final) {
       ++run_queue_unmeasured_;
     account(out->ByteSizeLong());
   }
+  // Ops still to come are of the steps not taken yet (or late ops of the last one taken).
+  if (last_start != INT64_MIN) decisions_.forgetBefore(last_start);
 }
 
 void BatchBuilder::addSummaries() {

@@ -25,6 +25,7 @@
 #include "src/common/clock.h"
 #include "src/records/collective_blocks.h"
 #include "src/records/step_accumulator.h"
+#include "src/timing/step_sampling.h"
 #include "src/timing/summary_aggregator.h"
 #include "src/timing/timing.h"
 
@@ -67,6 +68,9 @@ struct BatchBuilderOptions {
   // then on are counted (DropCounters.run_queue_unmeasured). Default: the default reader's off();
   // unset with a run_queue_wait of the caller's (a replay: no run-queue wait was recorded).
   std::function<bool()> run_queue_off;
+  // Step sampling's decisions (step_sampling.h) recorded since the last call, taken at every
+  // addOps in MODE_SUMMARY. Default: takeStepDecisions (the hook's).
+  std::function<std::vector<StepDecision>()> step_decisions;
 };
 
 class BatchBuilder {
@@ -103,6 +107,7 @@ class BatchBuilder {
   void closeBatch();
   void addSummaries();            // the aggregator's open window, as KernelSummary messages
   void addStepStats(bool final);  // MODE_SUMMARY: the accumulator's completed steps
+  void pullStepDecisions();       // step sampling's new decisions into decisions_
   void noteStepBoundary();        // MODE_SUMMARY: closes the warm-up's summary windows
   void summarizeSpans(std::span<const CompletedSpan> spans);  // MODE_SUMMARY: host events, steps
   void readRunQueue();         // MODE_SUMMARY: the issuing threads' run-queue wait, when due
@@ -124,6 +129,7 @@ class BatchBuilder {
   flare::v1::KernelRecord scratch_;                           // a collective being added to a block
   std::unordered_map<uint32_t, uint64_t> collective_counts_;  // signature id → count (shape[0])
   records::StepAccumulator steps_;                            // MODE_SUMMARY's per-step statistics
+  StepDecisions decisions_;    // step sampling: which steps were timed, and their weights
   bool accumulating_ = false;  // the mode of the last addOps/addSpans
   // Asks summary_mode(); a change of mode resets the step accumulator. True: MODE_SUMMARY.
   bool summarizing();

@@ -44,7 +44,8 @@ GrpcExporter::GrpcExporter(std::unique_ptr<Transport> transport, ExporterOptions
                    .now_ns = {},
                    .run_queue_period_ns = BatchBuilderOptions::kRunQueuePeriodNs,
                    .raw_run_queue_period_ns = BatchBuilderOptions::kRawRunQueuePeriodNs,
-                   .run_queue_off = {}},
+                   .run_queue_off = {},
+                   .step_decisions = {}},
                [this](flare::v1::RecordBatch&& batch) { enqueue(std::move(batch)); }),
       mode_(static_cast<int>(options_.mode)) {
   if (options_.spool_dir.empty()) options_.spool_dir = common::defaultSpoolRoot();

@@ -39,7 +39,8 @@ SpoolSink::SpoolSink(const std::string& dir, const std::string& job_id, int rank
                    .now_ns = {},
                    .run_queue_period_ns = BatchBuilderOptions::kRunQueuePeriodNs,
                    .raw_run_queue_period_ns = BatchBuilderOptions::kRawRunQueuePeriodNs,
-                   .run_queue_off = {}},
+                   .run_queue_off = {},
+                   .step_decisions = {}},
                [this](flare::v1::RecordBatch&& batch) { write(batch); }) {
   try {
     const std::filesystem::path folder =

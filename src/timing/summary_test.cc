@@ -10,12 +10,15 @@
 #include <optional>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
+#include "flare/step.h"
 #include "src/common/clock.h"
 #include "src/records/spool_format.h"
 #include "src/timing/batch_builder.h"
 #include "src/timing/spool_sink.h"
+#include "src/timing/step_sampling.h"
 #include "src/timing/summary_aggregator.h"
 #include "src/timing/testing/fake_device_timer.h"
 #include "src/timing/timing.h"
@@ -529,6 +532,126 @@ TEST(BatchBuilderSummary, StepsSentWhileRunQueueIsUnreadableAreCounted) {
   // Off from the second failed reading on; the first step is taken with the second step's ops at
   // the earliest, after that reading: all seven counted.
   EXPECT_EQ(run(false), 7u);
+}
+
+// Step sampling (FLARE_SAMPLE_STEPS, step_sampling.h): the hook's decisions at the step
+// boundaries say which steps were timed. A sampled-out step leaves with its times only
+// (sampled_out, GPU figures 0); a measured step's figures are its own ops' (exact); the kernel
+// summaries weight a measured step's ops by the steps it stands for, so that their counts
+// estimate every step's; collectives, timed in every step, are neither weighted nor dropped.
+TEST(BatchBuilderSummary, StepSamplingSendsSampledOutStepsWithTheirTimesOnly) {
+  std::vector<flare::v1::RecordBatch> out;
+  const int64_t t0 = 1'000'000'000;
+  constexpr int64_t kStep = 1'000'000;
+  constexpr int kSteps = 10, kKernels = 5;
+  // Steps 0-3 measured, 4 and 5 sampled out, 6 measured (for 3 steps), 7 out, 8 (for 2), 9.
+  const std::vector<bool> measured = {true,  true, true,  true, false,
+                                      false, true, false, true, true};
+  std::vector<StepDecision> pending;
+  uint32_t since = 0;
+  for (int s = 0; s < kSteps; ++s) {
+    ++since;
+    StepDecision d{t0 + s * kStep, measured[s], 1};
+    if (measured[s]) d.weight = std::exchange(since, 0);
+    pending.push_back(d);
+  }
+  BatchBuilderOptions opts;
+  opts.summary_mode = [] { return true; };
+  opts.clock_map = [] { return common::ClockMap(0, 0); };
+  opts.run_queue_wait = [](uint32_t) -> std::optional<int64_t> { return std::nullopt; };
+  opts.step_decisions = [&] { return std::exchange(pending, {}); };
+  BatchBuilder builder(0, opts, [&](flare::v1::RecordBatch&& b) { out.push_back(std::move(b)); });
+  builder.addSignature(1, makeSig("elementwise_kernel", OpKind::kKernel));
+  builder.addSignature(2, makeSig(FLARE_STEP_MARKER_NAME, OpKind::kSync));
+  builder.addSignature(3, makeSig("ncclAllReduce", OpKind::kCollective));
+  for (int s = 0; s <= kSteps; ++s) {
+    const int64_t b = t0 + s * kStep;
+    std::vector<CompletedOp> ops;
+    CompletedOp marker;
+    marker.info = info(2, OpKind::kSync);
+    marker.issue_ns = marker.start_ns = marker.end_ns = b;
+    ops.push_back(marker);
+    if (s < kSteps) {
+      if (measured[s]) {  // a sampled-out step's kernels were never timed: no op reaches here
+        for (int k = 0; k < kKernels; ++k) {
+          CompletedOp op;
+          op.info = info(1, OpKind::kKernel);
+          op.issue_ns = b + 10'000 + k * 50'000;
+          op.start_ns = op.issue_ns + 5'000;
+          op.end_ns = op.start_ns + 20'000;
+          ops.push_back(op);
+        }
+      }
+      CompletedOp coll;
+      coll.info = info(3, OpKind::kCollective);
+      coll.info.comm_hash = 9;
+      coll.info.seq = static_cast<uint64_t>(s);
+      coll.info.nranks = 2;
+      coll.issue_ns = b + 600'000;
+      coll.start_ns = coll.issue_ns + 1'000;
+      coll.end_ns = coll.start_ns + 100'000;
+      ops.push_back(coll);
+    }
+    builder.addOps(ops);
+  }
+  builder.finish();
+  std::vector<const flare::v1::StepStats*> steps;
+  uint64_t count = 0, timed = 0;
+  size_t collectives = 0;
+  for (const auto& b : out) {
+    for (const auto& st : b.step_stats()) steps.push_back(&st);
+    for (const auto& ks : b.summaries()) {
+      if (ks.signature_id() != 1) continue;
+      uint64_t n = 0;
+      for (const auto& c : ks.clusters()) n += c.count();
+      count += n;
+      timed += ks.sampled_ops() != 0 ? ks.sampled_ops() : n;
+    }
+    for (const auto& cb : b.collective_blocks()) collectives += cb.duration_ns_size();
+  }
+  ASSERT_EQ(steps.size(), static_cast<size_t>(kSteps));
+  for (int s = 0; s < kSteps; ++s) {
+    const auto& st = *steps[static_cast<size_t>(s)];
+    EXPECT_EQ(st.end_ns() - st.start_ns(), kStep) << s;  // every step present, with its time
+    EXPECT_EQ(st.sampled_out(), !measured[static_cast<size_t>(s)]) << s;
+    if (st.sampled_out()) {
+      EXPECT_EQ(st.gpu_ops(), 0u) << s;
+      EXPECT_EQ(st.gpu_busy_ns(), 0) << s;
+      EXPECT_EQ(st.causes_size(), 0) << s;
+    } else {
+      EXPECT_EQ(st.gpu_ops(), static_cast<uint64_t>(kKernels + 1)) << s;  // exact: weight 1
+      EXPECT_EQ(st.gpu_ops_estimated(), 0u) << s;
+      EXPECT_EQ(st.gpu_busy_ns(), kKernels * 20'000 + 100'000) << s;
+      EXPECT_EQ(st.minority_ns(), kKernels * 20'000) << s;
+    }
+  }
+  // 7 measured steps of 5 kernels timed; they stand for all 10 steps' 50 launches.
+  EXPECT_EQ(timed, 7u * kKernels);
+  EXPECT_EQ(count, static_cast<uint64_t>(kSteps * kKernels));
+  EXPECT_EQ(collectives, static_cast<size_t>(kSteps));
+}
+
+TEST(StepDecisions, AStepIsMeasuredOnlyIfNoPartOfItWasSampledOut) {
+  StepDecisions d;
+  EXPECT_TRUE(d.measured(0, 100));  // no decision: everything timed
+  EXPECT_EQ(d.weightAt(50), 1u);
+  d.add({{100, true, 1}, {200, false, 1}, {300, true, 2}, {400, true, 1}});
+  EXPECT_TRUE(d.measured(0, 100));     // before the first decision
+  EXPECT_TRUE(d.measured(100, 200));   // its own decision
+  EXPECT_FALSE(d.measured(200, 300));  // sampled out
+  EXPECT_FALSE(d.measured(150, 250));  // boundaries that disagree: partly sampled out
+  EXPECT_FALSE(d.measured(250, 350));
+  EXPECT_TRUE(d.measured(300, 400));
+  EXPECT_EQ(d.weightAt(150), 1u);
+  EXPECT_EQ(d.weightAt(250), 1u);  // an op timed in a sampled-out step stands for itself
+  EXPECT_EQ(d.weightAt(300), 2u);
+  EXPECT_EQ(d.weightAt(399), 2u);
+  EXPECT_EQ(d.weightAt(1000), 1u);
+  d.forgetBefore(350);  // the decision in force at 350 stays
+  EXPECT_EQ(d.size(), 2u);
+  EXPECT_EQ(d.weightAt(360), 2u);
+  d.add({{500, false, 1}});
+  EXPECT_FALSE(d.measured(450, 550));
 }
 
 }  // namespace

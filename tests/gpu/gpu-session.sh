@@ -36,7 +36,7 @@ if [ -x "$lc" ] && [ "${FLARE_SESSION_SKIP_LAUNCH_COST:-0}" != 1 ]; then
     echo '{"bare": '; timeout 60 "$lc" || echo null
     # summary-sampled: 1-in-N timing of plain launches (FLARE_SAMPLE_KERNELS, default 32 here):
     # its launch row is the untimed launch's cost plus 1/N of a timed one's.
-    for arm in summary raw summary-end summary-sampled summary-sampled-all; do
+    for arm in summary raw summary-end summary-sampled summary-sampled-all; do  # launch_cost has no steps
       echo ", \"$arm\": "
       timing=pair sample=1 calls=1
       [ "$arm" = summary-end ] && timing=end

@@ -9,6 +9,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <map>
+#include <string>
+#include <vector>
 
 #include "src/engine/diagnosis/detectors.h"
 #include "src/engine/diagnosis/job_model.h"
@@ -365,5 +367,57 @@ TEST(WindowMeasurement, DISABLED_PerRankBytesAndOnePass) {
            found.size(), hwm());
   }
 }
+// Step sampling (FLARE_SAMPLE_STEPS): a rank's sampled-out steps come with their times only. The
+// detectors' step figures leave them out (their GPU time, 0, would read as an idle GPU), the
+// steps still count as present (stepStarts, the times of stepStats(rank, true)), and what the
+// detectors looked at says how many were measured.
+TEST(StepSamplingTest, SampledOutStepsCountAsPresentButGiveNoGpuFigure) {
+  JobModel m;
+  auto sampled_out = [](int64_t t) { return t >= 4 && t % 3 != 0; };  // 4 5 7 8 10 11
+  for (int64_t t = 0; t < 12; ++t) {
+    for (int r = 0; r < 4; ++r) {
+      flare::v1::RecordBatch b = second(r, t, 1.0, 50'000);
+      if (sampled_out(t)) {
+        b.clear_summaries();  // nothing timed
+        auto* st = b.mutable_step_stats(0);
+        st->set_sampled_out(true);
+        st->set_gpu_busy_ns(0);
+        st->set_gpu_ops(0);
+        st->set_issue_latency_sum_ns(0);
+        const auto empty =
+            stats::LatencySketch(records::StepStats::kStepSketchAccuracy).serialize();
+        st->set_issue_latency(empty.data(), empty.size());
+      }
+      m.addBatch(r, b);
+    }
+  }
+  for (int r = 0; r < 4; ++r) {
+    const auto all = m.stepStats(r, /*with_sampled_out=*/true);
+    ASSERT_EQ(all.size(), 12u) << r;  // every step present, with its time
+    for (const auto& st : all) {
+      EXPECT_EQ(st.end_ns - st.start_ns, kSec);
+      EXPECT_EQ(st.sampled_out, sampled_out(st.start_ns / kSec));
+    }
+    const auto measured = m.stepStats(r);
+    ASSERT_EQ(measured.size(), 6u) << r;
+    for (const auto& st : measured) {
+      EXPECT_FALSE(st.sampled_out);
+      EXPECT_EQ(st.gpu_busy_ns, kSec * 9 / 10);
+      EXPECT_EQ(st.step, st.start_ns / kSec);  // numbered among all the steps
+    }
+    for (const ReceivedStep* st : m.receivedSteps(r)) EXPECT_FALSE(st->stats.sampled_out);
+  }
+  std::vector<DetectorRun> runs;
+  const auto found =
+      runDetectors(builtinDetectors(), m, DiagnoseOptions{}, nullptr, nullptr, &runs);
+  EXPECT_TRUE(found.empty())
+      << (found.empty() ? "" : found.front().kind);  // no idle GPU from the sampled-out steps
+  const LookedAt looked = lookedAt(m, runs);
+  EXPECT_EQ(looked.steps_measured, 4u * 5);  // steps 1-3, 6 and 9 of each rank (0: warm-up)
+  EXPECT_EQ(looked.steps_sampled_out, 4u * 6);
+  EXPECT_NE(lookedAtText(looked).find("20 measured rank-steps; 24 sampled out"), std::string::npos)
+      << lookedAtText(looked);
+}
+
 }  // namespace
 }  // namespace flare::engine

@@ -210,8 +210,9 @@ LookedAt lookedAt(const JobModel& job, std::vector<DetectorRun> runs) {
   LookedAt out;
   out.ranks = job.ranks().size();
   for (const auto& [rank, data] : job.ranks()) {
-    for (const records::StepStats& st : job.stepStats(rank)) {
+    for (const records::StepStats& st : job.stepStats(rank, /*with_sampled_out=*/true)) {
       if (st.step <= 0) continue;  // the warm-up, skipped by the detectors
+      ++(st.sampled_out ? out.steps_sampled_out : out.steps_measured);
       const size_t step = static_cast<size_t>(st.step);
       out.first_step = out.has_steps ? std::min(out.first_step, step) : step;
       out.last_step = out.has_steps ? std::max(out.last_step, step) : step;
@@ -230,6 +231,10 @@ std::string lookedAtText(const LookedAt& l) {
                : ", steps " + std::to_string(l.first_step) + "-" + std::to_string(l.last_step);
   } else {
     out += ", no complete step after the warm-up";
+  }
+  if (l.steps_sampled_out > 0) {
+    out += " (GPU figures from " + std::to_string(l.steps_measured) + " measured rank-steps; " +
+           std::to_string(l.steps_sampled_out) + " sampled out by FLARE_SAMPLE_STEPS)";
   }
   // The windows the detectors that ran read, in order of first use, with their detectors when
   // there is more than one.
@@ -271,7 +276,8 @@ std::string lookedAtText(const LookedAt& l) {
 std::string lookedAtJson(const LookedAt& l) {
   std::string out = "{\"ranks\":" + std::to_string(l.ranks) + ",\"steps\":[";
   if (l.has_steps) out += std::to_string(l.first_step) + "," + std::to_string(l.last_step);
-  out += "],\"detectors\":[";
+  out += "],\"stepsMeasured\":" + std::to_string(l.steps_measured) +
+         ",\"stepsSampledOut\":" + std::to_string(l.steps_sampled_out) + ",\"detectors\":[";
   for (size_t i = 0; i < l.detectors.size(); ++i) {
     const DetectorRun& r = l.detectors[i];
     out += (i ? "," : "") + std::string("{\"name\":") + common::jsonQuote(r.name) +

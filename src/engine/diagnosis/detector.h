@@ -163,6 +163,9 @@ struct LookedAt {
   // has_steps false when no rank has a complete step after its warm-up.
   bool has_steps = false;
   size_t first_step = 0, last_step = 0;
+  // Rank-steps after the warm-up, summed over the ranks: measured, and sampled out by step
+  // sampling (FLARE_SAMPLE_STEPS; their GPU figures were not measured).
+  size_t steps_measured = 0, steps_sampled_out = 0;
   std::vector<DetectorRun> detectors;
 };
 LookedAt lookedAt(const JobModel& job, std::vector<DetectorRun> runs);
@@ -170,7 +173,7 @@ LookedAt lookedAt(const JobModel& job, std::vector<DetectorRun> runs);
 // issue_latency_regression (needs a baseline or healthy history), ...; not compared: link_slow
 // (...)" (one line, no newline).
 std::string lookedAtText(const LookedAt& looked_at);
-// {"ranks":4,"steps":[1,8],"detectors":[{"name":..,"ran":true,"skipped":"","diagnoses":0,
+// {"ranks":4,"steps":[1,8],"stepsMeasured":32,"stepsSampledOut":0,"detectors":[{"name":..,"ran":true,"skipped":"","diagnoses":0,
 // "window":"all steps","note":""},...]}; "steps":[] when has_steps is false.
 std::string lookedAtJson(const LookedAt& looked_at);
 // diagnosesToJson with a "lookedAt" key (lookedAtJson) after "diagnoses".

@@ -324,7 +324,8 @@ TEST(RunDetectors, LookedAtOnAHealthyJobSaysAllStepsOnce) {
             "2 ranks, no complete step after the warm-up; window: all steps; 1 detector ran (a); "
             "skipped: b (needs a baseline)");
   EXPECT_EQ(lookedAtJson(l),
-            "{\"ranks\":2,\"steps\":[],\"detectors\":[{\"name\":\"a\",\"ran\":true,"
+            "{\"ranks\":2,\"steps\":[],\"stepsMeasured\":0,\"stepsSampledOut\":0,"
+            "\"detectors\":[{\"name\":\"a\",\"ran\":true,"
             "\"skipped\":\"\",\"diagnoses\":0,\"window\":\"all steps\",\"note\":\"\"},"
             "{\"name\":\"b\",\"ran\":false,\"skipped\":\"needs a baseline\",\"diagnoses\":0,"
             "\"window\":\"\",\"note\":\"\"}],"

@@ -230,6 +230,7 @@ void JobModel::addBatch(int rank, const flare::v1::RecordBatch& batch) {
     rs.stats.issue_latency_sum_ns = st.issue_latency_sum_ns();
     rs.stats.issue_offset_sum_ns = st.issue_offset_sum_ns();
     rs.stats.run_queue_wait_ns = st.has_run_queue_wait_ns() ? st.run_queue_wait_ns() : -1;
+    rs.stats.sampled_out = st.sampled_out();
     rs.stats.latency = std::move(*latency);
     for (const auto& c : st.causes()) {
       auto sketch = stats::LatencySketch::deserialize(std::span(
@@ -778,6 +779,7 @@ std::vector<const ReceivedStep*> JobModel::receivedSteps(int rank) const {
   const std::vector<int64_t> starts = stepStarts(rank);
   std::vector<const ReceivedStep*> out;
   for (const ReceivedStep& st : it->second.steps) {
+    if (st.stats.sampled_out) continue;
     if (stepIndex(starts, st.stats.start_ns, st.stats.end_ns) >= 1) out.push_back(&st);
   }
   std::sort(out.begin(), out.end(), [](const ReceivedStep* a, const ReceivedStep* b) {
@@ -786,7 +788,7 @@ std::vector<const ReceivedStep*> JobModel::receivedSteps(int rank) const {
   return out;
 }
 
-std::vector<records::StepStats> JobModel::stepStats(int rank) const {
+std::vector<records::StepStats> JobModel::stepStats(int rank, bool with_sampled_out) const {
   const auto it = ranks_.find(rank);
   if (it == ranks_.end()) return {};
   const std::vector<int64_t> starts = stepStarts(rank);
@@ -795,6 +797,7 @@ std::vector<records::StepStats> JobModel::stepStats(int rank) const {
     std::vector<records::StepStats> out;
     out.reserve(r.steps.size());
     for (const ReceivedStep& st : r.steps) {
+      if (st.stats.sampled_out && !with_sampled_out) continue;
       records::StepStats& o = out.emplace_back();  // the figures, not the sketch (see the header)
       o.start_ns = st.stats.start_ns;
       o.end_ns = st.stats.end_ns;
@@ -805,6 +808,7 @@ std::vector<records::StepStats> JobModel::stepStats(int rank) const {
       o.issue_latency_sum_ns = st.stats.issue_latency_sum_ns;
       o.issue_offset_sum_ns = st.stats.issue_offset_sum_ns;
       o.run_queue_wait_ns = st.stats.run_queue_wait_ns;
+      o.sampled_out = st.stats.sampled_out;
       o.step = stepIndex(starts, st.stats.start_ns, st.stats.end_ns);
     }
     std::sort(out.begin(), out.end(), [](const records::StepStats& a, const records::StepStats& b) {

@@ -257,9 +257,11 @@ class JobModel {
   // the warm-up the detectors skip). Empty when the rank sent none and has fewer than two step
   // starts. A step the rank sent comes without its issue-latency sketch (`latency` empty: copying
   // a sketch per step per call would dominate at 10,000 ranks); receivedSteps() has them.
-  std::vector<records::StepStats> stepStats(int rank) const;
-  // The steps a rank sent (MODE_SUMMARY) from its second step boundary on (the warm-up skipped),
-  // oldest first; empty in raw mode.
+  // Steps sampled out (FLARE_SAMPLE_STEPS: StepStats.sampled_out, their GPU figures not
+  // measured) are left out unless `with_sampled_out` (for their times: the step is present).
+  std::vector<records::StepStats> stepStats(int rank, bool with_sampled_out = false) const;
+  // The measured steps a rank sent (MODE_SUMMARY) from its second step boundary on (the warm-up
+  // skipped; sampled-out steps left out), oldest first; empty in raw mode.
   std::vector<const ReceivedStep*> receivedSteps(int rank) const;
 
  private:

@@ -146,12 +146,13 @@ StepTable buildTable(const JobModel& job) {
   }
   for (const auto& [rank, s] : starts) {
     const size_t i = index.at(rank);
-    for (const records::StepStats& st : job.stepStats(rank)) {
+    for (const records::StepStats& st : job.stepStats(rank, /*with_sampled_out=*/true)) {
       if (st.step <= 0 || static_cast<size_t>(st.step) >= s.size()) continue;
       const size_t g = grid_of.at(rank)[static_cast<size_t>(st.step)];
       if (g == SIZE_MAX) continue;
       const double dur = static_cast<double>(st.end_ns - st.start_ns);
       t.time[i][g] = dur;
+      if (st.sampled_out) continue;  // FLARE_SAMPLE_STEPS: its time only (idle, compute unknown)
       t.idle[i][g] = dur - static_cast<double>(st.gpu_busy_ns);
       t.compute[i][g] = static_cast<double>(st.gpu_busy_ns) - collective_ns[i][g];
       if (st.gpu_ops > 0) t.offset[i][g] = st.issue_offset_sum_ns / static_cast<double>(st.gpu_ops);
@@ -293,11 +294,19 @@ void detectSlowSteps(const JobModel& job, const std::vector<Diagnosis>& earlier,
   // the extra time of every slow step.
   std::map<std::string, std::set<int>> named;  // kind -> ranks named earlier
   for (const Diagnosis& d : earlier) named[d.kind].insert(d.ranks.begin(), d.ranks.end());
+  // Step sampling (FLARE_SAMPLE_STEPS): a slow step sampled out on most ranks has its time but
+  // no figure to attribute it by; the share of extra time is taken among the slow steps that
+  // could be attributed (with every step measured: all of them).
+  auto measured = [&](size_t g) {
+    size_t with = 0;
+    for (size_t i = 0; i < nr; ++i) with += std::isfinite(t.idle[i][g]) ? 1 : 0;
+    return 2 * with > nr;
+  };
   double total = 0, slow_extra = 0;
   size_t attributed = 0;
   for (size_t g = 0; g < n; ++g) {
     if (std::isfinite(job_time[g])) total += job_time[g];
-    if (is_slow[g]) slow_extra += job_time[g] - typical;
+    if (is_slow[g] && measured(g)) slow_extra += job_time[g] - typical;
     if (is_slow[g] && by_step[g].rank_index != SIZE_MAX) ++attributed;
   }
   for (size_t i = 0; i < nr; ++i) {

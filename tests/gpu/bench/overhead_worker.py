@@ -26,7 +26,8 @@ Workloads:
                                      DataLoader, loss.item() per step); large is sized so that
                                      four arms fit on one 80 GB GPU together
   launch-bound                       ~300 kernels of 5-20 us per step (adds, scales, small GEMMs)
-                                     and one .item(): per-launch cost dominates, the worst case
+                                     and one .item(): per-launch cost dominates, the worst case;
+                                     a flare_step() marker per step where the hook is loaded
   cuda-graph                         gpt-small's whole step captured once, replayed per step
   compile                            a 4-layer GPT under torch.compile (Triton kernels launched
                                      through the driver API)
@@ -137,7 +138,11 @@ class LaunchBound:
     """Many short kernels per step: the per-launch cost of the hook dominates here."""
 
     def __init__(self, torch):
+        import ctypes
         self.torch = torch
+        # No DataLoader here: under Flare, a step marker (flare_step) at each step's start, as a
+        # loop without a DataLoader marks its steps (step sampling needs steps); bare: nothing.
+        self.mark = getattr(ctypes.CDLL(None), "flare_step", None)
         dev = torch.device("cuda", 0)
         n = 1 << 21
         self.a, self.b, self.c = (torch.randn(n, device=dev) for _ in range(3))
@@ -146,6 +151,8 @@ class LaunchBound:
 
     def step(self):
         torch = self.torch
+        if self.mark is not None:
+            self.mark()
         for _ in range(100):
             torch.add(self.a, self.b, out=self.c)
             torch.mul(self.c, 0.5, out=self.a)

@@ -1,0 +1,90 @@
+#include "src/timing/step_sampling.h"
+
+#include <algorithm>
+#include <mutex>
+#include <utility>
+
+namespace flare::timing {
+
+std::atomic<bool> g_steps_untimed{false};
+
+namespace {
+
+std::atomic<bool> g_allowed{false};
+std::mutex g_mu;
+std::vector<StepDecision> g_pending;  // guarded by g_mu
+
+}  // namespace
+
+void setStepSamplingAllowed(bool allowed) {
+  if (g_allowed.load(std::memory_order_relaxed) != allowed)
+    g_allowed.store(allowed, std::memory_order_relaxed);
+}
+
+bool stepSamplingAllowed() {
+  return g_allowed.load(std::memory_order_relaxed);
+}
+
+void recordStepDecision(const StepDecision& d) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  if (g_pending.size() >= kMaxPendingDecisions)
+    g_pending.erase(g_pending.begin(), g_pending.begin() + kMaxPendingDecisions / 2);
+  g_pending.push_back(d);
+}
+
+std::vector<StepDecision> takeStepDecisions() {
+  std::lock_guard<std::mutex> lock(g_mu);
+  return std::exchange(g_pending, {});
+}
+
+void StepDecisions::add(std::vector<StepDecision> decisions) {
+  for (const StepDecision& d : decisions) {
+    // Boundary order: a decision older than the newest kept replaces nothing after it (two
+    // threads meeting boundaries out of order cannot happen with one step rule; keep order).
+    if (!decisions_.empty() && d.boundary_ns < decisions_.back().boundary_ns) {
+      auto at =
+          std::upper_bound(decisions_.begin(), decisions_.end(), d.boundary_ns,
+                           [](int64_t t, const StepDecision& x) { return t < x.boundary_ns; });
+      decisions_.insert(at, d);
+      continue;
+    }
+    decisions_.push_back(d);
+  }
+}
+
+namespace {
+
+// The decision in force at `t`: the latest at or before it; nullptr before the first.
+const StepDecision* inForce(const std::vector<StepDecision>& v, int64_t t) {
+  auto it = std::upper_bound(v.begin(), v.end(), t,
+                             [](int64_t x, const StepDecision& d) { return x < d.boundary_ns; });
+  return it == v.begin() ? nullptr : &*std::prev(it);
+}
+
+}  // namespace
+
+bool StepDecisions::measured(int64_t start_ns, int64_t end_ns) const {
+  const StepDecision* at = inForce(decisions_, start_ns);
+  if (at != nullptr && !at->measured) return false;
+  auto it = std::upper_bound(decisions_.begin(), decisions_.end(), start_ns,
+                             [](int64_t x, const StepDecision& d) { return x < d.boundary_ns; });
+  for (; it != decisions_.end() && it->boundary_ns < end_ns; ++it) {
+    if (!it->measured) return false;
+  }
+  return true;
+}
+
+uint32_t StepDecisions::weightAt(int64_t issue_ns) const {
+  const StepDecision* at = inForce(decisions_, issue_ns);
+  if (at == nullptr || !at->measured) return 1;
+  return std::max<uint32_t>(at->weight, 1);
+}
+
+void StepDecisions::forgetBefore(int64_t before_ns) {
+  auto it = std::upper_bound(decisions_.begin(), decisions_.end(), before_ns,
+                             [](int64_t x, const StepDecision& d) { return x < d.boundary_ns; });
+  if (it == decisions_.begin()) return;
+  decisions_.erase(decisions_.begin(), std::prev(it));  // the one in force at before_ns stays
+}
+
+}  // namespace flare::timing

@@ -1,0 +1,83 @@
+// Step sampling (FLARE_SAMPLE_STEPS=K, MODE_SUMMARY only): every op of one training step in K
+// (on average) is timed, and none of the others. The per-step figures of a measured step are
+// exact (every op of it timed, no bias from which ops were sampled); the steps in between cost
+// the hook the untimed path of every launch (a flag load, no event, no signature lookup).
+//
+// The decision is made at each step boundary on the thread that meets it (the DataLoader
+// `__next__` that starts a step, or flare_step()), by src/hook/step_sampling.cc, which sets the
+// process-wide flag the launch wrappers read (stepsUntimed()) and records the decision here.
+// The BatchBuilder, on the poller thread, takes the decisions (takeStepDecisions) to tell a
+// measured step from one sampled out (StepStats.sampled_out) and to weight the ops of a measured
+// step in the kernel summaries (the steps it stands for: counts, GPU time, FLOPs and bytes are
+// then estimates, as with FLARE_SAMPLE_KERNELS).
+//
+// Threading: recordStepDecision on any thread (a mutex, once per step); takeStepDecisions on the
+// poller thread; the flag is a relaxed atomic.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <vector>
+
+#include "src/timing/timing.h"
+
+namespace flare::timing {
+
+// The decision taken at one step boundary (CLOCK_MONOTONIC ns): whether the step that starts
+// there is timed, and if so the steps it stands for (itself and the sampled-out ones since the
+// previous measured step).
+struct StepDecision {
+  int64_t boundary_ns = 0;
+  bool measured = true;
+  uint32_t weight = 1;  // measured steps: >= 1
+};
+
+// The op kinds that step sampling leaves untimed in a sampled-out step: plain kernels (and
+// attention kernels, launched as kernels), GEMMs, async copies and sets. Collectives, p2p, graph
+// launches and synchronizations are timed in every step (bus bandwidth, hang analysis).
+inline bool stepSampledKind(OpKind kind) {
+  return kind == OpKind::kKernel || kind == OpKind::kGemm || kind == OpKind::kAttention ||
+         kind == OpKind::kMemcpy || kind == OpKind::kMemset;
+}
+
+// True while the current step is sampled out: the launch wrappers forward the step-sampled kinds
+// untimed. Written by the hook at step boundaries.
+extern std::atomic<bool> g_steps_untimed;
+inline bool stepsUntimed() {
+  return g_steps_untimed.load(std::memory_order_relaxed);
+}
+
+// Whether the BatchBuilder summarizes (MODE_SUMMARY) right now: step sampling applies only then
+// (raw mode's records must hold every op of a step). Set by the BatchBuilder.
+void setStepSamplingAllowed(bool allowed);
+bool stepSamplingAllowed();
+
+// Appends a decision (kept in order of the calls; at most kMaxPendingDecisions wait, the oldest
+// are dropped beyond that).
+void recordStepDecision(const StepDecision& d);
+// The decisions recorded since the previous call.
+std::vector<StepDecision> takeStepDecisions();
+constexpr size_t kMaxPendingDecisions = 1 << 14;
+
+// The poller-side view of the decisions: which steps were measured, and the weight of an op.
+// Not thread-safe (the BatchBuilder's).
+class StepDecisions {
+ public:
+  void add(std::vector<StepDecision> decisions);
+  bool empty() const { return decisions_.empty(); }
+  // True when every part of [start_ns, end_ns) was in a measured step (or no decision covers
+  // it: before the first decision, everything is timed).
+  bool measured(int64_t start_ns, int64_t end_ns) const;
+  // The steps an op issued at `issue_ns` stands for: the weight of the measured step it was
+  // issued in; 1 before the first decision or in a sampled-out step (an op timed there stands
+  // for itself).
+  uint32_t weightAt(int64_t issue_ns) const;
+  // Forgets decisions superseded before `before_ns` (the latest one at or before it is kept).
+  void forgetBefore(int64_t before_ns);
+  size_t size() const { return decisions_.size(); }
+
+ private:
+  std::vector<StepDecision> decisions_;  // boundary order
+};
+
+}  // namespace flare::timing

@@ -1,0 +1,133 @@
+"""FLARE_SAMPLE_STEPS=K: step sampling in summary mode (src/timing/step_sampling.h), on the
+simulated stack. The truth is the workload's own: FLARE_SIM_KERNEL_LOG lists every kernel the
+simulated GPU ran.
+
+- every op of a measured step is timed and none of a sampled-out step's kernels, GEMMs, copies
+  and sets; the first 3 steps are measured; about one step in K after that, the same steps on
+  every rank;
+- the kernel summaries' counts estimate every step's launches (each measured step stands for the
+  steps sampled out before it): exact up to the steps after the last measured one;
+- every step reaches the detectors, the sampled-out ones with their times only, and what the
+  detectors looked at says how many were measured;
+- an underclocked GPU is still named, through flared, with nothing refused; a healthy job raises
+  nothing;
+- raw mode times every step; a malformed value is refused with one warning."""
+
+import collections
+import json
+import os
+import subprocess
+
+import pytest
+
+from test_sample_kernels import kernel_key, traced_run, truth  # noqa: F401 (fixtures' helpers)
+
+K = 4
+STEPS = 100  # test_sample_kernels.STEPS: traced_run's job
+
+
+def looked_at(build_dir, spool):
+    res = subprocess.run([os.path.join(build_dir, "bin", "flare-diagnose"), "--input",
+                          str(spool), "--json"], capture_output=True, text=True, timeout=120)
+    assert res.returncode in (0, 3), res.stderr
+    out = json.loads(res.stdout)
+    return out["diagnoses"], out["lookedAt"]
+
+
+def summary_counts(records):
+    """{(rank, kernel key): [estimated count, timed]} of the plain kernels' summaries."""
+    out = collections.defaultdict(lambda: [0, 0])
+    for r in records:
+        if r["kind"] != "summary" or r["op_kind"] not in ("kernel", "attention"):
+            continue
+        n = sum(c["count"] for c in r["clusters"])
+        e = out[(r["rank"], kernel_key(r["name"]))]
+        e[0] += n
+        e[1] += r.get("sampled_ops", n)
+    return out
+
+
+def test_summary_counts_estimate_every_steps_launches(sim_train, build_dir, tmp_path):
+    records, true, res = traced_run(sim_train, build_dir, tmp_path, "steps", mode="summary",
+                                    env_extra={"FLARE_SAMPLE_STEPS": str(K)})
+    assert "FLARE_SAMPLE_STEPS=%d" % K in res.stderr  # said once, where the user looks
+    per_sig = summary_counts(records)
+    assert per_sig
+    for key, (count, timed) in per_sig.items():
+        made = true[key][0]
+        per_step = made / STEPS
+        # Timed: the 3 warm-up steps and about one step in K of the rest (binomial, 4.5 sigma).
+        p = 1.0 / K
+        n = STEPS - 3
+        lo = 3 + n * p - 4.5 * (n * p * (1 - p)) ** 0.5
+        hi = 3 + n * p + 4.5 * (n * p * (1 - p)) ** 0.5
+        assert lo * per_step <= timed <= hi * per_step, (key, timed, made)
+        # The weights cover every step up to the last measured one; the steps after it (a
+        # geometric tail, under 10 K at 4.5 sigma) are the only ones not counted.
+        assert made - 10 * K * per_step <= count <= made, (key, count, made)
+
+
+def test_every_step_reaches_the_detectors_and_ranks_measure_the_same_steps(sim_train, build_dir,
+                                                                          tmp_path):
+    traced_run(sim_train, build_dir, tmp_path, "exact", mode="summary")
+    traced_run(sim_train, build_dir, tmp_path, "sampled", mode="summary",
+               env_extra={"FLARE_SAMPLE_STEPS": str(K)})
+    found_exact, exact = looked_at(build_dir, tmp_path / "exact")
+    found, sampled = looked_at(build_dir, tmp_path / "sampled")
+    assert exact["stepsSampledOut"] == 0 and exact["stepsMeasured"] > 0
+    # Every rank-step present in both; about one in K measured after the warm-up.
+    assert sampled["steps"] == exact["steps"]
+    total = sampled["stepsMeasured"] + sampled["stepsSampledOut"]
+    assert total == exact["stepsMeasured"], (sampled, exact)
+    assert 0.1 * total <= sampled["stepsMeasured"] <= 0.45 * total, sampled
+    assert "sampled out by FLARE_SAMPLE_STEPS" in sampled["text"]
+    # Two ranks, the same steps measured on each: the measured count is even.
+    assert sampled["stepsMeasured"] % 2 == 0
+    assert found == [] and found_exact == []
+
+
+def test_raw_mode_times_every_step(sim_train, build_dir, tmp_path):
+    records, true, res = traced_run(sim_train, build_dir, tmp_path, "raw", mode="raw",
+                                    env_extra={"FLARE_SAMPLE_STEPS": str(K)})
+    counts = collections.Counter((r["rank"], kernel_key(r["name"])) for r in records
+                                 if r["kind"] in ("kernel", "attention"))
+    assert counts
+    for key, n in counts.items():
+        assert n == true[key][0], key
+    assert all("weight" not in r for r in records)
+
+
+@pytest.mark.parametrize("value", ["0", "2000", "four"])
+def test_a_malformed_value_is_refused_once_and_every_step_timed(sim_train, build_dir, tmp_path,
+                                                               value):
+    records, true, res = traced_run(sim_train, build_dir, tmp_path, "bad", mode="summary",
+                                    env_extra={"FLARE_SAMPLE_STEPS": value})
+    assert res.stderr.count("FLARE_SAMPLE_STEPS") >= 1
+    for key, (count, timed) in summary_counts(records).items():
+        assert count == timed == true[key][0], key
+
+
+def test_underclocked_rank_is_named_through_flared_with_nothing_refused(build_dir, tmp_path):
+    from test_flared_diagnosis import Daemon, flare, wait_alerts
+    from pipeline_health import assert_nothing_refused
+    if not os.path.exists(os.path.join(build_dir, "bin", "flared")):
+        pytest.skip("build/bin/flared not built")
+    d = Daemon(build_dir, tmp_path)
+    try:
+        for job, fault in (("healthy", {}), ("slowgpu", {"FLARE_SIM_CLOCK_FACTOR": "3:0.8"})):
+            env = dict(fault, FLARE_MODE="summary", FLARE_SAMPLE_STEPS=str(K),
+                       FLARE_OUTPUT_DIR=str(tmp_path / ("spool-" + job)))
+            res = flare(build_dir, "run", "--daemon", "127.0.0.1:%d" % d.grpc, "--job-id", job,
+                        "--quiet", "--", os.path.join(build_dir, "bin", "flare-sim-train"),
+                        "--ranks", "8", "--steps", "24", "--layers", "4", "--tp", "2", "--quiet",
+                        env=env)
+            assert res.returncode == 0, res.stderr
+        alerts = wait_alerts(d, "slowgpu", 1)
+        assert [(a["kind"], a["rank"], a["team"]) for a in alerts] == [("gpu_slow", 3, "operations")]
+        assert json.loads(d.get("/api/v1/alerts?job=healthy"))["alerts"] == []
+        looked = json.loads(d.get("/api/v1/jobs/slowgpu/diagnoses"))["lookedAt"]
+        assert looked["stepsSampledOut"] > 0 and looked["stepsMeasured"] > 0, looked
+        assert_nothing_refused(d.http)
+    finally:
+        if d.proc.poll() is None:
+            d.proc.kill()
