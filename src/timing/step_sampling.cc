@@ -37,38 +37,39 @@ std::vector<StepDecision> takeStepDecisions() {
   return std::exchange(g_pending, {});
 }
 
+namespace {
+
+// The first decision after `t` (upper bound by boundary).
+std::vector<StepDecision>::const_iterator firstAfter(const std::vector<StepDecision>& v,
+                                                     int64_t t) {
+  return std::upper_bound(v.begin(), v.end(), t,
+                          [](int64_t x, const StepDecision& d) { return x < d.boundary_ns; });
+}
+
+// The decision in force at `t`: the latest at or before it; nullptr before the first.
+const StepDecision* inForce(const std::vector<StepDecision>& v, int64_t t) {
+  auto it = firstAfter(v, t);
+  return it == v.begin() ? nullptr : &*std::prev(it);
+}
+
+}  // namespace
+
 void StepDecisions::add(std::vector<StepDecision> decisions) {
   for (const StepDecision& d : decisions) {
-    // Boundary order: a decision older than the newest kept replaces nothing after it (two
-    // threads meeting boundaries out of order cannot happen with one step rule; keep order).
+    // Boundary order (one step rule meets them in order; an older one is put in its place).
     if (!decisions_.empty() && d.boundary_ns < decisions_.back().boundary_ns) {
-      auto at =
-          std::upper_bound(decisions_.begin(), decisions_.end(), d.boundary_ns,
-                           [](int64_t t, const StepDecision& x) { return t < x.boundary_ns; });
-      decisions_.insert(at, d);
+      decisions_.insert(firstAfter(decisions_, d.boundary_ns), d);
       continue;
     }
     decisions_.push_back(d);
   }
 }
 
-namespace {
-
-// The decision in force at `t`: the latest at or before it; nullptr before the first.
-const StepDecision* inForce(const std::vector<StepDecision>& v, int64_t t) {
-  auto it = std::upper_bound(v.begin(), v.end(), t,
-                             [](int64_t x, const StepDecision& d) { return x < d.boundary_ns; });
-  return it == v.begin() ? nullptr : &*std::prev(it);
-}
-
-}  // namespace
-
 bool StepDecisions::measured(int64_t start_ns, int64_t end_ns) const {
   const StepDecision* at = inForce(decisions_, start_ns);
   if (at != nullptr && !at->measured) return false;
-  auto it = std::upper_bound(decisions_.begin(), decisions_.end(), start_ns,
-                             [](int64_t x, const StepDecision& d) { return x < d.boundary_ns; });
-  for (; it != decisions_.end() && it->boundary_ns < end_ns; ++it) {
+  for (auto it = firstAfter(decisions_, start_ns);
+       it != decisions_.end() && it->boundary_ns < end_ns; ++it) {
     if (!it->measured) return false;
   }
   return true;
@@ -81,8 +82,7 @@ uint32_t StepDecisions::weightAt(int64_t issue_ns) const {
 }
 
 void StepDecisions::forgetBefore(int64_t before_ns) {
-  auto it = std::upper_bound(decisions_.begin(), decisions_.end(), before_ns,
-                             [](int64_t x, const StepDecision& d) { return x < d.boundary_ns; });
+  auto it = firstAfter(decisions_, before_ns);
   if (it == decisions_.begin()) return;
   decisions_.erase(decisions_.begin(), std::prev(it));  // the one in force at before_ns stays
 }

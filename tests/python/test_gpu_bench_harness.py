@@ -92,6 +92,17 @@ def test_the_sampled_all_arm_also_samples_gemms_copies_and_sets(build_dir, tmp_p
     assert rows["flare-summary-sampled"]["overhead_pct"] == pytest.approx(1.0)
 
 
+def test_the_steps_arm_samples_whole_steps_and_nothing_else(build_dir, tmp_path):
+    """-steps: FLARE_SAMPLE_STEPS=--sample-steps, without per-launch or per-call sampling (the
+    stand-in refuses them together)."""
+    proc, out = run(build_dir, tmp_path, "--arms", "bare,flare-summary,flare-summary-steps",
+                    "--sample-steps", "8", env={"STANDIN_SAMPLE_STEPS": "8"})
+    assert proc.returncode == 0, proc.stderr
+    rows = json.loads(out.read_text())["summary"]["gpt-small"]["arms"]
+    assert rows["flare-summary-steps"]["overhead_pct"] == pytest.approx(0.25)
+    assert rows["flare-summary"]["overhead_pct"] == pytest.approx(5.0)
+
+
 def test_arms_must_include_the_bare_one(build_dir, tmp_path):
     proc, _ = run(build_dir, tmp_path, "--arms", "flare-raw")
     assert proc.returncode == 2 and "bare" in proc.stderr

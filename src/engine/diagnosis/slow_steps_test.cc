@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <map>
 #include <memory>
 #include <set>
@@ -15,6 +16,7 @@
 #include "src/engine/diagnosis/detector.h"
 #include "src/engine/diagnosis/detectors.h"
 #include "src/engine/diagnosis/job_model.h"
+#include "src/stats/sketch.h"
 
 namespace flare::engine {
 
@@ -250,6 +252,53 @@ TEST(SlowSteps, AContinuousStallIsNotNamedAgain) {
   for (int s = 1; s < kSteps; s += 2) most.slow_steps.insert(s);
   for (int s = 2; s < kSteps; s += 6) most.slow_steps.insert(s);
   EXPECT_TRUE(slowSteps(build(most)).empty());
+}
+
+// The same job as summary-mode ranks with step sampling (FLARE_SAMPLE_STEPS): every rank sends
+// its steps' statistics, and the steps sampled out (the same on every rank) carry their times
+// only. A host pausing every 4th step is named from the pauses that fell in measured steps (3 of
+// 7); the share of extra time is taken among the slow steps that could be attributed, not all 7
+// (4 of them sampled out: the culprit's 3 would hold less than half).
+TEST(SlowSteps, AHostPauseIsNamedFromTheMeasuredStepsUnderStepSampling) {
+  const Scenario sc{Fault::kHost, 3, {4, 8, 12, 16, 20, 24, 28}};
+  const std::set<int> sampled_out = {6, 10, 16, 18, 20, 24, 28};
+  const JobModel raw = build(sc);
+  JobModel m;
+  for (int r = 0; r < kRanks; ++r) {
+    flare::v1::RecordBatch b = rankBatch(r, sc);
+    // Summary mode: no compute op leaves the rank; markers and collectives stay raw.
+    auto* kernels = b.mutable_kernels();
+    kernels->erase(
+        std::remove_if(kernels->begin(), kernels->end(),
+                       [](const flare::v1::KernelRecord& k) { return k.signature_id() == 2; }),
+        kernels->end());
+    for (const records::StepStats& st : raw.stepStats(r)) {
+      auto* out = b.add_step_stats();
+      out->set_start_ns(st.start_ns);
+      out->set_end_ns(st.end_ns);
+      const stats::LatencySketch empty(records::StepStats::kStepSketchAccuracy);
+      const std::vector<uint8_t> sketch =
+          (sampled_out.count(static_cast<int>(st.step)) ? empty : st.latency).serialize();
+      out->set_issue_latency(sketch.data(), sketch.size());
+      if (sampled_out.count(static_cast<int>(st.step))) {
+        out->set_sampled_out(true);
+        continue;
+      }
+      out->set_gpu_busy_ns(st.gpu_busy_ns);
+      out->set_inter_ns(st.inter_ns);
+      out->set_minority_ns(st.minority_ns);
+      out->set_gpu_ops(st.gpu_ops);
+      out->set_issue_latency_sum_ns(st.issue_latency_sum_ns);
+      out->set_issue_offset_sum_ns(st.issue_offset_sum_ns);
+    }
+    m.addBatch(r, b);
+  }
+  ASSERT_EQ(m.stepStats(3, /*with_sampled_out=*/true).size(), raw.stepStats(3).size());
+  const auto found = slowSteps(m);
+  ASSERT_EQ(found.size(), 1u);
+  EXPECT_EQ(found[0].kind, "issue_stall");
+  EXPECT_EQ(found[0].ranks, std::vector<int>{3});
+  EXPECT_NE(found[0].summary.find("steps 4,8,12"), std::string::npos) << found[0].summary;
 }
 
 }  // namespace

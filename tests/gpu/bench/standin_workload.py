@@ -3,7 +3,8 @@
 (tests/python/test_gpu_bench_harness.py): it speaks the same protocol and reports the step times
 a model of each arm gives (bare 10 ms; FLARE_MODE summary +5%, raw +10%; --profiler +30%;
 summary with FLARE_SAMPLE_KERNELS, which must be STANDIN_SAMPLE_KERNELS or 32, +1%; with
-FLARE_SAMPLE_CALLS at the same N as well, +0.5%), times a
+FLARE_SAMPLE_CALLS at the same N as well, +0.5%; with FLARE_SAMPLE_STEPS, which must be
+STANDIN_SAMPLE_STEPS or 32, +0.25%), times a
 drift of +1% per window it has measured, which the per-round ratio must cancel. It checks what
 the harness passes (LD_PRELOAD set exactly for the Flare arms, the same CPU affinity for every
 arm, moved onto the measurement cores for each window) and fails its load when STANDIN_FAIL_ARM
@@ -24,7 +25,12 @@ mode = os.environ.get("FLARE_MODE", "")
 preload = os.environ.get("LD_PRELOAD", "")
 sample = os.environ.get("FLARE_SAMPLE_KERNELS", "")
 calls = os.environ.get("FLARE_SAMPLE_CALLS", "")
+steps = os.environ.get("FLARE_SAMPLE_STEPS", "")
 arm = "torch-profiler" if a.profiler else ("flare-%s" % mode if mode else "bare")
+if steps:
+    arm += "-steps"
+    if sample or calls or steps != os.environ.get("STANDIN_SAMPLE_STEPS", "32"):
+        sys.exit("stand-in: FLARE_SAMPLE_STEPS=%r (kernels %r, calls %r)" % (steps, sample, calls))
 if sample:
     arm += "-sampled"
 if calls:
@@ -36,7 +42,8 @@ if bool(mode) != ("libflare_hook.so" in preload):
 if sample and sample != os.environ.get("STANDIN_SAMPLE_KERNELS", "32"):
     sys.exit("stand-in: FLARE_SAMPLE_KERNELS=%r" % sample)
 factor = {"bare": 1.0, "flare-summary": 1.05, "flare-raw": 1.10, "torch-profiler": 1.30,
-          "flare-summary-sampled": 1.01, "flare-summary-sampled-all": 1.005}[arm]
+          "flare-summary-sampled": 1.01, "flare-summary-sampled-all": 1.005,
+          "flare-summary-steps": 1.0025}[arm]
 
 
 def reply(**kw):
