@@ -56,9 +56,10 @@ void decideStep(int64_t boundary_ns) {
   std::lock_guard<std::mutex> lock(s.mu);
   ++s.seen;
   ++s.since;
-  // Raw mode (or no summarizing sink yet) times every step: its records must hold every op.
-  const bool measure =
-      s.seen <= kWarmupSteps || !timing::stepSamplingAllowed() || measuredStep(s.seed, s.seen, k);
+  // Raw mode (or no summarizing sink yet) times every step: its records must hold every op, and
+  // no summarizing builder takes the decision.
+  const bool allowed = timing::stepSamplingAllowed();
+  const bool measure = s.seen <= kWarmupSteps || !allowed || measuredStep(s.seed, s.seen, k);
   timing::StepDecision d;
   d.boundary_ns = boundary_ns;
   d.measured = measure;
@@ -66,8 +67,9 @@ void decideStep(int64_t boundary_ns) {
     d.weight = s.since;
     s.since = 0;
   }
+  // Until the next boundary (a loop's last step sampled out leaves what follows it untimed).
   timing::g_steps_untimed.store(!measure, std::memory_order_relaxed);
-  timing::recordStepDecision(d);
+  if (allowed) timing::recordStepDecision(d);
   if (s.seen == kWarmupSteps + 1) {
     common::logOnce(common::LogLevel::kInfo, "hook", "step-sampling",
                     "flare: FLARE_SAMPLE_STEPS={}: from step {} on, every op of one step in {} "
