@@ -44,6 +44,11 @@ int64_t sampleStepsSetting() {
   return k;
 }
 
+double timingBudgetPct() {
+  static const double pct = common::paramDouble("FLARE_TIMING_BUDGET_PCT", 0, 100);
+  return pct;
+}
+
 namespace {
 
 // The next gap of 1-in-N sampling, uniform in 1..2N-1, from the thread's xorshift (seeded on

@@ -91,6 +91,9 @@ int64_t sampleKernelsSetting();
 // FLARE_SAMPLE_STEPS as read (1 when unset or refused; one warning naming it): step sampling
 // (src/timing/step_sampling.h; the decisions: onStepBoundary, step.cc).
 int64_t sampleStepsSetting();
+// FLARE_TIMING_BUDGET_PCT as read (0, off, when unset or refused): step sampling's K chosen per
+// job from the measured timing cost (step.cc).
+double timingBudgetPct();
 // FLARE_SAMPLE_CALLS as read (1 when unset or refused; one warning naming it).
 int64_t sampleCallsSetting();
 

@@ -22,6 +22,7 @@
 #include "src/hook/deep_trace.h"
 #include "src/hook/device_timer.h"
 #include "src/hook/hang_watch.h"
+#include "src/hook/launch_sampling.h"
 #include "src/hook/rank_commands.h"
 #include "src/hook/runtime_state.h"
 #include "src/hook/sink_setup.h"
@@ -88,6 +89,7 @@ void init() {
   opts.flush_interval_ns = batchIntervalNs();
   opts.end_only = endOnlyTiming();
   opts.correct_event_gap = common::paramBool("FLARE_EVENT_GAP_CORRECTION");
+  opts.measure_cost = timingBudgetPct() > 0;  // step sampling by budget (step.cc)
   hang::WatchdogOptions watch_opts;
   if (HangWatch::optionsFromEnv(&watch_opts)) {
     timing::GrpcExporter* exporter = state->exporter;

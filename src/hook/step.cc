@@ -27,6 +27,14 @@ struct StepTurns {
   uint64_t seen = 0;   // boundaries met
   uint32_t since = 0;  // steps since the previous measured one, this one included
   uint64_t seed = 0;   // of the job id: every rank of the job measures the same steps
+  // FLARE_TIMING_BUDGET_PCT: the step that started at the previous boundary, whether it was
+  // measured, the Tracer's timing cost then, the cost's share of a measured step (a moving
+  // average) and the K it gives.
+  int64_t prev_boundary_ns = 0;
+  bool prev_measured = false;
+  uint64_t prev_cost_ns = 0;
+  double cost_fraction = -1;  // < 0: no measured step yet
+  uint32_t k_budget = 0;      // 0: not chosen yet
 };
 
 StepTurns& turns() {
@@ -49,17 +57,49 @@ bool measuredStep(uint64_t seed, uint64_t index, int64_t k) {
   return z % static_cast<uint64_t>(k) == 0;
 }
 
+// FLARE_TIMING_BUDGET_PCT: from the step that ended at `boundary_ns` (when it was measured),
+// the share of step time timing costs, and the K that keeps it within the budget.
+int64_t budgetSteps(StepTurns& s, int64_t boundary_ns, int64_t k_floor, double budget_pct) {
+  timing::Tracer* t = tracer();
+  const uint64_t cost = t != nullptr ? t->hostCostNs() : 0;
+  // From the step that starts at the 2nd boundary on: the first ones carry one-time costs
+  // (signatures interned, the event pool grown).
+  if (s.prev_measured && s.seen >= 2 && boundary_ns > s.prev_boundary_ns) {
+    const double f = static_cast<double>(cost - s.prev_cost_ns) /
+                     static_cast<double>(boundary_ns - s.prev_boundary_ns);
+    s.cost_fraction = s.cost_fraction < 0 ? f : 0.7 * s.cost_fraction + 0.3 * f;
+    const uint32_t k =
+        timing::stepsForBudget(s.cost_fraction, budget_pct, static_cast<uint32_t>(k_floor));
+    if (k != s.k_budget) {
+      // The first choice where the user looks (info), later adjustments at debug level.
+      ::flare::common::logAt(
+          s.k_budget == 0 ? common::LogLevel::kInfo : common::LogLevel::kDebug, "hook",
+          "flare: FLARE_TIMING_BUDGET_PCT={}: timing every op costs {:.2f}% of a "
+          "step here; timing one step in {} (every op of it)",
+          budget_pct, 100 * s.cost_fraction, k);
+      s.k_budget = k;
+    }
+  }
+  s.prev_boundary_ns = boundary_ns;
+  s.prev_cost_ns = cost;
+  return s.k_budget > 0 ? s.k_budget : k_floor;
+}
+
 void decideStep(int64_t boundary_ns) {
-  const int64_t k = sampleStepsSetting();
-  if (k <= 1) return;
+  const double budget = timingBudgetPct();
+  int64_t k = sampleStepsSetting();
+  if (k <= 1 && budget <= 0) return;
   StepTurns& s = turns();
   std::lock_guard<std::mutex> lock(s.mu);
+  if (budget > 0) k = budgetSteps(s, boundary_ns, k, budget);
   ++s.seen;
   ++s.since;
   // Raw mode (or no summarizing sink yet) times every step: its records must hold every op, and
   // no summarizing builder takes the decision.
   const bool allowed = timing::stepSamplingAllowed();
-  const bool measure = s.seen <= kWarmupSteps || !allowed || measuredStep(s.seed, s.seen, k);
+  const bool measure =
+      s.seen <= kWarmupSteps || !allowed || k <= 1 || measuredStep(s.seed, s.seen, k);
+  s.prev_measured = measure;
   timing::StepDecision d;
   d.boundary_ns = boundary_ns;
   d.measured = measure;
@@ -70,7 +110,7 @@ void decideStep(int64_t boundary_ns) {
   // Until the next boundary (a loop's last step sampled out leaves what follows it untimed).
   timing::g_steps_untimed.store(!measure, std::memory_order_relaxed);
   if (allowed) timing::recordStepDecision(d);
-  if (s.seen == kWarmupSteps + 1) {
+  if (s.seen == kWarmupSteps + 1 && budget <= 0) {
     common::logOnce(common::LogLevel::kInfo, "hook", "step-sampling",
                     "flare: FLARE_SAMPLE_STEPS={}: from step {} on, every op of one step in {} "
                     "(the same steps on every rank of the job) is timed, and the kernels, GEMMs, "

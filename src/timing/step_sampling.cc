@@ -54,6 +54,15 @@ const StepDecision* inForce(const std::vector<StepDecision>& v, int64_t t) {
 
 }  // namespace
 
+uint32_t stepsForBudget(double cost_fraction, double budget_pct, uint32_t k_min) {
+  uint32_t k = 1;
+  while (k < k_min && k < kMaxSampleSteps) k *= 2;
+  if (!(budget_pct > 0) || !(cost_fraction > 0)) return k;  // NaN too: the floor
+  const double want = cost_fraction * 100.0 / budget_pct;
+  while (k < want && k < kMaxSampleSteps) k *= 2;
+  return k;
+}
+
 void StepDecisions::add(std::vector<StepDecision> decisions) {
   for (const StepDecision& d : decisions) {
     // Boundary order (one step rule meets them in order; an older one is put in its place).

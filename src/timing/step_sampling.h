@@ -59,6 +59,17 @@ void recordStepDecision(const StepDecision& d);
 std::vector<StepDecision> takeStepDecisions();
 constexpr size_t kMaxPendingDecisions = 1 << 14;
 
+// The largest K of step sampling (FLARE_SAMPLE_STEPS, and the K a timing budget may choose).
+constexpr uint32_t kMaxSampleSteps = 1024;
+
+// Step sampling by a timing budget (FLARE_TIMING_BUDGET_PCT): the K that keeps the timing cost
+// within `budget_pct` percent of the step time, when timing every op costs `cost_fraction` of a
+// measured step's time: the smallest power of 2 at least cost / budget, at least `k_min`
+// (rounded up to a power of 2), at most kMaxSampleSteps. Powers of 2 nest: a step that a rank
+// at K = 2^j measures, every rank at a smaller K measures too (the selection is a hash of the
+// step index modulo K), so ranks that chose different K still share their measured steps.
+uint32_t stepsForBudget(double cost_fraction, double budget_pct, uint32_t k_min);
+
 // The poller-side view of the decisions: which steps were measured, and the weight of an op.
 // Not thread-safe (the BatchBuilder's).
 class StepDecisions {

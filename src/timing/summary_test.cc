@@ -4,6 +4,7 @@
 #include <stdlib.h>
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <initializer_list>
 #include <map>
@@ -652,6 +653,18 @@ TEST(StepDecisions, AStepIsMeasuredOnlyIfNoPartOfItWasSampledOut) {
   EXPECT_EQ(d.weightAt(360), 2u);
   d.add({{500, false, 1}});
   EXPECT_FALSE(d.measured(450, 550));
+}
+
+// FLARE_TIMING_BUDGET_PCT: the smallest power of 2 that brings the cost of timing every op
+// within the budget, never below the floor (rounded up to a power of 2) nor above 1024.
+TEST(StepDecisions, TheBudgetPicksThePowerOfTwoThatKeepsTheCostWithinIt) {
+  EXPECT_EQ(stepsForBudget(0.10, 0.5, 1), 32u);  // 10% for a 0.5% budget: 20 -> 32
+  EXPECT_EQ(stepsForBudget(0.004, 0.5, 1), 1u);  // within the budget: every step
+  EXPECT_EQ(stepsForBudget(0.004, 0.5, 3), 4u);  // the floor, a power of 2
+  EXPECT_EQ(stepsForBudget(0.01, 0.5, 1), 2u);   // exactly twice the budget
+  EXPECT_EQ(stepsForBudget(0.5, 0.01, 1), kMaxSampleSteps);
+  EXPECT_EQ(stepsForBudget(0.1, 0, 1), 1u);  // no budget: the floor
+  EXPECT_EQ(stepsForBudget(std::nan(""), 0.5, 8), 8u);
 }
 
 }  // namespace

@@ -254,6 +254,11 @@ struct TracerOptions {
   // that op started), the median of each window of kGapWindow readings; no correction until the
   // first window is full. FLARE_EVENT_GAP_CORRECTION (default on).
   bool correct_event_gap = false;
+  // Add up the launching threads' time in begin() and end() of the timed ops (hostCostNs;
+  // measured on one op in 8 per thread, three more clock reads there). For step sampling's timing
+  // budget
+  // (FLARE_TIMING_BUDGET_PCT, src/timing/step_sampling.h).
+  bool measure_cost = false;
 };
 
 // Owns the event pool, the rings, the poller thread. Thread-safe as documented per method.
@@ -273,6 +278,7 @@ class Tracer {
     void* end = nullptr;
     void* stream = nullptr;
     int64_t issue_ns = 0;
+    int64_t cost_from_ns = 0;  // TracerOptions::measure_cost: 0, or this op's end() is measured
   };
   bool begin(void* stream, Ticket* ticket);
   void end(Ticket* ticket, const OpInfo& info);
@@ -295,6 +301,9 @@ class Tracer {
   // op, such as MODE_SUMMARY's last complete step, goes out too); later flushes finish too.
   bool drain(int64_t timeout_ns, bool final = false);
   DropCounters drops() const;
+  // Any thread: the launching threads' time in begin() and end() of the ops timed so far, ns
+  // (0 unless TracerOptions::measure_cost): what timing cost them, event records included.
+  uint64_t hostCostNs() const;
   // Called in a forked child: the poller thread does not exist there; disables tracing.
   void disableAfterFork();
 

@@ -198,6 +198,9 @@ bool Tracer::drain(int64_t timeout_ns, bool final) {
 DropCounters Tracer::drops() const {
   return impl_->drops();
 }
+uint64_t Tracer::hostCostNs() const {
+  return impl_->host_cost_ns_.load(std::memory_order_relaxed);
+}
 size_t Tracer::pushDeepTrace(std::vector<DeepTraceRecord>&& records) {
   if (impl_->disabled_.load(std::memory_order_relaxed)) return 0;
   size_t taken = 0;

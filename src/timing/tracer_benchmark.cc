@@ -59,11 +59,12 @@ class NullSink final : public Sink {
   uint64_t count_ = 0;
 };
 
-void runBeginEnd(benchmark::State& state, const common::Clock& clock) {
+void runBeginEnd(benchmark::State& state, const common::Clock& clock, bool measure_cost = false) {
   NoopTimer timer;
   NullSink sink;
   TracerOptions opts;
   opts.ring_capacity = static_cast<size_t>(4) * kRound;
+  opts.measure_cost = measure_cost;
   Tracer tracer(&timer, &clock, &sink, opts);
   OpInfo info;
   Signature sig;
@@ -96,6 +97,13 @@ void beginEndSystemClock(benchmark::State& state) {
   runBeginEnd(state, common::systemClock());
 }
 BENCHMARK(beginEndSystemClock)->UseRealTime();
+
+// The same with the timing cost added up (FLARE_TIMING_BUDGET_PCT: three more clock reads and
+// an atomic add per op).
+void beginEndMeasuringCost(benchmark::State& state) {
+  runBeginEnd(state, common::systemClock(), true);
+}
+BENCHMARK(beginEndMeasuringCost)->UseRealTime();
 
 // The same without the clock read: Flare's own bookkeeping alone.
 void beginEndFakeClock(benchmark::State& state) {

@@ -106,6 +106,7 @@ struct ThreadState {
   Event* cache[kCacheCapacity] = {};
   size_t cache_size = 0;
   int cache_device = -1;
+  uint32_t cost_tick = 0;  // TracerOptions::measure_cost: timed ops of this thread, mod kCostEvery
   const uint32_t thread_id;
   const uint64_t correlation_base =
       uint64_t{g_next_thread_index.fetch_add(1, std::memory_order_relaxed)} << 40;
@@ -216,6 +217,7 @@ struct Tracer::Impl {
   std::vector<Event*>& freeList(int device);  // pool_mu_ held; grows free_ (also the poller)
   void giveBack(ThreadState* ts, Event* event) noexcept;
   void push(ThreadState* ts, const PendingOp& op) noexcept;
+  void addCost(int64_t since_ns) noexcept;  // measure_cost: now - since_ns into host_cost_ns_
 
   // Poller thread: polling and event timing (tracer_poller.cc), the GPU → host clock map
   // (tracer_clock.cc), handing over to the sink (tracer_emit.cc).
@@ -263,6 +265,11 @@ struct Tracer::Impl {
     std::atomic<uint64_t> spans_dropped{0};
   };
   alignas(64) Counters counters_;
+  // TracerOptions::measure_cost: the launching threads' time in begin() and end() of timed ops,
+  // measured on one op in kCostEvery per thread and scaled by it (the clock reads cost ~30 ns
+  // each on a VM: measuring every op would add ~100 ns to each).
+  static constexpr uint32_t kCostEvery = 8;
+  alignas(64) std::atomic<uint64_t> host_cost_ns_{0};
 
   // Event pool. Events live in a deque (stable addresses) until the Tracer is destroyed.
   alignas(64) std::mutex pool_mu_;

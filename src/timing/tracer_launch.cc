@@ -172,6 +172,13 @@ void Tracer::Impl::giveBack(ThreadState* ts, Event* event) noexcept {
   }
 }
 
+void Tracer::Impl::addCost(int64_t since_ns) noexcept {
+  const int64_t spent = clock_->nowNs() - since_ns;
+  if (spent > 0) {
+    host_cost_ns_.fetch_add(static_cast<uint64_t>(spent) * kCostEvery, std::memory_order_relaxed);
+  }
+}
+
 void Tracer::Impl::push(ThreadState* ts, const PendingOp& op) noexcept {
   if (ts != nullptr && ts->ring.tryPush(op)) [[likely]]
     return;
@@ -186,6 +193,8 @@ bool Tracer::Impl::begin(void* stream, Ticket* ticket) noexcept {
   if (disabled_.load(std::memory_order_relaxed)) return false;
   ThreadState* ts = threadState();
   if (ts == nullptr) return false;
+  const bool measure = opts_.measure_cost && ++ts->cost_tick % kCostEvery == 0;
+  const int64_t entered_ns = measure ? clock_->nowNs() : 0;
   try {
     // Until this op is timed, the chain of end-only ops on this thread is broken.
     const bool chained =
@@ -227,6 +236,10 @@ bool Tracer::Impl::begin(void* stream, Ticket* ticket) noexcept {
     ticket->end = end;
     ticket->stream = stream;
     ticket->issue_ns = issue_ns;
+    if (measure) {
+      addCost(entered_ns);
+      ticket->cost_from_ns = 1;  // end() measures itself
+    }
     return true;
   } catch (...) {
     counters_.event_errors.fetch_add(1, std::memory_order_relaxed);
@@ -239,16 +252,21 @@ void Tracer::Impl::end(Ticket* ticket, const OpInfo& info) noexcept {
   auto* end = static_cast<Event*>(ticket->end);
   void* stream = ticket->stream;
   const int64_t issue_ns = ticket->issue_ns;
+  const bool measure = ticket->cost_from_ns != 0;
   *ticket = Ticket{};
   if (start == nullptr || end == nullptr) return;
   if (disabled_.load(std::memory_order_relaxed)) return;  // a forked child: leave them be
+  const int64_t entered_ns = measure ? clock_->nowNs() : 0;
   ThreadState* ts = threadState();
   struct InFlightDone {  // after the push (or the op's loss): the poller may pass its issue time
+    Impl* impl;
     ThreadState* ts;
+    int64_t entered_ns;  // 0: not measured
     ~InFlightDone() {
       if (ts != nullptr) ts->in_flight_issue_ns.store(INT64_MAX, std::memory_order_release);
+      if (entered_ns != 0) impl->addCost(entered_ns);
     }
-  } in_flight_done{ts};
+  } in_flight_done{this, ts, entered_ns};
   try {
     if (!timer_->recordEvent(end->handle, stream)) {
       counters_.event_errors.fetch_add(1, std::memory_order_relaxed);

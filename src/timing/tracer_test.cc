@@ -961,5 +961,39 @@ TEST_F(TracerTest, SeveralTracersOnOneThread) {
   EXPECT_EQ(timer_.misuse(), 0);
 }
 
+// TracerOptions::measure_cost: the launching thread's time in begin() and end() adds up in
+// hostCostNs(), measured on one op in 8 and scaled by 8 (a clock that moves 100 ns per read: at
+// least three reads' worth per measured op, the vendor call between begin and end left out);
+// without the option, nothing is counted.
+TEST_F(TracerTest, TheTimingCostOfTheLaunchingThreadIsAddedUpOnlyWhenAsked) {
+  struct TickingClock final : common::Clock {
+    mutable std::atomic<int64_t> t{1'000'000'000};
+    int64_t nowNs() const noexcept override { return t.fetch_add(100) + 100; }
+  };
+  for (bool measure : {false, true}) {
+    TickingClock ticking;
+    TracerOptions opts = quietOptions();
+    opts.measure_cost = measure;
+    Tracer tracer(&timer_, &ticking, &sink_, opts);
+    for (int i = 0; i < 10; ++i) {
+      Tracer::Ticket ticket;
+      ASSERT_TRUE(tracer.begin(kStreamA, &ticket));
+      const int64_t before = ticking.t.load();
+      ticking.t += 1'000'000;  // the vendor call: 1 ms, not the hook's
+      tracer.end(&ticket, opInfo(static_cast<uint64_t>(i)));
+      ASSERT_GT(ticking.t.load(), before);
+    }
+    if (measure) {
+      // One measured op of 10 (the 8th), >= 300 ns (begin: 2 reads after entry, end: 1), x 8.
+      EXPECT_GE(tracer.hostCostNs(), 300u * 8);
+      EXPECT_LT(tracer.hostCostNs(), 1'000'000u);  // no vendor call in it
+    } else {
+      EXPECT_EQ(tracer.hostCostNs(), 0u);
+    }
+    for (int i = 0; i < 10; ++i) ASSERT_TRUE(timer_.completeOp(kStreamA, 1000 + i, 1001 + i));
+    ASSERT_TRUE(tracer.drain(kLongWait));
+  }
+}
+
 }  // namespace
 }  // namespace flare::timing

@@ -103,6 +103,14 @@ def test_the_steps_arm_samples_whole_steps_and_nothing_else(build_dir, tmp_path)
     assert rows["flare-summary"]["overhead_pct"] == pytest.approx(5.0)
 
 
+def test_the_budget_arm_sets_the_timing_budget_and_nothing_else(build_dir, tmp_path):
+    proc, out = run(build_dir, tmp_path, "--arms", "bare,flare-summary-budget",
+                    "--timing-budget", "0.25", env={"STANDIN_TIMING_BUDGET": "0.25"})
+    assert proc.returncode == 0, proc.stderr
+    rows = json.loads(out.read_text())["summary"]["gpt-small"]["arms"]
+    assert rows["flare-summary-budget"]["overhead_pct"] == pytest.approx(0.4)
+
+
 def test_arms_must_include_the_bare_one(build_dir, tmp_path):
     proc, _ = run(build_dir, tmp_path, "--arms", "flare-raw")
     assert proc.returncode == 2 and "bare" in proc.stderr

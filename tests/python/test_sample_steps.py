@@ -11,7 +11,8 @@ simulated GPU ran.
   detectors looked at says how many were measured;
 - an underclocked GPU is still named, through flared, with nothing refused; a healthy job raises
   nothing;
-- raw mode times every step; a malformed value is refused with one warning."""
+- raw mode times every step; a malformed value is refused with one warning;
+- FLARE_TIMING_BUDGET_PCT picks K from the timing cost the hook measures."""
 
 import collections
 import json
@@ -105,6 +106,31 @@ def test_a_malformed_value_is_refused_once_and_every_step_timed(sim_train, build
     assert res.stderr.count("FLARE_SAMPLE_STEPS") >= 1
     for key, (count, timed) in summary_counts(records).items():
         assert count == timed == true[key][0], key
+
+
+def test_a_timing_budget_picks_k_from_the_measured_cost(sim_train, build_dir, tmp_path):
+    """FLARE_TIMING_BUDGET_PCT: the hook measures what timing every op costs its launching
+    threads (on the simulated stack a few percent of a step) and times one step in the power of
+    2 that keeps it within the budget; a budget it is already within keeps every step."""
+    import re
+    _, _, res = traced_run(sim_train, build_dir, tmp_path, "tight", mode="summary",
+                           env_extra={"FLARE_TIMING_BUDGET_PCT": "0.25"})
+    chosen = re.findall(r"FLARE_TIMING_BUDGET_PCT=0.25: timing every op costs ([0-9.]+)% of a "
+                        r"step here; timing one step in ([0-9]+)", res.stderr)
+    assert len(chosen) == 2, res.stderr  # each rank says it once, where the user looks
+    for cost, k in chosen:
+        k, cost = int(k), float(cost)
+        assert k & (k - 1) == 0 and k >= cost / 0.25 > k / 2 or k == 1024, (cost, k)
+    k = min(int(k) for _, k in chosen)
+    assert k >= 2, chosen  # timing every op costs the simulated ranks more than 0.25%
+    _, tight = looked_at(build_dir, tmp_path / "tight")
+    total = tight["stepsMeasured"] + tight["stepsSampledOut"]
+    assert tight["stepsSampledOut"] > 0 and tight["stepsMeasured"] <= total * (3.0 / k + 0.15)
+    _, _, res = traced_run(sim_train, build_dir, tmp_path, "loose", mode="summary",
+                           env_extra={"FLARE_TIMING_BUDGET_PCT": "100"})
+    assert "timing one step in 1 " in res.stderr, res.stderr
+    _, loose = looked_at(build_dir, tmp_path / "loose")
+    assert loose["stepsSampledOut"] == 0 and loose["stepsMeasured"] == total
 
 
 def test_underclocked_rank_is_named_through_flared_with_nothing_refused(build_dir, tmp_path):

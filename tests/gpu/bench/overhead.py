@@ -44,7 +44,7 @@ ARMS = ("bare", "flare-summary", "flare-raw", "torch-profiler")
 # and GEMMs, copies and sets sampled per signature too (-sampled-all: FLARE_SAMPLE_CALLS, same
 # N). The hook refuses FLARE_TIMING=end with sampling, so those do not combine.
 EXTRA_ARMS = ("flare-summary-end", "flare-summary-sampled", "flare-summary-sampled-all",
-              "flare-summary-steps")
+              "flare-summary-steps", "flare-summary-budget")
 WORKLOADS = ("gpt-small", "gpt-medium", "gpt-large", "launch-bound", "cuda-graph", "compile")
 BUDGET_PCT = {"gpt-small": 0.5, "gpt-medium": 0.5, "gpt-large": 0.5, "launch-bound": 2.0}
 
@@ -80,6 +80,8 @@ class Worker:
                 env["FLARE_SAMPLE_CALLS"] = str(args.sample_kernels)
             if arm.endswith("-steps"):  # step sampling: every op of one step in K timed
                 env["FLARE_SAMPLE_STEPS"] = str(args.sample_steps)
+            if arm.endswith("-budget"):  # step sampling with K from the measured timing cost
+                env["FLARE_TIMING_BUDGET_PCT"] = str(args.timing_budget)
         cmd = [sys.executable, args.worker, "--threads", str(args.threads)]
         if arm == "torch-profiler":
             cmd.append("--profiler")
@@ -252,6 +254,8 @@ def main():
     ap.add_argument("--threads", type=int, default=2, help="torch.set_num_threads per arm")
     ap.add_argument("--sample-steps", type=int, default=32, help="FLARE_SAMPLE_STEPS of the "
                     "-steps arm (every op of one step in K timed, none of the others)")
+    ap.add_argument("--timing-budget", type=float, default=0.5, help="FLARE_TIMING_BUDGET_PCT "
+                    "of the -budget arm (step sampling with K chosen from the measured cost)")
     ap.add_argument("--sample-kernels", type=int, default=32, help="FLARE_SAMPLE_KERNELS of the "
                     "-sampled arms (1-in-N timing of plain kernel launches; -sampled-all: also "
                     "FLARE_SAMPLE_CALLS, GEMMs, copies and sets per signature)")

@@ -4,7 +4,8 @@
 a model of each arm gives (bare 10 ms; FLARE_MODE summary +5%, raw +10%; --profiler +30%;
 summary with FLARE_SAMPLE_KERNELS, which must be STANDIN_SAMPLE_KERNELS or 32, +1%; with
 FLARE_SAMPLE_CALLS at the same N as well, +0.5%; with FLARE_SAMPLE_STEPS, which must be
-STANDIN_SAMPLE_STEPS or 32, +0.25%), times a
+STANDIN_SAMPLE_STEPS or 32, +0.25%; with FLARE_TIMING_BUDGET_PCT, which must be
+STANDIN_TIMING_BUDGET or 0.5, +0.4%), times a
 drift of +1% per window it has measured, which the per-round ratio must cancel. It checks what
 the harness passes (LD_PRELOAD set exactly for the Flare arms, the same CPU affinity for every
 arm, moved onto the measurement cores for each window) and fails its load when STANDIN_FAIL_ARM
@@ -26,7 +27,12 @@ preload = os.environ.get("LD_PRELOAD", "")
 sample = os.environ.get("FLARE_SAMPLE_KERNELS", "")
 calls = os.environ.get("FLARE_SAMPLE_CALLS", "")
 steps = os.environ.get("FLARE_SAMPLE_STEPS", "")
+budget = os.environ.get("FLARE_TIMING_BUDGET_PCT", "")
 arm = "torch-profiler" if a.profiler else ("flare-%s" % mode if mode else "bare")
+if budget:
+    arm += "-budget"
+    if sample or calls or steps or budget != os.environ.get("STANDIN_TIMING_BUDGET", "0.5"):
+        sys.exit("stand-in: FLARE_TIMING_BUDGET_PCT=%r" % budget)
 if steps:
     arm += "-steps"
     if sample or calls or steps != os.environ.get("STANDIN_SAMPLE_STEPS", "32"):
@@ -43,7 +49,7 @@ if sample and sample != os.environ.get("STANDIN_SAMPLE_KERNELS", "32"):
     sys.exit("stand-in: FLARE_SAMPLE_KERNELS=%r" % sample)
 factor = {"bare": 1.0, "flare-summary": 1.05, "flare-raw": 1.10, "torch-profiler": 1.30,
           "flare-summary-sampled": 1.01, "flare-summary-sampled-all": 1.005,
-          "flare-summary-steps": 1.0025}[arm]
+          "flare-summary-steps": 1.0025, "flare-summary-budget": 1.004}[arm]
 
 
 def reply(**kw):
