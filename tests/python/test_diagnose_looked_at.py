@@ -47,6 +47,9 @@ def check_looked_at(seen, ranks):
     assert sorted(names) == sorted(registered_detectors()), names  # each exactly once
     assert seen["ranks"] == ranks
     assert len(seen["steps"]) == 2 and 1 <= seen["steps"][0] <= seen["steps"][1], seen
+    # Every step timed (no FLARE_SAMPLE_STEPS): rank-steps measured, none sampled out.
+    span = seen["steps"][1] - seen["steps"][0] + 1
+    assert seen["stepsSampledOut"] == 0 and 0 < seen["stepsMeasured"] <= ranks * span, seen
     for d in seen["detectors"]:
         assert d["ran"] == (d["skipped"] == ""), d
         assert d["ran"] == (d["window"] != ""), d
@@ -103,7 +106,7 @@ def test_flared_diagnoses_carry_what_was_looked_at(build_dir, tmp_path):
         # A job flared does not know: nothing was looked at.
         unknown = daemon.json("/api/v1/jobs/nosuchjob/diagnoses")
         assert unknown == {"diagnoses": [], "lookedAt": {
-            "ranks": 0, "steps": [], "detectors": [],
+            "ranks": 0, "steps": [], "stepsMeasured": 0, "stepsSampledOut": 0, "detectors": [],
             "text": "0 ranks, no complete step after the warm-up; 0 detectors ran"}}
     finally:
         daemon.stop(kill=True)

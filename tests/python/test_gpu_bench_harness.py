@@ -92,23 +92,20 @@ def test_the_sampled_all_arm_also_samples_gemms_copies_and_sets(build_dir, tmp_p
     assert rows["flare-summary-sampled"]["overhead_pct"] == pytest.approx(1.0)
 
 
-def test_the_steps_arm_samples_whole_steps_and_nothing_else(build_dir, tmp_path):
-    """-steps: FLARE_SAMPLE_STEPS=--sample-steps, without per-launch or per-call sampling (the
-    stand-in refuses them together)."""
-    proc, out = run(build_dir, tmp_path, "--arms", "bare,flare-summary,flare-summary-steps",
-                    "--sample-steps", "8", env={"STANDIN_SAMPLE_STEPS": "8"})
+@pytest.mark.parametrize("arm,flag,value,standin,pct", [
+    ("flare-summary-steps", "--sample-steps", "8", "STANDIN_SAMPLE_STEPS", 0.25),
+    ("flare-summary-budget", "--timing-budget", "0.25", "STANDIN_TIMING_BUDGET", 0.4)])
+def test_the_step_sampling_arms_set_their_one_setting(build_dir, tmp_path, arm, flag, value,
+                                                      standin, pct):
+    """-steps: FLARE_SAMPLE_STEPS=--sample-steps; -budget: FLARE_TIMING_BUDGET_PCT=
+    --timing-budget; neither with per-launch or per-call sampling (the stand-in refuses them
+    together)."""
+    proc, out = run(build_dir, tmp_path, "--arms", "bare,flare-summary," + arm, flag, value,
+                    env={standin: value})
     assert proc.returncode == 0, proc.stderr
     rows = json.loads(out.read_text())["summary"]["gpt-small"]["arms"]
-    assert rows["flare-summary-steps"]["overhead_pct"] == pytest.approx(0.25)
+    assert rows[arm]["overhead_pct"] == pytest.approx(pct)
     assert rows["flare-summary"]["overhead_pct"] == pytest.approx(5.0)
-
-
-def test_the_budget_arm_sets_the_timing_budget_and_nothing_else(build_dir, tmp_path):
-    proc, out = run(build_dir, tmp_path, "--arms", "bare,flare-summary-budget",
-                    "--timing-budget", "0.25", env={"STANDIN_TIMING_BUDGET": "0.25"})
-    assert proc.returncode == 0, proc.stderr
-    rows = json.loads(out.read_text())["summary"]["gpt-small"]["arms"]
-    assert rows["flare-summary-budget"]["overhead_pct"] == pytest.approx(0.4)
 
 
 def test_arms_must_include_the_bare_one(build_dir, tmp_path):

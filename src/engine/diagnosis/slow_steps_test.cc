@@ -16,7 +16,7 @@
 #include "src/engine/diagnosis/detector.h"
 #include "src/engine/diagnosis/detectors.h"
 #include "src/engine/diagnosis/job_model.h"
-#include "src/stats/sketch.h"
+#include "src/records/step_stats_wire.h"
 
 namespace flare::engine {
 
@@ -272,24 +272,12 @@ TEST(SlowSteps, AHostPauseIsNamedFromTheMeasuredStepsUnderStepSampling) {
         std::remove_if(kernels->begin(), kernels->end(),
                        [](const flare::v1::KernelRecord& k) { return k.signature_id() == 2; }),
         kernels->end());
-    for (const records::StepStats& st : raw.stepStats(r)) {
-      auto* out = b.add_step_stats();
-      out->set_start_ns(st.start_ns);
-      out->set_end_ns(st.end_ns);
-      const stats::LatencySketch empty(records::StepStats::kStepSketchAccuracy);
-      const std::vector<uint8_t> sketch =
-          (sampled_out.count(static_cast<int>(st.step)) ? empty : st.latency).serialize();
-      out->set_issue_latency(sketch.data(), sketch.size());
-      if (sampled_out.count(static_cast<int>(st.step))) {
-        out->set_sampled_out(true);
-        continue;
-      }
-      out->set_gpu_busy_ns(st.gpu_busy_ns);
-      out->set_inter_ns(st.inter_ns);
-      out->set_minority_ns(st.minority_ns);
-      out->set_gpu_ops(st.gpu_ops);
-      out->set_issue_latency_sum_ns(st.issue_latency_sum_ns);
-      out->set_issue_offset_sum_ns(st.issue_offset_sum_ns);
+    for (const records::StepStats& st : raw.stepStats(r)) {  // as the rank would send them
+      records::StepResult result;
+      result.stats = st;
+      result.stats.sampled_out = sampled_out.count(static_cast<int>(st.step)) > 0;
+      records::encodeStepStats(
+          result, [](int64_t t) { return t; }, b.add_step_stats());
     }
     m.addBatch(r, b);
   }
