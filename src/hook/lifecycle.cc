@@ -12,6 +12,7 @@
 #include "src/hook/deep_trace.h"
 #include "src/hook/runtime.h"
 #include "src/hook/runtime_state.h"
+#include "src/hook/step_boundary.h"
 
 namespace flare::hook {
 namespace {
@@ -30,6 +31,7 @@ void atExit() {
   if (!t || getpid() != g_init_pid) return;
   if (g_exit_done.exchange(true)) return;  // once: Python's atexit (finishAtExit) or exit()
   deepTraceAtExit();                       // its last records reach the Tracer before the drain
+  stepSamplingAtExit();                    // asked for and never applied: said once
   // Write out what completed; never hold the exit up for long (a hung stream stays hung).
   if (!t->drain(1'000'000'000, /*final=*/true)) {
     common::logOnce(common::LogLevel::kInfo, "hook", "exit-undrained",

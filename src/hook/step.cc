@@ -35,6 +35,7 @@ struct StepTurns {
   uint64_t prev_cost_ns = 0;
   double cost_fraction = -1;  // < 0: no measured step yet
   uint32_t k_budget = 0;      // 0: not chosen yet
+  bool allowed_seen = false;  // a boundary met while step sampling could apply (summary mode)
 };
 
 StepTurns& turns() {
@@ -97,6 +98,7 @@ void decideStep(int64_t boundary_ns) {
   // Raw mode (or no summarizing sink yet) times every step: its records must hold every op, and
   // no summarizing builder takes the decision.
   const bool allowed = timing::stepSamplingAllowed();
+  s.allowed_seen = s.allowed_seen || allowed;
   const bool measure =
       s.seen <= kWarmupSteps || !allowed || k <= 1 || measuredStep(s.seed, s.seen, k);
   s.prev_measured = measure;
@@ -120,6 +122,27 @@ void decideStep(int64_t boundary_ns) {
 }
 
 }  // namespace
+
+void stepSamplingAtExit() {
+  const int64_t k = sampleStepsSetting();
+  const double budget = timingBudgetPct();
+  if (k <= 1 && budget <= 0) return;
+  StepTurns& s = turns();
+  std::lock_guard<std::mutex> lock(s.mu);
+  const char* why = nullptr;
+  if (s.seen == 0) {
+    why =
+        "no step boundary was seen (trace the DataLoader's __next__, which FLARE_PYTHON_DEFAULTS "
+        "does, or call flare_step() at each step's start)";
+  } else if (!s.allowed_seen) {
+    why = "the rank was not in summary mode at its step boundaries (raw mode times every step)";
+  }
+  if (why == nullptr) return;
+  common::logOnce(common::LogLevel::kWarn, "hook", "step-sampling-unused",
+                  "flare: FLARE_SAMPLE_STEPS={} FLARE_TIMING_BUDGET_PCT={} had no effect: {}; "
+                  "every op was timed",
+                  k, budget, why);
+}
 
 void onStepBoundary(StepSource source, int64_t boundary_ns) {
   static std::atomic<bool> markers_seen{false};

@@ -52,6 +52,7 @@ def test_summary_counts_estimate_every_steps_launches(sim_train, build_dir, tmp_
     records, true, res = traced_run(sim_train, build_dir, tmp_path, "steps", mode="summary",
                                     env_extra={"FLARE_SAMPLE_STEPS": str(K)})
     assert "FLARE_SAMPLE_STEPS=%d" % K in res.stderr  # said once, where the user looks
+    assert "had no effect" not in res.stderr
     per_sig = summary_counts(records)
     assert per_sig
     for key, (count, timed) in per_sig.items():
@@ -96,6 +97,23 @@ def test_raw_mode_times_every_step(sim_train, build_dir, tmp_path):
     for key, n in counts.items():
         assert n == true[key][0], key
     assert all("weight" not in r for r in records)
+    # Asked for and never applied: said once per rank at exit, with the reason.
+    said = [line for line in res.stderr.splitlines() if "had no effect" in line]
+    assert len(said) == 2 and all("raw mode times every step" in line for line in said), said
+
+
+def test_a_job_without_steps_is_told_that_step_sampling_never_applied(build_dir, tmp_path):
+    """hook_probe launches kernels with no DataLoader and no flare_step(): no step boundary, so
+    every op is timed and the rank says why at exit."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLARE_")}
+    env.update({"LD_PRELOAD": os.path.join(build_dir, "lib", "libflare_hook.so"),
+                "FLARE_OUTPUT_DIR": str(tmp_path / "spool"), "FLARE_JOB_ID": "nosteps",
+                "FLARE_MODE": "summary", "FLARE_SAMPLE_STEPS": str(K)})
+    proc = subprocess.run([os.path.join(build_dir, "bin", "hook_probe"), "launches", "50"],
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    said = [line for line in proc.stderr.splitlines() if "had no effect" in line]
+    assert len(said) == 1 and "no step boundary was seen" in said[0], proc.stderr[-2000:]
 
 
 @pytest.mark.parametrize("value", ["0", "2000", "four"])
