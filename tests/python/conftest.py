@@ -63,3 +63,26 @@ def sim_train(build_dir, tmp_path):
         result = json.loads(out.read_text()) if out.exists() else None
         return SimRun(proc, result)
     return run
+
+
+@pytest.fixture
+def probe(build_dir, tmp_path):
+    """Runs hook_probe MODE under the hook (FLARE_* of this environment left out, `env` added);
+    returns (process, records of its spool)."""
+    hook = os.path.join(build_dir, "lib", "libflare_hook.so")
+
+    def run(*args, env=None):
+        spool = tmp_path / ("spool-" + args[0])
+        full_env = {k: v for k, v in os.environ.items() if not k.startswith("FLARE_")}
+        full_env.update({"LD_PRELOAD": hook, "FLARE_OUTPUT_DIR": str(spool),
+                         "FLARE_JOB_ID": "probe"}, **(env or {}))
+        proc = subprocess.run([os.path.join(build_dir, "bin", "hook_probe"), *map(str, args)],
+                              env=full_env, capture_output=True, text=True, timeout=60)
+        records = []
+        if spool.exists():
+            exp = subprocess.run([os.path.join(build_dir, "bin", "flare-export"), "--input",
+                                  str(spool)], capture_output=True, text=True, timeout=60)
+            assert exp.returncode == 0, exp.stderr
+            records = [json.loads(line) for line in exp.stdout.splitlines()]
+        return proc, records
+    return run

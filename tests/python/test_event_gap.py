@@ -112,15 +112,11 @@ def test_the_applications_own_events_stay_out_of_the_estimate(build_dir, tmp_pat
     assert abs(statistics.median(durations[512:]) - 50_000) <= TOL_NS
 
 
-def test_a_gap_never_measured_is_said_once(build_dir, tmp_path):
+def test_a_gap_never_measured_is_said_once(probe):
     # 20 launches: fewer readings than a window takes; the rank says its durations went
     # uncorrected, once, when timing ends.
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FLARE_")}
-    env.update({"LD_PRELOAD": os.path.join(build_dir, "lib", "libflare_hook.so"),
-                "FLARE_OUTPUT_DIR": str(tmp_path / "spool"), "FLARE_JOB_ID": "few",
-                "FLARE_MODE": "raw", "FLARE_SIM_COMMAND_GAP_US": str(GAP_US)})
-    proc = subprocess.run([os.path.join(build_dir, "bin", "hook_probe"), "launches", "20"],
-                          env=env, capture_output=True, text=True, timeout=120)
+    proc, _ = probe("launches", 20, env={"FLARE_MODE": "raw",
+                                         "FLARE_SIM_COMMAND_GAP_US": str(GAP_US)})
     assert proc.returncode == 0, proc.stderr
     said = re.findall(r"device 0: the event-pair gap was never measured \((\d+) of the 64",
                       proc.stderr)

@@ -102,15 +102,10 @@ def test_raw_mode_times_every_step(sim_train, build_dir, tmp_path):
     assert len(said) == 2 and all("raw mode times every step" in line for line in said), said
 
 
-def test_a_job_without_steps_is_told_that_step_sampling_never_applied(build_dir, tmp_path):
+def test_a_job_without_steps_is_told_that_step_sampling_never_applied(probe):
     """hook_probe launches kernels with no DataLoader and no flare_step(): no step boundary, so
     every op is timed and the rank says why at exit."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FLARE_")}
-    env.update({"LD_PRELOAD": os.path.join(build_dir, "lib", "libflare_hook.so"),
-                "FLARE_OUTPUT_DIR": str(tmp_path / "spool"), "FLARE_JOB_ID": "nosteps",
-                "FLARE_MODE": "summary", "FLARE_SAMPLE_STEPS": str(K)})
-    proc = subprocess.run([os.path.join(build_dir, "bin", "hook_probe"), "launches", "50"],
-                          env=env, capture_output=True, text=True, timeout=120)
+    proc, _ = probe("launches", 50, env={"FLARE_MODE": "summary", "FLARE_SAMPLE_STEPS": str(K)})
     assert proc.returncode == 0, proc.stderr
     said = [line for line in proc.stderr.splitlines() if "had no effect" in line]
     assert len(said) == 1 and "no step boundary was seen" in said[0], proc.stderr[-2000:]
