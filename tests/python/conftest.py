@@ -78,11 +78,16 @@ def probe(build_dir, tmp_path):
                          "FLARE_JOB_ID": "probe"}, **(env or {}))
         proc = subprocess.run([os.path.join(build_dir, "bin", "hook_probe"), *map(str, args)],
                               env=full_env, capture_output=True, text=True, timeout=60)
-        records = []
-        if spool.exists():
-            exp = subprocess.run([os.path.join(build_dir, "bin", "flare-export"), "--input",
-                                  str(spool)], capture_output=True, text=True, timeout=60)
-            assert exp.returncode == 0, exp.stderr
-            records = [json.loads(line) for line in exp.stdout.splitlines()]
-        return proc, records
+        return proc, exported(build_dir, spool)
     return run
+
+
+def exported(build_dir, spool):
+    """The records of the spool folder `spool` as flare-export writes them; [] when the process
+    never wrote one."""
+    if not os.path.exists(spool):
+        return []
+    exp = subprocess.run([os.path.join(build_dir, "bin", "flare-export"), "--input", str(spool)],
+                         capture_output=True, text=True, timeout=60)
+    assert exp.returncode == 0, exp.stderr
+    return [json.loads(line) for line in exp.stdout.splitlines()]

@@ -10,7 +10,7 @@ import textwrap
 
 import pytest
 
-from conftest import python_interpreters
+from conftest import exported, python_interpreters
 
 INTERPRETERS = python_interpreters()
 
@@ -74,12 +74,7 @@ def traced(build_dir, tmp_path, python):
         full_env.update(env or {})
         proc = subprocess.run([exe, str(d / "main.py"), *args], env=full_env,
                               capture_output=True, text=True, timeout=timeout)
-        records = []
-        if spool.exists():
-            exp = subprocess.run([os.path.join(build_dir, "bin", "flare-export"), "--input",
-                                  str(spool)], capture_output=True, text=True, timeout=60)
-            assert exp.returncode == 0, exp.stderr
-            records = [json.loads(line) for line in exp.stdout.splitlines()]
+        records = exported(build_dir, spool)
         res = json.loads(result.read_text()) if result.exists() else None
         return Run(proc, records, res)
     return run
