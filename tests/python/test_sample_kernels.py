@@ -283,7 +283,8 @@ def test_underclocked_gpu_is_still_named(build_dir, tmp_path):
 
 @pytest.mark.parametrize("mode", ["raw", "summary"])
 def test_host_stall_is_still_named(build_dir, tmp_path, mode):
-    run_job(build_dir, tmp_path, "stall", {"FLARE_SIM_HOST_STALL": "6:10", "FLARE_MODE": mode})
+    run_job(build_dir, tmp_path, "stall", {"FLARE_SIM_HOST_STALL": "6:10", "FLARE_MODE": mode},
+            steps=12)
     found = diagnose(build_dir, tmp_path)
     assert [d["kind"] for d in found] == ["issue_stall"], found
     assert found[0]["ranks"] == [6] and found[0]["team"] == "algorithm"
