@@ -12,6 +12,7 @@
 
 #include "src/common/clock.h"
 #include "src/common/config.h"
+#include "src/common/mix.h"
 #include "src/hook/cudart_fns.h"
 #include "src/hook/deep_trace.h"
 #include "src/hook/launch_sampling.h"
@@ -56,11 +57,9 @@ namespace {
 int32_t drawGap(int64_t n) {
   LaunchSampler& s = t_sampler;
   if (s.rng == 0) {
-    uint64_t z = (static_cast<uint64_t>(::syscall(SYS_gettid)) << 32) ^
-                 static_cast<uint64_t>(common::monotonicNs()) ^ 0x9e3779b97f4a7c15ull;
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    s.rng = (z ^ (z >> 31)) | 1;
+    s.rng = common::mixBits((static_cast<uint64_t>(::syscall(SYS_gettid)) << 32) ^
+                            static_cast<uint64_t>(common::monotonicNs()) ^ common::kGoldenGamma) |
+            1;
   }
   s.rng ^= s.rng << 13;  // xorshift64
   s.rng ^= s.rng >> 7;

@@ -10,6 +10,7 @@
 #include "src/common/clock.h"
 #include "src/common/identity.h"
 #include "src/common/log.h"
+#include "src/common/mix.h"
 #include "src/hook/deep_trace.h"
 #include "src/hook/launch_sampling.h"
 #include "src/hook/runtime.h"
@@ -51,11 +52,7 @@ StepTurns& turns() {
 // on average, pseudo-random in the index (no alias with a fault every k steps) and the same on
 // every rank (a rank's steps are compared with the other ranks' same steps).
 bool measuredStep(uint64_t seed, uint64_t index, int64_t k) {
-  uint64_t z = seed ^ (index * 0x9e3779b97f4a7c15ull);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;  // splitmix64's finalizer
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  z ^= z >> 31;
-  return z % static_cast<uint64_t>(k) == 0;
+  return common::mixBits(seed ^ (index * common::kGoldenGamma)) % static_cast<uint64_t>(k) == 0;
 }
 
 // FLARE_TIMING_BUDGET_PCT: from the step that ended at `boundary_ns` (when it was measured),
@@ -86,10 +83,15 @@ int64_t budgetSteps(StepTurns& s, int64_t boundary_ns, int64_t k_floor, double b
   return s.k_budget > 0 ? s.k_budget : k_floor;
 }
 
+// Step sampling was asked for: FLARE_SAMPLE_STEPS > 1 or a timing budget.
+bool stepSamplingAsked() {
+  return sampleStepsSetting() > 1 || timingBudgetPct() > 0;
+}
+
 void decideStep(int64_t boundary_ns) {
+  if (!stepSamplingAsked()) return;
   const double budget = timingBudgetPct();
   int64_t k = sampleStepsSetting();
-  if (k <= 1 && budget <= 0) return;
   StepTurns& s = turns();
   std::lock_guard<std::mutex> lock(s.mu);
   if (budget > 0) k = budgetSteps(s, boundary_ns, k, budget);
@@ -124,9 +126,7 @@ void decideStep(int64_t boundary_ns) {
 }  // namespace
 
 void stepSamplingAtExit() {
-  const int64_t k = sampleStepsSetting();
-  const double budget = timingBudgetPct();
-  if (k <= 1 && budget <= 0) return;
+  if (!stepSamplingAsked()) return;
   StepTurns& s = turns();
   std::lock_guard<std::mutex> lock(s.mu);
   const char* why = nullptr;
@@ -141,7 +141,7 @@ void stepSamplingAtExit() {
   common::logOnce(common::LogLevel::kWarn, "hook", "step-sampling-unused",
                   "flare: FLARE_SAMPLE_STEPS={} FLARE_TIMING_BUDGET_PCT={} had no effect: {}; "
                   "every op was timed",
-                  k, budget, why);
+                  sampleStepsSetting(), timingBudgetPct(), why);
 }
 
 void onStepBoundary(StepSource source, int64_t boundary_ns) {

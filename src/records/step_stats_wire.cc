@@ -18,7 +18,7 @@ void encodeStepStats(const StepResult& r, const std::function<int64_t(int64_t)>&
   out->set_late_ops(r.late_ops);
   if (st.sampled_out) {  // its times only: what was timed in it stands for nothing of the step
     out->set_sampled_out(true);
-    const std::vector<uint8_t> empty =
+    static const std::vector<uint8_t> empty =
         stats::LatencySketch(StepStats::kStepSketchAccuracy).serialize();
     out->set_issue_latency(empty.data(), empty.size());
     return;

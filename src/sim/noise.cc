@@ -2,15 +2,14 @@
 
 #include <cmath>
 
+#include "src/common/mix.h"
+
 namespace flare::sim {
 namespace {
 
-// SplitMix64's finalizer: a bijective mix with good avalanche, enough for noise.
+// SplitMix64: a bijective mix with good avalanche, enough for noise.
 uint64_t mix(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
+  return common::splitMix64(x);
 }
 
 // Domains keep the draws of different quantities independent.

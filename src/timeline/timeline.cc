@@ -12,6 +12,7 @@
 #include <unordered_map>
 #include <utility>
 
+#include "src/common/mix.h"
 #include "src/common/text.h"
 #include "src/records/op_kind.h"
 #include "src/records/spool_format.h"
@@ -80,13 +81,6 @@ bool loadRank(const RankSource& src, RankData* data, std::string* error) {
         for (const auto& d : b.deep_trace()) data->deep.push_back(d);
       },
       error);
-}
-
-uint64_t mix(uint64_t x) {  // splitmix64's finalizer
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
 }
 
 // What the first pass keeps of every rank.
@@ -389,7 +383,8 @@ void RankWriter::writeGpu(const RankData& data) {
           const auto pos = std::lower_bound(ranks.begin(), ranks.end(), src_.rank) - ranks.begin();
           // Flow ids of collective links: bit 52 set (above the ac2g counter), 40 bits of the
           // collective's hash, 11 bits of the link's position; below 2^53 for JSON readers.
-          const uint64_t base = (mix(key.first ^ mix(key.second)) & ((uint64_t{1} << 40) - 1))
+          const uint64_t base = (common::splitMix64(key.first ^ common::splitMix64(key.second)) &
+                                 ((uint64_t{1} << 40) - 1))
                                 << 11;
           const uint64_t id_prefix = uint64_t{1} << 52;
           if (pos > 0) {

@@ -4,6 +4,8 @@
 #include <mutex>
 #include <utility>
 
+#include "src/common/log.h"
+
 namespace flare::timing {
 
 std::atomic<bool> g_steps_untimed{false};
@@ -27,8 +29,16 @@ bool stepSamplingAllowed() {
 
 void recordStepDecision(const StepDecision& d) {
   std::lock_guard<std::mutex> lock(g_mu);
-  if (g_pending.size() >= kMaxPendingDecisions)
+  if (g_pending.size() >= kMaxPendingDecisions) [[unlikely]] {
+    // Nobody took them for that many steps (the poller stalled): the steps they covered will
+    // read as measured, their GPU figures as idle.
     g_pending.erase(g_pending.begin(), g_pending.begin() + kMaxPendingDecisions / 2);
+    common::logOnce(common::LogLevel::kWarn, "timing", "step-decisions-dropped",
+                    "flare: step sampling: {} step decisions were not taken by the timing thread "
+                    "and the oldest {} were dropped; those steps' GPU figures are not to be "
+                    "trusted (logged once)",
+                    kMaxPendingDecisions, kMaxPendingDecisions / 2);
+  }
   g_pending.push_back(d);
 }
 

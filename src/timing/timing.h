@@ -278,7 +278,7 @@ class Tracer {
     void* end = nullptr;
     void* stream = nullptr;
     int64_t issue_ns = 0;
-    int64_t cost_from_ns = 0;  // TracerOptions::measure_cost: 0, or this op's end() is measured
+    bool cost_measured = false;  // TracerOptions::measure_cost: this op's end() is measured too
   };
   bool begin(void* stream, Ticket* ticket);
   void end(Ticket* ticket, const OpInfo& info);

@@ -238,7 +238,7 @@ bool Tracer::Impl::begin(void* stream, Ticket* ticket) noexcept {
     ticket->issue_ns = issue_ns;
     if (measure) {
       addCost(entered_ns);
-      ticket->cost_from_ns = 1;  // end() measures itself
+      ticket->cost_measured = true;
     }
     return true;
   } catch (...) {
@@ -252,7 +252,7 @@ void Tracer::Impl::end(Ticket* ticket, const OpInfo& info) noexcept {
   auto* end = static_cast<Event*>(ticket->end);
   void* stream = ticket->stream;
   const int64_t issue_ns = ticket->issue_ns;
-  const bool measure = ticket->cost_from_ns != 0;
+  const bool measure = ticket->cost_measured;
   *ticket = Ticket{};
   if (start == nullptr || end == nullptr) return;
   if (disabled_.load(std::memory_order_relaxed)) return;  // a forked child: leave them be
