@@ -8,7 +8,9 @@
 #   $OUT/launch-cost.json  KIT/bin/launch_cost bare, and under the hook in summary and raw mode
 #                          and in summary mode with FLARE_TIMING=end, with FLARE_SAMPLE_KERNELS
 #                          (FLARE_SESSION_SAMPLE_KERNELS, default 32), and with that N for
-#                          FLARE_SAMPLE_CALLS too (summary-sampled-all: the memset row untimed)
+#                          FLARE_SAMPLE_CALLS too (summary-sampled-all: the memset row untimed);
+#                          FLARE_SESSION_LAUNCH_COST_ROUNDS interleaved rounds (default 5),
+#                          gathered by bench/launch_cost_rounds.py
 # Budgets: FLARE_ACCEPTANCE_BUDGET_* as acceptance.sh reads them; FLARE_CAPTURE_BUDGET_S (90)
 # and FLARE_CAPTURE_ARGS (--steps 12) for the capture; FLARE_SESSION_SKIP_CAPTURE=1 skips it.
 #
@@ -32,24 +34,43 @@ log "session: kit $kit ($(cat "$FLARE_BUILD_DIR/VERSION" 2>/dev/null)), Flare fr
 lc=$FLARE_BUILD_DIR/bin/launch_cost
 if [ -x "$lc" ] && [ "${FLARE_SESSION_SKIP_LAUNCH_COST:-0}" != 1 ]; then
   spool=$(mktemp -d /tmp/flare-lc.XXXXXX)
-  {
-    echo '{"bare": '; timeout 60 "$lc" || echo null
-    # summary-sampled: 1-in-N timing of plain launches (FLARE_SAMPLE_KERNELS, default 32 here):
-    # its launch row is the untimed launch's cost plus 1/N of a timed one's.
-    for arm in summary raw summary-end summary-sampled summary-sampled-all; do  # launch_cost has no steps
-      echo ", \"$arm\": "
-      timing=pair sample=1 calls=1
-      [ "$arm" = summary-end ] && timing=end
-      [ "${arm#summary-sampled}" != "$arm" ] && sample=${FLARE_SESSION_SAMPLE_KERNELS:-32}
-      [ "$arm" = summary-sampled-all ] && calls=$sample
-      LD_PRELOAD=$FLARE_BUILD_DIR/lib/libflare_hook.so FLARE_MODE=${arm%%-*} FLARE_TIMING=$timing \
-        FLARE_SAMPLE_KERNELS=$sample FLARE_SAMPLE_CALLS=$calls FLARE_OUTPUT_DIR=$spool \
-        FLARE_JOB_ID=launch-cost-$arm \
-        timeout 60 "$lc" || echo null
+  runs=$(mktemp -d /tmp/flare-lc-runs.XXXXXX)
+  # FLARE_SESSION_LAUNCH_COST_ROUNDS rounds (default 5, ~0.5 s per run), each arm once per round
+  # in a shuffled order: arm-to-arm differences of ~1 µs were run-to-run noise when each arm
+  # ran once (2026-11-27), so every hook arm is paired with the same round's bare run.
+  # summary-sampled: 1-in-N timing of plain launches (FLARE_SAMPLE_KERNELS, default 32 here):
+  # its launch row is the untimed launch's cost plus 1/N of a timed one's.
+  rounds=${FLARE_SESSION_LAUNCH_COST_ROUNDS:-5}
+  # Simulated mode (FLARE_ACCEPTANCE_SIM=1, as CI runs this script): on the kit's simulated runtime.
+  lc_path=${LD_LIBRARY_PATH:-}
+  if [ "${FLARE_ACCEPTANCE_SIM:-auto}" = 1 ] && [ -d "$FLARE_BUILD_DIR/lib/sim" ]; then
+    lc_path=$FLARE_BUILD_DIR/lib/sim${lc_path:+:$lc_path}
+  fi
+  for round in $(seq "$rounds"); do
+    for arm in $(printf '%s\n' bare summary raw summary-end summary-sampled summary-sampled-all |
+                 shuf); do  # launch_cost has no steps
+      echo "$arm" >> "$runs/order"
+      if [ "$arm" = bare ]; then
+        LD_LIBRARY_PATH=$lc_path timeout 60 "$lc" > "$runs/out" 2>> "$OUT/session.log" ||
+          echo null > "$runs/out"
+      else
+        timing=pair sample=1 calls=1
+        [ "$arm" = summary-end ] && timing=end
+        [ "${arm#summary-sampled}" != "$arm" ] && sample=${FLARE_SESSION_SAMPLE_KERNELS:-32}
+        [ "$arm" = summary-sampled-all ] && calls=$sample
+        LD_PRELOAD=$FLARE_BUILD_DIR/lib/libflare_hook.so FLARE_MODE=${arm%%-*} \
+          FLARE_TIMING=$timing FLARE_SAMPLE_KERNELS=$sample FLARE_SAMPLE_CALLS=$calls \
+          FLARE_OUTPUT_DIR=$spool FLARE_JOB_ID=launch-cost-$arm-$round LD_LIBRARY_PATH=$lc_path \
+          timeout 60 "$lc" > "$runs/out" 2>> "$OUT/session.log" || echo null > "$runs/out"
+      fi
+      line=$(tail -n 1 "$runs/out")
+      echo "${line:-null}" >> "$runs/$arm.jsonl"
     done
-    echo '}'
-  } > "$OUT/launch-cost.json" 2>> "$OUT/session.log"
-  log "launch cost: $(tr -d '\n' < "$OUT/launch-cost.json" | head -c 1500)"
+  done
+  python3 "$here/bench/launch_cost_rounds.py" "$runs" --order "$runs/order" --table \
+    > "$OUT/launch-cost.json" 2>> "$OUT/session.log"
+  log "launch cost: $rounds rounds (the table above; $OUT/launch-cost.json)"
+  rm -rf "$spool" "$runs"
 fi
 OUT=$OUT/acceptance bash "$here/acceptance.sh" >> "$OUT/session.log" 2>&1
 log "acceptance: exit $? after $(($(date +%s) - t0)) s"

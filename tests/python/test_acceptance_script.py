@@ -115,3 +115,15 @@ def test_a_gpu_session_returns_a_handful_of_files(kit, tmp_path):
     assert "./metadata.json" in names and "./healthy-small/rank0.jsonl.gz" in names, names
     log = (out / "session.log").read_text()
     assert "acceptance: exit 0" in log and "capture: exit 0" in log, log
+    if (kit / "bin" / "launch_cost").exists():  # built where nvcc is: run on the simulated stack
+        cost = json.loads((out / "launch-cost.json").read_text())
+        arms = {"bare", "summary", "raw", "summary-end", "summary-sampled", "summary-sampled-all"}
+        assert cost["rounds"] == 5 and set(cost["arms"]) == arms
+        assert sorted(cost["order"]) == sorted(list(arms) * 5)
+        for arm, entry in cost["arms"].items():
+            assert len(entry["runs"]) == 5 and all(entry["runs"]), (arm, log)
+            assert all(r["pairs_polled"] > 0 for r in entry["runs"]), arm
+        assert set(cost["hook_minus_bare"]) == arms - {"bare"}
+        assert all("launch" in d and "launch_with_hook_calls" in d
+                   for d in cost["hook_minus_bare"].values())
+        assert "launch cost, ns per call, median of 5 interleaved rounds" in log

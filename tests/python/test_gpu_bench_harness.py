@@ -239,3 +239,40 @@ def test_accuracy_compares_flares_kernel_with_the_cupti_kernel_of_its_name():
     # one record for two activities: the whole span), or no name in common: every activity.
     assert accuracy.matching_activities([{"kind": "gemm", "name": "cublasLtMatmul"}], acts) == acts
     assert accuracy.matching_activities([{"kind": "kernel", "name": "other(int)"}], acts) == acts
+
+
+def test_launch_cost_rounds_pair_each_arm_with_the_same_rounds_bare_run(tmp_path):
+    """bench/launch_cost_rounds.py (gpu-session.sh's launch-cost.json): each row's median over
+    the rounds, and the hook's cost as the median of per-round differences from the bare run, so
+    that a machine drifting between rounds moves both arms and cancels; a failed run ("null" or a
+    truncated line) is kept as null and left out of the figures, not taken for a zero."""
+    runs = tmp_path / "runs"
+    runs.mkdir()
+
+    def line(launch, memset):
+        return json.dumps({"batch": 512, "reps": 41,
+                           "ns_per_call": {"launch": launch, "memset_async": memset}})
+    # The machine drifts by 1000 ns per round; the hook adds 2800 ns to a launch, 2000 to a memset.
+    (runs / "bare.jsonl").write_text("\n".join(line(3000 + 1000 * r, 800 + 1000 * r)
+                                               for r in range(3)) + "\n")
+    (runs / "summary.jsonl").write_text("\n".join(
+        [line(5800 + 1000 * r, 2800 + 1000 * r) for r in range(2)] + ["null"]) + "\n")
+    (runs / "raw.jsonl").write_text(line(9000, 5000) + '\n{"batch": 51\n' + line(11000, 7000)
+                                    + "\n")
+    (runs / "order").write_text("bare\nsummary\nraw\n")
+    proc = subprocess.run([sys.executable, os.path.join(BENCH, "launch_cost_rounds.py"),
+                           str(runs), "--order", str(runs / "order"), "--table"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    assert doc["rounds"] == 3 and doc["order"] == ["bare", "summary", "raw"]
+    assert doc["arms"]["bare"]["median"] == {"launch": 4000, "memset_async": 1800}
+    assert doc["arms"]["summary"]["runs"][2] is None
+    assert doc["arms"]["summary"]["median"]["launch"] == 6300  # of the two runs that ran
+    assert doc["hook_minus_bare"]["summary"] == {"launch": [2800, 2800, 2800],
+                                                 "memset_async": [2000, 2000, 2000]}
+    # raw's round 2 was cut short: rounds 1 and 3 pair with bare's rounds 1 and 3 (a
+    # 2000 ns drift between them, none in the differences).
+    assert doc["arms"]["raw"]["runs"][1] is None
+    assert doc["hook_minus_bare"]["raw"]["launch"] == [6000, 6000, 6000]
+    assert "summary 6300 (+2800 [+2800, +2800])" in proc.stderr

@@ -250,13 +250,17 @@ def test_a_program_built_by_nvcc_is_recorded_kernel_by_kernel(build_dir, tmp_pat
     proc = subprocess.run([str(exe), str(batch), str(reps)], env=env, capture_output=True,
                           text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
-    assert json.loads(proc.stdout)["error"] == "no error"
+    out = json.loads(proc.stdout)
+    assert out["error"] == "no error"
+    # The polled variant's second thread took at least the last batch's pairs once they ended.
+    assert out["pairs_polled"] >= batch // 2
     exp = subprocess.run([os.path.join(build_dir, "bin", "flare-export"), "--input", str(spool)],
                          capture_output=True, text=True, timeout=60)
     assert exp.returncode == 0, exp.stderr
     counts = collections.Counter(r["name"] for r in map(json.loads, exp.stdout.splitlines()))
-    # (reps + 1 warm-up) batches of `batch` launches, then of batch/2 launches between records.
-    assert counts["empty_kernel(int*)"] == (reps + 1) * (batch + batch // 2)
+    # (reps + 1 warm-up) batches of `batch` launches, then three times of batch/2 launches
+    # between records (alone, after the hook's two queries, with the poller thread).
+    assert counts["empty_kernel(int*)"] == (reps + 1) * (batch + 3 * (batch // 2))
     assert counts["Memset"] == (reps + 1) * batch
 
 

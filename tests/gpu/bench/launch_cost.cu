@@ -4,6 +4,14 @@
 // (cudaEventRecord, cudaStreamIsCapturing, cudaGetDevice) and what its timing thread calls per
 // op (cudaEventQuery, cudaEventElapsedTime).
 //
+// launch_with_hook_calls: the two records by hand, after the cudaStreamIsCapturing and
+// cudaGetDevice the hook makes per timed op (every CUDA call of its launching thread).
+// launch_with_two_records_polled: the same two records by hand while a second thread makes the
+// driver calls Flare's timing thread makes per op (every 1 ms, for each pair recorded since its
+// last pass: cudaEventQuery of the end event, then cudaEventElapsedTime of both events against a
+// reference event). Its difference from launch_with_two_records is what a poller's driver calls
+// cost the launching thread (contention in the driver), which no single-threaded row shows.
+//
 // Each measurement: `reps` batches of `batch` calls timed with steady_clock; the batch's queue
 // is drained (cudaStreamSynchronize, untimed) between batches so that no launch waits for a full
 // queue; the result is the median over batches of ns per call. One JSON object on stdout.
@@ -14,9 +22,11 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <thread>
 #include <vector>
 
 __global__ void empty_kernel(int* p) {
@@ -83,13 +93,59 @@ int main(int argc, char** argv) {
     empty_kernel<<<1, 32, 0, s>>>(flag);
     cudaEventRecord(ev[static_cast<size_t>(2 * i + 1)], s);
   });
+  // The same with the two queries the hook makes per timed op before its records (is the stream
+  // capturing? which device is current?): all the CUDA calls of the hook's launching thread.
+  const double launch_flare_calls = perCall(s, batch / 2, reps, [&](int i) {
+    cudaStreamCaptureStatus capture;
+    cudaStreamIsCapturing(s, &capture);
+    int device = 0;
+    cudaGetDevice(&device);
+    cudaEventRecord(ev[static_cast<size_t>(2 * i)], s);
+    empty_kernel<<<1, 32, 0, s>>>(flag);
+    cudaEventRecord(ev[static_cast<size_t>(2 * i + 1)], s);
+  });
+  // The same as launch_with_two_records, with a poller thread beside it (see the top of the file). The call adds one
+  // atomic increment (a few ns) to tell the poller how many pairs were recorded.
+  cudaEvent_t reference;
+  cudaEventCreate(&reference);
+  cudaEventRecord(reference, s);
+  cudaStreamSynchronize(s);
+  std::atomic<long> recorded{0}, polled{0};
+  std::atomic<bool> stop{false};
+  std::thread poller([&] {
+    const long pairs = batch / 2;
+    long seen = 0;
+    float t = 0;
+    while (!stop.load(std::memory_order_relaxed)) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      const long n = recorded.load(std::memory_order_acquire);
+      if (n - seen > pairs) seen = n - pairs;  // pairs re-recorded since: the newest batch only
+      for (; seen < n; ++seen) {
+        const auto i = static_cast<size_t>(seen % pairs);
+        if (cudaEventQuery(ev[2 * i + 1]) != cudaSuccess) break;
+        cudaEventElapsedTime(&t, reference, ev[2 * i]);
+        cudaEventElapsedTime(&t, reference, ev[2 * i + 1]);
+        polled.fetch_add(1, std::memory_order_relaxed);
+      }
+    }
+  });
+  const double launch_2ev_polled = perCall(s, batch / 2, reps, [&](int i) {
+    cudaEventRecord(ev[static_cast<size_t>(2 * i)], s);
+    empty_kernel<<<1, 32, 0, s>>>(flag);
+    cudaEventRecord(ev[static_cast<size_t>(2 * i + 1)], s);
+    recorded.fetch_add(1, std::memory_order_release);
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(3));  // the last batch's pass
+  stop.store(true);
+  poller.join();
   const cudaError_t err = cudaGetLastError();
   std::printf(
       "{\"batch\": %d, \"reps\": %d, \"ns_per_call\": {\"launch\": %.1f, \"memset_async\": %.1f, "
       "\"event_record\": %.1f, \"event_query\": %.1f, \"event_elapsed\": %.1f, "
-      "\"stream_is_capturing\": %.1f, \"get_device\": %.1f, \"launch_with_two_records\": %.1f}, "
-      "\"error\": \"%s\"}\n",
+      "\"stream_is_capturing\": %.1f, \"get_device\": %.1f, \"launch_with_two_records\": %.1f, "
+      "\"launch_with_hook_calls\": %.1f, \"launch_with_two_records_polled\": %.1f}, "
+      "\"pairs_polled\": %ld, \"error\": \"%s\"}\n",
       batch, reps, launch, memset, record, query, elapsed, capturing, get_device, launch_2ev,
-      cudaGetErrorString(err));
+      launch_flare_calls, launch_2ev_polled, polled.load(), cudaGetErrorString(err));
   return err == cudaSuccess ? 0 : 1;
 }
