@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <set>
 #include <string>
 
 #include "flare/step.h"
@@ -35,6 +36,11 @@ int64_t issueAt(int rank, int step, int k, int stalled, int64_t stall) {
 }
 int64_t startAt(int k) {
   return 6'000'000 + k * 200'000;
+}
+// A step's all-reduce (in the step-sampling test): issued 2.5 ms into the step, after the
+// kernels, so the stalled rank's 2 ms later.
+int64_t allReduceIssue(int rank, int step) {
+  return 2'500'000 + wobble(rank, step) + (rank == 4 ? 2'000'000 : 0);
 }
 
 // A rank's batch with its signature table: 1, the step marker; 2, `kernel`.
@@ -513,6 +519,77 @@ TEST(RunQueueReadings, KeptInOrderAndTrimmedWithTheWindow) {
   EXPECT_EQ(m.ranks().at(0).run_queue.at(1), (Readings{{20, 2}, {30, 3}}));
   m.trim(40, 1000);  // only readings before the window: the thread is forgotten
   EXPECT_FALSE(m.ranks().at(0).run_queue.contains(1));
+}
+
+// Step sampling (FLARE_SAMPLE_STEPS): the same stalled job with an all-reduce per step, issued
+// after the step's kernels (so behind the pause too), as summary-mode ranks whose steps 2, 3,
+// 5-7, 9 and 10 were sampled out (the same on every rank: times only). Those steps are compared
+// by the all-reduce's issue offset, so the paired test keeps all 10 steps; from the 3 measured
+// ones alone its sign test could not reach significance (p = 1/8 before the ×8 ranks).
+TEST(PairedStall, StepsSampledOutAreComparedByTheirCollectivesIssueOffsets) {
+  const std::set<int64_t> sampled_out = {2, 3, 5, 6, 7, 9, 10};
+  auto withCollective = [](int rank) {
+    flare::v1::RecordBatch b = rankBatch(rank, 4, 2'000'000);
+    auto* ar = b.add_signatures();
+    ar->set_id(3);
+    ar->set_name("ncclAllReduce");
+    ar->set_kind(flare::v1::OP_KIND_COLLECTIVE);
+    ar->set_collective(flare::v1::COLLECTIVE_KIND_ALL_REDUCE);
+    for (int s = 0; s < kSteps; ++s) {
+      const int64_t t0 = 1'000'000'000 + s * kStepNs + 100'000 * rank;
+      auto* op = b.add_kernels();
+      op->set_signature_id(3);
+      op->set_stream_id(7);
+      op->set_issue_ns(t0 + allReduceIssue(rank, s));
+      op->set_start_ns(t0 + 9'000'000);
+      op->set_end_ns(t0 + 12'000'000);
+      auto* c = op->mutable_collective();
+      c->set_comm_hash(0xabc);
+      c->set_seq(static_cast<uint64_t>(s));
+      c->set_nranks(8);
+      c->set_rank_in_comm(rank);
+    }
+    return b;
+  };
+  JobModel raw, m;
+  for (int r = 0; r < 8; ++r) raw.addBatch(r, withCollective(r));
+  for (int r = 0; r < 8; ++r) {
+    flare::v1::RecordBatch b = withCollective(r);
+    auto* kernels = b.mutable_kernels();  // summary mode: the kernels leave as summaries
+    kernels->erase(
+        std::remove_if(kernels->begin(), kernels->end(),
+                       [](const flare::v1::KernelRecord& k) { return k.signature_id() == 2; }),
+        kernels->end());
+    for (const records::StepStats& st : raw.stepStats(r)) {
+      records::StepResult result;
+      result.stats = st;
+      result.stats.sampled_out = sampled_out.count(st.step) > 0;
+      records::encodeStepStats(
+          result, [](int64_t t) { return t; }, b.add_step_stats());
+    }
+    m.addBatch(r, b);
+  }
+  const StepIssueLatency s = stepIssueLatency(m);
+  ASSERT_EQ(s.ranks.size(), 8u);
+  for (int r = 0; r < 8; ++r) {
+    for (int step = 1; step <= kSteps - 2; ++step) {
+      if (sampled_out.count(step)) {
+        EXPECT_DOUBLE_EQ(s.offsets[r][step - 1], static_cast<double>(allReduceIssue(r, step)));
+        EXPECT_TRUE(std::isnan(s.means[r][step - 1]));
+        EXPECT_TRUE(std::isnan(s.idle[r][step - 1]));
+      } else {
+        EXPECT_FALSE(std::isnan(s.means[r][step - 1])) << r << " " << step;
+      }
+    }
+  }
+  const PairedStall p = pairedStallTest(s, 4);
+  EXPECT_EQ(p.steps, 10u);
+  EXPECT_EQ(p.later, 10u);
+  EXPECT_DOUBLE_EQ(p.p_adjusted, 8.0 / 1024);
+  const auto found = diagnose(m, DiagnoseOptions{});
+  ASSERT_EQ(found.size(), 1u);
+  EXPECT_EQ(found[0].kind, "issue_stall");
+  EXPECT_EQ(found[0].ranks, std::vector<int>{4});
 }
 
 }  // namespace

@@ -818,6 +818,28 @@ double healthyIssueLatencySpread(const std::vector<const JobModel*>& baselines) 
   return spread;
 }
 
+std::vector<double> collectiveIssueOffsets(const JobModel& job, int rank,
+                                           const std::vector<int64_t>& step_starts) {
+  std::vector<double> sum(step_starts.size(), 0.0);
+  std::vector<size_t> count(step_starts.size(), 0);
+  const auto r = job.ranks().find(rank);
+  if (r != job.ranks().end()) {
+    for (const Op& op : r->second.ops) {
+      if (job.signatures()[op.sig].kind() != flare::v1::OP_KIND_COLLECTIVE) continue;
+      const auto at = std::upper_bound(step_starts.begin(), step_starts.end(), op.issue);
+      if (at == step_starts.begin() || at == step_starts.end()) continue;  // outside its steps
+      const auto k = static_cast<size_t>(at - step_starts.begin()) - 1;
+      sum[k] += static_cast<double>(op.issue - step_starts[k]);
+      ++count[k];
+    }
+  }
+  std::vector<double> out(step_starts.size(), NAN);
+  for (size_t k = 0; k < out.size(); ++k) {
+    if (count[k] > 0) out[k] = sum[k] / static_cast<double>(count[k]);
+  }
+  return out;
+}
+
 RankStepStarts rankStepStarts(const JobModel& job) {
   RankStepStarts out;
   for (const auto& [rank, r] : job.ranks()) {
@@ -861,6 +883,8 @@ StepIssueLatency stepIssueLatency(const JobModel& job) {
     }
     return best_dist <= tolerance ? best : 0;
   };
+  std::vector<char> sampled_out(n_steps, 0);  // grid steps sampled out on some rank
+  std::vector<std::vector<size_t>> steps_of;  // [rank index][grid step] the rank's step
   for (const auto& [rank, s] : starts) {
     // This rank's complete step (not its first) for each grid step: the nearest one, or the same
     // index where fewer than half are near; 0 for none.
@@ -873,7 +897,7 @@ StepIssueLatency stepIssueLatency(const JobModel& job) {
     std::vector<double> means(n_steps, NAN), offsets(n_steps, NAN), idle(n_steps, NAN);
     // Each step's issue-latency and issue-offset sums (the rank's own in MODE_SUMMARY).
     std::map<int64_t, records::StepStats> by_step;
-    for (records::StepStats& st : job.stepStats(rank)) {
+    for (records::StepStats& st : job.stepStats(rank, /*with_sampled_out=*/true)) {
       const int64_t k = st.step;
       by_step.insert_or_assign(k, std::move(st));
     }
@@ -881,7 +905,9 @@ StepIssueLatency stepIssueLatency(const JobModel& job) {
       const size_t best = step_of[g];
       if (best == 0) continue;
       auto st = by_step.find(static_cast<int64_t>(best));
-      if (st == by_step.end() || st->second.gpu_ops < 1) continue;
+      if (st == by_step.end()) continue;
+      if (st->second.sampled_out) sampled_out[g] = 1;
+      if (st->second.sampled_out || st->second.gpu_ops < 1) continue;
       const auto n = static_cast<double>(st->second.gpu_ops);
       means[g] = st->second.issue_latency_sum_ns / n;
       offsets[g] = st->second.issue_offset_sum_ns / n;
@@ -892,6 +918,21 @@ StepIssueLatency stepIssueLatency(const JobModel& job) {
     out.means.push_back(std::move(means));
     out.offsets.push_back(std::move(offsets));
     out.idle.push_back(std::move(idle));
+    steps_of.push_back(std::move(step_of));
+  }
+  // Steps sampled out (the same steps on every rank of a job; nested ones where budgets chose
+  // different K): every rank's figure is its collectives' issue offset, one figure for all.
+  if (std::find(sampled_out.begin(), sampled_out.end(), 1) == sampled_out.end()) return out;
+  size_t i = 0;
+  for (const auto& [rank, s] : starts) {
+    const std::vector<double> collective = collectiveIssueOffsets(job, rank, s);
+    for (size_t g = 0; g < n_steps; ++g) {
+      if (!sampled_out[g]) continue;
+      const size_t k = steps_of[i][g];
+      out.offsets[i][g] = k != 0 ? collective[k] : NAN;
+      out.means[i][g] = out.idle[i][g] = NAN;
+    }
+    ++i;
   }
   return out;
 }

@@ -87,7 +87,8 @@ std::optional<Jitter> findJitter(const JobModel& job, const DiagnoseOptions& opt
 // work) and the mean issue latency, in ns; aligned across ranks by step start time (each rank's
 // step is matched to the nearest step start of the lowest rank within half a step; NaN where a
 // rank has no match). Also the median step time over ranks and steps (0 when fewer than three
-// boundaries).
+// boundaries). A step sampled out (FLARE_SAMPLE_STEPS) on any rank has every rank's offset from
+// its collectives (collectiveIssueOffsets) and no issue latency or idle time.
 struct StepIssueLatency {
   std::vector<int> ranks;                    // ascending
   std::vector<std::vector<double>> offsets;  // [rank index][step]
@@ -96,6 +97,14 @@ struct StepIssueLatency {
   double median_step_ns = 0;
 };
 StepIssueLatency stepIssueLatency(const JobModel& job);
+
+// The mean issue offset of a rank's collectives from its own step start, by the rank's step index
+// (the index into `step_starts`, the step each was issued in; NaN: none issued): a host figure of
+// every step, measured or sampled out by FLARE_SAMPLE_STEPS, as collectives are timed in every
+// step and a host that pauses issues them late too. What the per-step stall tests compare in a
+// step sampled out.
+std::vector<double> collectiveIssueOffsets(const JobModel& job, int rank,
+                                           const std::vector<int64_t>& step_starts);
 
 // Each rank's step start times, for the ranks with at least three (two complete steps), and the
 // durations of their steps without the first (warm-up) and the last, pooled over those ranks:

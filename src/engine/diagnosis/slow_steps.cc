@@ -12,7 +12,9 @@
 //    - host: the rank whose host issued the step's work latest against its peers (mean issue
 //      offset from its own step start minus the peers' median, as the paired stall test), or
 //      whose GPU idled longest against its peers; it must account for at least kMinShareOfExtra
-//      of the step's extra time and be at least twice the next rank's;
+//      of the step's extra time and be at least twice the next rank's. In a step sampled out by
+//      FLARE_SAMPLE_STEPS (no GPU figure but its time) the issue offset is that of the rank's
+//      collectives, which are timed in every step, and idle time is not compared;
 //    - GPU: else, the rank that arrived last at most of the step's collectives and whose GPU
 //      time outside collectives rose against its own normal steps by at least kMinShareOfExtra
 //      of the step's extra time.
@@ -64,6 +66,7 @@ struct StepTable {
   std::vector<size_t> step;                  // [g] the step number (the lowest rank's index)
   std::vector<std::vector<double>> time;     // [rank][g] step duration, NaN: no match
   std::vector<std::vector<double>> offset;   // [rank][g] mean issue offset of its GPU ops
+                                             // (of its collectives in a sampled-out step)
   std::vector<std::vector<double>> idle;     // [rank][g] step − GPU busy
   std::vector<std::vector<double>> compute;  // [rank][g] GPU busy − its collectives' time
   std::vector<std::vector<size_t>> last;     // [rank][g] collectives it arrived last at
@@ -144,6 +147,7 @@ StepTable buildTable(const JobModel& job) {
       collective_ns[i][g] += static_cast<double>(std::max<int64_t>(0, end - op->start));
     }
   }
+  std::vector<char> sampled_out(n, 0);
   for (const auto& [rank, s] : starts) {
     const size_t i = index.at(rank);
     for (const records::StepStats& st : job.stepStats(rank, /*with_sampled_out=*/true)) {
@@ -152,10 +156,29 @@ StepTable buildTable(const JobModel& job) {
       if (g == SIZE_MAX) continue;
       const double dur = static_cast<double>(st.end_ns - st.start_ns);
       t.time[i][g] = dur;
-      if (st.sampled_out) continue;  // FLARE_SAMPLE_STEPS: its time only (idle, compute unknown)
+      if (st.sampled_out) {  // FLARE_SAMPLE_STEPS: its time only (idle, compute unknown)
+        sampled_out[g] = 1;
+        continue;
+      }
       t.idle[i][g] = dur - static_cast<double>(st.gpu_busy_ns);
       t.compute[i][g] = static_cast<double>(st.gpu_busy_ns) - collective_ns[i][g];
       if (st.gpu_ops > 0) t.offset[i][g] = st.issue_offset_sum_ns / static_cast<double>(st.gpu_ops);
+    }
+  }
+  // A step sampled out (on any rank: the same steps on every rank of a job) is compared by its
+  // collectives' issue offsets on every rank, one figure for all, and by no rank's idle time.
+  if (std::find(sampled_out.begin(), sampled_out.end(), 1) == sampled_out.end()) return t;
+  for (const auto& [rank, s] : starts) {
+    const size_t i = index.at(rank);
+    const std::vector<double> collective = collectiveIssueOffsets(job, rank, s);
+    std::vector<size_t> step_at(n, 0);  // grid step -> the rank's step (0: none)
+    for (size_t k = 1; k < s.size(); ++k) {
+      if (const size_t g = grid_of.at(rank)[k]; g != SIZE_MAX) step_at[g] = k;
+    }
+    for (size_t g = 0; g < n; ++g) {
+      if (!sampled_out[g]) continue;
+      t.idle[i][g] = NAN;
+      t.offset[i][g] = step_at[g] != 0 ? collective[step_at[g]] : NAN;
     }
   }
   return t;
@@ -294,19 +317,20 @@ void detectSlowSteps(const JobModel& job, const std::vector<Diagnosis>& earlier,
   // the extra time of every slow step.
   std::map<std::string, std::set<int>> named;  // kind -> ranks named earlier
   for (const Diagnosis& d : earlier) named[d.kind].insert(d.ranks.begin(), d.ranks.end());
-  // Step sampling (FLARE_SAMPLE_STEPS): a slow step sampled out on most ranks has its time but
-  // no figure to attribute it by; the share of extra time is taken among the slow steps that
-  // could be attributed (with every step measured: all of them).
-  auto measured = [&](size_t g) {
+  // A slow step without a host figure on most ranks (sampled out by FLARE_SAMPLE_STEPS in a job
+  // without collectives) has its time but nothing to attribute it by; the share of extra time is
+  // taken among the slow steps that could be attributed (with every step measured: all of them).
+  auto attributable = [&](size_t g) {
     size_t with = 0;
-    for (size_t i = 0; i < nr; ++i) with += std::isfinite(t.idle[i][g]) ? 1 : 0;
+    for (size_t i = 0; i < nr; ++i)
+      with += std::isfinite(t.idle[i][g]) || std::isfinite(t.offset[i][g]) ? 1 : 0;
     return 2 * with > nr;
   };
   double total = 0, slow_extra = 0;
   size_t attributed = 0;
   for (size_t g = 0; g < n; ++g) {
     if (std::isfinite(job_time[g])) total += job_time[g];
-    if (is_slow[g] && measured(g)) slow_extra += job_time[g] - typical;
+    if (is_slow[g] && attributable(g)) slow_extra += job_time[g] - typical;
     if (is_slow[g] && by_step[g].rank_index != SIZE_MAX) ++attributed;
   }
   for (size_t i = 0; i < nr; ++i) {
