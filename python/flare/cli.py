@@ -11,8 +11,9 @@
 sets FLARE_DAEMON, FLARE_TOKEN and FLARE_JOB_ID (a fresh job id unless one is given or already
 set), runs CMD and returns its exit code (128 + N when a signal N ended it).
 
-`status` lists the daemon's jobs and their ranks with last-seen times and drop counters, from
-flared's HTTP JSON API (`/api/v1/jobs`, `/api/v1/jobs/{job}/ranks`).
+`status` lists the daemon's jobs and their ranks with last-seen times, batches, records, steps
+(summary mode; with how many step sampling left untimed) and drop counters, from flared's HTTP
+JSON API (`/api/v1/jobs`, `/api/v1/jobs/{job}/ranks`).
 
 `report` prints a job's kernel report, diagnoses and metrics (`/api/v1/jobs/{job}/report`,
 `/diagnoses`, `/series`, ...); `--html` writes a self-contained page (flare/html_report.py).
@@ -563,6 +564,9 @@ def fetch_status(base, include_finished, timeout):
                 "batches": as_int(r.get("batches")),
                 "records": as_int(r.get("records")),
                 "lostBatches": as_int(r.get("lostBatches")),
+                "mode": r.get("mode", ""),
+                "steps": as_int(r.get("steps")),
+                "stepsSampledOut": as_int(r.get("stepsSampledOut")),
                 "drops": {k: as_int(v) for k, v in (r.get("drops") or {}).items()},
                 "refusals": [{
                     "reason": x.get("reason", ""),
@@ -618,9 +622,9 @@ def cmd_status(args):
         print("job %s  ranks %d/%d connected  last seen %s%s" % (
             job["jobId"], job["ranksConnected"], job["worldSize"],
             ago(job["lastSeenUnixNs"], now), "  (finished)" if job["finished"] else ""))
-        print("  %5s  %-20s %8s  %-9s %-12s %9s %10s %6s  %-10s %s" % (
-            "rank", "host", "pid", "state", "last seen", "batches", "records", "lost", "refused",
-            "drops"))
+        print("  %5s  %-20s %8s  %-9s %-12s %9s %10s %7s %6s  %-10s %s" % (
+            "rank", "host", "pid", "state", "last seen", "batches", "records", "steps", "lost",
+            "refused", "drops"))
         refusals = []
         for r in job["ranks"]:
             drops = ", ".join("%s=%d" % (k, v) for k, v in sorted(r["drops"].items()) if v)
@@ -628,13 +632,23 @@ def cmd_status(args):
                 "%s=%s" % (x["reason"], "%d batches" % x["batches"] if x["batches"] and not
                            x["items"] else "%d" % (x["items"] + x["batches"]))
                 for x in r["refusals"])
-            print("  %5d  %-20s %8d  %-9s %-12s %9d %10d %6d  %-10s %s" % (
+            # Summary mode's complete steps (StepStats); raw mode's are found from the records.
+            steps = "-" if r["mode"] == "MODE_RAW" else "%d" % r["steps"]
+            print("  %5d  %-20s %8d  %-9s %-12s %9d %10d %7s %6d  %-10s %s" % (
                 r["rank"], r["host"][:20], r["pid"],
                 "connected" if r["connected"] else "gone", ago(r["lastSeenUnixNs"], now),
-                r["batches"], r["records"], r["lostBatches"], refused or "none",
+                r["batches"], r["records"], steps, r["lostBatches"], refused or "none",
                 drops or "none"))
             for x in r["refusals"]:
                 refusals.append((r["rank"], x))
+        steps = sum(r["steps"] for r in job["ranks"])
+        sampled_out = sum(r["stepsSampledOut"] for r in job["ranks"])
+        if sampled_out:
+            # Step sampling is a setting, not a loss; said so that fewer records are not taken
+            # for one.
+            print("  step sampling: %d of %d rank-steps sampled out (FLARE_SAMPLE_STEPS or "
+                  "FLARE_TIMING_BUDGET_PCT: their kernels untimed, their times kept); GPU figures "
+                  "from the other %d" % (sampled_out, steps, steps - sampled_out))
         # What the daemon refused is never silent: each reason with its last error.
         for rank, x in refusals:
             print("  rank %d: the daemon refused %d batch(es) and %d item(s) as %s, last %s: %s" % (

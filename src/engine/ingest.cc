@@ -355,6 +355,8 @@ Code Ingest::ranks(const v1::ListRanksRequest& req, v1::ListRanksResponse* out) 
     r->set_batches(rs.batches);
     r->set_records(rs.records);
     r->set_lost_batches(rs.lost_batches);
+    r->set_steps(rs.steps);
+    r->set_steps_sampled_out(rs.steps_sampled_out);
     *r->mutable_drops() = rs.drops;
     r->set_mode(rs.mode);
     r->set_device_name(rs.device_name);
@@ -517,6 +519,8 @@ void Ingest::persist(bool final) {
       r.batches = rs.batches;
       r.records = rs.records;
       r.lost_batches = rs.lost_batches;
+      r.steps = rs.steps;
+      r.steps_sampled_out = rs.steps_sampled_out;
       rs.drops.SerializeToString(&r.drops);
       rs.dirty = false;
     }
@@ -556,6 +560,8 @@ void Ingest::loadFromStore() {
     rs.batches = row.batches;
     rs.records = row.records;
     rs.lost_batches = row.lost_batches;
+    rs.steps = row.steps;
+    rs.steps_sampled_out = row.steps_sampled_out;
     rs.drops.ParseFromString(row.drops);
   }
   size_t marks = 0;

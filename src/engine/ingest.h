@@ -304,6 +304,7 @@ class Ingest {
     uint64_t batches = 0;
     uint64_t records = 0;
     uint64_t lost_batches = 0;
+    uint64_t steps = 0, steps_sampled_out = 0;  // StepStats applied (ListRanks' steps)
     // What was refused of this rank, by reason (ListRanks' Refusals); `logged_reasons`: a bit
     // per reason already logged (once per job, rank and reason).
     struct Refused {

@@ -219,6 +219,10 @@ void Ingest::applyBatch(Session& s, RankState::Incarnation& inc, const v1::Recor
   }
   ++rs.batches;
   rs.records += static_cast<uint64_t>(b.kernels_size()) + summarized;
+  for (const v1::StepStats& st : b.step_stats()) {
+    ++rs.steps;
+    if (st.sampled_out()) ++rs.steps_sampled_out;
+  }
   rs.last_seen_ns = now;
   rs.dirty = true;
   job.last_seen_ns = now;

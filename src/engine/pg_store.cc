@@ -24,7 +24,10 @@ CREATE TABLE IF NOT EXISTS jobs(
 CREATE TABLE IF NOT EXISTS ranks(
   job_id TEXT, rank BIGINT, host TEXT, pid BIGINT, local_rank BIGINT, device_name TEXT,
   device_uuid TEXT, last_seen_ns BIGINT, batches BIGINT, records BIGINT,
-  lost_batches BIGINT, drops BYTEA, PRIMARY KEY(job_id, rank));
+  lost_batches BIGINT, drops BYTEA, steps BIGINT DEFAULT 0, steps_sampled_out BIGINT DEFAULT 0,
+  PRIMARY KEY(job_id, rank));
+ALTER TABLE ranks ADD COLUMN IF NOT EXISTS steps BIGINT DEFAULT 0;
+ALTER TABLE ranks ADD COLUMN IF NOT EXISTS steps_sampled_out BIGINT DEFAULT 0;
 CREATE TABLE IF NOT EXISTS signatures(
   job_id TEXT, sig_id BIGINT, signature BYTEA, PRIMARY KEY(job_id, sig_id));
 CREATE TABLE IF NOT EXISTS signature_stats(
@@ -163,13 +166,18 @@ bool writeRank(PGconn* c, const RankRow& r) {
       .u64(r.records)
       .u64(r.lost_batches)
       .blob(r.drops)
+      .u64(r.steps)
+      .u64(r.steps_sampled_out)
       .run(c,
-           "INSERT INTO ranks VALUES($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12) "
+           "INSERT INTO ranks(job_id, rank, host, pid, local_rank, device_name, device_uuid, "
+           "last_seen_ns, batches, records, lost_batches, drops, steps, steps_sampled_out) "
+           "VALUES($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13,$14) "
            "ON CONFLICT(job_id, rank) DO UPDATE SET host=EXCLUDED.host, pid=EXCLUDED.pid, "
            "local_rank=EXCLUDED.local_rank, device_name=EXCLUDED.device_name, "
            "device_uuid=EXCLUDED.device_uuid, last_seen_ns=EXCLUDED.last_seen_ns, "
            "batches=EXCLUDED.batches, records=EXCLUDED.records, "
-           "lost_batches=EXCLUDED.lost_batches, drops=EXCLUDED.drops");
+           "lost_batches=EXCLUDED.lost_batches, drops=EXCLUDED.drops, steps=EXCLUDED.steps, "
+           "steps_sampled_out=EXCLUDED.steps_sampled_out");
 }
 
 bool writeSignatureStats(PGconn* c, const SignatureStatsRow& r) {
@@ -576,7 +584,8 @@ std::vector<RankRow> PgStore::loadRanks() {
   PGresult* r = nullptr;
   if (!Params().run(read_,
                     "SELECT job_id, rank, host, pid, local_rank, device_name, device_uuid, "
-                    "last_seen_ns, batches, records, lost_batches, drops FROM ranks",
+                    "last_seen_ns, batches, records, lost_batches, drops, steps, "
+                    "steps_sampled_out FROM ranks",
                     &r))
     return out;
   for (int i = 0; i < PQntuples(r); ++i) {
@@ -593,6 +602,8 @@ std::vector<RankRow> PgStore::loadRanks() {
     row.records = static_cast<uint64_t>(geti(r, i, 9));
     row.lost_batches = static_cast<uint64_t>(geti(r, i, 10));
     row.drops = gets(r, i, 11);
+    row.steps = static_cast<uint64_t>(geti(r, i, 12));
+    row.steps_sampled_out = static_cast<uint64_t>(geti(r, i, 13));
     out.push_back(std::move(row));
   }
   PQclear(r);

@@ -25,7 +25,8 @@ CREATE TABLE IF NOT EXISTS jobs(
 CREATE TABLE IF NOT EXISTS ranks(
   job_id TEXT, rank INTEGER, host TEXT, pid INTEGER, local_rank INTEGER, device_name TEXT,
   device_uuid TEXT, last_seen_ns INTEGER, batches INTEGER, records INTEGER,
-  lost_batches INTEGER, drops BLOB, PRIMARY KEY(job_id, rank));
+  lost_batches INTEGER, drops BLOB, steps INTEGER DEFAULT 0, steps_sampled_out INTEGER DEFAULT 0,
+  PRIMARY KEY(job_id, rank));
 CREATE TABLE IF NOT EXISTS signatures(
   job_id TEXT, sig_id INTEGER, signature BLOB, PRIMARY KEY(job_id, sig_id));
 CREATE TABLE IF NOT EXISTS signature_stats(
@@ -236,7 +237,7 @@ bool SqliteStore::init(std::string* error) {
     *error = options_.path + ": " + *error;
     return false;
   }
-  if (!migrateRawRecords(error)) {
+  if (!migrateRawRecords(error) || !migrateRankSteps(error)) {
     *error = options_.path + ": " + *error;
     return false;
   }
@@ -287,11 +288,14 @@ bool writeJob(W& w, const JobRow& r) {
 
 template <typename W>
 bool writeRank(W& w, const RankRow& r) {
-  Stmt s(w, "INSERT OR REPLACE INTO ranks VALUES(?,?,?,?,?,?,?,?,?,?,?,?)");
+  Stmt s(w,
+         "INSERT OR REPLACE INTO ranks(job_id, rank, host, pid, local_rank, device_name, "
+         "device_uuid, last_seen_ns, batches, records, lost_batches, drops, steps, "
+         "steps_sampled_out) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?)");
   s.bind(1, r.job_id).bind(2, int64_t{r.rank}).bind(3, r.host).bind(4, int64_t{r.pid});
   s.bind(5, int64_t{r.local_rank}).bind(6, r.device_name).bind(7, r.device_uuid);
   s.bind(8, r.last_seen_ns).bindU(9, r.batches).bindU(10, r.records);
-  s.bindU(11, r.lost_batches).blob(12, r.drops);
+  s.bindU(11, r.lost_batches).blob(12, r.drops).bindU(13, r.steps).bindU(14, r.steps_sampled_out);
   return s.run();
 }
 
@@ -393,6 +397,23 @@ bool SqliteStore::migrateRawRecords(std::string* error) {
     return false;
   }
   FLARE_LOG_INFO("engine", "store: {} raw records converted to packed chunks (schema 2)", moved);
+  return true;
+}
+
+// The ranks' step counts (steps, steps_sampled_out) came after schema 2: a file written by an
+// older flared gets the two columns, 0 for its ranks.
+bool SqliteStore::migrateRankSteps(std::string* error) {
+  for (const char* column : {"steps", "steps_sampled_out"}) {
+    const std::string has =
+        std::string("SELECT COUNT(*) FROM pragma_table_info('ranks') WHERE name='") + column + "'";
+    if (pragmaInt(write_db_, has.c_str()) > 0) continue;
+    const std::string add =
+        std::string("ALTER TABLE ranks ADD COLUMN ") + column + " INTEGER DEFAULT 0";
+    if (!exec(write_db_, add.c_str(), error)) {
+      *error = "adding ranks." + std::string(column) + ": " + *error;
+      return false;
+    }
+  }
   return true;
 }
 
@@ -577,7 +598,7 @@ std::vector<RankRow> SqliteStore::loadRanks() {
   std::vector<RankRow> out;
   Stmt s(read_db_,
          "SELECT job_id, rank, host, pid, local_rank, device_name, device_uuid, last_seen_ns, "
-         "batches, records, lost_batches, drops FROM ranks");
+         "batches, records, lost_batches, drops, steps, steps_sampled_out FROM ranks");
   while (s.step() == SQLITE_ROW) {
     RankRow r;
     r.job_id = s.str(0);
@@ -592,6 +613,8 @@ std::vector<RankRow> SqliteStore::loadRanks() {
     r.records = static_cast<uint64_t>(s.i64(9));
     r.lost_batches = static_cast<uint64_t>(s.i64(10));
     r.drops = s.str(11);
+    r.steps = static_cast<uint64_t>(s.i64(12));
+    r.steps_sampled_out = static_cast<uint64_t>(s.i64(13));
     out.push_back(std::move(r));
   }
   return out;

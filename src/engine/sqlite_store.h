@@ -74,6 +74,7 @@ class SqliteStore final : public Store {
   explicit SqliteStore(Options options);
   bool init(std::string* error);
   bool migrateRawRecords(std::string* error);
+  bool migrateRankSteps(std::string* error);
   void commit(std::vector<Op>& ops);  // the queue's writer thread
 
   Options options_;

@@ -12,6 +12,7 @@
 #include "src/engine/ingest.h"
 #include "src/engine/metrics.h"
 #include "src/engine/test_util.h"
+#include "src/records/step_stats_wire.h"
 
 namespace flare::engine {
 namespace {
@@ -276,6 +277,84 @@ TEST_F(StoreTest, RetentionSplitsAChunkThatStraddlesTheRawWindow) {
 
 // A database written by a flared that kept a row per raw record (schema 1) is converted on
 // open: every record is still there, and the old table is gone.
+// A summary-mode rank's steps (StepStats applied, and of them sampled out by step sampling):
+// counted per rank for ListRanks (`flare status`), a refused StepStats not counted, both kept
+// across a restart; a file written before the two columns existed gets them on open, 0.
+TEST_F(StoreTest, RankStepCountsSurviveARestartAndAnOlderFileGetsTheColumns) {
+  common::FakeClock clock(kNow);
+  v1::ListRanksRequest lr;
+  lr.set_job_id("job");
+  {
+    auto s = open();
+    Ingest ingest({}, s.get(), clock);
+    auto out = ingest.hello(makeHello("job", 0, 1), nullptr);
+    v1::RecordBatch b;
+    b.set_rank(0);
+    b.set_batch_seq(1);
+    for (int i = 0; i < 4; ++i) {
+      records::StepResult step;  // as a rank sends it (an empty issue-latency sketch)
+      step.stats.start_ns = kNow + i * 1'000'000;
+      step.stats.end_ns = kNow + (i + 1) * 1'000'000;
+      step.stats.sampled_out = i == 1 || i == 2;
+      v1::StepStats* st = b.add_step_stats();
+      records::encodeStepStats(
+          step, [](int64_t t) { return t; }, st);
+      if (i == 3) st->set_inter_ns(41'000'000);  // T_inter 41x its step: refused
+    }
+    const Verdict v = ingest.batch(out.session_id, b);
+    ASSERT_TRUE(v.ok()) << v.error;
+    EXPECT_EQ(v.items_dropped, 1u);
+    v1::ListRanksResponse ranks;
+    ingest.ranks(lr, &ranks);
+    ASSERT_EQ(ranks.ranks_size(), 1);
+    EXPECT_EQ(ranks.ranks(0).steps(), 3u);
+    EXPECT_EQ(ranks.ranks(0).steps_sampled_out(), 2u);
+    ingest.persist();
+    s->flush();
+  }
+  {
+    auto s = open();
+    Ingest ingest({}, s.get(), clock);
+    ingest.loadFromStore();
+    v1::ListRanksResponse ranks;
+    ingest.ranks(lr, &ranks);
+    ASSERT_EQ(ranks.ranks_size(), 1);
+    EXPECT_EQ(ranks.ranks(0).steps(), 3u);
+    EXPECT_EQ(ranks.ranks(0).steps_sampled_out(), 2u);
+  }
+  // An older file: its ranks table without the two columns.
+  std::filesystem::remove_all(dir_);
+  std::filesystem::create_directories(dir_);
+  const std::string path = (dir_ / "flared.db").string();
+  {
+    sqlite3* db = nullptr;
+    ASSERT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
+    ASSERT_EQ(sqlite3_exec(db,
+                           "CREATE TABLE ranks(job_id TEXT, rank INTEGER, host TEXT, pid INTEGER, "
+                           "local_rank INTEGER, device_name TEXT, device_uuid TEXT, "
+                           "last_seen_ns INTEGER, batches INTEGER, records INTEGER, "
+                           "lost_batches INTEGER, drops BLOB, PRIMARY KEY(job_id, rank));"
+                           "INSERT INTO ranks VALUES('old',2,'h',7,0,'','',5,11,22,0,x'');",
+                           nullptr, nullptr, nullptr),
+              SQLITE_OK);
+    sqlite3_close(db);
+  }
+  auto s = open();
+  auto rows = s->loadRanks();
+  ASSERT_EQ(rows.size(), 1u);
+  EXPECT_EQ(rows[0].records, 22u);
+  EXPECT_EQ(rows[0].steps, 0u);
+  rows[0].steps = 9;
+  rows[0].steps_sampled_out = 4;
+  s->putRank(rows[0]);
+  s->flush();
+  s.reset();
+  rows = open()->loadRanks();
+  ASSERT_EQ(rows.size(), 1u);
+  EXPECT_EQ(rows[0].steps, 9u);
+  EXPECT_EQ(rows[0].steps_sampled_out, 4u);
+}
+
 TEST_F(StoreTest, ARowPerRecordDatabaseIsConvertedOnOpen) {
   const std::string path = (dir_ / "flared.db").string();
   {

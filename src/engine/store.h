@@ -43,7 +43,9 @@ struct RankRow {
   uint64_t batches = 0;
   uint64_t records = 0;
   uint64_t lost_batches = 0;
-  std::string drops;  // serialized flare.v1.DropCounters (latest cumulative)
+  std::string drops;   // serialized flare.v1.DropCounters (latest cumulative)
+  uint64_t steps = 0;  // StepStats received (summary mode), and of them sampled out
+  uint64_t steps_sampled_out = 0;
 };
 
 struct SignatureRow {

@@ -1,6 +1,7 @@
 """The `flare` CLI (python/flare): `flare run` and `flare status`."""
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -147,6 +148,27 @@ def test_status_lists_jobs_and_ranks_with_last_seen_and_drops(api):
     assert "bad_record=3" in line1 and "rate_limited=2 batches" in line1
     assert ("rank 1: the daemon refused 0 batch(es) and 3 item(s) as bad_record" in table.stdout
             and "inter_ns 41000 ns outside its step" in table.stdout)
+
+
+def test_status_counts_summary_ranks_steps_and_says_what_step_sampling_left_untimed(api):
+    """Summary-mode ranks' steps (StepStats the daemon applied) in a column, and a line saying
+    how many of the job's rank-steps step sampling left untimed, so that fewer records are not
+    taken for a loss; a raw-mode rank's steps are the daemon's to find ("-")."""
+    summary = {"jobId": "job/a", "ranks": [
+        dict(RANKS["ranks"][0], mode="MODE_SUMMARY", steps="120", stepsSampledOut="112"),
+        dict(RANKS["ranks"][1], mode="MODE_SUMMARY", steps="119", stepsSampledOut="111")]}
+    FakeApi.routes = {"/api/v1/jobs": JOBS, "/api/v1/jobs/job%2Fa/ranks": summary}
+    addr = "127.0.0.1:%d" % api.server_address[1]
+    got = json.loads(flare("status", "--daemon-http", addr, "--json").stdout)["jobs"][0]
+    assert [(r["steps"], r["stepsSampledOut"]) for r in got["ranks"]] == [(120, 112), (119, 111)]
+    table = flare("status", "--daemon-http", addr).stdout
+    assert re.search(r"node-1 .* 1200 +120 +0 ", table), table
+    assert ("step sampling: 223 of 239 rank-steps sampled out (FLARE_SAMPLE_STEPS or "
+            "FLARE_TIMING_BUDGET_PCT: their kernels untimed, their times kept); GPU figures "
+            "from the other 16") in table, table
+    FakeApi.routes["/api/v1/jobs/job%2Fa/ranks"] = RANKS  # raw mode, nothing sampled out
+    table = flare("status", "--daemon-http", addr).stdout
+    assert re.search(r"node-1 .* 1200 +- +0 ", table) and "step sampling" not in table, table
 
 
 def test_status_json_is_camel_case_throughout(api):

@@ -166,6 +166,20 @@ def test_underclocked_rank_is_named_through_flared_with_nothing_refused(build_di
         assert json.loads(d.get("/api/v1/alerts?job=healthy"))["alerts"] == []
         looked = json.loads(d.get("/api/v1/jobs/slowgpu/diagnoses"))["lookedAt"]
         assert looked["stepsSampledOut"] > 0 and looked["stepsMeasured"] > 0, looked
+        # `flare status` counts each rank's steps and those sampled out: the rank-steps the
+        # detectors looked at and each rank's warm-up step 0, which they leave out (measured).
+        http = "127.0.0.1:%d" % d.http
+        res = flare(build_dir, "status", "--all", "--daemon-http", http, "--json")
+        assert res.returncode == 0, res.stderr
+        job = {j["jobId"]: j for j in json.loads(res.stdout)["jobs"]}["slowgpu"]
+        ranks = job["ranks"]
+        assert len(ranks) == 8 and len({r["steps"] for r in ranks}) == 1, ranks
+        assert sum(r["stepsSampledOut"] for r in ranks) == looked["stepsSampledOut"], ranks
+        assert sum(r["steps"] for r in ranks) == looked["stepsMeasured"] + \
+            looked["stepsSampledOut"] + len(ranks), (ranks, looked)
+        text = flare(build_dir, "status", "--all", "--daemon-http", http).stdout
+        assert "step sampling: %d of %d rank-steps sampled out" % (
+            looked["stepsSampledOut"], sum(r["steps"] for r in ranks)) in text, text
         assert_nothing_refused(d.http)
     finally:
         if d.proc.poll() is None:
