@@ -117,6 +117,22 @@ uint16_t signatureTurn(uint32_t signature_id) {
   return takeTurn(s, n, kWarmupSignatureCalls);
 }
 
+bool signatureFirstCalls(uint32_t signature_id) {
+  if (signature_id > kMaxSampledSignatureId) return false;
+  thread_local std::vector<uint8_t> calls;  // per signature id, up to kWarmupSignatureCalls
+  if (signature_id >= calls.size()) {
+    try {
+      calls.resize(signature_id + 1);
+    } catch (...) {
+      return false;  // no room: as any call of a sampled-out step, untimed
+    }
+  }
+  uint8_t& n = calls[signature_id];
+  if (n >= kWarmupSignatureCalls) return false;
+  ++n;
+  return true;
+}
+
 namespace {
 
 bool ok(cudaError_t e) {

@@ -20,14 +20,16 @@ auto timedCall(Stream&& stream, Info&& info, Ok&& ok, Call&& call) {
   Guard guard;
   timing::Tracer* t = guard.outer ? tracer() : nullptr;
   if (!t) return call();
+  timing::OpInfo op = info();
   if constexpr (kPerSignature) {
-    if (timing::stepsUntimed()) {  // a step sampled out (FLARE_SAMPLE_STEPS): no lookup either
+    // A signature's first calls on this thread are timed in any step, so that a shape that runs
+    // only in steps sampled out (an evaluation pass's GEMMs) still has a record.
+    const bool first_calls = op.signature_id != 0 && signatureFirstCalls(op.signature_id);
+    if (timing::stepsUntimed() && !first_calls) {  // a step sampled out (FLARE_SAMPLE_STEPS)
       t_sampler.skipped = true;
       return call();
     }
-  }
-  timing::OpInfo op = info();
-  if constexpr (kPerSignature) {
+    if (first_calls) op.flags |= timing::kOpFirstCalls;
     if (op.signature_id != 0) {
       op.weight = signatureTurn(op.signature_id);
       if (op.weight == 0) {

@@ -193,9 +193,11 @@ void BatchBuilder::addOps(std::span<const CompletedOp> ops) {
       if (op.info.kind != OpKind::kSync) {
         steps_.addGpuOp(op.issue_ns, op.start_ns, op.end_ns, op.info.kind == OpKind::kKernel,
                         op.thread_id, op.info.weight);
-        if (!decisions_.empty() && stepSampledKind(op.info.kind)) {
+        if (!decisions_.empty() && stepSampledKind(op.info.kind) &&
+            !(op.info.flags & kOpFirstCalls)) {
           // Step sampling: a timed op of a measured step stands for its kind of work in the
-          // steps sampled out before it too (the kernel summaries' counts, time, FLOPs, bytes).
+          // steps sampled out before it too (the kernel summaries' counts, time, FLOPs, bytes);
+          // a signature's first calls stand for themselves.
           if (const uint32_t steps = decisions_.weightAt(op.issue_ns); steps > 1) {
             CompletedOp weighted = op;
             weighted.info.weight = static_cast<uint16_t>(

@@ -632,6 +632,62 @@ TEST(BatchBuilderSummary, StepSamplingSendsSampledOutStepsWithTheirTimesOnly) {
   EXPECT_EQ(collectives, static_cast<size_t>(kSteps));
 }
 
+// A GEMM shape that runs in two steps only (an evaluation pass): its calls are its signature's
+// first on the thread (kOpFirstCalls), timed in any step, and each stands for itself — in the
+// sampled-out step 4 and in step 6, which stands for steps 4-6 for every other op.
+TEST(BatchBuilderSummary, StepSamplingCountsASignaturesFirstCallsOnce) {
+  std::vector<flare::v1::RecordBatch> out;
+  const int64_t t0 = 1'000'000'000;
+  constexpr int64_t kStep = 1'000'000;
+  const std::vector<bool> measured = {true, true, true, true, false, false, true, true};
+  std::vector<StepDecision> pending;
+  uint32_t since = 0;
+  for (size_t s = 0; s < measured.size(); ++s) {
+    ++since;
+    StepDecision d{t0 + static_cast<int64_t>(s) * kStep, measured[s], 1};
+    if (measured[s]) d.weight = std::exchange(since, 0);
+    pending.push_back(d);
+  }
+  BatchBuilderOptions opts;
+  opts.summary_mode = [] { return true; };
+  opts.clock_map = [] { return common::ClockMap(0, 0); };
+  opts.run_queue_wait = [](uint32_t) -> std::optional<int64_t> { return std::nullopt; };
+  opts.step_decisions = [&] { return std::exchange(pending, {}); };
+  BatchBuilder builder(0, opts, [&](flare::v1::RecordBatch&& b) { out.push_back(std::move(b)); });
+  builder.addSignature(2, makeSig(FLARE_STEP_MARKER_NAME, OpKind::kSync));
+  builder.addSignature(4, makeSig("eval_gemm", OpKind::kGemm));
+  for (size_t s = 0; s <= measured.size(); ++s) {
+    const int64_t b = t0 + static_cast<int64_t>(s) * kStep;
+    std::vector<CompletedOp> ops;
+    CompletedOp marker;
+    marker.info = info(2, OpKind::kSync);
+    marker.issue_ns = marker.start_ns = marker.end_ns = b;
+    ops.push_back(marker);
+    for (bool first : {true, false}) {
+      if (s != 4 && s != 6) break;
+      if (!first && s == 4) break;  // a sampled-out step times only the first calls
+      CompletedOp op;
+      op.info = info(4, OpKind::kGemm);
+      if (first) op.info.flags = kOpFirstCalls;
+      op.issue_ns = b + (first ? 10'000 : 60'000);
+      op.start_ns = op.issue_ns + 5'000;
+      op.end_ns = op.start_ns + 20'000;
+      ops.push_back(op);
+    }
+    builder.addOps(ops);
+  }
+  builder.finish();
+  uint64_t count = 0;
+  for (const auto& b : out) {
+    for (const auto& ks : b.summaries()) {
+      if (ks.signature_id() != 4) continue;
+      for (const auto& c : ks.clusters()) count += c.count();
+    }
+  }
+  // Steps 4 and 6's first calls once each; step 6's later call for the 3 steps it stands for.
+  EXPECT_EQ(count, 1u + 1u + 3u);
+}
+
 TEST(StepDecisions, AStepIsMeasuredOnlyIfNoPartOfItWasSampledOut) {
   StepDecisions d;
   EXPECT_TRUE(d.measured(0, 100));  // no decision: everything timed

@@ -53,11 +53,16 @@ struct Signature {
 // previous timed op and this one: this op's start event need not follow that op's end event
 // on the stream (the Tracer's event-gap estimate leaves the pair out).
 constexpr uint8_t kOpAfterUntimed = 1;
+// One of its signature's first calls on its thread (hook: signatureFirstCalls), timed in any
+// step: under step sampling (FLARE_SAMPLE_STEPS) it stands for itself, not for the steps sampled
+// out before its step (a shape that runs in a few steps only, an evaluation pass's, is counted
+// exactly and not as if it ran in every step).
+constexpr uint8_t kOpFirstCalls = 2;
 
 struct OpInfo {
   uint32_t signature_id = 0;
   OpKind kind = OpKind::kKernel;
-  uint8_t flags = 0;  // kOpAfterUntimed
+  uint8_t flags = 0;  // kOpAfterUntimed, kOpFirstCalls
   // Launches this op stands for: 1, or with 1-in-N sampling of plain kernel launches
   // (FLARE_SAMPLE_KERNELS, src/hook/launch_sampling.h) the launches of its thread since the
   // previous timed one, itself included. Counts, times, FLOPs and bytes scale by it.

@@ -3,8 +3,9 @@ simulated stack. The truth is the workload's own: FLARE_SIM_KERNEL_LOG lists eve
 simulated GPU ran.
 
 - every op of a measured step is timed and none of a sampled-out step's kernels, GEMMs, copies
-  and sets; the first 3 steps are measured; about one step in K after that, the same steps on
-  every rank;
+  and sets, but for a GEMM, copy or set signature's first calls (a shape of a few steps keeps its
+  exact count); the first 3 steps are measured; about one step in K after that, the same steps
+  on every rank;
 - the kernel summaries' counts estimate every step's launches (each measured step stands for the
   steps sampled out before it): exact up to the steps after the last measured one;
 - every step reaches the detectors, the sampled-out ones with their times only, and what the
@@ -184,3 +185,40 @@ def test_underclocked_rank_is_named_through_flared_with_nothing_refused(build_di
     finally:
         if d.proc.poll() is None:
             d.proc.kill()
+
+
+# The job id seeds which steps are measured (the same on every rank): with "sampled" the
+# evaluation pass falls in a sampled-out step, with "x" in a measured step that stands for 4.
+@pytest.mark.parametrize("job", ["sampled", "x"])
+def test_a_gemm_shape_of_a_few_steps_only_keeps_its_exact_count(build_dir, tmp_path, job):
+    """The PyTorch-like workload's evaluation pass (no-grad forward GEMMs of shapes the training
+    steps do not use, 4 calls each in 100 steps) at K = 8. In a sampled-out step its GEMMs were
+    untimed, and the kernel report had no record of those shapes; in a measured step they were
+    weighted as if they ran in every step that step stands for. A signature's first calls on a
+    thread are timed in any step and stand for themselves: every GEMM shape of the raw run is in
+    the summaries, and the evaluation's with its exact count."""
+    from conftest import exported
+    shapes = {}
+    for tag, mode, extra in (("raw", "raw", {}), (job, "summary", {"FLARE_SAMPLE_STEPS": "8"})):
+        spool = tmp_path / tag
+        env = {k: v for k, v in os.environ.items()
+               if not k.startswith("FLARE_") and k != "LD_PRELOAD"}
+        env.update(LD_PRELOAD=os.path.join(build_dir, "lib", "libflare_hook.so"),
+                   FLARE_OUTPUT_DIR=str(spool), FLARE_JOB_ID=tag, FLARE_MODE=mode, **extra)
+        res = subprocess.run([os.path.join(build_dir, "bin", "flare-sim-train"), "--pytorch-like",
+                              "--ranks", "1", "--steps", "100", "--layers", "2", "--setup-ms",
+                              "0", "--eval-ms", "50", "--save-ms", "10", "--quiet"],
+                             env=env, capture_output=True, text=True, timeout=300)
+        assert res.returncode == 0, res.stderr
+        counts = collections.Counter()
+        for r in exported(build_dir, spool):
+            if r["kind"] == "gemm":  # a raw record
+                counts[(r["name"], tuple(r["shape"]))] += r.get("weight", 1)
+            elif r["kind"] == "summary" and r["op_kind"] == "gemm":
+                counts[(r["name"], tuple(r["shape"]))] += sum(c["count"] for c in r["clusters"])
+        shapes[mode] = counts
+    rare = {k: n for k, n in shapes["raw"].items() if n <= 8}
+    assert len(rare) == 4 and set(rare.values()) == {4}, shapes["raw"]  # the evaluation's
+    assert set(shapes["summary"]) == set(shapes["raw"]), (shapes["summary"], shapes["raw"])
+    for key, n in rare.items():
+        assert shapes["summary"][key] == n, (key, shapes["summary"][key], n)
