@@ -535,6 +535,33 @@ TEST(BatchBuilderSummary, StepsSentWhileRunQueueIsUnreadableAreCounted) {
   EXPECT_EQ(run(false), 7u);
 }
 
+// The hook's step decisions for steps of `step_ns` from `t0`, `measured[s]` saying whether step s
+// was timed (a measured step stands for itself and the sampled-out steps before it).
+std::vector<StepDecision> stepDecisions(const std::vector<bool>& measured, int64_t t0,
+                                        int64_t step_ns) {
+  std::vector<StepDecision> out;
+  uint32_t since = 0;
+  for (size_t s = 0; s < measured.size(); ++s) {
+    ++since;
+    StepDecision d{t0 + static_cast<int64_t>(s) * step_ns, measured[s], 1};
+    if (measured[s]) d.weight = std::exchange(since, 0);
+    out.push_back(d);
+  }
+  return out;
+}
+
+// A summarizing BatchBuilder that takes `pending` as the hook's step decisions and emits into
+// `out`.
+BatchBuilder stepSampledBuilder(std::vector<StepDecision>& pending,
+                                std::vector<flare::v1::RecordBatch>& out) {
+  BatchBuilderOptions opts;
+  opts.summary_mode = [] { return true; };
+  opts.clock_map = [] { return common::ClockMap(0, 0); };
+  opts.run_queue_wait = [](uint32_t) -> std::optional<int64_t> { return std::nullopt; };
+  opts.step_decisions = [&pending] { return std::exchange(pending, {}); };
+  return BatchBuilder(0, opts, [&out](flare::v1::RecordBatch&& b) { out.push_back(std::move(b)); });
+}
+
 // Step sampling (FLARE_SAMPLE_STEPS, step_sampling.h): the hook's decisions at the step
 // boundaries say which steps were timed. A sampled-out step leaves with its times only
 // (sampled_out, GPU figures 0); a measured step's figures are its own ops' (exact); the kernel
@@ -548,20 +575,8 @@ TEST(BatchBuilderSummary, StepSamplingSendsSampledOutStepsWithTheirTimesOnly) {
   // Steps 0-3 measured, 4 and 5 sampled out, 6 measured (for 3 steps), 7 out, 8 (for 2), 9.
   const std::vector<bool> measured = {true,  true, true,  true, false,
                                       false, true, false, true, true};
-  std::vector<StepDecision> pending;
-  uint32_t since = 0;
-  for (int s = 0; s < kSteps; ++s) {
-    ++since;
-    StepDecision d{t0 + s * kStep, measured[s], 1};
-    if (measured[s]) d.weight = std::exchange(since, 0);
-    pending.push_back(d);
-  }
-  BatchBuilderOptions opts;
-  opts.summary_mode = [] { return true; };
-  opts.clock_map = [] { return common::ClockMap(0, 0); };
-  opts.run_queue_wait = [](uint32_t) -> std::optional<int64_t> { return std::nullopt; };
-  opts.step_decisions = [&] { return std::exchange(pending, {}); };
-  BatchBuilder builder(0, opts, [&](flare::v1::RecordBatch&& b) { out.push_back(std::move(b)); });
+  std::vector<StepDecision> pending = stepDecisions(measured, t0, kStep);
+  BatchBuilder builder = stepSampledBuilder(pending, out);
   builder.addSignature(1, makeSig("elementwise_kernel", OpKind::kKernel));
   builder.addSignature(2, makeSig(FLARE_STEP_MARKER_NAME, OpKind::kSync));
   builder.addSignature(3, makeSig("ncclAllReduce", OpKind::kCollective));
@@ -640,20 +655,8 @@ TEST(BatchBuilderSummary, StepSamplingCountsASignaturesFirstCallsOnce) {
   const int64_t t0 = 1'000'000'000;
   constexpr int64_t kStep = 1'000'000;
   const std::vector<bool> measured = {true, true, true, true, false, false, true, true};
-  std::vector<StepDecision> pending;
-  uint32_t since = 0;
-  for (size_t s = 0; s < measured.size(); ++s) {
-    ++since;
-    StepDecision d{t0 + static_cast<int64_t>(s) * kStep, measured[s], 1};
-    if (measured[s]) d.weight = std::exchange(since, 0);
-    pending.push_back(d);
-  }
-  BatchBuilderOptions opts;
-  opts.summary_mode = [] { return true; };
-  opts.clock_map = [] { return common::ClockMap(0, 0); };
-  opts.run_queue_wait = [](uint32_t) -> std::optional<int64_t> { return std::nullopt; };
-  opts.step_decisions = [&] { return std::exchange(pending, {}); };
-  BatchBuilder builder(0, opts, [&](flare::v1::RecordBatch&& b) { out.push_back(std::move(b)); });
+  std::vector<StepDecision> pending = stepDecisions(measured, t0, kStep);
+  BatchBuilder builder = stepSampledBuilder(pending, out);
   builder.addSignature(2, makeSig(FLARE_STEP_MARKER_NAME, OpKind::kSync));
   builder.addSignature(4, makeSig("eval_gemm", OpKind::kGemm));
   for (size_t s = 0; s <= measured.size(); ++s) {
