@@ -111,10 +111,11 @@ constexpr uint32_t kMaxSampledSignatureId = 1u << 20;
 uint16_t signatureTurn(uint32_t signature_id);
 
 // Whether this is one of the first kWarmupSignatureCalls calls of `signature_id` on the calling
-// thread (counted in every step): step sampling (FLARE_SAMPLE_STEPS) times these in a step it
-// samples out too, so that a GEMM shape, copy or set that runs only in such steps is in the
-// kernel summaries (weight 1: that step stands for itself). Shapes of every step are past it
-// after the always-measured first steps.
+// thread (counted in every step; called only where step sampling was asked for, so that an exact
+// job pays nothing): step sampling (FLARE_SAMPLE_STEPS) times these in a step it samples out too,
+// so that a GEMM shape, copy or set that runs only in such steps is in the kernel summaries (weight
+// 1: that step stands for itself). Shapes of every step are past it after the always-measured first
+// steps.
 bool signatureFirstCalls(uint32_t signature_id);
 
 }  // namespace flare::hook

@@ -18,6 +18,11 @@
 #include "src/timing/step_sampling.h"
 
 namespace flare::hook {
+
+bool stepSamplingAsked() {
+  return sampleStepsSetting() > 1 || timingBudgetPct() > 0;
+}
+
 namespace {
 
 constexpr char kStepName[] = FLARE_STEP_MARKER_NAME;
@@ -81,11 +86,6 @@ int64_t budgetSteps(StepTurns& s, int64_t boundary_ns, int64_t k_floor, double b
   s.prev_boundary_ns = boundary_ns;
   s.prev_cost_ns = cost;
   return s.k_budget > 0 ? s.k_budget : k_floor;
-}
-
-// Step sampling was asked for: FLARE_SAMPLE_STEPS > 1 or a timing budget.
-bool stepSamplingAsked() {
-  return sampleStepsSetting() > 1 || timingBudgetPct() > 0;
 }
 
 void decideStep(int64_t boundary_ns) {

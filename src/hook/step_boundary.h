@@ -15,6 +15,9 @@ enum class StepSource { kMarker, kDataLoader };
 // same boundary (the marker's or the span's start). Any thread; a mutex once per step.
 void onStepBoundary(StepSource source, int64_t boundary_ns);
 
+// Step sampling was asked for: FLARE_SAMPLE_STEPS > 1 or a timing budget (both read once).
+bool stepSamplingAsked();
+
 // At exit: where step sampling was asked for (FLARE_SAMPLE_STEPS > 1 or a timing budget) and
 // never applied — no step boundary met, or none in summary mode — says so once (a warning).
 void stepSamplingAtExit();

@@ -7,6 +7,7 @@
 
 #include "src/hook/launch_sampling.h"
 #include "src/hook/runtime.h"
+#include "src/hook/step_boundary.h"
 
 namespace flare::hook {
 
@@ -24,7 +25,8 @@ auto timedCall(Stream&& stream, Info&& info, Ok&& ok, Call&& call) {
   if constexpr (kPerSignature) {
     // A signature's first calls on this thread are timed in any step, so that a shape that runs
     // only in steps sampled out (an evaluation pass's GEMMs) still has a record.
-    const bool first_calls = op.signature_id != 0 && signatureFirstCalls(op.signature_id);
+    const bool first_calls =
+        op.signature_id != 0 && stepSamplingAsked() && signatureFirstCalls(op.signature_id);
     if (timing::stepsUntimed() && !first_calls) {  // a step sampled out (FLARE_SAMPLE_STEPS)
       t_sampler.skipped = true;
       return call();
