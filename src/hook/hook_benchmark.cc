@@ -76,6 +76,31 @@ void BM_HookedStubLaunch(benchmark::State& state) {
 }
 BENCHMARK(BM_HookedStubLaunch)->MinTime(0.5);
 
+// An async memset the simulated runtime refuses at once (a null pointer): the real function of a
+// few ns, bare and through the hook. With FLARE_SAMPLE_CALLS=1024 (and FLARE_SAMPLE_STEPS > 1,
+// which turns on the per-signature first-calls count) nearly every hooked call takes the
+// per-signature untimed path: the signature lookup, the first-calls count and the countdown —
+// an upper bound of what a GEMM, copy or set of a step sampled out costs (which skips the
+// countdown), for a memset's signature; a GEMM's lookup also hashes its shape.
+using MemsetFn = cudaError_t (*)(void*, int, size_t, cudaStream_t);
+
+void BM_BareStubMemset(benchmark::State& state) {
+  static const MemsetFn real = simRuntime<MemsetFn>("cudaMemsetAsync");
+  if (!real) {
+    state.SkipWithError("the simulated runtime's cudaMemsetAsync not found");
+    return;
+  }
+  for (auto _ : state) benchmark::DoNotOptimize(real(nullptr, 0, 256, nullptr));
+  state.SetItemsProcessed(state.iterations());
+}
+BENCHMARK(BM_BareStubMemset)->MinTime(0.5);
+
+void BM_HookedStubMemset(benchmark::State& state) {
+  for (auto _ : state) benchmark::DoNotOptimize(cudaMemsetAsync(nullptr, 0, 256, nullptr));
+  state.SetItemsProcessed(state.iterations());
+}
+BENCHMARK(BM_HookedStubMemset)->MinTime(0.5);
+
 // A launch of a kernel straight into the simulated runtime (no hook): BM_InterceptedLaunch's
 // baseline in the same process.
 void BM_BareLaunch(benchmark::State& state) {
