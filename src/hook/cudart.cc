@@ -67,11 +67,13 @@ int32_t drawGap(int64_t n) {
   return static_cast<int32_t>(1 + s.rng % static_cast<uint64_t>(2 * n - 1));
 }
 
-// One signature's countdown on one thread (signatureTurn).
+// One signature's state on one thread: its countdown (signatureTurn) and first calls
+// (signatureFirstCalls).
 struct SignatureTurn {
   int32_t countdown = 0;     // calls left up to and including the next timed one; <= 1: time it
   uint16_t next_weight = 1;  // the weight of that next timed call
   uint32_t timed = 0;        // timed calls so far (for the warm-up)
+  uint8_t calls = 0;         // calls so far, up to kWarmupSignatureCalls (signatureFirstCalls)
 };
 
 // The timed path of either countdown (a thread's launches, a thread's calls of one signature):
@@ -98,38 +100,41 @@ uint16_t takeLaunchWeight() {
   return takeTurn(t_sampler, n, kWarmupLaunches);
 }
 
-uint16_t signatureTurn(uint32_t signature_id) {
-  const int64_t n = sampleCallsSetting();
-  if (n <= 1 || signature_id > kMaxSampledSignatureId) return 1;
-  thread_local std::vector<SignatureTurn> turns;  // indexed by signature id (dense, interned)
-  if (signature_id >= turns.size()) {
+namespace {
+
+// The calling thread's state of one signature (signatureTurn, signatureFirstCalls), indexed by
+// signature id (dense, interned); nullptr above kMaxSampledSignatureId or without the memory.
+SignatureTurn* signatureState(uint32_t signature_id) {
+  if (signature_id > kMaxSampledSignatureId) return nullptr;
+  thread_local std::vector<SignatureTurn> states;
+  if (signature_id >= states.size()) {
     try {
-      turns.resize(signature_id + 1);
+      states.resize(signature_id + 1);
     } catch (...) {
-      return 1;  // no room: timed, as with N = 1
+      return nullptr;
     }
   }
-  SignatureTurn& s = turns[signature_id];
-  if (s.countdown > 1) {
-    --s.countdown;
+  return &states[signature_id];
+}
+
+}  // namespace
+
+uint16_t signatureTurn(uint32_t signature_id) {
+  const int64_t n = sampleCallsSetting();
+  if (n <= 1) return 1;
+  SignatureTurn* s = signatureState(signature_id);
+  if (s == nullptr) return 1;  // timed, as with N = 1
+  if (s->countdown > 1) {
+    --s->countdown;
     return 0;
   }
-  return takeTurn(s, n, kWarmupSignatureCalls);
+  return takeTurn(*s, n, kWarmupSignatureCalls);
 }
 
 bool signatureFirstCalls(uint32_t signature_id) {
-  if (signature_id > kMaxSampledSignatureId) return false;
-  thread_local std::vector<uint8_t> calls;  // per signature id, up to kWarmupSignatureCalls
-  if (signature_id >= calls.size()) {
-    try {
-      calls.resize(signature_id + 1);
-    } catch (...) {
-      return false;  // no room: as any call of a sampled-out step, untimed
-    }
-  }
-  uint8_t& n = calls[signature_id];
-  if (n >= kWarmupSignatureCalls) return false;
-  ++n;
+  SignatureTurn* s = signatureState(signature_id);
+  if (s == nullptr || s->calls >= kWarmupSignatureCalls) return false;  // as any untimed call
+  ++s->calls;
   return true;
 }
 

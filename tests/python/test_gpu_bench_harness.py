@@ -276,3 +276,4 @@ def test_launch_cost_rounds_pair_each_arm_with_the_same_rounds_bare_run(tmp_path
     assert doc["arms"]["raw"]["runs"][1] is None
     assert doc["hook_minus_bare"]["raw"]["launch"] == [6000, 6000, 6000]
     assert "summary 6300 (+2800 [+2800, +2800])" in proc.stderr
+    assert "raw: 1 of 3 runs failed" in proc.stderr and "summary: 1 of 3 runs failed" in proc.stderr

@@ -840,6 +840,25 @@ std::vector<double> collectiveIssueOffsets(const JobModel& job, int rank,
   return out;
 }
 
+void offsetsFromCollectivesWhereSampledOut(
+    const JobModel& job, const std::map<int, std::vector<int64_t>>& starts,
+    const std::vector<std::vector<size_t>>& rank_step, const std::vector<char>& sampled_out,
+    std::vector<std::vector<double>>* offsets,
+    std::initializer_list<std::vector<std::vector<double>>*> blanked) {
+  if (std::find(sampled_out.begin(), sampled_out.end(), 1) == sampled_out.end()) return;
+  size_t i = 0;
+  for (const auto& [rank, s] : starts) {
+    const std::vector<double> collective = collectiveIssueOffsets(job, rank, s);
+    for (size_t g = 0; g < sampled_out.size(); ++g) {
+      if (!sampled_out[g]) continue;
+      const size_t k = rank_step[i][g];
+      (*offsets)[i][g] = k != 0 ? collective[k] : NAN;
+      for (auto* table : blanked) (*table)[i][g] = NAN;
+    }
+    ++i;
+  }
+}
+
 RankStepStarts rankStepStarts(const JobModel& job) {
   RankStepStarts out;
   for (const auto& [rank, r] : job.ranks()) {
@@ -920,20 +939,9 @@ StepIssueLatency stepIssueLatency(const JobModel& job) {
     out.idle.push_back(std::move(idle));
     steps_of.push_back(std::move(step_of));
   }
-  // Steps sampled out (the same steps on every rank of a job; nested ones where budgets chose
-  // different K): every rank's figure is its collectives' issue offset, one figure for all.
-  if (std::find(sampled_out.begin(), sampled_out.end(), 1) == sampled_out.end()) return out;
-  size_t i = 0;
-  for (const auto& [rank, s] : starts) {
-    const std::vector<double> collective = collectiveIssueOffsets(job, rank, s);
-    for (size_t g = 0; g < n_steps; ++g) {
-      if (!sampled_out[g]) continue;
-      const size_t k = steps_of[i][g];
-      out.offsets[i][g] = k != 0 ? collective[k] : NAN;
-      out.means[i][g] = out.idle[i][g] = NAN;
-    }
-    ++i;
-  }
+  // Steps sampled out (nested ones where budgets chose different K): compared by collectives.
+  offsetsFromCollectivesWhereSampledOut(job, starts, steps_of, sampled_out, &out.offsets,
+                                        {&out.means, &out.idle});
   return out;
 }
 

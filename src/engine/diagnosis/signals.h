@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
 #include <map>
 #include <optional>
 #include <string>
@@ -105,6 +106,16 @@ StepIssueLatency stepIssueLatency(const JobModel& job);
 // step sampled out.
 std::vector<double> collectiveIssueOffsets(const JobModel& job, int rank,
                                            const std::vector<int64_t>& step_starts);
+// Per-step tables aligned on a grid of steps ([rank index][grid step], ranks in the order of
+// `starts`; `rank_step[i][g]`: rank i's step index at grid step g, 0 for none): at every grid step
+// sampled out on some rank (`sampled_out[g]`: the same steps on every rank of a job) each rank's
+// `offsets` become its collectives' issue offsets (collectiveIssueOffsets), one figure for all,
+// and `blanked` (GPU idle, issue latency) NaN.
+void offsetsFromCollectivesWhereSampledOut(
+    const JobModel& job, const std::map<int, std::vector<int64_t>>& starts,
+    const std::vector<std::vector<size_t>>& rank_step, const std::vector<char>& sampled_out,
+    std::vector<std::vector<double>>* offsets,
+    std::initializer_list<std::vector<std::vector<double>>*> blanked);
 
 // Each rank's step start times, for the ranks with at least three (two complete steps), and the
 // durations of their steps without the first (warm-up) and the last, pooled over those ranks:

@@ -165,22 +165,15 @@ StepTable buildTable(const JobModel& job) {
       if (st.gpu_ops > 0) t.offset[i][g] = st.issue_offset_sum_ns / static_cast<double>(st.gpu_ops);
     }
   }
-  // A step sampled out (on any rank: the same steps on every rank of a job) is compared by its
-  // collectives' issue offsets on every rank, one figure for all, and by no rank's idle time.
-  if (std::find(sampled_out.begin(), sampled_out.end(), 1) == sampled_out.end()) return t;
+  // A step sampled out (on any rank) is compared by its collectives' issue offsets on every
+  // rank, and by no rank's idle time.
+  std::vector<std::vector<size_t>> rank_step(nr, std::vector<size_t>(n, 0));
   for (const auto& [rank, s] : starts) {
-    const size_t i = index.at(rank);
-    const std::vector<double> collective = collectiveIssueOffsets(job, rank, s);
-    std::vector<size_t> step_at(n, 0);  // grid step -> the rank's step (0: none)
     for (size_t k = 1; k < s.size(); ++k) {
-      if (const size_t g = grid_of.at(rank)[k]; g != SIZE_MAX) step_at[g] = k;
-    }
-    for (size_t g = 0; g < n; ++g) {
-      if (!sampled_out[g]) continue;
-      t.idle[i][g] = NAN;
-      t.offset[i][g] = step_at[g] != 0 ? collective[step_at[g]] : NAN;
+      if (const size_t g = grid_of.at(rank)[k]; g != SIZE_MAX) rank_step[index.at(rank)][g] = k;
     }
   }
+  offsetsFromCollectivesWhereSampledOut(job, starts, rank_step, sampled_out, &t.offset, {&t.idle});
   return t;
 }
 

@@ -96,6 +96,11 @@ def table(doc):
             d = doc["hook_minus_bare"].get(arm, {}).get(row)
             cells.append("%s %.0f" % (arm, m) + (" (%+.0f [%+.0f, %+.0f])" % tuple(d) if d else ""))
         lines.append("  %-32s %s" % (row, "; ".join(cells)))
+    for arm in arms:  # a run that failed is left out of the figures above: said here
+        failed = sum(1 for r in doc["arms"][arm]["runs"] if r is None)
+        if failed:
+            lines.append("  %s: %d of %d runs failed (null; see the session log)" % (
+                arm, failed, len(doc["arms"][arm]["runs"])))
     return "\n".join(lines)
 
 
