@@ -557,6 +557,17 @@ TEST_F(FlaredTest, GrpcPortIsExclusiveHellosHaveADeadlineStreamsPerPeerAreBounde
     EXPECT_EQ(idle.stream->Finish().error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
     EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(10));
   }
+  // The client can see the idle stream's status before the server has let go of its slot; the
+  // limit below counts from once it has (its close is counted after the release).
+  auto closed = [&] {
+    const std::string m = httpBody(d.http_port, "/metrics");
+    const double opened = metric(m, "flare_grpc_streams_total{event=\"opened\"}");
+    return opened >= 1 && metric(m, "flare_grpc_streams_total{event=\"closed\"}") >= opened;
+  };
+  for (int i = 0; i < 200 && !closed(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_TRUE(closed()) << "the idle stream was never released";
   // Three streams from this address are served; a fourth is refused while they are open.
   std::vector<std::unique_ptr<Rank>> ranks;
   for (int r = 0; r < 3; ++r) {
