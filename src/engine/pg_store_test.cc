@@ -1,7 +1,7 @@
 // PgStore against a real PostgreSQL server that the test starts (initdb + pg_ctl in a temporary
-// directory, Unix socket only): every table survives a reopen, and Ingest checkpoints resume a
-// rank exactly once after a crash, as with SQLite. Skipped, saying why, when no server binary
-// is installed (Debian: postgresql; FLARE_PG_BIN may name its bin directory).
+// directory, Unix socket only): the Store contract across a daemon restart (store_contract.h,
+// the same assertions as SQLite's), and raw records packed into chunks. Skipped, saying why, when
+// no server binary is installed (Debian: postgresql; FLARE_PG_BIN may name its bin directory).
 #include "src/engine/pg_store.h"
 
 #include <gtest/gtest.h>
@@ -15,6 +15,7 @@
 #include <string>
 
 #include "src/engine/ingest.h"
+#include "src/engine/store_contract.h"
 #include "src/engine/test_util.h"
 
 namespace flare::engine {
@@ -137,141 +138,23 @@ class PgStoreTest : public ::testing::Test {
 };
 
 TEST_F(PgStoreTest, EveryTableSurvivesReopen) {
-  {
-    auto s = open();
-    ASSERT_TRUE(s);
-    s->putJob({"job", 8, 100, 200});
-    RankRow r;
-    r.job_id = "job";
-    r.rank = 3;
-    r.host = "h";
-    r.pid = 77;
-    r.records = 9;
-    v1::DropCounters d;
-    d.set_ring_full(4);
-    d.SerializeToString(&r.drops);
-    s->putRank(r);
-    s->putRank(r);  // an upsert, not a second row
-    s->putSignature({"job", 1, gemmSig(1, 2, 3, 4).SerializeAsString()});
-    s->putSignatureStats({"job", 1, 10, 1000, 50, 200, 1.5e9, 0, 8, std::string("h\0st", 4)});
-    s->appendRaw(
-        "job", {RawRecord{3, 1, 7, 10, 20, 30, 1, 2, 3}, RawRecord{3, 1, 7, 40, 50, 90, 0, 0, 4}});
-    s->putWindowSummary({"job", 3, 1, 7, 1000, 2000, 10, 500, 40, 90, "summary"});
-    v1::Alert a;
-    a.set_job_id("job");
-    a.set_kind("low_tflops");
-    a.set_time_unix_ns(kNow);
-    EXPECT_EQ(s->putAlert(a), 1u);
-    s->putBaseline("w1/megatron/64", "0.25", kNow);
-    s->flush();
-  }
-  auto s = open();
-  ASSERT_TRUE(s);
-  const auto jobs = s->loadJobs();
-  ASSERT_EQ(jobs.size(), 1u);
-  EXPECT_EQ(jobs[0].world_size, 8);
-  EXPECT_EQ(jobs[0].last_seen_ns, 200);
-  const auto ranks = s->loadRanks();
-  ASSERT_EQ(ranks.size(), 1u);
-  EXPECT_EQ(ranks[0].pid, 77);
-  EXPECT_EQ(ranks[0].records, 9u);
-  v1::DropCounters d;
-  ASSERT_TRUE(d.ParseFromString(ranks[0].drops));
-  EXPECT_EQ(d.ring_full(), 4u);
-  const auto sigs = s->loadSignatures();
-  ASSERT_EQ(sigs.size(), 1u);
-  v1::Signature sig;
-  ASSERT_TRUE(sig.ParseFromString(sigs[0].signature));
-  EXPECT_EQ(sig.flops_per_call(), 2u * 2 * 3 * 4);
-  const auto stats = s->loadSignatureStats();
-  ASSERT_EQ(stats.size(), 1u);
-  EXPECT_EQ(stats[0].count, 10u);
-  EXPECT_EQ(stats[0].flops, 1.5e9);
-  EXPECT_EQ(stats[0].histogram, std::string("h\0st", 4));  // bytes, NUL included
-  const auto raw = s->rawRecords("job", 0, INT64_MAX, 10);
-  ASSERT_EQ(raw.size(), 2u);
-  EXPECT_EQ(raw[1].end_ns, 90);
-  EXPECT_EQ(raw[1].coll_seq, 4u);
-  ASSERT_EQ(s->windowSummaries("job", 0, 10).size(), 1u);
-  const auto alerts = s->alerts("", 0, 10);
-  ASSERT_EQ(alerts.size(), 1u);
-  EXPECT_EQ(alerts[0].kind(), "low_tflops");
-  EXPECT_EQ(s->baseline("w1/megatron/64").value_or(""), "0.25");
-  EXPECT_EQ(s->putAlert(v1::Alert()), 2u);  // ids keep increasing across the reopen
+  testing::everyTableSurvivesReopen([this] { return open(); });
 }
 
 TEST_F(PgStoreTest, CheckpointsResumeEachRankExactlyOnceAfterACrash) {
-  const int64_t min = 60LL * 1000000000LL;
-  const int64_t t0 = kNow / min * min;
-  common::FakeClock clock(t0 + 1000);
-  auto batch = [&](uint64_t seq, bool spool) {
-    v1::RecordBatch b;
-    b.set_rank(0);
-    b.set_batch_seq(seq);
-    b.set_from_spool(spool);
-    *b.add_signatures() = gemmSig(1, 256, 256, 256);
-    for (int i = 0; i < 4; ++i) {
-      addKernel(&b, 1, t0 + static_cast<int64_t>(seq) * 100000 + i * 1000, 500);
-    }
-    v1::KernelSummary* sm = b.add_summaries();
-    sm->set_signature_id(1);
-    sm->set_stream_id(3);
-    sm->set_window_start_ns(t0 + static_cast<int64_t>(seq) * 1000000);
-    sm->set_window_end_ns(t0 + static_cast<int64_t>(seq) * 1000000 + 1000);
-    auto* c = sm->add_clusters();
-    c->set_count(10);
-    c->set_p50_ns(1000);
-    c->set_p99_ns(2000);
-    c->set_sum_ns(10000);
-    v1::DeepTraceRecord* d = b.add_deep_trace();  // stored with the checkpoint: once
-    d->set_kind(v1::DeepTraceRecord::KIND_KERNEL);
-    d->set_name("k" + std::to_string(seq));
-    d->set_start_ns(t0 + static_cast<int64_t>(seq) * 100000);
-    d->set_end_ns(t0 + static_cast<int64_t>(seq) * 100000 + 100);
-    return b;
-  };
-  {
-    auto s = open();
-    ASSERT_TRUE(s);
-    Ingest ingest({}, s.get(), clock);
-    auto out = ingest.hello(makeHello("job", 0, 1), nullptr);
-    for (uint64_t seq = 1; seq <= 3; ++seq) {
-      ASSERT_TRUE(ingest.batch(out.session_id, batch(seq, false)).ok());
-    }
-    ingest.persist();
-    for (uint64_t seq = 4; seq <= 5; ++seq) {
-      ASSERT_TRUE(ingest.batch(out.session_id, batch(seq, false)).ok());
-    }
-  }  // the "crash": 4 and 5 never reach a checkpoint
-  auto s = open();
-  ASSERT_TRUE(s);
-  EXPECT_EQ(s->deepTrace("job", -1, 100).size(), 3u);
-  Ingest ingest({}, s.get(), clock);
-  ingest.loadFromStore();
-  auto out = ingest.hello(makeHello("job", 0, 1), nullptr);
-  EXPECT_EQ(out.ack.resume_after_seq(), 3u);
-  for (uint64_t seq = 1; seq <= 5; ++seq) {
-    const Verdict v = ingest.batch(out.session_id, batch(seq, true));
-    EXPECT_EQ(v.reason, seq <= 3 ? Reason::kDuplicateBatch : Reason::kCount) << seq;
-  }
-  ingest.persist(/*final=*/true);
-  s->flush();
-  EXPECT_EQ(s->rawRecords("job", 0, INT64_MAX, 100).size(), 20u);
-  const auto deep = s->deepTrace("job", -1, 100);
-  ASSERT_EQ(deep.size(), 5u);
-  EXPECT_EQ(deep[4].record.name(), "k5");
-  EXPECT_EQ(s->deepTrace("job", 0, 2).size(), 2u);
-  EXPECT_TRUE(s->deepTrace("job", 3, 100).empty());
-  const auto ranks = s->loadRanks();
-  ASSERT_EQ(ranks.size(), 1u);
-  EXPECT_EQ(ranks[0].records, 70u);
-  EXPECT_EQ(ranks[0].batches, 5u);
-  const auto rows = s->windowSummaries("job", 0, 10);
-  ASSERT_EQ(rows.size(), 1u);
-  EXPECT_EQ(rows[0].count, 50u);
-  const auto marks = s->loadBatchSeqs();
-  ASSERT_EQ(marks.size(), 1u);
-  EXPECT_EQ(marks[0].seq, 5u);
+  testing::checkpointsResumeEachRankExactlyOnceAfterACrash([this] { return open(); });
+}
+
+TEST_F(PgStoreTest, IngestStateRebuiltAfterRestartGivesTheSameReport) {
+  testing::ingestStateRebuiltAfterRestartGivesTheSameReport([this] { return open(); });
+}
+
+TEST_F(PgStoreTest, RankStepCountsSurviveARestart) {
+  testing::rankStepCountsSurviveARestart([this] { return open(); });
+}
+
+TEST_F(PgStoreTest, DeepTraceRecordsSurviveReopenAndExpireWithRawRecords) {
+  testing::deepTraceRecordsSurviveReopenAndExpireWithRawRecords([this] { return open(); });
 }
 
 // Raw records packed into chunks (raw_chunks.h) in PostgreSQL: a database of the row-per-record
