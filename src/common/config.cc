@@ -129,9 +129,10 @@ constexpr ParamInfo kParams[] = {
      "`__next__` calls or flare_step() markers: a job with neither is timed throughout."},
     {"FLARE_TIMING_BUDGET_PCT", "double", "0", "hook",
      "Step sampling by a budget, summary mode: the share of step time, in percent, that timing "
-     "may cost the launching threads (0 to 100; 0: off). The hook measures what timing every op "
-     "costs them (its own time in each timed op, event records included) over the measured "
-     "steps and times one step in K, K the smallest power of 2 (at least FLARE_SAMPLE_STEPS, "
+     "may cost (0 to 100; 0: off). The hook measures what timing every op costs over the "
+     "measured steps (the launching threads' own time in each timed op, event records included, "
+     "plus the GPU time of the event records: one measured event gap each) and times one step "
+     "in K, K the smallest power of 2 (at least FLARE_SAMPLE_STEPS, "
      "at most 1024) that keeps that cost within the budget, adjusted as the job runs; "
      "otherwise as FLARE_SAMPLE_STEPS. Off by default (docs/metrics.md, 'Step sampling')."},
     {"FLARE_EXIT_FLUSH_SECONDS", "duration", "2", "exporter",

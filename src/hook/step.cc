@@ -2,6 +2,7 @@
 // of the reserved signature "flare_step" (the daemon and the tools read it as a step boundary).
 #include "flare/step.h"
 
+#include <algorithm>
 #include <atomic>
 #include <functional>
 #include <mutex>
@@ -34,12 +35,14 @@ struct StepTurns {
   uint32_t since = 0;  // steps since the previous measured one, this one included
   uint64_t seed = 0;   // of the job id: every rank of the job measures the same steps
   // FLARE_TIMING_BUDGET_PCT: the step that started at the previous boundary, whether it was
-  // measured, the Tracer's timing cost then, the cost's share of a measured step (a moving
-  // average) and the K it gives.
+  // measured, the Tracer's timing costs then (the launching threads', the event commands' GPU
+  // time), their shares of a measured step (moving averages) and the K they give.
   int64_t prev_boundary_ns = 0;
   bool prev_measured = false;
-  uint64_t prev_cost_ns = 0;
-  double cost_fraction = -1;  // < 0: no measured step yet
+  uint64_t prev_host_cost_ns = 0;
+  uint64_t prev_records = 0;
+  double host_fraction = -1;  // < 0: no measured step yet
+  double gpu_fraction = -1;
   uint32_t k_budget = 0;      // 0: not chosen yet
   bool allowed_seen = false;  // a boundary met while step sampling could apply (summary mode)
 };
@@ -61,30 +64,43 @@ bool measuredStep(uint64_t seed, uint64_t index, int64_t k) {
 }
 
 // FLARE_TIMING_BUDGET_PCT: from the step that ended at `boundary_ns` (when it was measured),
-// the share of step time timing costs, and the K that keeps it within the budget.
+// the share of step time timing costs, and the K that keeps it within the budget. The cost is
+// the launching threads' time in the Tracer plus the GPU time its event commands held their
+// streams: the first is what a host-bound step pays, the second what a GPU-bound one pays, and
+// their sum bounds either.
 int64_t budgetSteps(StepTurns& s, int64_t boundary_ns, int64_t k_floor, double budget_pct) {
   timing::Tracer* t = tracer();
-  const uint64_t cost = t != nullptr ? t->hostCostNs() : 0;
+  const uint64_t host = t != nullptr ? t->hostCostNs() : 0;
+  const uint64_t records = t != nullptr ? t->eventRecords() : 0;
+  const int64_t gap = t != nullptr ? t->eventGapNs() : 0;
   // From the step that starts at the 2nd boundary on: the first ones carry one-time costs
   // (signatures interned, the event pool grown).
   if (s.prev_measured && s.seen >= 2 && boundary_ns > s.prev_boundary_ns) {
-    const double f = static_cast<double>(cost - s.prev_cost_ns) /
-                     static_cast<double>(boundary_ns - s.prev_boundary_ns);
-    s.cost_fraction = s.cost_fraction < 0 ? f : 0.7 * s.cost_fraction + 0.3 * f;
-    const uint32_t k =
-        timing::stepsForBudget(s.cost_fraction, budget_pct, static_cast<uint32_t>(k_floor));
+    const double step_ns = static_cast<double>(boundary_ns - s.prev_boundary_ns);
+    const auto average = [](double avg, double f) { return avg < 0 ? f : 0.7 * avg + 0.3 * f; };
+    s.host_fraction =
+        average(s.host_fraction, static_cast<double>(host - s.prev_host_cost_ns) / step_ns);
+    // The step's event records, each one gap as measured by now (the first estimate may come
+    // within the step).
+    s.gpu_fraction =
+        average(s.gpu_fraction, static_cast<double>(records - s.prev_records) *
+                                    static_cast<double>(std::max<int64_t>(gap, 0)) / step_ns);
+    const double cost = s.host_fraction + s.gpu_fraction;
+    const uint32_t k = timing::stepsForBudget(cost, budget_pct, static_cast<uint32_t>(k_floor));
     if (k != s.k_budget) {
       // The first choice where the user looks (info), later adjustments at debug level.
       ::flare::common::logAt(
           s.k_budget == 0 ? common::LogLevel::kInfo : common::LogLevel::kDebug, "hook",
-          "flare: FLARE_TIMING_BUDGET_PCT={}: timing every op costs {:.2f}% of a "
-          "step here; timing one step in {} (every op of it)",
-          budget_pct, 100 * s.cost_fraction, k);
+          "flare: FLARE_TIMING_BUDGET_PCT={}: timing every op costs {:.2f}% of a step here "
+          "({:.2f}% the launching threads' time, {:.2f}% the GPU time of the event records); "
+          "timing one step in {} (every op of it)",
+          budget_pct, 100 * cost, 100 * s.host_fraction, 100 * s.gpu_fraction, k);
       s.k_budget = k;
     }
   }
   s.prev_boundary_ns = boundary_ns;
-  s.prev_cost_ns = cost;
+  s.prev_host_cost_ns = host;
+  s.prev_records = records;
   return s.k_budget > 0 ? s.k_budget : k_floor;
 }
 

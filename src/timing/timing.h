@@ -260,9 +260,9 @@ struct TracerOptions {
   // first window is full. FLARE_EVENT_GAP_CORRECTION (default on).
   bool correct_event_gap = false;
   // Add up the launching threads' time in begin() and end() of the timed ops (hostCostNs;
-  // measured on one op in 8 per thread, three more clock reads there). For step sampling's timing
-  // budget
-  // (FLARE_TIMING_BUDGET_PCT, src/timing/step_sampling.h).
+  // measured on one op in 8 per thread, three more clock reads there) and count their event
+  // records (eventRecords). For step sampling's timing budget (FLARE_TIMING_BUDGET_PCT,
+  // src/timing/step_sampling.h).
   bool measure_cost = false;
 };
 
@@ -309,6 +309,13 @@ class Tracer {
   // Any thread: the launching threads' time in begin() and end() of the ops timed so far, ns
   // (0 unless TracerOptions::measure_cost): what timing cost them, event records included.
   uint64_t hostCostNs() const;
+  // Any thread: the event records of the ops timed so far (0 unless TracerOptions::measure_cost;
+  // counted like hostCostNs, on one op in 8 per thread), and the GPU time between two event
+  // commands queued back to back, the latest estimate of any device (0 until measured:
+  // correct_event_gap with pair timing). Each record holds its stream for about one such gap:
+  // a stream busy behind its queue runs that much longer, one that waits for its host absorbs it.
+  uint64_t eventRecords() const;
+  int64_t eventGapNs() const;
   // Called in a forked child: the poller thread does not exist there; disables tracing.
   void disableAfterFork();
 

@@ -201,6 +201,14 @@ DropCounters Tracer::drops() const {
 uint64_t Tracer::hostCostNs() const {
   return impl_->host_cost_ns_.load(std::memory_order_relaxed);
 }
+
+uint64_t Tracer::eventRecords() const {
+  return impl_->event_records_.load(std::memory_order_relaxed);
+}
+
+int64_t Tracer::eventGapNs() const {
+  return impl_->event_gap_ns_.load(std::memory_order_relaxed);
+}
 size_t Tracer::pushDeepTrace(std::vector<DeepTraceRecord>&& records) {
   if (impl_->disabled_.load(std::memory_order_relaxed)) return 0;
   size_t taken = 0;

@@ -270,6 +270,12 @@ struct Tracer::Impl {
   // each on a VM: measuring every op would add ~100 ns to each).
   static constexpr uint32_t kCostEvery = 8;
   alignas(64) std::atomic<uint64_t> host_cost_ns_{0};
+  // TracerOptions::measure_cost: the timed ops' event records, counted on the same measured ops
+  // as host_cost_ns_ and scaled the same way; and the poller's latest event-gap estimate of any
+  // device (DeviceCal::event_gap_ns; 0 until one is measured, and never with end_only or without
+  // correct_event_gap).
+  std::atomic<uint64_t> event_records_{0};
+  std::atomic<int64_t> event_gap_ns_{0};
 
   // Event pool. Events live in a deque (stable addresses) until the Tracer is destroyed.
   alignas(64) std::mutex pool_mu_;

@@ -239,6 +239,7 @@ bool Tracer::Impl::begin(void* stream, Ticket* ticket) noexcept {
     if (measure) {
       addCost(entered_ns);
       ticket->cost_measured = true;
+      event_records_.fetch_add((chained ? 1 : 2) * kCostEvery, std::memory_order_relaxed);
     }
     return true;
   } catch (...) {

@@ -290,6 +290,7 @@ void Tracer::Impl::correctEventGap(int device, const PendingOp& op, OpQueue& que
                          device, *mid, kGapWindow, 2 * *mid);
         }
         cal.event_gap_ns = *mid;
+        event_gap_ns_.store(*mid, std::memory_order_relaxed);
       }
     }
   }

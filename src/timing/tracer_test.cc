@@ -995,5 +995,38 @@ TEST_F(TracerTest, TheTimingCostOfTheLaunchingThreadIsAddedUpOnlyWhenAsked) {
   }
 }
 
+// TracerOptions::measure_cost with pair timing: the timed ops' event records are counted (two
+// per op, on one op in 8, scaled by 8), and the event gap the poller measured is published
+// (eventGapNs) once a window of readings is full, with or without measure_cost. Step sampling's
+// budget values the records at the gap (src/hook/step.cc).
+TEST_F(TracerTest, EventRecordsAreCountedAndTheMeasuredGapIsPublished) {
+  constexpr int64_t kGap = 1'300;
+  constexpr int64_t kDuration = 50'000;
+  for (bool measure : {false, true}) {
+    TracerOptions opts = quietOptions();
+    opts.correct_event_gap = true;
+    opts.measure_cost = measure;
+    Tracer tracer(&timer_, &clock_, &sink_, opts);
+    int64_t t = 2'000'000'000;  // GPU time, after every issue
+    auto run = [&](int ops) {
+      for (int i = 0; i < ops; ++i) {
+        clock_.advanceNs(100);
+        ASSERT_TRUE(launch(tracer, kStreamA, opInfo(static_cast<uint64_t>(i))));
+      }
+      for (int i = 0; i < ops; ++i) {  // back to back on a busy stream: each a gap reading
+        ASSERT_TRUE(timer_.completeOp(kStreamA, t, t + kDuration + 2 * kGap));
+        t += kDuration + 3 * kGap;
+      }
+      ASSERT_TRUE(tracer.drain(kLongWait));
+    };
+    run(8);
+    EXPECT_EQ(tracer.eventGapNs(), 0);  // 7 readings: no window yet
+    run(8 * 8);
+    EXPECT_EQ(tracer.eventGapNs(), kGap);
+    EXPECT_EQ(tracer.eventRecords(), measure ? 2u * 72 : 0u);
+    EXPECT_EQ(timer_.misuse(), 0);
+  }
+}
+
 }  // namespace
 }  // namespace flare::timing

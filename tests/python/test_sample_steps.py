@@ -130,7 +130,8 @@ def test_a_timing_budget_picks_k_from_the_measured_cost(sim_train, build_dir, tm
     _, _, res = traced_run(sim_train, build_dir, tmp_path, "tight", mode="summary",
                            env_extra={"FLARE_TIMING_BUDGET_PCT": "0.25"})
     chosen = re.findall(r"FLARE_TIMING_BUDGET_PCT=0.25: timing every op costs ([0-9.]+)% of a "
-                        r"step here; timing one step in ([0-9]+)", res.stderr)
+                        r"step here \([0-9.]+% the launching threads' time, [0-9.]+% the GPU "
+                        r"time of the event records\); timing one step in ([0-9]+)", res.stderr)
     assert len(chosen) == 2, res.stderr  # each rank says it once, where the user looks
     for cost, k in chosen:
         k, cost = int(k), float(cost)
@@ -145,6 +146,49 @@ def test_a_timing_budget_picks_k_from_the_measured_cost(sim_train, build_dir, tm
     assert "timing one step in 1 " in res.stderr, res.stderr
     _, loose = looked_at(build_dir, tmp_path / "loose")
     assert loose["stepsSampledOut"] == 0 and loose["stepsMeasured"] == total
+
+
+def test_a_timing_budget_counts_the_gpu_time_of_the_event_records(build_dir, tmp_path):
+    """Each event record holds its stream for one command gap (~1.3 us on an H200), so timing
+    every op costs a GPU-bound step about 2 gaps per op: FLARE_TIMING_BUDGET_PCT counts that
+    GPU time beside the launching threads' (the gap as the hook measured it), and chooses K from
+    both. With the simulated gap at 0 the GPU share is 0; at 20 us it is what the job's own ops
+    make of it: 2 x 20 us per timed op a step, over the step time."""
+    import re
+    shares = {}
+    for gap_us in (0, 20):
+        out, sim = tmp_path / ("gap%d" % gap_us), tmp_path / ("gap%d.json" % gap_us)
+        log = tmp_path / ("gap%d-log" % gap_us)
+        log.mkdir()
+        env = dict(os.environ, LD_PRELOAD=os.path.join(build_dir, "lib", "libflare_hook.so"),
+                   FLARE_OUTPUT_DIR=str(out), FLARE_JOB_ID="gap%d" % gap_us, FLARE_MODE="summary",
+                   FLARE_TIMING_BUDGET_PCT="0.5", FLARE_SIM_COMMAND_GAP_US=str(gap_us),
+                   FLARE_SIM_KERNEL_LOG=str(log))
+        steps = 12
+        res = subprocess.run([os.path.join(build_dir, "bin", "flare-sim-train"), "--ranks", "1",
+                              "--tp", "1", "--steps", str(steps), "--layers", "2", "--hidden",
+                              "2048", "--seq", "1024", "--quiet", "--json", str(sim)],
+                             env=env, capture_output=True, text=True, timeout=300)
+        assert res.returncode == 0, res.stderr
+        found = re.findall(r"timing every op costs ([0-9.]+)% of a step here \(([0-9.]+)% the "
+                           r"launching threads' time, ([0-9.]+)% the GPU time of the event "
+                           r"records\); timing one step in ([0-9]+)", res.stderr)
+        assert len(found) == 1, res.stderr
+        total, host, gpu, k = float(found[0][0]), float(found[0][1]), float(found[0][2]), \
+            int(found[0][3])
+        assert total == pytest.approx(host + gpu, abs=0.011)
+        assert k & (k - 1) == 0 and (k >= total / 0.5 > k / 2 or k == 1024), found
+        kernels = sum(n for n, _ in truth(str(log)).values()) / steps  # GEMMs included
+        # The budget divides by the measured steps' time (the event records lengthen them),
+        # the sampled-out steps are shorter: the share lies between the extremes (step 0, the
+        # cold start, left out).
+        step_ms = json.loads(sim.read_text())["ranks"][0]["step_ms"][1:]
+        gpu_ms = kernels * 2 * gap_us / 1000
+        shares[gap_us] = (gpu, 100 * gpu_ms / max(step_ms), 100 * gpu_ms / min(step_ms))
+    assert shares[0][0] == 0, shares
+    gpu, low, high = shares[20]
+    # The timed ops are the logged kernels and the collectives and copies (a few a step).
+    assert 0.8 * low <= gpu <= 1.3 * high, shares
 
 
 def test_underclocked_rank_is_named_through_flared_with_nothing_refused(build_dir, tmp_path):
