@@ -108,6 +108,48 @@ def test_the_step_sampling_arms_set_their_one_setting(build_dir, tmp_path, arm, 
     assert rows["flare-summary"]["overhead_pct"] == pytest.approx(5.0)
 
 
+def test_the_budget_arm_sets_the_hooks_estimate_beside_the_measured_overhead(build_dir,
+                                                                             tmp_path):
+    """The -budget arm logs every choice of K (debug, hook and timing only): each workload's
+    entry has the choices made while it ran and the one in force (a workload that made none
+    keeps the one before it), the event gap, and the notes under the table set the hook's
+    estimate of exact timing's cost beside what the flare-summary arm measured."""
+    proc, out = run(build_dir, tmp_path, "--arms", "bare,flare-summary,flare-summary-budget",
+                    env={"STANDIN_TIMING_BUDGET": "0.5"})
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads(out.read_text())["summary"]
+    small = summary["gpt-small"]["timing_budget"]["flare-summary-budget"]
+    want = {"cost_pct": 4.0, "host_pct": 0.8, "gpu_pct": 3.2, "k": 16}
+    assert small == {"choices": [want], "in_force": want, "event_gap_ns": 1300}
+    bound = summary["launch-bound"]["timing_budget"]["flare-summary-budget"]
+    assert bound["choices"] == [] and bound["in_force"] == want
+    assert ("- gpt-small, flare-summary-budget: the hook's estimate of timing every op: 4.00% of "
+            "a step (launching threads 0.80%, event records' GPU time 3.20%), K = 16; event gap "
+            "1300 ns; flare-summary measured +5.00%") in proc.stdout
+    assert "K = 16 (chosen before this workload)" in proc.stdout
+
+
+def test_the_budget_line_parser_reads_the_hooks_own_line(build_dir, tmp_path):
+    """overhead.py's parser against the line the hook really writes (the simulated stack)."""
+    sys.path.insert(0, BENCH)
+    try:
+        import overhead
+    finally:
+        sys.path.pop(0)
+    env = dict(os.environ, LD_PRELOAD=os.path.join(build_dir, "lib", "libflare_hook.so"),
+               FLARE_OUTPUT_DIR=str(tmp_path / "spool"), FLARE_MODE="summary",
+               FLARE_TIMING_BUDGET_PCT="0.5", FLARE_SIM_COMMAND_GAP_US="1.3")
+    res = subprocess.run([os.path.join(build_dir, "bin", "flare-sim-train"), "--ranks", "1",
+                          "--tp", "1", "--steps", "8", "--layers", "2", "--quiet"], env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    choices = overhead.budget_choices(res.stderr)
+    assert len(choices) == 1 and choices[0]["gpu_pct"] > 0 and choices[0]["k"] >= 1, res.stderr
+    assert choices[0]["cost_pct"] == pytest.approx(choices[0]["host_pct"] + choices[0]["gpu_pct"],
+                                                   abs=0.011)
+    assert overhead.EVENT_GAP_LINE.findall(res.stderr) == ["1300"], res.stderr
+
+
 def test_arms_must_include_the_bare_one(build_dir, tmp_path):
     proc, _ = run(build_dir, tmp_path, "--arms", "flare-raw")
     assert proc.returncode == 2 and "bare" in proc.stderr

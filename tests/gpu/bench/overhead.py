@@ -30,6 +30,7 @@ import argparse
 import json
 import os
 import random
+import re
 import select
 import shutil
 import subprocess
@@ -47,6 +48,31 @@ EXTRA_ARMS = ("flare-summary-end", "flare-summary-sampled", "flare-summary-sampl
               "flare-summary-steps", "flare-summary-budget")
 WORKLOADS = ("gpt-small", "gpt-medium", "gpt-large", "launch-bound", "cuda-graph", "compile")
 BUDGET_PCT = {"gpt-small": 0.5, "gpt-medium": 0.5, "gpt-large": 0.5, "launch-bound": 2.0}
+
+# The hook's log lines that say what timing every op costs (FLARE_TIMING_BUDGET_PCT, src/hook/
+# step.cc: the first choice at info, later ones at debug) and the event gap it measured
+# (src/timing/tracer_poller.cc). The -budget arm logs both, so that each workload's entry can set
+# the hook's own estimate of exact timing's cost beside the flare-summary arm's measured one.
+BUDGET_LINE = re.compile(r"timing every op costs ([0-9.]+)% of a step here \(([0-9.]+)% the "
+                         r"launching threads' time, ([0-9.]+)% the GPU time of the event "
+                         r"records\); timing one step in ([0-9]+)")
+EVENT_GAP_LINE = re.compile(r"two CUDA events queued back to back run ([0-9]+) ns apart")
+
+
+def budget_choices(text):
+    """The timing budget's choices in a hook log, in order: [{cost_pct, host_pct, gpu_pct, k}]."""
+    return [{"cost_pct": float(m.group(1)), "host_pct": float(m.group(2)),
+             "gpu_pct": float(m.group(3)), "k": int(m.group(4))}
+            for m in BUDGET_LINE.finditer(text)]
+
+
+def read_from(path, offset):
+    try:
+        with open(path, errors="replace") as f:
+            f.seek(offset)
+            return f.read()
+    except OSError:
+        return ""
 
 
 def dir_bytes(path):
@@ -82,6 +108,9 @@ class Worker:
                 env["FLARE_SAMPLE_STEPS"] = str(args.sample_steps)
             if arm.endswith("-budget"):  # step sampling with K from the measured timing cost
                 env["FLARE_TIMING_BUDGET_PCT"] = str(args.timing_budget)
+                # Every choice of K, not only the first (two debug lines in all of hook and
+                # timing, neither per op), and the event gap.
+                env.update(FLARE_LOG_LEVEL="debug", FLARE_LOG_SUBSYSTEMS="hook,timing")
         cmd = [sys.executable, args.worker, "--threads", str(args.threads)]
         if arm == "torch-profiler":
             cmd.append("--profiler")
@@ -235,6 +264,24 @@ def markdown(device, summary, meta):
                                             entry.get("arm_errors", {}).items()]:
             if what:
                 lines.append("| %s | | | | | | | | %s |" % (workload, what[:300]))
+    notes = []
+    for workload, entry in summary.items():
+        for arm, tb in entry.get("timing_budget", {}).items():
+            c = tb.get("in_force")
+            exact = entry.get("arms", {}).get("flare-summary", {}).get("overhead_pct")
+            notes.append("- %s, %s: %s%s%s" % (
+                workload, arm,
+                "the hook said nothing of its timing cost" if not c else
+                "the hook's estimate of timing every op: %.2f%% of a step (launching threads "
+                "%.2f%%, event records' GPU time %.2f%%), K = %d%s" % (
+                    c["cost_pct"], c["host_pct"], c["gpu_pct"], c["k"],
+                    "" if tb.get("choices") else " (chosen before this workload)"),
+                "" if tb.get("event_gap_ns") is None else
+                "; event gap %d ns" % tb["event_gap_ns"],
+                "" if exact is None else "; flare-summary measured %+.2f%%" % exact))
+    if notes:
+        lines += ["", "Timing budget (FLARE_TIMING_BUDGET_PCT), what the hook estimated against "
+                  "what exact timing measured:"] + notes
     return "\n".join(lines)
 
 
@@ -294,6 +341,7 @@ def main():
     deadline = start + args.budget_s - 3
     summary, windows, device = {}, [], "unknown"
     start_errors = {}
+    last_choice = {}  # -budget arm: the timing budget's last choice, in force until the next
 
     def write():
         meta = {"window_s": args.window_s, "cpus": args.cpus, "idle_cpus": args.idle_cpus,
@@ -342,6 +390,8 @@ def main():
                         "arm_errors", {}).get("bare", "")
                     continue
                 before = {a: dir_bytes(w.spool) for a, w in live.items()}
+                log_marks = {a: os.path.getsize(w.log_path) for a, w in live.items()
+                             if a.endswith("-budget") and os.path.exists(w.log_path)}
                 steps = {a: 0 for a in live}
                 try:
                     for a, w in list(live.items()):
@@ -399,6 +449,16 @@ def main():
                 entry["spool_bytes_per_step"] = {
                     a: (dir_bytes(workers[a].spool) - before[a]) / steps[a]
                     for a in before if a.startswith("flare-") and steps.get(a)}
+                for a, mark in log_marks.items():
+                    text = read_from(workers[a].log_path, mark)
+                    choices = budget_choices(text)
+                    gaps = EVENT_GAP_LINE.findall(read_from(workers[a].log_path, 0))
+                    in_force = choices[-1] if choices else last_choice.get(a)
+                    entry.setdefault("timing_budget", {})[a] = {
+                        "choices": choices, "in_force": in_force,
+                        "event_gap_ns": int(gaps[-1]) if gaps else None}
+                    if in_force:
+                        last_choice[a] = in_force
                 print("overhead: %s: %d rounds" % (workload, max(
                     (r["rounds"] for r in entry["arms"].values()), default=0)),
                     file=sys.stderr, flush=True)

@@ -5,7 +5,8 @@ a model of each arm gives (bare 10 ms; FLARE_MODE summary +5%, raw +10%; --profi
 summary with FLARE_SAMPLE_KERNELS, which must be STANDIN_SAMPLE_KERNELS or 32, +1%; with
 FLARE_SAMPLE_CALLS at the same N as well, +0.5%; with FLARE_SAMPLE_STEPS, which must be
 STANDIN_SAMPLE_STEPS or 32, +0.25%; with FLARE_TIMING_BUDGET_PCT, which must be
-STANDIN_TIMING_BUDGET or 0.5, +0.4%), times a
+STANDIN_TIMING_BUDGET or 0.5, +0.4%; its logging at debug for hook and timing, and at its
+gpt-small load the hook's budget and event-gap lines), times a
 drift of +1% per window it has measured, which the per-round ratio must cancel. It checks what
 the harness passes (LD_PRELOAD set exactly for the Flare arms, the same CPU affinity for every
 arm, moved onto the measurement cores for each window) and fails its load when STANDIN_FAIL_ARM
@@ -33,6 +34,9 @@ if budget:
     arm += "-budget"
     if sample or calls or steps or budget != os.environ.get("STANDIN_TIMING_BUDGET", "0.5"):
         sys.exit("stand-in: FLARE_TIMING_BUDGET_PCT=%r" % budget)
+    if (os.environ.get("FLARE_LOG_LEVEL"), os.environ.get("FLARE_LOG_SUBSYSTEMS")) != (
+            "debug", "hook,timing"):
+        sys.exit("stand-in: the -budget arm logs at debug for hook,timing")
 if steps:
     arm += "-steps"
     if sample or calls or steps != os.environ.get("STANDIN_SAMPLE_STEPS", "32"):
@@ -64,6 +68,13 @@ for line in sys.stdin:
         if os.environ.get("STANDIN_FAIL_ARM") == arm:
             reply(ok=False, error="stand-in: failing %s as asked" % arm)
             continue
+        if budget and req.get("workload") == "gpt-small":  # as the hook logs them
+            print("[flare rank 0 I timing] device 0: two CUDA events queued back to back run "
+                  "1300 ns apart (median of 64 readings); ...", file=sys.stderr, flush=True)
+            print("[flare rank 0 I hook] flare: FLARE_TIMING_BUDGET_PCT=%s: timing every op "
+                  "costs 4.00%% of a step here (0.80%% the launching threads' time, 3.20%% the "
+                  "GPU time of the event records); timing one step in 16 (every op of it)"
+                  % budget, file=sys.stderr, flush=True)
         if mode:  # something in the spool, as Flare would write
             spool = os.path.join(os.environ["FLARE_OUTPUT_DIR"], "standin")
             os.makedirs(spool, exist_ok=True)
