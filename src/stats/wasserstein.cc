@@ -44,7 +44,10 @@ void sortedEvents(const PiecewiseDistribution& p, std::vector<Event>& ev) {
 
 }  // namespace
 
-double wasserstein1(std::span<const double> a, std::span<const double> b) {
+namespace {
+
+// W1 between the empirical distributions, or (below) only the part where a's CDF is above b's.
+double w1Samples(std::span<const double> a, std::span<const double> b, bool below) {
   std::vector<double> x, y;
   x.reserve(a.size());
   y.reserve(b.size());
@@ -66,10 +69,21 @@ double wasserstein1(std::span<const double> a, std::span<const double> b) {
     if (i == x.size() && j == y.size()) break;
     const double next = std::min(i < x.size() ? x[i] : std::numeric_limits<double>::infinity(),
                                  j < y.size() ? y[j] : std::numeric_limits<double>::infinity());
-    total += std::fabs(static_cast<double>(i) / nx - static_cast<double>(j) / ny) * (next - cur);
+    const double diff = static_cast<double>(i) / nx - static_cast<double>(j) / ny;
+    total += (below ? std::max(diff, 0.0) : std::fabs(diff)) * (next - cur);
     cur = next;
   }
   return total;
+}
+
+}  // namespace
+
+double wasserstein1(std::span<const double> a, std::span<const double> b) {
+  return w1Samples(a, b, /*below=*/false);
+}
+
+double wasserstein1Below(std::span<const double> a, std::span<const double> b) {
+  return w1Samples(a, b, /*below=*/true);
 }
 
 double wasserstein1LeaveOneOut(std::span<const double> pool, std::span<const double> own) {

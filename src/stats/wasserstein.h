@@ -20,6 +20,10 @@ namespace flare::stats {
 // Exact W1 between the empirical distributions of `a` and `b` (each value weight 1/n). Non-finite
 // values are ignored. NaN when either side has no finite value.
 double wasserstein1(std::span<const double> a, std::span<const double> b);
+// The part of that W1 where `a` lies below `b`: the integral of max(0, F_a(x) - F_b(x)), where
+// a's distribution function is above b's. wasserstein1Below(a, b) + wasserstein1Below(b, a) ==
+// wasserstein1(a, b); 0 when a is b shifted up. NaN as wasserstein1.
+double wasserstein1Below(std::span<const double> a, std::span<const double> b);
 
 // One member against the others without building the others: `pool` holds every member's
 // values and `own` is one member's (a sub-multiset of `pool`), both ascending and finite.

@@ -59,6 +59,28 @@ TEST(Wasserstein, EmpiricalByHand) {
   EXPECT_TRUE(std::isnan(wasserstein1(std::vector<double>{NAN}, std::vector<double>{1})));
 }
 
+// The part of W1 where the first distribution lies lower: a shifted down by 2 is all below, a
+// shifted up none; the two parts add up to W1.
+TEST(Wasserstein, BelowIsThePartWhereTheFirstLiesLower) {
+  const std::vector<double> b{3, 5, 6, 9};
+  std::vector<double> down, up;
+  for (double v : b) {
+    down.push_back(v - 2);
+    up.push_back(v + 2);
+  }
+  EXPECT_DOUBLE_EQ(wasserstein1Below(down, b), 2);
+  EXPECT_DOUBLE_EQ(wasserstein1Below(up, b), 0);
+  EXPECT_DOUBLE_EQ(wasserstein1Below(b, up), 2);
+  // Crossing: {1, 5} against {3}: F_a above over [1, 3) by 1/2, below over [3, 5) by 1/2.
+  const std::vector<double> a{1, 5}, c{3};
+  EXPECT_DOUBLE_EQ(wasserstein1Below(a, c), 1);
+  EXPECT_DOUBLE_EQ(wasserstein1Below(c, a), 1);
+  EXPECT_DOUBLE_EQ(wasserstein1(a, c), 2);
+  const std::vector<double> d{3.4, 3.9, 7.5, 7.8}, e{4.5, 1.4, 2.0, 8.1};
+  EXPECT_NEAR(wasserstein1Below(d, e) + wasserstein1Below(e, d), wasserstein1(d, e), 1e-12);
+  EXPECT_TRUE(std::isnan(wasserstein1Below(std::vector<double>{}, b)));
+}
+
 TEST(Wasserstein, ShiftedSampleIsTheShift) {
   std::mt19937_64 rng(1);
   std::lognormal_distribution<double> d(3, 0.5);

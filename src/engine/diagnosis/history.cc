@@ -40,13 +40,15 @@ std::optional<stats::LatencySketch> deserialize(const std::string& bytes) {
 
 }  // namespace
 
-double clippedW1(const stats::LatencySketch& a, const stats::LatencySketch& b, double cap) {
+double clippedW1(const stats::LatencySketch& a, const stats::LatencySketch& b, double cap,
+                 bool below) {
   if (a.count() == 0 || b.count() == 0) return 0;
   constexpr int kPoints = 1000;
   double sum = 0;
   for (int i = 0; i < kPoints; ++i) {
     const double u = (i + 0.5) / kPoints;
-    sum += std::abs(std::min(a.quantile(u), cap) - std::min(b.quantile(u), cap));
+    const double d = std::min(b.quantile(u), cap) - std::min(a.quantile(u), cap);
+    sum += below ? std::max(d, 0.0) : std::abs(d);
   }
   return sum / kPoints;
 }

@@ -53,8 +53,10 @@ struct HistoryOptions {
 
 // 1-Wasserstein distance between two sketched distributions, each clipped at `cap` (values above
 // count as cap), from their quantile functions on a 1000-point grid (each quantile within the
-// sketches' relative accuracy).
-double clippedW1(const stats::LatencySketch& a, const stats::LatencySketch& b, double cap);
+// sketches' relative accuracy). `below`: only where a's quantile is below b's (the part of W1
+// where a lies lower, stats::wasserstein1Below).
+double clippedW1(const stats::LatencySketch& a, const stats::LatencySketch& b, double cap,
+                 bool below = false);
 
 // The history record of a job's window: sketches, void percentages, per-signature medians, API
 // rates and metrics. job_id, backend, scale and added_unix_ns are left to the caller.

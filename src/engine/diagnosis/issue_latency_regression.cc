@@ -1,9 +1,12 @@
 // Detector issue_latency_regression: the job's issue-latency distribution against healthy
-// history. Against a healthy baseline run (flare-diagnose --baseline): W1 of both distributions,
-// clipped at the baseline's median, above the healthy spread (measured between several healthy
-// runs, or the one-baseline proxy); else against stored healthy history (flared): the runs'
-// merged sketch and the learned threshold. The likely cause is what the job calls clearly more
-// often than the healthy runs (docs/metrics.md).
+// history. Against a healthy baseline run (flare-diagnose --baseline): the part of W1 where the
+// job's distribution lies below the baseline's, both clipped at the baseline's median, above the
+// healthy spread (measured between several healthy runs, or the one-baseline proxy); else
+// against stored healthy history (flared): the runs' merged sketch and the learned threshold.
+// Only lower latencies count: ops that start sooner after their issue are a GPU waiting for its
+// host (a synchronization, a stall); a host further ahead of a busier GPU (more work queued) is
+// not a regression. The likely cause is what the job calls clearly more often than the healthy
+// runs (docs/metrics.md).
 
 #include <algorithm>
 #include <map>
@@ -13,6 +16,7 @@
 
 #include "src/engine/diagnosis/detector.h"
 #include "src/stats/sketch.h"
+#include "src/stats/wasserstein.h"
 
 namespace flare::engine {
 namespace {
@@ -66,6 +70,7 @@ void detectRegression(const JobModel& job, const JobModel& baseline, const Diagn
     base_all.insert(base_all.end(), base_ranks[rank].begin(), base_ranks[rank].end());
   }
   if (all.size() < 30 || base_all.size() < 30) return;
+  const double job_median = median(all), base_median = median(base_all);
   // Kernel-issue stalls move the lower half of the distribution toward zero; the upper tail
   // (how far the host runs ahead) varies from run to run and rank to rank and would drown the
   // signal. Both distributions are clipped at the baseline's median before W1 (docs/metrics.md).
@@ -88,8 +93,8 @@ void detectRegression(const JobModel& job, const JobModel& baseline, const Diagn
       if (v.size() >= 30) threshold = std::max(threshold, wasserstein1(v, base_all));
     }
   }
-  const double w1 = wasserstein1(all, base_all);
-  if (w1 <= threshold) return;
+  const double w1 = stats::wasserstein1Below(all, base_all);
+  if (!(w1 > threshold)) return;
   Diagnosis d;
   d.kind = "issue_latency_regression";
   d.team = Team::kAlgorithm;
@@ -97,12 +102,13 @@ void detectRegression(const JobModel& job, const JobModel& baseline, const Diagn
   d.severity = w1 / threshold - 1.0;
   d.evidence.push_back(
       {"issue_latency_w1",
-       "job issue-latency distribution (clipped at the baseline median) W1 " + fmtMs(w1) +
-           " from the healthy baseline (threshold " + fmtMs(threshold) +
+       "job issue-latency distribution (clipped at the baseline median) below the healthy "
+       "baseline's by W1 " +
+           fmtMs(w1) + " (threshold " + fmtMs(threshold) +
            (measured ? ", twice the largest W1 between healthy runs"
                      : ", the largest W1 of a baseline rank to its run") +
            ", at least " + fmtPct(opt.regression_relative_floor) + " of the baseline median" +
-           "); median " + fmtMs(median(all)) + " vs " + fmtMs(median(base_all)),
+           "); median " + fmtMs(job_median) + " vs " + fmtMs(base_median),
        w1, threshold});
   nameRegressionCause(apiRates(job), apiRates(baseline), &d);
   out->push_back(std::move(d));
@@ -118,7 +124,7 @@ void detectRegressionFromHistory(const JobModel& job, const History& history,
     for (double v : issueLatencies(job, r)) sketch.add(v);
   }
   if (sketch.count() < 30) return;
-  const double w1 = clippedW1(sketch, history.issue_latency, history.issue_cap_ns);
+  const double w1 = clippedW1(sketch, history.issue_latency, history.issue_cap_ns, /*below=*/true);
   const double threshold = history.issue_w1_threshold_ns;
   if (!(w1 > threshold) || threshold <= 0) return;
   Diagnosis d;
@@ -128,10 +134,10 @@ void detectRegressionFromHistory(const JobModel& job, const History& history,
   d.severity = w1 / threshold - 1.0;
   d.evidence.push_back(
       {"issue_latency_w1",
-       "job issue-latency distribution (clipped at the history median) W1 " + fmtMs(w1) + " from " +
+       "job issue-latency distribution (clipped at the history median) below that of " +
            std::to_string(history.runs) + " healthy baseline run" + (history.runs > 1 ? "s" : "") +
-           " (learned threshold " + fmtMs(threshold) + "); median " + fmtMs(sketch.quantile(0.5)) +
-           " vs " + fmtMs(history.issue_latency.quantile(0.5)),
+           " by W1 " + fmtMs(w1) + " (learned threshold " + fmtMs(threshold) + "); median " +
+           fmtMs(sketch.quantile(0.5)) + " vs " + fmtMs(history.issue_latency.quantile(0.5)),
        w1, threshold});
   nameRegressionCause(apiRates(job), {history.api_rate, history.sync_rate}, &d);
   out->push_back(std::move(d));
