@@ -239,10 +239,10 @@ constexpr ParamInfo kParams[] = {
      "Bus bandwidth in GB/s of simulated collectives within one communicator."},
     {"FLARE_SIM_LAUNCH_LATENCY_US", "double", "4", "sim",
      "Host-side cost in microseconds of one simulated kernel launch."},
-    {"FLARE_SIM_COMMAND_GAP_US", "double", "0", "sim",
+    {"FLARE_SIM_COMMAND_GAP_US", "double", "1.3", "sim",
      "GPU time in microseconds between two commands (kernels, copies, event records) queued "
-     "back to back on one simulated stream; a real H200 takes ~1.3 (docs/benchmarks.md), so "
-     "an event pair reads an op ~2.6 us long. 0: none."},
+     "back to back on one simulated stream; the default is what a real H200 took "
+     "(docs/benchmarks.md), so an event pair reads an op ~2.6 us long, as there. 0: none."},
     {"FLARE_SIM_DEVICES", "int", "8", "sim",
      "Number of simulated GPUs per host (per simulated node: flare-sim-train's GROUP_RANK); "
      "its C++ workload puts rank r on device r % 8 % this, so fewer than 8 makes ranks share "

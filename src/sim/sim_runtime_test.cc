@@ -17,6 +17,12 @@ namespace {
 using testing::launch;
 using testing::SimKernel;
 
+// These tests check the cost model's own durations: no command gap between back-to-back
+// commands unless the environment sets one (the simulator's default is the H200's 1.3 us;
+// tests/python/test_event_gap.py checks the gap). Set before the first CUDA call loads the
+// simulator's settings.
+[[maybe_unused]] const bool kNoCommandGap = (setenv("FLARE_SIM_COMMAND_GAP_US", "0", 0), true);
+
 constexpr uint64_t kMs = 1'000'000;
 
 SimKernel& sleepKernel() {
