@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <string>
 
+#include "flare/step.h"
 #include "flare/v1/protocol.h"
 #include "flare/v1/service.pb.h"
 
@@ -38,6 +39,25 @@ inline v1::Signature gemmSig(uint32_t id, int64_t m, int64_t n, int64_t k) {
   for (int64_t d : {int64_t{1}, m, n, k}) s.add_shape(d);
   s.set_flops_per_call(static_cast<uint64_t>(2 * m * n * k));
   s.set_library("cublas");
+  return s;
+}
+
+// The step marker's signature (flare_step(): a host-side sync whose records are step
+// boundaries).
+inline v1::Signature stepMarkerSig(uint32_t id) {
+  v1::Signature s;
+  s.set_id(id);
+  s.set_name(FLARE_STEP_MARKER_NAME);
+  s.set_kind(v1::OP_KIND_SYNC);
+  return s;
+}
+
+// A plain kernel's signature.
+inline v1::Signature kernelSig(uint32_t id, const std::string& name) {
+  v1::Signature s;
+  s.set_id(id);
+  s.set_name(name);
+  s.set_kind(v1::OP_KIND_KERNEL);
   return s;
 }
 

@@ -16,6 +16,7 @@
 #include "flare/step.h"
 #include "src/engine/diagnosis/detectors.h"
 #include "src/engine/diagnosis/job_model.h"
+#include "src/engine/test_util.h"
 
 namespace flare::engine {
 namespace {
@@ -27,14 +28,8 @@ JobModel failSlowJob() {
   for (int r = 0; r < 4; ++r) {
     flare::v1::RecordBatch b;
     b.set_rank(r);
-    auto* marker = b.add_signatures();
-    marker->set_id(1);
-    marker->set_name(FLARE_STEP_MARKER_NAME);
-    marker->set_kind(flare::v1::OP_KIND_SYNC);
-    auto* kernel = b.add_signatures();
-    kernel->set_id(2);
-    kernel->set_name("elementwise_kernel");
-    kernel->set_kind(flare::v1::OP_KIND_KERNEL);
+    *b.add_signatures() = testing::stepMarkerSig(1);
+    *b.add_signatures() = testing::kernelSig(2, "elementwise_kernel");
     int64_t t = 1'000'000'000 + 100'000 * r;
     for (int s = 0; s < 16; ++s) {
       auto* m0 = b.add_kernels();

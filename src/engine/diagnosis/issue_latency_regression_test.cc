@@ -10,6 +10,7 @@
 #include "flare/step.h"
 #include "src/engine/diagnosis/detectors.h"
 #include "src/engine/diagnosis/job_model.h"
+#include "src/engine/test_util.h"
 
 namespace flare::engine {
 namespace {
@@ -20,14 +21,8 @@ constexpr int64_t kStepNs = 30'000'000;
 flare::v1::RecordBatch rankBatch(int rank, int64_t shift) {
   flare::v1::RecordBatch b;
   b.set_rank(rank);
-  auto* marker = b.add_signatures();
-  marker->set_id(1);
-  marker->set_name(FLARE_STEP_MARKER_NAME);
-  marker->set_kind(flare::v1::OP_KIND_SYNC);
-  auto* kernel = b.add_signatures();
-  kernel->set_id(2);
-  kernel->set_name("elementwise_kernel");
-  kernel->set_kind(flare::v1::OP_KIND_KERNEL);
+  *b.add_signatures() = testing::stepMarkerSig(1);
+  *b.add_signatures() = testing::kernelSig(2, "elementwise_kernel");
   for (int s = 0; s < 8; ++s) {
     const int64_t t0 = 1'000'000'000 + s * kStepNs;
     auto* m = b.add_kernels();

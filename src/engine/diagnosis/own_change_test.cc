@@ -15,6 +15,7 @@
 #include "flare/step.h"
 #include "src/engine/diagnosis/detectors.h"
 #include "src/engine/diagnosis/job_model.h"
+#include "src/engine/test_util.h"
 
 namespace flare::engine {
 namespace {
@@ -45,10 +46,7 @@ int64_t wobble(int rank, int step) {
 flare::v1::RecordBatch rankBatch(int rank, const Fault& f) {
   flare::v1::RecordBatch b;
   b.set_rank(rank);
-  auto* marker = b.add_signatures();
-  marker->set_id(1);
-  marker->set_name(FLARE_STEP_MARKER_NAME);
-  marker->set_kind(flare::v1::OP_KIND_SYNC);
+  *b.add_signatures() = testing::stepMarkerSig(1);
   auto* gemm = b.add_signatures();
   gemm->set_id(2);
   gemm->set_name("gemm");

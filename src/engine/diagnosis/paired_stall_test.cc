@@ -12,6 +12,7 @@
 #include "flare/step.h"
 #include "src/engine/diagnosis/detectors.h"
 #include "src/engine/diagnosis/job_model.h"
+#include "src/engine/test_util.h"
 #include "src/records/step_accumulator.h"
 #include "src/records/step_stats_wire.h"
 
@@ -47,14 +48,8 @@ int64_t allReduceIssue(int rank, int step) {
 flare::v1::RecordBatch withSignatures(int rank, const char* kernel_name) {
   flare::v1::RecordBatch b;
   b.set_rank(rank);
-  auto* marker = b.add_signatures();
-  marker->set_id(1);
-  marker->set_name(FLARE_STEP_MARKER_NAME);
-  marker->set_kind(flare::v1::OP_KIND_SYNC);
-  auto* kernel = b.add_signatures();
-  kernel->set_id(2);
-  kernel->set_name(kernel_name);
-  kernel->set_kind(flare::v1::OP_KIND_KERNEL);
+  *b.add_signatures() = testing::stepMarkerSig(1);
+  *b.add_signatures() = testing::kernelSig(2, kernel_name);
   return b;
 }
 

@@ -16,6 +16,7 @@
 #include "src/engine/diagnosis/detector.h"
 #include "src/engine/diagnosis/detectors.h"
 #include "src/engine/diagnosis/job_model.h"
+#include "src/engine/test_util.h"
 #include "src/records/step_stats_wire.h"
 
 namespace flare::engine {
@@ -49,10 +50,7 @@ int64_t wobble(int rank, int step) {
 flare::v1::RecordBatch rankBatch(int rank, const Scenario& sc) {
   flare::v1::RecordBatch b;
   b.set_rank(rank);
-  auto* marker = b.add_signatures();
-  marker->set_id(1);
-  marker->set_name(FLARE_STEP_MARKER_NAME);
-  marker->set_kind(flare::v1::OP_KIND_SYNC);
+  *b.add_signatures() = testing::stepMarkerSig(1);
   auto* gemm = b.add_signatures();
   gemm->set_id(2);
   gemm->set_name("gemm");
