@@ -93,8 +93,11 @@ int64_t budgetSteps(StepTurns& s, int64_t boundary_ns, int64_t k_floor, double b
           s.k_budget == 0 ? common::LogLevel::kInfo : common::LogLevel::kDebug, "hook",
           "flare: FLARE_TIMING_BUDGET_PCT={}: timing every op costs {:.2f}% of a step here "
           "({:.2f}% the launching threads' time, {:.2f}% the GPU time of the event records); "
-          "timing one step in {} (every op of it)",
-          budget_pct, 100 * cost, 100 * s.host_fraction, 100 * s.gpu_fraction, k);
+          "timing one step in {} (every op of it){}",
+          budget_pct, 100 * cost, 100 * s.host_fraction, 100 * s.gpu_fraction, k,
+          gap > 0 ? ""
+                  : "; the event gap is not measured (not yet, or FLARE_EVENT_GAP_CORRECTION=0):"
+                    " the records' GPU time is not counted");
       s.k_budget = k;
     }
   }
