@@ -134,7 +134,8 @@ constexpr ParamInfo kParams[] = {
      "plus the GPU time of the event records: one measured event gap each) and times one step "
      "in K, K the smallest power of 2 (at least FLARE_SAMPLE_STEPS, "
      "at most 1024) that keeps that cost within the budget, adjusted as the job runs; "
-     "otherwise as FLARE_SAMPLE_STEPS. Off by default (docs/metrics.md, 'Step sampling')."},
+     "otherwise as FLARE_SAMPLE_STEPS; FLARE_TIMING=end is then refused (pair is used). Off by "
+     "default (docs/metrics.md, 'Step sampling')."},
     {"FLARE_EXIT_FLUSH_SECONDS", "duration", "2", "exporter",
      "At process exit, time given to send queued batches to the daemon; the rest is spooled."},
     {"FLARE_BATCH_BYTES", "int", "65536", "exporter",

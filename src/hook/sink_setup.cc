@@ -12,6 +12,7 @@
 #include "src/common/config.h"
 #include "src/common/log.h"
 #include "src/hook/launch_sampling.h"
+#include "src/hook/step_boundary.h"
 #include "src/timing/transport.h"
 
 namespace flare::hook {
@@ -69,12 +70,13 @@ bool summaryMode(bool streaming) {
 bool endOnlyTiming() {
   const std::string timing = common::paramString("FLARE_TIMING");
   if (timing == "end" &&
-      (sampleKernelsSetting() > 1 || sampleCallsSetting() > 1 || sampleStepsSetting() > 1)) {
+      (sampleKernelsSetting() > 1 || sampleCallsSetting() > 1 || stepSamplingAsked())) {
     common::logOnce(common::LogLevel::kWarn, "hook", "end-timing-sampled",
                     "flare: FLARE_TIMING=end is not used with FLARE_SAMPLE_KERNELS={} "
-                    "FLARE_SAMPLE_CALLS={} FLARE_SAMPLE_STEPS={} (the untimed ops would count in "
-                    "the next op's duration); using pair",
-                    sampleKernelsSetting(), sampleCallsSetting(), sampleStepsSetting());
+                    "FLARE_SAMPLE_CALLS={} FLARE_SAMPLE_STEPS={} FLARE_TIMING_BUDGET_PCT={} (the "
+                    "untimed ops would count in the next op's duration); using pair",
+                    sampleKernelsSetting(), sampleCallsSetting(), sampleStepsSetting(),
+                    timingBudgetPct());
     return false;
   }
   if (timing == "end") return true;

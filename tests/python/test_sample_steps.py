@@ -191,6 +191,19 @@ def test_a_timing_budget_counts_the_gpu_time_of_the_event_records(build_dir, tmp
     assert 0.8 * low <= gpu <= 1.3 * high, shares
 
 
+def test_end_only_timing_is_refused_with_a_timing_budget(sim_train, build_dir, tmp_path):
+    """A budget may leave steps untimed, whose ops an end-only op after them would count in its
+    duration: FLARE_TIMING=end is refused once per rank and the pair is used (whose event gap the
+    budget then measures), as with FLARE_SAMPLE_STEPS."""
+    _, _, res = traced_run(sim_train, build_dir, tmp_path, "endbudget", mode="summary",
+                           env_extra={"FLARE_TIMING": "end", "FLARE_TIMING_BUDGET_PCT": "0.5",
+                                      "FLARE_SIM_COMMAND_GAP_US": "1.3"})
+    lines = [line for line in res.stderr.splitlines() if "FLARE_TIMING=end is not used" in line]
+    assert len(lines) == 2 and all("FLARE_TIMING_BUDGET_PCT=0.5" in line for line in lines), \
+        res.stderr
+    assert "the event gap is not measured" not in res.stderr, res.stderr
+
+
 def test_underclocked_rank_is_named_through_flared_with_nothing_refused(build_dir, tmp_path):
     from test_flared_diagnosis import Daemon, flare, wait_alerts
     from pipeline_health import assert_nothing_refused
