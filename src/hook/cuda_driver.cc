@@ -12,6 +12,7 @@
 #include <cstring>
 
 #include "src/hook/launch_sampling.h"
+#include "src/hook/op_names.h"
 #include "src/hook/real.h"
 #include "src/hook/runtime.h"
 #include "src/hook/timed.h"
@@ -35,6 +36,7 @@ struct DriverFns {
   RealFn<LaunchExFn> launchKernelExPtsz{"cuLaunchKernelEx_ptsz", kLib};
   RealFn<ProcFn> getProcAddress{"cuGetProcAddress_v2", kLib};
   RealFn<CUresult (*)(const char**, CUfunction)> funcGetName{"cuFuncGetName", kLib};
+  RealFn<CUresult (*)(const char**, CUkernel)> kernelGetName{"cuKernelGetName", kLib};
   // The runtime's own door to driver entry points (CUTLASS's cluster launches, FlashAttention on
   // Hopper): the runtime resolves them inside itself, never through cuGetProcAddress above.
   RealFn<cudaError_t (*)(const char*, void**, unsigned long long, cudaDriverEntryPointQueryResult*)>
@@ -49,13 +51,24 @@ bool ok(CUresult r) {
   return r == CUDA_SUCCESS;
 }
 
+// A launched handle is a CUfunction (a module's: Triton, CUTLASS) or, as CUDA 12+ allows, a
+// CUkernel cast to one (a library's, cuLibraryGetKernel: cuDNN's generated kernels), which
+// cuFuncGetName need not name and cuKernelGetName does.
 std::string driverKernelName(const void* f) {
   const char* name = nullptr;
-  auto fn = g_fns.funcGetName.get();
-  if (!fn || fn(&name, static_cast<CUfunction>(const_cast<void*>(f))) != CUDA_SUCCESS || !name) {
-    return "kernel@unknown";
-  }
-  return demangle(name);
+  auto by_function = g_fns.funcGetName.get();
+  const CUresult rf = by_function
+                          ? by_function(&name, static_cast<CUfunction>(const_cast<void*>(f)))
+                          : CUDA_ERROR_NOT_FOUND;
+  if (rf == CUDA_SUCCESS && name) return demangle(name);
+  name = nullptr;
+  auto by_kernel = g_fns.kernelGetName.get();
+  const CUresult rk = by_kernel ? by_kernel(&name, static_cast<CUkernel>(const_cast<void*>(f)))
+                                : CUDA_ERROR_NOT_FOUND;
+  if (rk == CUDA_SUCCESS && name) return demangle(name);
+  return unnamedKernel("the driver API",
+                       "cuFuncGetName: " + lookupResult(by_function, "CUresult", rf) +
+                           "; cuKernelGetName: " + lookupResult(by_kernel, "CUresult", rk));
 }
 
 timing::OpInfo kernelInfo(CUfunction f, void** params, unsigned gx, unsigned gy, unsigned gz,

@@ -16,6 +16,7 @@
 #include "src/hook/cudart_fns.h"
 #include "src/hook/deep_trace.h"
 #include "src/hook/launch_sampling.h"
+#include "src/hook/op_names.h"
 #include "src/hook/real.h"
 #include "src/hook/runtime.h"
 #include "src/hook/timed.h"
@@ -147,8 +148,9 @@ bool ok(cudaError_t e) {
 std::string runtimeKernelName(const void* func) {
   const char* name = nullptr;
   auto fn = g_cudart.funcGetName.get();
-  if (!fn || fn(&name, func) != cudaSuccess || !name) return "kernel@unknown";
-  return demangle(name);
+  const cudaError_t r = fn ? fn(&name, func) : cudaErrorNotSupported;
+  if (r == cudaSuccess && name) return demangle(name);
+  return unnamedKernel("the runtime API", "cudaFuncGetName: " + lookupResult(fn, "cudaError_t", r));
 }
 
 timing::OpInfo kernelInfo(const void* func, void** args, dim3 grid, dim3 block) {
@@ -162,11 +164,17 @@ RealFn<CUresult (*)(const char**, CUkernel)> g_kernel_get_name{"cuKernelGetName"
 
 std::string kernelHandleName(const void* handle) {
   const char* name = nullptr;
-  auto fn = g_kernel_get_name.get();
-  if (fn && fn(&name, static_cast<CUkernel>(const_cast<void*>(handle))) == CUDA_SUCCESS && name) {
-    return demangle(name);
-  }
-  return runtimeKernelName(handle);
+  auto by_kernel = g_kernel_get_name.get();
+  const CUresult rk = by_kernel ? by_kernel(&name, static_cast<CUkernel>(const_cast<void*>(handle)))
+                                : CUDA_ERROR_NOT_FOUND;
+  if (rk == CUDA_SUCCESS && name) return demangle(name);
+  name = nullptr;
+  auto by_func = g_cudart.funcGetName.get();
+  const cudaError_t rf = by_func ? by_func(&name, handle) : cudaErrorNotSupported;
+  if (rf == cudaSuccess && name) return demangle(name);
+  return unnamedKernel("the runtime API (a cudaKernel_t)",
+                       "cuKernelGetName: " + lookupResult(by_kernel, "CUresult", rk) +
+                           "; cudaFuncGetName: " + lookupResult(by_func, "cudaError_t", rf));
 }
 
 timing::OpInfo kernelHandleInfo(cudaKernel_t kernel, void** args, dim3 grid, dim3 block) {

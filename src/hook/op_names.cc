@@ -4,6 +4,9 @@
 #include <library_types.h>
 
 #include <cstdlib>
+#include <string>
+
+#include "src/common/log.h"
 
 namespace flare::hook {
 
@@ -42,6 +45,19 @@ bool looksLikeAttention(const std::string& name) {
     if (name.find(s) != std::string::npos) return true;
   }
   return false;
+}
+
+std::string unnamedKernel(const char* api, const std::string& tried) {
+  common::logOnce(common::LogLevel::kInfo, "hook", std::string("kernel-unnamed-") + api,
+                  "flare: a kernel launched through {} has no name ({}): it is recorded as "
+                  "kernel@unknown (a plain kernel: an attention kernel's FLOPs, which come by "
+                  "name, are not counted), and so is every other kernel no lookup names",
+                  api, tried);
+  return "kernel@unknown";
+}
+
+std::string lookupResult(bool present, const char* type, int code) {
+  return present ? std::string(type) + " " + std::to_string(code) : std::string("absent");
 }
 
 }  // namespace flare::hook

@@ -22,4 +22,13 @@ const char* cudaDataTypeName(int type);
 // Attention kernels are recognized by name (flash, fmha, attention, sdpa).
 bool looksLikeAttention(const std::string& name);
 
+// The name of a kernel that no lookup named: "kernel@unknown". Says so once per process and
+// `api` (info), with what each lookup answered (`tried`, e.g. "cuFuncGetName: CUresult 400;
+// cuKernelGetName: absent"): such a kernel is a plain kernel, no attention FLOPs by name.
+std::string unnamedKernel(const char* api, const std::string& tried);
+
+// What a name lookup answered, for unnamedKernel: "absent" (no such entry point, a driver or
+// runtime older than 12.3) or "<type> <code>".
+std::string lookupResult(bool present, const char* type, int code);
+
 }  // namespace flare::hook

@@ -472,15 +472,58 @@ SIM_API CUresult cuModuleGetFunction(CUfunction* func, CUmodule module, const ch
   return CUDA_SUCCESS;
 }
 
+// Libraries (CUDA 12+): what cuDNN's runtime-compiled kernels come from. Any image is accepted.
+SIM_API CUresult cuLibraryLoadData(CUlibrary* library, const void* code, CUjit_option*, void**,
+                                   unsigned int, CUlibraryOption*, void**, unsigned int) {
+  if (!library || !code) return CUDA_ERROR_INVALID_VALUE;
+  *library = new CUlib_st();
+  return CUDA_SUCCESS;
+}
+
+SIM_API CUresult cuLibraryUnload(CUlibrary library) {
+  if (!library) return CUDA_ERROR_INVALID_HANDLE;
+  return CUDA_SUCCESS;  // kernels may still be referenced by queued launches: kept
+}
+
+SIM_API CUresult cuLibraryGetKernel(CUkernel* kernel, CUlibrary library, const char* name) {
+  if (!kernel || !library || !name) return CUDA_ERROR_INVALID_VALUE;
+  std::lock_guard<std::mutex> lock(library->mu);
+  auto& slot = library->kernels[name];
+  if (!slot) {
+    slot = std::make_unique<CUfunc_st>();
+    slot->name = name;
+    slot->library_kernel = true;
+  }
+  *kernel = reinterpret_cast<CUkernel>(slot.get());
+  return CUDA_SUCCESS;
+}
+
+namespace {
+// FLARE_SIM_NAMELESS_KERNELS=1: no kernel has a name (a driver that cannot name one).
+bool namelessKernels() {
+  static const bool on = [] {
+    const char* v = std::getenv("FLARE_SIM_NAMELESS_KERNELS");
+    return v != nullptr && std::string(v) == "1";
+  }();
+  return on;
+}
+}  // namespace
+
 SIM_API CUresult cuFuncGetName(const char** name, CUfunction func) {
   if (!name || !func) return CUDA_ERROR_INVALID_VALUE;
+  if (namelessKernels()) return CUDA_ERROR_NOT_SUPPORTED;
+  if (func->library_kernel) return CUDA_ERROR_INVALID_HANDLE;  // a CUkernel, not a CUfunction
   *name = func->name.c_str();
   return CUDA_SUCCESS;
 }
 
-// A CUkernel (a runtime cudaKernel_t) is its CUfunction here: the simulator has one context.
+// A CUkernel (a runtime cudaKernel_t, a library's kernel) is its CUfunction here: the simulator
+// has one context.
 SIM_API CUresult cuKernelGetName(const char** name, CUkernel kernel) {
-  return cuFuncGetName(name, reinterpret_cast<CUfunction>(kernel));
+  if (!name || !kernel) return CUDA_ERROR_INVALID_VALUE;
+  if (namelessKernels()) return CUDA_ERROR_NOT_SUPPORTED;
+  *name = reinterpret_cast<CUfunction>(kernel)->name.c_str();
+  return CUDA_SUCCESS;
 }
 
 namespace {
@@ -590,6 +633,9 @@ const std::unordered_map<std::string_view, void*>& procTable() {
       SIM_PROC("cuModuleGetFunction", cuModuleGetFunction),
       SIM_PROC("cuFuncGetName", cuFuncGetName),
       SIM_PROC("cuKernelGetName", cuKernelGetName),
+      SIM_PROC("cuLibraryLoadData", cuLibraryLoadData),
+      SIM_PROC("cuLibraryUnload", cuLibraryUnload),
+      SIM_PROC("cuLibraryGetKernel", cuLibraryGetKernel),
       SIM_PROC("cuLaunchKernel", cuLaunchKernel),
       SIM_PROC("cuLaunchKernelEx", cuLaunchKernelEx),
       SIM_PROC("cuGraphInstantiate", cuGraphInstantiateWithFlags),

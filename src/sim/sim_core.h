@@ -142,11 +142,20 @@ struct CUfunc_st {
   std::atomic<int> cost_arg{0};
   std::atomic<bool> launched{false};  // FLARE_SIM_FIRST_LAUNCH_MS: the first launch was paid
   std::atomic<uint64_t> launches{0};  // launches so far: which draw of the noise each one takes
+  // A CUkernel of a library (cuLibraryGetKernel), launched as a CUfunction the way CUDA 12+
+  // allows: cuKernelGetName names it, cuFuncGetName refuses it (CUDA_ERROR_INVALID_HANDLE).
+  bool library_kernel = false;
 };
 
 struct CUmod_st {
   std::mutex mu;
   std::map<std::string, std::unique_ptr<CUfunc_st>> functions;  // guarded by mu
+};
+
+// A library (cuLibraryLoadData): its kernels are created by name on first lookup, as a module's.
+struct CUlib_st {
+  std::mutex mu;
+  std::map<std::string, std::unique_ptr<CUfunc_st>> kernels;  // guarded by mu
 };
 
 struct CUgraph_st {

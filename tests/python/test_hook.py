@@ -171,6 +171,29 @@ def test_launches_through_the_runtimes_driver_entry_points_are_recorded(probe):
     assert all(r["duration_ns"] >= 99_000 for r in cluster)
 
 
+def test_a_librarys_kernel_launched_as_a_function_is_named(probe):
+    """cuDNN's generated SDPA kernels come from a library (cuLibraryGetKernel: a CUkernel,
+    launched as a CUfunction), which cuFuncGetName does not name: the H200 run of 2026-11-28
+    recorded them as kernel@unknown, a plain kernel. cuKernelGetName names them, and the name
+    makes them attention."""
+    proc, records = probe("library")
+    assert proc.returncode == 0, proc.stderr
+    name = "cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16_kernel0_0"
+    assert [(r["name"], r["kind"]) for r in records] == [(name, "attention")] * 4, records
+    assert all(r["duration_ns"] >= 99_000 for r in records)
+    assert "has no name" not in proc.stderr
+
+
+def test_a_kernel_no_lookup_names_is_said_once_with_what_each_lookup_answered(probe):
+    proc, records = probe("procaddress", env={"FLARE_SIM_NAMELESS_KERNELS": "1"})
+    assert proc.returncode == 0, proc.stderr
+    assert [r["name"] for r in records] == ["kernel@unknown"] * 5, records
+    lines = [line for line in proc.stderr.splitlines() if "has no name" in line]
+    assert len(lines) == 1, proc.stderr
+    assert "through the driver API" in lines[0]
+    assert "cuFuncGetName: CUresult 801; cuKernelGetName: CUresult 801" in lines[0]  # not supported
+
+
 def test_nothing_is_recorded_inside_a_capture(probe):
     proc, records = probe("capture")
     assert proc.returncode == 0, proc.stderr

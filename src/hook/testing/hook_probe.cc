@@ -6,6 +6,9 @@
 //   hook_probe entrypoint      cluster-style launches through a cuLaunchKernelEx pointer from the
 //                              runtime's cudaGetDriverEntryPoint (CUTLASS, FlashAttention on
 //                              Hopper)
+//   hook_probe library         a library's kernel (cuLibraryLoadData, cuLibraryGetKernel: a
+//                              CUkernel, as cuDNN's generated SDPA kernels come) launched through
+//                              cuLaunchKernel and cuLaunchKernelEx as a CUfunction
 //   hook_probe stub13          launches as CUDA 13's nvcc stubs do (__cudaGetKernel, then
 //                              __cudaLaunchKernel with the handle), the way PyTorch's kernels come
 //   hook_probe capture         kernels captured into a graph, the graph launched twice
@@ -129,6 +132,33 @@ int entryPoint() {
     config.blockDimX = 128;
     config.blockDimY = config.blockDimZ = 1;
     if (launch_ex(&config, f, params, nullptr) != CUDA_SUCCESS) return 3;
+  }
+  cuCtxSynchronize();
+  return 0;
+}
+
+int library() {
+  const char* name = "cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16_kernel0_0";
+  CUlibrary lib;
+  CUkernel k;
+  if (cuLibraryLoadData(&lib, "library-image", nullptr, nullptr, 0, nullptr, nullptr, 0) !=
+          CUDA_SUCCESS ||
+      cuLibraryGetKernel(&k, lib, name) != CUDA_SUCCESS) {
+    return 2;
+  }
+  flareSimRegisterKernelCost(name, FLARE_SIM_COST_NANOS, 0);
+  auto f = reinterpret_cast<CUfunction>(k);  // CUDA 12+: a CUkernel launches as a CUfunction
+  for (int i = 0; i < 2; ++i) {
+    uint64_t ns = 100'000;
+    void* params[] = {&ns};
+    if (cuLaunchKernel(f, 1, 1, 1, 128, 1, 1, 0, nullptr, params, nullptr) != CUDA_SUCCESS) {
+      return 3;
+    }
+    CUlaunchConfig config{};
+    config.gridDimX = config.gridDimY = config.gridDimZ = 1;
+    config.blockDimX = 128;
+    config.blockDimY = config.blockDimZ = 1;
+    if (cuLaunchKernelEx(&config, f, params, nullptr) != CUDA_SUCCESS) return 3;
   }
   cuCtxSynchronize();
   return 0;
@@ -284,6 +314,7 @@ int main(int argc, char** argv) {
   if (mode == "alltoall") return allToAll(argc > 2 ? std::atoi(argv[2]) : 4);
   if (mode == "procaddress") return procAddress();
   if (mode == "stub13") return stub13();
+  if (mode == "library") return library();
   if (mode == "entrypoint") return entryPoint();
   if (mode == "capture") return capture();
   if (mode == "capture-global") return captureGlobal();
