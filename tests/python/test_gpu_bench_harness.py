@@ -111,9 +111,10 @@ def test_the_step_sampling_arms_set_their_one_setting(build_dir, tmp_path, arm, 
 def test_the_budget_arm_sets_the_hooks_estimate_beside_the_measured_overhead(build_dir,
                                                                              tmp_path):
     """The -budget arm logs every choice of K (debug, hook and timing only): each workload's
-    entry has the choices made while it ran and the one in force (a workload that made none
-    keeps the one before it), the event gap, and the notes under the table set the hook's
-    estimate of exact timing's cost beside what the flare-summary arm measured."""
+    entry has the choices its process made and the one in force, the event gap, and the notes
+    under the table set the hook's estimate of exact timing's cost beside what the flare-summary
+    arm measured. A workload whose process made no choice says so (the stand-in logs its
+    choice at gpt-small's load only)."""
     proc, out = run(build_dir, tmp_path, "--arms", "bare,flare-summary,flare-summary-budget",
                     env={"STANDIN_TIMING_BUDGET": "0.5"})
     assert proc.returncode == 0, proc.stderr
@@ -122,11 +123,29 @@ def test_the_budget_arm_sets_the_hooks_estimate_beside_the_measured_overhead(bui
     want = {"cost_pct": 4.0, "host_pct": 0.8, "gpu_pct": 3.2, "k": 16}
     assert small == {"choices": [want], "in_force": want, "event_gap_ns": 1300}
     bound = summary["launch-bound"]["timing_budget"]["flare-summary-budget"]
-    assert bound["choices"] == [] and bound["in_force"] == want
+    assert bound == {"choices": [], "in_force": None, "event_gap_ns": None}
     assert ("- gpt-small, flare-summary-budget: the hook's estimate of timing every op: 4.00% of "
             "a step (launching threads 0.80%, event records' GPU time 3.20%), K = 16; event gap "
             "1300 ns; flare-summary measured +5.00%") in proc.stdout
-    assert "K = 16 (chosen before this workload)" in proc.stdout
+    assert ("- launch-bound, flare-summary-budget: the hook said nothing of its timing cost"
+            in proc.stdout)
+
+
+def test_every_workload_runs_in_fresh_processes(build_dir, tmp_path):
+    """A job is one process: the hook's state (step markers seen, the budget's K) must not
+    carry from one workload into the next (H200, 2026-11-28: launch-bound's flare_step() calls
+    hid the GPT loops' DataLoader steps from step sampling)."""
+    proc, out = run(build_dir, tmp_path, "--arms", "bare,flare-summary,flare-summary-steps",
+                    "--max-rounds", "2")
+    assert proc.returncode == 0, proc.stderr
+    pids = {}
+    for w in json.loads(out.read_text())["windows"]:
+        pids.setdefault(w["workload"], {}).setdefault(w["arm"], set()).add(w["pid"])
+    for arms in pids.values():
+        assert all(len(p) == 1 for p in arms.values())  # one process per arm and workload
+    small = set().union(*pids["gpt-small"].values())
+    bound = set().union(*pids["launch-bound"].values())
+    assert len(small) == len(bound) == 3 and not small & bound
 
 
 def test_the_budget_line_parser_reads_the_hooks_own_line(build_dir, tmp_path):

@@ -87,16 +87,22 @@ def dir_bytes(path):
 
 
 class Worker:
-    def __init__(self, args, arm, workdir):
+    """One arm's process for one workload: a job is one process, so each workload starts fresh
+    ones (step sampling's state, the timing budget's K, the hook's signatures and event pool
+    begin anew, as they do in a job; one process running every workload carried launch-bound's
+    explicit step markers into the GPT loops, whose DataLoader steps they then hid: H200,
+    2026-11-28)."""
+
+    def __init__(self, args, arm, workdir, workload):
         self.arm, self.error = arm, None
-        self.spool = os.path.join(workdir, "spool-" + arm)
+        self.spool = os.path.join(workdir, "spool-%s-%s" % (arm, workload))
         env = {k: v for k, v in os.environ.items()
                if not k.startswith("FLARE_") or k == "FLARE_BUILD_DIR"}
         env.pop("LD_PRELOAD", None)
         env.pop("TRACED_PYTHON_API", None)
         if arm.startswith("flare-"):
             env.update(LD_PRELOAD=os.path.join(args.build, "lib", "libflare_hook.so"),
-                       FLARE_OUTPUT_DIR=self.spool, FLARE_JOB_ID="overhead-" + arm,
+                       FLARE_OUTPUT_DIR=self.spool, FLARE_JOB_ID="overhead-%s-%s" % (arm, workload),
                        FLARE_MODE=arm.split("-")[1])
             if arm.endswith("-end"):
                 env["FLARE_TIMING"] = "end"
@@ -117,7 +123,7 @@ class Worker:
         if args.cpus and shutil.which("taskset"):  # loading: spread over every core given
             cmd = ["taskset", "-c", ",".join(str(c) for c in sorted(set(args.cpu_set) |
                                                                    set(args.idle_set)))] + cmd
-        self.log_path = os.path.join(workdir, arm + ".log")
+        self.log_path = os.path.join(workdir, "%s-%s.log" % (arm, workload))
         self.log = open(self.log_path, "w")
         self.proc = subprocess.Popen(cmd, env=env, stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=self.log, text=True,
@@ -275,7 +281,9 @@ def markdown(device, summary, meta):
                 "the hook's estimate of timing every op: %.2f%% of a step (launching threads "
                 "%.2f%%, event records' GPU time %.2f%%), K = %d%s" % (
                     c["cost_pct"], c["host_pct"], c["gpu_pct"], c["k"],
-                    "" if tb.get("choices") else " (chosen before this workload)"),
+                    "" if len(tb["choices"]) < 2 else " (its last choice of %d: %s)" % (
+                        len(tb["choices"]), ", ".join("K %d at %.2f%%" % (x["k"], x["cost_pct"])
+                                                      for x in tb["choices"]))),
                 "" if tb.get("event_gap_ns") is None else
                 "; event gap %d ns" % tb["event_gap_ns"],
                 "" if exact is None else "; flare-summary measured %+.2f%%" % exact))
@@ -340,8 +348,6 @@ def main():
     start = time.monotonic()
     deadline = start + args.budget_s - 3
     summary, windows, device = {}, [], "unknown"
-    start_errors = {}
-    last_choice = {}  # -budget arm: the timing budget's last choice, in force until the next
 
     def write():
         meta = {"window_s": args.window_s, "cpus": args.cpus, "idle_cpus": args.idle_cpus,
@@ -361,37 +367,32 @@ def main():
 
     with tempfile.TemporaryDirectory(prefix="flare-overhead-",
                                      ignore_cleanup_errors=True) as work:
-        workers = {arm: Worker(args, arm, work) for arm in arms}
-        try:
-            for arm, w in workers.items():
-                try:
-                    rep = w.receive(max(5.0, deadline - time.monotonic()))
-                except RuntimeError as e:  # reported with every workload; the others go on
-                    start_errors[arm] = "did not start: %s" % e
-                    w.kill("did not start")
-                    print("overhead: %s did not start: %s" % (arm, e), file=sys.stderr, flush=True)
-                    continue
-                device = rep.get("device", device)
-                print("overhead: %s ready" % arm, file=sys.stderr, flush=True)
-            for i, workload in enumerate(workloads):
-                left = deadline - time.monotonic()
-                share = left / (len(workloads) - i)
-                w_end = time.monotonic() + share
-                entry = summary.setdefault(workload, {"arms": {}})
-                if start_errors:
-                    entry["arm_errors"] = dict(start_errors)
-                live = {a: w for a, w in workers.items() if w.proc.poll() is None}
-                for a, w in workers.items():
-                    if a not in live and a not in start_errors:
-                        entry.setdefault("arm_errors", {})[a] = w.error or (
-                            "%s: its worker is gone (exit %s)" % (a, w.proc.poll()))
+        for i, workload in enumerate(workloads):
+            left = deadline - time.monotonic()
+            share = left / (len(workloads) - i)
+            w_end = time.monotonic() + share
+            entry = summary.setdefault(workload, {"arms": {}})
+            # Fresh workers for every workload (Worker): started together, each one's start-up
+            # (imports, CUDA context) inside the workload's share of the budget.
+            workers = {arm: Worker(args, arm, work, workload) for arm in arms}
+            try:
+                for arm, w in workers.items():
+                    try:
+                        rep = w.receive(max(5.0, w_end - time.monotonic()))
+                    except RuntimeError as e:  # reported with the workload; the others go on
+                        entry.setdefault("arm_errors", {})[arm] = "did not start: %s" % e
+                        w.kill("did not start")
+                        print("overhead: %s: %s did not start: %s" % (workload, arm, e),
+                              file=sys.stderr, flush=True)
+                        continue
+                    device = rep.get("device", device)
+                    print("overhead: %s: %s ready" % (workload, arm), file=sys.stderr, flush=True)
+                live = {a: w for a, w in workers.items() if w.proc.poll() is None and
+                        a not in entry.get("arm_errors", {})}
                 if "bare" not in live:
                     entry["error"] = "the bare arm's worker is gone: %s" % entry.get(
                         "arm_errors", {}).get("bare", "")
                     continue
-                before = {a: dir_bytes(w.spool) for a, w in live.items()}
-                log_marks = {a: os.path.getsize(w.log_path) for a, w in live.items()
-                             if a.endswith("-budget") and os.path.exists(w.log_path)}
                 steps = {a: 0 for a in live}
                 try:
                     for a, w in list(live.items()):
@@ -438,37 +439,33 @@ def main():
                                 entry.setdefault("pinning", {})[a] = rep.get("affinity")
                         rounds += 1
                         round_s = time.monotonic() - t0
-                    for w in live.values():
-                        w.request(max(5.0, min(60.0, deadline + 2 - time.monotonic())),
-                                  op="unload")
                 except RuntimeError as e:
                     entry["error"] = str(e)[-500:]
-                entry["arms"] = summarize(workload, [w for w in windows
-                                                     if w["workload"] == workload],
-                                          arms, args.boot, args.seed)
-                entry["spool_bytes_per_step"] = {
-                    a: (dir_bytes(workers[a].spool) - before[a]) / steps[a]
-                    for a in before if a.startswith("flare-") and steps.get(a)}
-                for a, mark in log_marks.items():
-                    text = read_from(workers[a].log_path, mark)
+            finally:
+                for w in workers.values():
+                    w.quit()
+                give_up = time.monotonic() + 10
+                for w in workers.values():
+                    w.close(give_up)
+            entry["arms"] = summarize(workload, [w for w in windows
+                                                 if w["workload"] == workload],
+                                      arms, args.boot, args.seed)
+            # After the workers exited: the spool holds what each one flushed at exit too.
+            entry["spool_bytes_per_step"] = {
+                a: dir_bytes(w.spool) / steps[a] for a, w in workers.items()
+                if a.startswith("flare-") and steps.get(a)}
+            for a, w in workers.items():
+                if a.endswith("-budget"):
+                    text = read_from(w.log_path, 0)
                     choices = budget_choices(text)
-                    gaps = EVENT_GAP_LINE.findall(read_from(workers[a].log_path, 0))
-                    in_force = choices[-1] if choices else last_choice.get(a)
+                    gaps = EVENT_GAP_LINE.findall(text)
                     entry.setdefault("timing_budget", {})[a] = {
-                        "choices": choices, "in_force": in_force,
+                        "choices": choices, "in_force": choices[-1] if choices else None,
                         "event_gap_ns": int(gaps[-1]) if gaps else None}
-                    if in_force:
-                        last_choice[a] = in_force
-                print("overhead: %s: %d rounds" % (workload, max(
-                    (r["rounds"] for r in entry["arms"].values()), default=0)),
-                    file=sys.stderr, flush=True)
-                write()
-        finally:
-            for w in workers.values():
-                w.quit()
-            give_up = time.monotonic() + 5
-            for w in workers.values():
-                w.close(give_up)
+            print("overhead: %s: %d rounds" % (workload, max(
+                (r["rounds"] for r in entry["arms"].values()), default=0)),
+                file=sys.stderr, flush=True)
+            write()
     print(write())
     failed = {w: e.get("error") or e.get("arm_errors") for w, e in summary.items()
               if e.get("error") or e.get("arm_errors")}

@@ -17,7 +17,8 @@ corrupt a reply):
   {"op": "measure", "seconds": T, "cpus": [..], "idle_cpus": [..]}
                                                  -> {"ok": true, "steps": n, "mean_ms": ...,
                                                      "median_ms": ..., "rss_kib": ...,
-                                                     "affinity": [the cores it measured on]}
+                                                     "affinity": [the cores it measured on],
+                                                     "pid": ...}
   {"op": "unload"} -> {"ok": true};   {"op": "quit"} -> exits
 Errors are replies too: {"ok": false, "error": "..."}.
 
@@ -226,7 +227,8 @@ def main():
                     prof.__exit__(None, None, None)
                     prof = None
                 reply(ok=True, steps=len(times), mean_ms=elapsed * 1e3 / len(times),
-                      median_ms=statistics.median(times), rss_kib=rss_kib(), affinity=affinity)
+                      median_ms=statistics.median(times), rss_kib=rss_kib(), affinity=affinity,
+                      pid=os.getpid())
             elif req["op"] == "unload":
                 work = None
                 gc.collect()

@@ -91,7 +91,7 @@ for line in sys.stdin:
         step = 10.0 * factor * (1 + 0.01 * measured)
         measured += 1
         reply(ok=True, steps=100, mean_ms=step, median_ms=step, rss_kib=1000 + 100 * factor,
-              affinity=affinity)
+              affinity=affinity, pid=os.getpid())
     elif req["op"] == "unload":
         reply(ok=True)
     elif req["op"] == "quit":
