@@ -86,7 +86,8 @@ int64_t budgetSteps(StepTurns& s, int64_t boundary_ns, int64_t k_floor, double b
         average(s.gpu_fraction, static_cast<double>(records - s.prev_records) *
                                     static_cast<double>(std::max<int64_t>(gap, 0)) / step_ns);
     const double cost = s.host_fraction + s.gpu_fraction;
-    const uint32_t k = timing::stepsForBudget(cost, budget_pct, static_cast<uint32_t>(k_floor));
+    const uint32_t k =
+        timing::nextStepsForBudget(cost, budget_pct, static_cast<uint32_t>(k_floor), s.k_budget);
     if (k != s.k_budget) {
       // The first choice where the user looks (info), later adjustments at debug level.
       ::flare::common::logAt(

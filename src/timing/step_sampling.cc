@@ -73,6 +73,13 @@ uint32_t stepsForBudget(double cost_fraction, double budget_pct, uint32_t k_min)
   return k;
 }
 
+uint32_t nextStepsForBudget(double cost_fraction, double budget_pct, uint32_t k_min,
+                            uint32_t current) {
+  const uint32_t k = stepsForBudget(cost_fraction, budget_pct, k_min);
+  if (current == 0 || k >= current) return k;
+  return std::min(current, stepsForBudget(cost_fraction * kBudgetLowerMargin, budget_pct, k_min));
+}
+
 void StepDecisions::add(std::vector<StepDecision> decisions) {
   for (const StepDecision& d : decisions) {
     // Boundary order (one step rule meets them in order; an older one is put in its place).

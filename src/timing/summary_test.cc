@@ -726,5 +726,17 @@ TEST(StepDecisions, TheBudgetPicksThePowerOfTwoThatKeepsTheCostWithinIt) {
   EXPECT_EQ(stepsForBudget(std::nan(""), 0.5, 8), 8u);
 }
 
+// A budget's K rises at once and falls only with a margin: a cost that wanders about the
+// boundary between two K keeps the higher one.
+TEST(StepDecisions, TheBudgetsKRisesAtOnceAndFallsOnlyWithAMargin) {
+  EXPECT_EQ(nextStepsForBudget(0.1325, 0.5, 1, 0), 32u);   // the first choice: as it is
+  EXPECT_EQ(nextStepsForBudget(0.1647, 0.5, 1, 32), 64u);  // over 16%: up at once
+  EXPECT_EQ(nextStepsForBudget(0.1528, 0.5, 1, 64), 64u);  // 15.28% x 1.25 > 16%: held
+  EXPECT_EQ(nextStepsForBudget(0.1325, 0.5, 1, 64), 64u);
+  EXPECT_EQ(nextStepsForBudget(0.12, 0.5, 1, 64), 32u);  // 15% with the margin: down
+  EXPECT_EQ(nextStepsForBudget(0.004, 0.5, 1, 64), 1u);  // far within: all the way down
+  EXPECT_EQ(nextStepsForBudget(0.004, 0.5, 4, 64), 4u);  // never below the floor
+}
+
 }  // namespace
 }  // namespace flare::timing
