@@ -112,13 +112,15 @@ def test_the_budget_arm_sets_the_hooks_estimate_beside_the_measured_overhead(bui
                                                                              tmp_path):
     """The -budget arm logs every choice of K (debug, hook and timing only): each workload's
     entry has the choices its process made and the one in force, the event gap, and the notes
-    under the table set the hook's estimate of exact timing's cost beside what the flare-summary
-    arm measured. A workload whose process made no choice says so (the stand-in logs its
-    choice at gpt-small's load only)."""
-    proc, out = run(build_dir, tmp_path, "--arms", "bare,flare-summary,flare-summary-budget",
+    under the table set the hook's estimate of exact timing's cost beside what the
+    flare-summary-exact arm (FLARE_TIMING_BUDGET_PCT=0) measured. A workload whose process made
+    no choice says so (the stand-in logs its choice at gpt-small's load only)."""
+    proc, out = run(build_dir, tmp_path, "--arms",
+                    "bare,flare-summary,flare-summary-exact,flare-summary-budget",
                     env={"STANDIN_TIMING_BUDGET": "0.5"})
     assert proc.returncode == 0, proc.stderr
     summary = json.loads(out.read_text())["summary"]
+    assert summary["gpt-small"]["arms"]["flare-summary-exact"]["overhead_pct"] == pytest.approx(6)
     small = summary["gpt-small"]["timing_budget"]["flare-summary-budget"]
     want = {"cost_pct": 4.0, "host_pct": 0.8, "gpu_pct": 3.2, "k": 16}
     assert small == {"choices": [want], "in_force": want, "event_gap_ns": 1300}
@@ -126,7 +128,7 @@ def test_the_budget_arm_sets_the_hooks_estimate_beside_the_measured_overhead(bui
     assert bound == {"choices": [], "in_force": None, "event_gap_ns": None}
     assert ("- gpt-small, flare-summary-budget: the hook's estimate of timing every op: 4.00% of "
             "a step (launching threads 0.80%, event records' GPU time 3.20%), K = 16; event gap "
-            "1300 ns; flare-summary measured +5.00%") in proc.stdout
+            "1300 ns; flare-summary-exact measured +6.00%") in proc.stdout
     assert ("- launch-bound, flare-summary-budget: the hook said nothing of its timing cost"
             in proc.stdout)
 

@@ -39,20 +39,23 @@ import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+# flare-summary: summary mode as a job gets it (the hook's defaults).
 ARMS = ("bare", "flare-summary", "flare-raw", "torch-profiler")
-# Also selectable with --arms: summary mode with one CUDA event per op (FLARE_TIMING=end), with
-# 1-in-N timing of plain kernel launches (FLARE_SAMPLE_KERNELS=--sample-kernels), and with that
-# and GEMMs, copies and sets sampled per signature too (-sampled-all: FLARE_SAMPLE_CALLS, same
-# N). The hook refuses FLARE_TIMING=end with sampling, so those do not combine.
+# Also selectable with --arms: summary mode with every op of every step timed (-exact:
+# FLARE_TIMING_BUDGET_PCT=0), with one CUDA event per op (FLARE_TIMING=end), with 1-in-N timing
+# of plain kernel launches (FLARE_SAMPLE_KERNELS=--sample-kernels), and with that and GEMMs,
+# copies and sets sampled per signature too (-sampled-all: FLARE_SAMPLE_CALLS, same N), with
+# step sampling (-steps) and with the budget set and every choice of K logged (-budget). The
+# hook refuses FLARE_TIMING=end with sampling, so those do not combine.
 EXTRA_ARMS = ("flare-summary-end", "flare-summary-sampled", "flare-summary-sampled-all",
-              "flare-summary-steps", "flare-summary-budget")
+              "flare-summary-steps", "flare-summary-budget", "flare-summary-exact")
 WORKLOADS = ("gpt-small", "gpt-medium", "gpt-large", "launch-bound", "cuda-graph", "compile")
 BUDGET_PCT = {"gpt-small": 0.5, "gpt-medium": 0.5, "gpt-large": 0.5, "launch-bound": 2.0}
 
 # The hook's log lines that say what timing every op costs (FLARE_TIMING_BUDGET_PCT, src/hook/
 # step.cc: the first choice at info, later ones at debug) and the event gap it measured
 # (src/timing/tracer_poller.cc). The -budget arm logs both, so that each workload's entry can set
-# the hook's own estimate of exact timing's cost beside the flare-summary arm's measured one.
+# the hook's own estimate of exact timing's cost beside the flare-summary-exact arm's measured one.
 BUDGET_LINE = re.compile(r"timing every op costs ([0-9.]+)% of a step here \(([0-9.]+)% the "
                          r"launching threads' time, ([0-9.]+)% the GPU time of the event "
                          r"records\); timing one step in ([0-9]+)")
@@ -112,6 +115,8 @@ class Worker:
                 env["FLARE_SAMPLE_CALLS"] = str(args.sample_kernels)
             if arm.endswith("-steps"):  # step sampling: every op of one step in K timed
                 env["FLARE_SAMPLE_STEPS"] = str(args.sample_steps)
+            if arm.endswith("-exact"):  # every op of every step timed (the default budget off)
+                env["FLARE_TIMING_BUDGET_PCT"] = "0"
             if arm.endswith("-budget"):  # step sampling with K from the measured timing cost
                 env["FLARE_TIMING_BUDGET_PCT"] = str(args.timing_budget)
                 # Every choice of K, not only the first (two debug lines in all of hook and
@@ -274,7 +279,11 @@ def markdown(device, summary, meta):
     for workload, entry in summary.items():
         for arm, tb in entry.get("timing_budget", {}).items():
             c = tb.get("in_force")
-            exact = entry.get("arms", {}).get("flare-summary", {}).get("overhead_pct")
+            # Exact timing's measured cost: the -exact arm's, else flare-summary's (exact by
+            # default today).
+            exact_arm = "flare-summary-exact" if "flare-summary-exact" in entry.get(
+                "arms", {}) else "flare-summary"
+            exact = entry.get("arms", {}).get(exact_arm, {}).get("overhead_pct")
             notes.append("- %s, %s: %s%s%s" % (
                 workload, arm,
                 "the hook said nothing of its timing cost" if not c else
@@ -286,7 +295,7 @@ def markdown(device, summary, meta):
                                                       for x in tb["choices"]))),
                 "" if tb.get("event_gap_ns") is None else
                 "; event gap %d ns" % tb["event_gap_ns"],
-                "" if exact is None else "; flare-summary measured %+.2f%%" % exact))
+                "" if exact is None else "; %s measured %+.2f%%" % (exact_arm, exact)))
     if notes:
         lines += ["", "Timing budget (FLARE_TIMING_BUDGET_PCT), what the hook estimated against "
                   "what exact timing measured:"] + notes

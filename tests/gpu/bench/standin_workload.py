@@ -5,7 +5,7 @@ a model of each arm gives (bare 10 ms; FLARE_MODE summary +5%, raw +10%; --profi
 summary with FLARE_SAMPLE_KERNELS, which must be STANDIN_SAMPLE_KERNELS or 32, +1%; with
 FLARE_SAMPLE_CALLS at the same N as well, +0.5%; with FLARE_SAMPLE_STEPS, which must be
 STANDIN_SAMPLE_STEPS or 32, +0.25%; with FLARE_TIMING_BUDGET_PCT, which must be
-STANDIN_TIMING_BUDGET or 0.5, +0.4%; its logging at debug for hook and timing, and at its
+STANDIN_TIMING_BUDGET or 0.5, +0.4%; with FLARE_TIMING_BUDGET_PCT=0 (exact), +6%; its logging at debug for hook and timing, and at its
 gpt-small load the hook's budget and event-gap lines), times a
 drift of +1% per window it has measured, which the per-round ratio must cancel. It checks what
 the harness passes (LD_PRELOAD set exactly for the Flare arms, the same CPU affinity for every
@@ -30,7 +30,9 @@ calls = os.environ.get("FLARE_SAMPLE_CALLS", "")
 steps = os.environ.get("FLARE_SAMPLE_STEPS", "")
 budget = os.environ.get("FLARE_TIMING_BUDGET_PCT", "")
 arm = "torch-profiler" if a.profiler else ("flare-%s" % mode if mode else "bare")
-if budget:
+if budget == "0":
+    arm += "-exact"
+elif budget:
     arm += "-budget"
     if sample or calls or steps or budget != os.environ.get("STANDIN_TIMING_BUDGET", "0.5"):
         sys.exit("stand-in: FLARE_TIMING_BUDGET_PCT=%r" % budget)
@@ -53,7 +55,8 @@ if sample and sample != os.environ.get("STANDIN_SAMPLE_KERNELS", "32"):
     sys.exit("stand-in: FLARE_SAMPLE_KERNELS=%r" % sample)
 factor = {"bare": 1.0, "flare-summary": 1.05, "flare-raw": 1.10, "torch-profiler": 1.30,
           "flare-summary-sampled": 1.01, "flare-summary-sampled-all": 1.005,
-          "flare-summary-steps": 1.0025, "flare-summary-budget": 1.004}[arm]
+          "flare-summary-steps": 1.0025, "flare-summary-budget": 1.004,
+          "flare-summary-exact": 1.06}[arm]
 
 
 def reply(**kw):
