@@ -11,6 +11,8 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <map>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <string_view>
@@ -459,16 +461,26 @@ SIM_API CUresult cuModuleUnload(CUmodule module) {
   return CUDA_SUCCESS;
 }
 
-SIM_API CUresult cuModuleGetFunction(CUfunction* func, CUmodule module, const char* name) {
-  if (!func || !module || !name) return CUDA_ERROR_INVALID_VALUE;
-  std::lock_guard<std::mutex> lock(module->mu);
-  auto& slot = module->functions[name];
+namespace {
+// The function of `name` in a module's or library's table (guarded by `mu`), created on first
+// lookup.
+CUfunc_st* functionByName(std::mutex& mu, std::map<std::string, std::unique_ptr<CUfunc_st>>& table,
+                          const char* name, CUmod_st* module, bool library_kernel) {
+  std::lock_guard<std::mutex> lock(mu);
+  auto& slot = table[name];
   if (!slot) {
     slot = std::make_unique<CUfunc_st>();
     slot->name = name;
     slot->module = module;
+    slot->library_kernel = library_kernel;
   }
-  *func = slot.get();
+  return slot.get();
+}
+}  // namespace
+
+SIM_API CUresult cuModuleGetFunction(CUfunction* func, CUmodule module, const char* name) {
+  if (!func || !module || !name) return CUDA_ERROR_INVALID_VALUE;
+  *func = functionByName(module->mu, module->functions, name, module, false);
   return CUDA_SUCCESS;
 }
 
@@ -487,14 +499,8 @@ SIM_API CUresult cuLibraryUnload(CUlibrary library) {
 
 SIM_API CUresult cuLibraryGetKernel(CUkernel* kernel, CUlibrary library, const char* name) {
   if (!kernel || !library || !name) return CUDA_ERROR_INVALID_VALUE;
-  std::lock_guard<std::mutex> lock(library->mu);
-  auto& slot = library->kernels[name];
-  if (!slot) {
-    slot = std::make_unique<CUfunc_st>();
-    slot->name = name;
-    slot->library_kernel = true;
-  }
-  *kernel = reinterpret_cast<CUkernel>(slot.get());
+  *kernel = reinterpret_cast<CUkernel>(
+      functionByName(library->mu, library->kernels, name, nullptr, true));
   return CUDA_SUCCESS;
 }
 

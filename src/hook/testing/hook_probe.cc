@@ -97,6 +97,15 @@ CUfunction jitKernel(const char* name) {
   return f;
 }
 
+// cuLaunchKernelEx's configuration of one block of 128 threads on the default stream.
+CUlaunchConfig oneBlock() {
+  CUlaunchConfig config{};
+  config.gridDimX = config.gridDimY = config.gridDimZ = 1;
+  config.blockDimX = 128;
+  config.blockDimY = config.blockDimZ = 1;
+  return config;
+}
+
 int procAddress() {
   void* p = nullptr;
   if (cuGetProcAddress("cuLaunchKernel", &p, 12000, CU_GET_PROC_ADDRESS_DEFAULT, nullptr) !=
@@ -127,10 +136,7 @@ int entryPoint() {
   for (int i = 0; i < 3; ++i) {
     uint64_t ns = 100'000;
     void* params[] = {&ns};
-    CUlaunchConfig config{};
-    config.gridDimX = config.gridDimY = config.gridDimZ = 1;
-    config.blockDimX = 128;
-    config.blockDimY = config.blockDimZ = 1;
+    CUlaunchConfig config = oneBlock();
     if (launch_ex(&config, f, params, nullptr) != CUDA_SUCCESS) return 3;
   }
   cuCtxSynchronize();
@@ -154,10 +160,7 @@ int library() {
     if (cuLaunchKernel(f, 1, 1, 1, 128, 1, 1, 0, nullptr, params, nullptr) != CUDA_SUCCESS) {
       return 3;
     }
-    CUlaunchConfig config{};
-    config.gridDimX = config.gridDimY = config.gridDimZ = 1;
-    config.blockDimX = 128;
-    config.blockDimY = config.blockDimZ = 1;
+    CUlaunchConfig config = oneBlock();
     if (cuLaunchKernelEx(&config, f, params, nullptr) != CUDA_SUCCESS) return 3;
   }
   cuCtxSynchronize();
