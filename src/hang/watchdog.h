@@ -76,6 +76,10 @@ struct HeadOp {
   uint64_t seq = 0;
   uint32_t nranks = 0;
   int32_t device = 0;
+  // Issued in a step that step sampling left out, after work the hook did not time (kernels,
+  // GEMMs, copies, sets): while it has not started, that work is what its stream runs or waits
+  // for (the rank's report names it: hook/hang_watch.cc). Evidence only.
+  bool behind_untimed = false;
 };
 
 struct StuckStream {

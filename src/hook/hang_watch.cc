@@ -96,6 +96,8 @@ void HangWatch::onHeads(int64_t now_ns, std::span<const timing::StreamHead> head
     op.seq = h.info.seq;
     op.nranks = h.info.nranks;
     op.device = h.device;
+    constexpr uint8_t kBehindUntimed = timing::kOpAfterUntimed | timing::kOpInSampledOutStep;
+    op.behind_untimed = (h.info.flags & kBehindUntimed) == kBehindUntimed;
     watchdog_.setHead(id, std::move(op));
   }
   for (auto it = head_keys_.begin(); it != head_keys_.end();) {
@@ -133,6 +135,14 @@ flare::v1::StuckOp HangWatch::stuckOp(const hang::StuckStream& s) const {
   flare::v1::StuckOp o;
   o.set_name(s.op.name);
   o.set_kind(s.op.kind);
+  if (s.op.collective && !s.op.started && s.op.behind_untimed) {
+    // A compute hang in a step sampled out: the stuck kernel ran untimed, so it heads no stream;
+    // the collective queued after it has not started. What is stuck is that compute (kind
+    // "kernel", as the daemon's culprit rule reads it), not the collective (whose identity
+    // stays as evidence).
+    o.set_kind("kernel");
+    o.set_name("compute not timed (its step sampled out) ahead of " + s.op.name);
+  }
   if (s.op.collective && s.op.comm_hash != 0) {
     o.set_communicator(communicatorName(s.op.comm_hash));
     o.set_seq(s.op.seq);

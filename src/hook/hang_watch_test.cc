@@ -62,12 +62,14 @@ class HangWatchTest : public ::testing::Test {
   }
   void TearDown() override { tracer_.reset(); }
 
-  void launch(void* stream, uint32_t sig, timing::OpKind kind, uint64_t seq = 0) {
+  void launch(void* stream, uint32_t sig, timing::OpKind kind, uint64_t seq = 0,
+              uint8_t flags = 0) {
     timing::Tracer::Ticket ticket;
     ASSERT_TRUE(tracer_->begin(stream, &ticket));
     timing::OpInfo info;
     info.signature_id = sig;
     info.kind = kind;
+    info.flags = flags;
     info.comm_hash = kind == timing::OpKind::kCollective ? 0xabcdef12345678ull : 0;
     info.seq = seq;
     info.nranks = 8;
@@ -137,6 +139,52 @@ TEST_F(HangWatchTest, StuckCollectiveIsReportedOnceWithItsIdentityAndAge) {
   at(200 * kS);
   EXPECT_EQ(reports().size(), 1u);
   EXPECT_EQ(watch_->reports(), 1u);
+}
+
+// Step sampling leaves a step's kernels untimed: a kernel that never finishes there heads no
+// stream, and the collective after it waits, not started. The report names the untimed compute
+// as stuck (the daemon's culprit rule reads kind "kernel"), the collective's identity kept; a
+// collective that started, or one not issued after untimed work in a sampled-out step, stays a
+// collective.
+TEST_F(HangWatchTest, ACollectiveWaitingForComputeOfASampledOutStepNamesThatCompute) {
+  hang::WatchdogOptions o;
+  o.timeout_ns = 10 * kS;
+  start(o);
+  const uint32_t ar = tracer_->intern(sig("ncclAllReduce", timing::OpKind::kCollective));
+  constexpr uint8_t kBehind = timing::kOpAfterUntimed | timing::kOpInSampledOutStep;
+  launch(kNccl, ar, timing::OpKind::kCollective, 7, kBehind);  // never starts
+  at(111 * kS);
+  auto r = reports();
+  ASSERT_EQ(r.size(), 1u);
+  EXPECT_EQ(r[0].first().kind(), "kernel");
+  EXPECT_EQ(r[0].first().name(), "compute not timed (its step sampled out) ahead of ncclAllReduce");
+  EXPECT_EQ(r[0].first().communicator(), "00abcdef12345678");
+  EXPECT_EQ(r[0].first().seq(), 7u);
+}
+
+TEST_F(HangWatchTest, AStartedOrOrdinaryCollectiveStaysACollective) {
+  for (const uint8_t flags :
+       {uint8_t{timing::kOpAfterUntimed | timing::kOpInSampledOutStep},
+        uint8_t{timing::kOpAfterUntimed}, uint8_t{timing::kOpInSampledOutStep}}) {
+    SCOPED_TRACE(static_cast<int>(flags));
+    hang::WatchdogOptions o;
+    o.timeout_ns = 10 * kS;
+    reports_.clear();
+    clock_.setNs(100 * kS);
+    start(o);
+    const uint32_t ar = tracer_->intern(sig("ncclAllReduce", timing::OpKind::kCollective));
+    launch(kNccl, ar, timing::OpKind::kCollective, 1, flags);
+    const bool both = flags == (timing::kOpAfterUntimed | timing::kOpInSampledOutStep);
+    if (both) {  // started: in the collective
+      ASSERT_TRUE(timer_.completeNext(kNccl, 100 * kS));
+    }
+    at(111 * kS);
+    auto r = reports();
+    ASSERT_EQ(r.size(), 1u);
+    EXPECT_EQ(r[0].first().kind(), "collective");
+    EXPECT_EQ(r[0].first().name(), "ncclAllReduce");
+    tracer_.reset();
+  }
 }
 
 TEST_F(HangWatchTest, StuckComputeKernelBehindCompletedOpsCountsFromTheLastCompletion) {

@@ -40,6 +40,7 @@ auto timedCall(Stream&& stream, Info&& info, Ok&& ok, Call&& call) {
       }
     }
   }
+  if (timing::stepsUntimed()) op.flags |= timing::kOpInSampledOutStep;  // a collective, mostly
   if (t_sampler.skipped) {  // its start event need not follow the last timed op's end event
     op.flags |= timing::kOpAfterUntimed;
     t_sampler.skipped = false;

@@ -58,11 +58,15 @@ constexpr uint8_t kOpAfterUntimed = 1;
 // out before its step (a shape that runs in a few steps only, an evaluation pass's, is counted
 // exactly and not as if it ran in every step).
 constexpr uint8_t kOpFirstCalls = 2;
+// Issued while its step was sampled out (FLARE_SAMPLE_STEPS, the timing budget): the kernels,
+// GEMMs, copies and sets around it ran untimed. With kOpAfterUntimed, a collective that has not
+// started is waiting for work the hook did not time (the rank watchdog says so: hang_watch.cc).
+constexpr uint8_t kOpInSampledOutStep = 4;
 
 struct OpInfo {
   uint32_t signature_id = 0;
   OpKind kind = OpKind::kKernel;
-  uint8_t flags = 0;  // kOpAfterUntimed, kOpFirstCalls
+  uint8_t flags = 0;  // kOpAfterUntimed, kOpFirstCalls, kOpInSampledOutStep
   // Launches this op stands for: 1, or with 1-in-N sampling of plain kernel launches
   // (FLARE_SAMPLE_KERNELS, src/hook/launch_sampling.h) the launches of its thread since the
   // previous timed one, itself included. Counts, times, FLOPs and bytes scale by it.

@@ -74,17 +74,25 @@ def daemon(build_dir, tmp_path):
     d.stop(timeout=20, kill=True)
 
 
-@pytest.mark.parametrize("tp,watchdog,victims", [(2, "0", [4]), (2, "1", [4]), (1, "0", [])])
+@pytest.mark.parametrize("tp,watchdog,victims,sampled", [
+    (2, "0", [4], False), (2, "1", [4], False), (1, "0", [], False), (2, "1", [4], True)])
 def test_compute_hang_names_only_the_stuck_rank(build_dir, daemon, tmp_path, tp, watchdog,
-                                                victims):
+                                                victims, sampled):
     # Rank 5's GEMM never finishes from step 3 on. With TP 2 its partner rank 4 waits for it in
     # their all-reduce; both hosts wait outside communication and every connection of both
     # stays at step 0, so both were named. Rank 5's GPU runs no collective kernel (its
     # inspection finds none), rank 4's waits in one; with the rank watchdog on (1 s, it reports
     # before the daemon's 2 s silence), rank 5's stuck op is its GEMM, rank 4's the all-reduce.
-    job = "compute-tp%d-wd%s" % (tp, watchdog)
-    env = dict(os.environ, FLARE_OUTPUT_DIR=str(tmp_path / "spool"), FLARE_SIM_HANG="5:compute:3",
-               FLARE_SIM_SEED="2", FLARE_HANG_TIMEOUT=watchdog)
+    # Sampled: the hang comes in a step that step sampling left untimed (FLARE_SAMPLE_STEPS=1024:
+    # after the 3 measured first steps, nearly none), so the GEMM heads no stream; rank 5's
+    # watchdog names the untimed compute ahead of its all-reduce, which has not started (the
+    # default timing budget's trial, 2026-11-28: reported as the all-reduce, a victim's kind).
+    job = "compute-tp%d-wd%s%s" % (tp, watchdog, "-sampled" if sampled else "")
+    env = dict(os.environ, FLARE_OUTPUT_DIR=str(tmp_path / "spool"),
+               FLARE_SIM_HANG="5:compute:%d" % (8 if sampled else 3), FLARE_SIM_SEED="2",
+               FLARE_HANG_TIMEOUT=watchdog)
+    if sampled:
+        env.update(FLARE_SAMPLE_STEPS="1024", FLARE_MODE="summary")
     proc = subprocess.Popen(
         [os.path.join(build_dir, "bin", "flare"), "run", "--daemon", "127.0.0.1:%d" % daemon.grpc,
          "--job-id", job, "--quiet", "--", os.path.join(build_dir, "bin", "flare-sim-train"),
@@ -101,10 +109,15 @@ def test_compute_hang_names_only_the_stuck_rank(build_dir, daemon, tmp_path, tp,
         if watchdog != "0":
             assert inc["triggeredBy"] == "watchdog", inc["trigger"]
             # The op each watchdog found stuck longest: rank 5's kernel, rank 4's all-reduce.
-            first = {w["rank"]: max(w["stuck"], key=lambda o: o["ageS"])["kind"]
+            first = {w["rank"]: max(w["stuck"], key=lambda o: o["ageS"])
                      for w in inc["watchdog"]}
+            if sampled:
+                assert 5 in first, inc["watchdog"]
+                assert first[5]["kind"] == "kernel", first[5]
+                assert first[5]["op"].startswith("compute not timed"), first[5]
             if 4 in first and 5 in first:
-                assert first[5] in ("kernel", "gemm") and first[4] == "collective", first
+                assert first[5]["kind"] in ("kernel", "gemm"), first
+                assert first[4]["kind"] == "collective", first
         assert inc["kind"] == "non-communication hang", inc["text"]
         assert [s["rank"] for s in inc["suspects"]] == [5], inc["text"]
         assert inc["victims"] == victims, inc["text"]
