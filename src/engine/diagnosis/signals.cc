@@ -605,9 +605,12 @@ std::vector<double> rankComputePerStep(const JobModel& job, int rank) {
       if (s < n) x[s] += static_cast<double>(op.duration());
     }
   } else {
-    for (const records::StepStats& st : job.stepStats(rank)) {
-      if (st.step >= 0 && static_cast<size_t>(st.step) < n)
-        x[static_cast<size_t>(st.step)] = static_cast<double>(st.gpu_busy_ns);
+    for (const records::StepStats& st : job.stepStats(rank, /*with_sampled_out=*/true)) {
+      if (st.step < 0 || static_cast<size_t>(st.step) >= n) continue;
+      // A step that step sampling left out has no GPU figure: the series would read 0 there, a
+      // false fall and rise for the change-point search. Not known per step: none.
+      if (st.sampled_out) return {};
+      x[static_cast<size_t>(st.step)] = static_cast<double>(st.gpu_busy_ns);
     }
     for (const Op& op : r.ops) {
       if (job.signatures()[op.sig].kind() != flare::v1::OP_KIND_COLLECTIVE) continue;

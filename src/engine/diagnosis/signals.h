@@ -68,7 +68,9 @@ std::optional<FailSlow> findFailSlow(const JobModel& job, const DiagnoseOptions&
 // GPU busy time minus its collectives' time in the step (an estimate that waiting in collectives
 // overlapping compute biases, so it only locates a change, never measures it). Host contention
 // delays when the work is issued, not how long the GPU runs it. Steps without figures are 0;
-// empty with fewer than three step boundaries.
+// empty with fewer than three step boundaries, and in MODE_SUMMARY when step sampling left any
+// of its steps out (no GPU figure there: the series is not known per step, and the change is
+// placed by the job's step time alone).
 std::vector<double> rankComputePerStep(const JobModel& job, int rank);
 
 // A jitter window: the job's step time (same series) spikes in a minority of steps while its
