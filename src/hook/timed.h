@@ -22,12 +22,13 @@ auto timedCall(Stream&& stream, Info&& info, Ok&& ok, Call&& call) {
   timing::Tracer* t = guard.outer ? tracer() : nullptr;
   if (!t) return call();
   timing::OpInfo op = info();
+  const bool step_untimed = timing::stepsUntimed();  // a step sampled out (FLARE_SAMPLE_STEPS)
   if constexpr (kPerSignature) {
     // A signature's first calls on this thread are timed in any step, so that a shape that runs
     // only in steps sampled out (an evaluation pass's GEMMs) still has a record.
     const bool first_calls =
         op.signature_id != 0 && stepSamplingAsked() && signatureFirstCalls(op.signature_id);
-    if (timing::stepsUntimed() && !first_calls) {  // a step sampled out (FLARE_SAMPLE_STEPS)
+    if (step_untimed && !first_calls) {
       t_sampler.skipped = true;
       return call();
     }
@@ -40,7 +41,7 @@ auto timedCall(Stream&& stream, Info&& info, Ok&& ok, Call&& call) {
       }
     }
   }
-  if (timing::stepsUntimed()) op.flags |= timing::kOpInSampledOutStep;  // a collective, mostly
+  if (step_untimed) op.flags |= timing::kOpInSampledOutStep;  // a collective, mostly
   if (t_sampler.skipped) {  // its start event need not follow the last timed op's end event
     op.flags |= timing::kOpAfterUntimed;
     t_sampler.skipped = false;

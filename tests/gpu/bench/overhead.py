@@ -69,10 +69,10 @@ def budget_choices(text):
             for m in BUDGET_LINE.finditer(text)]
 
 
-def read_from(path, offset):
+def read_text(path):
+    """A worker's log ("" when it cannot be read)."""
     try:
         with open(path, errors="replace") as f:
-            f.seek(offset)
             return f.read()
     except OSError:
         return ""
@@ -465,7 +465,7 @@ def main():
                 if a.startswith("flare-") and steps.get(a)}
             for a, w in workers.items():
                 if a.endswith("-budget"):
-                    text = read_from(w.log_path, 0)
+                    text = read_text(w.log_path)
                     choices = budget_choices(text)
                     gaps = EVENT_GAP_LINE.findall(text)
                     entry.setdefault("timing_budget", {})[a] = {
