@@ -71,6 +71,17 @@ def test_a_failing_arm_is_a_clear_error(build_dir, tmp_path):
     assert "flare-raw" not in rows and rows["flare-summary"]["overhead_pct"] == pytest.approx(5.0)
 
 
+def test_an_arm_whose_worker_dies_after_starting_is_an_error_not_a_missing_row(build_dir,
+                                                                                tmp_path):
+    proc, out = run(build_dir, tmp_path, env={"STANDIN_EXIT_ARM": "flare-raw"})
+    assert proc.returncode != 0
+    summary = json.loads(out.read_text())["summary"]
+    for workload in ("gpt-small", "launch-bound"):
+        assert "worker is gone (exit 3)" in summary[workload]["arm_errors"]["flare-raw"]
+        assert "flare-raw" not in summary[workload]["arms"]
+        assert summary[workload]["arms"]["flare-summary"]["overhead_pct"] == pytest.approx(5.0)
+
+
 def test_the_sampled_arm_runs_summary_mode_with_one_in_n_kernel_timing(build_dir, tmp_path):
     proc, out = run(build_dir, tmp_path, "--arms", "bare,flare-summary,flare-summary-sampled",
                     "--sample-kernels", "16", env={"STANDIN_SAMPLE_KERNELS": "16"})

@@ -145,6 +145,13 @@ class Worker:
     def receive(self, timeout):
         ready, _, _ = select.select([self.proc.stdout], [], [], max(0.1, timeout))
         line = self.proc.stdout.readline() if ready else ""
+        if not line and ready:  # its output closed: the worker is gone
+            try:
+                self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                pass
+            self.kill("its worker is gone (exit %s)" % self.proc.poll())
+            raise RuntimeError(self.error)
         if not line:
             self.kill("no answer within %.0f s (exit %s)" % (timeout, self.proc.poll()))
             raise RuntimeError(self.error)
@@ -396,8 +403,14 @@ def main():
                         continue
                     device = rep.get("device", device)
                     print("overhead: %s: %s ready" % (workload, arm), file=sys.stderr, flush=True)
-                live = {a: w for a, w in workers.items() if w.proc.poll() is None and
-                        a not in entry.get("arm_errors", {})}
+                errors = entry.setdefault("arm_errors", {})
+                for a, w in workers.items():  # started, then gone: said, not left out silently
+                    if a not in errors and w.proc.poll() is not None:
+                        errors[a] = w.error or "%s: its worker is gone (exit %s)" % (
+                            a, w.proc.poll())
+                live = {a: w for a, w in workers.items() if a not in errors}
+                if not errors:
+                    del entry["arm_errors"]
                 if "bare" not in live:
                     entry["error"] = "the bare arm's worker is gone: %s" % entry.get(
                         "arm_errors", {}).get("bare", "")

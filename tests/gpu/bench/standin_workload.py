@@ -9,8 +9,8 @@ STANDIN_TIMING_BUDGET or 0.5, +0.4%; with FLARE_TIMING_BUDGET_PCT=0 (exact), +6%
 gpt-small load the hook's budget and event-gap lines), times a
 drift of +1% per window it has measured, which the per-round ratio must cancel. It checks what
 the harness passes (LD_PRELOAD set exactly for the Flare arms, the same CPU affinity for every
-arm, moved onto the measurement cores for each window) and fails its load when STANDIN_FAIL_ARM
-names its arm."""
+arm, moved onto the measurement cores for each window), fails its load when STANDIN_FAIL_ARM
+names its arm, and exits right after its ready line when STANDIN_EXIT_ARM does."""
 import argparse
 import json
 import os
@@ -64,6 +64,9 @@ def reply(**kw):
 
 
 reply(ok=True, ready=True, device="stand-in (no GPU)")
+if os.environ.get("STANDIN_EXIT_ARM") == arm:  # gone right after saying it is ready
+    proto.flush()
+    sys.exit(3)
 measured = 0
 for line in sys.stdin:
     req = json.loads(line)
