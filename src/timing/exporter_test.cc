@@ -477,6 +477,17 @@ TEST_F(ExporterTest, ADaemonThatStopsReadingIsCancelledAndNothingIsLost) {
   ASSERT_GT(s.batches_spooled, 0u);
   EXPECT_LT(worst, 100'000'000) << "longest Sink call while the daemon did not read";
   service.stall = false;
+  // The daemon reads again: the exporter reconnects after its backoff and replays what it
+  // spooled. shutdown() does not wait for a reconnect (at exit the queue goes to the spool), so
+  // the test does: called within the backoff (a loaded machine, CI 2026-11-28), it left the
+  // records in the spool, kept but not sent.
+  ASSERT_TRUE(waitFor(
+      [&] {
+        const ExporterStats st = exporter.stats();
+        return st.connected && st.spool_bytes == 0;
+      },
+      30000))
+      << "never reconnected and replayed the spool";
   feed(exporter, 5000, 2);
   fed += 5000;
   EXPECT_TRUE(exporter.shutdown(20'000'000'000));
