@@ -14,6 +14,8 @@
 
 #include "src/engine/diagnosis/detectors.h"
 #include "src/engine/diagnosis/job_model.h"
+#include "src/engine/diagnosis/series.h"
+#include "src/engine/diagnosis/signals.h"
 #include "src/engine/load_shape.h"
 #include "src/stats/sketch.h"
 
@@ -417,6 +419,44 @@ TEST(StepSamplingTest, SampledOutStepsCountAsPresentButGiveNoGpuFigure) {
   EXPECT_EQ(looked.steps_sampled_out, 4u * 6);
   EXPECT_NE(lookedAtText(looked).find("20 measured rank-steps; 24 sampled out"), std::string::npos)
       << lookedAtText(looked);
+}
+
+// A sampled-out step's run-queue wait is measured (the rank reads it every step, its kernels
+// untimed or not): the series shows it beside a null V_inter, and the per-rank wait the
+// cpu_contention evidence cites is the median over every step. Under the default timing budget
+// most steps are sampled out; the series showed the wait in 1 step of 8.
+TEST(StepSamplingTest, ASampledOutStepKeepsItsRunQueueWait) {
+  JobModel m;
+  auto sampled_out = [](int64_t t) { return t >= 4 && t % 3 != 0; };  // 4 5 7 8 10 11
+  for (int64_t t = 0; t < 12; ++t) {
+    for (int r = 0; r < 2; ++r) {
+      flare::v1::RecordBatch b = second(r, t, 1.0, 50'000);
+      auto* st = b.mutable_step_stats(0);
+      // 1 ms in a measured step, 3 ms in a sampled-out one: the median tells which were read.
+      st->set_run_queue_wait_ns(sampled_out(t) ? 3'000'000 : 1'000'000);
+      if (sampled_out(t)) {
+        b.clear_summaries();
+        st->set_sampled_out(true);
+        st->set_gpu_busy_ns(0);
+        st->set_gpu_ops(0);
+      }
+      m.addBatch(r, b);
+    }
+  }
+  const JobSeries s = computeSeries(m, SeriesOptions{});
+  ASSERT_EQ(s.ranks.size(), 2u);
+  for (const RankSteps& row : s.ranks) {
+    ASSERT_EQ(row.run_queue_wait_ns.size(), row.v_inter.size());
+    for (size_t i = 0; i < row.v_inter.size(); ++i) {
+      const int64_t t = static_cast<int64_t>(s.first_step + i);
+      EXPECT_EQ(row.run_queue_wait_ns[i], sampled_out(t) ? 3e6 : 1e6) << t;
+      EXPECT_EQ(std::isnan(row.v_inter[i]), sampled_out(t)) << t;
+    }
+  }
+  // Steps 1-11 (the first after the warm-up left out): 6 sampled out at 3 ms, 5 measured at 1.
+  const auto wait = signals::runQueueWaitPerStep(m);
+  ASSERT_EQ(wait.size(), 2u);
+  for (const auto& [rank, ns] : wait) EXPECT_EQ(ns, 3e6) << rank;
 }
 
 }  // namespace

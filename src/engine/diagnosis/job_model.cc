@@ -773,13 +773,13 @@ int64_t stepIndex(const std::vector<int64_t>& starts, int64_t t, int64_t end) {
 
 }  // namespace
 
-std::vector<const ReceivedStep*> JobModel::receivedSteps(int rank) const {
+std::vector<const ReceivedStep*> JobModel::receivedSteps(int rank, bool with_sampled_out) const {
   const auto it = ranks_.find(rank);
   if (it == ranks_.end() || it->second.steps.empty()) return {};
   const std::vector<int64_t> starts = stepStarts(rank);
   std::vector<const ReceivedStep*> out;
   for (const ReceivedStep& st : it->second.steps) {
-    if (st.stats.sampled_out) continue;
+    if (st.stats.sampled_out && !with_sampled_out) continue;
     if (stepIndex(starts, st.stats.start_ns, st.stats.end_ns) >= 1) out.push_back(&st);
   }
   std::sort(out.begin(), out.end(), [](const ReceivedStep* a, const ReceivedStep* b) {

@@ -261,8 +261,9 @@ class JobModel {
   // measured) are left out unless `with_sampled_out` (for their times: the step is present).
   std::vector<records::StepStats> stepStats(int rank, bool with_sampled_out = false) const;
   // The measured steps a rank sent (MODE_SUMMARY) from its second step boundary on (the warm-up
-  // skipped; sampled-out steps left out), oldest first; empty in raw mode.
-  std::vector<const ReceivedStep*> receivedSteps(int rank) const;
+  // skipped; sampled-out steps left out unless `with_sampled_out`: their times and run-queue
+  // wait are measured), oldest first; empty in raw mode.
+  std::vector<const ReceivedStep*> receivedSteps(int rank, bool with_sampled_out = false) const;
 
  private:
   // The tables (signatures, API names) without any rank: the start of a filtered copy.

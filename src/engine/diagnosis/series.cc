@@ -47,11 +47,12 @@ LatencyQuantiles quantilesOf(std::vector<double>& v, const std::vector<double>& 
 
 // Per step interval of one rank: step time, V_inter, V_minority and the run-queue wait, from the
 // shared per-step definition (JobModel::stepStats, src/records/step_stats.h); NaN where
-// undefined (the wait: not measured, as in raw mode).
+// undefined (the wait: not measured, as in raw mode). A step sampled out by step sampling has
+// its run-queue wait (the rank reads it every step) and no GPU figures.
 void rankSteps(const JobModel& job, const RankData& r, const std::vector<int64_t>& starts,
                std::vector<double>* step_ns, std::vector<double>* v_inter,
                std::vector<double>* v_minority, std::vector<double>* run_queue) {
-  const auto steps = job.stepStats(r.rank);
+  const auto steps = job.stepStats(r.rank, /*with_sampled_out=*/true);
   for (size_t i = 0; i + 1 < starts.size(); ++i) {
     step_ns->push_back(static_cast<double>(starts[i + 1] - starts[i]));
     v_inter->push_back(kNaN);
@@ -61,8 +62,10 @@ void rankSteps(const JobModel& job, const RankData& r, const std::vector<int64_t
   for (const records::StepStats& st : steps) {
     const auto i = static_cast<size_t>(st.step);
     if (i >= v_inter->size()) continue;
-    (*v_inter)[i] = st.vInter();
-    (*v_minority)[i] = st.end_ns - st.start_ns - st.inter_ns > 0 ? st.vMinority() : kNaN;
+    if (!st.sampled_out) {
+      (*v_inter)[i] = st.vInter();
+      (*v_minority)[i] = st.end_ns - st.start_ns - st.inter_ns > 0 ? st.vMinority() : kNaN;
+    }
     if (st.run_queue_wait_ns >= 0) (*run_queue)[i] = static_cast<double>(st.run_queue_wait_ns);
   }
 }

@@ -225,7 +225,8 @@ std::map<int, double> runQueueWaitPerStep(const JobModel& job) {
       if (std::none_of(r.steps.begin(), r.steps.end(),
                        [](const ReceivedStep& st) { return st.stats.run_queue_wait_ns >= 0; }))
         continue;
-      for (const ReceivedStep* st : job.receivedSteps(rank)) {  // after the window's first
+      // After the window's first; sampled-out steps too (the wait is read in every step).
+      for (const ReceivedStep* st : job.receivedSteps(rank, /*with_sampled_out=*/true)) {
         if (st->stats.run_queue_wait_ns >= 0)
           wait.push_back(static_cast<double>(st->stats.run_queue_wait_ns));
       }

@@ -243,7 +243,8 @@ std::map<int, std::pair<double, double>> idlePerStep(const JobModel& job);
 
 // Per rank: median over steps (the first skipped) of the run-queue wait of its issuing thread
 // (StepStats.run_queue_wait_ns: time runnable but without a CPU), from the steps that carry it
-// (MODE_SUMMARY; raw mode measures none). Ranks with fewer than 3 such steps are absent.
+// (MODE_SUMMARY, sampled-out steps included; raw mode: placed from the rank's readings). Ranks
+// with fewer than 3 such steps are absent.
 std::map<int, double> runQueueWaitPerStep(const JobModel& job);
 
 // Per traced API: the median over the rank's steps (the first skipped) of the host time its
