@@ -127,15 +127,19 @@ constexpr ParamInfo kParams[] = {
      "steps it stands for (counts, GPU time, FLOPs and bytes are estimates). Raw mode times "
      "every step; FLARE_TIMING=end is then refused (pair is used). Steps are DataLoader "
      "`__next__` calls or flare_step() markers: a job with neither is timed throughout."},
-    {"FLARE_TIMING_BUDGET_PCT", "double", "0", "hook",
+    {"FLARE_TIMING_BUDGET_PCT", "double", "0.5", "hook",
      "Step sampling by a budget, summary mode: the share of step time, in percent, that timing "
-     "may cost (0 to 100; 0: off). The hook measures what timing every op costs over the "
+     "may cost (0 to 100; 0: off, every op of every step timed). Unset, the default applies in "
+     "summary mode when the job sets none of FLARE_SAMPLE_STEPS, FLARE_SAMPLE_KERNELS, "
+     "FLARE_SAMPLE_CALLS and not FLARE_TIMING=end (each a choice of how to time, kept as "
+     "given); otherwise unset is 0. The hook measures what timing every op costs over the "
      "measured steps (the launching threads' own time in each timed op, event records included, "
      "plus the GPU time of the event records: one measured event gap each) and times one step "
      "in K, K the smallest power of 2 (at least FLARE_SAMPLE_STEPS, "
      "at most 1024) that keeps that cost within the budget, adjusted as the job runs; "
-     "otherwise as FLARE_SAMPLE_STEPS; FLARE_TIMING=end is then refused (pair is used). Off by "
-     "default (docs/metrics.md, 'Step sampling')."},
+     "otherwise as FLARE_SAMPLE_STEPS; FLARE_TIMING=end is then refused (pair is used). Where "
+     "timing every op costs less than the budget, every step is timed (K = 1). Set 0 for exact "
+     "counts in every step (docs/metrics.md, 'Step sampling')."},
     {"FLARE_EXIT_FLUSH_SECONDS", "duration", "2", "exporter",
      "At process exit, time given to send queued batches to the daemon; the rest is spooled."},
     {"FLARE_BATCH_BYTES", "int", "65536", "exporter",

@@ -19,6 +19,7 @@
 #include "src/hook/op_names.h"
 #include "src/hook/real.h"
 #include "src/hook/runtime.h"
+#include "src/hook/sink_setup.h"
 #include "src/hook/timed.h"
 
 #define FLARE_EXPORT extern "C" __attribute__((visibility("default")))
@@ -46,9 +47,45 @@ int64_t sampleStepsSetting() {
   return k;
 }
 
+namespace {
+
+// Whether the job left step sampling to Flare: summary mode, and none of FLARE_SAMPLE_STEPS,
+// FLARE_SAMPLE_KERNELS, FLARE_SAMPLE_CALLS or FLARE_TIMING=end set (each is a choice of how to
+// time, which the default budget does not override).
+bool budgetAppliesByDefault() {
+  if (!summaryMode(!common::paramString("FLARE_DAEMON").empty())) return false;
+  for (const char* name : {"FLARE_SAMPLE_STEPS", "FLARE_SAMPLE_KERNELS", "FLARE_SAMPLE_CALLS"}) {
+    if (common::getEnv(name).has_value()) return false;
+  }
+  return common::paramString("FLARE_TIMING") != "end";
+}
+
+struct Budget {
+  double pct = 0;
+  bool by_default = false;
+};
+
+const Budget& timingBudget() {
+  static const Budget b = [] {
+    // A bad value warns once (naming the variable) and reads as the declared default.
+    const double value = common::paramDouble("FLARE_TIMING_BUDGET_PCT", 0, 100);
+    const auto raw = common::getEnv("FLARE_TIMING_BUDGET_PCT");
+    const auto parsed = raw ? common::parseDouble(*raw) : std::nullopt;
+    if (parsed && *parsed >= 0 && *parsed <= 100) return Budget{value, false};
+    if (budgetAppliesByDefault()) return Budget{value, true};
+    return Budget{};
+  }();
+  return b;
+}
+
+}  // namespace
+
 double timingBudgetPct() {
-  static const double pct = common::paramDouble("FLARE_TIMING_BUDGET_PCT", 0, 100);
-  return pct;
+  return timingBudget().pct;
+}
+
+bool timingBudgetByDefault() {
+  return timingBudget().by_default;
 }
 
 namespace {

@@ -91,9 +91,12 @@ int64_t sampleKernelsSetting();
 // FLARE_SAMPLE_STEPS as read (1 when unset or refused; one warning naming it): step sampling
 // (src/timing/step_sampling.h; the decisions: onStepBoundary, step.cc).
 int64_t sampleStepsSetting();
-// FLARE_TIMING_BUDGET_PCT as read (0, off, when unset or refused): step sampling's K chosen per
-// job from the measured timing cost (step.cc).
+// FLARE_TIMING_BUDGET_PCT as read: step sampling's K chosen per job from the measured timing
+// cost (step.cc). Unset (or refused, one warning naming it): the declared default in summary mode
+// when the job sets no other sampling and not FLARE_TIMING=end, else 0 (off).
 double timingBudgetPct();
+// Whether timingBudgetPct() is the default rather than the job's own setting.
+bool timingBudgetByDefault();
 // FLARE_SAMPLE_CALLS as read (1 when unset or refused; one warning naming it).
 int64_t sampleCallsSetting();
 

@@ -92,10 +92,11 @@ int64_t budgetSteps(StepTurns& s, int64_t boundary_ns, int64_t k_floor, double b
       // The first choice where the user looks (info), later adjustments at debug level.
       ::flare::common::logAt(
           s.k_budget == 0 ? common::LogLevel::kInfo : common::LogLevel::kDebug, "hook",
-          "flare: FLARE_TIMING_BUDGET_PCT={}: timing every op costs {:.2f}% of a step here "
+          "flare: FLARE_TIMING_BUDGET_PCT={}{}: timing every op costs {:.2f}% of a step here "
           "({:.2f}% the launching threads' time, {:.2f}% the GPU time of the event records); "
           "timing one step in {} (every op of it){}",
-          budget_pct, 100 * cost, 100 * s.host_fraction, 100 * s.gpu_fraction, k,
+          budget_pct, timingBudgetByDefault() ? " (the default in summary mode)" : "", 100 * cost,
+          100 * s.host_fraction, 100 * s.gpu_fraction, k,
           gap > 0 ? ""
                   : "; the event gap is not measured (not yet, or FLARE_EVENT_GAP_CORRECTION=0):"
                     " the records' GPU time is not counted");
@@ -158,10 +159,15 @@ void stepSamplingAtExit() {
     why = "the rank was not in summary mode at its step boundaries (raw mode times every step)";
   }
   if (why == nullptr) return;
-  common::logOnce(common::LogLevel::kWarn, "hook", "step-sampling-unused",
-                  "flare: FLARE_SAMPLE_STEPS={} FLARE_TIMING_BUDGET_PCT={} had no effect: {}; "
+  // The job's own setting that did nothing is a warning; the default budget that found no steps
+  // to sample is information (the job is timed exactly, as it would be without the default).
+  const bool by_default = timingBudgetByDefault();
+  common::logOnce(by_default ? common::LogLevel::kInfo : common::LogLevel::kWarn, "hook",
+                  "step-sampling-unused",
+                  "flare: FLARE_SAMPLE_STEPS={} FLARE_TIMING_BUDGET_PCT={}{} had no effect: {}; "
                   "every op was timed",
-                  sampleStepsSetting(), timingBudgetPct(), why);
+                  sampleStepsSetting(), timingBudgetPct(),
+                  by_default ? " (the default in summary mode)" : "", why);
 }
 
 void onStepBoundary(StepSource source, int64_t boundary_ns) {

@@ -42,14 +42,23 @@ def flare_diagnose(build_dir, out, *extra):
                            *extra], capture_output=True, text=True, timeout=120)
 
 
-def check_looked_at(seen, ranks):
+def check_looked_at(seen, ranks, sampled=False):
+    """sampled: the job ran in summary mode under the default timing budget, which may sample
+    steps out (FLARE_TIMING_BUDGET_PCT); else every step was timed (raw mode)."""
     names = [d["name"] for d in seen["detectors"]]
     assert sorted(names) == sorted(registered_detectors()), names  # each exactly once
     assert seen["ranks"] == ranks
     assert len(seen["steps"]) == 2 and 1 <= seen["steps"][0] <= seen["steps"][1], seen
-    # Every step timed (no FLARE_SAMPLE_STEPS): rank-steps measured, none sampled out.
     span = seen["steps"][1] - seen["steps"][0] + 1
-    assert seen["stepsSampledOut"] == 0 and 0 < seen["stepsMeasured"] <= ranks * span, seen
+    if sampled:
+        # Every rank-step is looked at, measured or sampled out, and the text says how many.
+        looked = seen["stepsMeasured"] + seen["stepsSampledOut"]
+        assert 0 < seen["stepsMeasured"] and looked <= ranks * span, seen
+        assert (seen["stepsSampledOut"] > 0) == ("sampled out by step sampling" in seen["text"]), \
+            seen
+    else:
+        # Every step timed: rank-steps measured, none sampled out.
+        assert seen["stepsSampledOut"] == 0 and 0 < seen["stepsMeasured"] <= ranks * span, seen
     for d in seen["detectors"]:
         assert d["ran"] == (d["skipped"] == ""), d
         assert d["ran"] == (d["window"] != ""), d
@@ -101,7 +110,7 @@ def test_flared_diagnoses_carry_what_was_looked_at(build_dir, tmp_path):
                 break
             time.sleep(0.2)
         assert "diagnoses" in got
-        by_name = check_looked_at(got["lookedAt"], RANKS)
+        by_name = check_looked_at(got["lookedAt"], RANKS, sampled=True)
         assert by_name["gpu_slow"]["ran"], by_name
         # A job flared does not know: nothing was looked at.
         unknown = daemon.json("/api/v1/jobs/nosuchjob/diagnoses")

@@ -290,7 +290,10 @@ def test_flared_sees_every_step_and_the_same_kernels_in_raw_and_summary_mode(
     jobs, totals, reports = {}, {}, {}
     for mode in ("raw", "summary"):
         name = "pt%d-%s" % (ranks, mode)
-        jobs[mode] = run_flared_job(build_dir, flared, str(tmp_path / mode), name, ranks, mode)
+        # Summary mode with every step timed (no timing budget): its counts are exact.
+        # test_the_default_timing_budget_keeps_every_step_and_estimates_the_counts: the default.
+        jobs[mode] = run_flared_job(build_dir, flared, str(tmp_path / mode), name, ranks, mode,
+                                    env={"FLARE_TIMING_BUDGET_PCT": "0"})
         reports[mode], totals[mode] = report_totals(flared, name)
     failures = []
     # Nothing refused, nothing lost on the way.
@@ -375,6 +378,78 @@ def test_flared_sees_every_step_and_the_same_kernels_in_raw_and_summary_mode(
                 failures.append("%s: rank %d has run-queue wait for %d of %d steps: %s" % (
                     mode, r, measured, len(row) - 1, row))
     assert not failures, "\n".join(failures)
+
+
+def test_the_default_timing_budget_keeps_every_step_and_estimates_the_counts(
+        build_dir, flared, tmp_path):
+    """Summary mode as a job gets it by default: FLARE_TIMING_BUDGET_PCT unset, so each rank
+    measures what timing every op costs it and times one step in K (on the simulated stack,
+    with the H200's 1.3 us event gap, a few percent of a step: K > 1). Asserted against the
+    workload's own account: nothing refused or lost, every step of the loop present on every
+    rank (measured, or sampled out and counted as such), each rank saying its choice once, most
+    measured steps common to the ranks (which may choose different K), the GEMM count
+    estimated within what the steps after the last measured one leave out, and no diagnosis
+    on the healthy job."""
+    ranks = 4
+    name = "pt-default-budget"
+    workdir = str(tmp_path)
+    os.makedirs(workdir, exist_ok=True)
+    full = clean_env({"FLARE_MODE": "summary", "FLARE_OUTPUT_DIR": os.path.join(workdir, "spool")})
+    full.pop("FLARE_TIMING_BUDGET_PCT", None)
+    res = subprocess.run([os.path.join(build_dir, "bin", "flare"), "run", "--daemon",
+                          "127.0.0.1:%d" % flared.grpc, "--job-id", name, "--quiet", "--",
+                          *workload_args(build_dir, ranks, workdir,
+                                         os.path.join(workdir, "result.json"))],
+                         env=full, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stdout + res.stderr
+    chosen = [line for line in (res.stdout + res.stderr).splitlines()
+              if "FLARE_TIMING_BUDGET_PCT=0.5 (the default in summary mode): timing every op "
+                 "costs" in line]
+    assert len(chosen) == ranks, res.stderr[-4000:]  # each rank says its first choice once
+    assert "had no effect" not in res.stderr
+    job = Job(name, ranks, workdir)
+    deadline = time.time() + 60
+    while True:
+        info = json.loads(flared.get("/api/v1/jobs/%s/ranks" % name)).get("ranks", [])
+        held = steps_per_rank(flared, name)
+        if (len(info) == ranks and not any(r.get("connected") for r in info) and
+                held == {r: STEPS for r in range(ranks)}) or time.time() > deadline:
+            break
+        time.sleep(0.3)
+    time.sleep(1.5)  # one more detector pass over the complete window
+    assert not rejections(flared), rejections(flared)
+    for r in info:
+        assert not int(r.get("lostBatches", 0)) and not r.get("refusals"), r
+    own = {s["rank"]: s["steps"] for s in job.stats}
+    assert own == {r: STEPS for r in range(ranks)}
+    assert steps_per_rank(flared, name) == own
+    # Every step is there: its GPU figures where measured, its times only where sampled out.
+    series = json.loads(flared.get(SERIES % name))
+    sampled_out = {r["rank"]: int(r.get("stepsSampledOut", 0)) for r in info}
+    measured = {}
+    for r, row in zip(series["ranks"], series["vInter"]):
+        measured[r] = {i for i, v in enumerate(row) if v is not None}
+        assert len(measured[r]) + sampled_out[r] == STEPS, (r, row, info)
+    assert all(n > 0 for n in sampled_out.values()), sampled_out  # K > 1 on the simulated stack
+    # Ranks share their measured steps: each chooses its K from its own cost, and at any step
+    # the powers of 2 nest (a step a rank at the larger K measures, a rank at a smaller K
+    # measures too), so the ranks' steps in common are most of the sparsest rank's.
+    common = set.intersection(*measured.values())
+    assert len(common) >= 0.5 * min(len(m) for m in measured.values()), \
+        str({r: sorted(m) for r, m in measured.items()})
+    # The GEMMs the workload issued, estimated: each measured step stands for the steps sampled
+    # out before it, so only the steps after each rank's last measured one are not counted (the
+    # evaluation's GEMMs, first calls of their shapes, are timed and exact).
+    report, totals = report_totals(flared, name)
+    gemms = sum(c for k, (c, _) in totals.items() if k[0] == "OP_KIND_GEMM")
+    want = ranks * LAYERS * (STEPS * GEMMS_PER_LAYER_STEP + EVAL_PASSES * 4)
+    tail = sum(STEPS - 1 - max(m) for m in measured.values())
+    assert want - tail * LAYERS * GEMMS_PER_LAYER_STEP <= gemms <= want, (gemms, want, tail)
+    assert report.get("metrics", {}).get("steps") == STEPS - 1
+    waits = {s["rank"]: (s["run_queue_wait_ns"]["main"], s["run_queue_wait_ns"]["all"],
+                         s["loop_seconds"]) for s in job.stats}
+    found = contention.unexplained(diagnoses(flared, name), contention.starved_ranks(waits))
+    assert not found, [(d["kind"], d.get("ranks"), d.get("summary", "")[:200]) for d in found]
 
 
 def test_a_host_stall_on_one_rank_is_named_in_both_modes(build_dir, flared, tmp_path):

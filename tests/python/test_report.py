@@ -119,8 +119,9 @@ def test_series_step_times_match_the_sims_own_clock(job):
     # V_* are shares of the step; the sim's DataLoader does not wait, so V_inter stays small.
     for key in ("vInter", "vMinority"):
         assert all(v is None or 0 <= v <= 1 for row in series[key] for v in row)
-    steady = sorted(v for row in series["vInter"] for v in row[1:])
-    assert steady[len(steady) // 2] < 0.05
+    # (None: a step the default timing budget sampled out, its GPU figures not measured.)
+    steady = sorted(v for row in series["vInter"] for v in row[1:] if v is not None)
+    assert len(steady) >= RANKS and steady[len(steady) // 2] < 0.05
 
 
 def test_series_per_rank_gemm_durations_show_the_underclocked_rank(job):

@@ -72,7 +72,8 @@ def test_summary_counts_estimate_every_steps_launches(sim_train, build_dir, tmp_
 
 def test_every_step_reaches_the_detectors_and_ranks_measure_the_same_steps(sim_train, build_dir,
                                                                           tmp_path):
-    traced_run(sim_train, build_dir, tmp_path, "exact", mode="summary")
+    traced_run(sim_train, build_dir, tmp_path, "exact", mode="summary",
+               env_extra={"FLARE_TIMING_BUDGET_PCT": "0"})
     traced_run(sim_train, build_dir, tmp_path, "sampled", mode="summary",
                env_extra={"FLARE_SAMPLE_STEPS": str(K)})
     found_exact, exact = looked_at(build_dir, tmp_path / "exact")
@@ -83,7 +84,7 @@ def test_every_step_reaches_the_detectors_and_ranks_measure_the_same_steps(sim_t
     total = sampled["stepsMeasured"] + sampled["stepsSampledOut"]
     assert total == exact["stepsMeasured"], (sampled, exact)
     assert 0.1 * total <= sampled["stepsMeasured"] <= 0.45 * total, sampled
-    assert "sampled out by FLARE_SAMPLE_STEPS" in sampled["text"]
+    assert "sampled out by step sampling" in sampled["text"]
     # Two ranks, the same steps measured on each: the measured count is even.
     assert sampled["stepsMeasured"] % 2 == 0
     assert found == [] and found_exact == []
@@ -110,6 +111,14 @@ def test_a_job_without_steps_is_told_that_step_sampling_never_applied(probe):
     assert proc.returncode == 0, proc.stderr
     said = [line for line in proc.stderr.splitlines() if "had no effect" in line]
     assert len(said) == 1 and "no step boundary was seen" in said[0], proc.stderr[-2000:]
+    assert " W " in said[0], said  # the job's own setting: a warning
+    # The default budget: the same reason, as information (the job is timed as it would be
+    # without the default).
+    proc, _ = probe("launches", 50, env={"FLARE_MODE": "summary"})
+    assert proc.returncode == 0, proc.stderr
+    said = [line for line in proc.stderr.splitlines() if "had no effect" in line]
+    assert len(said) == 1 and "no step boundary was seen" in said[0], proc.stderr[-2000:]
+    assert "(the default in summary mode)" in said[0] and " I " in said[0], said
 
 
 @pytest.mark.parametrize("value", ["0", "2000", "four"])
@@ -146,6 +155,40 @@ def test_a_timing_budget_picks_k_from_the_measured_cost(sim_train, build_dir, tm
     assert "timing one step in 1 " in res.stderr, res.stderr
     _, loose = looked_at(build_dir, tmp_path / "loose")
     assert loose["stepsSampledOut"] == 0 and loose["stepsMeasured"] == total
+
+
+@pytest.mark.parametrize("tag,mode,extra,applies", [
+    ("default", "summary", {}, True),
+    ("malformed", "summary", {"FLARE_TIMING_BUDGET_PCT": "lots"}, True),
+    ("raw", "raw", {}, False),
+    ("steps", "summary", {"FLARE_SAMPLE_STEPS": "4"}, False),
+    ("kernels", "summary", {"FLARE_SAMPLE_KERNELS": "2"}, False),
+    ("end", "summary", {"FLARE_TIMING": "end"}, False),
+])
+def test_the_default_budget_applies_in_summary_mode_unless_the_job_chose_how_to_time(
+        sim_train, build_dir, tmp_path, tag, mode, extra, applies):
+    """FLARE_TIMING_BUDGET_PCT unset (or refused): 0.5 in summary mode, said once per rank as the
+    default; a job that chose how to time (a fixed K, 1-in-N kernels, end-only events) or raw
+    mode keeps its choice, with nothing said of the budget and nothing refused."""
+    records, true, res = traced_run(sim_train, build_dir, tmp_path, tag, mode=mode,
+                                    env_extra=extra)
+    said = [line for line in res.stderr.splitlines()
+            if "FLARE_TIMING_BUDGET_PCT=0.5 (the default in summary mode): timing every op "
+               "costs" in line]
+    assert len(said) == (2 if applies else 0), res.stderr[-3000:]
+    assert "had no effect" not in res.stderr, res.stderr[-3000:]
+    assert "FLARE_TIMING=end is not used" not in res.stderr, res.stderr[-3000:]
+    if tag == "malformed":
+        assert any("FLARE_TIMING_BUDGET_PCT" in line and "lots" in line
+                   for line in res.stderr.splitlines()), res.stderr[-3000:]
+    counts = summary_counts(records)
+    if applies:
+        # Timing every op costs the simulated ranks a few percent: steps were sampled out, and
+        # the summaries estimate counts from fewer timed ops.
+        assert any(timed < count for count, timed in counts.values()), counts
+    elif tag == "end":
+        assert counts and all(count == timed == true[key][0]
+                              for key, (count, timed) in counts.items()), counts
 
 
 def test_a_timing_budget_counts_the_gpu_time_of_the_event_records(build_dir, tmp_path):

@@ -410,11 +410,18 @@ def test_summary_mode_through_flared_keeps_every_step_and_raises_nothing(
     for r in info:
         assert not int(r.get("lostBatches", 0)) and not r.get("refusals"), r
     assert held_steps(flared, job) == {r: want for r in range(ranks)}
-    # Each step's statistics arrived (summary mode: the ranks' own StepStats).
+    # Each step's statistics arrived (summary mode: the ranks' own StepStats): its GPU figures
+    # where the step was measured, its times only where the default timing budget sampled it out
+    # (counted per rank). Ranks may choose different K (each from its own measured cost); at any
+    # step the powers of 2 nest, so most of the sparsest rank's measured steps are common.
     series = json.loads(flared.get("/api/v1/jobs/%s/series?max_signatures=1&max_steps=2048"
                                    % job))
+    sampled_out = {r["rank"]: int(r.get("stepsSampledOut", 0)) for r in info}
     for r, row in zip(series["ranks"], series["vInter"]):
-        assert sum(1 for v in row if v is not None) == want, (r, row)
+        assert sum(1 for v in row if v is not None) + sampled_out[r] == want, (r, row, info)
+    measured = [{i for i, v in enumerate(row) if v is not None} for row in series["vInter"]]
+    assert len(set.intersection(*measured)) >= 0.5 * min(len(m) for m in measured), \
+        str([sorted(m) for m in measured])
     # ... and its run-queue wait: summary mode reads the issuing thread's schedstat every step.
     waits = [v for row in series["runQueueWaitNs"] for v in row[1:] if v is not None]
     assert len(waits) >= ranks * (want - 2), series["runQueueWaitNs"]

@@ -234,7 +234,7 @@ std::string lookedAtText(const LookedAt& l) {
   }
   if (l.steps_sampled_out > 0) {
     out += " (GPU figures from " + std::to_string(l.steps_measured) + " measured rank-steps; " +
-           std::to_string(l.steps_sampled_out) + " sampled out by FLARE_SAMPLE_STEPS)";
+           std::to_string(l.steps_sampled_out) + " sampled out by step sampling)";
   }
   // The windows the detectors that ran read, in order of first use, with their detectors when
   // there is more than one.

@@ -103,7 +103,7 @@ StepIssueLatency stepIssueLatency(const JobModel& job);
 
 // The mean issue offset of a rank's collectives from its own step start, by the rank's step index
 // (the index into `step_starts`, the step each was issued in; NaN: none issued): a host figure of
-// every step, measured or sampled out by FLARE_SAMPLE_STEPS, as collectives are timed in every
+// every step, measured or sampled out by step sampling, as collectives are timed in every
 // step and a host that pauses issues them late too. What the per-step stall tests compare in a
 // step sampled out.
 std::vector<double> collectiveIssueOffsets(const JobModel& job, int rank,

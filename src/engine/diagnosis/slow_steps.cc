@@ -310,7 +310,7 @@ void detectSlowSteps(const JobModel& job, const std::vector<Diagnosis>& earlier,
   // the extra time of every slow step.
   std::map<std::string, std::set<int>> named;  // kind -> ranks named earlier
   for (const Diagnosis& d : earlier) named[d.kind].insert(d.ranks.begin(), d.ranks.end());
-  // A slow step without a host figure on most ranks (sampled out by FLARE_SAMPLE_STEPS in a job
+  // A slow step without a host figure on most ranks (sampled out by step sampling in a job
   // without collectives) has its time but nothing to attribute it by; the share of extra time is
   // taken among the slow steps that could be attributed (with every step measured: all of them).
   auto attributable = [&](size_t g) {
