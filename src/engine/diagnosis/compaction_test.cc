@@ -369,27 +369,34 @@ TEST(WindowMeasurement, DISABLED_PerRankBytesAndOnePass) {
            found.size(), hwm());
   }
 }
+
+// A second() batch as a sampled-out step sends it: its times only (nothing timed).
+void sampleOut(flare::v1::RecordBatch* b) {
+  b->clear_summaries();
+  auto* st = b->mutable_step_stats(0);
+  st->set_sampled_out(true);
+  st->set_gpu_busy_ns(0);
+  st->set_gpu_ops(0);
+  st->set_issue_latency_sum_ns(0);
+  const auto empty = stats::LatencySketch(records::StepStats::kStepSketchAccuracy).serialize();
+  st->set_issue_latency(empty.data(), empty.size());
+}
+
+bool sampledOutSecond(int64_t t) {
+  return t >= 4 && t % 3 != 0;
+}  // 4 5 7 8 10 11
+
 // Step sampling (FLARE_SAMPLE_STEPS): a rank's sampled-out steps come with their times only. The
 // detectors' step figures leave them out (their GPU time, 0, would read as an idle GPU), the
 // steps still count as present (stepStarts, the times of stepStats(rank, true)), and what the
 // detectors looked at says how many were measured.
 TEST(StepSamplingTest, SampledOutStepsCountAsPresentButGiveNoGpuFigure) {
   JobModel m;
-  auto sampled_out = [](int64_t t) { return t >= 4 && t % 3 != 0; };  // 4 5 7 8 10 11
+  const auto sampled_out = sampledOutSecond;
   for (int64_t t = 0; t < 12; ++t) {
     for (int r = 0; r < 4; ++r) {
       flare::v1::RecordBatch b = second(r, t, 1.0, 50'000);
-      if (sampled_out(t)) {
-        b.clear_summaries();  // nothing timed
-        auto* st = b.mutable_step_stats(0);
-        st->set_sampled_out(true);
-        st->set_gpu_busy_ns(0);
-        st->set_gpu_ops(0);
-        st->set_issue_latency_sum_ns(0);
-        const auto empty =
-            stats::LatencySketch(records::StepStats::kStepSketchAccuracy).serialize();
-        st->set_issue_latency(empty.data(), empty.size());
-      }
+      if (sampled_out(t)) sampleOut(&b);
       m.addBatch(r, b);
     }
   }
@@ -427,19 +434,13 @@ TEST(StepSamplingTest, SampledOutStepsCountAsPresentButGiveNoGpuFigure) {
 // most steps are sampled out; the series showed the wait in 1 step of 8.
 TEST(StepSamplingTest, ASampledOutStepKeepsItsRunQueueWait) {
   JobModel m;
-  auto sampled_out = [](int64_t t) { return t >= 4 && t % 3 != 0; };  // 4 5 7 8 10 11
+  const auto sampled_out = sampledOutSecond;
   for (int64_t t = 0; t < 12; ++t) {
     for (int r = 0; r < 2; ++r) {
       flare::v1::RecordBatch b = second(r, t, 1.0, 50'000);
-      auto* st = b.mutable_step_stats(0);
       // 1 ms in a measured step, 3 ms in a sampled-out one: the median tells which were read.
-      st->set_run_queue_wait_ns(sampled_out(t) ? 3'000'000 : 1'000'000);
-      if (sampled_out(t)) {
-        b.clear_summaries();
-        st->set_sampled_out(true);
-        st->set_gpu_busy_ns(0);
-        st->set_gpu_ops(0);
-      }
+      b.mutable_step_stats(0)->set_run_queue_wait_ns(sampled_out(t) ? 3'000'000 : 1'000'000);
+      if (sampled_out(t)) sampleOut(&b);
       m.addBatch(r, b);
     }
   }
