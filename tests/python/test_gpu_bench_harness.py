@@ -182,6 +182,79 @@ def test_the_budget_line_parser_reads_the_hooks_own_line(build_dir, tmp_path):
     assert overhead.EVENT_GAP_LINE.findall(res.stderr) == ["1300"], res.stderr
 
 
+def test_the_clocks_while_each_window_ran_are_recorded_beside_the_spread(build_dir, tmp_path):
+    """The GPU's clocks, temperature, power and throttle reasons (nvidia-smi's own loop, here a
+    stand-in that checks its arguments) are averaged over each window; each workload's entry
+    says what limits its interval: the per-round ratio's spread and the rounds an interval
+    narrower than the budget would need at it, bare's spread, and how bare followed the clocks."""
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text("#!/bin/bash\n"
+                   "[ \"$1\" = --query-gpu=clocks.sm,clocks.mem,temperature.gpu,power.draw,"
+                   "clocks_throttle_reasons.active ] && [ \"$2\" = --format=csv,noheader,nounits ]"
+                   " && [ \"$3\" = -lms ] || exit 2\n"
+                   "while true; do echo '1980, 2619, 45, 300.50, 0x0000000000000004'; "
+                   "sleep 0.001; done\n")
+    smi.chmod(0o755)
+    proc, out = run(build_dir, tmp_path, "--arms", "bare,flare-summary", "--nvidia-smi",
+                    str(smi), "--window-s", "0.05")
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(out.read_text())
+    with_clocks = [w for w in data["windows"] if "sm_mhz" in w]
+    assert len(with_clocks) >= 0.8 * len(data["windows"]), data["windows"]
+    for w in with_clocks:
+        assert (w["sm_mhz"], w["mem_mhz"], w["gpu_temp_c"], w["power_w"], w["throttle"]) == (
+            1980.0, 2619.0, 45.0, 300.5, "0x4"), w
+    nz = data["summary"]["gpt-small"]["noise"]
+    assert nz["clocks"]["sm_mhz"] == {"min": 1980.0, "max": 1980.0, "r_with_bare_step": None}
+    assert nz["throttle_reasons_seen"] == ["0x4"]
+    # The stand-in's ratio is exact every round: no spread, one round suffices.
+    assert nz["arms"]["flare-summary"]["ratio_sd_pct"] == pytest.approx(0, abs=1e-9)
+    assert nz["arms"]["flare-summary"]["rounds_for_budget"] == 1
+    assert nz["bare_cv_pct"] > 0  # bare drifts 1% a window; the ratio cancels it
+    assert ("- gpt-small: bare's window-to-window spread" in proc.stdout and
+            "flare-summary's per-round ratio sd 0.00% (an interval narrower than 0.5% needs ~1 "
+            "rounds); sm_mhz 1980-1980" in proc.stdout and
+            "throttle reasons seen: 0x4" in proc.stdout), proc.stdout
+    # No reader: said under the table, the windows without clocks, the run otherwise the same.
+    for smi_arg, said in (("", "GPU clocks not recorded (--nvidia-smi '')"),
+                          (str(tmp_path / "absent"), "GPU clocks not recorded (%s not found)"
+                           % (tmp_path / "absent"))):
+        proc, out = run(build_dir, tmp_path, "--arms", "bare,flare-summary", "--nvidia-smi",
+                        smi_arg, "--max-rounds", "3")
+        assert proc.returncode == 0, proc.stderr
+        assert "- " + said in proc.stdout, proc.stdout
+        assert not any("sm_mhz" in w for w in json.loads(out.read_text())["windows"])
+
+
+def test_the_ratio_spread_says_how_many_rounds_the_budget_needs():
+    """At run 4's spread (gpt-medium's budget arm on the H200: per-round ratio sd 2.19%), an
+    interval narrower than 0.5% needs ~460 rounds: about 8 minutes of 0.5 s windows for two
+    arms alone."""
+    sys.path.insert(0, BENCH)
+    try:
+        import overhead
+    finally:
+        sys.path.pop(0)
+    import random
+    rng = random.Random(3)
+    windows = []
+    for r in range(400):
+        base = 50 * (1 + 0.05 * rng.random())  # the machine's drift, shared within a round
+        windows.append({"round": r, "arm": "bare", "mean_ms": base})
+        windows.append({"round": r, "arm": "flare-summary",
+                        "mean_ms": base * (1.004 + rng.gauss(0, 0.0219))})
+    nz = overhead.noise("gpt-medium", windows, ["bare", "flare-summary"])
+    row = nz["arms"]["flare-summary"]
+    assert row["ratio_sd_pct"] == pytest.approx(2.19, rel=0.1)
+    assert row["rounds_for_budget"] == pytest.approx(
+        (2 * 1.96 * 1.2533 * row["ratio_sd_pct"] / 0.5) ** 2, abs=1)
+    assert 380 < row["rounds_for_budget"] < 560
+    # And the median's bootstrap interval at that many rounds is about that wide.
+    ratios = [1.004 + rng.gauss(0, 0.0219) for _ in range(row["rounds_for_budget"])]
+    _, lo, hi = overhead.bootstrap(ratios, 400, rng)
+    assert 100 * (hi - lo) == pytest.approx(0.5, abs=0.15)
+
+
 def test_arms_must_include_the_bare_one(build_dir, tmp_path):
     proc, _ = run(build_dir, tmp_path, "--arms", "flare-raw")
     assert proc.returncode == 2 and "bare" in proc.stderr

@@ -27,6 +27,7 @@ replaces the worker (the harness's own test drives a stand-in that needs no GPU)
 """
 
 import argparse
+import atexit
 import json
 import os
 import random
@@ -35,7 +36,9 @@ import select
 import shutil
 import subprocess
 import sys
+import statistics
 import tempfile
+import threading
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -87,6 +90,179 @@ def dir_bytes(path):
             except OSError:
                 pass
     return total
+
+
+# What the machine did while each window ran (Clocks): the GPU's SM and memory clocks, its
+# temperature, power and throttle reasons (nvidia-smi's own loop, 5 readings a second, on the
+# idle cores), and the measurement cores' CPU frequency. Run 4 on the H200 (2026-11-28) had the
+# bare arm's window mean move in regimes (launch-bound 2.5 -> 3.8 ms for ten rounds, gpt-small
+# 23.5 -> 27 ms), which the per-round ratio cancels only in part: these say whether clocks moved.
+SMI_FIELDS = ("clocks.sm", "clocks.mem", "temperature.gpu", "power.draw",
+              "clocks_throttle_reasons.active")
+SMI_KEYS = ("sm_mhz", "mem_mhz", "gpu_temp_c", "power_w", "throttle")
+
+
+def cpu_mhz(cpus):
+    """Mean current frequency of `cpus` (cpufreq, else /proc/cpuinfo), or None."""
+    vals = []
+    for c in cpus:
+        try:
+            with open("/sys/devices/system/cpu/cpu%d/cpufreq/scaling_cur_freq" % c) as f:
+                vals.append(int(f.read()) / 1000.0)
+        except (OSError, ValueError):
+            pass
+    if not vals:
+        try:
+            with open("/proc/cpuinfo") as f:
+                per = {}
+                cpu = None
+                for line in f:
+                    key, _, value = line.partition(":")
+                    if key.strip() == "processor":
+                        cpu = int(value)
+                    elif key.strip() == "cpu MHz" and cpu is not None:
+                        per[cpu] = float(value)
+            vals = [per[c] for c in cpus if c in per]
+        except (OSError, ValueError):
+            pass
+    return sum(vals) / len(vals) if vals else None
+
+
+class Clocks:
+    """Readings of the GPU (nvidia-smi -lms) and of the measurement cores' frequency, each with
+    its monotonic time, taken by a thread and a child process for the whole run; window(t0, t1)
+    averages those inside a window. `note` says what could not be recorded."""
+
+    def __init__(self, smi, cpus, idle_cpus, period_ms=200):
+        self.readings, self.cpu, self.note = [], [], []
+        self.lock, self.stop_flag = threading.Lock(), threading.Event()
+        self.proc = None
+        path = shutil.which(smi) if smi else None
+        if path is None:
+            self.note.append("GPU clocks not recorded (%s)" % (
+                "--nvidia-smi ''" if not smi else "%s not found" % smi))
+        else:
+            cmd = [path, "--query-gpu=" + ",".join(SMI_FIELDS), "--format=csv,noheader,nounits",
+                   "-lms", str(period_ms)]
+            if idle_cpus and shutil.which("taskset"):
+                cmd = ["taskset", "-c", ",".join(str(c) for c in idle_cpus)] + cmd
+            try:
+                self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE,
+                                             stderr=subprocess.DEVNULL, text=True, bufsize=1)
+                threading.Thread(target=self._read_smi, daemon=True).start()
+            except OSError as e:
+                self.note.append("GPU clocks not recorded (%s: %s)" % (path, e))
+        self.cpus = cpus or sorted(os.sched_getaffinity(0))
+        if cpu_mhz(self.cpus) is None:
+            self.note.append("CPU frequency not recorded (no cpufreq, no /proc/cpuinfo MHz)")
+        else:
+            threading.Thread(target=self._read_cpu, args=(period_ms / 1000.0,),
+                             daemon=True).start()
+
+    def _read_smi(self):
+        for line in self.proc.stdout:
+            parts = [p.strip() for p in line.split(",")]
+            if len(parts) != len(SMI_FIELDS):
+                continue
+            row = {}
+            for key, value in zip(SMI_KEYS, parts):
+                try:
+                    row[key] = int(value, 16) if key == "throttle" else float(value)
+                except ValueError:  # "[N/A]", "[Not Supported]"
+                    pass
+            with self.lock:
+                self.readings.append((time.monotonic(), row))
+
+    def _read_cpu(self, period):
+        while not self.stop_flag.wait(period):
+            mhz = cpu_mhz(self.cpus)
+            if mhz is not None:
+                with self.lock:
+                    self.cpu.append((time.monotonic(), mhz))
+
+    def window(self, t0, t1):
+        """The readings' means within [t0, t1] (throttle: every reason seen, OR-ed)."""
+        with self.lock:
+            rows = [r for t, r in self.readings if t0 <= t <= t1]
+            cpu = [m for t, m in self.cpu if t0 <= t <= t1]
+        out = {}
+        for key in SMI_KEYS:
+            vals = [r[key] for r in rows if key in r]
+            if vals and key == "throttle":
+                reasons = 0
+                for v in vals:
+                    reasons |= int(v)
+                out[key] = "0x%x" % reasons
+            elif vals:
+                out[key] = round(sum(vals) / len(vals), 1)
+        if cpu:
+            out["cpu_mhz"] = round(sum(cpu) / len(cpu), 1)
+        return out
+
+    def close(self):
+        if self.stop_flag.is_set():
+            return
+        self.stop_flag.set()
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        if self.proc is not None and not self.readings:
+            self.note.append("nvidia-smi gave no reading")
+
+
+def correlation(xs, ys):
+    """Pearson's r of two equal-length lists, or None (fewer than 5 pairs, or no spread)."""
+    if len(xs) < 5:
+        return None
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    sxy = sum((x - mx) * (y - my) for x, y in zip(xs, ys))
+    sxx = sum((x - mx) ** 2 for x in xs)
+    syy = sum((y - my) ** 2 for y in ys)
+    return None if sxx == 0 or syy == 0 else sxy / (sxx * syy) ** 0.5
+
+
+def noise(workload, windows, arms):
+    """What limits the interval: per arm, the spread of its per-round ratio to bare and the
+    rounds an interval narrower than the budget would need at that spread (the median's
+    standard error is ~1.2533 sd / sqrt(n); a 95% interval ~2 x 1.96 of it); the bare arm's own
+    spread; and how its window times follow the clocks."""
+    rounds = {}
+    for w in windows:
+        rounds.setdefault(w["round"], {})[w["arm"]] = w
+    bare = [r["bare"] for r in rounds.values() if "bare" in r]
+    out = {}
+    if len(bare) >= 2:
+        means = [w["mean_ms"] for w in bare]
+        out["bare_cv_pct"] = 100 * statistics.stdev(means) / statistics.fmean(means)
+    budget = BUDGET_PCT.get(workload)
+    per_arm = {}
+    for arm in arms:
+        ratios = [r[arm]["mean_ms"] / r["bare"]["mean_ms"] for r in rounds.values()
+                  if arm != "bare" and arm in r and "bare" in r]
+        if len(ratios) < 2:
+            continue
+        sd = 100 * statistics.stdev(ratios)
+        row = {"ratio_sd_pct": sd}
+        if budget:
+            row["rounds_for_budget"] = int((2 * 1.96 * 1.2533 * sd / budget) ** 2) + 1
+        per_arm[arm] = row
+    if per_arm:
+        out["arms"] = per_arm
+    for key in ("sm_mhz", "cpu_mhz", "gpu_temp_c", "power_w"):
+        pairs = [(w["mean_ms"], w[key]) for w in bare if key in w]
+        if not pairs:
+            continue
+        vals = [v for _, v in pairs]
+        out.setdefault("clocks", {})[key] = {
+            "min": min(vals), "max": max(vals),
+            "r_with_bare_step": correlation([m for m, _ in pairs], vals)}
+    throttled = sorted({w["throttle"] for w in windows if w.get("throttle") not in (None, "0x0")})
+    if throttled:
+        out["throttle_reasons_seen"] = throttled
+    return out
 
 
 class Worker:
@@ -286,10 +462,9 @@ def markdown(device, summary, meta):
     for workload, entry in summary.items():
         for arm, tb in entry.get("timing_budget", {}).items():
             c = tb.get("in_force")
-            # Exact timing's measured cost: the -exact arm's, else flare-summary's (exact by
-            # default today).
-            exact_arm = "flare-summary-exact" if "flare-summary-exact" in entry.get(
-                "arms", {}) else "flare-summary"
+            # Exact timing's measured cost: the -exact arm's (flare-summary is the default
+            # budget since 2026-11-28, not exact timing).
+            exact_arm = "flare-summary-exact"
             exact = entry.get("arms", {}).get(exact_arm, {}).get("overhead_pct")
             notes.append("- %s, %s: %s%s%s" % (
                 workload, arm,
@@ -302,10 +477,33 @@ def markdown(device, summary, meta):
                                                       for x in tb["choices"]))),
                 "" if tb.get("event_gap_ns") is None else
                 "; event gap %d ns" % tb["event_gap_ns"],
-                "" if exact is None else "; %s measured %+.2f%%" % (exact_arm, exact)))
+                "; no %s arm in this run to compare with" % exact_arm if exact is None else
+                "; %s measured %+.2f%%" % (exact_arm, exact)))
     if notes:
         lines += ["", "Timing budget (FLARE_TIMING_BUDGET_PCT), what the hook estimated against "
                   "what exact timing measured:"] + notes
+    spread = []
+    for workload, entry in summary.items():
+        nz = entry.get("noise") or {}
+        parts = []
+        if "bare_cv_pct" in nz:
+            parts.append("bare's window-to-window spread %.2f%%" % nz["bare_cv_pct"])
+        for arm, row in nz.get("arms", {}).items():
+            parts.append("%s's per-round ratio sd %.2f%%%s" % (
+                arm, row["ratio_sd_pct"], "" if "rounds_for_budget" not in row else
+                " (an interval narrower than %.1f%% needs ~%d rounds)" % (
+                    BUDGET_PCT[workload], row["rounds_for_budget"])))
+        for key, c in nz.get("clocks", {}).items():
+            r = c["r_with_bare_step"]
+            parts.append("%s %.0f-%.0f%s" % (key, c["min"], c["max"], "" if r is None else
+                                             " (r = %+.2f with bare's step time)" % r))
+        if nz.get("throttle_reasons_seen"):
+            parts.append("throttle reasons seen: %s" % ", ".join(nz["throttle_reasons_seen"]))
+        if parts:
+            spread.append("- %s: %s" % (workload, "; ".join(parts)))
+    if spread or meta.get("clock_notes"):
+        lines += ["", "What limits the interval (the spread, and what the clocks did while the "
+                  "bare arm ran):"] + spread + ["- %s" % n for n in meta.get("clock_notes", [])]
     return "\n".join(lines)
 
 
@@ -333,6 +531,8 @@ def main():
     ap.add_argument("--boot", type=int, default=2000, help="bootstrap resamples")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--worker", default=os.path.join(HERE, "overhead_worker.py"))
+    ap.add_argument("--nvidia-smi", default="nvidia-smi", help="what reads the GPU's clocks, "
+                    "temperature, power and throttle reasons during the run ('' for none)")
     ap.add_argument("--json", help="write every window and the summary here")
     ap.add_argument("--md", help="write the markdown table here too (after every workload, like "
                     "--json, so that a run cut short keeps what it measured)")
@@ -365,9 +565,12 @@ def main():
     deadline = start + args.budget_s - 3
     summary, windows, device = {}, [], "unknown"
 
+    clocks = Clocks(args.nvidia_smi, args.cpu_set, args.idle_set)
+    atexit.register(clocks.close)  # its nvidia-smi child goes with the run, however it ends
+
     def write():
         meta = {"window_s": args.window_s, "cpus": args.cpus, "idle_cpus": args.idle_cpus,
-                "threads": args.threads,
+                "threads": args.threads, "clock_notes": clocks.note,
                 "rounds_note": "/".join(str(max((r.get("rounds", 0) for r in
                                                  e.get("arms", {}).values()), default=0))
                                         for e in summary.values()) or "0"}
@@ -446,9 +649,11 @@ def main():
                                 # A window that hangs must not outlive the budget.
                                 limit = min(args.window_s * 10 + 60,
                                             max(5.0, deadline + 2 - time.monotonic()))
+                                t_send = time.monotonic()
                                 rep = live[a].request(limit, op="measure",
                                                       seconds=args.window_s,
                                                       cpus=args.cpu_set, idle_cpus=args.idle_set)
+                                rep.update(clocks.window(t_send, time.monotonic()))
                             except RuntimeError as e:
                                 entry.setdefault("arm_errors", {})[a] = str(e)
                                 del live[a]
@@ -469,9 +674,9 @@ def main():
                 give_up = time.monotonic() + 10
                 for w in workers.values():
                     w.close(give_up)
-            entry["arms"] = summarize(workload, [w for w in windows
-                                                 if w["workload"] == workload],
-                                      arms, args.boot, args.seed)
+            mine = [w for w in windows if w["workload"] == workload]
+            entry["arms"] = summarize(workload, mine, arms, args.boot, args.seed)
+            entry["noise"] = noise(workload, mine, arms)
             # After the workers exited: the spool holds what each one flushed at exit too.
             entry["spool_bytes_per_step"] = {
                 a: dir_bytes(w.spool) / steps[a] for a, w in workers.items()
@@ -488,6 +693,7 @@ def main():
                 (r["rounds"] for r in entry["arms"].values()), default=0)),
                 file=sys.stderr, flush=True)
             write()
+    clocks.close()
     print(write())
     failed = {w: e.get("error") or e.get("arm_errors") for w, e in summary.items()
               if e.get("error") or e.get("arm_errors")}
