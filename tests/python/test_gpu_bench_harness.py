@@ -201,6 +201,8 @@ def test_the_clocks_while_each_window_ran_are_recorded_beside_the_spread(build_d
     data = json.loads(out.read_text())
     with_clocks = [w for w in data["windows"] if "sm_mhz" in w]
     assert len(with_clocks) >= 0.8 * len(data["windows"]), data["windows"]
+    # The measurement cores' stolen time, from this machine's /proc/stat, beside every window.
+    assert all(0 <= w["steal_pct"] <= 100 for w in data["windows"]), data["windows"]
     for w in with_clocks:
         assert (w["sm_mhz"], w["mem_mhz"], w["gpu_temp_c"], w["power_w"], w["throttle"]) == (
             1980.0, 2619.0, 45.0, 300.5, "0x4"), w
@@ -224,6 +226,43 @@ def test_the_clocks_while_each_window_ran_are_recorded_beside_the_spread(build_d
         assert proc.returncode == 0, proc.stderr
         assert "- " + said in proc.stdout, proc.stdout
         assert not any("sm_mhz" in w for w in json.loads(out.read_text())["windows"])
+
+
+def test_the_machines_readings_of_a_window():
+    """proc_readings: the cores' stolen time from /proc/stat (a VM's hypervisor running another
+    tenant on them), a thread's wait for a CPU (schedstat), the cores' frequency; and noise()
+    sets bare's step time against each (r), so that a regime of stolen time shows."""
+    sys.path.insert(0, BENCH)
+    try:
+        import overhead
+        import proc_readings as pr
+    finally:
+        sys.path.pop(0)
+    stat0 = ("cpu  1 2 3 4 5 6 7 8 0 0\ncpu2 100 0 50 800 0 0 0 50 0 0\n"
+             "cpu3 100 0 50 850 0 0 0 0 0 0\nintr 1 2 3\n")
+    stat1 = ("cpu  1 2 3 4 5 6 7 8 0 0\ncpu2 150 0 60 900 0 0 0 90 0 0\n"
+             "cpu3 150 0 60 950 0 0 0 0 0 0\n")
+    before, after = pr.cpu_times([2, 3], stat0), pr.cpu_times([2, 3], stat1)
+    assert before == {2: (1000, 50), 3: (1000, 0)} and after[2] == (1200, 90)
+    # 40 of the two cores' 360 jiffies in between were stolen (all on cpu2).
+    assert pr.steal_pct(before, after) == pytest.approx(100 * 40 / 360)
+    assert pr.steal_pct({}, after) is None and pr.cpu_times([7], stat0) == {}
+    assert pr.cpu_times([0], "") == {}
+    here = sorted(os.sched_getaffinity(0))
+    assert set(pr.cpu_times(here)) == set(here)  # this machine's /proc/stat
+    assert isinstance(pr.thread_run_delay_ns(), int)
+    mhz = pr.cpu_mhz(here)
+    assert mhz is None or mhz > 0
+    windows = []
+    for r in range(10):
+        stolen = 5.0 * (r % 3)
+        windows.append({"round": r, "arm": "bare", "mean_ms": 10 * (1 + stolen / 100),
+                        "steal_pct": stolen, "run_delay_pct": 1.0})
+        windows.append({"round": r, "arm": "flare-summary", "mean_ms": 10.5,
+                        "steal_pct": stolen})
+    clocks = overhead.noise("gpt-small", windows, ["bare", "flare-summary"])["clocks"]
+    assert clocks["steal_pct"] == {"min": 0.0, "max": 10.0, "r_with_bare_step": pytest.approx(1)}
+    assert clocks["run_delay_pct"]["r_with_bare_step"] is None  # no spread: no r
 
 
 def test_the_ratio_spread_says_how_many_rounds_the_budget_needs():

@@ -64,6 +64,7 @@ def test_kit_carries_the_wheel_and_only_what_the_wheel_cannot_hold(moved_kit):
     for rel in ("tools/cuda-gdb-scripts/flare_nccl_steps.py", "tests/gpu/acceptance.sh",
                 "tests/gpu/capture.sh", "tests/gpu/run_device.sh", "tests/gpu/kit-env.sh",
                 "tests/gpu/bench/accuracy.py", "tests/gpu/bench/overhead.py",
+                "tests/gpu/bench/proc_readings.py",
                 "sim/bin/flare-sim-train", "sim/lib/sim/libcudart.so.13", "NEEDS", "VERSION"):
         assert (moved_kit / rel).exists(), rel
     # Flare itself only in the wheel: no second copy of the hook, daemon or CLI beside it that

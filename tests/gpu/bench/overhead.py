@@ -34,12 +34,14 @@ import random
 import re
 import select
 import shutil
+import statistics
 import subprocess
 import sys
-import statistics
 import tempfile
 import threading
 import time
+
+from proc_readings import cpu_mhz, cpu_times, steal_pct
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 # flare-summary: summary mode as a job gets it (the hook's defaults).
@@ -94,38 +96,14 @@ def dir_bytes(path):
 
 # What the machine did while each window ran (Clocks): the GPU's SM and memory clocks, its
 # temperature, power and throttle reasons (nvidia-smi's own loop, 5 readings a second, on the
-# idle cores), and the measurement cores' CPU frequency. Run 4 on the H200 (2026-11-28) had the
+# idle cores), and the measurement cores' CPU frequency; beside them the share of those cores'
+# time the hypervisor stole (steal_pct, /proc/stat) and the worker's main thread's wait for a
+# CPU (run_delay_pct, its schedstat; the worker reports it). Run 4 on the H200 (2026-11-28) had the
 # bare arm's window mean move in regimes (launch-bound 2.5 -> 3.8 ms for ten rounds, gpt-small
 # 23.5 -> 27 ms), which the per-round ratio cancels only in part: these say whether clocks moved.
 SMI_FIELDS = ("clocks.sm", "clocks.mem", "temperature.gpu", "power.draw",
               "clocks_throttle_reasons.active")
 SMI_KEYS = ("sm_mhz", "mem_mhz", "gpu_temp_c", "power_w", "throttle")
-
-
-def cpu_mhz(cpus):
-    """Mean current frequency of `cpus` (cpufreq, else /proc/cpuinfo), or None."""
-    vals = []
-    for c in cpus:
-        try:
-            with open("/sys/devices/system/cpu/cpu%d/cpufreq/scaling_cur_freq" % c) as f:
-                vals.append(int(f.read()) / 1000.0)
-        except (OSError, ValueError):
-            pass
-    if not vals:
-        try:
-            with open("/proc/cpuinfo") as f:
-                per = {}
-                cpu = None
-                for line in f:
-                    key, _, value = line.partition(":")
-                    if key.strip() == "processor":
-                        cpu = int(value)
-                    elif key.strip() == "cpu MHz" and cpu is not None:
-                        per[cpu] = float(value)
-            vals = [per[c] for c in cpus if c in per]
-        except (OSError, ValueError):
-            pass
-    return sum(vals) / len(vals) if vals else None
 
 
 class Clocks:
@@ -251,7 +229,7 @@ def noise(workload, windows, arms):
         per_arm[arm] = row
     if per_arm:
         out["arms"] = per_arm
-    for key in ("sm_mhz", "cpu_mhz", "gpu_temp_c", "power_w"):
+    for key in ("sm_mhz", "cpu_mhz", "gpu_temp_c", "power_w", "steal_pct", "run_delay_pct"):
         pairs = [(w["mean_ms"], w[key]) for w in bare if key in w]
         if not pairs:
             continue
@@ -649,11 +627,14 @@ def main():
                                 # A window that hangs must not outlive the budget.
                                 limit = min(args.window_s * 10 + 60,
                                             max(5.0, deadline + 2 - time.monotonic()))
-                                t_send = time.monotonic()
+                                t_send, cpu0 = time.monotonic(), cpu_times(clocks.cpus)
                                 rep = live[a].request(limit, op="measure",
                                                       seconds=args.window_s,
                                                       cpus=args.cpu_set, idle_cpus=args.idle_set)
                                 rep.update(clocks.window(t_send, time.monotonic()))
+                                stolen = steal_pct(cpu0, cpu_times(clocks.cpus))
+                                if stolen is not None:
+                                    rep["steal_pct"] = round(stolen, 3)
                             except RuntimeError as e:
                                 entry.setdefault("arm_errors", {})[a] = str(e)
                                 del live[a]

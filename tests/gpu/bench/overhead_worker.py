@@ -18,7 +18,7 @@ corrupt a reply):
                                                  -> {"ok": true, "steps": n, "mean_ms": ...,
                                                      "median_ms": ..., "rss_kib": ...,
                                                      "affinity": [the cores it measured on],
-                                                     "pid": ...}
+                                                     "pid": ..., "run_delay_pct": ...}
   {"op": "unload"} -> {"ok": true};   {"op": "quit"} -> exits
 Errors are replies too: {"ok": false, "error": "..."}.
 
@@ -41,6 +41,8 @@ import os
 import statistics
 import sys
 import time
+
+from proc_readings import thread_run_delay_ns
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 # name: (layers, hidden, heads, sequence, micro-batch)
@@ -210,6 +212,7 @@ def main():
                         torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA])
                     prof.__enter__()
                 times = []
+                waited0 = thread_run_delay_ns()
                 t0 = time.perf_counter()
                 end = t0 + req["seconds"]
                 last = t0
@@ -221,14 +224,19 @@ def main():
                     if now >= end and len(times) >= 3:
                         break
                 elapsed = last - t0
+                waited1 = thread_run_delay_ns()
                 affinity = sorted(os.sched_getaffinity(0))
                 pin(req.get("idle_cpus"))
                 if prof is not None:
                     prof.__exit__(None, None, None)
                     prof = None
+                extra = {}
+                if waited0 is not None and waited1 is not None and elapsed > 0:
+                    # The main thread's wait for a CPU in the window, as a share of it.
+                    extra["run_delay_pct"] = round(100 * (waited1 - waited0) / 1e9 / elapsed, 3)
                 reply(ok=True, steps=len(times), mean_ms=elapsed * 1e3 / len(times),
                       median_ms=statistics.median(times), rss_kib=rss_kib(), affinity=affinity,
-                      pid=os.getpid())
+                      pid=os.getpid(), **extra)
             elif req["op"] == "unload":
                 work = None
                 gc.collect()
