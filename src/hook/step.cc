@@ -172,10 +172,29 @@ void stepSamplingAtExit() {
 
 void onStepBoundary(StepSource source, int64_t boundary_ns) {
   static std::atomic<bool> markers_seen{false};
+  static std::atomic<uint64_t> loader_steps{0};  // DataLoader boundaries counted as steps
   if (source == StepSource::kMarker) {
-    if (!markers_seen.load(std::memory_order_relaxed)) markers_seen.store(true);
+    if (!markers_seen.load(std::memory_order_relaxed)) {
+      markers_seen.store(true);
+      const uint64_t before = loader_steps.load(std::memory_order_relaxed);
+      if (before > 0) {  // the process switches from one source to the other: said once
+        common::logOnce(common::LogLevel::kInfo, "hook", "step-source-markers",
+                        "flare: flare_step() markers define this process's steps from now on; "
+                        "DataLoader __next__ calls ({} counted as steps before) no longer start "
+                        "one",
+                        before);
+      }
+    }
   } else if (markers_seen.load(std::memory_order_relaxed)) {
-    return;  // explicit markers define the steps
+    // Explicit markers define the steps: a DataLoader (an evaluation's, say) between two
+    // markers is part of the step it runs in. Said once, where the user looks.
+    common::logOnce(common::LogLevel::kInfo, "hook", "step-source-loader-ignored",
+                    "flare: a DataLoader __next__ does not start a step in this process: its "
+                    "flare_step() markers define the steps (a loader read between two markers "
+                    "is part of the step it runs in)");
+    return;
+  } else {
+    loader_steps.fetch_add(1, std::memory_order_relaxed);
   }
   decideStep(boundary_ns);
   deepTraceOnStep();

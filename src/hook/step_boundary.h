@@ -1,7 +1,8 @@
 // The step boundaries the hook meets as they happen: an explicit step marker (flare_step), or
 // the start of a DataLoader `__next__` span that the step rule says starts a step (python.cc) —
-// counted only in a process that has called no step marker. At each one: a deep trace counts
-// its steps (deep_trace.h), and step sampling decides whether the step that starts is timed
+// counted only in a process that has called no step marker (the switch to markers, and the
+// first DataLoader call they make ignored, are each said once at info). At each one: a deep trace
+// counts its steps (deep_trace.h), and step sampling decides whether the step that starts is timed
 // (FLARE_SAMPLE_STEPS; src/timing/step_sampling.h).
 #pragma once
 

@@ -495,6 +495,38 @@ def test_an_evaluation_over_a_validation_dataloader_adds_no_steps(build_dir, fla
     assert [i for i, t in enumerate(times) if t > median + 250e6] == [14, 26], times
 
 
+def test_markers_added_mid_run_take_over_the_steps_and_say_so_once(build_dir, tmp_path):
+    """A job that starts calling flare_step() at step 5 while its DataLoader goes on: from the
+    first marker the markers define the process's steps (as in flared's step rule), and the
+    switch and the first DataLoader call it leaves out (the evaluation's loader too) are each
+    said once at info, where the user looks, instead of steps silently changing source."""
+    workdir = str(tmp_path)
+    env = clean_env({"LD_PRELOAD": os.path.join(build_dir, "lib", "libflare_hook.so"),
+                     "FLARE_OUTPUT_DIR": os.path.join(workdir, "spool"),
+                     "FLARE_JOB_ID": "pt-markers", "FLARE_MODE": "raw"})
+    res = subprocess.run(workload_args(build_dir, 1, workdir, os.path.join(workdir, "r.json"),
+                                       steps=20, setup_ms=0,
+                                       extra=("--markers-from", "5", "--eval-loader", "1")),
+                         env=env, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stdout + res.stderr
+    lines = (res.stdout + res.stderr).splitlines()
+    switch = [x for x in lines if "flare_step() markers define this process's steps from now "
+              "on" in x]
+    ignored = [x for x in lines if "a DataLoader __next__ does not start a step in this process"
+               in x]
+    assert len(switch) == 1 and len(ignored) == 1, "\n".join(lines[-40:])
+    # Steps 0-4 and step 5's own __next__ were the loader's before the first marker.
+    assert "(6 counted as steps before)" in switch[0], switch
+    assert " I " in switch[0] and " I " in ignored[0]
+    # Without markers neither is said.
+    res = subprocess.run(workload_args(build_dir, 1, workdir, os.path.join(workdir, "r2.json"),
+                                       steps=8, setup_ms=0),
+                         env=dict(env, FLARE_JOB_ID="pt-loader-only"), capture_output=True,
+                         text=True, timeout=300)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "markers define" not in res.stderr + res.stdout
+
+
 def test_the_launcher_keeps_the_two_python_workloads_options_apart(build_dir):
     exe = os.path.join(build_dir, "bin", "flare-sim-train")
     res = subprocess.run([exe, "--ranks", "1", "--steps", "1", "--python", "--eval-at", "1"],

@@ -6,7 +6,7 @@
 //   flare-sim-train --pytorch-like --ranks N --steps S [--layers L] [--hidden H] [--seq S]
 //                   [--micro-batch B] [--data-ms MS] [--setup-ms MS] [--eval-at STEP]
 //                   [--eval-ms MS] [--eval-micro-batch B] [--eval-loader 0|1] [--save-at STEP]
-//                   [--save-ms MS] [--stats-dir DIR] ...
+//                   [--save-ms MS] [--markers-from STEP] [--stats-dir DIR] ...
 //
 //   flare-sim-train --trace FIXTURE [--ranks N] [--speed X] [--source-rank R] ...
 //
@@ -73,7 +73,8 @@ struct Args {
       "                       [--seq S] [--micro-batch B] [--data-ms MS] [--setup-ms MS]\n"
       "                       [--eval-at STEP] [--eval-ms MS] [--eval-micro-batch B]\n"
       "                       [--eval-loader 0|1]\n"
-      "                       [--save-at STEP] [--save-ms MS] [--stats-dir DIR]\n"
+      "                       [--save-at STEP] [--save-ms MS] [--markers-from STEP]\n"
+      "                       [--stats-dir DIR]\n"
       "                       [--python-exe PATH]\n"
       "                       [--timeout SEC] [--json FILE] [--quiet] [--keep-going]\n"
       "       flare-sim-train --trace FIXTURE [--ranks N] [--speed X] [--source-rank R]\n"
@@ -146,7 +147,8 @@ Args parse(int argc, char** argv) {
       a.passthrough.push_back(k);
       a.passthrough.push_back(v);
     } else if (k == "--setup-ms" || k == "--eval-at" || k == "--eval-ms" || k == "--save-at" ||
-               k == "--save-ms" || k == "--eval-micro-batch" || k == "--eval-loader") {
+               k == "--save-ms" || k == "--eval-micro-batch" || k == "--eval-loader" ||
+               k == "--markers-from") {
       a.passthrough.push_back(k);
       a.passthrough.push_back(v);
     } else {
@@ -158,7 +160,7 @@ Args parse(int argc, char** argv) {
     const std::string& k = a.passthrough[i];
     const bool own = k == "--setup-ms" || k == "--eval-at" || k == "--eval-ms" ||
                      k == "--eval-micro-batch" || k == "--eval-loader" || k == "--save-at" ||
-                     k == "--save-ms" || k == "--stats-dir";
+                     k == "--save-ms" || k == "--markers-from" || k == "--stats-dir";
     if (own && !a.pytorch_like) usage((k + " needs --pytorch-like").c_str());
     const bool trace_own = k == "--trace" || k == "--speed" || k == "--source-rank";
     if (trace_own && a.trace.empty()) usage((k + " needs --trace").c_str());

@@ -8,7 +8,7 @@ whose module layout matches PyTorch's where Flare's default traced APIs name it,
 but LD_PRELOAD is needed, as on a real GPU:
 
 - steps come from the DataLoader only: `torch.utils.data.dataloader._BaseDataLoaderIter.__next__`
-  (no flare_step marker); pin_memory=True; a batch takes `--data-ms` (0.5) of host time, as from
+  (no flare_step marker, unless `--markers-from N` adds them from step N on); pin_memory=True; a batch takes `--data-ms` (0.5) of host time, as from
   a prefetching DataLoader (a healthy job: the GPU waits little for input);
 - seconds of set-up before the loop (model built and copied to the device: one cudaMemcpyAsync
   + cudaStreamSynchronize per parameter; DDP's broadcast of the parameters; then `--setup-ms` of
@@ -36,6 +36,7 @@ allocators' event records and queries.
 """
 
 import argparse
+import ctypes
 import json
 import os
 import sys
@@ -268,6 +269,9 @@ def main(argv=None):
                    help="1: evaluate over a validation DataLoader (default: batches in memory)")
     p.add_argument("--save-at", type=int, default=-1, help="default: two thirds into the loop")
     p.add_argument("--save-ms", type=float, default=300.0)
+    p.add_argument("--markers-from", type=int, default=-1,
+                   help="from this step on, also call flare_step() at each step's start (a "
+                   "job that adds explicit markers mid-run; default: never)")
     p.add_argument("--stats-dir", default="")
     args = p.parse_args(argv)
     eval_at = args.eval_at if args.eval_at >= 0 else args.steps // 3
@@ -301,8 +305,16 @@ def main(argv=None):
     steps, losses = 0, 0.0
     t0 = time.perf_counter()
     loop_started, waited_before = time.monotonic(), run_queue_wait_ns()
+    marker = None
+    if args.markers_from >= 0:
+        try:  # the preloaded hook's marker (include/flare/step.h); none without Flare
+            marker = ctypes.CDLL(None).flare_step
+        except AttributeError:
+            marker = None
     for step, batch in enumerate(loader):
         S.flareSimSetStep(step)
+        if marker is not None and step >= args.markers_from:
+            marker()
         x = batch.cuda(non_blocking=True)
         loss = model(x, stall_ms if stall and step % stall_every == 0
                      and stall[2] <= step <= stall[3] else None)
