@@ -141,7 +141,9 @@ constexpr ParamInfo kParams[] = {
      "timing every op costs less than the budget, every step is timed (K = 1). Set 0 for exact "
      "counts in every step (docs/metrics.md, 'Step sampling')."},
     {"FLARE_EXIT_FLUSH_SECONDS", "duration", "2", "exporter",
-     "At process exit, time given to send queued batches to the daemon; the rest is spooled."},
+     "At process exit, time given to send queued batches to the daemon (a rank not connected "
+     "then, e.g. in a backoff after a broken stream, makes one connection attempt at once "
+     "within it); the rest is spooled."},
     {"FLARE_BATCH_BYTES", "int", "65536", "exporter",
      "Size bound of a batch: records are sent (or spooled) once a batch's encoded records reach "
      "about this many bytes (1 KiB to 64 MiB)."},

@@ -247,15 +247,21 @@ void GrpcExporter::run() {
   pthread_sigmask(SIG_BLOCK, &all, nullptr);  // gRPC's threads inherit it
   pthread_setname_np(pthread_self(), "flare-export");
   int64_t backoff = options_.backoff_min_ns;
+  bool final_attempt = false;  // made at stop, while not connected
   for (;;) {
     bool refused = false;
     {
       std::lock_guard<std::mutex> lock(mu_);
       refused = stats_.refused;
-      // Stopping while not connected: spool the rest, unless no attempt was made yet (a short
-      // process whose first connection is still to come gets one, within the deadline).
-      const bool never_tried = stats_.streams_opened == 0 && stats_.connect_failures == 0;
-      if (stopping_ && (!never_tried || nowNs() >= stop_deadline_ns_)) break;
+      // Stopping while not connected, with something left to send: one more attempt within the
+      // deadline, made at once (a process that ends in the backoff after a daemon's hiccup
+      // still delivers; a daemon that is down costs one connect attempt), then the spool. For a
+      // short process whose first connection is still to come, that is its first.
+      if (stopping_) {
+        const bool pending = !queue_.empty() || stats_.spool_bytes > 0;
+        if (nowNs() >= stop_deadline_ns_ || !pending || final_attempt) break;
+        final_attempt = true;
+      }
     }
     if (!refused) {
       if (streamOnce()) backoff = options_.backoff_min_ns;
@@ -270,7 +276,7 @@ void GrpcExporter::run() {
       continue;
     }
     std::unique_lock<std::mutex> lock(mu_);
-    if (stopping_) break;
+    if (stopping_) continue;  // the loop's top: the final attempt, or the spool
     // Backoff with ±20 % jitter; meanwhile the memory queue is kept under half its bound.
     rng_ ^= rng_ << 13;
     rng_ ^= rng_ >> 7;

@@ -478,9 +478,10 @@ TEST_F(ExporterTest, ADaemonThatStopsReadingIsCancelledAndNothingIsLost) {
   EXPECT_LT(worst, 100'000'000) << "longest Sink call while the daemon did not read";
   service.stall = false;
   // The daemon reads again: the exporter reconnects after its backoff and replays what it
-  // spooled. shutdown() does not wait for a reconnect (at exit the queue goes to the spool), so
-  // the test does: called within the backoff (a loaded machine, CI 2026-11-28), it left the
-  // records in the spool, kept but not sent.
+  // spooled. The test waits for that before shutting down: shutdown() makes one connection
+  // attempt, within its deadline, whose replay and sending a loaded machine may not finish
+  // (CI 2026-11-28: called within the backoff, before that attempt existed, the records were
+  // left in the spool, kept but not sent).
   ASSERT_TRUE(waitFor(
       [&] {
         const ExporterStats st = exporter.stats();
@@ -495,6 +496,37 @@ TEST_F(ExporterTest, ADaemonThatStopsReadingIsCancelledAndNothingIsLost) {
   EXPECT_EQ(s.records_dropped, 0u);
   std::lock_guard<std::mutex> lock(service.mu);
   checkComplete(service.batches, static_cast<uint64_t>(fed), 2);
+}
+
+// A process that ends while its exporter waits out a backoff after the daemon's hiccup: the
+// daemon is back, and shutdown makes one attempt at once instead of spooling what a reconnect
+// would have sent (it used to: the records were kept, not delivered, until an upload).
+TEST_F(ExporterTest, ShutdownInTheBackoffAfterAHiccupStillDelivers) {
+  FakeIngest service;
+  FakeServer server(&service);
+  server.start();
+  const int port = server.port();
+  ExporterOptions o = options();
+  o.backoff_min_ns = 30'000'000'000;  // far longer than the test: only shutdown can reconnect
+  o.backoff_max_ns = 30'000'000'000;
+  GrpcExporter exporter(transportTo(server.address()), o);
+  announce(exporter, 2);
+  feed(exporter, 3000, 2);
+  ASSERT_TRUE(waitFor([&] { return exporter.stats().queue_bytes == 0; }));
+  server.stop();
+  ASSERT_TRUE(waitFor([&] { return !exporter.stats().connected; }));
+  feed(exporter, 3000, 2);
+  server.start(port);
+  const int64_t t0 = common::monotonicNs();
+  EXPECT_TRUE(exporter.shutdown(5'000'000'000));
+  EXPECT_LT(common::monotonicNs() - t0, 5'300'000'000);
+  const ExporterStats st = exporter.stats();
+  EXPECT_EQ(st.streams_opened, 2u);
+  EXPECT_EQ(st.send_failed + st.spool_dropped + st.records_dropped, 0u);
+  std::lock_guard<std::mutex> lock(service.mu);
+  Check c = checkComplete(service.batches, 6000, 2);
+  EXPECT_EQ(c.streams, 2u);
+  EXPECT_FALSE(std::filesystem::exists(exporter.spoolPath()));
 }
 
 TEST_F(ExporterTest, SpoolCapDropsAndCountsEveryLostRecord) {
