@@ -41,8 +41,7 @@ struct StepTurns {
   bool prev_measured = false;
   uint64_t prev_host_cost_ns = 0;
   uint64_t prev_records = 0;
-  double host_fraction = -1;  // < 0: no measured step yet
-  double gpu_fraction = -1;
+  timing::TimingCostEstimate cost;
   uint32_t k_budget = 0;      // 0: not chosen yet
   bool allowed_seen = false;  // a boundary met while step sampling could apply (summary mode)
 };
@@ -74,18 +73,20 @@ int64_t budgetSteps(StepTurns& s, int64_t boundary_ns, int64_t k_floor, double b
   const uint64_t records = t != nullptr ? t->eventRecords() : 0;
   const int64_t gap = t != nullptr ? t->eventGapNs() : 0;
   // From the step that starts at the 2nd boundary on: the first ones carry one-time costs
-  // (signatures interned, the event pool grown).
+  // (signatures interned, the event pool grown). K is chosen once the estimate has
+  // TimingCostEstimate::kMinSteps steps (the warm-up's measured steps; until then K = the floor).
   if (s.prev_measured && s.seen >= 2 && boundary_ns > s.prev_boundary_ns) {
     const double step_ns = static_cast<double>(boundary_ns - s.prev_boundary_ns);
-    const auto average = [](double avg, double f) { return avg < 0 ? f : 0.7 * avg + 0.3 * f; };
-    s.host_fraction =
-        average(s.host_fraction, static_cast<double>(host - s.prev_host_cost_ns) / step_ns);
     // The step's event records, each one gap as measured by now (the first estimate may come
     // within the step).
-    s.gpu_fraction =
-        average(s.gpu_fraction, static_cast<double>(records - s.prev_records) *
-                                    static_cast<double>(std::max<int64_t>(gap, 0)) / step_ns);
-    const double cost = s.host_fraction + s.gpu_fraction;
+    s.cost.addStep(static_cast<double>(host - s.prev_host_cost_ns) / step_ns,
+                   static_cast<double>(records - s.prev_records) *
+                       static_cast<double>(std::max<int64_t>(gap, 0)) / step_ns);
+  }
+  if (s.prev_measured && s.cost.ready()) {
+    const double host_fraction = s.cost.hostFraction();
+    const double gpu_fraction = s.cost.gpuFraction();
+    const double cost = host_fraction + gpu_fraction;
     const uint32_t k =
         timing::nextStepsForBudget(cost, budget_pct, static_cast<uint32_t>(k_floor), s.k_budget);
     if (k != s.k_budget) {
@@ -96,7 +97,7 @@ int64_t budgetSteps(StepTurns& s, int64_t boundary_ns, int64_t k_floor, double b
           "({:.2f}% the launching threads' time, {:.2f}% the GPU time of the event records); "
           "timing one step in {} (every op of it){}",
           budget_pct, timingBudgetByDefault() ? " (the default in summary mode)" : "", 100 * cost,
-          100 * s.host_fraction, 100 * s.gpu_fraction, k,
+          100 * host_fraction, 100 * gpu_fraction, k,
           gap > 0 ? ""
                   : "; the event gap is not measured (not yet, or FLARE_EVENT_GAP_CORRECTION=0):"
                     " the records' GPU time is not counted");

@@ -73,6 +73,18 @@ uint32_t stepsForBudget(double cost_fraction, double budget_pct, uint32_t k_min)
   return k;
 }
 
+void TimingCostEstimate::addStep(double host_fraction, double gpu_fraction) {
+  host_[steps_ % kHostWindow] = host_fraction;
+  ++steps_;
+  gpu_ = gpu_ < 0 ? gpu_fraction : 0.7 * gpu_ + 0.3 * gpu_fraction;
+}
+
+double TimingCostEstimate::hostFraction() const {
+  const size_t n = std::min(steps_, kHostWindow);
+  if (n == 0) return 0;
+  return *std::min_element(host_, host_ + n);
+}
+
 uint32_t nextStepsForBudget(double cost_fraction, double budget_pct, uint32_t k_min,
                             uint32_t current) {
   const uint32_t k = stepsForBudget(cost_fraction, budget_pct, k_min);

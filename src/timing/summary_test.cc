@@ -738,5 +738,30 @@ TEST(StepDecisions, TheBudgetsKRisesAtOnceAndFallsOnlyWithAMargin) {
   EXPECT_EQ(nextStepsForBudget(0.004, 0.5, 4, 64), 4u);  // never below the floor
 }
 
+// The cost estimate behind the budget: a step whose launching threads were preempted inside the
+// Tracer reads high (wall time) and does not set K; the host share is the least of the last 4
+// steps', the GPU share a moving average; no estimate before 2 steps.
+TEST(StepDecisions, ThePreemptedStepsReadingDoesNotSetK) {
+  TimingCostEstimate e;
+  EXPECT_FALSE(e.ready());
+  e.addStep(0.0898, 0.0);  // the first measured step, on a loaded host: 8.98%
+  EXPECT_FALSE(e.ready());
+  e.addStep(0.0030, 0.0);
+  ASSERT_TRUE(e.ready());
+  EXPECT_DOUBLE_EQ(e.hostFraction(), 0.0030);
+  EXPECT_EQ(nextStepsForBudget(e.hostFraction() + e.gpuFraction(), 0.5, 1, 0), 1u);
+  // A steady host reading rises with the job (a new phase): once every step of the window shows
+  // it, the estimate follows.
+  for (int i = 0; i < 3; ++i) e.addStep(0.02, 0.0);
+  EXPECT_DOUBLE_EQ(e.hostFraction(), 0.0030);  // the window still holds the 0.30%
+  e.addStep(0.02, 0.0);
+  EXPECT_DOUBLE_EQ(e.hostFraction(), 0.02);
+  // The GPU share: a moving average, weight 0.3 to the newest.
+  TimingCostEstimate g;
+  g.addStep(0.001, 0.02);
+  g.addStep(0.001, 0.03);
+  EXPECT_DOUBLE_EQ(g.gpuFraction(), 0.7 * 0.02 + 0.3 * 0.03);
+}
+
 }  // namespace
 }  // namespace flare::timing
