@@ -169,8 +169,10 @@ TEST(SimNccl, SlowLinkSlowsTheWholeRing) {
   auto ms = runRanks({{"FLARE_SIM_LINK_FACTOR", "3:0.25"}},
                      [&](int rank, ncclUniqueId id) { return timedAllReduce(rank, id, bytes, 0); });
   for (int r = 0; r < kRanks; ++r) {
-    EXPECT_GT(ms[r], modelMs(bytes, 0.25) * 0.95) << "rank " << r;
-    EXPECT_LT(ms[r], modelMs(bytes, 0.25) + 60) << "rank " << r;
+    EXPECT_GT(ms[r], modelMs(bytes, 0.25) * 0.95) << "rank " << r;  // 4x the healthy ring's
+    // Not stuck: a loaded 2-core host can deschedule a rank's stream thread for tens of ms
+    // (2026-11-28: +60 ms of slack failed once beside a ctest -j2).
+    EXPECT_LT(ms[r], modelMs(bytes, 0.25) + 250) << "rank " << r;
   }
 }
 

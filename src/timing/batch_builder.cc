@@ -125,7 +125,27 @@ BatchBuilder::BatchBuilder(int rank, BatchBuilderOptions options, Emit emit)
 
 void BatchBuilder::pullStepDecisions() {
   std::vector<StepDecision> d = options_.step_decisions();
-  if (!d.empty()) decisions_.add(std::move(d));
+  if (d.empty()) return;
+  std::vector<CompletedOp> confirmed;  // a measured step's ops, for the steps before it
+  for (const StepDecision& one : d) measured_ops_.noteDecision(one, &confirmed);
+  for (const CompletedOp& op : confirmed) aggregator_.add(op);
+  decisions_.add(std::move(d));
+}
+
+void BatchBuilder::addTailSteps() {
+  pullStepDecisions();
+  const uint32_t tail = measured_ops_.tailSteps();
+  if (tail == 0) return;
+  if (!measured_ops_.complete()) {
+    common::logOnce(common::LogLevel::kWarn, "timing", "step-sampling-tail",
+                    "flare: the {} step(s) sampled out after the last measured one are not in "
+                    "the kernel summaries: that step timed more than {} ops, more than are kept "
+                    "to stand for them",
+                    tail, MeasuredStepOps::kMaxOps);
+    return;
+  }
+  for (const CompletedOp& op : measured_ops_.tailOps()) aggregator_.add(op);
+  measured_ops_.reset();
 }
 
 void BatchBuilder::readRunQueue() {
@@ -179,6 +199,7 @@ bool BatchBuilder::summarizing() {
   setStepSamplingAllowed(summarize);
   if (summarize != accumulating_) {
     steps_.reset();  // a mode change starts the per-step figures afresh
+    measured_ops_.reset();
     accumulating_ = summarize;
   }
   return summarize;
@@ -194,20 +215,28 @@ void BatchBuilder::addOps(std::span<const CompletedOp> ops) {
         steps_.addGpuOp(op.issue_ns, op.start_ns, op.end_ns, op.info.kind == OpKind::kKernel,
                         op.thread_id, op.info.weight);
         if (!decisions_.empty() && stepSampledKind(op.info.kind) &&
-            !(op.info.flags & kOpFirstCalls)) {
+            (op.info.flags & kOpFirstCalls)) {
+          measured_ops_.credit(op, decisions_.inForceAt(op.issue_ns));
+        } else if (!decisions_.empty() && !stepSampledKind(op.info.kind)) {
+          measured_ops_.noteEveryStepOp(decisions_.inForceAt(op.issue_ns));
+        } else if (!decisions_.empty()) {
           // Step sampling: a timed op of a measured step stands for its kind of work in the
-          // steps sampled out before it too (the kernel summaries' counts, time, FLOPs, bytes);
-          // a signature's first calls stand for themselves.
-          if (const uint32_t steps = decisions_.weightAt(op.issue_ns); steps > 1) {
+          // steps sampled out before it too (the kernel summaries' counts, time, FLOPs, bytes)
+          // once the next boundary confirms it a step, and the last such step's for those no
+          // measured step stands for (finish(); MeasuredStepOps), less what a signature's
+          // first calls, timed in any step and each standing for itself, already hold.
+          if (const uint64_t weight = measured_ops_.offer(op, decisions_.inForceAt(op.issue_ns));
+              weight != op.info.weight) {
             CompletedOp weighted = op;
-            weighted.info.weight = static_cast<uint16_t>(
-                std::min<uint64_t>(uint64_t{op.info.weight} * steps, UINT16_MAX));
+            weighted.info.weight = static_cast<uint16_t>(std::min<uint64_t>(weight, UINT16_MAX));
             aggregator_.add(weighted);
             continue;
           }
         }
       } else if (auto it = syncs_.find(op.info.signature_id); it != syncs_.end()) {
         sync = &it->second;
+        if (!sync->marker && !decisions_.empty())
+          measured_ops_.noteEveryStepOp(decisions_.inForceAt(op.issue_ns));
         if (sync->marker) {
           steps_.addStepMarker(op.start_ns);
           noteStepBoundary();
@@ -454,7 +483,10 @@ void BatchBuilder::setDevice(const DeviceDescription& device) {
 }
 
 void BatchBuilder::finish() {
-  if (accumulating_) addStepStats(true);
+  if (accumulating_) {
+    addTailSteps();
+    addStepStats(true);
+  }
   flush();
 }
 

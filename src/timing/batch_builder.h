@@ -108,7 +108,10 @@ class BatchBuilder {
   void addSummaries();            // the aggregator's open window, as KernelSummary messages
   void addStepStats(bool final);  // MODE_SUMMARY: the accumulator's completed steps
   void pullStepDecisions();       // step sampling's new decisions into decisions_
-  void noteStepBoundary();        // MODE_SUMMARY: closes the warm-up's summary windows
+  // MODE_SUMMARY's last flush: the sampled-out steps no measured step stood for, in the kernel
+  // summaries (MeasuredStepOps).
+  void addTailSteps();
+  void noteStepBoundary();  // MODE_SUMMARY: closes the warm-up's summary windows
   void summarizeSpans(std::span<const CompletedSpan> spans);  // MODE_SUMMARY: host events, steps
   void readRunQueue();         // MODE_SUMMARY: the issuing threads' run-queue wait, when due
   void addRunQueueReadings();  // MODE_RAW: the same, as RunQueueReading records, when due
@@ -129,8 +132,9 @@ class BatchBuilder {
   flare::v1::KernelRecord scratch_;                           // a collective being added to a block
   std::unordered_map<uint32_t, uint64_t> collective_counts_;  // signature id → count (shape[0])
   records::StepAccumulator steps_;                            // MODE_SUMMARY's per-step statistics
-  StepDecisions decisions_;    // step sampling: which steps were timed, and their weights
-  bool accumulating_ = false;  // the mode of the last addOps/addSpans
+  StepDecisions decisions_;       // step sampling: which steps were timed, and their weights
+  MeasuredStepOps measured_ops_;  // step sampling: which ops stand for the sampled-out steps
+  bool accumulating_ = false;     // the mode of the last addOps/addSpans
   // Asks summary_mode(); a change of mode resets the step accumulator. True: MODE_SUMMARY.
   bool summarizing();
   int boundaries_seen_ = 0;              // MODE_SUMMARY step boundaries seen, up to 2

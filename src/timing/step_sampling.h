@@ -16,7 +16,10 @@
 #pragma once
 
 #include <atomic>
+#include <climits>
 #include <cstdint>
+#include <map>
+#include <unordered_map>
 #include <vector>
 
 #include "src/timing/timing.h"
@@ -114,12 +117,106 @@ class StepDecisions {
   // issued in; 1 before the first decision or in a sampled-out step (an op timed there stands
   // for itself).
   uint32_t weightAt(int64_t issue_ns) const;
+  // The decision in force at `t` (the latest at or before it); nullptr before the first.
+  const StepDecision* inForceAt(int64_t t) const;
   // Forgets decisions superseded before `before_ns` (the latest one at or before it is kept).
   void forgetBefore(int64_t before_ns);
   size_t size() const { return decisions_.size(); }
 
  private:
   std::vector<StepDecision> decisions_;  // boundary order
+};
+
+// Which ops stand for the steps sampled out, and for how many. The decision at the last boundary
+// a process meets governs what runs after it, which may be no step (after the DataLoader's
+// StopIteration, the code after the loop) or the loop's last step (flare_step() at each step's
+// start). So a measured step stands for the sampled-out steps before it only once the next
+// boundary confirms it a step; until then its ops count once and are kept (at the next boundary
+// they are added again for the steps before it). At the last flush the sampled-out steps that no
+// confirmed measured step stands for (those before a measured last boundary, or after the last
+// measured step; the last boundary's own when lastIsStep()) are stood for by the last confirmed
+// measured step: its kept ops, added once more for those steps, moved to the first of them (after
+// every window already sent).
+//
+// A signature's first calls on a thread are timed in a sampled-out step too (the hook:
+// signatureFirstCalls) and count once each: they are credited to their signature, and the
+// measured step that stands for their steps adds only what the credit does not already hold (its
+// calls times the steps, less the credit), so that a shape whose first calls ran into a
+// sampled-out step is not counted twice there.
+//
+// Without it (2026-11-28): a job that ended in sampled-out steps had them missing from the kernel
+// summaries (the clean-checkout CI's 6-step job lost half its kernels, so its issue-latency
+// regression named cudaStreamWaitEvent, counted in every step, rather than the
+// cudaDeviceSynchronize it injected); a measured last boundary multiplied the ops after the loop by
+// its weight; the pytorch-like job's GEMMs came out 0.5% over (a shape's 7th and 8th calls, in
+// the first sampled-out step, counted twice).
+//
+// Keeps the ops of the step-sampled kinds (not a signature's first calls, which stand for
+// themselves) of two steps, at most kMaxOps each: beyond it, an unconfirmed step's ops are counted
+// as if confirmed, and the tail is not added (complete() false; the BatchBuilder says so once).
+// Not thread-safe (the BatchBuilder's).
+class MeasuredStepOps {
+ public:
+  static constexpr size_t kMaxOps = size_t{1} << 17;  // ~7 MB at most per step, reused
+  // A decision the hook took, as pulled. When it confirms the latest measured step, that step's
+  // ops counted once so far go to `add_now`, weighted for the sampled-out steps before it.
+  void noteDecision(const StepDecision& d, std::vector<CompletedOp>* add_now);
+  // An op of a step-sampled kind (not a first call) with the decision in force at its issue: the
+  // weight it is added with now (its own in a sampled-out step or a measured step not confirmed
+  // yet; in a confirmed one, the rest too, less the credit of its signature).
+  uint64_t offer(const CompletedOp& op, const StepDecision* in_force);
+  // A signature's first call (kOpFirstCalls) with the decision in force at its issue: credited
+  // when that step was sampled out.
+  void credit(const CompletedOp& op, const StepDecision* in_force);
+  // An op timed in every step (a collective, p2p, graph launch or synchronization other than the
+  // step marker), with the decision in force at its issue: counted per step, to tell whether what
+  // follows the last boundary is a step (lastIsStep()).
+  void noteEveryStepOp(const StepDecision* in_force);
+  // Whether the last boundary, sampled out, started a step (a loop whose flare_step() or
+  // next(loader) comes at each step's start) rather than what follows a loop (the DataLoader's
+  // StopIteration, a loop that breaks after its last batch): it issued at least half as many of
+  // the ops timed in every step as the last confirmed measured step did. Without any such op in
+  // that step (one GPU, no synchronization), no.
+  bool lastIsStep() const;
+  // The last flush: the sampled-out steps no confirmed measured step stands for, and the last
+  // confirmed measured step's ops standing for them (less their credit). Call tailOps() once.
+  uint32_t tailSteps() const;
+  std::vector<CompletedOp> tailOps();
+  bool complete() const { return !confirmed_.overflow; }
+  size_t keptOps() const { return confirmed_.ops.size() + latest_.ops.size(); }
+  void reset() { *this = MeasuredStepOps(); }
+
+ private:
+  struct Kept {
+    uint64_t flops = 0, bytes = 0, stream_id = 0;
+    int64_t start_ns = 0, end_ns = 0;  // from the step's boundary
+    uint32_t signature_id = 0;
+    int32_t device = 0;
+    uint16_t weight = 1;
+    OpKind kind = OpKind::kKernel;
+  };
+  struct Step {
+    bool any = false;
+    StepDecision decision;
+    int64_t previous_measured_ns = INT64_MIN;  // the measured boundary before it
+    std::vector<Kept> ops;
+    bool overflow = false;
+    bool keep(const CompletedOp& op);  // false when full
+  };
+  // Takes up to `want` of `signature`'s credit from the sampled-out steps in (after_ns, before_ns).
+  uint64_t takeCredit(uint32_t signature, int64_t after_ns, int64_t before_ns, uint64_t want);
+  static CompletedOp restore(const Kept& k, int64_t at_ns, uint64_t weight);
+  Step confirmed_;  // the last measured step a later boundary confirmed
+  Step latest_;     // the measured step at the latest boundary, not confirmed yet
+  bool any_decision_ = false;
+  int64_t latest_ns_ = 0;                 // the latest boundary pulled
+  int64_t last_measured_ns_ = INT64_MIN;  // the latest measured boundary pulled
+  uint32_t after_confirmed_ = 0;          // boundaries pulled after confirmed_'s
+  int64_t first_after_ns_ = 0;            // the first of them
+  // Sampled-out step's boundary → signature → first calls timed in it (few: first calls end).
+  std::map<int64_t, std::unordered_map<uint32_t, uint64_t>> credits_;
+  // Step's boundary → ops timed in every step issued in it (from the confirmed step on).
+  std::map<int64_t, uint64_t> every_step_ops_;
 };
 
 }  // namespace flare::timing

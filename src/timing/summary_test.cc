@@ -687,8 +687,170 @@ TEST(BatchBuilderSummary, StepSamplingCountsASignaturesFirstCallsOnce) {
       for (const auto& c : ks.clusters()) count += c.count();
     }
   }
-  // Steps 4 and 6's first calls once each; step 6's later call for the 3 steps it stands for.
-  EXPECT_EQ(count, 1u + 1u + 3u);
+  // Steps 4 and 6's first calls once each; step 6's later call for the 3 steps it stands for,
+  // less the call step 4's first call already counted (its signature's credit).
+  EXPECT_EQ(count, 1u + 1u + (3u - 1u));
+}
+
+// As the hook decides: at every boundary, the last one included. Steps 0-3 measured, 4-5 out, 6
+// measured (for 3), 7-9 out, then the last boundary, sampled out or measured (for 4), after which
+// runs either the loop's last step (flare_step() at each step's start: 5 kernels and the step's
+// all-reduce, timed in every step) or what follows a loop (2 kernels of its own, no all-reduce).
+// Each measured step's kernels count for the steps before it once the next boundary confirms it a
+// step; the steps after step 6 are stood for by step 6 at the last flush, in a window after every
+// one already sent; what follows a loop counts once, and only where measured. The decisions come
+// as the hook takes them (one per boundary) or all at once.
+TEST(BatchBuilderSummary, StepSamplingCountsEveryStepWhereverTheJobEnds) {
+  const int64_t t0 = 1'000'000'000;
+  constexpr int64_t kStep = 1'000'000;
+  constexpr int kSteps = 10, kKernels = 5;
+  const std::vector<bool> steps_measured = {true,  true, true,  true,  false,
+                                            false, true, false, false, false};
+  for (const bool last_is_step : {false, true}) {
+    for (const bool last_measured : {false, true}) {
+      for (const bool one_at_a_time : {true, false}) {
+        SCOPED_TRACE(::testing::Message()
+                     << "last boundary starts a step " << last_is_step << ", measured "
+                     << last_measured << "; decisions one at a time " << one_at_a_time);
+        std::vector<bool> measured = steps_measured;
+        measured.push_back(last_measured);
+        std::vector<StepDecision> all = stepDecisions(measured, t0, kStep), pending;
+        if (!one_at_a_time) pending = all;
+        std::vector<flare::v1::RecordBatch> out;
+        BatchBuilder builder = stepSampledBuilder(pending, out);
+        builder.addSignature(1, makeSig("elementwise_kernel", OpKind::kKernel));
+        builder.addSignature(2, makeSig(FLARE_STEP_MARKER_NAME, OpKind::kSync));
+        builder.addSignature(3, makeSig("ncclAllReduce", OpKind::kCollective));
+        builder.addSignature(5, makeSig("after_the_loop", OpKind::kKernel));
+        for (int s = 0; s <= kSteps; ++s) {
+          const auto i = static_cast<size_t>(s);
+          if (one_at_a_time) pending.push_back(all[i]);
+          const int64_t b = t0 + s * kStep;
+          const bool a_step = s < kSteps || last_is_step;
+          std::vector<CompletedOp> ops;
+          CompletedOp marker;
+          marker.info = info(2, OpKind::kSync);
+          marker.issue_ns = marker.start_ns = marker.end_ns = b;
+          ops.push_back(marker);
+          for (int k = 0; measured[i] && k < (a_step ? kKernels : 2); ++k) {
+            CompletedOp op;
+            op.info = info(a_step ? 1 : 5, OpKind::kKernel);
+            op.info.flops = 100;
+            op.issue_ns = b + 10'000 + k * 50'000;
+            op.start_ns = op.issue_ns + 5'000;
+            op.end_ns = op.start_ns + 20'000;
+            ops.push_back(op);
+          }
+          if (a_step) {
+            CompletedOp coll;
+            coll.info = info(3, OpKind::kCollective);
+            coll.info.comm_hash = 9;
+            coll.info.seq = i;
+            coll.info.nranks = 2;
+            coll.issue_ns = b + 600'000;
+            coll.start_ns = coll.issue_ns + 1'000;
+            coll.end_ns = coll.start_ns + 100'000;
+            ops.push_back(coll);
+          }
+          builder.addOps(ops);
+          builder.flush();  // every step's window sent before the next
+        }
+        const size_t sent = out.size();
+        builder.finish();
+        std::map<uint32_t, uint64_t> count, flops;
+        uint64_t at_finish = 0;
+        int64_t tail_start = INT64_MAX;
+        for (size_t n = 0; n < out.size(); ++n) {
+          for (const auto& ks : out[n].summaries()) {
+            uint64_t c = 0;
+            for (const auto& cl : ks.clusters()) c += cl.count();
+            count[ks.signature_id()] += c;
+            flops[ks.signature_id()] += ks.flops();
+            if (n >= sent && ks.signature_id() == 1) {
+              at_finish += c;
+              tail_start = std::min(tail_start, ks.window_start_ns());
+            }
+          }
+        }
+        const uint64_t steps = kSteps + (last_is_step ? 1 : 0);
+        EXPECT_EQ(count[1], steps * kKernels);
+        EXPECT_EQ(flops[1], 100u * steps * kKernels);
+        EXPECT_EQ(count[5], !last_is_step && last_measured ? 2u : 0u);  // after the loop: once
+        // Steps 7-9 (and the last one, sampled out), from step 6's kernels.
+        EXPECT_EQ(at_finish, (3u + (last_is_step && !last_measured ? 1u : 0u)) * kKernels);
+        EXPECT_GE(tail_start, t0 + 7 * kStep);
+      }
+    }
+  }
+}
+
+// MeasuredStepOps: a measured step counts once until the next boundary confirms it, the steps
+// no measured step stands for at the end, a signature's first calls in a sampled-out step
+// credited, decisions pulled out of order, a step too large to keep.
+TEST(StepDecisions, AMeasuredStepStandsForTheStepsBeforeItOnceConfirmed) {
+  auto op = [](int64_t start, uint32_t signature = 7) {
+    CompletedOp o;
+    o.info.kind = OpKind::kKernel;
+    o.info.signature_id = signature;
+    o.info.weight = 2;  // 1-in-N sampled: stands for 2 launches
+    o.issue_ns = start - 1;
+    o.start_ns = start;
+    o.end_ns = start + 10;
+    return o;
+  };
+  MeasuredStepOps m;
+  std::vector<CompletedOp> now;
+  const StepDecision m100{100, true, 1}, o200{200, false, 1}, o300{300, false, 1},
+      m400{400, true, 3}, o500{500, false, 1};
+  m.noteDecision(m100, &now);
+  EXPECT_EQ(m.offer(op(150), &m100), 2u);  // not confirmed: its own weight
+  EXPECT_EQ(m.offer(op(150), nullptr), 2u);
+  m.noteDecision(o300, &now);  // confirms step 100 (weight 1: nothing more to add)
+  EXPECT_TRUE(now.empty());
+  m.noteDecision(o200, &now);              // pulled late: another step after step 100
+  EXPECT_EQ(m.offer(op(250), &o200), 2u);  // a sampled-out step's op stands for itself
+  EXPECT_EQ(m.offer(op(160), &m100), 2u);  // confirmed, weight 1
+  EXPECT_EQ(m.keptOps(), 2u);
+  // Ending here: steps 200 and 300's boundaries follow step 100; 300's is the last (no step).
+  EXPECT_EQ(m.tailSteps(), 1u);
+  {
+    MeasuredStepOps ending = m;
+    auto tail = ending.tailOps();
+    ASSERT_EQ(tail.size(), 2u);
+    EXPECT_EQ(tail[0].info.weight, 2u);  // its weight 2, for 1 step
+    EXPECT_EQ(tail[0].start_ns, 250);    // step 100's op at +50, moved to the first step after it
+    EXPECT_EQ(tail[1].start_ns, 260);
+  }
+  // Signature 7's first call in step 300 (weight 1) and signature 8's (which step 400 lacks).
+  CompletedOp first = op(350);
+  first.info.weight = 1;
+  m.credit(first, &o300);
+  m.credit(op(350, 8), &o300);
+  m.credit(op(150), &m100);    // a first call in a measured step stands for itself: no credit
+  m.noteDecision(m400, &now);  // measured, standing for 200, 300 and itself once confirmed
+  EXPECT_EQ(m.offer(op(450), &m400), 2u);
+  EXPECT_EQ(m.tailSteps(), 2u);  // ending here: 200 and 300 stood for by step 100
+  m.noteDecision(o500, &now);    // confirms step 400: its op again for the 2 steps before it
+  ASSERT_EQ(now.size(), 1u);
+  EXPECT_EQ(now[0].info.weight, 3u);  // 2 steps of weight 2, less the first call already counted
+  EXPECT_EQ(now[0].start_ns, 450);    // where it ran
+  EXPECT_EQ(m.offer(op(460), &m400), 6u);  // confirmed: for its 3 steps at once, no credit left
+  EXPECT_EQ(m.tailSteps(), 0u);            // 500's boundary is the last: no step after step 400
+  m.noteEveryStepOp(&m400);                // step 400's all-reduce and synchronization
+  m.noteEveryStepOp(&m400);
+  m.noteEveryStepOp(&o500);  // one after the last boundary: half as many, a step
+  EXPECT_TRUE(m.lastIsStep());
+  EXPECT_EQ(m.tailSteps(), 1u);
+  m.noteEveryStepOp(&m400);  // 1 of 3: what follows a loop
+  EXPECT_FALSE(m.lastIsStep());
+  EXPECT_EQ(m.tailSteps(), 0u);
+  for (size_t i = 0; i <= MeasuredStepOps::kMaxOps; ++i) m.offer(op(470), &m400);
+  EXPECT_FALSE(m.complete());
+  m.reset();
+  const StepDecision m600{600, true, 3};
+  m.noteDecision(m600, &now);
+  for (size_t i = 0; i < MeasuredStepOps::kMaxOps; ++i) EXPECT_EQ(m.offer(op(650), &m600), 2u);
+  EXPECT_EQ(m.offer(op(650), &m600), 6u);  // full, not confirmed: counted as if confirmed
 }
 
 TEST(StepDecisions, AStepIsMeasuredOnlyIfNoPartOfItWasSampledOut) {
