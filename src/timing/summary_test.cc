@@ -562,6 +562,26 @@ BatchBuilder stepSampledBuilder(std::vector<StepDecision>& pending,
   return BatchBuilder(0, opts, [&out](flare::v1::RecordBatch&& b) { out.push_back(std::move(b)); });
 }
 
+// A step's ops at boundary `b`: its marker, and its all-reduce (signature 3, timed in every
+// step) at b + 600 us.
+CompletedOp stepMarker(int64_t b) {
+  CompletedOp marker;
+  marker.info = info(2, OpKind::kSync);
+  marker.issue_ns = marker.start_ns = marker.end_ns = b;
+  return marker;
+}
+CompletedOp stepAllReduce(int64_t b, uint64_t step) {
+  CompletedOp coll;
+  coll.info = info(3, OpKind::kCollective);
+  coll.info.comm_hash = 9;
+  coll.info.seq = step;
+  coll.info.nranks = 2;
+  coll.issue_ns = b + 600'000;
+  coll.start_ns = coll.issue_ns + 1'000;
+  coll.end_ns = coll.start_ns + 100'000;
+  return coll;
+}
+
 // Step sampling (FLARE_SAMPLE_STEPS, step_sampling.h): the hook's decisions at the step
 // boundaries say which steps were timed. A sampled-out step leaves with its times only
 // (sampled_out, GPU figures 0); a measured step's figures are its own ops' (exact); the kernel
@@ -582,11 +602,7 @@ TEST(BatchBuilderSummary, StepSamplingSendsSampledOutStepsWithTheirTimesOnly) {
   builder.addSignature(3, makeSig("ncclAllReduce", OpKind::kCollective));
   for (int s = 0; s <= kSteps; ++s) {
     const int64_t b = t0 + s * kStep;
-    std::vector<CompletedOp> ops;
-    CompletedOp marker;
-    marker.info = info(2, OpKind::kSync);
-    marker.issue_ns = marker.start_ns = marker.end_ns = b;
-    ops.push_back(marker);
+    std::vector<CompletedOp> ops = {stepMarker(b)};
     if (s < kSteps) {
       if (measured[s]) {  // a sampled-out step's kernels were never timed: no op reaches here
         for (int k = 0; k < kKernels; ++k) {
@@ -598,15 +614,7 @@ TEST(BatchBuilderSummary, StepSamplingSendsSampledOutStepsWithTheirTimesOnly) {
           ops.push_back(op);
         }
       }
-      CompletedOp coll;
-      coll.info = info(3, OpKind::kCollective);
-      coll.info.comm_hash = 9;
-      coll.info.seq = static_cast<uint64_t>(s);
-      coll.info.nranks = 2;
-      coll.issue_ns = b + 600'000;
-      coll.start_ns = coll.issue_ns + 1'000;
-      coll.end_ns = coll.start_ns + 100'000;
-      ops.push_back(coll);
+      ops.push_back(stepAllReduce(b, static_cast<uint64_t>(s)));
     }
     builder.addOps(ops);
   }
@@ -661,11 +669,7 @@ TEST(BatchBuilderSummary, StepSamplingCountsASignaturesFirstCallsOnce) {
   builder.addSignature(4, makeSig("eval_gemm", OpKind::kGemm));
   for (size_t s = 0; s <= measured.size(); ++s) {
     const int64_t b = t0 + static_cast<int64_t>(s) * kStep;
-    std::vector<CompletedOp> ops;
-    CompletedOp marker;
-    marker.info = info(2, OpKind::kSync);
-    marker.issue_ns = marker.start_ns = marker.end_ns = b;
-    ops.push_back(marker);
+    std::vector<CompletedOp> ops = {stepMarker(b)};
     for (bool first : {true, false}) {
       if (s != 4 && s != 6) break;
       if (!first && s == 4) break;  // a sampled-out step times only the first calls
@@ -727,11 +731,7 @@ TEST(BatchBuilderSummary, StepSamplingCountsEveryStepWhereverTheJobEnds) {
           if (one_at_a_time) pending.push_back(all[i]);
           const int64_t b = t0 + s * kStep;
           const bool a_step = s < kSteps || last_is_step;
-          std::vector<CompletedOp> ops;
-          CompletedOp marker;
-          marker.info = info(2, OpKind::kSync);
-          marker.issue_ns = marker.start_ns = marker.end_ns = b;
-          ops.push_back(marker);
+          std::vector<CompletedOp> ops = {stepMarker(b)};
           for (int k = 0; measured[i] && k < (a_step ? kKernels : 2); ++k) {
             CompletedOp op;
             op.info = info(a_step ? 1 : 5, OpKind::kKernel);
@@ -741,17 +741,7 @@ TEST(BatchBuilderSummary, StepSamplingCountsEveryStepWhereverTheJobEnds) {
             op.end_ns = op.start_ns + 20'000;
             ops.push_back(op);
           }
-          if (a_step) {
-            CompletedOp coll;
-            coll.info = info(3, OpKind::kCollective);
-            coll.info.comm_hash = 9;
-            coll.info.seq = i;
-            coll.info.nranks = 2;
-            coll.issue_ns = b + 600'000;
-            coll.start_ns = coll.issue_ns + 1'000;
-            coll.end_ns = coll.start_ns + 100'000;
-            ops.push_back(coll);
-          }
+          if (a_step) ops.push_back(stepAllReduce(b, i));
           builder.addOps(ops);
           builder.flush();  // every step's window sent before the next
         }
