@@ -263,6 +263,13 @@ def test_the_machines_readings_of_a_window():
     clocks = overhead.noise("gpt-small", windows, ["bare", "flare-summary"])["clocks"]
     assert clocks["steal_pct"] == {"min": 0.0, "max": 10.0, "r_with_bare_step": pytest.approx(1)}
     assert clocks["run_delay_pct"]["r_with_bare_step"] is None  # no spread: no r
+    # A reading no window has is said under the table, not left as a missing column.
+    assert overhead.unread_notes(windows) == [] and overhead.unread_notes([]) == []
+    unread = overhead.unread_notes([{"arm": "bare", "mean_ms": 10.0}])
+    assert len(unread) == 2 and "/proc/stat" in unread[0] and "schedstat" in unread[1]
+    meta = {"window_s": 0.5, "cpus": "", "idle_cpus": "", "threads": 1, "rounds_note": "0",
+            "clock_notes": unread}
+    assert "stolen CPU time not recorded" in overhead.markdown("H200", {}, meta)
 
 
 def test_the_ratio_spread_says_how_many_rounds_the_budget_needs():

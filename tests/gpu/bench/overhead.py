@@ -191,6 +191,22 @@ class Clocks:
             self.note.append("nvidia-smi gave no reading")
 
 
+def unread_notes(windows):
+    """What the windows lack of the machine's readings that a window takes itself (the clocks
+    say theirs): the cores' stolen time (/proc/stat) and the worker's wait for a CPU (its
+    schedstat). Said once under the table, so that a missing column is not read as none."""
+    if not windows:
+        return []
+    notes = []
+    if not any("steal_pct" in w for w in windows):
+        notes.append("stolen CPU time not recorded (/proc/stat unreadable, or without the "
+                     "measurement cores)")
+    if not any("run_delay_pct" in w for w in windows):
+        notes.append("the worker's wait for a CPU not recorded (no /proc/thread-self/schedstat "
+                     "in the worker)")
+    return notes
+
+
 def correlation(xs, ys):
     """Pearson's r of two equal-length lists, or None (fewer than 5 pairs, or no spread)."""
     if len(xs) < 5:
@@ -548,7 +564,7 @@ def main():
 
     def write():
         meta = {"window_s": args.window_s, "cpus": args.cpus, "idle_cpus": args.idle_cpus,
-                "threads": args.threads, "clock_notes": clocks.note,
+                "threads": args.threads, "clock_notes": clocks.note + unread_notes(windows),
                 "rounds_note": "/".join(str(max((r.get("rounds", 0) for r in
                                                  e.get("arms", {}).values()), default=0))
                                         for e in summary.values()) or "0"}
