@@ -15,8 +15,11 @@
 #include <deque>
 #include <mutex>
 
+#include "flare/step.h"
 #include "src/common/clock.h"
+#include "src/timing/batch_builder.h"
 #include "src/timing/run_queue.h"
+#include "src/timing/step_sampling.h"
 #include "src/timing/timing.h"
 
 namespace flare::timing {
@@ -123,6 +126,86 @@ void runQueueReading(benchmark::State& state) {
   if (reader.off()) state.SkipWithError("no schedstat");
 }
 BENCHMARK(runQueueReading);
+
+// The poller thread's cost per op of MODE_SUMMARY's BatchBuilder (aggregation, step statistics,
+// encoding), with step sampling's bookkeeping (MeasuredStepOps: which ops stand for the
+// sampled-out steps) or without it. Steps of 1000 kernels over 4 signatures, an all-reduce and a
+// step marker; Arg: K (0: no step sampling; 1: every step measured, decisions taken; 4: one step
+// in 4 measured, the others' kernels never reach the poller). Per op of the steps as launched.
+void summaryStepSampling(benchmark::State& state) {
+  const auto k = static_cast<int>(state.range(0));
+  constexpr int kKernels = 1000;
+  constexpr int64_t kStepNs = 10'000'000;
+  std::vector<StepDecision> pending;
+  BatchBuilderOptions opts;
+  opts.summary_mode = [] { return true; };
+  opts.clock_map = [] { return common::ClockMap(0, 0); };
+  opts.run_queue_wait = [](uint32_t) -> std::optional<int64_t> { return std::nullopt; };
+  opts.now_ns = [] { return int64_t{0}; };
+  opts.step_decisions = [&pending] { return std::exchange(pending, {}); };
+  uint64_t batches = 0;
+  BatchBuilder builder(0, opts, [&batches](flare::v1::RecordBatch&&) { ++batches; });
+  for (uint32_t sig = 1; sig <= 4; ++sig) {
+    Signature s;
+    s.name = "kernel_" + std::to_string(sig);
+    s.kind = OpKind::kKernel;
+    builder.addSignature(sig, s);
+  }
+  Signature marker_sig, coll_sig;
+  marker_sig.name = FLARE_STEP_MARKER_NAME;
+  marker_sig.kind = OpKind::kSync;
+  coll_sig.name = "ncclAllReduce";
+  coll_sig.kind = OpKind::kCollective;
+  builder.addSignature(5, marker_sig);
+  builder.addSignature(6, coll_sig);
+  std::vector<CompletedOp> ops;
+  int64_t step = 0;
+  uint32_t since = 0;
+  for (auto _ : state) {
+    const int64_t b = 1'000'000'000 + step * kStepNs;
+    const bool measured = k <= 1 || step < 3 || step % k == 0;
+    ++since;
+    if (k > 0) {
+      StepDecision d{b, measured, 1};
+      if (measured) d.weight = std::exchange(since, 0);
+      pending.push_back(d);
+    }
+    ops.clear();
+    CompletedOp marker;
+    marker.info.signature_id = 5;
+    marker.info.kind = OpKind::kSync;
+    marker.issue_ns = marker.start_ns = marker.end_ns = b;
+    ops.push_back(marker);
+    for (int i = 0; measured && i < kKernels; ++i) {
+      CompletedOp op;
+      op.info.signature_id = 1 + static_cast<uint32_t>(i % 4);
+      op.info.kind = OpKind::kKernel;
+      op.issue_ns = b + 1000 + i * 5000;
+      op.start_ns = op.issue_ns + 2000 + (i % 7) * 100;
+      op.end_ns = op.start_ns + 3000 + (i % 4) * 500;
+      op.thread_id = 1;
+      ops.push_back(op);
+    }
+    CompletedOp coll;
+    coll.info.signature_id = 6;
+    coll.info.kind = OpKind::kCollective;
+    coll.info.comm_hash = 9;
+    coll.info.seq = static_cast<uint64_t>(step);
+    coll.info.nranks = 8;
+    coll.issue_ns = b + kStepNs - 200'000;
+    coll.start_ns = coll.issue_ns + 1000;
+    coll.end_ns = coll.start_ns + 100'000;
+    ops.push_back(coll);
+    builder.addOps(ops);
+    builder.setWatermark(b + kStepNs);
+    if (step % 100 == 99) builder.flush();
+    ++step;
+  }
+  builder.finish();
+  benchmark::DoNotOptimize(batches);
+  state.SetItemsProcessed(state.iterations() * (kKernels + 2));
+}
+BENCHMARK(summaryStepSampling)->Arg(0)->Arg(1)->Arg(4);
 
 }  // namespace
 }  // namespace flare::timing
