@@ -204,7 +204,7 @@ TEST(SimNccl, GroupedSendRecvIsOneKernel) {
   const double one_transfer = 0.008 + bytes / 100e9 * 1e3;
   for (int r = 0; r < kRanks; ++r) {
     EXPECT_GT(ms[r], one_transfer * 0.95) << "rank " << r;
-    EXPECT_LT(ms[r], one_transfer + 60) << "rank " << r;
+    EXPECT_LT(ms[r], one_transfer + 250) << "rank " << r;  // not stuck (a loaded host's slack)
   }
 }
 

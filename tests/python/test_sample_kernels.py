@@ -62,7 +62,7 @@ def truth(folder):
 
 
 def traced_run(sim_train, build_dir, tmp_path, tag, sample=None, mode="raw", ranks=2,
-               env_extra=None, sample_calls=None):
+               env_extra=None, sample_calls=None, steps=STEPS):
     spool, log = tmp_path / tag, tmp_path / (tag + "-log")
     log.mkdir()
     env = {"LD_PRELOAD": os.path.join(build_dir, "lib", "libflare_hook.so"),
@@ -73,7 +73,7 @@ def traced_run(sim_train, build_dir, tmp_path, tag, sample=None, mode="raw", ran
     if sample_calls is not None:
         env["FLARE_SAMPLE_CALLS"] = str(sample_calls)
     env.update(env_extra or {})
-    res = sim_train("--ranks", ranks, "--steps", STEPS, "--layers", LAYERS, "--hidden", 2048,
+    res = sim_train("--ranks", ranks, "--steps", steps, "--layers", LAYERS, "--hidden", 2048,
                     "--seq", 1024, "--tp", 2, env=env)
     assert res.returncode == 0, res.stderr
     if not spool.exists():  # streamed to flared: nothing spooled

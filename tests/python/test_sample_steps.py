@@ -70,6 +70,31 @@ def test_summary_counts_estimate_every_steps_launches(sim_train, build_dir, tmp_
         assert count == made, (key, count, made)
 
 
+def test_a_job_that_ends_in_sampled_out_steps_counts_them(sim_train, build_dir, tmp_path):
+    """A job whose last steps are sampled out (job "steps-tail", 24 steps at K = 4: steps 20-22
+    and the loop's last one, after the last marker): no measured step comes after them, so the
+    last measured one stands for them at the rank's last flush. Before that, a 6-step job's
+    kernels came out half counted and its synchronizations' rates per GPU op doubled (the CI at
+    2aaa587 named the wrong synchronization)."""
+    records, true, _ = traced_run(sim_train, build_dir, tmp_path, "steps-tail", mode="summary",
+                                  env_extra={"FLARE_SAMPLE_STEPS": str(K)}, steps=24)
+    exp = subprocess.run([os.path.join(build_dir, "bin", "flare-export"), "--input",
+                          str(tmp_path / "steps-tail"), "--steps"],
+                         capture_output=True, text=True, timeout=60)
+    assert exp.returncode == 0, exp.stderr
+    steps = collections.defaultdict(list)
+    for r in map(json.loads, exp.stdout.splitlines()):
+        if r["kind"] == "step":
+            steps[r["rank"]].append(r.get("gpu_ops", 0) > 0)
+    # The premise: every rank's last steps were sampled out (the selection is a hash of the job
+    # and the step index, the same on every run).
+    assert steps and all(not any(m[-3:]) for m in steps.values()), steps
+    per_sig = summary_counts(records)
+    assert per_sig
+    for key, (count, _) in per_sig.items():
+        assert count == true[key][0], (key, count, true[key][0])
+
+
 def test_every_step_reaches_the_detectors_and_ranks_measure_the_same_steps(sim_train, build_dir,
                                                                           tmp_path):
     traced_run(sim_train, build_dir, tmp_path, "exact", mode="summary",
