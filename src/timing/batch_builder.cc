@@ -132,6 +132,24 @@ void BatchBuilder::pullStepDecisions() {
   decisions_.add(std::move(d));
 }
 
+uint64_t BatchBuilder::stepSampledWeight(const CompletedOp& op) {
+  if (decisions_.empty()) return op.info.weight;
+  const StepDecision* at = decisions_.inForceAt(op.issue_ns);
+  if (!stepSampledKind(op.info.kind)) {  // a collective, p2p, graph launch or synchronization
+    measured_ops_.noteEveryStepOp(at);
+    return op.info.weight;
+  }
+  if (op.info.flags & kOpFirstCalls) {  // stands for itself wherever it falls
+    measured_ops_.credit(op, at);
+    return op.info.weight;
+  }
+  // A timed op of a measured step stands for its kind of work in the steps sampled out before
+  // it too (the kernel summaries' counts, time, FLOPs, bytes) once the next boundary confirms
+  // it a step, and the last such step's for those no measured step stands for (finish()), less
+  // what a signature's first calls already hold.
+  return measured_ops_.offer(op, at);
+}
+
 void BatchBuilder::addTailSteps() {
   pullStepDecisions();
   const uint32_t tail = measured_ops_.tailSteps();
@@ -214,29 +232,15 @@ void BatchBuilder::addOps(std::span<const CompletedOp> ops) {
       if (op.info.kind != OpKind::kSync) {
         steps_.addGpuOp(op.issue_ns, op.start_ns, op.end_ns, op.info.kind == OpKind::kKernel,
                         op.thread_id, op.info.weight);
-        if (!decisions_.empty() && stepSampledKind(op.info.kind) &&
-            (op.info.flags & kOpFirstCalls)) {
-          measured_ops_.credit(op, decisions_.inForceAt(op.issue_ns));
-        } else if (!decisions_.empty() && !stepSampledKind(op.info.kind)) {
-          measured_ops_.noteEveryStepOp(decisions_.inForceAt(op.issue_ns));
-        } else if (!decisions_.empty()) {
-          // Step sampling: a timed op of a measured step stands for its kind of work in the
-          // steps sampled out before it too (the kernel summaries' counts, time, FLOPs, bytes)
-          // once the next boundary confirms it a step, and the last such step's for those no
-          // measured step stands for (finish(); MeasuredStepOps), less what a signature's
-          // first calls, timed in any step and each standing for itself, already hold.
-          if (const uint64_t weight = measured_ops_.offer(op, decisions_.inForceAt(op.issue_ns));
-              weight != op.info.weight) {
-            CompletedOp weighted = op;
-            weighted.info.weight = static_cast<uint16_t>(std::min<uint64_t>(weight, UINT16_MAX));
-            aggregator_.add(weighted);
-            continue;
-          }
+        if (const uint64_t weight = stepSampledWeight(op); weight != op.info.weight) {
+          CompletedOp weighted = op;
+          weighted.info.weight = static_cast<uint16_t>(std::min<uint64_t>(weight, UINT16_MAX));
+          aggregator_.add(weighted);
+          continue;
         }
       } else if (auto it = syncs_.find(op.info.signature_id); it != syncs_.end()) {
         sync = &it->second;
-        if (!sync->marker && !decisions_.empty())
-          measured_ops_.noteEveryStepOp(decisions_.inForceAt(op.issue_ns));
+        if (!sync->marker) stepSampledWeight(op);  // timed in every step: counted per step
         if (sync->marker) {
           steps_.addStepMarker(op.start_ns);
           noteStepBoundary();

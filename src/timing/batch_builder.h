@@ -111,6 +111,9 @@ class BatchBuilder {
   // MODE_SUMMARY's last flush: the sampled-out steps no measured step stood for, in the kernel
   // summaries (MeasuredStepOps).
   void addTailSteps();
+  // Step sampling's bookkeeping of one op in MODE_SUMMARY (MeasuredStepOps): the weight it is
+  // added to the kernel summaries with (its own when step sampling is off or does not apply).
+  uint64_t stepSampledWeight(const CompletedOp& op);
   void noteStepBoundary();  // MODE_SUMMARY: closes the warm-up's summary windows
   void summarizeSpans(std::span<const CompletedSpan> spans);  // MODE_SUMMARY: host events, steps
   void readRunQueue();         // MODE_SUMMARY: the issuing threads' run-queue wait, when due

@@ -156,9 +156,10 @@ class GrpcExporter final : public Sink {
 
   // Sends what is queued (after the Tracer's last flush) for at most `timeout_ns`, spools the
   // rest and stops the threads. Not connected (a backoff after a broken stream, or no attempt
-  // yet) with something to send: one connection attempt at once, within the deadline. Returns true when everything went to the daemon. Idempotent.
-  // If the sender is stuck in the transport past the deadline, it is cancelled and, 200 ms
-  // later, abandoned (detached): the exit is never held up.
+  // yet) with something to send: one connection attempt at once, within the deadline. Returns true
+  // when everything went to the daemon. Idempotent. If the sender is stuck in the transport past
+  // the deadline, it is cancelled and, 200 ms later, abandoned (detached): the exit is never held
+  // up.
   bool shutdown(int64_t timeout_ns);
   // In a forked child: every later call is a no-op; threads and the stream are the parent's.
   void disableAfterFork() { forked_.store(true, std::memory_order_release); }

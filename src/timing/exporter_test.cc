@@ -212,6 +212,16 @@ class ExporterTest : public ::testing::Test {
     return worst;
   }
 
+  // Sends `n` ops (signatures 1..nsigs) and waits until they left, then stops the daemon, waits
+  // until the exporter sees it gone, and feeds `n` more: queued while not connected.
+  void sendThenLoseDaemon(GrpcExporter& exporter, FakeServer& server, int n, int nsigs) {
+    feed(exporter, n, nsigs);
+    ASSERT_TRUE(waitFor([&] { return exporter.stats().queue_bytes == 0; }));
+    server.stop();
+    ASSERT_TRUE(waitFor([&] { return !exporter.stats().connected; }));
+    feed(exporter, n, nsigs);
+  }
+
   template <typename F>
   static bool waitFor(F pred, int ms = 10000) {
     for (int i = 0; i < ms / 5; ++i) {
@@ -406,11 +416,7 @@ TEST_F(ExporterTest, RestartMidRunResendsTablesAndLosesNothing) {
   const int port = server.port();
   GrpcExporter exporter(transportTo(server.address()), options());
   announce(exporter, 6);
-  feed(exporter, 8000, 6);
-  ASSERT_TRUE(waitFor([&] { return exporter.stats().queue_bytes == 0; }));
-  server.stop();
-  ASSERT_TRUE(waitFor([&] { return !exporter.stats().connected; }));
-  feed(exporter, 8000, 6);
+  ASSERT_NO_FATAL_FAILURE(sendThenLoseDaemon(exporter, server, 8000, 6));
   server.start(port);
   ASSERT_TRUE(waitFor([&] { return exporter.stats().streams_opened == 2; }));
   feed(exporter, 8000, 6);
@@ -435,11 +441,7 @@ TEST_F(ExporterTest, ResumeAfterSeqAvoidsDuplicatesAcrossARestart) {
   const int port = server.port();
   GrpcExporter exporter(transportTo(server.address()), options());
   announce(exporter, 3);
-  feed(exporter, 8000, 3);
-  ASSERT_TRUE(waitFor([&] { return exporter.stats().queue_bytes == 0; }));
-  server.stop();
-  ASSERT_TRUE(waitFor([&] { return !exporter.stats().connected; }));
-  feed(exporter, 8000, 3);
+  ASSERT_NO_FATAL_FAILURE(sendThenLoseDaemon(exporter, server, 8000, 3));
   server.start(port);
   ASSERT_TRUE(waitFor([&] { return exporter.stats().streams_opened == 2; }));
   feed(exporter, 4000, 3);
@@ -511,11 +513,7 @@ TEST_F(ExporterTest, ShutdownInTheBackoffAfterAHiccupStillDelivers) {
   o.backoff_max_ns = 30'000'000'000;
   GrpcExporter exporter(transportTo(server.address()), o);
   announce(exporter, 2);
-  feed(exporter, 3000, 2);
-  ASSERT_TRUE(waitFor([&] { return exporter.stats().queue_bytes == 0; }));
-  server.stop();
-  ASSERT_TRUE(waitFor([&] { return !exporter.stats().connected; }));
-  feed(exporter, 3000, 2);
+  ASSERT_NO_FATAL_FAILURE(sendThenLoseDaemon(exporter, server, 3000, 2));
   server.start(port);
   const int64_t t0 = common::monotonicNs();
   EXPECT_TRUE(exporter.shutdown(5'000'000'000));

@@ -113,12 +113,6 @@ bool StepDecisions::measured(int64_t start_ns, int64_t end_ns) const {
   return true;
 }
 
-uint32_t StepDecisions::weightAt(int64_t issue_ns) const {
-  const StepDecision* at = inForce(decisions_, issue_ns);
-  if (at == nullptr || !at->measured) return 1;
-  return std::max<uint32_t>(at->weight, 1);
-}
-
 const StepDecision* StepDecisions::inForceAt(int64_t t) const {
   return inForce(decisions_, t);
 }
@@ -179,7 +173,7 @@ void MeasuredStepOps::credit(const CompletedOp& op, const StepDecision* in_force
 }
 
 void MeasuredStepOps::noteDecision(const StepDecision& d, std::vector<CompletedOp>* add_now) {
-  if (any_decision_ && d.boundary_ns <= latest_ns_) {
+  if (latest_ns_ != INT64_MIN && d.boundary_ns <= latest_ns_) {
     // Pulled out of order (an older boundary): one more step after the confirmed one, if after it.
     if (confirmed_.any && d.boundary_ns > confirmed_.decision.boundary_ns) {
       first_after_ns_ =
@@ -204,14 +198,13 @@ void MeasuredStepOps::noteDecision(const StepDecision& d, std::vector<CompletedO
     every_step_ops_.erase(every_step_ops_.begin(),
                           every_step_ops_.lower_bound(confirmed_.decision.boundary_ns));
   }
-  any_decision_ = true;
   latest_ns_ = d.boundary_ns;
   if (confirmed_.any && after_confirmed_++ == 0) first_after_ns_ = d.boundary_ns;
   if (d.measured) {
+    // The measured boundary before it: the confirmed step's (latest_ is empty here).
     latest_.any = true;
     latest_.decision = d;
-    latest_.previous_measured_ns = last_measured_ns_;
-    last_measured_ns_ = d.boundary_ns;
+    latest_.previous_measured_ns = confirmed_.any ? confirmed_.decision.boundary_ns : INT64_MIN;
   }
 }
 
@@ -219,21 +212,16 @@ uint64_t MeasuredStepOps::offer(const CompletedOp& op, const StepDecision* in_fo
   const uint64_t own = std::max<uint16_t>(op.info.weight, 1);
   if (in_force == nullptr || !in_force->measured) return own;
   const uint64_t more = (std::max<uint32_t>(in_force->weight, 1) - 1) * own;
-  if (latest_.any && in_force->boundary_ns == latest_.decision.boundary_ns) {
-    // Not confirmed yet: once; the rest at the next boundary. A step too large to keep counts
-    // as if confirmed (the usual case: only a process's last boundary is no step).
-    if (latest_.keep(op)) return own;
-    return own + more -
-           takeCredit(op.info.signature_id, latest_.previous_measured_ns, in_force->boundary_ns,
-                      more);
-  }
-  if (confirmed_.any && in_force->boundary_ns == confirmed_.decision.boundary_ns) {
-    confirmed_.keep(op);
-    return own + more -
-           takeCredit(op.info.signature_id, confirmed_.previous_measured_ns, in_force->boundary_ns,
-                      more);
-  }
-  return own + more;  // an older step's, late
+  Step* step = latest_.any && in_force->boundary_ns == latest_.decision.boundary_ns ? &latest_
+               : confirmed_.any && in_force->boundary_ns == confirmed_.decision.boundary_ns
+                   ? &confirmed_
+                   : nullptr;
+  if (step == nullptr) return own + more;  // an older step's, late
+  // Not confirmed yet: once, the rest at the next boundary. A step too large to keep counts as
+  // if confirmed (the usual case: only a process's last boundary is no step).
+  if (step->keep(op) && step == &latest_) return own;
+  return own + more -
+         takeCredit(op.info.signature_id, step->previous_measured_ns, in_force->boundary_ns, more);
 }
 
 void MeasuredStepOps::noteEveryStepOp(const StepDecision* in_force) {
@@ -243,7 +231,7 @@ void MeasuredStepOps::noteEveryStepOp(const StepDecision* in_force) {
 }
 
 bool MeasuredStepOps::lastIsStep() const {
-  if (!any_decision_ || latest_.any || !confirmed_.any) return false;  // measured: itself
+  if (latest_.any || !confirmed_.any) return false;  // measured: itself
   auto in = [this](int64_t boundary) {
     auto it = every_step_ops_.find(boundary);
     return it == every_step_ops_.end() ? uint64_t{0} : it->second;

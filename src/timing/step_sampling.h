@@ -113,10 +113,6 @@ class StepDecisions {
   // True when every part of [start_ns, end_ns) was in a measured step (or no decision covers
   // it: before the first decision, everything is timed).
   bool measured(int64_t start_ns, int64_t end_ns) const;
-  // The steps an op issued at `issue_ns` stands for: the weight of the measured step it was
-  // issued in; 1 before the first decision or in a sampled-out step (an op timed there stands
-  // for itself).
-  uint32_t weightAt(int64_t issue_ns) const;
   // The decision in force at `t` (the latest at or before it); nullptr before the first.
   const StepDecision* inForceAt(int64_t t) const;
   // Forgets decisions superseded before `before_ns` (the latest one at or before it is kept).
@@ -206,13 +202,11 @@ class MeasuredStepOps {
   // Takes up to `want` of `signature`'s credit from the sampled-out steps in (after_ns, before_ns).
   uint64_t takeCredit(uint32_t signature, int64_t after_ns, int64_t before_ns, uint64_t want);
   static CompletedOp restore(const Kept& k, int64_t at_ns, uint64_t weight);
-  Step confirmed_;  // the last measured step a later boundary confirmed
-  Step latest_;     // the measured step at the latest boundary, not confirmed yet
-  bool any_decision_ = false;
-  int64_t latest_ns_ = 0;                 // the latest boundary pulled
-  int64_t last_measured_ns_ = INT64_MIN;  // the latest measured boundary pulled
-  uint32_t after_confirmed_ = 0;          // boundaries pulled after confirmed_'s
-  int64_t first_after_ns_ = 0;            // the first of them
+  Step confirmed_;                 // the last measured step a later boundary confirmed
+  Step latest_;                    // the measured step at the latest boundary, not confirmed yet
+  int64_t latest_ns_ = INT64_MIN;  // the latest boundary pulled (INT64_MIN: none yet)
+  uint32_t after_confirmed_ = 0;   // boundaries pulled after confirmed_'s
+  int64_t first_after_ns_ = 0;     // the first of them
   // Sampled-out step's boundary → signature → first calls timed in it (few: first calls end).
   std::map<int64_t, std::unordered_map<uint32_t, uint64_t>> credits_;
   // Step's boundary → ops timed in every step issued in it (from the confirmed step on).

@@ -843,10 +843,17 @@ TEST(StepDecisions, AMeasuredStepStandsForTheStepsBeforeItOnceConfirmed) {
   EXPECT_EQ(m.offer(op(650), &m600), 6u);  // full, not confirmed: counted as if confirmed
 }
 
+// The steps an op issued at `t` stands for by the decision in force (MeasuredStepOps::offer's
+// factor before confirmation and credit): the measured step's weight, else 1.
+uint32_t weightAt(const StepDecisions& d, int64_t t) {
+  const StepDecision* at = d.inForceAt(t);
+  return at != nullptr && at->measured ? std::max<uint32_t>(at->weight, 1) : 1;
+}
+
 TEST(StepDecisions, AStepIsMeasuredOnlyIfNoPartOfItWasSampledOut) {
   StepDecisions d;
   EXPECT_TRUE(d.measured(0, 100));  // no decision: everything timed
-  EXPECT_EQ(d.weightAt(50), 1u);
+  EXPECT_EQ(weightAt(d, 50), 1u);
   d.add({{100, true, 1}, {200, false, 1}, {300, true, 2}, {400, true, 1}});
   EXPECT_TRUE(d.measured(0, 100));     // before the first decision
   EXPECT_TRUE(d.measured(100, 200));   // its own decision
@@ -854,14 +861,14 @@ TEST(StepDecisions, AStepIsMeasuredOnlyIfNoPartOfItWasSampledOut) {
   EXPECT_FALSE(d.measured(150, 250));  // boundaries that disagree: partly sampled out
   EXPECT_FALSE(d.measured(250, 350));
   EXPECT_TRUE(d.measured(300, 400));
-  EXPECT_EQ(d.weightAt(150), 1u);
-  EXPECT_EQ(d.weightAt(250), 1u);  // an op timed in a sampled-out step stands for itself
-  EXPECT_EQ(d.weightAt(300), 2u);
-  EXPECT_EQ(d.weightAt(399), 2u);
-  EXPECT_EQ(d.weightAt(1000), 1u);
+  EXPECT_EQ(weightAt(d, 150), 1u);
+  EXPECT_EQ(weightAt(d, 250), 1u);  // an op timed in a sampled-out step stands for itself
+  EXPECT_EQ(weightAt(d, 300), 2u);
+  EXPECT_EQ(weightAt(d, 399), 2u);
+  EXPECT_EQ(weightAt(d, 1000), 1u);
   d.forgetBefore(350);  // the decision in force at 350 stays
   EXPECT_EQ(d.size(), 2u);
-  EXPECT_EQ(d.weightAt(360), 2u);
+  EXPECT_EQ(weightAt(d, 360), 2u);
   d.add({{500, false, 1}});
   EXPECT_FALSE(d.measured(450, 550));
 }

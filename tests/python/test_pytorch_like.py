@@ -100,31 +100,11 @@ def run_flared_job(build_dir, daemon, workdir, name, ranks, mode, env=None, **wo
                          env=full, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stdout + res.stderr
     job = Job(name, ranks, workdir)
-    deadline = time.time() + 60
-    while True:
-        ranks_info = json.loads(daemon.get("/api/v1/jobs/%s/ranks" % name)).get("ranks", [])
-        done = len(ranks_info) == ranks and not any(r.get("connected") for r in ranks_info)
-        held = steps_per_rank(daemon, name)
-        if done and len(held) == ranks and all(n >= workload.get("steps", STEPS)
-                                               for n in held.values()):
-            break
-        if time.time() > deadline:
-            break  # the assertions say what is missing
-        time.sleep(0.3)
+    pipeline_health.wait_for_job(
+        daemon, name, ranks, lambda held: len(held) == ranks and all(
+            n >= workload.get("steps", STEPS) for n in held.values()), 60)
     time.sleep(1.5)  # one more detector pass over the complete window (--diagnose-interval-s 1)
     return job
-
-
-def steps_per_rank(daemon, job):
-    """Steps flared holds per rank: intervals between consecutive step starts (DataLoader
-    `__next__` starts; the loop's last `__next__`, which raises StopIteration, closes its last
-    step), warm-up included."""
-    try:
-        series = json.loads(daemon.get(SERIES % job))
-    except Exception:  # noqa: BLE001 - not there yet
-        return {}
-    return {r: sum(1 for v in row if v is not None)
-            for r, row in zip(series["ranks"], series["stepTimeNs"])}
 
 
 def rejections(daemon):
@@ -315,7 +295,7 @@ def test_flared_sees_every_step_and_the_same_kernels_in_raw_and_summary_mode(
     for mode, job in jobs.items():
         own = {s["rank"]: s["steps"] for s in job.stats}  # the workload's own count
         assert own == {r: STEPS for r in range(ranks)}
-        held = steps_per_rank(flared, job.name)
+        held = pipeline_health.steps_held(flared, job.name)
         if held != own:
             failures.append("%s: steps per rank %s, the workload's %s" % (mode, held, own))
         series = json.loads(flared.get(SERIES % job.name))
@@ -408,21 +388,15 @@ def test_the_default_timing_budget_keeps_every_step_and_estimates_the_counts(
     assert len(chosen) == ranks, res.stderr[-4000:]  # each rank says its first choice once
     assert "had no effect" not in res.stderr
     job = Job(name, ranks, workdir)
-    deadline = time.time() + 60
-    while True:
-        info = json.loads(flared.get("/api/v1/jobs/%s/ranks" % name)).get("ranks", [])
-        held = steps_per_rank(flared, name)
-        if (len(info) == ranks and not any(r.get("connected") for r in info) and
-                held == {r: STEPS for r in range(ranks)}) or time.time() > deadline:
-            break
-        time.sleep(0.3)
+    info = pipeline_health.wait_for_job(
+        flared, name, ranks, lambda held: held == {r: STEPS for r in range(ranks)}, 60)
     time.sleep(1.5)  # one more detector pass over the complete window
     assert not rejections(flared), rejections(flared)
     for r in info:
         assert not int(r.get("lostBatches", 0)) and not r.get("refusals"), r
     own = {s["rank"]: s["steps"] for s in job.stats}
     assert own == {r: STEPS for r in range(ranks)}
-    assert steps_per_rank(flared, name) == own
+    assert pipeline_health.steps_held(flared, name) == own
     # Every step is there: its GPU figures where measured, its times only where sampled out.
     series = json.loads(flared.get(SERIES % name))
     sampled_out = {r["rank"]: int(r.get("stepsSampledOut", 0)) for r in info}
@@ -486,7 +460,7 @@ def test_an_evaluation_over_a_validation_dataloader_adds_no_steps(build_dir, fla
     env = {"FLARE_SIM_COLD_GEMM_MS": "0", "FLARE_SIM_FIRST_LAUNCH_MS": "0"}
     job = run_flared_job(build_dir, flared, str(tmp_path), "pt-evalloader-" + mode, 1, mode,
                          env=env, steps=40, setup_ms=300, extra=("--eval-loader", "1"))
-    assert steps_per_rank(flared, job.name) == {0: job.stats[0]["steps"]} == {0: 40}
+    assert pipeline_health.steps_held(flared, job.name) == {0: job.stats[0]["steps"]} == {0: 40}
     assert not rejections(flared)
     series = json.loads(flared.get(SERIES % job.name))
     times = [t for t in series["stepTimeNs"][0] if t is not None]

@@ -356,16 +356,6 @@ def flared(build_dir, tmp_path_factory):
         d.proc.kill()
 
 
-def held_steps(daemon, job):
-    try:
-        series = json.loads(daemon.get(
-            "/api/v1/jobs/%s/series?max_signatures=1&max_steps=2048" % job))
-    except Exception:  # noqa: BLE001 - not there yet
-        return {}
-    return {r: sum(1 for v in row if v is not None)
-            for r, row in zip(series["ranks"], series["stepTimeNs"])}
-
-
 @pytest.mark.parametrize("name", ["pytorch-like", "healthy"])
 def test_summary_mode_through_flared_keeps_every_step_and_raises_nothing(
         build_dir, flared, fixture, tmp_path, name):
@@ -385,13 +375,8 @@ def test_summary_mode_through_flared_keeps_every_step_and_raises_nothing(
     markers, loader = step_count(records)
     want = (markers or loader) - 1
     deadline = time.time() + 30
-    while True:
-        info = json.loads(flared.get("/api/v1/jobs/%s/ranks" % job)).get("ranks", [])
-        held = held_steps(flared, job)
-        if (len(info) == ranks and not any(r.get("connected") for r in info) and
-                held == {r: want for r in range(ranks)}) or time.time() > deadline:
-            break
-        time.sleep(0.3)
+    info = pipeline_health.wait_for_job(
+        flared, job, ranks, lambda held: held == {r: want for r in range(ranks)}, 30)
     # The detectors' pass over the job's last batches: flared analyses a job when new records
     # arrived, every second (--diagnose-interval-s 1); once the ranks are gone, the pass that
     # stays the last one for 2.5 s saw everything.
@@ -409,7 +394,7 @@ def test_summary_mode_through_flared_keeps_every_step_and_raises_nothing(
     pipeline_health.assert_nothing_refused(flared.http)
     for r in info:
         assert not int(r.get("lostBatches", 0)) and not r.get("refusals"), r
-    assert held_steps(flared, job) == {r: want for r in range(ranks)}
+    assert pipeline_health.steps_held(flared, job) == {r: want for r in range(ranks)}
     # Each step's statistics arrived (summary mode: the ranks' own StepStats): its GPU figures
     # where the step was measured, its times only where the default timing budget sampled it out
     # (counted per rank). Ranks may choose different K (each from its own measured cost); at any

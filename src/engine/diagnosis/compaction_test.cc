@@ -386,20 +386,29 @@ bool sampledOutSecond(int64_t t) {
   return t >= 4 && t % 3 != 0;
 }  // 4 5 7 8 10 11
 
+// `ranks` ranks of 12 one-second steps, those of sampledOutSecond() sampled out; `adjust` sees
+// each batch before it is sampled out and added.
+template <typename Adjust>
+JobModel sampledJob(int ranks, Adjust adjust) {
+  JobModel m;
+  for (int64_t t = 0; t < 12; ++t) {
+    for (int r = 0; r < ranks; ++r) {
+      flare::v1::RecordBatch b = second(r, t, 1.0, 50'000);
+      adjust(t, &b);
+      if (sampledOutSecond(t)) sampleOut(&b);
+      m.addBatch(r, b);
+    }
+  }
+  return m;
+}
+
 // Step sampling (FLARE_SAMPLE_STEPS): a rank's sampled-out steps come with their times only. The
 // detectors' step figures leave them out (their GPU time, 0, would read as an idle GPU), the
 // steps still count as present (stepStarts, the times of stepStats(rank, true)), and what the
 // detectors looked at says how many were measured.
 TEST(StepSamplingTest, SampledOutStepsCountAsPresentButGiveNoGpuFigure) {
-  JobModel m;
   const auto sampled_out = sampledOutSecond;
-  for (int64_t t = 0; t < 12; ++t) {
-    for (int r = 0; r < 4; ++r) {
-      flare::v1::RecordBatch b = second(r, t, 1.0, 50'000);
-      if (sampled_out(t)) sampleOut(&b);
-      m.addBatch(r, b);
-    }
-  }
+  const JobModel m = sampledJob(4, [](int64_t, flare::v1::RecordBatch*) {});
   for (int r = 0; r < 4; ++r) {
     const auto all = m.stepStats(r, /*with_sampled_out=*/true);
     ASSERT_EQ(all.size(), 12u) << r;  // every step present, with its time
@@ -433,17 +442,11 @@ TEST(StepSamplingTest, SampledOutStepsCountAsPresentButGiveNoGpuFigure) {
 // cpu_contention evidence cites is the median over every step. Under the default timing budget
 // most steps are sampled out; the series showed the wait in 1 step of 8.
 TEST(StepSamplingTest, ASampledOutStepKeepsItsRunQueueWait) {
-  JobModel m;
   const auto sampled_out = sampledOutSecond;
-  for (int64_t t = 0; t < 12; ++t) {
-    for (int r = 0; r < 2; ++r) {
-      flare::v1::RecordBatch b = second(r, t, 1.0, 50'000);
-      // 1 ms in a measured step, 3 ms in a sampled-out one: the median tells which were read.
-      b.mutable_step_stats(0)->set_run_queue_wait_ns(sampled_out(t) ? 3'000'000 : 1'000'000);
-      if (sampled_out(t)) sampleOut(&b);
-      m.addBatch(r, b);
-    }
-  }
+  // 1 ms in a measured step, 3 ms in a sampled-out one: the median tells which were read.
+  const JobModel m = sampledJob(2, [](int64_t t, flare::v1::RecordBatch* b) {
+    b->mutable_step_stats(0)->set_run_queue_wait_ns(sampledOutSecond(t) ? 3'000'000 : 1'000'000);
+  });
   const JobSeries s = computeSeries(m, SeriesOptions{});
   ASSERT_EQ(s.ranks.size(), 2u);
   for (const RankSteps& row : s.ranks) {

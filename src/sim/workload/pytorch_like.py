@@ -8,8 +8,9 @@ whose module layout matches PyTorch's where Flare's default traced APIs name it,
 but LD_PRELOAD is needed, as on a real GPU:
 
 - steps come from the DataLoader only: `torch.utils.data.dataloader._BaseDataLoaderIter.__next__`
-  (no flare_step marker, unless `--markers-from N` adds them from step N on); pin_memory=True; a batch takes `--data-ms` (0.5) of host time, as from
-  a prefetching DataLoader (a healthy job: the GPU waits little for input);
+  (no flare_step marker, unless `--markers-from N` adds them from step N on); pin_memory=True;
+  a batch takes `--data-ms` (0.5) of host time, as from a prefetching DataLoader (a healthy job:
+  the GPU waits little for input);
 - seconds of set-up before the loop (model built and copied to the device: one cudaMemcpyAsync
   + cudaStreamSynchronize per parameter; DDP's broadcast of the parameters; then `--setup-ms` of
   host time, e.g. dataset preparation) during which the GPU idles;
