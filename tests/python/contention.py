@@ -1,4 +1,4 @@
-"""The workloads' own account of CPU contention, which healthy-job tests hold Flare's host-stall
+"""The workloads' own account of CPU contention, which the scenario tests hold Flare's host-stall
 findings against.
 
 The simulated ranks share this machine's CPUs with their simulated GPUs, flared and whatever
@@ -7,8 +7,10 @@ stall detector is right to name it (as `cpu_contention` where the rank's run-que
 it, as `issue_stall` where the starvation reached the issuing thread another way, e.g. through
 a simulated GPU's worker thread). Such a finding is accepted only where the workload itself
 measured that rank's threads waiting for a CPU (Linux schedstat) more than the other ranks' by
-at least the stall detector's floor; everything else on a healthy job is a false alarm."""
+at least the stall detector's floor; everything else on a healthy job is a false alarm, and on a
+job with an injected fault every other finding must be the fault's."""
 
+import json
 import statistics
 
 HOST_KINDS = ("issue_stall", "cpu_contention")
@@ -32,12 +34,20 @@ def starved_ranks(waits, share=STALL_FLOOR):
     return starved
 
 
+def named_ranks(finding):
+    """The ranks a diagnosis (`ranks`) or one of flared's alerts (`rank`, -1: the whole job)
+    names."""
+    if "ranks" in finding:
+        return finding["ranks"]
+    return [finding["rank"]] if finding.get("rank", -1) >= 0 else []
+
+
 def unexplained(found, starved):
-    """The diagnoses `found` that measured contention does not explain: a host finding is
-    explained when every rank it names was starved."""
+    """The diagnoses or alerts `found` that measured contention does not explain: a host
+    finding is explained when every rank it names was starved."""
     return [d for d in found
-            if not (d["kind"] in HOST_KINDS and d.get("ranks") and
-                    all(r in starved for r in d["ranks"]))]
+            if not (d["kind"] in HOST_KINDS and named_ranks(d) and
+                    all(r in starved for r in named_ranks(d)))]
 
 
 def sim_waits(sim_json):
@@ -50,3 +60,13 @@ def sim_waits(sim_json):
         waits[r["rank"]] = (None if not main or min(main) < 0 else sum(main) * 1e6,
                             None if not every or min(every) < 0 else sum(every) * 1e6, seconds)
     return waits
+
+
+def beyond_load(found, sim_json_path, culprits=()):
+    """The diagnoses or alerts `found` on the simulated job whose flare-sim-train --json is at
+    `sim_json_path`, less the host findings that the job's own contention readings explain:
+    what a scenario test asserts on a loaded machine. A host finding naming one of `culprits`
+    (the ranks a test stalled on purpose) is always kept."""
+    with open(sim_json_path) as f:
+        starved = starved_ranks(sim_waits(json.load(f))) - set(culprits)
+    return unexplained(found, starved)

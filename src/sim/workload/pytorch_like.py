@@ -55,6 +55,7 @@ sys.path.insert(0, os.path.join(HERE, "torch_shim"))
 import torch  # noqa: E402  (the stand-in, torch_shim/torch)
 from torch import _sim  # noqa: E402
 from torch.utils.data import DataLoader, Dataset  # noqa: E402
+from sim_schedstat import run_queue_wait_ns  # noqa: E402  (beside this file, share/flare)
 
 S = _sim.S  # the ctypes bindings of sim_train.py
 
@@ -233,25 +234,6 @@ def evaluate(model, batches, eval_ms, micro_batch):
             model(x, micro_batch=micro_batch).item()
             x.release()
     time.sleep(eval_ms / 1000.0)
-
-
-def run_queue_wait_ns():
-    """(main thread, all threads): cumulative ns this process's threads waited for a CPU
-    (Linux schedstat, second field), or None where schedstat cannot be read. The workload's own
-    account of CPU contention, which tests hold Flare's host-stall findings against."""
-    def wait(path):
-        try:
-            with open(path) as f:
-                return int(f.read().split()[1])
-        except (OSError, ValueError, IndexError):
-            return None
-    main = wait("/proc/self/task/%d/schedstat" % os.getpid())
-    try:
-        tids = os.listdir("/proc/self/task")
-    except OSError:
-        tids = []
-    waits = [w for w in (wait("/proc/self/task/%s/schedstat" % t) for t in tids) if w is not None]
-    return (main, sum(waits) if waits else None)
 
 
 def main(argv=None):

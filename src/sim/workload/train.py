@@ -15,6 +15,8 @@ import os
 import sys
 import time
 
+from sim_schedstat import run_queue_wait_ns  # beside this file (share/flare)
+
 # ---- the libraries -------------------------------------------------------------------------
 
 LIB_DIR = os.environ.get("FLARE_SIM_LIB_DIR", "")
@@ -431,9 +433,18 @@ def main(argv=None):
     it = iter(loader)
     pending = None  # (step, gemm_ms, its DataLoader call's time) of the step printed next
 
+    # Each step's run-queue wait (ms; -1 where schedstat cannot be read): its main thread's, and
+    # all its threads' together, from one step's line to the next, as flare-sim-rank reports.
+    waited = [run_queue_wait_ns()]
+
     def report(entered):
-        print('FLARE_SIM_STEP {"rank":%d,"step":%d,"step_ms":%.3f,"gemm_ms":%.4f}'
-              % (rank, pending[0], (entered - pending[2]) * 1000, pending[1]), flush=True)
+        now = run_queue_wait_ns()
+        ms = [-1.0 if a is None or b is None else (a - b) / 1e6 for a, b in zip(now, waited[0])]
+        waited[0] = now
+        print('FLARE_SIM_STEP {"rank":%d,"step":%d,"step_ms":%.3f,"gemm_ms":%.4f,'
+              '"run_queue_ms":%.4f,"run_queue_all_ms":%.4f}'
+              % (rank, pending[0], (entered - pending[2]) * 1000, pending[1], ms[0], ms[1]),
+              flush=True)
 
     for batch in it:
         if pending is not None:
