@@ -62,6 +62,19 @@ def sim_waits(sim_json):
     return waits
 
 
+def on_a_loaded_machine(check):
+    """Runs a timing-sensitive scenario check, `check(attempt)`, and once more if the first run
+    fails: on a shared machine (CPU steal time, other jobs) one run's timing can be perturbed — a
+    hiccup mid-run moves a step-time change point, or scheduling noise swamps a 2 ms stall. The
+    scenario must hold in one of two runs here; its rate over many runs is the matrix's
+    (docs/benchmarks.md)."""
+    try:
+        check(0)
+    except AssertionError as first:
+        print("first run failed on this machine (%s); once more" % str(first).splitlines()[0])
+        check(1)
+
+
 def beyond_load(found, sim_json_path, culprits=()):
     """The diagnoses or alerts `found` on the simulated job whose flare-sim-train --json is at
     `sim_json_path`, less the host findings that the job's own contention readings explain:

@@ -289,12 +289,15 @@ def test_underclocked_gpu_is_still_named(build_dir, tmp_path):
 
 @pytest.mark.parametrize("mode", ["raw", "summary"])
 def test_host_stall_is_still_named(build_dir, tmp_path, mode):
-    run_job(build_dir, tmp_path, "stall", {"FLARE_SIM_HOST_STALL": "6:10", "FLARE_MODE": mode},
-            steps=12)
-    found = contention.beyond_load(diagnose(build_dir, tmp_path), tmp_path / "sim.json",
-                                   culprits=[6])
-    assert [d["kind"] for d in found] == ["issue_stall"], found
-    assert found[0]["ranks"] == [6] and found[0]["team"] == "algorithm"
+    def check(attempt):
+        out = tmp_path / str(attempt)
+        run_job(build_dir, out, "stall", {"FLARE_SIM_HOST_STALL": "6:10", "FLARE_MODE": mode},
+                steps=12)
+        found = contention.beyond_load(diagnose(build_dir, out), out / "sim.json", culprits=[6])
+        assert [d["kind"] for d in found] == ["issue_stall"], found
+        assert found[0]["ranks"] == [6] and found[0]["team"] == "algorithm"
+
+    contention.on_a_loaded_machine(check)  # docs/testing.md, Known open flakes
 
 
 @pytest.mark.parametrize("mode", ["raw", "summary"])
