@@ -228,7 +228,10 @@ def main():
     ap.add_argument("--sim", action="store_true", help="the simulated stack, no PyTorch")
     ap.add_argument("--size", default="small", help="gpt_train.py size")
     ap.add_argument("--budget-s", type=float, default=110)
-    ap.add_argument("--sim-steps", type=int, default=10)
+    # 30: at the default timing budget a rank measures one step in up to K, and the stall
+    # detector's per-step tests need the steps every rank measured (10 steps missed the stall in
+    # 2 of 4 runs beside one CPU hog; 30: 0 of 16, 2026-11-28).
+    ap.add_argument("--sim-steps", type=int, default=30)
     ap.add_argument("--sim-workload", choices=("python", "pytorch-like"), default="python",
                     help="sim mode: src/sim/workload/train.py (flare-sim-train --python) or "
                     "the PyTorch-like one (--pytorch-like)")

@@ -62,7 +62,7 @@ def beyond_load(tmp_path, job, found):
 
 def alerts(daemon, tmp_path, job):
     """flared's alerts on `job` beyond what this machine's load explains (beyond_load)."""
-    return beyond_load(tmp_path, job, daemon.alerts(job))
+    return beyond_load(tmp_path, job, daemon.json("/api/v1/alerts?job=" + job)["alerts"])
 
 
 def wait_alerts(daemon, tmp_path, job, n, timeout=15):

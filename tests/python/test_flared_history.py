@@ -16,9 +16,10 @@ import time
 
 import pytest
 
-import contention
 from flared_process import Flared
 from pipeline_health import assert_nothing_refused
+# The alerts beyond what this machine's load explains, of jobs run_job ran (tmp_path/sim-JOB.json).
+from test_flared_diagnosis import alerts, beyond_load
 
 RANKS = 4
 BASELINES = ["healthy-0", "healthy-1", "healthy-2"]  # the runs marked healthy, sorted
@@ -54,18 +55,6 @@ def run_job(build_dir, daemon, tmp_path, job, fault_env=None):
                 "--data-ms", "2", "--quiet", "--json", str(tmp_path / ("sim-%s.json" % job)),
                 env=env)
     assert res.returncode == 0, res.stderr
-
-
-def beyond_load(tmp_path, job, found):
-    """`found` (alerts, or the diagnoses posted to the webhook) on `job`, less the host findings
-    the job's own CPU-contention readings explain (contention.py: on a loaded machine a rank can
-    really be starved of CPU, and the stall detector is right to say so)."""
-    return contention.beyond_load(found, tmp_path / ("sim-%s.json" % job))
-
-
-def alerts(daemon, tmp_path, job):
-    """flared's alerts on `job` beyond what this machine's load explains (beyond_load)."""
-    return beyond_load(tmp_path, job, daemon.json("/api/v1/alerts?job=" + job)["alerts"])
 
 
 def wait_for(fn, timeout=20):

@@ -90,7 +90,9 @@ for line in sys.stdin:
     elif req["op"] == "measure":
         if req.get("cpus"):
             os.sched_setaffinity(0, req["cpus"])
-        time.sleep(min(req["seconds"], 0.01))
+        # Up to 50 ms: a window shorter than a few of /proc/stat's 10 ms ticks can see none
+        # pass on the measured CPUs, and then has no steal reading (proc_readings.steal_pct).
+        time.sleep(min(req["seconds"], 0.05))
         affinity = sorted(os.sched_getaffinity(0))
         if req.get("idle_cpus"):
             os.sched_setaffinity(0, req["idle_cpus"])
