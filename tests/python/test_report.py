@@ -472,7 +472,8 @@ def test_html_report_renders_in_headless_chromium(build_dir, job):
               "team": d["data-team"]} for d in diags]
     assert [(d["kind"], d["ranks"], d["team"]) for d in beyond_load(job, shown)] == [
         ("gpu_slow", [SLOW], "operations")]
-    assert len(dom.find("span", cls="alert-badge")) == len(diags) and \
+    # (A host finding this machine's load explains may have its alert a detector run later.)
+    assert 1 <= len(dom.find("span", cls="alert-badge")) <= len(diags) and \
         not dom.find("ul", id="alerts")
     # The Metrics panel: people's names and units, no raw JSON key, and the same figures as the
     # text report (one computation: flare.report.reported_rows).

@@ -104,13 +104,13 @@ int main(int argc, char** argv) {
     empty_kernel<<<1, 32, 0, s>>>(flag);
     cudaEventRecord(ev[static_cast<size_t>(2 * i + 1)], s);
   });
-  // The same as launch_with_two_records, with a poller thread beside it (see the top of the file). The call adds one
-  // atomic increment (a few ns) to tell the poller how many pairs were recorded.
+  // The same as launch_with_two_records, with a poller thread beside it (see the top of the file).
+  // The call adds one atomic increment (a few ns) to tell the poller how many pairs were recorded.
   cudaEvent_t reference;
   cudaEventCreate(&reference);
   cudaEventRecord(reference, s);
   cudaStreamSynchronize(s);
-  std::atomic<long> recorded{0}, polled{0};
+  std::atomic<long> recorded{0}, polled{0}, taken{0};  // taken: pairs the poller is past
   std::atomic<bool> stop{false};
   std::thread poller([&] {
     const long pairs = batch / 2;
@@ -127,6 +127,7 @@ int main(int argc, char** argv) {
         cudaEventElapsedTime(&t, reference, ev[2 * i + 1]);
         polled.fetch_add(1, std::memory_order_relaxed);
       }
+      taken.store(seen, std::memory_order_release);
     }
   });
   const double launch_2ev_polled = perCall(s, batch / 2, reps, [&](int i) {
@@ -135,7 +136,10 @@ int main(int argc, char** argv) {
     cudaEventRecord(ev[static_cast<size_t>(2 * i + 1)], s);
     recorded.fetch_add(1, std::memory_order_release);
   });
-  std::this_thread::sleep_for(std::chrono::milliseconds(3));  // the last batch's pass
+  // The last batch's pass, untimed: until the poller is past every recorded pair (up to 2 s; a
+  // fixed 3 ms wait saw none taken when a loaded machine did not run the poller in time).
+  for (int ms = 0; ms < 2000 && taken.load(std::memory_order_acquire) < recorded.load(); ++ms)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
   stop.store(true);
   poller.join();
   const cudaError_t err = cudaGetLastError();
