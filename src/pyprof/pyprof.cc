@@ -24,7 +24,9 @@
 // ends (never released at finalization, so no callback can see freed state).
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <dirent.h>
 #include <frameobject.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <cstddef>
@@ -155,10 +157,114 @@ int profile(PyObject*, PyFrameObject* frame, int what, PyObject*) {
 
 bool g_stepped_back = false;  // some thread's hook was replaced by another tool (said once)
 
+// ---- exit: Python threads still waiting for the GIL when the interpreter is torn down --------
+//
+// CPython 3.9-3.12 (gh-110052): a daemon thread waiting for the GIL when Py_FinalizeEx frees
+// the interpreter wakes every switch interval and touches the freed memory; it crashes the
+// process once that memory is reused, if the process has not exited by then. Such a thread
+// should have left earlier: once the runtime is finalizing, a thread that takes the GIL exits at
+// once, but the finalizing main thread keeps the GIL to the end unless something makes it let
+// go. With the profile hook on (3.9-3.11) the crash became frequent enough to see (3.10, two
+// daemon threads beside two busy loops: 5 of 300 exits; 0 of 300 without tracing).
+//
+// So each thread's profile hook carries a ThreadMark. Py_FinalizeEx, once finalizing, clears
+// the state of every other thread (_PyThreadState_DeleteExcept), which releases its mark; the
+// first mark released that way lets go of the GIL for a moment, and the waiting threads take
+// it in turn and exit, while the interpreter is still whole.
+
+struct ThreadMark {
+  PyObject_HEAD unsigned long ident;  // the thread whose profile hook holds it
+};
+PyObject* g_mark_type = nullptr;  // a heap type (PyType_FromSpec); null if it failed
+bool g_released_waiters = false;  // once per process
+int g_other_threads = -1;         // other Python threads at the last exit callback (-1: unknown)
+
+int countTasks() {
+  DIR* dir = opendir("/proc/self/task");
+  if (dir == nullptr) return -1;
+  int n = 0;
+  while (const dirent* e = readdir(dir)) {
+    if (e->d_name[0] != '.') ++n;
+  }
+  closedir(dir);
+  return n;
+}
+
+int64_t monotonicNs() {
+  timespec ts{};
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<int64_t>(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
+}
+
+// The finalizing main thread, GIL held: lets go of the GIL until the threads waiting for it
+// have exited: as many as there were other Python threads at the exit callback, or, when the
+// OS thread count stops falling (threads blocked outside Python stay), 10 ms without a first
+// exit or 5 ms after the last; 20 ms at most.
+void releaseWaiters() {
+  g_released_waiters = true;
+  const int before = countTasks();
+  if (before < 0) return;
+  int now = before;
+  PyThreadState* self = PyEval_SaveThread();
+  const int64_t start = monotonicNs();
+  int64_t last_exit = start;
+  for (;;) {
+    if (g_other_threads >= 0 && before - now >= g_other_threads) break;
+    const int64_t t = monotonicNs();
+    if (t - start > 20'000'000 || t - last_exit > (now < before ? 5'000'000 : 10'000'000)) break;
+    usleep(200);
+    const int n = countTasks();
+    if (n >= 0 && n < now) {
+      now = n;
+      last_exit = monotonicNs();
+    }
+  }
+  PyEval_RestoreThread(self);
+  if (before > now) {
+    log(kFlarePyprofDebug, "flare: " + std::to_string(before - now) +
+                               " Python thread(s) still waiting for the GIL at interpreter "
+                               "teardown exited first");
+  }
+}
+
+void markDealloc(PyObject* self) {
+  const unsigned long ident = reinterpret_cast<ThreadMark*>(self)->ident;
+  PyTypeObject* type = Py_TYPE(self);
+  PyObject_Free(self);
+  Py_DECREF(type);  // instances of a heap type hold a reference to it
+  // Another thread's state cleared while finalizing: only Py_FinalizeEx does that.
+  if (!g_released_waiters && ident != PyThread_get_thread_ident() && _Py_IsFinalizing()) {
+    releaseWaiters();
+  }
+}
+
+PyObject* newMark(PyThreadState* ts) {
+  if (g_mark_type == nullptr) {
+    static PyType_Slot slots[] = {{Py_tp_dealloc, reinterpret_cast<void*>(markDealloc)},
+                                  {0, nullptr}};
+    static PyType_Spec spec = {"_flare_pyprof.ThreadMark", sizeof(ThreadMark), 0,
+                               Py_TPFLAGS_DEFAULT, slots};
+    g_mark_type = PyType_FromSpec(&spec);
+    if (g_mark_type == nullptr) {
+      PyErr_Clear();
+      return nullptr;
+    }
+  }
+  auto* mark = PyObject_New(ThreadMark, reinterpret_cast<PyTypeObject*>(g_mark_type));
+  if (mark == nullptr) {
+    PyErr_Clear();
+    return nullptr;
+  }
+  mark->ident = ts->thread_id;
+  return reinterpret_cast<PyObject*>(mark);
+}
+
 void setProfileOn(PyThreadState* ts) {
+  PyObject* mark = newMark(ts);
   g_installing = true;
-  _PyEval_SetProfile(ts, profile, nullptr);
+  _PyEval_SetProfile(ts, profile, mark);  // holds its own reference
   g_installing = false;
+  Py_XDECREF(mark);
   if (PyErr_Occurred()) PyErr_Clear();
 }
 
@@ -260,6 +366,15 @@ PyObject* isTraced(PyObject*, PyObject* code) {
 // run): Flare's exit work while the interpreter is whole, the GIL released so that daemon
 // threads keep running meanwhile.
 PyObject* beforeExit(PyObject*, PyObject*) {
+#if !FLARE_PY_MONITORING
+  int others = 0;
+  PyThreadState* self = PyThreadState_Get();
+  for (PyThreadState* ts = PyInterpreterState_ThreadHead(PyThreadState_GetInterpreter(self));
+       ts != nullptr; ts = PyThreadState_Next(ts)) {
+    if (ts != self) ++others;
+  }
+  g_other_threads = others;
+#endif
   if (g_host != nullptr &&
       g_host->size >= offsetof(FlarePyprofHost, before_exit) + sizeof(g_host->before_exit) &&
       g_host->before_exit != nullptr) {
