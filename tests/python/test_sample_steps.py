@@ -156,6 +156,14 @@ def test_a_malformed_value_is_refused_once_and_every_step_timed(sim_train, build
         assert count == timed == true[key][0], key
 
 
+def budget_k(k, cost_pct, budget_pct):
+    """Whether `k` is the K a budget chooses for a cost as the hook printed it (two decimals):
+    the smallest power of 2 that brings the cost within the budget, 1 when it is within already
+    (0.23% against 0.5% on one CI machine), at most 1024."""
+    low, high = (cost_pct - 0.005) / budget_pct, (cost_pct + 0.005) / budget_pct
+    return k & (k - 1) == 0 and (k == 1024 or k >= low and (k == 1 or high > k / 2))
+
+
 def test_a_timing_budget_picks_k_from_the_measured_cost(sim_train, build_dir, tmp_path):
     """FLARE_TIMING_BUDGET_PCT: the hook measures what timing every op costs its launching
     threads (on the simulated stack a few percent of a step) and times one step in the power of
@@ -169,7 +177,7 @@ def test_a_timing_budget_picks_k_from_the_measured_cost(sim_train, build_dir, tm
     assert len(chosen) == 2, res.stderr  # each rank says it once, where the user looks
     for cost, k in chosen:
         k, cost = int(k), float(cost)
-        assert k & (k - 1) == 0 and k >= cost / 0.25 > k / 2 or k == 1024, (cost, k)
+        assert budget_k(k, cost, 0.25), (cost, k)
     k = min(int(k) for _, k in chosen)
     assert k >= 2, chosen  # timing every op costs the simulated ranks more than 0.25%
     _, tight = looked_at(build_dir, tmp_path / "tight")
@@ -245,7 +253,7 @@ def test_a_timing_budget_counts_the_gpu_time_of_the_event_records(build_dir, tmp
         total, host, gpu, k = float(found[0][0]), float(found[0][1]), float(found[0][2]), \
             int(found[0][3])
         assert total == pytest.approx(host + gpu, abs=0.011)
-        assert k & (k - 1) == 0 and (k >= total / 0.5 > k / 2 or k == 1024), found
+        assert budget_k(k, total, 0.5), found
         kernels = sum(n for n, _ in truth(str(log)).values()) / steps  # GEMMs included
         # The budget divides by the measured steps' time (the event records lengthen them),
         # the sampled-out steps are shorter: the share lies between the extremes (step 0, the
