@@ -21,12 +21,13 @@
 //
 // Ownership: strong references to the traced code objects (kept in g_codes), to the bootstrap's
 // namespace and to the callables registered with the interpreter; all live until the process
-// ends (never released at finalization, so no callback can see freed state).
+// ends (never released at finalization, so no callback can see freed state). The one exception
+// is each thread's ThreadMark (3.9-3.11), which the interpreter releases with the thread's
+// state, and whose release at teardown is the point of it (below).
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <dirent.h>
 #include <frameobject.h>
-#include <time.h>
 #include <unistd.h>
 
 #include <cstddef>
@@ -190,12 +191,6 @@ int countTasks() {
   return n;
 }
 
-int64_t monotonicNs() {
-  timespec ts{};
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return static_cast<int64_t>(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
-}
-
 // The finalizing main thread, GIL held: lets go of the GIL until the threads waiting for it
 // have exited: as many as there were other Python threads at the exit callback, or, when the
 // OS thread count stops falling (threads blocked outside Python stay), 10 ms without a first
@@ -203,20 +198,25 @@ int64_t monotonicNs() {
 void releaseWaiters() {
   g_released_waiters = true;
   const int before = countTasks();
-  if (before < 0) return;
+  if (before < 0) {
+    log(kFlarePyprofDebug,
+        "flare: /proc/self/task cannot be read: Python threads still waiting for the GIL at "
+        "interpreter teardown are not let go first");
+    return;
+  }
   int now = before;
   PyThreadState* self = PyEval_SaveThread();
-  const int64_t start = monotonicNs();
+  const int64_t start = g_host->now_ns();
   int64_t last_exit = start;
   for (;;) {
     if (g_other_threads >= 0 && before - now >= g_other_threads) break;
-    const int64_t t = monotonicNs();
+    const int64_t t = g_host->now_ns();
     if (t - start > 20'000'000 || t - last_exit > (now < before ? 5'000'000 : 10'000'000)) break;
     usleep(200);
     const int n = countTasks();
     if (n >= 0 && n < now) {
       now = n;
-      last_exit = monotonicNs();
+      last_exit = g_host->now_ns();
     }
   }
   PyEval_RestoreThread(self);

@@ -379,6 +379,8 @@ def gen(x):
     assert len(run.named("work@ident")) == 20100
 
 
+# The versions whose profile hook carries the mark that lets waiting threads go at teardown.
+PROFILE_HOOK = ("3.9", "3.10", "3.11")
 WAITERS_LET_GO = re.compile(r"(\d+) Python thread\(s\) still waiting for the GIL at interpreter "
                             r"teardown exited first")
 
@@ -403,8 +405,8 @@ def test_threads_still_running_at_exit_do_not_crash(traced, python):
     assert run.returncode == 0, run.stderr
     assert run.named("work@ident")
     let_go = WAITERS_LET_GO.search(run.stderr)
-    if python[0] in ("3.9", "3.10", "3.11"):
-        # Both, unless a loaded machine kept one off the CPU for the 5 ms the wait allows.
+    if python[0] in PROFILE_HOOK:
+        # Both, unless a loaded machine kept one off the CPU for the rest of the wait.
         assert let_go and 1 <= int(let_go.group(1)) <= 2, run.stderr
     else:
         assert let_go is None, run.stderr  # sys.monitoring: nothing is installed on threads
@@ -425,7 +427,7 @@ def test_exit_does_not_wait_on_threads_blocked_outside_python(traced, python):
     """, api="work@ident", modules={"work": WORK + "def ident(x):\n    return x\n"},
         env={"FLARE_LOG_LEVEL": "debug"})
     assert run.returncode == 0, run.stderr
-    if python[0] in ("3.9", "3.10", "3.11"):
+    if python[0] in PROFILE_HOOK:
         let_go = WAITERS_LET_GO.search(run.stderr)
         assert let_go and int(let_go.group(1)) == 1, run.stderr
 
