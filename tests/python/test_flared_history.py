@@ -45,13 +45,13 @@ def flare(build_dir, *args, env=None):
                           text=True, timeout=300, env=dict(os.environ, **(env or {})))
 
 
-def run_job(build_dir, daemon, tmp_path, job, fault_env=None):
+def run_job(build_dir, daemon, tmp_path, job, fault_env=None, tp=2):
     """The job through flared, the workload's own account (--json) in tmp_path/sim-JOB.json."""
     env = dict(fault_env or {}, FLARE_OUTPUT_DIR=str(tmp_path / ("spool-" + job)),
                TRACED_PYTHON_API="sim_train@_LoaderIter.__next__,sim_train@injected_sync")
     res = flare(build_dir, "run", "--daemon", "127.0.0.1:%d" % daemon.grpc, "--job-id", job,
                 "--quiet", "--", os.path.join(build_dir, "bin", "flare-sim-train"), "--python",
-                "--ranks", str(RANKS), "--steps", "6", "--layers", LAYERS, "--tp", "2",
+                "--ranks", str(RANKS), "--steps", "6", "--layers", LAYERS, "--tp", str(tp),
                 "--data-ms", "2", "--quiet", "--json", str(tmp_path / ("sim-%s.json" % job)),
                 env=env)
     assert res.returncode == 0, res.stderr
@@ -196,6 +196,45 @@ def test_history_learns_the_threshold_and_flags_only_the_synchronize_run(build_d
     finally:
         if daemon.proc.poll() is None:
             daemon.stop()
+
+
+def test_history_names_a_slow_link_that_pure_data_parallelism_cannot_localise(build_dir,
+                                                                             tmp_path):
+    """Pure data parallelism (TP 1): every all-reduce runs on one communicator of all ranks, so
+    no peer communicator shows a slow link. Against two healthy runs marked as history, a link at
+    50% is named on all the communicator's ranks, routed to operations; a healthy run is not."""
+    daemon = start(build_dir, tmp_path)
+    http = "127.0.0.1:%d" % daemon.http
+    try:
+        # A job with no history says what it could not compare, and how to get a reference.
+        run_job(build_dir, daemon, tmp_path, "dp-first", {"FLARE_SIM_LINK_FACTOR": "2:0.5"}, tp=1)
+        first = wait_for(lambda: [d["note"] for d in daemon.json(
+            "/api/v1/jobs/dp-first/diagnoses")["lookedAt"]["detectors"]
+            if d["name"] == "link_slow" and d["note"]])
+        assert first and "with no peer" in first[0] and "flare baseline add" in first[0], first
+        for job in ("dp-healthy-0", "dp-healthy-1"):
+            run_job(build_dir, daemon, tmp_path, job, tp=1)
+        time.sleep(2.5)  # two detector runs after the last batches
+        for job in ("dp-healthy-0", "dp-healthy-1"):
+            assert wait_for(lambda: metrics_of(daemon, job)), job
+            res = flare(build_dir, "baseline", "add", "--job", job, "--daemon-http", http)
+            assert res.returncode == 0, res.stderr
+        run_job(build_dir, daemon, tmp_path, "dp-slow", {"FLARE_SIM_LINK_FACTOR": "2:0.5"}, tp=1)
+        run_job(build_dir, daemon, tmp_path, "dp-healthy-2", tp=1)
+        found = wait_for(lambda: alerts(daemon, tmp_path, "dp-slow"))
+        assert [(a["kind"], a["team"]) for a in found] == [("link_slow", "operations")], found
+        assert "healthy history (the slowest of 2 runs)" in found[0]["message"], found[0]
+        diag = [d for d in daemon.json("/api/v1/jobs/dp-slow/diagnoses")["diagnoses"]
+                if d["kind"] == "link_slow"]
+        assert diag and diag[0]["ranks"] == list(range(RANKS)), diag
+        # The sim's ring runs at the slowest member's link: half the healthy runs' busbw.
+        assert diag[0]["severity"] == pytest.approx(0.5, abs=0.1), diag[0]
+        time.sleep(2.5)  # more detector runs
+        assert [a for a in alerts(daemon, tmp_path, "dp-healthy-2")
+                if a["kind"] == "link_slow"] == []
+        assert_nothing_refused(daemon.http)
+    finally:
+        daemon.stop()
 
 
 class Hook(http.server.BaseHTTPRequestHandler):

@@ -266,6 +266,12 @@ SCENARIOS = [
          ranks=[6], team="operations", extended=True),
     dict(name="link-50%-8-dp8", tp=1, env={"FLARE_SIM_LINK_FACTOR": "2:0.5"}, kind="link_slow",
          ranks=[2], team="operations", extended=True),
+    # The same against healthy runs of the layout: the one communicator is compared with them,
+    # and all its ranks are named (the data cannot tell whose link), so the expected culprits are
+    # all eight.
+    dict(name="healthy-8-dp8-vs-baseline", tp=1, baseline=True, extended=True),
+    dict(name="link-50%-8-dp8-vs-baseline", tp=1, env={"FLARE_SIM_LINK_FACTOR": "2:0.5"},
+         kind="link_slow", ranks=ALL, team="operations", baseline=True, extended=True),
     dict(name="gpu-20%-16", world=16, env={"FLARE_SIM_CLOCK_FACTOR": "11:0.8"}, kind="gpu_slow",
          ranks=[11], team="operations", extended=True),
     dict(name="gpu-10%-16-tp4", world=16, tp=4, env={"FLARE_SIM_CLOCK_FACTOR": "9:0.9"},
@@ -369,6 +375,12 @@ def _sim_run(build, scenario, shape, spool, json_out, seed=1):
     return statistics.median(statistics.median(r["step_ms"][1:]) for r in data["ranks"])
 
 
+def _layout(scenario):
+    """(ranks, TP) of a scenario's sim job (_sim_run); baseline scenarios run without --python."""
+    assert not (scenario.get("baseline") and scenario.get("python")), scenario["name"]
+    return scenario.get("world", 8), scenario.get("tp", 2)
+
+
 def _diagnose(build, spool, baselines, until=None):
     cmd = [os.path.join(build, "bin", "flare-diagnose"), "--input", spool, "--json"]
     for b in baselines:
@@ -409,22 +421,25 @@ def diagnosis(build, args):
     out["seeds"] = [args.diag_seed + rep
                     for rep in range(max(args.diag_reps, args.diag_healthy_reps or 0))]
     try:
-        # Healthy baselines per shape (only the shapes the repetitions use).
+        # Healthy baselines per shape and layout (only those the repetitions use).
         baselines, base_step_ms, base_idle_ms = {}, {}, {}
         shapes_used = [DIAG_SHAPES[i % len(DIAG_SHAPES)]
                        for i in range(max(args.diag_reps, args.diag_healthy_reps or 0))]
-        if any(sc.get("baseline") for sc in scenarios):
+        layouts = sorted({_layout(sc) for sc in scenarios if sc.get("baseline")})
+        for world, tp in layouts:
             for shape in sorted(set(shapes_used)):
-                baselines[shape], times = [], []
+                key = (shape, (world, tp))
+                baselines[key], times = [], []
                 for i in range(DIAG_BASELINES):
-                    spool = os.path.join(work, f"base-{shape[0]}-{shape[1]}-{i}")
+                    spool = os.path.join(work, f"base-{shape[0]}-{shape[1]}-{world}-{tp}-{i}")
                     # Baselines draw their own seeds, apart from the runs they judge.
-                    times.append(_sim_run(build, {"name": "baseline"}, shape, spool,
-                                          spool + ".json", seed=args.diag_seed + 100000 + i))
-                    baselines[shape].append(spool)
-                base_step_ms[shape] = statistics.median(times)
-                base_idle_ms[shape] = statistics.median(gpu_idle_ms(build, b)
-                                                        for b in baselines[shape])
+                    times.append(_sim_run(build, {"name": "baseline", "world": world, "tp": tp},
+                                          shape, spool, spool + ".json",
+                                          seed=args.diag_seed + 100000 + i))
+                    baselines[key].append(spool)
+                base_step_ms[key] = statistics.median(times)
+                base_idle_ms[key] = statistics.median(gpu_idle_ms(build, b)
+                                                      for b in baselines[key])
         for sc in scenarios:
             kind, team = sc.get("kind"), sc.get("team")
             onset = sc.get("onset", 0)
@@ -443,11 +458,12 @@ def diagnosis(build, args):
                 spool = os.path.join(work, f"run-{rep}")
                 shutil.rmtree(spool, ignore_errors=True)
                 step_ms = _sim_run(build, sc, shape, spool, spool + ".json", seed)
-                bases = baselines.get(shape, []) if sc.get("baseline") else []
+                key = (shape, _layout(sc))
+                bases = baselines.get(key, []) if sc.get("baseline") else []
                 if sc.get("baseline"):
-                    row["step_change"].append(round(step_ms / base_step_ms[shape] - 1, 4))
+                    row["step_change"].append(round(step_ms / base_step_ms[key] - 1, 4))
                     row["added_gpu_idle_share"].append(round(
-                        (gpu_idle_ms(build, spool) - base_idle_ms[shape]) / base_step_ms[shape], 4))
+                        (gpu_idle_ms(build, spool) - base_idle_ms[key]) / base_step_ms[key], 4))
                 found = _diagnose(build, spool, bases)
                 expected = kind is not None
                 if sc.get("truth") == "v_minority":

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "src/engine/diagnosis/history.h"
 #include "src/engine/diagnosis/job_model.h"
 
 namespace flare::engine {
@@ -329,6 +330,119 @@ TEST(LinkSlow, OneCommunicatorWithNoPeerToCompareIsNotBlamed) {
       EXPECT_EQ(r.note, "") << r.name;
     }
   }
+}
+
+// ---- link_slow: a communicator with no peer, against healthy history ---------------------------
+
+// The link_slow detector's run record (what it looked at) of one diagnose() call.
+DetectorRun linkRun(const JobModel& job, const JobModel* baseline, const History* history,
+                    std::vector<Diagnosis>* found) {
+  std::vector<DetectorRun> runs;
+  for (Diagnosis& d : diagnose(job, DiagnoseOptions{}, baseline, history, &runs)) {
+    if (d.kind == "link_slow") found->push_back(std::move(d));
+  }
+  for (DetectorRun& r : runs) {
+    if (r.name == "link_slow") return r;
+  }
+  ADD_FAILURE() << "link_slow did not run";
+  return {};
+}
+
+TEST(LinkSlow, APeerlessCommunicatorSlowerThanItsHealthyHistoryNamesAllItsRanks) {
+  // DP 8 (one communicator of all eight ranks, nothing to compare with inside the job), and two
+  // healthy runs of it as history: rank 3's link at 50% halves the ring's busbw.
+  const flare::v1::HealthyBaseline a = makeBaseline(linkJob({}, /*tp=*/false));
+  const flare::v1::HealthyBaseline b = makeBaseline(linkJob({}, /*tp=*/false));
+  const History history = buildHistory({&a, &b}, HistoryOptions{});
+  ASSERT_EQ(history.runs, 2u);
+  std::vector<Diagnosis> found;
+  const DetectorRun run = linkRun(linkJob({{3, 0.5}}, /*tp=*/false), nullptr, &history, &found);
+  ASSERT_EQ(found.size(), 1u);
+  EXPECT_EQ(found[0].ranks, (std::vector<int>{0, 1, 2, 3, 4, 5, 6, 7}));
+  EXPECT_TRUE(found[0].victims.empty());
+  EXPECT_EQ(found[0].team, Team::kOperations);
+  EXPECT_NEAR(found[0].severity, 0.5, 0.03);
+  EXPECT_NE(found[0].summary.find("below healthy history (the slowest of 2 runs)"),
+            std::string::npos)
+      << found[0].summary;
+  EXPECT_EQ(found[0].summary.rfind("ranks 0-7: slow network link", 0), 0u) << found[0].summary;
+  EXPECT_NE(found[0].summary.find("cannot tell whose link"), std::string::npos);
+  ASSERT_EQ(found[0].evidence.size(), 1u);
+  EXPECT_NEAR(found[0].evidence[0].value / found[0].evidence[0].reference, 0.5, 0.03);
+  EXPECT_NE(found[0].evidence[0].text.find("(slow: more than 20.0% below)"), std::string::npos)
+      << found[0].evidence[0].text;
+  EXPECT_EQ(run.note, "");  // compared: nothing left unsaid
+}
+
+TEST(LinkSlow, APeerlessCommunicatorWithinItsHistoryOrTheThresholdRaisesNothing) {
+  const flare::v1::HealthyBaseline a = makeBaseline(linkJob({}, /*tp=*/false));
+  const History history = buildHistory({&a}, HistoryOptions{});
+  // Healthy, and a link at 90%: within the 20% a job may differ from its history by (other
+  // nodes, other links); compared, so the note is empty.
+  for (double f : {1.0, 0.9}) {
+    std::vector<Diagnosis> found;
+    const DetectorRun run = linkRun(linkJob({{3, f}}, /*tp=*/false), nullptr, &history, &found);
+    EXPECT_TRUE(found.empty()) << f << " " << found[0].summary;
+    EXPECT_EQ(run.note, "") << f;
+  }
+  // The history's slowest run is the reference: a healthy run that was itself 30% slower makes
+  // a 50% link 29% below the slowest, still named; a slowest run at 60% clears it.
+  const flare::v1::HealthyBaseline slow = makeBaseline(linkJob({{5, 0.7}}, /*tp=*/false));
+  std::vector<Diagnosis> found;
+  const History with_slow = buildHistory({&a, &slow}, HistoryOptions{});
+  linkRun(linkJob({{3, 0.5}}, /*tp=*/false), nullptr, &with_slow, &found);
+  ASSERT_EQ(found.size(), 1u);
+  EXPECT_NEAR(found[0].severity, 1 - 0.5 / 0.7, 0.03);
+  const flare::v1::HealthyBaseline slower = makeBaseline(linkJob({{5, 0.6}}, /*tp=*/false));
+  const History with_slower = buildHistory({&a, &slower}, HistoryOptions{});
+  found.clear();
+  linkRun(linkJob({{3, 0.5}}, /*tp=*/false), nullptr, &with_slower, &found);
+  EXPECT_TRUE(found.empty());
+}
+
+TEST(LinkSlow, APeerlessCommunicatorIsComparedWithTheBaselineRun) {
+  // flare-diagnose --baseline: the baseline run's model instead of stored history.
+  const JobModel baseline = linkJob({}, /*tp=*/false);
+  std::vector<Diagnosis> found;
+  linkRun(linkJob({{6, 0.5}}, /*tp=*/false), &baseline, nullptr, &found);
+  ASSERT_EQ(found.size(), 1u);
+  EXPECT_EQ(found[0].ranks.size(), 8u);
+  EXPECT_NE(found[0].summary.find("below the baseline run"), std::string::npos) << found[0].summary;
+  found.clear();
+  linkRun(linkJob({}, /*tp=*/false), &baseline, nullptr, &found);
+  EXPECT_TRUE(found.empty());
+}
+
+TEST(LinkSlow, WhatTheHistoryCannotCompareIsSaid) {
+  // A history without a busbw for the collective (its runs measured no complete instance):
+  // the note says so, and nothing is named.
+  flare::v1::HealthyBaseline a = makeBaseline(linkJob({}, /*tp=*/false));
+  for (auto& s : *a.mutable_signatures()) s.set_busbw_gbps(0);
+  const History history = buildHistory({&a}, HistoryOptions{});
+  std::vector<Diagnosis> found;
+  DetectorRun run = linkRun(linkJob({{3, 0.5}}, /*tp=*/false), nullptr, &history, &found);
+  EXPECT_TRUE(found.empty());
+  EXPECT_NE(run.note.find("with no peer"), std::string::npos) << run.note;
+  EXPECT_NE(run.note.find("the healthy history has no figure for its collective"),
+            std::string::npos)
+      << run.note;
+  // Without any history, the note says how to get one.
+  run = linkRun(linkJob({{3, 0.5}}, /*tp=*/false), nullptr, nullptr, &found);
+  EXPECT_NE(run.note.find("flare baseline add"), std::string::npos) << run.note;
+  // A job-wide all-reduce beside TP and DP groups runs the same signature as the DP groups here
+  // (linkJob's one signature): the history's figure for it is not this communicator's alone,
+  // so it is not compared with it, and the note names it as before.
+  const flare::v1::HealthyBaseline g = makeBaseline(linkJob({}, /*tp=*/true, /*global=*/true));
+  const History global_history = buildHistory({&g}, HistoryOptions{});
+  found.clear();
+  run = linkRun(linkJob({}, /*tp=*/true, /*global=*/true), nullptr, &global_history, &found);
+  EXPECT_TRUE(found.empty());
+  EXPECT_NE(run.note.find("1 communicator (ranks 0-7: ncclAllReduce"), std::string::npos)
+      << run.note;
+  EXPECT_NE(run.note.find("its collective runs on other communicators too, so the healthy "
+                          "history's figure for it is not its own"),
+            std::string::npos)
+      << run.note;
 }
 
 // ---- unoptimized_gemm: what a shape is held to -----------------------------------------------

@@ -52,6 +52,12 @@ struct DiagnoseOptions {
   // link_clear_sigmas × that spread).
   double link_clear_margin = 0.04;
   double link_clear_sigmas = 2.0;
+  // A communicator with no peer (pure data parallelism; a job-wide all-reduce beside TP and DP
+  // groups) is compared with healthy history (flared) or the baseline run (flare-diagnose
+  // --baseline) instead: slow when its job busbw for a collective signature only it runs is more
+  // than this share below that of every healthy run (the baseline's). Larger than
+  // link_min_effect: two runs of a job may land on different nodes and links.
+  double link_history_min_effect = 0.2;
   double issue_w1_floor_ns = 20'000;
   double idle_min_share = 0.08;  // a stalled rank's extra GPU idle time, share of the step
   // ... and it must be above the other ranks' median in so many steps that the one-sided sign

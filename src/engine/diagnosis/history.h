@@ -31,6 +31,9 @@ struct HistorySignature {
   double p50_ns = 0;
   double tflops = 0;
   double busbw_gbps = 0;
+  // Collectives: the lowest job busbw of a run that measured one, and how many did (0: none).
+  double busbw_low_gbps = 0;
+  uint32_t busbw_runs = 0;
 };
 
 struct History {

@@ -3,7 +3,9 @@
 // (the shortest member's kernel, so waiting is not counted), is below its peers' by more than
 // link_min_effect and than link_spread_sigmas times the spread of the job's healthy communicators
 // is slow. Its members that are also in a healthy communicator are victims; the others are the
-// culprits (docs/metrics.md).
+// culprits. A communicator with no peer is compared with healthy history or the baseline run
+// when there is one: all its members are named, the link among them not localised
+// (docs/metrics.md).
 
 #include <algorithm>
 #include <cmath>
@@ -18,6 +20,8 @@
 
 #include "src/common/rank_list.h"
 #include "src/engine/diagnosis/detector.h"
+#include "src/engine/diagnosis/history.h"
+#include "src/engine/diagnosis/job_metrics.h"
 #include "src/engine/diagnosis/own_change.h"
 #include "src/records/op_kind.h"
 
@@ -106,6 +110,52 @@ void detectSlowLink(const JobModel& job, const DiagnoseOptions& opt, std::vector
       if (!added && bw / reference < it->second.ratio()) it->second = {bw, reference};
     }
   }
+  // Communicators with no peer, against healthy history (flared) or the baseline run
+  // (flare-diagnose --baseline): per collective signature that only this communicator runs (the
+  // history keeps one figure per signature, not per communicator), the job busbw (job_metrics.h:
+  // the figure the history holds) against the lowest of the healthy runs' (the baseline's).
+  const History* history = view != nullptr ? view->history() : nullptr;
+  const JobModel* baseline = view != nullptr ? view->baseline() : nullptr;
+  struct AgainstHistory {
+    std::pair<uint64_t, uint32_t> key;  // communicator, signature
+    double busbw = 0, reference = 0;
+    uint32_t runs = 0;  // healthy runs that measured it (1: the baseline)
+  };
+  std::vector<AgainstHistory> history_slow;
+  std::set<uint64_t> history_compared, history_shared;  // shared: its signature on others too
+  if (history != nullptr || baseline != nullptr) {
+    std::map<uint32_t, int> comms_of_sig;
+    for (const auto& [key, cs] : comms) ++comms_of_sig[key.second];
+    const std::map<std::string, SignatureBusbw> job_bw = signatureBusbw(job);
+    const std::map<std::string, SignatureBusbw> base_bw =
+        history == nullptr ? signatureBusbw(*baseline) : std::map<std::string, SignatureBusbw>{};
+    for (const auto& [key, cs] : comms) {
+      if (compared.count(key.first) || static_cast<int>(cs.busbw.size()) < opt.min_samples)
+        continue;
+      if (comms_of_sig[key.second] != 1) {
+        history_shared.insert(key.first);
+        continue;
+      }
+      const std::string sig_key = signatureKey(job.signatures()[key.second]);
+      AgainstHistory a{key};
+      if (history != nullptr) {
+        auto h = history->signatures.find(sig_key);
+        if (h == history->signatures.end() || h->second.busbw_runs == 0) continue;
+        a.reference = h->second.busbw_low_gbps;
+        a.runs = h->second.busbw_runs;
+      } else {
+        auto b = base_bw.find(sig_key);
+        if (b == base_bw.end() || static_cast<int>(b->second.instances) < opt.min_samples) continue;
+        a.reference = b->second.gbps;
+        a.runs = 1;
+      }
+      auto j = job_bw.find(sig_key);
+      if (a.reference <= 0 || j == job_bw.end() || j->second.gbps <= 0) continue;
+      a.busbw = j->second.gbps;
+      history_compared.insert(key.first);
+      if (a.busbw < (1.0 - opt.link_history_min_effect) * a.reference) history_slow.push_back(a);
+    }
+  }
   // What was not compared: say so, with what was measured (a pure data-parallel job runs every
   // collective on one communicator; a job-wide all-reduce beside TP and DP groups has no peer
   // either). A slow link among such a communicator's ranks is not localised.
@@ -115,7 +165,9 @@ void detectSlowLink(const JobModel& job, const DiagnoseOptions& opt, std::vector
     size_t listed = 0;
     for (const auto& [key, cs] : comms) {
       all.insert(key.first);
-      if (compared.count(key.first) || !by_comm.count(key.first)) continue;
+      if (compared.count(key.first) || history_compared.count(key.first) ||
+          !by_comm.count(key.first))
+        continue;
       if (!alone.insert(key.first).second) continue;
       if (listed++ == 3) {
         what += ", ...";
@@ -133,7 +185,17 @@ void detectSlowLink(const JobModel& job, const DiagnoseOptions& opt, std::vector
       view->note(std::to_string(all.size()) + " communicator" + (all.size() == 1 ? "" : "s") +
                  ", none with " + std::to_string(opt.min_samples) + " complete instances yet");
     } else if (!alone.empty()) {
-      const size_t others = compared.size();
+      const size_t others = compared.size() + history_compared.size();
+      const bool shared = std::any_of(alone.begin(), alone.end(),
+                                      [&](uint64_t c) { return history_shared.count(c) > 0; });
+      const std::string reference =
+          history == nullptr && baseline == nullptr
+              ? "; or mark a healthy run of this job as history: flare baseline add"
+          : shared ? std::string("; its collective runs on other communicators too, so the ") +
+                         (history != nullptr ? "healthy history's" : "baseline run's") +
+                         " figure for it is not its own"
+          : history != nullptr ? "; the healthy history has no figure for its collective"
+                               : "; the baseline run has no figure for its collective";
       view->note(
           std::to_string(alone.size()) + " communicator" + (alone.size() == 1 ? "" : "s") + " (" +
           what +
@@ -141,8 +203,44 @@ void detectSlowLink(const JobModel& job, const DiagnoseOptions& opt, std::vector
           "many ranks" +
           (others > 0 ? " (" + std::to_string(others) + " others compared)" : std::string()) +
           ": a slow link among its ranks cannot be told from the fabric's own speed "
-          "(compare the busbw with what the fabric should reach)");
+          "(compare the busbw with what the fabric should reach" +
+          reference + ")");
     }
+  }
+  auto commHash = [](uint64_t comm) {
+    char hash[24];
+    std::snprintf(hash, sizeof(hash), "%016llx", static_cast<unsigned long long>(comm));
+    return std::string(hash);
+  };
+  for (const AgainstHistory& a : history_slow) {
+    const CommStats& cs = comms.at(a.key);
+    const std::vector<int> ranks(cs.ranks.begin(), cs.ranks.end());
+    common::RankSet members;  // "0-1023", not every rank of a large data-parallel job
+    for (int r : ranks) members.add(r, r);
+    const std::string against = history != nullptr
+                                    ? "healthy history (the slowest of " + std::to_string(a.runs) +
+                                          " run" + (a.runs > 1 ? "s" : "") + ")"
+                                    : std::string("the baseline run");
+    Diagnosis d;
+    d.kind = "link_slow";
+    d.team = Team::kOperations;
+    d.cause = "network";
+    d.ranks = ranks;
+    d.severity = 1.0 - a.busbw / a.reference;
+    const std::string what =
+        job.signatures()[cs.sig].name() + " of " + fmtNum(cs.bytes / (1 << 20), "MiB");
+    d.evidence.push_back({"busbw",
+                          what + " on communicator " + commHash(a.key.first) + " (ranks " +
+                              members.toString() + "): job busbw " + fmtNum(a.busbw, "GB/s") +
+                              " vs " + fmtNum(a.reference, "GB/s") + " in " + against +
+                              " (slow: more than " + fmtPct(opt.link_history_min_effect) +
+                              " below)",
+                          a.busbw, a.reference});
+    d.summary = "ranks " + members.toString() + ": slow network link — bus bandwidth of " + what +
+                " " + fmtPct(d.severity) + " below " + against +
+                "; their only communicator for it has no peer, so the data cannot tell whose "
+                "link (check the ranks' NICs: port rate, error counters)";
+    out->push_back(std::move(d));
   }
   const double slow_effect = std::max(opt.link_min_effect, opt.link_spread_sigmas * spread);
   std::map<uint64_t, Compared> slow;
@@ -203,13 +301,11 @@ void detectSlowLink(const JobModel& job, const DiagnoseOptions& opt, std::vector
     const CommStats& cs = *by_comm[comm];
     const auto& sig = job.signatures()[cs.sig];
     std::vector<int> ranks(cs.ranks.begin(), cs.ranks.end());
-    char hash[24];
-    std::snprintf(hash, sizeof(hash), "%016llx", static_cast<unsigned long long>(comm));
     d.evidence.push_back(
         {"busbw",
-         sig.name() + " of " + fmtNum(cs.bytes / (1 << 20), "MiB") + " on communicator " + hash +
-             " (ranks " + rankList(ranks) + "): busbw " + fmtNum(v.busbw, "GB/s") + " vs " +
-             fmtNum(v.reference, "GB/s") + " on peer communicators" + note + threshold,
+         sig.name() + " of " + fmtNum(cs.bytes / (1 << 20), "MiB") + " on communicator " +
+             commHash(comm) + " (ranks " + rankList(ranks) + "): busbw " + fmtNum(v.busbw, "GB/s") +
+             " vs " + fmtNum(v.reference, "GB/s") + " on peer communicators" + note + threshold,
          v.busbw, v.reference});
   };
   double worst = 0;
