@@ -385,6 +385,10 @@ void Analyzer::enrichReport(v1::GetReportResponse* report) const {
       // TFLOPS at the median duration: the same FLOPs per call, so the inverse duration ratio.
       if (h->second.tflops > 0) c->set_tflops_ratio(h->second.p50_ns / s.p50_ns());
     }
+    if (h->second.busbw_gbps > 0) {
+      c->set_baseline_busbw_gbps(h->second.busbw_gbps);
+      if (s.job_busbw_gbps() > 0) c->set_busbw_ratio(s.job_busbw_gbps() / h->second.busbw_gbps);
+    }
   }
 }
 

@@ -180,6 +180,14 @@ def test_history_learns_the_threshold_and_flags_only_the_synchronize_run(build_d
                                                        rel=1e-4)
             assert h["durationRatio"] == pytest.approx(1.0, abs=0.1)
             assert h["tflopsRatio"] == pytest.approx(1 / h["durationRatio"])
+        # The all-reduces' job busbw against history's: the same simulated fabric.
+        collectives = [s for s in compared if s["signature"]["kind"] == "OP_KIND_COLLECTIVE"
+                       and s["history"]["baselineBusbwGbps"] > 0]
+        assert collectives, rep["signatures"]
+        for s in collectives:
+            h = s["history"]
+            assert h["busbwRatio"] == pytest.approx(s["jobBusbwGbps"] / h["baselineBusbwGbps"])
+            assert h["busbwRatio"] == pytest.approx(1.0, abs=0.1)
 
         # History survives a restart; remove forgets it.
         daemon.stop()
@@ -227,8 +235,13 @@ def test_history_names_a_slow_link_that_pure_data_parallelism_cannot_localise(bu
         diag = [d for d in daemon.json("/api/v1/jobs/dp-slow/diagnoses")["diagnoses"]
                 if d["kind"] == "link_slow"]
         assert diag and diag[0]["ranks"] == list(range(RANKS)), diag
-        # The sim's ring runs at the slowest member's link: half the healthy runs' busbw.
+        # The sim's ring runs at the slowest member's link: half the healthy runs' busbw, as
+        # the kernel report's comparison with history says too.
         assert diag[0]["severity"] == pytest.approx(0.5, abs=0.1), diag[0]
+        ratios = [s["history"]["busbwRatio"] for s in
+                  daemon.json("/api/v1/jobs/dp-slow/report")["signatures"]
+                  if s.get("history", {}).get("busbwRatio", 0) > 0]
+        assert ratios and all(r == pytest.approx(0.5, abs=0.1) for r in ratios), ratios
         time.sleep(2.5)  # more detector runs
         assert [a for a in alerts(daemon, tmp_path, "dp-healthy-2")
                 if a["kind"] == "link_slow"] == []
