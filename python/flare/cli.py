@@ -540,6 +540,25 @@ def as_int(value):
         return 0
 
 
+# The hook's name for a kernel no name lookup named (src/hook/op_names.cc unnamedKernel).
+UNNAMED_KERNEL = "kernel@unknown"
+
+
+def unnamed_kernels(api, job_id):
+    """The job's launches recorded as kernel@unknown, from its kernel report: {"launches",
+    "timeShare"} (of the job's GPU-busy time), or None when the report could not be read."""
+    try:
+        got = api.get("/api/v1/jobs/%s/report" % urllib.parse.quote(job_id, safe=""))
+    except CliError:
+        return None
+    launches, share = 0, 0.0
+    for s in (got.get("signatures") or []) if isinstance(got, dict) else []:
+        if isinstance(s, dict) and (s.get("signature") or {}).get("name") == UNNAMED_KERNEL:
+            launches += as_int(s.get("count"))
+            share += float(s.get("timeShare") or 0)
+    return {"launches": launches, "timeShare": share}
+
+
 def fetch_status(base, include_finished, timeout):
     api = daemon(base, timeout)
     jobs = api.get("/api/v1/jobs" + ("?include_finished=1" if include_finished else ""))
@@ -555,6 +574,7 @@ def fetch_status(base, include_finished, timeout):
             "ranksConnected": as_int(job.get("ranksConnected")),
             "lastSeenUnixNs": as_int(job.get("lastSeenUnixNs")),
             "finished": bool(job.get("finished", False)),
+            "unnamedKernels": unnamed_kernels(api, job_id),
             "ranks": [{
                 "rank": as_int(r.get("rank")),
                 "host": r.get("host", ""),
@@ -649,6 +669,14 @@ def cmd_status(args):
             print("  step sampling: %d of %d rank-steps sampled out (FLARE_SAMPLE_STEPS or "
                   "FLARE_TIMING_BUDGET_PCT: their kernels untimed, their times kept); GPU figures "
                   "from the other %d" % (sampled_out, steps, steps - sampled_out))
+        # Kernels the hook could not name are kept as plain kernels, not lost; said so that a
+        # report full of kernel@unknown is not mistaken for the workload's own names.
+        unnamed = job["unnamedKernels"]
+        if unnamed and unnamed["launches"]:
+            print("  unnamed kernels: %d launch(es), %.1f%% of GPU time, recorded as %s: no "
+                  "name lookup named them (each rank's log says what the lookups answered); "
+                  "they count as plain kernels" % (unnamed["launches"],
+                                                   100 * unnamed["timeShare"], UNNAMED_KERNEL))
         # What the daemon refused is never silent: each reason with its last error.
         for rank, x in refusals:
             print("  rank %d: the daemon refused %d batch(es) and %d item(s) as %s, last %s: %s" % (

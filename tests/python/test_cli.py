@@ -171,6 +171,34 @@ def test_status_counts_summary_ranks_steps_and_says_what_step_sampling_left_unti
     assert re.search(r"node-1 .* 1200 +- +0 ", table) and "step sampling" not in table, table
 
 
+def test_status_says_how_many_launches_no_name_lookup_named(api):
+    """Kernels the hook could not name (kernel@unknown in the kernel report) are counted in
+    `flare status`, with their share of GPU time; nothing is said when there are none, or when
+    the report cannot be read (the ranks are still listed)."""
+    sig = {"name": "kernel@unknown", "kind": "OP_KIND_KERNEL"}
+    report = {"jobId": "job/a", "signatures": [
+        {"signature": sig, "count": "300", "timeShare": 0.25},
+        {"signature": dict(sig, shape=["2"]), "count": "20", "timeShare": 0.05},
+        {"signature": {"name": "gemm", "kind": "OP_KIND_GEMM"}, "count": "900",
+         "timeShare": 0.7}]}
+    FakeApi.routes = {"/api/v1/jobs": JOBS, "/api/v1/jobs/job%2Fa/ranks": RANKS,
+                      "/api/v1/jobs/job%2Fa/report": report}
+    addr = "127.0.0.1:%d" % api.server_address[1]
+    got = json.loads(flare("status", "--daemon-http", addr, "--json").stdout)["jobs"][0]
+    assert got["unnamedKernels"]["launches"] == 320
+    assert got["unnamedKernels"]["timeShare"] == pytest.approx(0.30)
+    table = flare("status", "--daemon-http", addr).stdout
+    assert "unnamed kernels: 320 launch(es), 30.0% of GPU time, recorded as kernel@unknown" \
+        in table, table
+    report["signatures"] = report["signatures"][2:]
+    assert "unnamed kernels" not in flare("status", "--daemon-http", addr).stdout
+    del FakeApi.routes["/api/v1/jobs/job%2Fa/report"]  # 404
+    res = flare("status", "--daemon-http", addr, "--json")
+    assert res.returncode == 0, res.stderr
+    got = json.loads(res.stdout)["jobs"][0]
+    assert got["unnamedKernels"] is None and len(got["ranks"]) == 2
+
+
 def test_status_json_is_camel_case_throughout(api):
     """One casing, protobuf's JSON mapping: every key of `flare status --json` is lowerCamelCase
     (the drop counters' keys are flared's own, already camelCase)."""

@@ -156,3 +156,22 @@ def test_flared_learns_each_ranks_gpu_from_the_stream_and_compares_gemms_with_it
     found = wait_alerts(daemon, tmp_path, "gpu-quarter", 1)
     assert [(a["kind"], a["team"]) for a in found] == [("unoptimized_gemm", "infrastructure")]
     assert "expected for the shape on Flare Simulated GPU" in found[0]["message"]
+
+
+def test_kernels_no_lookup_could_name_are_counted_in_flare_status(build_dir, daemon, tmp_path):
+    """A driver that names no kernel (FLARE_SIM_NAMELESS_KERNELS=1): every plain kernel is
+    recorded as kernel@unknown, kept, and `flare status` says how many launches that was, against
+    the kernel report's own count; a job whose kernels have names says nothing of it."""
+    run_job(build_dir, daemon, tmp_path, "named")
+    run_job(build_dir, daemon, tmp_path, "nameless", {"FLARE_SIM_NAMELESS_KERNELS": "1"})
+    http = "127.0.0.1:%d" % daemon.http
+    res = flare(build_dir, "status", "--all", "--daemon-http", http, "--json")
+    assert res.returncode == 0, res.stderr
+    jobs = {j["jobId"]: j for j in json.loads(res.stdout)["jobs"]}
+    report = daemon.json("/api/v1/jobs/nameless/report")["signatures"]
+    unknown = sum(int(s["count"]) for s in report if s["signature"]["name"] == "kernel@unknown")
+    assert unknown > 0
+    assert jobs["nameless"]["unnamedKernels"]["launches"] == unknown
+    assert jobs["named"]["unnamedKernels"] == {"launches": 0, "timeShare": 0.0}
+    text = flare(build_dir, "status", "--all", "--daemon-http", http).stdout
+    assert text.count("unnamed kernels: %d launch(es)" % unknown) == 1, text
