@@ -198,18 +198,17 @@ History buildHistory(const std::vector<const flare::v1::HealthyBaseline*>& runs,
     for (const auto& s : run->signatures()) sigs[signatureKey(s.signature())].push_back(&s);
   }
   for (const auto& [key, list] : sigs) {
-    std::vector<double> p50, tf, bw, measured_bw;
+    std::vector<double> p50, tf, bw;  // bw: the runs that measured a job busbw only
     for (const auto* s : list) {
       p50.push_back(static_cast<double>(s->p50_ns()));
       tf.push_back(s->tflops());
-      bw.push_back(s->busbw_gbps());
-      if (s->busbw_gbps() > 0) measured_bw.push_back(s->busbw_gbps());
+      if (s->busbw_gbps() > 0) bw.push_back(s->busbw_gbps());
     }
     HistorySignature& hs = h.signatures[key];
     hs = {static_cast<uint32_t>(list.size()), median(p50), median(tf), median(bw)};
-    if (!measured_bw.empty()) {
-      hs.busbw_low_gbps = *std::min_element(measured_bw.begin(), measured_bw.end());
-      hs.busbw_runs = static_cast<uint32_t>(measured_bw.size());
+    if (!bw.empty()) {
+      hs.busbw_low_gbps = *std::min_element(bw.begin(), bw.end());
+      hs.busbw_runs = static_cast<uint32_t>(bw.size());
     }
   }
   return h;

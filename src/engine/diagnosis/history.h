@@ -30,8 +30,9 @@ struct HistorySignature {
   uint32_t runs = 0;
   double p50_ns = 0;
   double tflops = 0;
+  // Collectives, over the runs that measured a job busbw (busbw_runs; 0: none did): the median
+  // and the lowest.
   double busbw_gbps = 0;
-  // Collectives: the lowest job busbw of a run that measured one, and how many did (0: none).
   double busbw_low_gbps = 0;
   uint32_t busbw_runs = 0;
 };

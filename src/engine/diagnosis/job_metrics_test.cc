@@ -166,6 +166,29 @@ TEST(History, LearnedThresholdsFromTwoBaselineRuns) {
   EXPECT_EQ(buildHistory({&bad}, options).runs, 0u);
 }
 
+TEST(History, ACollectivesBusbwIsOverTheRunsThatMeasuredOne) {
+  // Four runs of one all-reduce; one measured no complete instance (busbw 0): the median and the
+  // lowest are over the other three, and the 0 is not a healthy run's figure.
+  std::vector<v1::HealthyBaseline> runs(4);
+  const double busbw[] = {100, 0, 80, 90};
+  const auto sketch = sketchOf(1000, 1999).serialize();
+  for (size_t i = 0; i < runs.size(); ++i) {
+    runs[i].set_issue_latency(std::string(sketch.begin(), sketch.end()));
+    auto* s = runs[i].add_signatures();
+    s->mutable_signature()->set_name("ncclAllReduce");
+    s->mutable_signature()->set_kind(v1::OP_KIND_COLLECTIVE);
+    s->set_p50_ns(1000);
+    s->set_busbw_gbps(busbw[i]);
+  }
+  const History h = buildHistory({&runs[0], &runs[1], &runs[2], &runs[3]}, HistoryOptions{});
+  ASSERT_EQ(h.signatures.size(), 1u);
+  const HistorySignature& sig = h.signatures.begin()->second;
+  EXPECT_EQ(sig.runs, 4u);
+  EXPECT_EQ(sig.busbw_runs, 3u);
+  EXPECT_NEAR(sig.busbw_gbps, 90, 1e-9);
+  EXPECT_NEAR(sig.busbw_low_gbps, 80, 1e-9);
+}
+
 TEST(History, BaselineOfAJobKeepsItsSignaturesAndSketch) {
   const JobModel job = syntheticJob();
   const v1::HealthyBaseline b = makeBaseline(job);
