@@ -251,7 +251,8 @@ def test_healthy_replay_raises_nothing_and_every_figure_matches_the_fixture(
     ("healthy", ("--slow-gpu", "3:1.25"), "gpu_slow", 3, "operations"),  # a GPU at 80% clock
     ("healthy", ("--slow-link", "5:2"), "link_slow", 5, "operations"),  # half the bandwidth
     ("healthy", ("--stall", "6:5"), "issue_stall", 6, "algorithm"),  # 5 ms host pause per step
-    # One job-wide communicator: no peer communicator to compare a slow link with.
+    # One job-wide communicator: no peer communicator to compare a slow link with (named
+    # against history: test_a_slow_link_on_the_one_job_wide_communicator_is_named_against_history).
     ("pytorch-like", ("--slow-gpu", "3:1.25"), "gpu_slow", 3, "operations"),
     ("pytorch-like", ("--stall", "6:5"), "issue_stall", 6, "algorithm"),
 ])
@@ -266,6 +267,37 @@ def test_each_perturbation_is_named_with_its_rank_and_team(build_dir, daemon, na
     alerts = daemon.alerts(job)
     assert [(a["kind"], a["rank"], a["team"]) for a in alerts] == [(kind, rank, team)], alerts
     assert "rank %d" % rank in alerts[0]["message"]
+    assert all(v == 0 for v in daemon.rejected().values()), daemon.rejected()
+
+
+@pytest.mark.parametrize("mode", ["raw", "summary"])
+def test_a_slow_link_on_the_one_job_wide_communicator_is_named_against_history(build_dir, daemon,
+                                                                              mode):
+    """pytorch-like runs every collective on one communicator of all ranks: a slow link has no
+    peer communicator to show against, and is named only against healthy history (the
+    fixture's own healthy replay): on every rank of the communicator, routed to operations."""
+    fixture = os.path.join(FIXTURES, "pytorch-like.tar.gz")
+    started = replay(build_dir, daemon, "dp-base", "--mode", mode, fixture=fixture)
+    settled(daemon, "dp-base", started)
+    req = urllib.request.Request("http://127.0.0.1:%d/api/v1/jobs/dp-base/baseline" % daemon.http,
+                                 method="POST", data=b"")
+    with urllib.request.urlopen(req, timeout=10) as r:
+        assert r.status == 200
+    started = replay(build_dir, daemon, "dp-slow", "--mode", mode, "--slow-link", "5:2",
+                     fixture=fixture)
+    wait_alerts(daemon, "dp-slow", "link_slow")
+    settled(daemon, "dp-slow", started)
+    alerts = daemon.alerts("dp-slow")
+    assert [(a["kind"], a["rank"], a["team"]) for a in alerts] == [
+        ("link_slow", -1, "operations")], alerts
+    assert "below healthy history (the slowest of 1 run)" in alerts[0]["message"], alerts[0]
+    found = [d for d in daemon.json("/api/v1/jobs/dp-slow/diagnoses")["diagnoses"]
+             if d["kind"] == "link_slow"]
+    assert found and found[0]["ranks"] == list(range(RANKS)), found
+    # And a healthy replay against the same history raises nothing.
+    started = replay(build_dir, daemon, "dp-again", "--mode", mode, fixture=fixture)
+    settled(daemon, "dp-again", started)
+    assert daemon.alerts("dp-again") == []
     assert all(v == 0 for v in daemon.rejected().values()), daemon.rejected()
 
 
