@@ -377,7 +377,18 @@ HangIncident HangMonitor::diagnose(const std::string& job_id, const v1::ListRank
   msg += tail;
   a.set_message(msg);
   a.set_time_unix_ns(inc.diagnosed_ns);
-  if (store_ != nullptr) inc.alert_id = store_->putAlert(a);
+  if (store_ != nullptr) {
+    inc.alert_id = store_->putAlert(a);
+    // The incident is published once its alert is committed, so that a client reading both
+    // (flare status, the alerts, the incidents) never sees the incident without its alert; the
+    // wait is bounded, so that a stalled disk delays the incident (and FLARE_HANG_KILL) little.
+    if (!store_->flushWithin(std::chrono::seconds(2)) && !said_alert_late_.exchange(true)) {
+      FLARE_LOG_WARN("engine",
+                     "job {}: hang incident published before its alert was committed: the "
+                     "store's writes are behind (flare_store_queue_depth); said once",
+                     job_id);
+    }
+  }
   FLARE_LOG_WARN("engine", "ALERT [operations] job {}: hang: {}", job_id, msg);
   {
     std::lock_guard lock(mu_);

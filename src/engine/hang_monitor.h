@@ -128,6 +128,7 @@ class HangMonitor {
   uint64_t next_id_ = 1;                                        // guarded by mu_
   uint64_t no_answer_total_ = 0;                                // guarded by mu_
   uint64_t exits_sent_ = 0;                                     // guarded by mu_
+  std::atomic<bool> said_alert_late_{false};  // the "published before its alert" line, once
   std::condition_variable cv_;
   bool stopping_ = false;                     // guarded by mu_
   bool wake_ = false;                         // guarded by mu_

@@ -4,15 +4,19 @@
 #include "src/engine/hang_monitor.h"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <deque>
+#include <filesystem>
 #include <memory>
 #include <mutex>
 #include <set>
+#include <string>
 #include <thread>
 #include <vector>
 
+#include "src/engine/sqlite_store.h"
 #include "src/engine/test_util.h"
 
 namespace flare::engine {
@@ -52,13 +56,13 @@ class HangMonitorTest : public ::testing::Test {
   void SetUp() override { start(true, {}); }
   // `kill`: HangMonitorOptions::kill_after_diagnosis; `opt_in`: ranks whose hello sets
   // hang_kill (FLARE_HANG_KILL=1).
-  void start(bool kill, std::set<int> opt_in) {
+  void start(bool kill, std::set<int> opt_in, Store* store = nullptr) {
     HangMonitorOptions o;
     o.hang_timeout_ns = 2 * kSec;
     o.answer_timeout_ns = 300'000'000;
     o.answer_poll_ns = 2'000'000;
     o.kill_after_diagnosis = kill;
-    monitor_ = std::make_unique<HangMonitor>(ingest_, nullptr, clock_, o);
+    monitor_ = std::make_unique<HangMonitor>(ingest_, store, clock_, o);
     for (int r = 0; r < 4; ++r) {
       ranks_.push_back(std::make_unique<FakeRank>());
       FakeRank& f = *ranks_.back();
@@ -288,6 +292,36 @@ TEST_F(HangKillTest, ExitGoesOnlyToOptedInRanksAfterTheDiagnosisIsStored) {
   PromWriter w;
   monitor_->writeMetrics(w);
   EXPECT_NE(w.text().find("flare_hang_exits_sent_total 3"), std::string::npos) << w.text();
+}
+
+TEST_F(HangKillTest, AnIncidentIsPublishedWithItsAlertCommitted) {
+  // With a store: once the incident is visible (incidents(), check()), its alert is committed
+  // too, so that a client reading both never sees one without the other.
+  const auto dir =
+      std::filesystem::temp_directory_path() / ("flare_hang_store_" + std::to_string(getpid()));
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  SqliteStore::Options so;
+  so.path = (dir / "flared.db").string();
+  std::string err;
+  auto store = SqliteStore::open(so, &err);
+  ASSERT_TRUE(store) << err;
+  start(false, {}, store.get());
+  ranks_[1]->issued = 4;
+  for (auto& f : ranks_) progress(*f);
+  EXPECT_TRUE(monitor_->check().empty());
+  advance(3 * kSec);
+  const auto inc = monitor_->check();
+  ASSERT_EQ(inc.size(), 1u);
+  const auto alerts = store->alerts("job", 0, 10);
+  ASSERT_EQ(alerts.size(), 1u);
+  EXPECT_EQ(alerts[0].kind(), "hang");
+  EXPECT_EQ(alerts[0].id(), inc[0].alert_id);
+  stop_ = true;
+  if (responder_.joinable()) responder_.join();
+  monitor_.reset();
+  store.reset();
+  std::filesystem::remove_all(dir);
 }
 
 TEST_F(HangKillTest, NoExitWhenTheDaemonSwitchIsOffOrNoRankOptedIn) {

@@ -396,6 +396,10 @@ void PgStore::flush() {
   queue_.flush();
 }
 
+bool PgStore::flushWithin(std::chrono::milliseconds timeout) {
+  return queue_.flushWithin(timeout);
+}
+
 void PgStore::putJob(const JobRow& r) {
   queue_.push(
       [this, r](PGconn* c) { (writeJob(c, r) ? counters_.rows_written : counters_.errors)++; }, 0);

@@ -47,6 +47,7 @@ class PgStore final : public Store {
   void putBaseline(const std::string& key, const std::string& value, int64_t now_ns) override;
   void removeBaseline(const std::string& key) override;
   void flush() override;
+  bool flushWithin(std::chrono::milliseconds timeout) override;
 
   std::vector<JobRow> loadJobs() override;
   std::vector<RankRow> loadRanks() override;

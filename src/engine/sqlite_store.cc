@@ -272,6 +272,10 @@ void SqliteStore::flush() {
   queue_.flush();
 }
 
+bool SqliteStore::flushWithin(std::chrono::milliseconds timeout) {
+  return queue_.flushWithin(timeout);
+}
+
 namespace {
 void countResult(bool ok, std::atomic<uint64_t>& rows, std::atomic<uint64_t>& errors,
                  uint64_t n = 1) {

@@ -12,6 +12,7 @@
 // Reads are synchronous and see committed data.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -184,6 +185,9 @@ class Store {
   virtual void removeBaseline(const std::string& key) = 0;
   // Blocks until every write queued before the call is committed (or failed and counted).
   virtual void flush() = 0;
+  // The same, for at most `timeout` (a disk that stalls must not stall the caller for long):
+  // whether everything queued before the call was committed (or failed) by then.
+  virtual bool flushWithin(std::chrono::milliseconds timeout) = 0;
 
   // Reads.
   virtual std::vector<JobRow> loadJobs() = 0;

@@ -11,6 +11,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
@@ -108,6 +109,13 @@ class StoreWriteQueue {
     std::unique_lock lock(mu_);
     const uint64_t target = enqueued_seq_;
     drained_cv_.wait(lock, [&] { return applied_seq_ >= target; });
+  }
+
+  // The same, waiting at most `timeout`: whether it was committed (or failed) by then.
+  bool flushWithin(std::chrono::milliseconds timeout) {
+    std::unique_lock lock(mu_);
+    const uint64_t target = enqueued_seq_;
+    return drained_cv_.wait_for(lock, timeout, [&] { return applied_seq_ >= target; });
   }
 
   uint64_t dropped() const { return dropped_.load(std::memory_order_relaxed); }

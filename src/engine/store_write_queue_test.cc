@@ -3,6 +3,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <condition_variable>
 #include <functional>
 #include <mutex>
@@ -64,6 +65,20 @@ TEST(StoreWriteQueueTest, AppliesInOrderAndFlushWaitsForIt) {
   EXPECT_THAT(store.applied, ElementsAre(0, 1, 2, 3, 4, 5, 6, 7, 8, 9));
   EXPECT_EQ(q.depth(), 0u);
   EXPECT_EQ(q.dropped(), 0u);
+}
+
+TEST(StoreWriteQueueTest, FlushWithinGivesUpOnAHeldWriterAndWaitsOtherwise) {
+  FakeStore store;
+  StoreWriteQueue<Op> q(100, 100);
+  q.start([&](std::vector<Op>& ops) { store.commit(ops); });
+  store.hold();
+  q.push(append(0), 0);
+  store.waitInCommit();  // a disk that stalls inside a transaction
+  q.push(append(1), 0);
+  EXPECT_FALSE(q.flushWithin(std::chrono::milliseconds(30)));  // bounded: back, not committed
+  store.release();
+  EXPECT_TRUE(q.flushWithin(std::chrono::seconds(30)));
+  EXPECT_THAT(store.applied, ElementsAre(0, 1));
 }
 
 TEST(StoreWriteQueueTest, BatchesWhatWaitedUpToTheTransactionLimit) {
