@@ -7,6 +7,7 @@
 // --baseline DIR: a healthy run of the same workload, backend and scale (its spool). Given more
 // than once, the issue-latency regression threshold is the largest W1 between those healthy runs
 // (design.md) and the first is the reference; given once, a proxy from that run's ranks is used.
+// A communicator with no peer (pure data parallelism) is held to the slowest of them (link_slow).
 //
 // --until-step N diagnoses only what each rank issued before its step N began (steps counted from
 // 0 by the rank's step markers): the diagnosis the job's first N steps allow (detection delay).
@@ -25,6 +26,7 @@
 
 #include "src/engine/diagnosis/detector.h"
 #include "src/engine/diagnosis/detectors.h"
+#include "src/engine/diagnosis/job_metrics.h"
 #include "src/engine/diagnosis/job_model.h"
 #include "src/timeline/timeline.h"
 
@@ -112,8 +114,11 @@ int main(int argc, char** argv) {
     baseline_ptrs.push_back(&baselines[i]);
   }
   flare::engine::DiagnoseOptions options;
-  if (baselines.size() >= 2)
+  if (baselines.size() >= 2) {
     options.regression_healthy_spread_ns = flare::engine::healthyIssueLatencySpread(baseline_ptrs);
+    options.link_baseline_busbw = flare::engine::lowestBaselineBusbw(
+        baseline_ptrs, static_cast<uint64_t>(options.min_samples));
+  }
   if (until_step > 0) model = model.untilStep(until_step);
   std::vector<flare::engine::DetectorRun> runs;
   const auto diagnoses = flare::engine::diagnose(

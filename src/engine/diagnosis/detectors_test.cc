@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "src/engine/diagnosis/history.h"
+#include "src/engine/diagnosis/job_metrics.h"
 #include "src/engine/diagnosis/job_model.h"
 
 namespace flare::engine {
@@ -336,9 +337,9 @@ TEST(LinkSlow, OneCommunicatorWithNoPeerToCompareIsNotBlamed) {
 
 // The link_slow detector's run record (what it looked at) of one diagnose() call.
 DetectorRun linkRun(const JobModel& job, const JobModel* baseline, const History* history,
-                    std::vector<Diagnosis>* found) {
+                    std::vector<Diagnosis>* found, const DiagnoseOptions& options = {}) {
   std::vector<DetectorRun> runs;
-  for (Diagnosis& d : diagnose(job, DiagnoseOptions{}, baseline, history, &runs)) {
+  for (Diagnosis& d : diagnose(job, options, baseline, history, &runs)) {
     if (d.kind == "link_slow") found->push_back(std::move(d));
   }
   for (DetectorRun& r : runs) {
@@ -410,6 +411,23 @@ TEST(LinkSlow, APeerlessCommunicatorIsComparedWithTheBaselineRun) {
   EXPECT_NE(found[0].summary.find("below the baseline run"), std::string::npos) << found[0].summary;
   found.clear();
   linkRun(linkJob({}, /*tp=*/false), &baseline, nullptr, &found);
+  EXPECT_TRUE(found.empty());
+  // Several baseline runs (flare-diagnose --baseline A --baseline B): the slowest is the
+  // reference, as in flared's history. Beside a run on a 70% link, a 50% link is 29% below it.
+  const JobModel slow = linkJob({{1, 0.7}}, /*tp=*/false);
+  DiagnoseOptions several;
+  several.link_baseline_busbw = lowestBaselineBusbw({&baseline, &slow}, 3);
+  found.clear();
+  linkRun(linkJob({{6, 0.5}}, /*tp=*/false), &baseline, nullptr, &found, several);
+  ASSERT_EQ(found.size(), 1u);
+  EXPECT_NEAR(found[0].severity, 1 - 0.5 / 0.7, 0.03);
+  EXPECT_NE(found[0].summary.find("below the slowest of 2 baseline runs"), std::string::npos)
+      << found[0].summary;
+  // ... and beside one on a 60% link, within 20% of it: nothing.
+  const JobModel slower = linkJob({{1, 0.6}}, /*tp=*/false);
+  several.link_baseline_busbw = lowestBaselineBusbw({&baseline, &slower}, 3);
+  found.clear();
+  linkRun(linkJob({{6, 0.5}}, /*tp=*/false), &baseline, nullptr, &found, several);
   EXPECT_TRUE(found.empty());
 }
 

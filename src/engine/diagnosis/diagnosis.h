@@ -7,7 +7,9 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "src/stats/perf_model.h"
@@ -58,6 +60,11 @@ struct DiagnoseOptions {
   // than this share below that of every healthy run (the baseline's). Larger than
   // link_min_effect: two runs of a job may land on different nodes and links.
   double link_history_min_effect = 0.2;
+  // With several baseline runs (flare-diagnose --baseline, given more than once): per collective
+  // signature (signatureKey), the lowest job busbw over the runs that measured one, and how many
+  // did (lowestBaselineBusbw in job_metrics.h). The reference in place of the first baseline's,
+  // as flared takes the slowest of its history runs.
+  std::map<std::string, std::pair<double, uint32_t>> link_baseline_busbw;
   double issue_w1_floor_ns = 20'000;
   double idle_min_share = 0.08;  // a stalled rank's extra GPU idle time, share of the step
   // ... and it must be above the other ranks' median in so many steps that the one-sided sign

@@ -72,6 +72,19 @@ std::map<std::string, SignatureBusbw> signatureBusbw(const JobModel& job) {
   return out;
 }
 
+std::map<std::string, std::pair<double, uint32_t>> lowestBaselineBusbw(
+    const std::vector<const JobModel*>& runs, uint64_t min_instances) {
+  std::map<std::string, std::pair<double, uint32_t>> out;
+  for (const JobModel* run : runs) {
+    for (const auto& [key, b] : signatureBusbw(*run)) {
+      if (b.instances < min_instances || b.gbps <= 0) continue;
+      auto [it, added] = out.try_emplace(key, b.gbps, 1);
+      if (!added) it->second = {std::min(it->second.first, b.gbps), it->second.second + 1};
+    }
+  }
+  return out;
+}
+
 flare::v1::JobMetrics computeJobMetrics(const JobModel& job, const History* history,
                                         uint64_t samples_per_step) {
   flare::v1::JobMetrics m;

@@ -33,6 +33,13 @@ struct SignatureBusbw {
 };
 std::map<std::string, SignatureBusbw> signatureBusbw(const JobModel& job);
 
+// Over several healthy runs (flare-diagnose --baseline, given more than once): per collective
+// signature (signatureKey), the lowest job busbw of the runs that measured it in at least
+// `min_instances` complete instances, and how many runs did (DiagnoseOptions::
+// link_baseline_busbw).
+std::map<std::string, std::pair<double, uint32_t>> lowestBaselineBusbw(
+    const std::vector<const JobModel*>& runs, uint64_t min_instances);
+
 // `samples_per_step`: the job's batch size when configured (0: the largest `samples` a rank
 // reported in its step markers; none: samples_per_second stays 0). `history` may be null.
 flare::v1::JobMetrics computeJobMetrics(const JobModel& job, const History* history,

@@ -128,7 +128,9 @@ void detectSlowLink(const JobModel& job, const DiagnoseOptions& opt, std::vector
     for (const auto& [key, cs] : comms) ++comms_of_sig[key.second];
     const std::map<std::string, SignatureBusbw> job_bw = signatureBusbw(job);
     const std::map<std::string, SignatureBusbw> base_bw =
-        history == nullptr ? signatureBusbw(*baseline) : std::map<std::string, SignatureBusbw>{};
+        history == nullptr && opt.link_baseline_busbw.empty()
+            ? signatureBusbw(*baseline)
+            : std::map<std::string, SignatureBusbw>{};
     for (const auto& [key, cs] : comms) {
       if (compared.count(key.first) || static_cast<int>(cs.busbw.size()) < opt.min_samples)
         continue;
@@ -143,6 +145,11 @@ void detectSlowLink(const JobModel& job, const DiagnoseOptions& opt, std::vector
         if (h == history->signatures.end() || h->second.busbw_runs == 0) continue;
         a.reference = h->second.busbw_low_gbps;
         a.runs = h->second.busbw_runs;
+      } else if (!opt.link_baseline_busbw.empty()) {  // several baseline runs: the slowest
+        auto b = opt.link_baseline_busbw.find(sig_key);
+        if (b == opt.link_baseline_busbw.end()) continue;
+        a.reference = b->second.first;
+        a.runs = b->second.second;
       } else {
         auto b = base_bw.find(sig_key);
         if (b == base_bw.end() || static_cast<int>(b->second.instances) < opt.min_samples) continue;
@@ -217,9 +224,10 @@ void detectSlowLink(const JobModel& job, const DiagnoseOptions& opt, std::vector
     const std::vector<int> ranks(cs.ranks.begin(), cs.ranks.end());
     common::RankSet members;  // "0-1023", not every rank of a large data-parallel job
     for (int r : ranks) members.add(r, r);
-    const std::string against = history != nullptr
-                                    ? "healthy history (the slowest of " + std::to_string(a.runs) +
-                                          " run" + (a.runs > 1 ? "s" : "") + ")"
+    const std::string runs = std::to_string(a.runs) + " run" + (a.runs > 1 ? "s" : "");
+    const std::string against = history != nullptr ? "healthy history (the slowest of " + runs + ")"
+                                : a.runs > 1
+                                    ? "the slowest of " + std::to_string(a.runs) + " baseline runs"
                                     : std::string("the baseline run");
     Diagnosis d;
     d.kind = "link_slow";
