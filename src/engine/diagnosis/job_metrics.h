@@ -21,7 +21,8 @@ namespace flare::engine {
 std::string collectiveKindName(flare::v1::CollectiveKind kind);
 
 // Bus bandwidth (GB/s) of every complete instance of each collective signature (job-wide id):
-// all `nranks` members present, t from the last member's start to the last member's end.
+// all `nranks` members present, t from the last member's start to the end, read on that
+// member's own clock (the shortest member's kernel).
 std::map<uint32_t, std::vector<double>> collectiveBusbw(const JobModel& job);
 
 // The job-level bus bandwidth of each collective signature: the median of its collectiveBusbw
