@@ -431,6 +431,70 @@ TEST(LinkSlow, APeerlessCommunicatorIsComparedWithTheBaselineRun) {
   EXPECT_TRUE(found.empty());
 }
 
+// Pure data parallelism over 4 ranks with two gradient buckets a step: all-reduces of 64 and
+// 256 MiB (two signatures) on the one communicator; `slowest` the slowest member's link factor.
+JobModel bucketsJob(double slowest) {
+  const int ranks = 4, steps = 12;
+  const int64_t ms = 1'000'000;
+  const double sizes[] = {64.0 * (1 << 20), 256.0 * (1 << 20)};
+  std::vector<flare::v1::RecordBatch> batches(ranks);
+  for (int r = 0; r < ranks; ++r) {
+    for (int s = 0; s < 2; ++s) {
+      auto* sig = batches[r].add_signatures();
+      sig->set_id(static_cast<uint32_t>(s + 1));
+      sig->set_name("ncclAllReduce");
+      sig->set_kind(flare::v1::OP_KIND_COLLECTIVE);
+      sig->set_collective(flare::v1::COLLECTIVE_KIND_ALL_REDUCE);
+      sig->add_shape(static_cast<int64_t>(sizes[s] / 2));  // bf16 elements
+    }
+  }
+  uint64_t seq = 0;
+  for (int step = 0; step < steps; ++step) {
+    const int64_t t0 = step * 100 * ms;
+    for (int r = 0; r < ranks; ++r) {
+      auto* st = batches[r].add_steps();
+      st->set_step(static_cast<uint64_t>(step));
+      st->set_start_ns(t0);
+    }
+    for (int s = 0; s < 2; ++s) {
+      const double ns = 8e3 + sizes[s] * 2 * 3.0 / 4.0 / (100.0 * slowest);
+      const int64_t start = t0 + 10 * ms + s * 30 * ms;
+      ++seq;
+      for (int r = 0; r < ranks; ++r) {
+        auto* k = batches[r].add_kernels();
+        k->set_signature_id(static_cast<uint32_t>(s + 1));
+        k->set_stream_id(9);
+        k->set_issue_ns(start - ms);
+        k->set_start_ns(start);
+        k->set_end_ns(start + static_cast<int64_t>(ns));
+        k->set_bytes(static_cast<uint64_t>(sizes[s]));
+        k->mutable_collective()->set_comm_hash(300);
+        k->mutable_collective()->set_seq(seq);
+        k->mutable_collective()->set_nranks(ranks);
+      }
+    }
+  }
+  JobModel job;
+  for (int r = 0; r < ranks; ++r) job.addBatch(r, batches[r]);
+  return job;
+}
+
+TEST(LinkSlow, APeerlessCommunicatorSlowInSeveralCollectivesIsOneDiagnosis) {
+  // Both buckets slow on the one communicator: one diagnosis, with the evidence of each.
+  const flare::v1::HealthyBaseline a = makeBaseline(bucketsJob(1.0));
+  const History history = buildHistory({&a}, HistoryOptions{});
+  std::vector<Diagnosis> found;
+  const DetectorRun run = linkRun(bucketsJob(0.5), nullptr, &history, &found);
+  ASSERT_EQ(found.size(), 1u);
+  EXPECT_EQ(found[0].ranks, (std::vector<int>{0, 1, 2, 3}));
+  EXPECT_EQ(found[0].evidence.size(), 2u);
+  EXPECT_NE(found[0].summary.find("below healthy history (1 run), and 1 more of its collective "
+                                  "too;"),
+            std::string::npos)
+      << found[0].summary;
+  EXPECT_EQ(run.note, "");
+}
+
 TEST(LinkSlow, WhatTheHistoryCannotCompareIsSaid) {
   // A history without a busbw for the collective (its runs measured no complete instance):
   // the note says so, and nothing is named.

@@ -219,35 +219,54 @@ void detectSlowLink(const JobModel& job, const DiagnoseOptions& opt, std::vector
     std::snprintf(hash, sizeof(hash), "%016llx", static_cast<unsigned long long>(comm));
     return std::string(hash);
   };
-  for (const AgainstHistory& a : history_slow) {
-    const CommStats& cs = comms.at(a.key);
-    const std::vector<int> ranks(cs.ranks.begin(), cs.ranks.end());
+  // One diagnosis per slow communicator (a data-parallel job's gradient buckets are several
+  // signatures on one communicator), its evidence per signature, the worst in the summary.
+  std::map<uint64_t, std::vector<const AgainstHistory*>> slow_by_comm;
+  for (const AgainstHistory& a : history_slow) slow_by_comm[a.key.first].push_back(&a);
+  for (const auto& [comm, list] : slow_by_comm) {
+    const CommStats& first = comms.at(list.front()->key);
+    const std::vector<int> ranks(first.ranks.begin(), first.ranks.end());
     common::RankSet members;  // "0-1023", not every rank of a large data-parallel job
     for (int r : ranks) members.add(r, r);
-    const std::string runs = std::to_string(a.runs) + " run" + (a.runs > 1 ? "s" : "");
-    const std::string against = history != nullptr ? "healthy history (the slowest of " + runs + ")"
-                                : a.runs > 1
-                                    ? "the slowest of " + std::to_string(a.runs) + " baseline runs"
-                                    : std::string("the baseline run");
+    auto against = [&](const AgainstHistory& a) {
+      if (history != nullptr) {
+        return "healthy history (" +
+               (a.runs > 1 ? "the slowest of " + std::to_string(a.runs) + " runs"
+                           : std::string("1 run")) +
+               ")";
+      }
+      return a.runs > 1 ? "the slowest of " + std::to_string(a.runs) + " baseline runs"
+                        : std::string("the baseline run");
+    };
+    auto what = [&](const AgainstHistory& a) {
+      const CommStats& cs = comms.at(a.key);
+      return job.signatures()[cs.sig].name() + " of " + fmtNum(cs.bytes / (1 << 20), "MiB");
+    };
     Diagnosis d;
     d.kind = "link_slow";
     d.team = Team::kOperations;
     d.cause = "network";
     d.ranks = ranks;
-    d.severity = 1.0 - a.busbw / a.reference;
-    const std::string what =
-        job.signatures()[cs.sig].name() + " of " + fmtNum(cs.bytes / (1 << 20), "MiB");
-    d.evidence.push_back({"busbw",
-                          what + " on communicator " + commHash(a.key.first) + " (ranks " +
-                              members.toString() + "): job busbw " + fmtNum(a.busbw, "GB/s") +
-                              " vs " + fmtNum(a.reference, "GB/s") + " in " + against +
-                              " (slow: more than " + fmtPct(opt.link_history_min_effect) +
-                              " below)",
-                          a.busbw, a.reference});
-    d.summary = "ranks " + members.toString() + ": slow network link — bus bandwidth of " + what +
-                " " + fmtPct(d.severity) + " below " + against +
-                "; their only communicator for it has no peer, so the data cannot tell whose "
-                "link (check the ranks' NICs: port rate, error counters)";
+    const AgainstHistory* worst = list.front();
+    for (const AgainstHistory* a : list) {
+      if (a->busbw / a->reference < worst->busbw / worst->reference) worst = a;
+      d.evidence.push_back({"busbw",
+                            what(*a) + " on communicator " + commHash(comm) + " (ranks " +
+                                members.toString() + "): job busbw " + fmtNum(a->busbw, "GB/s") +
+                                " vs " + fmtNum(a->reference, "GB/s") + " in " + against(*a) +
+                                " (slow: more than " + fmtPct(opt.link_history_min_effect) +
+                                " below)",
+                            a->busbw, a->reference});
+    }
+    d.severity = 1.0 - worst->busbw / worst->reference;
+    d.summary =
+        "ranks " + members.toString() + ": slow network link — bus bandwidth of " + what(*worst) +
+        " " + fmtPct(d.severity) + " below " + against(*worst) +
+        (list.size() > 1 ? ", and " + std::to_string(list.size() - 1) + " more of its collective" +
+                               (list.size() > 2 ? "s" : "") + " too"
+                         : std::string()) +
+        "; their only communicator for it has no peer, so the data cannot tell whose "
+        "link (check the ranks' NICs: port rate, error counters)";
     out->push_back(std::move(d));
   }
   const double slow_effect = std::max(opt.link_min_effect, opt.link_spread_sigmas * spread);
