@@ -151,37 +151,44 @@ TEST(Jitter, SteadyNoiseAndLevelShiftsAreNotJitter) {
 
 // ---- link_slow: culprit versus victims ----------------------------------------------------------
 
-// 8 ranks, tensor parallel 2 × data parallel 4 (TP pairs {0,1},{2,3},...; DP groups
-// {0,2,4,6},{1,3,5,7}), 12 steps of one TP all-reduce (16 MiB) and one DP all-reduce (192 MiB)
-// each. A collective takes 8 µs + bytes·f / (100 GB/s × the slowest member's link factor), ±1%
-// deterministic noise per instance. With `tp` false every rank is in one DP communicator of 8.
-JobModel linkJob(const std::map<int, double>& link_factor, bool tp = true, bool global = false) {
-  const int ranks = 8, steps = 12;
+// A communicator's all-reduce, once a step: its hash, members and size in bytes.
+struct Comm {
+  uint64_t hash;
+  std::vector<int> members;
+  double bytes;
+};
+
+// `ranks` ranks, 12 steps of the communicators' all-reduces. A collective takes 8 µs + bytes·f /
+// (100 GB/s × the slowest member's link factor), ±1% deterministic noise per instance. All
+// all-reduces share one signature, or with `signature_per_size` one each size (shape: the bf16
+// elements), as a data-parallel job's gradient buckets have.
+JobModel collectivesJob(int ranks, const std::vector<Comm>& comms,
+                        const std::map<int, double>& link_factor, bool signature_per_size = false) {
+  const int steps = 12;
   const int64_t ms = 1'000'000;
   auto factor = [&](int r) {
     auto it = link_factor.find(r);
     return it == link_factor.end() ? 1.0 : it->second;
   };
-  struct Comm {
-    uint64_t hash;
-    std::vector<int> members;
-    double bytes;
-  };
-  std::vector<Comm> comms;
-  if (tp) {
-    for (int g = 0; g < 4; ++g) comms.push_back({100u + g, {2 * g, 2 * g + 1}, 16.0 * (1 << 20)});
-    for (int g = 0; g < 2; ++g)
-      comms.push_back({200u + g, {g, g + 2, g + 4, g + 6}, 192.0 * (1 << 20)});
+  std::map<double, uint32_t> sig_of;  // bytes -> signature id
+  for (const Comm& comm : comms) {
+    sig_of.try_emplace(comm.bytes,
+                       signature_per_size ? static_cast<uint32_t>(sig_of.size() + 1) : 1);
   }
-  if (!tp || global) comms.push_back({300u, {0, 1, 2, 3, 4, 5, 6, 7}, 192.0 * (1 << 20)});
   std::vector<flare::v1::RecordBatch> batches(ranks);
   for (int r = 0; r < ranks; ++r) {
-    auto* sig = batches[r].add_signatures();
-    sig->set_id(1);
-    sig->set_name("ncclAllReduce");
-    sig->set_kind(flare::v1::OP_KIND_COLLECTIVE);
-    sig->set_collective(flare::v1::COLLECTIVE_KIND_ALL_REDUCE);
+    std::set<uint32_t> added;
+    for (const auto& [bytes, id] : sig_of) {
+      if (!added.insert(id).second) continue;
+      auto* sig = batches[r].add_signatures();
+      sig->set_id(id);
+      sig->set_name("ncclAllReduce");
+      sig->set_kind(flare::v1::OP_KIND_COLLECTIVE);
+      sig->set_collective(flare::v1::COLLECTIVE_KIND_ALL_REDUCE);
+      if (signature_per_size) sig->add_shape(static_cast<int64_t>(bytes / 2));
+    }
   }
+  std::map<uint64_t, uint64_t> seq;  // per communicator hash
   for (int step = 0; step < steps; ++step) {
     const int64_t t0 = step * 100 * ms;
     for (int r = 0; r < ranks; ++r) {
@@ -197,16 +204,17 @@ JobModel linkJob(const std::map<int, double>& link_factor, bool tp = true, bool 
       const double wiggle = 0.01 * (static_cast<int>((step * 7919 + c * 104729) % 11) - 5) / 5.0;
       const double ns = (8e3 + comm.bytes * 2 * (n - 1) / n / (100.0 * slowest)) * (1 + wiggle);
       const int64_t start = t0 + 10 * ms + static_cast<int64_t>(c) * 20 * ms;
+      const uint64_t instance = seq[comm.hash]++;
       for (int r : comm.members) {
         auto* k = batches[r].add_kernels();
-        k->set_signature_id(1);
+        k->set_signature_id(sig_of.at(comm.bytes));
         k->set_stream_id(9);
         k->set_issue_ns(start - ms);
         k->set_start_ns(start);
         k->set_end_ns(start + static_cast<int64_t>(ns));
         k->set_bytes(static_cast<uint64_t>(comm.bytes));
         k->mutable_collective()->set_comm_hash(comm.hash);
-        k->mutable_collective()->set_seq(static_cast<uint64_t>(step));
+        k->mutable_collective()->set_seq(instance);
         k->mutable_collective()->set_nranks(static_cast<uint32_t>(comm.members.size()));
       }
     }
@@ -214,6 +222,20 @@ JobModel linkJob(const std::map<int, double>& link_factor, bool tp = true, bool 
   JobModel job;
   for (int r = 0; r < ranks; ++r) job.addBatch(r, batches[r]);
   return job;
+}
+
+// 8 ranks, tensor parallel 2 × data parallel 4 (TP pairs {0,1},{2,3},...; DP groups
+// {0,2,4,6},{1,3,5,7}): one TP all-reduce (16 MiB) and one DP all-reduce (192 MiB) a step. With
+// `tp` false every rank is in one DP communicator of 8; `global` adds that one beside TP and DP.
+JobModel linkJob(const std::map<int, double>& link_factor, bool tp = true, bool global = false) {
+  std::vector<Comm> comms;
+  if (tp) {
+    for (int g = 0; g < 4; ++g) comms.push_back({100u + g, {2 * g, 2 * g + 1}, 16.0 * (1 << 20)});
+    for (int g = 0; g < 2; ++g)
+      comms.push_back({200u + g, {g, g + 2, g + 4, g + 6}, 192.0 * (1 << 20)});
+  }
+  if (!tp || global) comms.push_back({300u, {0, 1, 2, 3, 4, 5, 6, 7}, 192.0 * (1 << 20)});
+  return collectivesJob(8, comms, link_factor);
 }
 
 // The diagnoses of one kind, default options.
@@ -432,51 +454,11 @@ TEST(LinkSlow, APeerlessCommunicatorIsComparedWithTheBaselineRun) {
 }
 
 // Pure data parallelism over 4 ranks with two gradient buckets a step: all-reduces of 64 and
-// 256 MiB (two signatures) on the one communicator; `slowest` the slowest member's link factor.
-JobModel bucketsJob(double slowest) {
-  const int ranks = 4, steps = 12;
-  const int64_t ms = 1'000'000;
-  const double sizes[] = {64.0 * (1 << 20), 256.0 * (1 << 20)};
-  std::vector<flare::v1::RecordBatch> batches(ranks);
-  for (int r = 0; r < ranks; ++r) {
-    for (int s = 0; s < 2; ++s) {
-      auto* sig = batches[r].add_signatures();
-      sig->set_id(static_cast<uint32_t>(s + 1));
-      sig->set_name("ncclAllReduce");
-      sig->set_kind(flare::v1::OP_KIND_COLLECTIVE);
-      sig->set_collective(flare::v1::COLLECTIVE_KIND_ALL_REDUCE);
-      sig->add_shape(static_cast<int64_t>(sizes[s] / 2));  // bf16 elements
-    }
-  }
-  uint64_t seq = 0;
-  for (int step = 0; step < steps; ++step) {
-    const int64_t t0 = step * 100 * ms;
-    for (int r = 0; r < ranks; ++r) {
-      auto* st = batches[r].add_steps();
-      st->set_step(static_cast<uint64_t>(step));
-      st->set_start_ns(t0);
-    }
-    for (int s = 0; s < 2; ++s) {
-      const double ns = 8e3 + sizes[s] * 2 * 3.0 / 4.0 / (100.0 * slowest);
-      const int64_t start = t0 + 10 * ms + s * 30 * ms;
-      ++seq;
-      for (int r = 0; r < ranks; ++r) {
-        auto* k = batches[r].add_kernels();
-        k->set_signature_id(static_cast<uint32_t>(s + 1));
-        k->set_stream_id(9);
-        k->set_issue_ns(start - ms);
-        k->set_start_ns(start);
-        k->set_end_ns(start + static_cast<int64_t>(ns));
-        k->set_bytes(static_cast<uint64_t>(sizes[s]));
-        k->mutable_collective()->set_comm_hash(300);
-        k->mutable_collective()->set_seq(seq);
-        k->mutable_collective()->set_nranks(ranks);
-      }
-    }
-  }
-  JobModel job;
-  for (int r = 0; r < ranks; ++r) job.addBatch(r, batches[r]);
-  return job;
+// 256 MiB (two signatures) on the one communicator; rank 2's link at `factor`.
+JobModel bucketsJob(double factor) {
+  const std::vector<int> all = {0, 1, 2, 3};
+  return collectivesJob(4, {{300u, all, 64.0 * (1 << 20)}, {300u, all, 256.0 * (1 << 20)}},
+                        {{2, factor}}, /*signature_per_size=*/true);
 }
 
 TEST(LinkSlow, APeerlessCommunicatorSlowInSeveralCollectivesIsOneDiagnosis) {
