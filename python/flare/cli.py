@@ -545,18 +545,19 @@ UNNAMED_KERNEL = "kernel@unknown"
 
 
 def unnamed_kernels(api, job_id):
-    """The job's launches recorded as kernel@unknown, from its kernel report: {"launches",
-    "timeShare"} (of the job's GPU-busy time), or None when the report could not be read."""
+    """The job's launches recorded as kernel@unknown, from its kernel report: ({"launches",
+    "timeShare"} (of the job's GPU-busy time), None), or (None, why) when the report could not
+    be read."""
     try:
         got = api.get("/api/v1/jobs/%s/report" % urllib.parse.quote(job_id, safe=""))
-    except CliError:
-        return None
+    except CliError as e:
+        return None, str(e)
     launches, share = 0, 0.0
     for s in (got.get("signatures") or []) if isinstance(got, dict) else []:
         if isinstance(s, dict) and (s.get("signature") or {}).get("name") == UNNAMED_KERNEL:
             launches += as_int(s.get("count"))
             share += float(s.get("timeShare") or 0)
-    return {"launches": launches, "timeShare": share}
+    return {"launches": launches, "timeShare": share}, None
 
 
 def fetch_status(base, include_finished, timeout):
@@ -568,13 +569,16 @@ def fetch_status(base, include_finished, timeout):
     for job in jobs.get("jobs", []):
         job_id = job.get("jobId", "")
         ranks = api.get("/api/v1/jobs/%s/ranks" % urllib.parse.quote(job_id, safe=""))
+        unnamed, unnamed_error = unnamed_kernels(api, job_id)
         out.append({
             "jobId": job_id,
             "worldSize": as_int(job.get("worldSize")),
             "ranksConnected": as_int(job.get("ranksConnected")),
             "lastSeenUnixNs": as_int(job.get("lastSeenUnixNs")),
             "finished": bool(job.get("finished", False)),
-            "unnamedKernels": unnamed_kernels(api, job_id),
+            "unnamedKernels": unnamed,
+            # Why unnamedKernels is null: the report's error, never a silent "none".
+            "unnamedKernelsError": unnamed_error,
             "ranks": [{
                 "rank": as_int(r.get("rank")),
                 "host": r.get("host", ""),
@@ -677,6 +681,9 @@ def cmd_status(args):
                   "name lookup named them (each rank's log says what the lookups answered); "
                   "they count as plain kernels" % (unnamed["launches"],
                                                    100 * unnamed["timeShare"], UNNAMED_KERNEL))
+        elif not unnamed:
+            print("  unnamed kernels: not counted: the job's kernel report could not be read (%s)"
+                  % job["unnamedKernelsError"])
         # What the daemon refused is never silent: each reason with its last error.
         for rank, x in refusals:
             print("  rank %d: the daemon refused %d batch(es) and %d item(s) as %s, last %s: %s" % (

@@ -173,8 +173,8 @@ def test_status_counts_summary_ranks_steps_and_says_what_step_sampling_left_unti
 
 def test_status_says_how_many_launches_no_name_lookup_named(api):
     """Kernels the hook could not name (kernel@unknown in the kernel report) are counted in
-    `flare status`, with their share of GPU time; nothing is said when there are none, or when
-    the report cannot be read (the ranks are still listed)."""
+    `flare status`, with their share of GPU time; nothing is said when there are none; when the
+    report cannot be read the ranks are still listed and the line says why it counted nothing."""
     sig = {"name": "kernel@unknown", "kind": "OP_KIND_KERNEL"}
     report = {"jobId": "job/a", "signatures": [
         {"signature": sig, "count": "300", "timeShare": 0.25},
@@ -197,6 +197,12 @@ def test_status_says_how_many_launches_no_name_lookup_named(api):
     assert res.returncode == 0, res.stderr
     got = json.loads(res.stdout)["jobs"][0]
     assert got["unnamedKernels"] is None and len(got["ranks"]) == 2
+    assert "404" in got["unnamedKernelsError"], got
+    table = flare("status", "--daemon-http", addr)
+    assert table.returncode == 0, table.stderr
+    line = [x for x in table.stdout.splitlines() if "unnamed kernels" in x]
+    assert len(line) == 1 and "not counted: the job's kernel report could not be read (" in line[0] \
+        and "404" in line[0], table.stdout
 
 
 def test_status_json_is_camel_case_throughout(api):
