@@ -46,6 +46,14 @@ int flareSimRank(void);
 // The training step the workload is in (set by the workload; faults are keyed by it).
 void flareSimSetStep(int64_t step);
 int64_t flareSimStep(void);
+// The duration (ns, before the time scale and the rank's clock factor, as a kernel's
+// FLARE_SIM_COST_NANOS) of the next GEMM the calling thread launches through the simulated
+// cuBLAS or cuBLASLt, in place of the cost model's (gemm_model.h); <= 0 clears it. For replays
+// of recorded traces (src/sim/workload/trace_driver.py): a GEMM runs as long as the real library
+// ran it, where the model's tiles-and-alignment figure can be 2x off (the real cuBLAS splits K).
+void flareSimSetNextGemmNs(int64_t ns);
+// This thread's duration set by flareSimSetNextGemmNs, cleared; 0 when none was set.
+int64_t flareSimTakeNextGemmNs(void);
 // This rank's fault factors (1.0 when not configured). The link factor includes the noise's
 // per-rank link draw (src/sim/noise.h).
 double flareSimClockFactor(void);

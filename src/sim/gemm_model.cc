@@ -15,24 +15,39 @@ namespace flare::sim {
 
 int dataTypeBytes(cudaDataType t) {
   switch (t) {
-    case CUDA_R_64F: return 8;
-    case CUDA_R_32F: case CUDA_R_32I: return 4;
-    case CUDA_R_16F: case CUDA_R_16BF: return 2;
-    default: return 1;
+    case CUDA_R_64F:
+      return 8;
+    case CUDA_R_32F:
+    case CUDA_R_32I:
+      return 4;
+    case CUDA_R_16F:
+    case CUDA_R_16BF:
+      return 2;
+    default:
+      return 1;
   }
 }
 
 const char* dataTypeName(cudaDataType t) {
   switch (t) {
-    case CUDA_R_64F: return "f64";
-    case CUDA_R_32F: return "f32";
-    case CUDA_R_32I: return "i32";
-    case CUDA_R_16F: return "f16";
-    case CUDA_R_16BF: return "bf16";
-    case CUDA_R_8F_E4M3: return "e4m3";
-    case CUDA_R_8F_E5M2: return "e5m2";
-    case CUDA_R_8I: return "i8";
-    default: return "x";
+    case CUDA_R_64F:
+      return "f64";
+    case CUDA_R_32F:
+      return "f32";
+    case CUDA_R_32I:
+      return "i32";
+    case CUDA_R_16F:
+      return "f16";
+    case CUDA_R_16BF:
+      return "bf16";
+    case CUDA_R_8F_E4M3:
+      return "e4m3";
+    case CUDA_R_8F_E5M2:
+      return "e5m2";
+    case CUDA_R_8I:
+      return "i8";
+    default:
+      return "x";
   }
 }
 
@@ -40,13 +55,21 @@ namespace {
 // Peak relative to the configured dense bf16/fp16 tensor peak.
 double peakScale(cudaDataType t) {
   switch (t) {
-    case CUDA_R_8F_E4M3: case CUDA_R_8F_E5M2: case CUDA_R_8I: return 2.0;
-    case CUDA_R_32F: return 0.5;    // TF32 tensor cores
-    case CUDA_R_64F: return 0.067;  // FP64 tensor cores
-    default: return 1.0;
+    case CUDA_R_8F_E4M3:
+    case CUDA_R_8F_E5M2:
+    case CUDA_R_8I:
+      return 2.0;
+    case CUDA_R_32F:
+      return 0.5;  // TF32 tensor cores
+    case CUDA_R_64F:
+      return 0.067;  // FP64 tensor cores
+    default:
+      return 1.0;
   }
 }
-bool aligned(int64_t dim, int bytes) { return (dim * bytes) % 128 == 0; }
+bool aligned(int64_t dim, int bytes) {
+  return (dim * bytes) % 128 == 0;
+}
 }  // namespace
 
 int64_t gemmDurationNs(const GemmShape& s) {
@@ -95,6 +118,10 @@ Launcher& launcher() {
 }  // namespace
 
 int launchGemm(const GemmShape& s, void* stream) {
+  // A replayed GEMM's recorded duration (flareSimSetNextGemmNs), taken whether or not this call
+  // launches; scaled by the core, as a kernel's nanoseconds are (the model's figure holds the
+  // time scale already).
+  const int64_t given = flareSimTakeNextGemmNs();
   if (s.m <= 0 || s.n <= 0 || s.k <= 0 || s.batch <= 0) return CUDA_ERROR_INVALID_VALUE;
   Launcher& l = launcher();
   if (!l.launch) return CUDA_ERROR_NOT_INITIALIZED;
@@ -120,7 +147,7 @@ int launchGemm(const GemmShape& s, void* stream) {
     const double ms = flareSimSetting("cold_gemm_ms");
     if (ms > 0) flareSimSleepUntil(flareSimNowNs() + static_cast<int64_t>(ms * 1e6));
   }
-  uint64_t ns = static_cast<uint64_t>(gemmDurationNs(s));
+  uint64_t ns = static_cast<uint64_t>(given > 0 ? given : gemmDurationNs(s));
   void* params[] = {&ns};
   const unsigned grid = static_cast<unsigned>(
       std::min<int64_t>((s.m + 127) / 128 * ((s.n + 127) / 128) * s.batch, 1 << 30));

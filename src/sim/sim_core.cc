@@ -818,6 +818,17 @@ __attribute__((visibility("default"))) void flareSimSetStep(int64_t step) {
 __attribute__((visibility("default"))) int64_t flareSimStep(void) {
   return flare::sim::g_step.load();
 }
+namespace {
+thread_local int64_t t_next_gemm_ns = 0;
+}  // namespace
+__attribute__((visibility("default"))) void flareSimSetNextGemmNs(int64_t ns) {
+  t_next_gemm_ns = ns > 0 ? ns : 0;
+}
+__attribute__((visibility("default"))) int64_t flareSimTakeNextGemmNs(void) {
+  const int64_t ns = t_next_gemm_ns;
+  t_next_gemm_ns = 0;
+  return ns;
+}
 __attribute__((visibility("default"))) double flareSimClockFactor(void) {
   return flare::sim::settings().clock_factor;
 }

@@ -8,7 +8,8 @@
 //                   [--eval-ms MS] [--eval-micro-batch B] [--eval-loader 0|1] [--save-at STEP]
 //                   [--save-ms MS] [--markers-from STEP] [--stats-dir DIR] ...
 //
-//   flare-sim-train --trace FIXTURE [--ranks N] [--speed X] [--source-rank R] ...
+//   flare-sim-train --trace FIXTURE [--ranks N] [--speed X] [--source-rank R]
+//                   [--rank-map A,B,...] [--repeat N] [--warmup W] ...
 //
 // --pytorch-like runs the PyTorch-like Python workload (share/flare/sim_pytorch_like.py,
 // src/sim/workload/pytorch_like.py) instead of sim_train.py; --trace replays a recorded trace
@@ -78,6 +79,7 @@ struct Args {
       "                       [--python-exe PATH]\n"
       "                       [--timeout SEC] [--json FILE] [--quiet] [--keep-going]\n"
       "       flare-sim-train --trace FIXTURE [--ranks N] [--speed X] [--source-rank R]\n"
+      "                       [--rank-map A,B,...] [--repeat N] [--warmup W]\n"
       "                       [--python-exe PATH] [--timeout SEC] [--json FILE] [--quiet]\n");
   std::exit(2);
 }
@@ -122,11 +124,11 @@ Args parse(int argc, char** argv) {
       a.python = true;
       a.passthrough.push_back(k);
       a.passthrough.push_back(v);
-    } else if (k == "--speed" || k == "--source-rank") {
+    } else if (k == "--speed" || k == "--source-rank" || k == "--repeat" || k == "--warmup") {
       if (!positiveNumber(v, &x)) usage(("bad value for " + k + ": '" + v + "'").c_str());
       a.passthrough.push_back(k);
       a.passthrough.push_back(v);
-    } else if (k == "--stats-dir") {
+    } else if (k == "--stats-dir" || k == "--rank-map") {
       a.passthrough.push_back(k);
       a.passthrough.push_back(v);
     } else if (!positiveNumber(v, &x)) {
@@ -162,7 +164,8 @@ Args parse(int argc, char** argv) {
                      k == "--eval-micro-batch" || k == "--eval-loader" || k == "--save-at" ||
                      k == "--save-ms" || k == "--markers-from" || k == "--stats-dir";
     if (own && !a.pytorch_like) usage((k + " needs --pytorch-like").c_str());
-    const bool trace_own = k == "--trace" || k == "--speed" || k == "--source-rank";
+    const bool trace_own = k == "--trace" || k == "--speed" || k == "--source-rank" ||
+                           k == "--repeat" || k == "--warmup" || k == "--rank-map";
     if (trace_own && a.trace.empty()) usage((k + " needs --trace").c_str());
     if (!trace_own && !a.trace.empty()) usage((k + " is not an option of --trace").c_str());
     if (a.pytorch_like &&

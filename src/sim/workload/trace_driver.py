@@ -7,14 +7,16 @@ against the simulated CUDA/cuBLAS/NCCL libraries, so that Flare's own hook, timi
 encoder and exporter meet the recorded launch pattern: its threads, streams, issue times,
 durations, host synchronizations and traced Python spans.
 
-Started by `flare-sim-train --trace FIXTURE [--ranks N] [--speed X] [--source-rank R]` (one
+Started by `flare-sim-train --trace FIXTURE [--ranks N] [--speed X] [--source-rank R]
+[--rank-map A,B,...] [--repeat N [--warmup W]]` (one
 process per rank, identity from RANK / WORLD_SIZE / LOCAL_RANK; the launcher sets up the sim
 libraries and the NCCL rendezvous folder). FIXTURE is what flare-replay reads: a raw-mode spool
 folder or its archive (converted with `flare-export --input`), or flare-export JSON lines
 (`rank<R>.jsonl[.gz]`, or a folder of them: tests/fixtures/gpu/<fixture>/).
 
 Per replayed rank (rank r replays recorded rank r when the fixture holds every rank of the
-replay, else the lowest recorded rank or --source-rank, as a copy):
+replay, else the lowest recorded rank or --source-rank, as a copy; --rank-map A,B,... names the
+recorded rank of each, as flare-replay's does):
 
 - one Python thread per recorded launching thread; the thread of the first DataLoader
   `__next__` span (else the lowest thread id) is the process's main thread;
@@ -24,10 +26,12 @@ replay, else the lowest recorded rank or --source-rank, as a copy):
 - kernels (and attention kernels) launched by their recorded (demangled) name, costed
   FLARE_SIM_COST_NANOS with their recorded GPU duration;
 - GEMMs through cublasGemmEx / cublasGemmStridedBatchedEx / cublasLtMatmul / cublasSgemm /
-  cublasHgemm with the recorded shape, dtype, transposes and leading dimensions, timed by the
-  simulator's GEMM model; its peak is fitted to the fixture's warm GEMMs (FLARE_SIM_PEAK_TFLOPS,
-  unless set) and the cold first call of a shape gets the fixture's median cold penalty
-  (FLARE_SIM_COLD_GEMM_MS, unless set); a GEMM of another name is a named kernel with its
+  cublasHgemm with the recorded shape, dtype, transposes and leading dimensions, each running
+  its recorded GPU duration (flareSimSetNextGemmNs; a shape's first call its warm median:
+  recorded_gemm_ns), and the cold first call of a shape gets the fixture's median cold penalty
+  (FLARE_SIM_COLD_GEMM_MS, unless set); the simulator's GEMM model, its peak fitted to the
+  fixture's warm GEMMs (FLARE_SIM_PEAK_TFLOPS, unless set), times only a GEMM without a recorded
+  duration; a GEMM of another name is a named kernel with its
   recorded duration, declared a GEMM with its FLOPs through flare_register_kernel_linear;
 - memcpys and memsets with their bytes and direction (cudaMemcpyAsync / cudaMemsetAsync);
 - host synchronizations at their times: cudaStreamSynchronize of the recorded stream,
@@ -35,6 +39,8 @@ replay, else the lowest recorded rank or --source-rank, as a copy):
   cudaStreamWaitEvent (the waiting stream is the one the thread's next op goes to, the event is
   recorded on the stream of the latest op issued on another stream: the records carry neither),
   flare_step markers;
+- CUDA graph launches as launches of a graph captured before the clock starts (one per launch
+  name: a kernel of the launches' median recorded duration);
 - collectives as NCCL calls on communicators rebuilt across the replayed ranks when the replay
   has several ranks (the recorded communicators of a copied rank laid out as a grid, smallest
   first, as flare-replay does); with one rank, or a communicator that would have one member,
@@ -48,6 +54,11 @@ replay, else the lowest recorded rank or --source-rank, as a copy):
   and `injected_sync` (the Python sim workload's, traced when TRACED_PYTHON_API names them, as
   when they were recorded); `gc@collect` as gc.collect(generation) with automatic collection
   off. Other spans are not reproduced (counted in the summary line).
+
+--repeat N plays the steps after the warm-up (W steps: loop.json's "warmup" beside a GPU
+capture, else 0) N times in all, back to back (repeat_steps): a longer job of the fixture's
+steady state, for what needs more steps than a capture holds (step sampling, the detectors'
+windows).
 
 At the end each rank prints one line `FLARE_TRACE_REPLAY {json}`: ops issued per kind, spans
 reproduced and skipped, how late the ops were issued against the schedule. See src/sim/README.md.
@@ -152,6 +163,79 @@ def _t(r):
     return r["start_ns"] if r["kind"] == "span" else r["issue_ns"]
 
 
+def step_boundaries(records):
+    """The recorded step boundaries (ns): the DataLoader calls' starts, else the flare_step
+    markers' issue times."""
+    loader = sorted(r["start_ns"] for r in records
+                    if r["kind"] == "span" and r["name"] in STEP_SPANS)
+    return loader or sorted(r["issue_ns"] for r in records
+                            if r["kind"] == "sync" and r["name"] == "flare_step")
+
+
+def fixture_warmup(path, rank):
+    """The warm-up steps loop.json beside a GPU capture records for `rank` (0 without one)."""
+    folder = path if os.path.isdir(path) else os.path.dirname(path)
+    try:
+        with open(os.path.join(folder, "loop.json")) as f:
+            ranks = json.load(f).get("ranks", {})
+        return int((ranks.get(str(rank)) or {}).get("warmup", 0))
+    except (OSError, ValueError, AttributeError, TypeError):
+        return 0
+
+
+_TIMES = ("issue_ns", "start_ns", "end_ns")
+
+
+def repeat_steps(records, warmup, repeat):
+    """One rank's records with its steps after the first `warmup` played `repeat` times in all:
+    a longer job of the same steady state (a fixture holds a few steps; step sampling and the
+    detectors' windows need more). The steps from the boundary after the warm-up to the last
+    boundary are copied back to back, each copy shifted by their span of time, its spans given
+    ids of their own (children and lent ops follow their copy); what comes after the last
+    boundary (the loop's end) follows the last copy; a span open across the whole window (an
+    enclosing traced call) is stretched over the copies. The warm-up, with its cold first calls,
+    is played once."""
+    if repeat <= 1:
+        return records
+    bounds = step_boundaries(records)
+    if len(bounds) < warmup + 2:
+        raise TraceError("--repeat needs a step after the %d warm-up step(s): the fixture has "
+                         "%d step boundaries" % (warmup, len(bounds)))
+    lo, hi = bounds[warmup], bounds[-1]
+    width = hi - lo
+    spans = [r for r in records if r["kind"] == "span"]
+    window_ids = {r["id"] for r in spans if lo <= r["start_ns"] < hi}
+    id_stride = max([r["id"] for r in spans] + [0]) + 1
+
+    def copy(r, k):
+        c = dict(r)
+        for key in _TIMES:
+            if key in c:
+                c[key] += k * width
+        if c["kind"] == "span":
+            if c["id"] in window_ids:
+                c["id"] += k * id_stride
+            if c.get("parent") in window_ids:
+                c["parent"] += k * id_stride
+        elif c.get("parent_span") in window_ids:
+            c["parent_span"] += k * id_stride
+        return c
+
+    out = []
+    for r in records:
+        t = _t(r)
+        if t < lo:
+            if r["kind"] == "span" and r["end_ns"] >= hi:
+                r = dict(r, end_ns=r["end_ns"] + (repeat - 1) * width,
+                         duration_ns=r["duration_ns"] + (repeat - 1) * width)
+            out.append(r)
+        elif t >= hi:
+            out.append(copy(r, repeat - 1))
+        else:
+            out.extend(copy(r, k) for k in range(repeat))
+    return out
+
+
 def _layout(layout):
     """'tn lda=2048 ldb=2048 ldc=6144 out=bf16' -> ('t', 'n', {'lda': '2048', ...})."""
     parts = (layout or "").split()
@@ -203,13 +287,43 @@ def fit_gemm_settings(records):
     return peak, cold_ms
 
 
+def recorded_gemm_ns(records):
+    """{id(record): the GPU duration the simulated library gives that cuBLAS call}: as recorded,
+    except a shape's first call, which gets the shape's median warm duration (its recorded one
+    holds the library's cold-start wait, which the simulator adds itself: FLARE_SIM_COLD_GEMM_MS,
+    fitted by fit_gemm_settings). The simulator's GEMM model (tiles and alignment) would time
+    them otherwise; on the H200 fixtures it put a weight-gradient shape ([768,768,8192] nt, split
+    over K by the real cuBLAS) at 193 TFLOPS where the real one ran at 402."""
+    calls = collections.defaultdict(list)
+    for r in sorted((r for r in records if r["kind"] == "gemm" and r["name"] in CUBLAS_GEMMS
+                     and len(r.get("shape") or []) >= 3), key=_t):
+        calls[(r["name"], tuple(r["shape"]), r.get("dtype"), r.get("layout"))].append(r)
+    out = {}
+    for recs in calls.values():
+        warm = sorted(int(r.get("duration_ns") or 0) for r in recs[1:])
+        for i, r in enumerate(recs):
+            ns = int(r.get("duration_ns") or 0) if i else (warm[len(warm) // 2] if warm else 0)
+            if ns > 0:
+                out[id(r)] = ns
+    return out
+
+
 class Plan:
     """One replayed rank's schedule, computed identically in every rank process."""
 
-    def __init__(self, fixture, rank, world, source_rank):
+    def __init__(self, fixture, rank, world, source_rank, rank_map=None):
         ranks = sorted(fixture)
-        self.exact = len(ranks) > 1 and len(ranks) == world and source_rank is None
-        if self.exact:
+        self.exact = len(ranks) > 1 and len(ranks) == world and source_rank is None and \
+            rank_map is None
+        if rank_map is not None:
+            if len(rank_map) != world:
+                raise TraceError("--rank-map names %d ranks for a replay of %d"
+                                 % (len(rank_map), world))
+            if rank_map[rank] not in fixture:
+                raise TraceError("--rank-map: no rank %d (the fixture holds %s)"
+                                 % (rank_map[rank], ranks))
+            self.source = rank_map[rank]
+        elif self.exact:
             self.source = ranks[rank]
         elif source_rank is not None:
             if source_rank not in fixture:
@@ -362,6 +476,11 @@ class Replayer:
             "ncclReduce": fn("ncclReduce", c_int, c_void_p, c_void_p, c_size_t, c_int, c_int,
                              c_int, c_void_p, c_void_p),
         }
+        set_gemm = getattr(S._G, "flareSimSetNextGemmNs", None)
+        if set_gemm is not None:
+            set_gemm.restype, set_gemm.argtypes = None, [ctypes.c_int64]
+        self.set_gemm_ns = set_gemm
+        self.gemm_ns = recorded_gemm_ns(plan.records)
         self.flare_step = getattr(S._G, "flare_step", None)
         reg = getattr(S._G, "flare_register_kernel_linear", None)
         if reg is not None:
@@ -403,13 +522,47 @@ class Replayer:
             # sim_train's rendezvous (the unique id through FLARE_SIM_RDZV_DIR); it uses no
             # Model state.
             self.comm[h] = S.init_comm("trace-%s" % key, n, r)
+        self.graph_exec = self._capture_graphs()
         for r in plan.records:  # every kernel registered before the clock starts
             if self._as_kernel(r):
                 self._kernel(r["name"], r)
 
+    def _capture_graphs(self):
+        """{graph launch name: an instantiated CUDA graph}: one kernel running the median
+        recorded duration of the name's launches, captured on a stream of its own, so that a
+        recorded cudaGraphLaunch is a graph launch again (the hook's step rule takes one as
+        training work: a step captured whole has no backward or optimizer call on the host).
+        Empty when the simulated runtime has no graphs."""
+        S, ct = self.S, self.ct
+        durations = collections.defaultdict(list)
+        for r in self.plan.records:
+            if r["kind"] == "graph":
+                durations[r["name"]].append(int(r.get("duration_ns") or 0))
+        out = {}
+        if not durations or not hasattr(S._G, "cudaGraphLaunch"):
+            return out
+        begin = S._fn("cudaStreamBeginCapture", ct.c_int, ct.c_void_p, ct.c_int)
+        end = S._fn("cudaStreamEndCapture", ct.c_int, ct.c_void_p, ct.POINTER(ct.c_void_p))
+        instantiate = S._fn("cudaGraphInstantiate", ct.c_int, ct.POINTER(ct.c_void_p),
+                            ct.c_void_p, ct.c_ulonglong)
+        self.cudaGraphLaunch = S._fn("cudaGraphLaunch", ct.c_int, ct.c_void_p, ct.c_void_p)
+        stream = self._sim.new_stream()
+        for name, durs in sorted(durations.items()):
+            durs.sort()
+            kernel = self.S.Kernel("%s_body_replayed" % name, 3)  # FLARE_SIM_COST_NANOS
+            graph, exe = ct.c_void_p(), ct.c_void_p()
+            S.check(begin(stream, 0), "cudaStreamBeginCapture")  # global mode, as PyTorch's
+            kernel(durs[len(durs) // 2], stream)
+            S.check(end(stream, ct.byref(graph)), "cudaStreamEndCapture")
+            S.check(instantiate(ct.byref(exe), graph, 0), "cudaGraphInstantiate")
+            out[name] = exe
+        return out
+
     def _as_kernel(self, r):
         k = r["kind"]
-        if k in ("kernel", "attention", "graph", "p2p"):
+        if k == "graph":
+            return r["name"] not in self.graph_exec
+        if k in ("kernel", "attention", "p2p"):
             return True
         if k == "gemm":
             return r["name"] not in CUBLAS_GEMMS or len(r.get("shape") or []) < 3
@@ -575,6 +728,8 @@ class Replayer:
             self._gemm(r, stream, tls)
         elif kind == "collective":
             self._collective(r, stream)
+        elif kind == "graph":
+            S.check(self.cudaGraphLaunch(self.graph_exec[name], stream), "cudaGraphLaunch")
         elif kind == "memcpy":
             direction = name.split()[-1] if name.startswith("Memcpy ") else "DtoD"
             ck = COPY_KINDS.get(direction, 3)
@@ -625,6 +780,9 @@ class Replayer:
         ldc = int(f.get("ldc", m))
         compute = {1: 70, 3: 72, 10: 72}.get(a_type, 68)  # CUBLAS_COMPUTE_64F/32I/32F
         name = r["name"]
+        ns = self.gemm_ns.get(id(r))
+        if ns and self.set_gemm_ns is not None:
+            self.set_gemm_ns(ns)
         if name == "cublasLtMatmul":
             self._lt_matmul(r, stream, tls, (m, n, k, batch, ta, tb, a_type, c_type, lda, ldb,
                                              ldc))
@@ -840,16 +998,34 @@ def main(argv=None):
     p.add_argument("--trace", required=True, help="the fixture")
     p.add_argument("--speed", type=float, default=1.0)
     p.add_argument("--source-rank", type=int, default=None)
+    p.add_argument("--rank-map", default=None,
+                   help="the recorded rank each replayed rank replays, e.g. 0,0,0,1")
     p.add_argument("--steps", type=int, default=0, help="ignored (the fixture's steps)")
+    p.add_argument("--repeat", type=int, default=1,
+                   help="play the steps after the warm-up this many times (repeat_steps)")
+    p.add_argument("--warmup", type=int, default=None,
+                   help="warm-up steps played once (default: the fixture's loop.json, else 0)")
     p.add_argument("--flare-export",
                    default=os.path.join(HERE, os.pardir, os.pardir, "bin", "flare-export"))
     args = p.parse_args(argv)
     if not args.speed > 0:
         raise TraceError("--speed must be positive")
+    if args.repeat < 1 or (args.warmup is not None and args.warmup < 0):
+        raise TraceError("--repeat must be at least 1 and --warmup at least 0")
     rank = int(os.environ.get("RANK", "0"))
     world = int(os.environ.get("WORLD_SIZE", "1"))
     fixture = read_fixture(args.trace, args.flare_export)
-    plan = Plan(fixture, rank, world, args.source_rank)
+    for r in fixture:
+        warmup = args.warmup if args.warmup is not None else fixture_warmup(args.trace, r)
+        fixture[r] = repeat_steps(fixture[r], warmup, args.repeat)
+    rank_map = None
+    if args.rank_map is not None:
+        try:
+            rank_map = [int(x) for x in args.rank_map.split(",")]
+        except ValueError:
+            raise TraceError("--rank-map takes recorded ranks, comma-separated: %r"
+                             % args.rank_map)
+    plan = Plan(fixture, rank, world, args.source_rank, rank_map)
     # Settings the simulated libraries read at their first use: before they are loaded.
     peak, cold_ms = fit_gemm_settings(plan.records)
     scale = float(os.environ.get("FLARE_SIM_TIME_SCALE", "1") or 1)
@@ -879,6 +1055,7 @@ def main(argv=None):
         "threads": len(plan.threads), "streams": len(plan.streams),
         "communicators": len(plan.comms),
         "step_boundaries": replayer.step + (replayer.step_t is not None),
+        "repeat": args.repeat,
         "issued": dict(sorted(replayer.stats.items())),
         "spans_not_reproduced": dict(replayer.skipped_spans),
         "late_ms_median": round(late[len(late) // 2] * 1e3, 3) if late else 0,
