@@ -514,6 +514,7 @@ TEST(LinkSlow, WhatTheHistoryCannotCompareIsSaid) {
 struct GemmShape {
   int64_t m, n, k;
   double tflops;
+  std::string layout = "";  // Signature.layout, e.g. "tn lda=768 ldb=768 ldc=768"
 };
 
 // 2 ranks, 6 steps of 100 ms, each shape called 4 times per step at its TFLOPS (bf16).
@@ -528,6 +529,7 @@ JobModel gemmJob(const std::vector<GemmShape>& shapes) {
       sig->set_name("cublasGemmEx");
       sig->set_kind(flare::v1::OP_KIND_GEMM);
       sig->set_dtype(flare::v1::DTYPE_BF16);
+      sig->set_layout(shapes[i].layout);
       for (int64_t d : {shapes[i].m, shapes[i].n, shapes[i].k, int64_t{1}}) sig->add_shape(d);
     }
     for (int step = 0; step < 6; ++step) {
@@ -581,6 +583,35 @@ TEST(UnoptimizedGemm, AMisalignedShapeIsHeldToSmallerAlignedGemmsNoEasierThanIt)
   // Nor is a smaller GEMM that does more work per byte (an easier one): 2048 x 2048 x 1536
   // (12.9 GFLOP, 614 flops per byte) for 16380 x 1024 x 1024 (34.4 GFLOP, 496 per byte).
   EXPECT_TRUE(gemmDiagnoses(gemmJob({{2048, 2048, 1536, 280}, {16380, 1024, 1024, 145}})).empty());
+}
+
+TEST(UnoptimizedGemm, AShapeIsHeldOnlyToGemmsOfItsOwnTransposes) {
+  // The H200 fixture's healthy GPT (tests/fixtures/gpu/healthy-small, fast calls): its
+  // [768,8192,768] runs at 501 TFLOPS as nn and 263 as tn. cuBLAS picks kernels per layout;
+  // the tn call is as fast as the library makes that layout, not a shape the job should fix.
+  const std::string nn = "nn lda=768 ldb=768 ldc=768", tn = "tn lda=768 ldb=768 ldc=768";
+  EXPECT_TRUE(
+      gemmDiagnoses(gemmJob({{768, 8192, 768, 501, nn}, {768, 8192, 768, 240, tn}})).empty());
+  // Of the same transposes, the slow one is named against the fast one.
+  const auto slow = gemmDiagnoses(gemmJob({{768, 8192, 768, 501, tn}, {768, 8192, 1024, 240, tn}}));
+  ASSERT_EQ(slow.size(), 1u);
+  EXPECT_NEAR(slow[0].evidence[0].value, 240, 1);
+  EXPECT_NEAR(slow[0].evidence[0].reference, 501, 1);
+  // A layout that does not say its transposes (a registered kernel) is held to every layout.
+  EXPECT_EQ(gemmDiagnoses(gemmJob({{768, 8192, 768, 501, nn}, {768, 8192, 1024, 240, ""}})).size(),
+            1u);
+  // A misaligned shape likewise: the unaligned-gemm fixture's [3080,8192,768] ran at 462 as tn
+  // where the aligned tn projection [2304,8192,768] ran at 440 (misalignment costs it little
+  // there), and at 558 as nn against [768,8192,2304] nn at 672: only the nn call is named.
+  const std::string tn2 = "tn lda=768 ldb=768 ldc=2304", nn2 = "nn lda=768 ldb=2304 ldc=768";
+  const auto mis = gemmDiagnoses(gemmJob({{2304, 8192, 768, 440, tn2},
+                                          {768, 8192, 2304, 672, nn2},
+                                          {3080, 8192, 768, 462, "tn lda=768 ldb=768 ldc=3080"},
+                                          {3080, 8192, 768, 558, "nn lda=3080 ldb=768 ldc=3080"}}));
+  ASSERT_EQ(mis.size(), 1u);
+  ASSERT_EQ(mis[0].evidence.size(), 1u) << mis[0].summary;
+  EXPECT_NEAR(mis[0].evidence[0].value, 558, 1);
+  EXPECT_NEAR(mis[0].evidence[0].reference, 672, 1);
 }
 
 // ---- evidence that passed its test: fail-slow and jitter under host noise ----------------------

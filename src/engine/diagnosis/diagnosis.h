@@ -98,6 +98,12 @@ struct DiagnoseOptions {
   // table's model, stats/perf_model.h), when the device is known. `peaks` null: the built-in
   // table (flared --device-peak adds entries).
   double unoptimized_peak_ratio = 0.3;
+  // ... only for a shape whose expected call (flops ÷ its expected TFLOPS) takes at least this
+  // long: a pair of CUDA events around a library call on an idle GPU also times the library's
+  // host work before its launch, which a short GEMM cannot be told from (torch.compile's tiny
+  // GPT on the H200, tests/fixtures/gpu/compile: 1 GFLOP GEMMs timed at 20-25 us, ~1.5 us at
+  // the device's expected TFLOPS, every call on an idle GPU).
+  double unoptimized_device_min_expected_ns = 20'000;
   const stats::PeakTable* peaks = nullptr;
   uint64_t unoptimized_min_flops = 1'000'000'000;
   // Issue-latency regression against a baseline: alarm above max(floor, the largest W1 between

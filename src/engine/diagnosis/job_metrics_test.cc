@@ -258,6 +258,15 @@ TEST(UnoptimizedGemm, TheDevicePeakTableFlagsAJobWhoseBestGemmIsSlow) {
   table.add(*capped);
   options.peaks = &table;
   EXPECT_TRUE(diagnose(oneGemmJob("NVIDIA H100 80GB HBM3"), options).empty());
+  // A shape expected to take less than unoptimized_device_min_expected_ns (4096³ at 719.6
+  // TFLOPS: 191 us) is not held to the device: on an idle GPU its event-timed calls hold the
+  // library's host work (torch.compile's 1 GFLOP GEMMs on the H200: ~1.5 us expected, 20-25 us
+  // timed).
+  options.peaks = nullptr;
+  options.unoptimized_device_min_expected_ns = 200'000;
+  EXPECT_TRUE(diagnose(oneGemmJob("NVIDIA H100 80GB HBM3"), options).empty());
+  options.unoptimized_device_min_expected_ns = 150'000;
+  EXPECT_EQ(diagnose(oneGemmJob("NVIDIA H100 80GB HBM3"), options).size(), 1u);
 }
 
 }  // namespace
