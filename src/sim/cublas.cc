@@ -90,42 +90,30 @@ SIM_API cublasStatus_t cublasGetMathMode(cublasHandle_t handle, cublasMath_t* mo
 
 SIM_API const char* cublasGetStatusName(cublasStatus_t status) {
   switch (status) {
-    case CUBLAS_STATUS_SUCCESS:
-      return "CUBLAS_STATUS_SUCCESS";
-    case CUBLAS_STATUS_NOT_INITIALIZED:
-      return "CUBLAS_STATUS_NOT_INITIALIZED";
-    case CUBLAS_STATUS_INVALID_VALUE:
-      return "CUBLAS_STATUS_INVALID_VALUE";
-    case CUBLAS_STATUS_EXECUTION_FAILED:
-      return "CUBLAS_STATUS_EXECUTION_FAILED";
-    case CUBLAS_STATUS_NOT_SUPPORTED:
-      return "CUBLAS_STATUS_NOT_SUPPORTED";
-    default:
-      return "CUBLAS_STATUS_UNKNOWN";
+    case CUBLAS_STATUS_SUCCESS: return "CUBLAS_STATUS_SUCCESS";
+    case CUBLAS_STATUS_NOT_INITIALIZED: return "CUBLAS_STATUS_NOT_INITIALIZED";
+    case CUBLAS_STATUS_INVALID_VALUE: return "CUBLAS_STATUS_INVALID_VALUE";
+    case CUBLAS_STATUS_EXECUTION_FAILED: return "CUBLAS_STATUS_EXECUTION_FAILED";
+    case CUBLAS_STATUS_NOT_SUPPORTED: return "CUBLAS_STATUS_NOT_SUPPORTED";
+    default: return "CUBLAS_STATUS_UNKNOWN";
   }
 }
 
 SIM_API const char* cublasGetStatusString(cublasStatus_t status) {
   switch (status) {
-    case CUBLAS_STATUS_SUCCESS:
-      return "success";
-    case CUBLAS_STATUS_NOT_INITIALIZED:
-      return "the library was not initialized";
-    case CUBLAS_STATUS_INVALID_VALUE:
-      return "an invalid numeric value was used as an argument";
-    case CUBLAS_STATUS_EXECUTION_FAILED:
-      return "the GPU program failed to execute";
-    case CUBLAS_STATUS_NOT_SUPPORTED:
-      return "the functionality requested is not supported";
-    default:
-      return "unknown error";
+    case CUBLAS_STATUS_SUCCESS: return "success";
+    case CUBLAS_STATUS_NOT_INITIALIZED: return "the library was not initialized";
+    case CUBLAS_STATUS_INVALID_VALUE: return "an invalid numeric value was used as an argument";
+    case CUBLAS_STATUS_EXECUTION_FAILED: return "the GPU program failed to execute";
+    case CUBLAS_STATUS_NOT_SUPPORTED: return "the functionality requested is not supported";
+    default: return "unknown error";
   }
 }
 
 SIM_API cublasStatus_t cublasSgemm_v2(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb,
                                       int m, int n, int k, const float* alpha, const float* A,
-                                      int lda, const float* B, int ldb, const float* beta, float* C,
-                                      int ldc) {
+                                      int lda, const float* B, int ldb, const float* beta,
+                                      float* C, int ldc) {
   return run(h, shape(ta, tb, m, n, k, CUDA_R_32F, CUDA_R_32F, 1));
 }
 
@@ -139,8 +127,8 @@ SIM_API cublasStatus_t cublasSgemm_v2_64(cublasHandle_t h, cublasOperation_t ta,
 
 SIM_API cublasStatus_t cublasHgemm(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb,
                                    int m, int n, int k, const __half* alpha, const __half* A,
-                                   int lda, const __half* B, int ldb, const __half* beta, __half* C,
-                                   int ldc) {
+                                   int lda, const __half* B, int ldb, const __half* beta,
+                                   __half* C, int ldc) {
   return run(h, shape(ta, tb, m, n, k, CUDA_R_16F, CUDA_R_16F, 1));
 }
 
@@ -159,12 +147,12 @@ SIM_API cublasStatus_t cublasGemmEx(cublasHandle_t h, cublasOperation_t ta, cubl
   return run(h, shape(ta, tb, m, n, k, at, ct, 1));
 }
 
-SIM_API cublasStatus_t cublasGemmEx_64(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb,
-                                       int64_t m, int64_t n, int64_t k, const void* alpha,
-                                       const void* A, cudaDataType at, int64_t lda, const void* B,
-                                       cudaDataType bt, int64_t ldb, const void* beta, void* C,
-                                       cudaDataType ct, int64_t ldc, cublasComputeType_t compute,
-                                       cublasGemmAlgo_t algo) {
+SIM_API cublasStatus_t cublasGemmEx_64(cublasHandle_t h, cublasOperation_t ta,
+                                       cublasOperation_t tb, int64_t m, int64_t n, int64_t k,
+                                       const void* alpha, const void* A, cudaDataType at,
+                                       int64_t lda, const void* B, cudaDataType bt, int64_t ldb,
+                                       const void* beta, void* C, cudaDataType ct, int64_t ldc,
+                                       cublasComputeType_t compute, cublasGemmAlgo_t algo) {
   return run(h, shape(ta, tb, m, n, k, at, ct, 1));
 }
 
@@ -178,27 +166,30 @@ SIM_API cublasStatus_t cublasGemmBatchedEx(cublasHandle_t h, cublasOperation_t t
   return run(h, shape(ta, tb, m, n, k, at, ct, batch));
 }
 
-SIM_API cublasStatus_t cublasGemmBatchedEx_64(
-    cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int64_t m, int64_t n, int64_t k,
-    const void* alpha, const void* const A[], cudaDataType at, int64_t lda, const void* const B[],
-    cudaDataType bt, int64_t ldb, const void* beta, void* const C[], cudaDataType ct, int64_t ldc,
-    int64_t batch, cublasComputeType_t compute, cublasGemmAlgo_t algo) {
+SIM_API cublasStatus_t cublasGemmBatchedEx_64(cublasHandle_t h, cublasOperation_t ta,
+                                              cublasOperation_t tb, int64_t m, int64_t n,
+                                              int64_t k, const void* alpha, const void* const A[],
+                                              cudaDataType at, int64_t lda, const void* const B[],
+                                              cudaDataType bt, int64_t ldb, const void* beta,
+                                              void* const C[], cudaDataType ct, int64_t ldc,
+                                              int64_t batch, cublasComputeType_t compute,
+                                              cublasGemmAlgo_t algo) {
   return run(h, shape(ta, tb, m, n, k, at, ct, batch));
 }
 
 SIM_API cublasStatus_t cublasGemmStridedBatchedEx(
     cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,
     const void* alpha, const void* A, cudaDataType at, int lda, long long int sa, const void* B,
-    cudaDataType bt, int ldb, long long int sb, const void* beta, void* C, cudaDataType ct, int ldc,
-    long long int sc, int batch, cublasComputeType_t compute, cublasGemmAlgo_t algo) {
+    cudaDataType bt, int ldb, long long int sb, const void* beta, void* C, cudaDataType ct,
+    int ldc, long long int sc, int batch, cublasComputeType_t compute, cublasGemmAlgo_t algo) {
   return run(h, shape(ta, tb, m, n, k, at, ct, batch));
 }
 
 SIM_API cublasStatus_t cublasGemmStridedBatchedEx_64(
     cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int64_t m, int64_t n, int64_t k,
-    const void* alpha, const void* A, cudaDataType at, int64_t lda, long long int sa, const void* B,
-    cudaDataType bt, int64_t ldb, long long int sb, const void* beta, void* C, cudaDataType ct,
-    int64_t ldc, long long int sc, int64_t batch, cublasComputeType_t compute,
+    const void* alpha, const void* A, cudaDataType at, int64_t lda, long long int sa,
+    const void* B, cudaDataType bt, int64_t ldb, long long int sb, const void* beta, void* C,
+    cudaDataType ct, int64_t ldc, long long int sc, int64_t batch, cublasComputeType_t compute,
     cublasGemmAlgo_t algo) {
   return run(h, shape(ta, tb, m, n, k, at, ct, batch));
 }

@@ -36,12 +36,8 @@ struct Layout {
 };
 static_assert(sizeof(Layout) <= sizeof(cublasLtMatrixLayoutOpaque_t));
 
-MatmulDesc* desc(cublasLtMatmulDesc_t d) {
-  return reinterpret_cast<MatmulDesc*>(d->data);
-}
-Layout* layout(cublasLtMatrixLayout_t l) {
-  return reinterpret_cast<Layout*>(l->data);
-}
+MatmulDesc* desc(cublasLtMatmulDesc_t d) { return reinterpret_cast<MatmulDesc*>(d->data); }
+Layout* layout(cublasLtMatrixLayout_t l) { return reinterpret_cast<Layout*>(l->data); }
 
 // Copies `size` bytes between an attribute and the caller's buffer, checking the size.
 template <typename T>
@@ -73,12 +69,11 @@ SIM_API cublasStatus_t cublasLtDestroy(cublasLtHandle_t handle) {
   return CUBLAS_STATUS_SUCCESS;
 }
 
-SIM_API size_t cublasLtGetVersion(void) {
-  return CUBLAS_VERSION;
-}
+SIM_API size_t cublasLtGetVersion(void) { return CUBLAS_VERSION; }
 
 SIM_API cublasStatus_t cublasLtMatmulDescCreate(cublasLtMatmulDesc_t* out,
-                                                cublasComputeType_t compute, cudaDataType_t scale) {
+                                                cublasComputeType_t compute,
+                                                cudaDataType_t scale) {
   if (!out) return CUBLAS_STATUS_INVALID_VALUE;
   auto* d = new cublasLtMatmulDescOpaque_t();
   *desc(d) = MatmulDesc{compute, scale, CUBLAS_OP_N, CUBLAS_OP_N, CUBLASLT_EPILOGUE_DEFAULT};
@@ -97,18 +92,12 @@ SIM_API cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t d,
   if (!d) return CUBLAS_STATUS_NOT_INITIALIZED;
   MatmulDesc* m = desc(d);
   switch (attr) {
-    case CUBLASLT_MATMUL_DESC_COMPUTE_TYPE:
-      return setAttr(m->compute, buf, size);
-    case CUBLASLT_MATMUL_DESC_SCALE_TYPE:
-      return setAttr(m->scale, buf, size);
-    case CUBLASLT_MATMUL_DESC_TRANSA:
-      return setAttr(m->trans_a, buf, size);
-    case CUBLASLT_MATMUL_DESC_TRANSB:
-      return setAttr(m->trans_b, buf, size);
-    case CUBLASLT_MATMUL_DESC_EPILOGUE:
-      return setAttr(m->epilogue, buf, size);
-    default:
-      return buf ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_INVALID_VALUE;  // accepted, unused
+    case CUBLASLT_MATMUL_DESC_COMPUTE_TYPE: return setAttr(m->compute, buf, size);
+    case CUBLASLT_MATMUL_DESC_SCALE_TYPE: return setAttr(m->scale, buf, size);
+    case CUBLASLT_MATMUL_DESC_TRANSA: return setAttr(m->trans_a, buf, size);
+    case CUBLASLT_MATMUL_DESC_TRANSB: return setAttr(m->trans_b, buf, size);
+    case CUBLASLT_MATMUL_DESC_EPILOGUE: return setAttr(m->epilogue, buf, size);
+    default: return buf ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_INVALID_VALUE;  // accepted, unused
   }
 }
 
@@ -118,18 +107,12 @@ SIM_API cublasStatus_t cublasLtMatmulDescGetAttribute(cublasLtMatmulDesc_t d,
   if (!d) return CUBLAS_STATUS_NOT_INITIALIZED;
   const MatmulDesc* m = desc(d);
   switch (attr) {
-    case CUBLASLT_MATMUL_DESC_COMPUTE_TYPE:
-      return getAttr(m->compute, buf, size, written);
-    case CUBLASLT_MATMUL_DESC_SCALE_TYPE:
-      return getAttr(m->scale, buf, size, written);
-    case CUBLASLT_MATMUL_DESC_TRANSA:
-      return getAttr(m->trans_a, buf, size, written);
-    case CUBLASLT_MATMUL_DESC_TRANSB:
-      return getAttr(m->trans_b, buf, size, written);
-    case CUBLASLT_MATMUL_DESC_EPILOGUE:
-      return getAttr(m->epilogue, buf, size, written);
-    default:
-      return CUBLAS_STATUS_INVALID_VALUE;
+    case CUBLASLT_MATMUL_DESC_COMPUTE_TYPE: return getAttr(m->compute, buf, size, written);
+    case CUBLASLT_MATMUL_DESC_SCALE_TYPE: return getAttr(m->scale, buf, size, written);
+    case CUBLASLT_MATMUL_DESC_TRANSA: return getAttr(m->trans_a, buf, size, written);
+    case CUBLASLT_MATMUL_DESC_TRANSB: return getAttr(m->trans_b, buf, size, written);
+    case CUBLASLT_MATMUL_DESC_EPILOGUE: return getAttr(m->epilogue, buf, size, written);
+    default: return CUBLAS_STATUS_INVALID_VALUE;
   }
 }
 
@@ -153,22 +136,14 @@ SIM_API cublasStatus_t cublasLtMatrixLayoutSetAttribute(cublasLtMatrixLayout_t l
   if (!l) return CUBLAS_STATUS_NOT_INITIALIZED;
   Layout* x = layout(l);
   switch (attr) {
-    case CUBLASLT_MATRIX_LAYOUT_TYPE:
-      return setAttr(x->type, buf, size);
-    case CUBLASLT_MATRIX_LAYOUT_ORDER:
-      return setAttr(x->order, buf, size);
-    case CUBLASLT_MATRIX_LAYOUT_ROWS:
-      return setAttr(x->rows, buf, size);
-    case CUBLASLT_MATRIX_LAYOUT_COLS:
-      return setAttr(x->cols, buf, size);
-    case CUBLASLT_MATRIX_LAYOUT_LD:
-      return setAttr(x->ld, buf, size);
-    case CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT:
-      return setAttr(x->batch, buf, size);
-    case CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET:
-      return setAttr(x->stride, buf, size);
-    default:
-      return buf ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_INVALID_VALUE;
+    case CUBLASLT_MATRIX_LAYOUT_TYPE: return setAttr(x->type, buf, size);
+    case CUBLASLT_MATRIX_LAYOUT_ORDER: return setAttr(x->order, buf, size);
+    case CUBLASLT_MATRIX_LAYOUT_ROWS: return setAttr(x->rows, buf, size);
+    case CUBLASLT_MATRIX_LAYOUT_COLS: return setAttr(x->cols, buf, size);
+    case CUBLASLT_MATRIX_LAYOUT_LD: return setAttr(x->ld, buf, size);
+    case CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT: return setAttr(x->batch, buf, size);
+    case CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET: return setAttr(x->stride, buf, size);
+    default: return buf ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_INVALID_VALUE;
   }
 }
 
@@ -178,22 +153,15 @@ SIM_API cublasStatus_t cublasLtMatrixLayoutGetAttribute(cublasLtMatrixLayout_t l
   if (!l) return CUBLAS_STATUS_NOT_INITIALIZED;
   const Layout* x = layout(l);
   switch (attr) {
-    case CUBLASLT_MATRIX_LAYOUT_TYPE:
-      return getAttr(x->type, buf, size, written);
-    case CUBLASLT_MATRIX_LAYOUT_ORDER:
-      return getAttr(x->order, buf, size, written);
-    case CUBLASLT_MATRIX_LAYOUT_ROWS:
-      return getAttr(x->rows, buf, size, written);
-    case CUBLASLT_MATRIX_LAYOUT_COLS:
-      return getAttr(x->cols, buf, size, written);
-    case CUBLASLT_MATRIX_LAYOUT_LD:
-      return getAttr(x->ld, buf, size, written);
-    case CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT:
-      return getAttr(x->batch, buf, size, written);
+    case CUBLASLT_MATRIX_LAYOUT_TYPE: return getAttr(x->type, buf, size, written);
+    case CUBLASLT_MATRIX_LAYOUT_ORDER: return getAttr(x->order, buf, size, written);
+    case CUBLASLT_MATRIX_LAYOUT_ROWS: return getAttr(x->rows, buf, size, written);
+    case CUBLASLT_MATRIX_LAYOUT_COLS: return getAttr(x->cols, buf, size, written);
+    case CUBLASLT_MATRIX_LAYOUT_LD: return getAttr(x->ld, buf, size, written);
+    case CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT: return getAttr(x->batch, buf, size, written);
     case CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET:
       return getAttr(x->stride, buf, size, written);
-    default:
-      return CUBLAS_STATUS_INVALID_VALUE;
+    default: return CUBLAS_STATUS_INVALID_VALUE;
   }
 }
 

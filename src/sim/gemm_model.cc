@@ -15,39 +15,24 @@ namespace flare::sim {
 
 int dataTypeBytes(cudaDataType t) {
   switch (t) {
-    case CUDA_R_64F:
-      return 8;
-    case CUDA_R_32F:
-    case CUDA_R_32I:
-      return 4;
-    case CUDA_R_16F:
-    case CUDA_R_16BF:
-      return 2;
-    default:
-      return 1;
+    case CUDA_R_64F: return 8;
+    case CUDA_R_32F: case CUDA_R_32I: return 4;
+    case CUDA_R_16F: case CUDA_R_16BF: return 2;
+    default: return 1;
   }
 }
 
 const char* dataTypeName(cudaDataType t) {
   switch (t) {
-    case CUDA_R_64F:
-      return "f64";
-    case CUDA_R_32F:
-      return "f32";
-    case CUDA_R_32I:
-      return "i32";
-    case CUDA_R_16F:
-      return "f16";
-    case CUDA_R_16BF:
-      return "bf16";
-    case CUDA_R_8F_E4M3:
-      return "e4m3";
-    case CUDA_R_8F_E5M2:
-      return "e5m2";
-    case CUDA_R_8I:
-      return "i8";
-    default:
-      return "x";
+    case CUDA_R_64F: return "f64";
+    case CUDA_R_32F: return "f32";
+    case CUDA_R_32I: return "i32";
+    case CUDA_R_16F: return "f16";
+    case CUDA_R_16BF: return "bf16";
+    case CUDA_R_8F_E4M3: return "e4m3";
+    case CUDA_R_8F_E5M2: return "e5m2";
+    case CUDA_R_8I: return "i8";
+    default: return "x";
   }
 }
 
@@ -55,21 +40,13 @@ namespace {
 // Peak relative to the configured dense bf16/fp16 tensor peak.
 double peakScale(cudaDataType t) {
   switch (t) {
-    case CUDA_R_8F_E4M3:
-    case CUDA_R_8F_E5M2:
-    case CUDA_R_8I:
-      return 2.0;
-    case CUDA_R_32F:
-      return 0.5;  // TF32 tensor cores
-    case CUDA_R_64F:
-      return 0.067;  // FP64 tensor cores
-    default:
-      return 1.0;
+    case CUDA_R_8F_E4M3: case CUDA_R_8F_E5M2: case CUDA_R_8I: return 2.0;
+    case CUDA_R_32F: return 0.5;    // TF32 tensor cores
+    case CUDA_R_64F: return 0.067;  // FP64 tensor cores
+    default: return 1.0;
   }
 }
-bool aligned(int64_t dim, int bytes) {
-  return (dim * bytes) % 128 == 0;
-}
+bool aligned(int64_t dim, int bytes) { return (dim * bytes) % 128 == 0; }
 }  // namespace
 
 int64_t gemmDurationNs(const GemmShape& s) {
