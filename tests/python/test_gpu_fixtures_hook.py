@@ -13,7 +13,8 @@ Asserted for each fixture: nothing refused or lost; every step of the replay hel
 the kernel report's launch counts per kind against what the driver issued (the workload's own
 truth; step sampling's weights stand for the steps it left untimed); the default budget left
 steps untimed where there was something to leave; and the diagnoses: none on the healthy loops,
-the scenario's own fault where one rank shows it. The host-stall fixture's recorded GC pause
+the scenario's own fault where one rank shows it; a GPU at 80% clock under one of four copies of
+a healthy loop named on that rank. The host-stall fixture's recorded GC pause
 (rank 1, ~10 ms per step) replayed as rank 3 beside three copies of rank 0 is named on rank 3
 with every op timed (raw mode, and summary mode with FLARE_TIMING_BUDGET_PCT=0); the default
 budget's sampling does not name it yet (marked xfail, strict: see the test)."""
@@ -154,6 +155,22 @@ def test_each_real_fixture_through_the_hook_in_its_default_mode(build_dir, daemo
         # The MLP's 3080 named, against an aligned GEMM of its own transposes.
         e = found[0]["evidence"]
         assert e and all("3080" in x["text"] for x in e), e
+
+
+def test_an_underclocked_gpu_beside_three_real_loops_is_named_in_the_default_mode(
+        build_dir, daemon, tmp_path):
+    """healthy-small as 4 ranks, rank 2's simulated GPU at 80% clock (FLARE_SIM_CLOCK_FACTOR):
+    gpu_slow on rank 2 alone, routed to operations, from the kernel summaries of the few steps
+    the default budget measured (before summary mode also judged a rank by its typical call,
+    the W1 fence missed it in 2 runs of 6)."""
+    _, _, _, found = drive(build_dir, daemon, tmp_path, "healthy-small", "hook-gpu-slow", ranks=4,
+                           extra_env={"FLARE_SIM_CLOCK_FACTOR": "2:0.8"})
+    slow = [d for d in found if d["kind"] == "gpu_slow"]
+    assert [(d["team"], d.get("ranks")) for d in slow] == [("operations", [2])], shown(found)
+    assert 0.1 <= slow[0]["severity"] <= 0.4, slow[0]
+    # The 4 replayed ranks share this machine's 2 CPUs: cpu_contention is the machine's.
+    assert [d for d in found if d["kind"] not in ("gpu_slow", "cpu_contention")] == [], \
+        shown(found)
 
 
 HOST_STALL_MODES = [

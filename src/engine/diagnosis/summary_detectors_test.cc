@@ -98,6 +98,51 @@ TEST(SummaryGpuSlow, OneHostDelayedCallMovesNoRanksTypicalCall) {
   }
 }
 
+// Four ranks, as the default timing budget's few measured steps give them: a healthy rank with
+// a handful of host-delayed calls in each window scores as high a mean W1 as the slow rank, so
+// the W1 fence flags no one; the slow rank's typical call, 1.25x the others' and above the
+// fence of the ranks' ratios, names it (the H200 healthy-small fixture through the hook with a
+// GPU at 80% clock: 2 runs of 6 missed before).
+TEST(SummaryGpuSlow, ATypicalCallAboveTheRanksNamesItWhereTheW1FenceCannot) {
+  JobModel model;
+  for (int r = 0; r < 4; ++r) {
+    flare::v1::RecordBatch b = summaryBatch(r, r == 2 ? 1.25 : 1.0, 100 * (r % 3));
+    if (r == 0) {
+      for (int w = 0; w < 3; ++w) {
+        auto* c = b.mutable_summaries(w)->add_clusters();
+        c->set_count(12);
+        c->set_p50_ns(3'000'000);
+        c->set_p99_ns(3'200'000);
+        c->set_sum_ns(36'000'000);
+      }
+    }
+    model.addBatch(r, b);
+  }
+  const auto found = diagnose(model, DiagnoseOptions{});
+  ASSERT_EQ(found.size(), 1u);
+  EXPECT_EQ(found[0].kind, "gpu_slow");
+  EXPECT_EQ(found[0].ranks, std::vector<int>{2});
+  ASSERT_GE(found[0].evidence.size(), 2u);
+  EXPECT_EQ(found[0].evidence[1].metric, "typical_call_ratio") << found[0].evidence[1].text;
+  EXPECT_NEAR(found[0].evidence[1].value, 1.25, 0.01);
+  // The healthy rank with the delayed calls is not named: its typical call is the others'.
+  JobModel healthy;
+  for (int r = 0; r < 4; ++r) {
+    flare::v1::RecordBatch b = summaryBatch(r, 1.0, 100 * (r % 3));
+    if (r == 0) {
+      for (int w = 0; w < 3; ++w) {
+        auto* c = b.mutable_summaries(w)->add_clusters();
+        c->set_count(12);
+        c->set_p50_ns(3'000'000);
+        c->set_p99_ns(3'200'000);
+        c->set_sum_ns(36'000'000);
+      }
+    }
+    healthy.addBatch(r, b);
+  }
+  EXPECT_TRUE(diagnose(healthy, DiagnoseOptions{}).empty());
+}
+
 TEST(SummaryGpuSlow, SummariesOfUnknownSignaturesAreCountedNotUsed) {
   JobModel model;
   flare::v1::RecordBatch b = summaryBatch(0, 1.0, 0);
