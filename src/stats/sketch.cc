@@ -215,6 +215,16 @@ double LatencySketch::quantile(double q) const {
   return std::clamp(value, min_, max_);
 }
 
+void LatencySketch::scaleCounts(uint64_t factor) {
+  if (factor <= 1) return;
+  for (Store* store : {&pos_, &neg_}) {
+    for (uint64_t& c : store->counts) c *= factor;
+  }
+  zeroCount_ *= factor;
+  count_ *= factor;
+  sum_ *= static_cast<double>(factor);
+}
+
 void LatencySketch::forEachBucket(
     const std::function<void(double lo, double hi, uint64_t count)>& fn) const {
   auto emit = [&](double lo, double hi, uint64_t c) {

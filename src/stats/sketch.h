@@ -56,6 +56,11 @@ class LatencySketch {
   // otherwise nothing changes, false is returned and *error says why.
   bool merge(const LatencySketch& other, std::string* error = nullptr);
 
+  // The sketch of `factor` copies of every value it holds: each count (and the sum) multiplied
+  // by `factor` (0 leaves it unchanged); min, max and the buckets stay. A step measured by step
+  // sampling stands for the steps sampled out before it (JobModel::addBatch).
+  void scaleCounts(uint64_t factor);
+
   uint64_t count() const { return count_; }
   uint64_t dropped() const { return dropped_; }
   uint64_t zeroCount() const { return zeroCount_; }

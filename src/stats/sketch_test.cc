@@ -73,6 +73,27 @@ TEST(Sketch, MergeEqualsTheSketchOfTheUnion) {
   EXPECT_EQ(a.count(), all.count());
 }
 
+TEST(Sketch, ScaledCountsEqualTheSketchOfThatManyCopies) {
+  const auto x = latencies(4, 2000);
+  LatencySketch once, thrice;
+  for (double v : x) once.add(v), thrice.add(v, 3);
+  thrice.add(0.0, 3);
+  once.add(0.0);
+  once.scaleCounts(3);
+  EXPECT_EQ(once.count(), thrice.count());
+  EXPECT_EQ(once.zeroCount(), thrice.zeroCount());
+  EXPECT_DOUBLE_EQ(once.sum(), thrice.sum());
+  for (double q = 0; q <= 1.0; q += 0.01) EXPECT_EQ(once.quantile(q), thrice.quantile(q)) << q;
+  // Merged with an unscaled one: the copies weigh three times in the pool.
+  LatencySketch other;
+  for (int i = 0; i < 6000; ++i) other.add(1e6);
+  ASSERT_TRUE(once.merge(other));
+  EXPECT_EQ(once.count(), 3 * x.size() + 3 + 6000);
+  once.scaleCounts(0);  // no-op
+  once.scaleCounts(1);
+  EXPECT_EQ(once.count(), 3 * x.size() + 3 + 6000);
+}
+
 TEST(Sketch, SerializationRoundTrip) {
   LatencySketch s(0.02, 5.0);
   for (double v : latencies(4, 3000)) s.add(v);

@@ -14,7 +14,8 @@ the kernel report's launch counts per kind against what the driver issued (the w
 truth; step sampling's weights stand for the steps it left untimed); the default budget left
 steps untimed where there was something to leave; and the diagnoses: none on the healthy loops,
 the scenario's own fault where one rank shows it; a GPU at 80% clock under one of four copies of
-a healthy loop named on that rank. The host-stall fixture's recorded GC pause
+a healthy loop named on that rank; the stray synchronize named against healthy history of the
+same loop, recorded in the default mode too. The host-stall fixture's recorded GC pause
 (rank 1, ~10 ms per step) replayed as rank 3 beside three copies of rank 0 is named on rank 3
 with every op timed (raw mode, and summary mode with FLARE_TIMING_BUDGET_PCT=0); the default
 budget's sampling does not name it yet (marked xfail, strict: see the test)."""
@@ -76,7 +77,8 @@ def boundaries(name, rank):
 
 def drive(build_dir, daemon, tmp_path, name, job, ranks=1, extra_env=None, extra_args=()):
     """The fixture through the hook and flared as job `job`; returns (the driver's per-rank
-    FLARE_TRACE_REPLAY summaries, the ranks' rows, flared's diagnoses) once flared settled."""
+    FLARE_TRACE_REPLAY summaries, the ranks' rows, the kernel report, flared's diagnoses) once
+    flared settled."""
     env = clean_env(dict(extra_env or {}, FLARE_OUTPUT_DIR=str(tmp_path / "spool")))
     cmd = [os.path.join(build_dir, "bin", "flare"), "run", "--daemon",
            "127.0.0.1:%d" % daemon.grpc, "--job-id", job, "--quiet", "--",
@@ -171,6 +173,41 @@ def test_an_underclocked_gpu_beside_three_real_loops_is_named_in_the_default_mod
     # The 4 replayed ranks share this machine's 2 CPUs: cpu_contention is the machine's.
     assert [d for d in found if d["kind"] not in ("gpu_slow", "cpu_contention")] == [], \
         shown(found)
+
+
+def test_a_stray_synchronize_is_named_against_healthy_history_of_the_default_mode(
+        build_dir, tmp_path):
+    """Three runs of the H200 healthy-small loop through the hook in the default mode, stored
+    as healthy history (`flare baseline add`); then the stray-sync loop (a torch.cuda.synchronize()
+    mid-forward every step, on every rank: nothing a rank-vs-peers detector can see) is named by
+    issue_latency_regression with the synchronize as its cause, and a fourth healthy run is not,
+    its lookedAt saying what was compared. Before a measured step's issue latencies stood for the
+    steps sampled out before it, the history read as low as the stray synchronize (W1 57 us
+    against a learned 125 us) and nothing was named."""
+    (tmp_path / "flared").mkdir()
+    d = Daemon(build_dir, tmp_path / "flared")
+    try:
+        http = "127.0.0.1:%d" % d.http
+        for job in ("history-1", "history-2", "history-3"):
+            drive(build_dir, d, tmp_path / job, "healthy-small", job)
+            res = subprocess.run([os.path.join(build_dir, "bin", "flare"), "baseline", "add",
+                                  "--job", job, "--daemon-http", http], capture_output=True,
+                                 text=True, timeout=60)
+            assert res.returncode == 0 and "healthy history" in res.stdout, res.stderr
+        _, _, _, found = drive(build_dir, d, tmp_path / "sync", "stray-sync", "stray-sync")
+        got = [(x["kind"], x["team"]) for x in found]
+        assert got == [("issue_latency_regression", "algorithm")], shown(found)
+        assert "likely cause: torch.cuda@synchronize" in found[0]["summary"], found[0]
+        _, _, _, found = drive(build_dir, d, tmp_path / "again", "healthy-small", "healthy-4")
+        assert found == [], shown(found)
+        looked = json.loads(d.get("/api/v1/jobs/healthy-4/diagnoses"))["lookedAt"]["detectors"]
+        note = [x["note"] for x in looked if x["name"] == "issue_latency_regression"]
+        assert note and note[0].startswith("issue latencies compared with 3 healthy history "
+                                           "runs': W1 below them"), looked
+    finally:
+        if d.proc.poll() is None:
+            pipeline_health.assert_nothing_refused(d.http)
+            d.proc.kill()
 
 
 HOST_STALL_MODES = [

@@ -463,5 +463,33 @@ TEST(StepSamplingTest, ASampledOutStepKeepsItsRunQueueWait) {
   for (const auto& [rank, ns] : wait) EXPECT_EQ(ns, 3e6) << rank;
 }
 
+// A measured step's issue latencies stand for it and the steps sampled out before it (as its
+// ops do in the kernel summaries): steps 1-3 measured one by one (the budget not chosen yet),
+// 6 and 9 each after two sampled out. Unweighted, the early steps were 3 of 5 in the sample;
+// the H200 healthy-small loop's stored history then read as low as a stray synchronize.
+TEST(StepSamplingTest, AMeasuredStepsIssueLatenciesStandForTheStepsSampledOutBeforeIt) {
+  constexpr int kOps = 100;
+  // Early steps' latencies from 50 us, the later measured ones' from 5 ms: no overlap.
+  const JobModel m = sampledJob(1, [](int64_t t, flare::v1::RecordBatch* b) {
+    if (t < 4) return;
+    *b = second(0, t, 1.0, 5'000'000);
+  });
+  const std::vector<double> v = signals::issueLatencies(m, m.ranks().at(0));
+  ASSERT_EQ(v.size(), static_cast<size_t>(kOps * (3 + 3 + 3)));  // 1, 2, 3; 6 ×3; 9 ×3
+  const auto late = std::count_if(v.begin(), v.end(), [](double x) { return x >= 4'900'000; });
+  EXPECT_EQ(late, 6 * kOps);
+  // Folded (compaction) the weights stay: the sketches were scaled when they arrived.
+  JobModel folded;
+  folded.setCompaction(4 * kSec, 2 * kSec);
+  for (int64_t t = 0; t < 12; ++t) {
+    flare::v1::RecordBatch b = second(0, t, 1.0, t < 4 ? 50'000 : 5'000'000);
+    if (sampledOutSecond(t)) sampleOut(&b);
+    folded.addBatch(0, b);
+  }
+  const std::vector<double> w = signals::issueLatencies(folded, folded.ranks().at(0));
+  EXPECT_EQ(std::count_if(w.begin(), w.end(), [](double x) { return x >= 4'900'000; }),
+            6 * kOps);
+}
+
 }  // namespace
 }  // namespace flare::engine

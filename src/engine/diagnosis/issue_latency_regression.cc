@@ -57,8 +57,15 @@ void nameRegressionCause(const ApiRates& now_rates, const ApiRates& base_rates, 
                (named.empty() ? std::string() : " (likely cause: " + named + ")");
 }
 
+// What a run that named nothing compared, for lookedAt ("nothing found" says what was looked at).
+std::string comparedNote(double w1, double threshold, const std::string& against,
+                         const char* kind) {
+  return "issue latencies compared with " + against + ": W1 below them " + fmtMs(w1) +
+         ", within the " + kind + "threshold " + fmtMs(threshold);
+}
+
 void detectRegression(const JobModel& job, const JobModel& baseline, const DiagnoseOptions& opt,
-                      std::vector<Diagnosis>* out) {
+                      std::vector<Diagnosis>* out, std::string* note) {
   std::vector<double> all, base_all;
   std::map<int, std::vector<double>> base_ranks;
   for (const auto& [rank, r] : job.ranks()) {
@@ -69,7 +76,11 @@ void detectRegression(const JobModel& job, const JobModel& baseline, const Diagn
     base_ranks[rank] = issueLatencies(baseline, r);
     base_all.insert(base_all.end(), base_ranks[rank].begin(), base_ranks[rank].end());
   }
-  if (all.size() < 30 || base_all.size() < 30) return;
+  if (all.size() < 30 || base_all.size() < 30) {
+    *note = "too few issue latencies to compare (" + std::to_string(all.size()) + " in the job, " +
+            std::to_string(base_all.size()) + " in the baseline; 30 needed)";
+    return;
+  }
   const double job_median = median(all), base_median = median(base_all);
   // Kernel-issue stalls move the lower half of the distribution toward zero; the upper tail
   // (how far the host runs ahead) varies from run to run and rank to rank and would drown the
@@ -94,7 +105,10 @@ void detectRegression(const JobModel& job, const JobModel& baseline, const Diagn
     }
   }
   const double w1 = stats::wasserstein1Below(all, base_all);
-  if (!(w1 > threshold)) return;
+  if (!(w1 > threshold)) {
+    *note = comparedNote(w1, threshold, "the baseline's", "");
+    return;
+  }
   Diagnosis d;
   d.kind = "issue_latency_regression";
   d.team = Team::kAlgorithm;
@@ -117,16 +131,29 @@ void detectRegression(const JobModel& job, const JobModel& baseline, const Diagn
 // The same detector against stored healthy history (history.h): the job's distribution against
 // the baseline runs' merged sketch, both clipped at its median, with the learned threshold.
 void detectRegressionFromHistory(const JobModel& job, const History& history,
-                                 std::vector<Diagnosis>* out) {
-  if (history.runs == 0 || history.issue_latency.count() < 30) return;
+                                 std::vector<Diagnosis>* out, std::string* note) {
+  if (history.runs == 0 || history.issue_latency.count() < 30) {
+    *note = "the healthy history holds no issue latencies to compare with";
+    return;
+  }
   stats::LatencySketch sketch;
   for (const auto& [rank, r] : job.ranks()) {
     for (double v : issueLatencies(job, r)) sketch.add(v);
   }
-  if (sketch.count() < 30) return;
+  if (sketch.count() < 30) {
+    *note = "too few issue latencies in the job to compare (" + std::to_string(sketch.count()) +
+            "; 30 needed)";
+    return;
+  }
   const double w1 = clippedW1(sketch, history.issue_latency, history.issue_cap_ns, /*below=*/true);
   const double threshold = history.issue_w1_threshold_ns;
-  if (!(w1 > threshold) || threshold <= 0) return;
+  if (!(w1 > threshold) || threshold <= 0) {
+    *note = comparedNote(
+        w1, threshold,
+        std::to_string(history.runs) + " healthy history run" + (history.runs == 1 ? "'s" : "s'"),
+        "learned ");
+    return;
+  }
   Diagnosis d;
   d.kind = "issue_latency_regression";
   d.team = Team::kAlgorithm;
@@ -155,11 +182,13 @@ class IssueLatencyRegressionDetector final : public Detector {
   }
   std::vector<Diagnosis> run(const DetectorView& view) const override {
     std::vector<Diagnosis> out;
+    std::string note;
     if (view.baseline() != nullptr) {
-      detectRegression(view.job(), *view.baseline(), view.options(), &out);
+      detectRegression(view.job(), *view.baseline(), view.options(), &out, &note);
     } else if (view.history() != nullptr) {
-      detectRegressionFromHistory(view.job(), *view.history(), &out);
+      detectRegressionFromHistory(view.job(), *view.history(), &out, &note);
     }
+    if (!note.empty()) view.note(std::move(note));
     return out;
   }
 };

@@ -165,6 +165,9 @@ struct RankData {
   std::vector<Span> spans;
   std::vector<SummaryWindow> summaries;  // MODE_SUMMARY: compute ops arrive only as these
   std::vector<ReceivedStep> steps;       // MODE_SUMMARY: the rank's own per-step figures
+  // Step sampling: the steps sampled out since the rank's last measured step, which the next
+  // measured step's sketches stand for (addBatch scales them).
+  uint64_t sampled_out_since_measured = 0;
   // setCompaction: the first `coarse_summaries` entries of `summaries` are folded windows; the
   // steps folded into `coarse_steps` keep their figures but not their sketches.
   size_t coarse_summaries = 0;
