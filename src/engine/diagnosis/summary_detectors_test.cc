@@ -104,21 +104,23 @@ TEST(SummaryGpuSlow, OneHostDelayedCallMovesNoRanksTypicalCall) {
 // fence of the ranks' ratios, names it (the H200 healthy-small fixture through the hook with a
 // GPU at 80% clock: 2 runs of 6 missed before).
 TEST(SummaryGpuSlow, ATypicalCallAboveTheRanksNamesItWhereTheW1FenceCannot) {
-  JobModel model;
-  for (int r = 0; r < 4; ++r) {
-    flare::v1::RecordBatch b = summaryBatch(r, r == 2 ? 1.25 : 1.0, 100 * (r % 3));
-    if (r == 0) {
-      for (int w = 0; w < 3; ++w) {
+  // Rank 0 healthy with 12 host-delayed 3 ms calls in each window; rank `slow` at `factor`.
+  auto fourRanks = [](int slow, double factor) {
+    JobModel model;
+    for (int r = 0; r < 4; ++r) {
+      flare::v1::RecordBatch b = summaryBatch(r, r == slow ? factor : 1.0, 100 * (r % 3));
+      for (int w = 0; r == 0 && w < 3; ++w) {
         auto* c = b.mutable_summaries(w)->add_clusters();
         c->set_count(12);
         c->set_p50_ns(3'000'000);
         c->set_p99_ns(3'200'000);
         c->set_sum_ns(36'000'000);
       }
+      model.addBatch(r, b);
     }
-    model.addBatch(r, b);
-  }
-  const auto found = diagnose(model, DiagnoseOptions{});
+    return model;
+  };
+  const auto found = diagnose(fourRanks(2, 1.25), DiagnoseOptions{});
   ASSERT_EQ(found.size(), 1u);
   EXPECT_EQ(found[0].kind, "gpu_slow");
   EXPECT_EQ(found[0].ranks, std::vector<int>{2});
@@ -126,21 +128,7 @@ TEST(SummaryGpuSlow, ATypicalCallAboveTheRanksNamesItWhereTheW1FenceCannot) {
   EXPECT_EQ(found[0].evidence[1].metric, "typical_call_ratio") << found[0].evidence[1].text;
   EXPECT_NEAR(found[0].evidence[1].value, 1.25, 0.01);
   // The healthy rank with the delayed calls is not named: its typical call is the others'.
-  JobModel healthy;
-  for (int r = 0; r < 4; ++r) {
-    flare::v1::RecordBatch b = summaryBatch(r, 1.0, 100 * (r % 3));
-    if (r == 0) {
-      for (int w = 0; w < 3; ++w) {
-        auto* c = b.mutable_summaries(w)->add_clusters();
-        c->set_count(12);
-        c->set_p50_ns(3'000'000);
-        c->set_p99_ns(3'200'000);
-        c->set_sum_ns(36'000'000);
-      }
-    }
-    healthy.addBatch(r, b);
-  }
-  EXPECT_TRUE(diagnose(healthy, DiagnoseOptions{}).empty());
+  EXPECT_TRUE(diagnose(fourRanks(-1, 1.0), DiagnoseOptions{}).empty());
 }
 
 TEST(SummaryGpuSlow, SummariesOfUnknownSignaturesAreCountedNotUsed) {
