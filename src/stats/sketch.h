@@ -58,7 +58,7 @@ class LatencySketch {
 
   // The sketch of `factor` copies of every value it holds: each count (and the sum) multiplied
   // by `factor` (0 leaves it unchanged); min, max and the buckets stay. A step measured by step
-  // sampling stands for the steps sampled out before it (JobModel::addBatch).
+  // sampling stands for the steps sampled out before it (signals::issueLatencies, weighted).
   void scaleCounts(uint64_t factor);
 
   uint64_t count() const { return count_; }

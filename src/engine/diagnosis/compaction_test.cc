@@ -463,10 +463,11 @@ TEST(StepSamplingTest, ASampledOutStepKeepsItsRunQueueWait) {
   for (const auto& [rank, ns] : wait) EXPECT_EQ(ns, 3e6) << rank;
 }
 
-// A measured step's issue latencies stand for it and the steps sampled out before it (as its
-// ops do in the kernel summaries): steps 1-3 measured one by one (the budget not chosen yet),
-// 6 and 9 each after two sampled out. Unweighted, the early steps were 3 of 5 in the sample;
-// the H200 healthy-small loop's stored history then read as low as a stray synchronize.
+// Read weighted (what a run is compared with history by), a measured step's issue latencies
+// stand for it and the steps sampled out before it (as its ops do in the kernel summaries):
+// steps 1-3 measured one by one (the budget not chosen yet), 6 and 9 each after two sampled out.
+// Unweighted, the early steps were 3 of 5 in the sample; the H200 healthy-small loop's stored
+// history then read as low as a stray synchronize.
 TEST(StepSamplingTest, AMeasuredStepsIssueLatenciesStandForTheStepsSampledOutBeforeIt) {
   constexpr int kOps = 100;
   // Early steps' latencies from 50 us, the later measured ones' from 5 ms: no overlap.
@@ -474,10 +475,17 @@ TEST(StepSamplingTest, AMeasuredStepsIssueLatenciesStandForTheStepsSampledOutBef
     if (t < 4) return;
     *b = second(0, t, 1.0, 5'000'000);
   });
-  const std::vector<double> v = signals::issueLatencies(m, m.ranks().at(0));
+  const std::vector<double> v = signals::issueLatencies(m, m.ranks().at(0), SIZE_MAX, true);
   ASSERT_EQ(v.size(), static_cast<size_t>(kOps * (3 + 3 + 3)));  // 1, 2, 3; 6 ×3; 9 ×3
   const auto late = std::count_if(v.begin(), v.end(), [](double x) { return x >= 4'900'000; });
   EXPECT_EQ(late, 6 * kOps);
+  EXPECT_EQ(rankIssueLatencies(m, 0).size(), v.size());  // what history compares
+  // Unweighted (ranks compared at the same measured steps: issue_stall), each step once.
+  EXPECT_EQ(signals::issueLatencies(m, m.ranks().at(0)).size(), static_cast<size_t>(kOps * 5));
+  // A quantile sample of the weighted distribution keeps its proportions.
+  const std::vector<double> q = signals::issueLatencies(m, m.ranks().at(0), 90, true);
+  ASSERT_EQ(q.size(), 90u);
+  EXPECT_EQ(std::count_if(q.begin(), q.end(), [](double x) { return x >= 4'900'000; }), 60);
   // Folded (compaction) the weights stay: the sketches were scaled when they arrived.
   JobModel folded;
   folded.setCompaction(4 * kSec, 2 * kSec);
@@ -486,9 +494,10 @@ TEST(StepSamplingTest, AMeasuredStepsIssueLatenciesStandForTheStepsSampledOutBef
     if (sampledOutSecond(t)) sampleOut(&b);
     folded.addBatch(0, b);
   }
-  const std::vector<double> w = signals::issueLatencies(folded, folded.ranks().at(0));
-  EXPECT_EQ(std::count_if(w.begin(), w.end(), [](double x) { return x >= 4'900'000; }),
-            6 * kOps);
+  const std::vector<double> w =
+      signals::issueLatencies(folded, folded.ranks().at(0), SIZE_MAX, true);
+  EXPECT_EQ(std::count_if(w.begin(), w.end(), [](double x) { return x >= 4'900'000; }), 6 * kOps);
+  EXPECT_EQ(w.size(), v.size());
 }
 
 }  // namespace

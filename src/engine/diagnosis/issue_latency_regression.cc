@@ -69,11 +69,11 @@ void detectRegression(const JobModel& job, const JobModel& baseline, const Diagn
   std::vector<double> all, base_all;
   std::map<int, std::vector<double>> base_ranks;
   for (const auto& [rank, r] : job.ranks()) {
-    auto v = issueLatencies(job, r);
+    auto v = issueLatencies(job, r, SIZE_MAX, /*weighted=*/true);
     all.insert(all.end(), v.begin(), v.end());
   }
   for (const auto& [rank, r] : baseline.ranks()) {
-    base_ranks[rank] = issueLatencies(baseline, r);
+    base_ranks[rank] = issueLatencies(baseline, r, SIZE_MAX, /*weighted=*/true);
     base_all.insert(base_all.end(), base_ranks[rank].begin(), base_ranks[rank].end());
   }
   if (all.size() < 30 || base_all.size() < 30) {
@@ -138,7 +138,7 @@ void detectRegressionFromHistory(const JobModel& job, const History& history,
   }
   stats::LatencySketch sketch;
   for (const auto& [rank, r] : job.ranks()) {
-    for (double v : issueLatencies(job, r)) sketch.add(v);
+    for (double v : issueLatencies(job, r, SIZE_MAX, /*weighted=*/true)) sketch.add(v);
   }
   if (sketch.count() < 30) {
     *note = "too few issue latencies in the job to compare (" + std::to_string(sketch.count()) +

@@ -237,20 +237,14 @@ void JobModel::addBatch(int rank, const flare::v1::RecordBatch& batch) {
           reinterpret_cast<const uint8_t*>(c.issue_latency().data()), c.issue_latency().size()));
       if (sketch) rs.causes.emplace_back(internApi(c.name()), std::move(*sketch));
     }
-    // Step sampling: a measured step's issue latencies stand for it and the steps sampled out
-    // since the rank's previous measured one, as its ops do in the kernel summaries. Unweighted,
-    // the steps measured before the timing budget chose K (every one: the warm-up's, with its
-    // cold calls and shallow queues) were a third of a 45-step job's sample, and healthy runs of
-    // the H200 healthy-small loop stored as history read issue latencies as low as a stray
-    // synchronize's, which flared then did not name (W1 57 us against a learned 125 us; 0.92
-    // ms against 85 us with the history timed whole).
+    // Step sampling: a measured step stands for it and the steps sampled out since the rank's
+    // previous measured one (its weight; what the job-level issue-latency distribution compared
+    // with healthy history weighs it by: signals::issueLatencies).
     if (rs.stats.sampled_out) {
       ++r.sampled_out_since_measured;
     } else {
-      const uint64_t weight = 1 + r.sampled_out_since_measured;
+      rs.weight = 1 + r.sampled_out_since_measured;
       r.sampled_out_since_measured = 0;
-      rs.stats.latency.scaleCounts(weight);
-      for (auto& [api, sketch] : rs.causes) sketch.scaleCounts(weight);
     }
     r.newest_ns = std::max(r.newest_ns, rs.stats.end_ns);
     r.steps.push_back(std::move(rs));
@@ -485,6 +479,8 @@ void JobModel::compactRank(RankData& r) {
     into->start = std::min(into->start, st.stats.start_ns);
     into->end = std::max(into->end, st.stats.end_ns);
     into->latency.merge(st.stats.latency);
+    into->ops += st.stats.latency.count();
+    into->weighted_ops += st.stats.latency.count() * st.weight;
     for (const auto& [api, sketch] : st.causes) mergeSketch(&into->causes, api, sketch);
     st.stats.latency = stats::LatencySketch(records::StepStats::kStepSketchAccuracy);
     std::vector<std::pair<uint32_t, stats::LatencySketch>>().swap(st.causes);

@@ -144,6 +144,9 @@ struct SummaryWindow {
 // detectors read these in place of the raw compute ops (stepStats()).
 struct ReceivedStep {
   records::StepStats stats;  // step = 0; JobModel::stepStats numbers it
+  // Step sampling: a measured step stands for itself and the steps sampled out since the
+  // rank's previous measured one (addBatch); 1 without sampling.
+  uint64_t weight = 1;
   // Job-wide API id (apis()) of a host cause → issue latencies of the ops it held up.
   std::vector<std::pair<uint32_t, stats::LatencySketch>> causes;
 };
@@ -153,6 +156,9 @@ struct ReceivedStep {
 struct CoarseSteps {
   int64_t start = 0, end = 0;  // of the steps folded in, rank's epoch ns
   stats::LatencySketch latency{records::StepStats::kStepSketchAccuracy};
+  // The ops of `latency`, and the same weighted by their steps' ReceivedStep::weight: a weighted
+  // reading scales the bucket by their ratio (its steps' weights are not kept one by one).
+  uint64_t ops = 0, weighted_ops = 0;
   std::vector<std::pair<uint32_t, stats::LatencySketch>> causes;  // as ReceivedStep::causes
 };
 
@@ -166,7 +172,7 @@ struct RankData {
   std::vector<SummaryWindow> summaries;  // MODE_SUMMARY: compute ops arrive only as these
   std::vector<ReceivedStep> steps;       // MODE_SUMMARY: the rank's own per-step figures
   // Step sampling: the steps sampled out since the rank's last measured step, which the next
-  // measured step's sketches stand for (addBatch scales them).
+  // measured step stands for (its ReceivedStep::weight).
   uint64_t sampled_out_since_measured = 0;
   // setCompaction: the first `coarse_summaries` entries of `summaries` are folded windows; the
   // steps folded into `coarse_steps` keep their figures but not their sketches.

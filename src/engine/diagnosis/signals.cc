@@ -145,26 +145,44 @@ int64_t warmupEnd(const JobModel& job, int rank) {
   return starts.size() >= 2 ? starts[1] : INT64_MIN;
 }
 
-std::vector<double> issueLatencies(const JobModel& job, const RankData& r, size_t max_values) {
+std::vector<double> issueLatencies(const JobModel& job, const RankData& r, size_t max_values,
+                                   bool weighted) {
   std::vector<double> v;
   if (!r.steps.empty()) {
     const std::vector<const ReceivedStep*> steps = job.receivedSteps(r.rank);
+    // Each step's (or folded bucket's) sketch and the factor its counts are read with.
+    std::vector<std::pair<const stats::LatencySketch*, uint64_t>> parts;
+    for (const ReceivedStep* st : steps)
+      parts.emplace_back(&st->stats.latency, weighted ? st->weight : 1);
+    for (const CoarseSteps& c : r.coarse_steps) {  // folded steps
+      const uint64_t w =
+          weighted && c.ops > 0 ? std::max<uint64_t>(1, (c.weighted_ops + c.ops / 2) / c.ops) : 1;
+      parts.emplace_back(&c.latency, w);
+    }
     uint64_t total = 0;
-    for (const ReceivedStep* st : steps) total += st->stats.latency.count();
-    for (const CoarseSteps& c : r.coarse_steps) total += c.latency.count();  // folded steps
+    for (const auto& [sketch, w] : parts) total += sketch->count() * w;
     auto add = [&v](double lo, double hi, uint64_t count) {
       v.insert(v.end(), count, 0.5 * (lo + hi));
     };
     if (total <= max_values) {
       v.reserve(total);
-      for (const ReceivedStep* st : steps) st->stats.latency.forEachBucket(add);
-      for (const CoarseSteps& c : r.coarse_steps) c.latency.forEachBucket(add);
+      for (const auto& [sketch, w] : parts) {
+        sketch->forEachBucket(
+            [&](double lo, double hi, uint64_t count) { add(lo, hi, count * w); });
+      }
       return v;
     }
     // The quantile sample from the steps' merged sketch (its buckets come in ascending order).
     stats::LatencySketch merged(records::StepStats::kStepSketchAccuracy);
-    for (const ReceivedStep* st : steps) merged.merge(st->stats.latency);
-    for (const CoarseSteps& c : r.coarse_steps) merged.merge(c.latency);
+    for (const auto& [sketch, w] : parts) {
+      if (w == 1) {
+        merged.merge(*sketch);
+      } else {
+        stats::LatencySketch scaled = *sketch;
+        scaled.scaleCounts(w);
+        merged.merge(scaled);
+      }
+    }
     v.reserve(max_values);
     uint64_t below = 0;  // values in the buckets before this one
     size_t k = 0;
@@ -759,7 +777,8 @@ std::optional<FailSlow> findFailSlow(const JobModel& job, const DiagnoseOptions&
 
 std::vector<double> rankIssueLatencies(const JobModel& job, int rank) {
   auto it = job.ranks().find(rank);
-  return it == job.ranks().end() ? std::vector<double>{} : issueLatencies(job, it->second);
+  return it == job.ranks().end() ? std::vector<double>{}
+                                 : issueLatencies(job, it->second, SIZE_MAX, /*weighted=*/true);
 }
 
 std::map<int, VoidStats> voidPerRank(const JobModel& job) {
@@ -804,7 +823,7 @@ double healthyIssueLatencySpread(const std::vector<const JobModel*>& baselines) 
   for (const JobModel* b : baselines) {
     std::vector<double> all;
     for (const auto& [rank, r] : b->ranks()) {
-      auto v = issueLatencies(*b, r);
+      auto v = issueLatencies(*b, r, SIZE_MAX, /*weighted=*/true);
       all.insert(all.end(), v.begin(), v.end());
     }
     if (all.size() >= 30) pooled.push_back(std::move(all));

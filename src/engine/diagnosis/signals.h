@@ -153,7 +153,8 @@ std::vector<PairedStall> pairedStallTests(const StepIssueLatency& s);
 double healthyIssueLatencySpread(const std::vector<const JobModel*>& baselines);
 
 // Issue latencies (start − issue, ns) of a rank's GPU ops issued after its warm-up step (the
-// first step; every op when the rank has no step boundaries).
+// first step; every op when the rank has no step boundaries), weighted by the steps each
+// measured step stands for (issueLatencies' `weighted`): what a run is compared with history by.
 std::vector<double> rankIssueLatencies(const JobModel& job, int rank);
 
 // Void percentages of one rank: medians over its steps (the first skipped) of V_inter and
@@ -233,8 +234,14 @@ int64_t warmupEnd(const JobModel& job, int rank);
 // in MODE_SUMMARY rebuilt from the per-step sketches it sent. At most `max_values` of them:
 // beyond, an evenly spaced quantile sample (the values of rank ⌊(k + ½)·n / max_values⌋,
 // ascending), which keeps the distribution a W1 or a median reads at a bounded size.
+// `weighted` (step sampling): each measured step's latencies count as many times as the steps
+// it stands for (ReceivedStep::weight; a folded bucket by its steps' mean weight), the job's
+// distribution over all its steps, which what is compared with another run needs (the
+// regression against a baseline or healthy history, the history's own sketch): unweighted, the
+// steps measured before the timing budget chose K (every one) were a third of a 45-step job's
+// sample. Unweighted, ranks measured at the same steps compare like with like (issue_stall).
 std::vector<double> issueLatencies(const JobModel& job, const RankData& r,
-                                   size_t max_values = SIZE_MAX);
+                                   size_t max_values = SIZE_MAX, bool weighted = false);
 
 // Per rank: median over steps (the first skipped) of the time no GPU op ran, and the median step
 // time, from the per-step statistics (the rank's own in MODE_SUMMARY). Ranks without a complete
