@@ -18,7 +18,7 @@ a healthy loop named on that rank; the stray synchronize named against healthy h
 same loop, recorded in the default mode too. The host-stall fixture's recorded GC pause
 (rank 1, ~10 ms per step) replayed as rank 3 beside three copies of rank 0 is named on rank 3
 with every op timed (raw mode, and summary mode with FLARE_TIMING_BUDGET_PCT=0); the default
-budget's sampling does not name it yet (marked xfail, strict: see the test)."""
+budget's sampling names it only now and then, and never another rank (see the test)."""
 
 import gzip
 import json
@@ -213,24 +213,32 @@ def test_a_stray_synchronize_is_named_against_healthy_history_of_the_default_mod
 HOST_STALL_MODES = [
     ("raw", {"FLARE_MODE": "raw"}),
     ("summary-exact", {"FLARE_TIMING_BUDGET_PCT": "0"}),
-    pytest.param("default", {}, marks=pytest.mark.xfail(strict=True, reason=(
-        "ranks that share no collective have no host figure in a step the budget sampled out "
-        "(its issue offsets come from collectives), so the paired test has only the steps every "
-        "rank measured: not named at 45 or at 143 steps (2026-11-29)"))),
+    ("default", {}),
 ]
 
 
-@pytest.mark.parametrize("mode,env", HOST_STALL_MODES, ids=["raw", "summary-exact", "default"])
+@pytest.mark.parametrize("mode,env", HOST_STALL_MODES, ids=[m for m, _ in HOST_STALL_MODES])
 def test_the_recorded_gc_pause_through_the_hook_is_named_on_its_rank(build_dir, daemon, tmp_path,
                                                                     mode, env):
     """host-stall's recorded rank 1 (a ~10 ms gc.collect() every step) as rank 3 beside three
-    copies of its rank 0: issue_stall on rank 3 alone, routed to the algorithm team."""
+    copies of its rank 0: issue_stall on rank 3 alone, routed to the algorithm team, with every
+    op timed (raw mode, and summary mode with FLARE_TIMING_BUDGET_PCT=0).
+
+    In the default mode it is named only now and then (2026-11-29: in 2 runs of 9 at 45 steps
+    on this machine, not in the one at 143 steps): the four processes share no collective, so
+    a step the budget sampled out has no host figure (a rank's issue offset there comes from
+    its collectives) and the paired test keeps only the steps every rank measured
+    (docs/metrics.md, "Step sampling"). What the default must not do is name another rank or
+    another cause."""
     _, _, _, found = drive(build_dir, daemon, tmp_path, "host-stall", "hook-stall-" + mode,
                            ranks=4, extra_env=env, extra_args=("--rank-map", "0,0,0,1"))
+    stalls = [(d["team"], d.get("ranks")) for d in found if d["kind"] == "issue_stall"]
+    if mode == "default":
+        assert stalls in ([], [("algorithm", [3])]), shown(found)
+    else:
+        assert stalls == [("algorithm", [3])], shown(found)
     # The 4 replayed ranks share this machine's CPUs: a host finding on another rank is the
     # machine's (cpu_contention), never issue_stall on a healthy copy.
-    stalls = [d for d in found if d["kind"] == "issue_stall"]
-    assert [(d["team"], d.get("ranks")) for d in stalls] == [("algorithm", [3])], shown(found)
     assert [d for d in found if d["kind"] not in ("issue_stall", "cpu_contention")] == [], \
         shown(found)
 
