@@ -166,8 +166,9 @@ std::vector<double> issueLatencies(const JobModel& job, const RankData& r, size_
     };
     if (total <= max_values) {
       v.reserve(total);
-      for (const auto& [sketch, w] : parts) {
-        sketch->forEachBucket(
+      for (const auto& part : parts) {
+        const uint64_t w = part.second;  // a lambda captures no structured binding (clang)
+        part.first->forEachBucket(
             [&](double lo, double hi, uint64_t count) { add(lo, hi, count * w); });
       }
       return v;
