@@ -60,7 +60,8 @@ capture, else 0) N times in all, back to back (repeat_steps): a longer job of th
 steady state, for what needs more steps than a capture holds (step sampling, the detectors'
 windows).
 
-At the end each rank prints one line `FLARE_TRACE_REPLAY {json}`: ops issued per kind, spans
+At the end each rank prints one line `FLARE_TRACE_REPLAY {json}`: ops issued per kind, how GEMMs
+were timed ("gemm_durations": recorded or model) and how many graphs were captured, spans
 reproduced and skipped, how late the ops were issued against the schedule. See src/sim/README.md.
 """
 
@@ -1061,6 +1062,10 @@ def main(argv=None):
         "late_ms_median": round(late[len(late) // 2] * 1e3, 3) if late else 0,
         "late_ms_p99": round(late[int(len(late) * 0.99)] * 1e3, 3) if late else 0,
         "gemm_peak_tflops": os.environ.get("FLARE_SIM_PEAK_TFLOPS"),
+        # How the GEMMs were timed and the graphs replayed: said, so that a simulated library
+        # without flareSimSetNextGemmNs or graphs does not pass for a faithful replay.
+        "gemm_durations": "recorded" if replayer.set_gemm_ns is not None else "model",
+        "graphs_captured": len(replayer.graph_exec),
         "cold_gemm_ms": os.environ.get("FLARE_SIM_COLD_GEMM_MS"),
     }
     print("FLARE_TRACE_REPLAY " + json.dumps(summary, sort_keys=True), flush=True)
